@@ -1,0 +1,166 @@
+"""Cards: a deployable model as a pytree of Flax NNX components plus static metadata.
+
+``Card.components`` (name -> module) are the pytree's data; ``Card.spec`` is static and hashable,
+so ``jax.jit(f)(card)`` retraces only when the metadata changes, and ``jax.tree.map``,
+``jax.grad`` or a sharding apply to the card directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+__all__ = ["Card", "CardSpec", "LoopSpec", "CardValidationError"]
+
+LOOP_KINDS = ("denoise", "ar_decode", "vae_tile", "score")
+
+
+class CardValidationError(ValueError):
+    """A card's spec is inconsistent with its components (or with itself)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+    """A loop a card runs: its id, kind, the component(s) it binds and its static ``config``.
+
+    ``config`` is the loop's own hashable settings object (e.g. ``loops.denoise.DenoiseConfig``).
+    """
+
+    id: str
+    kind: str
+    binds: tuple[str, ...]
+    config: Hashable = None
+
+    def __post_init__(self):
+        if self.kind not in LOOP_KINDS:
+            raise CardValidationError(f"loop {self.id!r}: kind must be one of {LOOP_KINDS} (got {self.kind!r})")
+        if isinstance(self.binds, str):
+            object.__setattr__(self, "binds", (self.binds,))
+        object.__setattr__(self, "binds", tuple(self.binds))
+        if not self.binds:
+            raise CardValidationError(f"loop {self.id!r} binds no component")
+        hash(self.config)
+
+
+@dataclasses.dataclass(frozen=True)
+class CardSpec:
+    """Static description of a card.
+
+    model_id: the id requests use; family: the card family (module) that builds it;
+    loops: the loops it declares; recipe: loop ids in the order its default program runs them;
+    parity: consistency levels it is tested at (``"C0"`` .. ``"C4"``); capabilities: tasks it
+    serves (``"t2i"``, ``"i2v"`` ...); tokenizer: its text tokenizer, if it reads text;
+    config: the family's hashable build configuration (sizes, latent shape, defaults).
+    """
+
+    model_id: str
+    family: str
+    loops: tuple[LoopSpec, ...]
+    recipe: tuple[str, ...] = ()
+    parity: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    tokenizer: Hashable = None
+    config: Hashable = None
+
+    def __post_init__(self):
+        for name in ("loops", "recipe", "parity", "capabilities"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def loop(self, loop_id: str) -> LoopSpec:
+        """The declared loop ``loop_id`` (KeyError listing the declared ids otherwise)."""
+        for loop in self.loops:
+            if loop.id == loop_id:
+                return loop
+        raise KeyError(f"card {self.model_id!r} declares no loop {loop_id!r}; it has {[l.id for l in self.loops]}")
+
+
+def validate(spec: CardSpec, component_names) -> None:
+    """Raise ``CardValidationError`` unless every reference in ``spec`` resolves."""
+    names = set(component_names)
+    if not spec.model_id:
+        raise CardValidationError("model_id must be a non-empty string")
+    loop_ids = [loop.id for loop in spec.loops]
+    dupes = sorted({i for i in loop_ids if loop_ids.count(i) > 1})
+    if dupes:
+        raise CardValidationError(f"card {spec.model_id!r}: duplicate loop ids {dupes}")
+    clash = sorted(set(loop_ids) & names)
+    if clash:
+        raise CardValidationError(f"card {spec.model_id!r}: ids {clash} name both a loop and a component")
+    for loop in spec.loops:
+        missing = [c for c in loop.binds if c not in names]
+        if missing:
+            raise CardValidationError(
+                f"card {spec.model_id!r}: loop {loop.id!r} binds missing component(s) {missing}; "
+                f"the card has {sorted(names)}"
+            )
+    unknown = [r for r in spec.recipe if r not in loop_ids]
+    if unknown:
+        raise CardValidationError(
+            f"card {spec.model_id!r}: recipe uses undeclared loop(s) {unknown}; declared loops are {loop_ids}"
+        )
+    bad = [p for p in spec.parity if p not in ("C0", "C1", "C2", "C3", "C4")]
+    if bad:
+        raise CardValidationError(f"card {spec.model_id!r}: unknown parity level(s) {bad}; use C0..C4")
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class Card:
+    """A model: ``components`` (name -> ``nnx.Module``) and a static ``spec``.
+
+    Construction validates the spec against the components; pytree reconstruction (inside
+    ``jit``, ``tree.map``) skips validation because it cannot change either.
+    """
+
+    __slots__ = ("components", "spec")
+
+    def __init__(self, components: Mapping[str, Any], spec: CardSpec):
+        if not isinstance(spec, CardSpec):
+            raise TypeError(f"spec must be a CardSpec, got {type(spec).__name__}")
+        validate(spec, components.keys())
+        self.components = dict(components)
+        self.spec = spec
+
+    def __getitem__(self, name: str):
+        try:
+            return self.components[name]
+        except KeyError:
+            raise KeyError(
+                f"card {self.spec.model_id!r} has no component {name!r}; it has {sorted(self.components)}"
+            ) from None
+
+    @property
+    def model_id(self) -> str:
+        return self.spec.model_id
+
+    def tree_flatten_with_keys(self):
+        names = tuple(sorted(self.components))
+        children = [(jax.tree_util.DictKey(n), self.components[n]) for n in names]
+        return children, (names, self.spec)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        names, spec = aux
+        card = object.__new__(cls)
+        card.components = dict(zip(names, children))
+        card.spec = spec
+        return card
+
+    def num_params(self) -> int:
+        """Total parameter count over all components (``nnx.Param`` leaves)."""
+        return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(self.components, nnx.Param))))
+
+    def replace(self, **components) -> "Card":
+        """A new card with some components swapped (the spec is revalidated)."""
+        unknown = sorted(set(components) - set(self.components))
+        if unknown:
+            raise KeyError(f"card {self.model_id!r} has no component(s) {unknown}")
+        return Card({**self.components, **components}, self.spec)
+
+    def __repr__(self) -> str:
+        comps = ", ".join(f"{n}={type(m).__name__}" for n, m in sorted(self.components.items()))
+        return f"Card({self.model_id!r}, {comps}, loops={[l.id for l in self.spec.loops]})"

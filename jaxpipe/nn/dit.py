@@ -1,0 +1,155 @@
+"""A diffusion transformer over latent videos (an image is a 1-frame video).
+
+Patchify -> timestep + pooled-text conditioning -> adaLN-zero blocks (self-attention over
+latent tokens, cross-attention to text, MLP) -> adaLN final layer -> unpatchify. An optional
+first-frame input conditions image-to-video generation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+from einops import rearrange
+from flax import nnx
+
+from jaxpipe.nn.layers import MLP, Attention, compute_dtype, sincos_1d, sincos_grid
+
+
+@dataclasses.dataclass(frozen=True)
+class DiTConfig:
+    """Sizes of the DiT. ``frame_cond`` adds the first-frame conditioning input (I2V)."""
+
+    latent_channels: int = 4
+    patch_size: int = 2
+    dim: int = 64
+    depth: int = 2
+    heads: int = 4
+    mlp_ratio: float = 4.0
+    text_dim: int = 32
+    frame_cond: bool = False
+    time_embed_dim: int = 256
+    dtype: str = "float32"
+
+    @classmethod
+    def tiny(cls, **overrides) -> "DiTConfig":
+        return cls(**overrides)
+
+    @classmethod
+    def small(cls, **overrides) -> "DiTConfig":
+        return cls(**{"dim": 128, "depth": 4, "heads": 4, **overrides})
+
+    @classmethod
+    def xl_1b(cls, **overrides) -> "DiTConfig":
+        """About a billion parameters; for abstract construction and real accelerators."""
+        return cls(**{"latent_channels": 16, "dim": 2048, "depth": 12, "heads": 16, "text_dim": 1024, **overrides})
+
+    @property
+    def patch_features(self) -> int:
+        return self.patch_size**2 * self.latent_channels
+
+
+def _modulate(h, shift, scale):
+    return h * (1.0 + scale[:, None]) + shift[:, None]
+
+
+def _zero_linear(din: int, dout: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        din, dout, dtype=dtype, kernel_init=nnx.initializers.zeros_init(), bias_init=nnx.initializers.zeros_init(), rngs=rngs
+    )
+
+
+class DiTBlock(nnx.Module):
+    """adaLN-zero block: modulated self-attention, cross-attention to text, modulated MLP."""
+
+    def __init__(self, cfg: DiTConfig, rngs: nnx.Rngs):
+        dtype = compute_dtype(cfg.dtype)
+        self.norm1 = nnx.LayerNorm(cfg.dim, use_bias=False, use_scale=False, dtype=dtype, rngs=rngs)
+        self.attn = Attention(cfg.dim, cfg.heads, dtype=dtype, rngs=rngs)
+        self.norm_cross = nnx.LayerNorm(cfg.dim, dtype=dtype, rngs=rngs)
+        self.cross = Attention(cfg.dim, cfg.heads, context_dim=cfg.text_dim, dtype=dtype, rngs=rngs)
+        self.norm2 = nnx.LayerNorm(cfg.dim, use_bias=False, use_scale=False, dtype=dtype, rngs=rngs)
+        self.mlp = MLP(cfg.dim, int(cfg.dim * cfg.mlp_ratio), dtype=dtype, rngs=rngs)
+        self.ada = _zero_linear(cfg.dim, 6 * cfg.dim, dtype, rngs)
+
+    def __call__(self, h, c, context, context_mask):
+        shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(self.ada(jax.nn.silu(c)), 6, axis=-1)
+        h = h + gate1[:, None] * self.attn(_modulate(self.norm1(h), shift1, scale1))
+        h = h + self.cross(self.norm_cross(h), context, context_mask)
+        return h + gate2[:, None] * self.mlp(_modulate(self.norm2(h), shift2, scale2))
+
+
+class DiT(nnx.Module):
+    """Velocity network ``v(x, σ, text[, first frame])`` for latent videos ``(B, T, H, W, C)``."""
+
+    def __init__(self, cfg: DiTConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dtype = compute_dtype(cfg.dtype)
+        p2 = cfg.patch_size**2
+        in_features = cfg.patch_features + (cfg.patch_features + p2 if cfg.frame_cond else 0)
+        self.patch_embed = nnx.Linear(in_features, cfg.dim, dtype=dtype, rngs=rngs)
+        self.time_in = nnx.Linear(cfg.time_embed_dim, cfg.dim, dtype=dtype, rngs=rngs)
+        self.time_out = nnx.Linear(cfg.dim, cfg.dim, dtype=dtype, rngs=rngs)
+        self.text_pool = nnx.Linear(cfg.text_dim, cfg.dim, dtype=dtype, rngs=rngs)
+        self.blocks = nnx.List([DiTBlock(cfg, rngs) for _ in range(cfg.depth)])
+        self.norm_out = nnx.LayerNorm(cfg.dim, use_bias=False, use_scale=False, dtype=dtype, rngs=rngs)
+        self.ada_out = _zero_linear(cfg.dim, 2 * cfg.dim, dtype, rngs)
+        self.proj_out = _zero_linear(cfg.dim, cfg.patch_features, dtype, rngs)
+
+    def _tokens(self, x, first_frame):
+        p = self.cfg.patch_size
+        tokens = rearrange(x, "b t (h p) (w q) c -> b (t h w) (p q c)", p=p, q=p)
+        if not self.cfg.frame_cond:
+            if first_frame is not None:
+                raise ValueError("first_frame was given but this DiT has no frame conditioning (frame_cond=False)")
+            return tokens
+        b, t, hh, ww, c = x.shape
+        cond = jnp.zeros_like(x)
+        flag = jnp.zeros((b, t, hh, ww, 1), x.dtype)
+        if first_frame is not None:
+            chex.assert_shape(first_frame, (b, hh, ww, c))
+            cond = cond.at[:, 0].set(first_frame.astype(x.dtype))
+            flag = flag.at[:, 0].set(1.0)
+        extra = rearrange(jnp.concatenate([cond, flag], -1), "b t (h p) (w q) c -> b (t h w) (p q c)", p=p, q=p)
+        return jnp.concatenate([tokens, extra], axis=-1)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        sigma: jax.Array,
+        context: jax.Array,
+        context_mask: jax.Array | None = None,
+        first_frame: jax.Array | None = None,
+    ) -> jax.Array:
+        """Velocity ``(B, T, H, W, C)`` float32 for latents ``x``, noise level ``sigma`` (scalar or ``(B,)``),
+        text ``context`` ``(B, L, text_dim)`` with ``context_mask`` ``(B, L)``, optional ``first_frame`` ``(B, H, W, C)``."""
+        cfg = self.cfg
+        chex.assert_rank(x, 5)
+        b, t, hh, ww, c = x.shape
+        p = cfg.patch_size
+        if c != cfg.latent_channels or hh % p or ww % p:
+            raise ValueError(
+                f"x must be (B, T, H, W, {cfg.latent_channels}) with H, W divisible by patch_size={p}; got {x.shape}"
+            )
+        chex.assert_shape(context, (b, None, cfg.text_dim))
+        dtype = compute_dtype(cfg.dtype)
+        h = self.patch_embed(self._tokens(x.astype(dtype), first_frame))
+        h = h + sincos_grid(t, hh // p, ww // p, cfg.dim).astype(h.dtype)
+
+        sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), (b,))
+        t_emb = self.time_out(jax.nn.silu(self.time_in(sincos_1d(sigma * 1000.0, cfg.time_embed_dim))))
+        if context_mask is None:
+            pooled = jnp.mean(context, axis=1)
+        else:
+            w = jnp.asarray(context_mask, jnp.float32)[..., None]
+            pooled = jnp.sum(context * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
+        cond = t_emb + self.text_pool(pooled)
+
+        for block in self.blocks:
+            h = block(h, cond, context.astype(dtype), context_mask)
+        shift, scale = jnp.split(self.ada_out(jax.nn.silu(cond)), 2, axis=-1)
+        out = self.proj_out(_modulate(self.norm_out(h), shift, scale))
+        v = rearrange(out, "b (t h w) (p q c) -> b t (h p) (w q) c", t=t, h=hh // p, w=ww // p, p=p, q=p)
+        return v.astype(jnp.float32)

@@ -1,0 +1,84 @@
+"""Building blocks shared by the jaxpipe networks: attention, MLP, sinusoidal embeddings."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def sincos_1d(positions: jax.Array, dim: int, max_period: float = 10_000.0) -> jax.Array:
+    """Sinusoidal embedding ``(..., dim)`` of float ``positions`` (...,); odd ``dim`` is zero-padded."""
+    half = dim // 2
+    freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / max(half, 1))
+    angles = jnp.asarray(positions, jnp.float32)[..., None] * freqs
+    emb = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    return jnp.pad(emb, [(0, 0)] * (emb.ndim - 1) + [(0, dim - 2 * half)])
+
+
+def sincos_grid(frames: int, rows: int, cols: int, dim: int) -> jax.Array:
+    """Fixed ``(frames·rows·cols, dim)`` position embedding of a token grid, frame-major.
+
+    Built from the shapes at call time, so one network serves any resolution or clip length.
+    """
+    d_space = 2 * (dim // 6)
+    d_time = dim - 2 * d_space
+    t, r, c = jnp.meshgrid(jnp.arange(frames), jnp.arange(rows), jnp.arange(cols), indexing="ij")
+    emb = jnp.concatenate(
+        [sincos_1d(t.ravel(), d_time), sincos_1d(r.ravel(), d_space), sincos_1d(c.ravel(), d_space)], axis=-1
+    )
+    return emb
+
+
+def attention_mask(key_mask: jax.Array | None, num_queries: int) -> jax.Array | None:
+    """``(B, 1, Lq, Lk)`` boolean mask from a ``(B, Lk)`` key mask.
+
+    A row with no valid key (an empty prompt) attends to every key instead of producing NaNs.
+    """
+    if key_mask is None:
+        return None
+    key_mask = jnp.asarray(key_mask, bool)
+    key_mask = key_mask | ~jnp.any(key_mask, axis=-1, keepdims=True)
+    return jnp.broadcast_to(key_mask[:, None, None, :], (key_mask.shape[0], 1, num_queries, key_mask.shape[1]))
+
+
+class Attention(nnx.Module):
+    """Multi-head attention of queries ``(B, Lq, dim)`` over a context ``(B, Lk, context_dim)``."""
+
+    def __init__(self, dim: int, heads: int, *, context_dim: int | None = None, dtype=jnp.float32, rngs: nnx.Rngs):
+        if dim % heads:
+            raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
+        context_dim = dim if context_dim is None else context_dim
+        self.heads = heads
+        self.q = nnx.Linear(dim, dim, use_bias=False, dtype=dtype, rngs=rngs)
+        self.kv = nnx.Linear(context_dim, 2 * dim, use_bias=False, dtype=dtype, rngs=rngs)
+        self.out = nnx.Linear(dim, dim, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array, context: jax.Array | None = None, key_mask: jax.Array | None = None) -> jax.Array:
+        context = x if context is None else context
+        b, lq, d = x.shape
+        q = self.q(x).reshape(b, lq, self.heads, d // self.heads)
+        k, v = jnp.split(self.kv(context).reshape(b, context.shape[1], 2 * self.heads, d // self.heads), 2, axis=2)
+        y = jax.nn.dot_product_attention(q, k, v, mask=attention_mask(key_mask, lq))
+        return self.out(y.reshape(b, lq, d))
+
+
+class MLP(nnx.Module):
+    """Two-layer GELU feed-forward ``dim -> hidden -> dim``."""
+
+    def __init__(self, dim: int, hidden: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        self.fc1 = nnx.Linear(dim, hidden, dtype=dtype, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden, dim, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.fc2(jax.nn.gelu(self.fc1(x)))
+
+
+def compute_dtype(name: str):
+    """The jnp dtype for a config's ``dtype`` string (``"float32"`` or ``"bfloat16"``)."""
+    allowed = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+    if name not in allowed:
+        raise ValueError(f"dtype must be one of {sorted(allowed)} (got {name!r})")
+    return allowed[name]
