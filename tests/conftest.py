@@ -1,0 +1,23 @@
+"""Shared fixtures: small cards whose zero-initialised output layers are perturbed so they compute something."""
+
+import jax
+import pytest
+from flax import nnx
+
+import jaxpipe as jp
+
+
+def perturbed(module_or_card, seed: int = 0, scale: float = 0.05):
+    """A copy whose every parameter gets small Gaussian noise (adaLN-zero layers start at exactly 0)."""
+    graphdef, params, rest = nnx.split(module_or_card, nnx.Param, ...)
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    leaves = [p + scale * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys)]
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves), rest)
+
+
+@pytest.fixture(scope="session")
+def t2i_card():
+    """A ``flux-t2i`` card at default (tiny) size with non-trivial weights."""
+    card = jp.cards.build("flux-t2i", seed=0)
+    return card.replace(transformer=perturbed(card["transformer"], seed=1))

@@ -1,0 +1,115 @@
+"""Cards are pytrees with validated static specs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxpipe as jp
+from jaxpipe.card import Card, CardSpec, CardValidationError, LoopSpec
+from jaxpipe.loops.denoise import DenoiseConfig
+
+
+def small_components():
+    rngs = nnx.Rngs(0)
+    return {"encoder": nnx.Linear(3, 4, rngs=rngs), "transformer": nnx.Linear(4, 4, rngs=rngs)}
+
+
+def spec(**kw):
+    base = dict(
+        model_id="toy",
+        family="toy",
+        loops=(LoopSpec("denoise", "denoise", ("transformer",), DenoiseConfig()),),
+        recipe=("denoise",),
+    )
+    return CardSpec(**{**base, **kw})
+
+
+def test_card_is_a_pytree_of_its_components():
+    card = Card(small_components(), spec())
+    leaves = jax.tree.leaves(card)
+    assert len(leaves) == 4  # two kernels, two biases
+    doubled = jax.tree.map(lambda p: 2 * p, card)
+    assert isinstance(doubled, Card) and doubled.spec == card.spec
+    np.testing.assert_allclose(doubled["encoder"].kernel[...], 2 * card["encoder"].kernel[...])
+    assert card.num_params() == 3 * 4 + 4 + 4 * 4 + 4
+
+
+def test_jit_over_a_card_retraces_only_when_metadata_changes():
+    traces = []
+
+    @jax.jit
+    def f(card, x):
+        traces.append(card.model_id)
+        return card["transformer"](card["encoder"](x))
+
+    card = Card(small_components(), spec())
+    x = jnp.ones((2, 3))
+    y = f(card, x)
+    assert y.shape == (2, 4)
+    f(jax.tree.map(lambda p: p + 1, card), x)  # new weights, same metadata
+    assert len(traces) == 1
+    f(Card(small_components(), spec(model_id="toy2")), x)
+    assert len(traces) == 2
+
+
+def test_grad_through_a_card():
+    card = Card(small_components(), spec())
+    graphdef, params = nnx.split(card.components, nnx.Param)
+
+    def loss(p):
+        comps = nnx.merge(graphdef, p)
+        return jnp.sum(comps["transformer"](comps["encoder"](jnp.ones((1, 3)))) ** 2)
+
+    grads = jax.grad(loss)(params)
+    assert all(bool(jnp.any(g != 0)) for g in jax.tree.leaves(grads))
+
+
+def test_loop_binding_a_missing_component_is_rejected():
+    bad = spec(loops=(LoopSpec("denoise", "denoise", ("dit",)),))
+    with pytest.raises(CardValidationError, match=r"binds missing component\(s\) \['dit'\]"):
+        Card(small_components(), bad)
+
+
+def test_recipe_with_undeclared_loop_is_rejected():
+    with pytest.raises(CardValidationError, match="recipe uses undeclared loop"):
+        Card(small_components(), spec(recipe=("denoise", "decode_tiles")))
+
+
+def test_colliding_ids_are_rejected():
+    loop = LoopSpec("denoise", "denoise", ("transformer",))
+    with pytest.raises(CardValidationError, match="duplicate loop ids"):
+        Card(small_components(), spec(loops=(loop, loop)))
+    with pytest.raises(CardValidationError, match="name both a loop and a component"):
+        Card(small_components(), spec(loops=(LoopSpec("encoder", "denoise", ("transformer",)),), recipe=()))
+
+
+def test_bad_loop_kind_and_parity_are_rejected():
+    with pytest.raises(CardValidationError, match="kind must be one of"):
+        LoopSpec("x", "teleport", ("transformer",))
+    with pytest.raises(CardValidationError, match="parity"):
+        Card(small_components(), spec(parity=("C9",)))
+
+
+def test_unknown_component_lookup_lists_what_exists():
+    card = Card(small_components(), spec())
+    with pytest.raises(KeyError, match="encoder"):
+        card["vae"]
+
+
+def test_flux_card_builds_and_lists():
+    assert "flux-t2i" in jp.cards.available()
+    card = jp.cards.build("flux-t2i", seed=0)
+    assert set(card.components) == {"text_encoder", "transformer", "vae"}
+    assert card.spec.loop("t2i_denoise").binds == ("transformer",)
+    assert card.num_params() > 10_000
+    with pytest.raises(KeyError, match="available cards"):
+        jp.cards.build("flux-t3i")
+
+
+def test_same_seed_same_weights():
+    a, b = jp.cards.build("flux-t2i", seed=3), jp.cards.build("flux-t2i", seed=3)
+    c = jp.cards.build("flux-t2i", seed=4)
+    assert all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    assert not all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(c)))
