@@ -1,0 +1,59 @@
+"""Writing artifacts: images and videos in [0, 1] to PNG and GIF files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image
+
+
+def to_uint8(image, *, upscale: int = 1) -> np.ndarray:
+    """``(H, W, C)`` floats in [0, 1] (C = 1 or 3) -> ``(H·s, W·s)`` or ``(H·s, W·s, 3)`` uint8, nearest-upscaled."""
+    array = np.asarray(image, np.float32)
+    if array.ndim != 3 or array.shape[-1] not in (1, 3):
+        raise ValueError(f"image must be (H, W, 1) or (H, W, 3); got {array.shape}")
+    if upscale < 1:
+        raise ValueError(f"upscale must be >= 1 (got {upscale})")
+    array = np.clip(np.nan_to_num(array), 0.0, 1.0)
+    array = np.repeat(np.repeat(array, upscale, axis=0), upscale, axis=1)
+    pixels = np.round(array * 255.0).astype(np.uint8)
+    return pixels[..., 0] if pixels.shape[-1] == 1 else pixels
+
+
+def _prepare(path: str | os.PathLike) -> str:
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    return path
+
+
+def save_png(image, path: str | os.PathLike, *, upscale: int = 8) -> str:
+    """Write one image ``(H, W, C)`` in [0, 1] as a PNG (nearest-upscaled so tiny digits are visible)."""
+    path = _prepare(path)
+    Image.fromarray(to_uint8(image, upscale=upscale)).save(path, format="PNG")
+    return path
+
+
+def save_grid(images: Sequence, path: str | os.PathLike, *, upscale: int = 8, pad: int = 1) -> str:
+    """Write images ``(N, H, W, C)`` side by side in one PNG."""
+    tiles = [to_uint8(im, upscale=upscale) for im in images]
+    if not tiles:
+        raise ValueError("images must hold at least one image")
+    h = tiles[0].shape[0]
+    spacer = np.zeros((h, pad * upscale) + tiles[0].shape[2:], np.uint8)
+    row = np.concatenate([t for tile in tiles for t in (tile, spacer)][:-1], axis=1)
+    path = _prepare(path)
+    Image.fromarray(row).save(path, format="PNG")
+    return path
+
+
+def save_gif(video, path: str | os.PathLike, *, upscale: int = 8, fps: int = 8) -> str:
+    """Write a video ``(T, H, W, C)`` in [0, 1] as a looping GIF."""
+    video = np.asarray(video)
+    if video.ndim != 4:
+        raise ValueError(f"video must be (T, H, W, C); got {video.shape}")
+    frames = [Image.fromarray(to_uint8(frame, upscale=upscale)) for frame in video]
+    path = _prepare(path)
+    frames[0].save(path, format="GIF", save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
+    return path

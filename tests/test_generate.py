@@ -1,0 +1,57 @@
+"""The first user path: flux-t2i generate, and writing the images."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from jaxpipe.cards import flux_t2i
+from jaxpipe.io import save_gif, save_grid, save_png
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_generate_images_in_unit_range_and_deterministic(t2i_card):
+    a = flux_t2i.generate(t2i_card, ["seven thick", "one"], seed=0, num_steps=4)
+    b = flux_t2i.generate(t2i_card, ["seven thick", "one"], seed=0, num_steps=4)
+    assert a.shape == (2, 16, 16, 1)
+    assert float(a.min()) >= 0.0 and float(a.max()) <= 1.0
+    np.testing.assert_array_equal(a, b)
+    c = flux_t2i.generate(t2i_card, ["seven thick", "one"], seed=[0, 5], num_steps=4)
+    np.testing.assert_array_equal(a[0], c[0])
+    assert float(jnp.abs(a[1] - c[1]).max()) > 1e-3
+
+
+def test_generate_bad_input(t2i_card):
+    with pytest.raises(ValueError, match="unknown word"):
+        flux_t2i.generate(t2i_card, "seven purple")
+    with pytest.raises(ValueError, match="num_steps"):
+        flux_t2i.generate(t2i_card, "seven", num_steps=0)
+    with pytest.raises(ValueError, match="seed"):
+        flux_t2i.generate(t2i_card, ["seven", "one"], seed=[1])
+    with pytest.raises(ValueError, match="prompts"):
+        flux_t2i.generate(t2i_card, [])
+
+
+def test_png_grid_and_gif_are_valid(tmp_path):
+    image = np.linspace(0, 1, 16 * 16).reshape(16, 16, 1)
+    png = Image.open(save_png(image, tmp_path / "a.png", upscale=4))
+    assert png.size == (64, 64)
+    assert np.asarray(png)[0, 0] == 0 and np.asarray(png)[-1, -1] == 255
+    grid = Image.open(save_grid([image, image], tmp_path / "g.png", upscale=2))
+    assert grid.size == (16 * 2 * 2 + 2, 32)
+    gif = Image.open(save_gif(np.stack([image, 1 - image, image * 0.5]), tmp_path / "v.gif", upscale=2))
+    assert gif.n_frames == 3
+    with pytest.raises(ValueError, match="image must be"):
+        save_png(np.zeros((4, 4)), tmp_path / "bad.png")
+
+
+def test_quickstart_example_writes_a_png(tmp_path):
+    out = tmp_path / "q.png"
+    subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py"), "one thin", "-o", str(out), "--steps", "3"],
+                   check=True, capture_output=True, timeout=300)
+    assert Image.open(out).size == (128, 128)
