@@ -99,12 +99,12 @@ def test_unknown_component_lookup_lists_what_exists():
 
 
 def test_flux_card_builds_and_lists():
-    assert "flux-t2i" in jp.cards.available()
+    assert "flux-t2i" in jp.cards.buildable()
     card = jp.cards.build("flux-t2i", seed=0)
     assert set(card.components) == {"text_encoder", "transformer", "vae"}
     assert card.spec.loop("t2i_denoise").binds == ("transformer",)
     assert card.num_params() > 10_000
-    with pytest.raises(KeyError, match="available cards"):
+    with pytest.raises(KeyError, match="buildable cards"):
         jp.cards.build("flux-t3i")
 
 
@@ -113,3 +113,21 @@ def test_same_seed_same_weights():
     c = jp.cards.build("flux-t2i", seed=4)
     assert all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
     assert not all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(c)))
+
+
+def test_checkpoint_round_trip_gives_identical_outputs(tmp_path, t2i_card):
+    from jaxpipe.cards import flux_t2i
+    from jaxpipe.checkpoint import load_card, save_card
+
+    save_card(t2i_card, tmp_path / "card")
+    loaded = jp.cards.load(tmp_path / "card")
+    assert loaded.spec == t2i_card.spec
+    for a, b in zip(jax.tree.leaves(t2i_card), jax.tree.leaves(loaded)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(
+        flux_t2i.generate(t2i_card, "seven thick", num_steps=3), flux_t2i.generate(loaded, "seven thick", num_steps=3)
+    )
+    with pytest.raises(FileNotFoundError, match="not a card checkpoint"):
+        load_card(tmp_path)
+    with pytest.raises(KeyError, match="not a bundled card"):
+        jp.cards.load("no-such-card")

@@ -23,7 +23,7 @@ LOOP_ID = "t2i_denoise"
 
 
 @dataclasses.dataclass(frozen=True)
-class FluxT2IConfig:
+class Config:
     """Everything that shapes a ``flux-t2i`` card; the defaults are CPU-test sized."""
 
     image_size: int = 16
@@ -55,7 +55,7 @@ class FluxT2IConfig:
         return (1, side, side, self.vae.latent_channels)
 
 
-def build(config: FluxT2IConfig = FluxT2IConfig(), *, seed: int = 0) -> Card:
+def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A ``flux-t2i`` card with freshly initialised components (deterministic in ``seed``)."""
     rngs = nnx.Rngs(seed)
     components = {
@@ -64,7 +64,7 @@ def build(config: FluxT2IConfig = FluxT2IConfig(), *, seed: int = 0) -> Card:
         "vae": Autoencoder(config.vae, rngs=rngs),
     }
     spec = CardSpec(
-        model_id=MODEL_ID,
+        model_id=model_id,
         family="flux_t2i",
         loops=(LoopSpec(LOOP_ID, "denoise", ("transformer",), config.sampling),),
         recipe=(LOOP_ID,),

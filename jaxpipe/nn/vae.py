@@ -34,6 +34,10 @@ class AutoencoderConfig:
         return 2 ** (len(self.widths) - 1)
 
 
+class LatentStats(nnx.Variable):
+    """Per-channel latent mean and std, fitted after training (not a trainable parameter)."""
+
+
 def _conv(cin, cout, dtype, rngs, *, kernel=3, stride=1):
     return nnx.Conv(cin, cout, (kernel, kernel), strides=(stride, stride), padding="SAME", dtype=dtype, rngs=rngs)
 
@@ -55,6 +59,9 @@ class Autoencoder(nnx.Module):
         self.dec_up = nnx.List([_conv(w[i + 1], w[i], dt, rngs) for i in reversed(range(len(w) - 1))])
         self.dec_mix = nnx.List([_conv(w[i], w[i], dt, rngs) for i in reversed(range(len(w) - 1))])
         self.dec_out = _conv(w[0], cfg.image_channels, dt, rngs)
+        # Diffusion wants roughly unit-variance latents: encode() whitens by these, decode() undoes it.
+        self.latent_mean = LatentStats(jnp.zeros((cfg.latent_channels,), jnp.float32))
+        self.latent_std = LatentStats(jnp.ones((cfg.latent_channels,), jnp.float32))
 
     def encode(self, images: jax.Array) -> jax.Array:
         """Images ``(B, H, W, image_channels)`` in [-1, 1] -> latents ``(B, H/f, W/f, latent_channels)``."""
@@ -68,20 +75,28 @@ class Autoencoder(nnx.Module):
         for down, mix in zip(self.enc_down, self.enc_mix):
             h = jax.nn.silu(down(h))
             h = h + jax.nn.silu(mix(h))
-        return self.enc_out(h).astype(jnp.float32)
+        return (self.enc_out(h).astype(jnp.float32) - self.latent_mean[...]) / self.latent_std[...]
 
     def decode(self, latents: jax.Array) -> jax.Array:
         """Latents ``(B, h, w, latent_channels)`` -> images ``(B, h·f, w·f, image_channels)`` (unclipped)."""
         chex.assert_rank(latents, 4)
         if latents.shape[-1] != self.cfg.latent_channels:
             raise ValueError(f"latents must have {self.cfg.latent_channels} channels; got {latents.shape}")
-        h = jax.nn.silu(self.dec_in(latents))
+        h = jax.nn.silu(self.dec_in(latents * self.latent_std[...] + self.latent_mean[...]))
         for up, mix in zip(self.dec_up, self.dec_mix):
             b, hh, ww, c = h.shape
             h = jax.image.resize(h, (b, 2 * hh, 2 * ww, c), "nearest")
             h = jax.nn.silu(up(h))
             h = h + jax.nn.silu(mix(h))
         return self.dec_out(h).astype(jnp.float32)
+
+    def fit_latent_stats(self, images: jax.Array) -> "Autoencoder":
+        """A copy whose ``encode`` maps ``images`` to zero-mean, unit-std latents per channel."""
+        model = nnx.clone(self)
+        z = model.encode(images) * self.latent_std[...] + self.latent_mean[...]
+        model.latent_mean[...] = jnp.mean(z, axis=(0, 1, 2))
+        model.latent_std[...] = jnp.std(z, axis=(0, 1, 2)) + 1e-6
+        return model
 
     def encode_video(self, video: jax.Array) -> jax.Array:
         """``(B, T, H, W, C)`` frames -> ``(B, T, h, w, latent_channels)``."""
