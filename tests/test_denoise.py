@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpipe.cards import flux_t2i
+from jaxpipe.cards import common, flux_t2i
 from jaxpipe.loops import denoise
 from jaxpipe.loops.denoise import DenoiseConfig
 
@@ -16,7 +16,7 @@ PROMPTS = ["seven thick", "one thin left", "three bright"]
 
 def setup(card, config, seeds=(0, 1, 2), with_uncond=False):
     ids = jnp.asarray(card.spec.tokenizer.encode(PROMPTS[: len(seeds)], 8))
-    cond = flux_t2i.encode_prompts(card, ids, with_uncond=with_uncond)
+    cond = common.encode_prompts(card, ids, with_uncond=with_uncond)
     keys = jnp.stack([jax.random.key(s) for s in seeds])
     return denoise.init(keys, card.spec.config.latent_shape, cond, config)
 

@@ -10,10 +10,10 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.cards import common
 from jaxpipe.data import VOCABULARY
 from jaxpipe.loops import denoise
 from jaxpipe.nn import Autoencoder, AutoencoderConfig, DiT, DiTConfig, TextEncoder, TextEncoderConfig, Tokenizer
@@ -34,19 +34,7 @@ class Config:
     vocabulary: tuple[str, ...] = VOCABULARY
 
     def __post_init__(self):
-        if self.dit.text_dim != self.text.dim:
-            raise ValueError(f"dit.text_dim ({self.dit.text_dim}) must equal text.dim ({self.text.dim})")
-        if self.dit.latent_channels != self.vae.latent_channels:
-            raise ValueError(
-                f"dit.latent_channels ({self.dit.latent_channels}) must equal vae.latent_channels ({self.vae.latent_channels})"
-            )
-        if self.text.vocab_size != Tokenizer(self.vocabulary).vocab_size:
-            raise ValueError(f"text.vocab_size must be {Tokenizer(self.vocabulary).vocab_size} for this vocabulary")
-        if self.image_size % (self.vae.downsample * self.dit.patch_size):
-            raise ValueError(
-                f"image_size ({self.image_size}) must be divisible by vae.downsample·dit.patch_size "
-                f"({self.vae.downsample * self.dit.patch_size})"
-            )
+        common.check_generator_config(self)
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -76,28 +64,6 @@ def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID)
     return Card(components, spec)
 
 
-def encode_prompts(card: Card, ids: jax.Array, *, with_uncond: bool = False) -> denoise.Conditioning:
-    """Text conditioning for token ids ``(B, L)``; the empty prompt is the unconditional text."""
-    encoder = card["text_encoder"]
-    mask = ids != 0
-    if not with_uncond:
-        return denoise.Conditioning(context=encoder(ids), context_mask=mask)
-    null = jnp.zeros_like(ids)
-    return denoise.Conditioning(
-        context=encoder(ids), context_mask=mask, uncond_context=encoder(null), uncond_mask=null != 0
-    )
-
-
-def _sampling(card: Card, num_steps, guidance) -> denoise.DenoiseConfig:
-    base = card.spec.loop(LOOP_ID).config
-    changes = {}
-    if num_steps is not None:
-        changes["num_steps"] = num_steps
-    if guidance is not None:
-        changes["guidance"] = float(guidance)
-    return base.replace(**changes) if changes else base
-
-
 def generate_from_ids(
     card: Card, ids: jax.Array, keys: jax.Array, sampling: denoise.DenoiseConfig
 ) -> jax.Array:
@@ -105,11 +71,10 @@ def generate_from_ids(
 
     Pure and jittable with ``sampling`` static: encode -> denoise (fused scan) -> decode.
     """
-    cond = encode_prompts(card, ids, with_uncond=sampling.guidance != 1.0)
+    cond = common.encode_prompts(card, ids, with_uncond=sampling.guidance != 1.0)
     state = denoise.init(keys, card.spec.config.latent_shape, cond, sampling)
     state, _ = denoise.run(card["transformer"], state, sampling)
-    images = card["vae"].decode(state.x[:, 0])
-    return jnp.clip((images + 1.0) / 2.0, 0.0, 1.0)
+    return common.to_unit(card["vae"].decode(state.x[:, 0]))
 
 
 _generate_jit = jax.jit(generate_from_ids, static_argnames="sampling")
@@ -128,12 +93,7 @@ def generate(
     ``seed`` is one int for the batch (request b uses ``seed + b``) or one per prompt;
     ``num_steps`` / ``guidance`` default to the card's ``t2i_denoise`` settings.
     """
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    if not prompts:
-        raise ValueError("prompts must name at least one prompt")
-    seeds = [seed + i for i in range(len(prompts))] if isinstance(seed, int) else list(seed)
-    if len(seeds) != len(prompts):
-        raise ValueError(f"seed: got {len(seeds)} seeds for {len(prompts)} prompts")
-    ids = jnp.asarray(card.spec.tokenizer.encode(prompts, card["text_encoder"].cfg.max_len))
-    keys = jnp.stack([jax.random.key(s) for s in seeds])
-    return _generate_jit(card, ids, keys, _sampling(card, num_steps, guidance))
+    prompts = common.as_prompts(prompts)
+    ids = common.tokenize(card, prompts)
+    keys = common.request_keys(seed, len(prompts))
+    return _generate_jit(card, ids, keys, common.sampling(card, LOOP_ID, num_steps, guidance))

@@ -560,3 +560,28 @@ def batches(
                 batch["ids"] = ids[index]
             yield batch
         epoch += 1
+
+
+def concat(datasets: Sequence[_Dataset]) -> _Dataset:
+    """One dataset holding the samples of several datasets of the same type, in order."""
+    datasets = list(datasets)
+    if not datasets or len({type(d) for d in datasets}) != 1:
+        raise ValueError("concat needs one or more datasets of the same type")
+    fields = [d.fields() for d in datasets]
+    out = {}
+    for name in fields[0]:
+        values = [f[name] for f in fields]
+        out[name] = tuple(c for v in values for c in v) if name == "caption" else np.concatenate(values)
+    return type(datasets[0])(**out)
+
+
+def split_prompt(text: str) -> tuple[str, str | None]:
+    """Split a user prompt into its image part and its motion part.
+
+    ``"seven thick moving right"`` → ``("seven thick", "seven moving right")``; a prompt with no
+    motion gives ``(image prompt, None)``. Raises like ``parse_caption`` on words it cannot read.
+    """
+    labels = parse_caption(text)
+    image = caption(labels["digit"], labels["stroke"], labels["position"], labels["brightness"])
+    motion = None if labels["motion"] is None else caption(labels["digit"], motion=labels["motion"])
+    return image, motion
