@@ -1,0 +1,21 @@
+"""Training: every method is ``init(key) -> state`` and a jitted ``step(state, batch, key) -> (state, metrics)``.
+
+Submodules are imported on first use (``from jaxpipe.training import ScorerTrainer`` works), so
+importing this package stays cheap and ``python -m jaxpipe.training.<module>`` runs cleanly.
+"""
+
+from importlib import import_module
+
+_LAZY = {
+    "ScorerTrainer": "jaxpipe.training.scorer",
+    "ScorerTrainConfig": "jaxpipe.training.scorer",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'jaxpipe.training' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)
