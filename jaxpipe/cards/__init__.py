@@ -65,4 +65,4 @@ def load(model_id_or_path: str | os.PathLike) -> Card:
     )
 
 
-__all__ = ["ASSETS", "available", "build", "buildable", "family_module", "flux_t2i", "load", "wan_i2v"]
+__all__ = ["ASSETS", "available", "build", "buildable", "family_module", "digit_scorer", "flux_t2i", "load", "wan_i2v"]

@@ -36,6 +36,14 @@ class Config:
     def __post_init__(self):
         common.check_generator_config(self)
 
+    @classmethod
+    def bundled(cls) -> "Config":
+        """The size of the bundled pretrained card: a wider, deeper DiT and text encoder than the test default."""
+        return cls(
+            text=dataclasses.replace(cls.text, dim=64),
+            dit=DiTConfig(dim=96, depth=4, heads=4, text_dim=64),
+        )
+
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         """Per-request latent shape ``(T=1, h, w, C)``."""

@@ -44,6 +44,11 @@ class Config:
         if self.frames < 2:
             raise ValueError(f"frames must be >= 2 (got {self.frames})")
 
+    @classmethod
+    def bundled(cls) -> "Config":
+        """The size of the bundled pretrained card (the test default: moving a given frame is an easy task)."""
+        return cls()
+
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         """Per-request latent shape ``(T, h, w, C)``."""

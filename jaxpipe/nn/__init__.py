@@ -1,7 +1,8 @@
-"""Flax NNX components: text encoder, diffusion transformer, autoencoder."""
+"""Flax NNX components: text encoder, diffusion transformer, autoencoder, digit scorer."""
 
 from jaxpipe.nn.dit import DiT, DiTConfig
+from jaxpipe.nn.reward import DigitScorer, ScorerConfig
 from jaxpipe.nn.text import TextEncoder, TextEncoderConfig, Tokenizer
 from jaxpipe.nn.vae import Autoencoder, AutoencoderConfig
 
-__all__ = ["Autoencoder", "AutoencoderConfig", "DiT", "DiTConfig", "TextEncoder", "TextEncoderConfig", "Tokenizer"]
+__all__ = ["Autoencoder", "AutoencoderConfig", "DiT", "DiTConfig", "DigitScorer", "ScorerConfig", "TextEncoder", "TextEncoderConfig", "Tokenizer"]

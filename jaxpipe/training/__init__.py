@@ -7,6 +7,11 @@ importing this package stays cheap and ``python -m jaxpipe.training.<module>`` r
 from importlib import import_module
 
 _LAZY = {
+    "Finetune": "jaxpipe.training.finetune",
+    "FinetuneConfig": "jaxpipe.training.finetune",
+    "AutoencoderTrainer": "jaxpipe.training.autoencoder",
+    "AutoencoderTrainConfig": "jaxpipe.training.autoencoder",
+    "fit": "jaxpipe.training.fit",
     "ScorerTrainer": "jaxpipe.training.scorer",
     "ScorerTrainConfig": "jaxpipe.training.scorer",
 }

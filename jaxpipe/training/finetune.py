@@ -83,8 +83,9 @@ class Finetune:
     """Flow-matching finetuning of a card's denoise loop: ``init(key)``, jitted ``step``, ``card(state)``.
 
     A batch is ``{"ids": (B, L) int32, "image": (B, H, W, C)}`` for text-to-image cards or
-    ``{"ids", "video": (B, T, H, W, C)}`` for image-to-video cards (pixels in [-1, 1]); video
-    cards condition on the first frame's latent.
+    ``{"ids", "video": (B, T, H, W, C)}`` for image-to-video cards (pixels in [-1, 1]), or
+    ``{"ids", "latents": (B, T, h, w, C)}`` already encoded by the card's autoencoder; cards
+    whose DiT has first-frame conditioning condition on the first frame's latent.
     """
 
     def __init__(self, card: Card, config: FinetuneConfig = FinetuneConfig(), *, loop_id: str | None = None):
@@ -118,12 +119,8 @@ class Finetune:
         """Flow-matching loss of one batch (pure; differentiable in ``params``)."""
         comps = self._components(params, frozen)
         vae, text, dit = comps["vae"], comps["text_encoder"], comps[self.transformer]
-        if "video" in batch:
-            x0 = jax.lax.stop_gradient(vae.encode_video(batch["video"]))
-            first_frame = x0[:, 0]
-        else:
-            x0 = jax.lax.stop_gradient(vae.encode(batch["image"]))[:, None]
-            first_frame = None
+        x0 = jax.lax.stop_gradient(self.latents(vae, batch))
+        first_frame = x0[:, 0] if dit.cfg.frame_cond else None
         b = x0.shape[0]
         k_drop, k_sigma, k_noise = jax.random.split(key, 3)
         ids = batch["ids"]
@@ -140,6 +137,17 @@ class Finetune:
         v = denoise.velocity(dit, x_sigma, sigma, cond, 1.0)
         loss = jnp.mean((v - (noise - x0)) ** 2)
         return loss, {"loss": loss}
+
+    @staticmethod
+    def latents(vae, batch: dict) -> jax.Array:
+        """Clean latents ``(B, T, h, w, C)`` of a batch: its ``"latents"`` if precomputed, else encoded pixels."""
+        if "latents" in batch:
+            return batch["latents"]
+        if "video" in batch:
+            return vae.encode_video(batch["video"])
+        if "image" in batch:
+            return vae.encode(batch["image"])[:, None]
+        raise KeyError(f"a batch needs 'latents', 'video' or 'image' (got {sorted(batch)})")
 
     def _step(self, state: FinetuneState, batch: dict, key: jax.Array) -> tuple[FinetuneState, dict]:
         (loss, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(state.params, state.frozen, batch, key)

@@ -31,6 +31,9 @@ from jaxpipe.training.finetune import Finetune, FinetuneConfig
 from jaxpipe.training.fit import fit
 
 
+_FAMILY = {"flux-t2i": "flux_t2i", "wan-i2v": "wan_i2v"}
+
+
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig:
     """What a pretraining run does; the defaults are the bundled cards' settings."""
@@ -39,6 +42,7 @@ class PretrainConfig:
     autoencoder_steps: int = 1500
     steps: int = 4000
     batch_size: int = 64
+    video_batch_size: int = 16
     learning_rate: float = 1e-3
     copies: int = 8
     drop: float = 0.3
@@ -67,6 +71,31 @@ def train_autoencoder(model: Autoencoder, cfg: PretrainConfig, out: Path | None)
     return trainer.model(state).fit_latent_stats(sample)
 
 
+def encode_dataset(card: Card, data, chunk: int = 256) -> dict[str, np.ndarray]:
+    """``{"latents": (N, T, h, w, C), "ids": (N, L)}``: a dataset encoded once by the card's (frozen) autoencoder."""
+    encode = jax.jit(lambda vae, x: Finetune.latents(vae, x))
+    pixels = data.video if hasattr(data, "video") else data.image
+    name = "video" if hasattr(data, "video") else "image"
+    latents = np.concatenate([np.asarray(encode(card["vae"], {name: jnp.asarray(pixels[i : i + chunk])}))
+                              for i in range(0, len(pixels), chunk)])
+    ids = card.spec.tokenizer.encode(list(data.caption), card["text_encoder"].cfg.max_len)
+    return {"latents": latents, "ids": ids}
+
+
+def array_batches(arrays: dict[str, np.ndarray], batch_size: int, *, seed: int):
+    """Endless shuffled fixed-size batches (as jax arrays) of equally long arrays; epoch ``e`` uses ``(seed, e)``."""
+    n = len(next(iter(arrays.values())))
+    if not 0 < batch_size <= n:
+        raise ValueError(f"batch_size must be in 1..{n} (got {batch_size})")
+    epoch = 0
+    while True:
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        for i in range(0, n - batch_size + 1, batch_size):
+            idx = order[i : i + batch_size]
+            yield {k: jnp.asarray(v[idx]) for k, v in arrays.items()}
+        epoch += 1
+
+
 def generator_data(model_id: str, cfg: PretrainConfig):
     """The flow-matching data of a generator card: captioned images (t2i) or videos (i2v)."""
     images, labels = digits.load_images("train")
@@ -86,18 +115,18 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
             (out / stale).unlink(missing_ok=True)
     timings = {}
     start = time.perf_counter()
-    card = cards.build(model_id, seed=cfg.seed)
+    card = cards.build(model_id, seed=cfg.seed, config=cards.family_module(_FAMILY[model_id]).Config.bundled())
     data = generator_data(model_id, cfg)
     card = card.replace(vae=train_autoencoder(card["vae"], cfg, out))
     timings["autoencoder_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
     method = Finetune(card, FinetuneConfig(learning_rate=cfg.learning_rate, total_steps=cfg.steps))
-    batches = digits.batches(data, cfg.batch_size, seed=cfg.seed + 1, tokenizer=card.spec.tokenizer)
+    arrays = encode_dataset(card, data)
     state, history = fit(
         method.step,
         method.init(),
-        _as_arrays(batches),
+        array_batches(arrays, cfg.video_batch_size if model_id == "wan-i2v" else cfg.batch_size, seed=cfg.seed + 1),
         steps=cfg.steps,
         key=jax.random.key(cfg.seed + 1),
         metrics_path=None if out is None else out / "metrics.jsonl",
