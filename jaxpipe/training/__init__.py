@@ -11,7 +11,6 @@ _LAZY = {
     "FinetuneConfig": "jaxpipe.training.finetune",
     "AutoencoderTrainer": "jaxpipe.training.autoencoder",
     "AutoencoderTrainConfig": "jaxpipe.training.autoencoder",
-    "fit": "jaxpipe.training.fit",
     "ScorerTrainer": "jaxpipe.training.scorer",
     "ScorerTrainConfig": "jaxpipe.training.scorer",
 }
