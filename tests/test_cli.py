@@ -1,0 +1,59 @@
+"""The `jaxpipe` command line, on the bundled pretrained cards."""
+
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+import jaxpipe as jp
+from jaxpipe.cli import app
+
+runner = CliRunner()
+pytestmark = pytest.mark.skipif(
+    not {"flux-t2i", "wan-i2v"} <= set(jp.cards.available()), reason="bundled cards missing"
+)
+
+
+def test_generate_writes_a_gif_and_its_first_frame(tmp_path):
+    out = tmp_path / "seven.gif"
+    result = runner.invoke(app, ["generate", "seven thick moving right", "-o", str(out), "--steps", "4"])
+    assert result.exit_code == 0, result.output
+    assert "[2/2] wan-i2v: 'seven moving right'" in result.output
+    gif = Image.open(out)
+    assert gif.format == "GIF" and gif.n_frames > 1 and gif.size == (128, 128)
+    assert Image.open(out.with_suffix(".png")).size == (128, 128)
+
+
+def test_generate_png_only(tmp_path):
+    out = tmp_path / "one.png"
+    result = runner.invoke(app, ["generate", "one thin left", "-o", str(out), "--steps", "3", "--seed", "4"])
+    assert result.exit_code == 0, result.output
+    assert Image.open(out).format == "PNG"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "seven purple"], "vocabulary is"),
+        (["generate", "thick left"], "no digit word"),
+        (["generate", "seven", "-o", "x.mp4"], "must end in .gif or .png"),
+        (["generate", "seven", "--steps", "0"], "--steps must be a positive integer"),
+        (["generate", "seven", "--model", "no-such-card"], "not a bundled card"),
+    ],
+)
+def test_bad_input_fails_clearly(args, message, tmp_path):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_cards_lists_the_bundled_cards():
+    result = runner.invoke(app, ["cards"])
+    assert result.exit_code == 0 and "flux-t2i" in result.output.split()
+
+
+def test_console_entry_point_runs():
+    result = subprocess.run([sys.executable, "-m", "jaxpipe.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "generate" in result.stdout
