@@ -1,9 +1,9 @@
-"""Quickstart: build a flux-t2i card, encode a prompt, denoise with a fused scan, decode, save a PNG.
+"""Quickstart: load the bundled flux-t2i card, encode a prompt, denoise with a fused scan, decode, save a PNG.
 
-    python examples/quickstart.py "seven thick" -o out/quickstart.png
+    python examples/quickstart.py "seven thick" -o out/quickstart.png [--random]
 
-The card here is freshly initialised (random weights), so the image is structured noise; the
-point is the pipeline: tokenizer -> text encoder -> DiT denoise loop (one jitted lax.scan) -> decoder.
+The pipeline, step by step: tokenizer -> text encoder -> DiT denoise loop (one jitted
+``lax.scan``) -> decoder. ``--random`` uses a freshly initialised card instead (structured noise).
 """
 
 import argparse
@@ -22,9 +22,10 @@ def main() -> None:
     parser.add_argument("-o", "--out", default="out/quickstart.png")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--random", action="store_true", help="use random weights instead of the bundled card")
     args = parser.parse_args()
 
-    card = jp.cards.build("flux-t2i", seed=0)
+    card = jp.cards.build("flux-t2i", seed=0) if args.random else jp.cards.load("flux-t2i")
     print(f"{card}  ({card.num_params():,} parameters, JAX on {jax.default_backend()})")
     start = time.perf_counter()
     image = flux_t2i.generate(card, args.prompt, seed=args.seed, num_steps=args.steps)[0]
