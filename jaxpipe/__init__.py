@@ -2,7 +2,15 @@
 
 from jaxpipe import cards, data, loops, nn, samplers
 from jaxpipe.card import Card, CardSpec, CardValidationError, LoopSpec
+from jaxpipe.request import Output, Request
+from jaxpipe.program import Program
+from jaxpipe.workflow import Stage, Workflow
+from jaxpipe.engine import Engine
+from jaxpipe import cache, parity
 
 __version__ = "0.1.0"
 
-__all__ = ["Card", "CardSpec", "CardValidationError", "LoopSpec", "cards", "data", "loops", "nn", "samplers"]
+__all__ = [
+    "Card", "CardSpec", "CardValidationError", "LoopSpec", "cards", "data", "loops", "nn", "samplers",
+    "Engine", "Output", "Program", "Request", "Stage", "Workflow", "cache", "parity",
+]

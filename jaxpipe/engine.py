@@ -1,0 +1,834 @@
+"""The engine: resident cards and workflows by id, and the loop that serves requests.
+
+``Engine`` keeps each registered card resident with its program and per-component weight
+versions, keeps the registered workflows, and runs requests:
+
+* ``run(request)`` / ``run_many(requests, mode="serial")``: each request to completion. A card
+  request is the program's fast path (one jitted function, loops as fused ``lax.scan``s) after
+  its text encodings are looked up in the feature cache.
+* ``mode="interleaved"``: every request advances one loop step per tick, the engine calling the
+  loop's pure ``step`` per request. Same bits as serial (``parity.interleave_gate``).
+* ``mode="batched"``: requests on the same card and loop with compatible settings and shapes
+  advance together as ONE jitted batched step, even at different step indices (continuous
+  batching): each group holds ``capacity`` slots; a request is admitted into a free slot, steps
+  with the others, and is retired after its own last step, when a waiting request takes its
+  slot. Mixed step counts share a batch by padding each request's sigma schedule with zeros to
+  a common width (see ``program.DenoiseDriver``); between scheduling events (a request finishing)
+  the engine fuses the steps into one call. Requests are prepared (cached text, image encoding,
+  loop start) in cohorts of equal settings, and finished (decode) per cohort. Results match
+  serial within a measured tolerance, not bit for bit (``parity.batch_invariance``, C3).
+
+Workflows run as a chain of stage requests through the same machinery, so in the interleaved
+and batched modes the stages of many workflow requests interleave or batch with each other and
+with plain card requests.
+
+Optional hooks: ``on_step(event)`` is called after every loop step of every request (a
+streaming preview: ``event.latents``); returning ``False`` cancels that request at this step
+boundary. ``cancel`` (a ``threading.Event`` or a callable returning ``bool``) cancels every
+unfinished request at the next step boundary. Cancelled requests get an ``Output`` with
+``cancelled_at`` set; the engine stays usable.
+
+Bad input (unknown model id, bad steps, wrong image shape, unknown words) raises before any
+request starts and before any engine state (cache, versions, registry) changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpipe import program as programs
+from jaxpipe.cache import CacheKey, FeatureCache, content_hash
+from jaxpipe.card import Card
+from jaxpipe.program import Bound, Program, ProgramError
+from jaxpipe.request import Output, Request
+from jaxpipe.workflow import Workflow, WorkflowError, WorkflowRegistry, initial_state, publish
+
+__all__ = ["Engine", "EngineError", "StepEvent", "MODES"]
+
+MODES = ("serial", "interleaved", "batched")
+MIN_WIDTH = 64
+"""Batched loops pad schedules to at least this many steps, so nearly all step counts share a group."""
+
+
+class EngineError(ValueError):
+    """A request or registration the engine cannot serve (the message names the problem and what is allowed)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Jitted pieces. A resident card travels as (treedef, leaves): flattening a Card of NNX modules
+# walks the module graph in Python (~0.4 ms); a flat list of arrays is the C++ fast path.
+# --------------------------------------------------------------------------------------------
+
+
+def _card(treedef, leaves) -> Card:
+    return jax.tree.unflatten(treedef, leaves)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _run_whole(program: Program, settings, treedef, leaves, rows):
+    """The fast path on ``rows`` (per-request slots, batch axis 1): per-request artifacts."""
+    out = programs.execute(program, settings, _card(treedef, leaves), rows)
+    return programs.split_rows(out, len(rows))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _enter(program: Program, index: int, settings, width, treedef, leaves, slots, state):
+    """``program.enter`` (rows are concatenated at index 0); at the end: per-row artifacts."""
+    if index == 0:
+        slots = programs.concat_rows(slots)
+    slots, state = programs.enter(program, index, settings, _card(treedef, leaves), slots, state, width=width)
+    if state is None:
+        out = programs.artifacts(program, slots)
+        return programs.split_rows(out, jax.tree.leaves(out)[0].shape[0]), None
+    return slots, state
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _node(program: Program, name: str, treedef, leaves, reads):
+    node = next(n for n in program.nodes if n.name == name)
+    return node(_card(treedef, leaves), reads)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _step(kind: str, loop_id: str, config, treedef, leaves, state):
+    """One pure step of the loop (all rows)."""
+    card = _card(treedef, leaves)
+    return programs.driver(kind).step(card, card.spec.loop(loop_id), state, config)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _steps(kind: str, loop_id: str, config, treedef, leaves, state, count):
+    """``count`` (traced) pure steps of the loop on the whole batch: one dispatch between scheduling events."""
+    card = _card(treedef, leaves)
+    loop, drive = card.spec.loop(loop_id), programs.driver(kind)
+    return jax.lax.fori_loop(0, count, lambda _, s: drive.step(card, loop, s, config), state)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _empty(kind: str, capacity: int, like):
+    return programs.driver(kind).empty(like, capacity)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _admit(kind: str, batch, source, slots, rows):
+    """Copy ``source`` rows ``rows`` into ``batch`` slots ``slots`` (out-of-range slots are skipped)."""
+    rows = jnp.clip(rows, 0, jax.tree.leaves(source)[0].shape[0] - 1)
+    return jax.tree.map(lambda b, s: b.at[slots].set(s[rows], mode="drop"), batch, source)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _retire(kind: str, batch, target, slots, rows):
+    """Copy ``batch`` slots ``slots`` back into ``target`` rows ``rows`` and make those slots inert."""
+    capacity = jax.tree.leaves(batch)[0].shape[0]
+    taken = jnp.clip(slots, 0, capacity - 1)
+    target = jax.tree.map(lambda t, b: t.at[rows].set(b[taken], mode="drop"), target, batch)
+    mask = jnp.zeros((capacity,), bool).at[slots].set(True, mode="drop")
+    return programs.driver(kind).deactivate(batch, mask), target
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _resize(kind: str, capacity: int, batch, keep):
+    """A batch of ``capacity`` slots holding old slots ``keep`` (``-1``: an inert slot)."""
+    empty = programs.driver(kind).empty(batch, capacity)
+    taken = jax.tree.map(lambda b: b[jnp.clip(keep, 0)], batch)
+    pick = lambda e, t: jnp.where((keep >= 0).reshape((-1,) + (1,) * (t.ndim - 1)), t, e)
+    return jax.tree.map(pick, empty, taken)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+# --------------------------------------------------------------------------------------------
+# Residents, events
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class _Resident:
+    card: Card
+    program: Program
+    treedef: Any
+    leaves: list
+    versions: dict[str, int]
+
+    @classmethod
+    def of(cls, card: Card, program: Program, versions: dict[str, int]) -> "_Resident":
+        leaves, treedef = jax.tree.flatten(card)
+        return cls(card, program, treedef, leaves, versions)
+
+
+@dataclasses.dataclass(eq=False)
+class StepEvent:
+    """One loop step of one request, as ``on_step`` sees it.
+
+    ``index``: the request's position in ``run_many``; ``request``: the card request stepping
+    (a workflow's stage request for workflow requests); ``stage``: the stage path (``"i2v"``,
+    ``"base/t2i"``; ``""`` for a plain card request); ``loop``: the loop id; ``step`` of
+    ``num_steps`` steps are done. ``latents`` is the request's current loop state latents
+    ``(T, h, w, C)`` (sliced on first access only).
+    """
+
+    index: int
+    request: Request
+    stage: str
+    loop: str
+    step: int
+    num_steps: int
+    _latents: Callable[[], jax.Array]
+
+    @property
+    def latents(self) -> jax.Array:
+        return self._latents()
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------
+
+
+class Engine:
+    """Serves registered cards (through their programs) and workflows, by id.
+
+    Arguments:
+      max_batch: the most requests one batched step carries (``mode="batched"``).
+      cache: the feature cache (a fresh ``FeatureCache`` by default).
+    """
+
+    def __init__(self, *, max_batch: int = 64, cache: FeatureCache | None = None):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch <= 0:
+            raise ValueError(f"max_batch must be a positive int (got {max_batch!r})")
+        self.max_batch = max_batch
+        self.cache = FeatureCache() if cache is None else cache
+        self._cards: dict[str, _Resident] = {}
+        self._workflows = WorkflowRegistry()
+        self._busy = False
+
+    # ---- registry -------------------------------------------------------------------------
+
+    @classmethod
+    def default(cls, **kwargs) -> "Engine":
+        """An engine serving every bundled card (``jp.cards.available()``) and every bundled
+        workflow whose cards are bundled (``image_video.t2i_i2v``, its extended variant)."""
+        from jaxpipe import cards
+        from jaxpipe import workflow as workflows
+
+        engine = cls(**kwargs)
+        for model_id in cards.available():
+            engine.register(cards.load(model_id))
+        for wf in workflows.bundled():
+            if all(engine.serves(m) for m in wf.requires):
+                engine.register_workflow(wf)
+        return engine
+
+    def register(self, card: Card, program: Program | None = None, *, replace: bool = False) -> None:
+        """Serve ``card`` under its model id with ``program`` (default: its family's ``program()``).
+
+        Replacing a resident card (``replace=True``) bumps every component's weight version and
+        drops its cache entries. Raises ``EngineError`` / ``ProgramError`` before changing anything.
+        """
+        self._idle("register")
+        if not isinstance(card, Card):
+            raise TypeError(f"register takes a Card (got {type(card).__name__})")
+        model_id = card.model_id
+        if model_id in self._workflows:
+            raise EngineError(f"card id {model_id!r} collides with a registered workflow of the same id")
+        if model_id in self._cards and not replace:
+            raise EngineError(f"card {model_id!r} is already registered (pass replace=True to replace it)")
+        program = _default_program(card) if program is None else program
+        if not isinstance(program, Program):
+            raise TypeError(f"program must be a Program (got {type(program).__name__})")
+        program.check(card)
+        old = self._cards.get(model_id)
+        versions = {name: (old.versions.get(name, -1) + 1 if old else 0) for name in card.components}
+        resident = _Resident.of(card, program, versions)
+        if old is not None:
+            self.cache.invalidate(model_id)
+        self._cards[model_id] = resident
+
+    def register_workflow(self, workflow: Workflow, *, replace: bool = False) -> None:
+        """Serve ``workflow`` under its dotted id. Rejects (``WorkflowError``, nothing changed) an id that
+        collides with a card or workflow, a stage model that is not served, and a cycle."""
+        self._idle("register_workflow")
+        self._workflows.add(workflow, self._cards, replace=replace)
+
+    def unregister(self, model_id: str) -> None:
+        """Stop serving a card or workflow (refused while a registered workflow requires it)."""
+        self._idle("unregister")
+        self._lookup(model_id)
+        users = self._workflows.dependents(model_id)
+        if users:
+            raise EngineError(f"cannot unregister {model_id!r}: workflows {users} require it")
+        if model_id in self._cards:
+            del self._cards[model_id]
+            self.cache.invalidate(model_id)
+        else:
+            self._workflows.remove(model_id)
+
+    def serves(self, model_id: str) -> bool:
+        """Whether ``model_id`` names a registered card or workflow."""
+        return model_id in self._cards or model_id in self._workflows
+
+    def models(self) -> list[str]:
+        """Every id the engine serves, cards and workflows, sorted."""
+        return sorted([*self._cards, *self._workflows.ids()])
+
+    def cards(self) -> list[str]:
+        return sorted(self._cards)
+
+    def workflows(self) -> list[str]:
+        return self._workflows.ids()
+
+    def card(self, model_id: str) -> Card:
+        """The resident card ``model_id``."""
+        return self._resident(model_id).card
+
+    def program(self, model_id: str) -> Program:
+        return self._resident(model_id).program
+
+    def workflow(self, model_id: str) -> Workflow:
+        self._lookup(model_id)
+        if model_id not in self._workflows:
+            raise EngineError(f"{model_id!r} is a card, not a workflow")
+        return self._workflows[model_id]
+
+    def versions(self, model_id: str) -> dict[str, int]:
+        """Per-component weight versions of the resident card ``model_id``."""
+        return dict(self._resident(model_id).versions)
+
+    def publish(self, model_id: str, components: Mapping[str, Any]) -> dict[str, int]:
+        """Swap some components of a resident card (e.g. freshly trained weights).
+
+        Bumps only those components' weight versions and drops only their cache entries; returns
+        the new versions. Runs between requests (never while ``run_many`` is in flight).
+        """
+        self._idle("publish")
+        resident = self._resident(model_id)
+        card = resident.card.replace(**dict(components))  # KeyError on unknown components
+        resident.program.check(card)
+        versions = {n: v + (n in components) for n, v in resident.versions.items()}
+        self.cache.invalidate(model_id, components)
+        self._cards[model_id] = _Resident.of(card, resident.program, versions)
+        return dict(versions)
+
+    def _lookup(self, model_id: str) -> None:
+        if not self.serves(model_id):
+            raise EngineError(f"unknown model {model_id!r}; this engine serves {self.models()}")
+
+    def _resident(self, model_id: str) -> _Resident:
+        self._lookup(model_id)
+        if model_id not in self._cards:
+            raise EngineError(f"{model_id!r} is a workflow, not a card")
+        return self._cards[model_id]
+
+    def _idle(self, what: str) -> None:
+        if self._busy:
+            raise EngineError(f"{what}: the engine is running requests; call it between run/run_many calls")
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def check(self, request: Request) -> Bound | None:
+        """Validate ``request`` (raising a clear error) without running it: the card's ``Bound``,
+        or ``None`` for a workflow request (checked by the workflow's own ``check``)."""
+        if not isinstance(request, Request):
+            raise TypeError(f"expected a jaxpipe Request (got {type(request).__name__})")
+        self._lookup(request.model)
+        if request.model in self._workflows:
+            workflow = self._workflows[request.model]
+            if workflow.check is not None:
+                workflow.check(request)
+            return None
+        resident = self._cards[request.model]
+        return resident.program.bind(resident.card, request)
+
+    def run(
+        self,
+        request: Request,
+        *,
+        on_step: Callable[[StepEvent], bool | None] | None = None,
+        cancel: Any = None,
+    ) -> Output:
+        """Run one request to completion: its ``Output`` (artifacts by name)."""
+        return self.run_many([request], mode="serial", on_step=on_step, cancel=cancel)[0]
+
+    def run_many(
+        self,
+        requests: Sequence[Request],
+        mode: str = "serial",
+        *,
+        on_step: Callable[[StepEvent], bool | None] | None = None,
+        cancel: Any = None,
+    ) -> list[Output]:
+        """Run ``requests``: their ``Output``s in request order (see the module docstring for modes).
+
+        Every request is validated first; nothing runs and nothing changes if any is bad.
+        """
+        if mode not in MODES:
+            raise EngineError(f"mode must be one of {MODES} (got {mode!r})")
+        if isinstance(requests, Request):
+            raise TypeError("run_many takes a sequence of requests; use run(request) for one")
+        requests = list(requests)
+        bounds = [self.check(r) for r in requests]
+        if cancel is not None and not (callable(cancel) or hasattr(cancel, "is_set")):
+            raise TypeError("cancel must be a threading.Event-like object (is_set()) or a callable returning bool")
+        self._idle("run_many")
+        self._busy = True
+        try:
+            scheduler = _Scheduler(self, mode, on_step, cancel)
+            if mode == "serial":
+                for i, (request, bound) in enumerate(zip(requests, bounds)):
+                    scheduler.run([(i, request, bound)])
+            else:
+                scheduler.run(list(zip(range(len(requests)), requests, bounds)))
+            return [scheduler.outputs[i] for i in range(len(requests))]
+        finally:
+            self._busy = False
+
+    # ---- feature cache ------------------------------------------------------------------------
+
+    def _resolve_cached(self, resident: _Resident, bound: Bound) -> dict[str, Any]:
+        """The bound slots plus the outputs of the program's cached nodes, looked up per request."""
+        slots = dict(bound.slots)
+        model_id = resident.card.model_id
+        for node in resident.program.cached_nodes:
+            reads = {r: slots[r] for r in node.reads}
+            key = CacheKey(model_id, node.component, resident.versions[node.component], content_hash(node.name, reads))
+            value = self.cache.get(key)
+            if value is None:
+                value = _node(resident.program, node.name, resident.treedef, resident.leaves, reads)
+                self.cache.put(key, value)
+            slots.update(value)
+        return slots
+
+
+def _default_program(card: Card) -> Program:
+    from jaxpipe.cards import family_module
+
+    try:
+        module = family_module(card.spec.family)
+    except ValueError:
+        module = None
+    if module is not None and hasattr(module, "program"):
+        return module.program()
+    kinds = {card.spec.loop(l).kind for l in card.spec.recipe}
+    if kinds == {"score"}:
+        return programs.score_program()
+    raise ProgramError(
+        f"card {card.model_id!r} (family {card.spec.family!r}) has no default program; pass one: register(card, program)"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The scheduler of one run_many call
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class _Flow:
+    """A workflow request in flight: its state and the stage it waits on."""
+
+    workflow: Workflow
+    request: Request
+    root: int
+    parent: "_Flow | None"
+    path: str
+    ancestry: tuple[str, ...]
+    state: dict
+    stage: int = 0
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+    """A card request in flight."""
+
+    root: int
+    request: Request
+    resident: _Resident
+    bound: Bound
+    flow: _Flow | None
+    path: str
+    slots: dict | None = None
+    step: int = 0
+    total: int = 0
+    cancelled_at: tuple[int, int] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.cancelled_at is not None or self.step >= self.total
+
+
+@dataclasses.dataclass(eq=False)
+class _Cohort:
+    """Jobs prepared together (same card, program, settings and shapes): ``size`` rows, the first
+    ``len(jobs)`` real. Holds their slots and loop state between loops."""
+
+    resident: _Resident
+    settings: Any
+    width: int | None
+    jobs: list[_Job]
+    size: int
+    loop: int = 0
+    slots: Any = None
+    state: Any = None
+    queued: int = 0  # rows admitted into / waiting for a group and not yet retired
+
+    @property
+    def program(self) -> Program:
+        return self.resident.program
+
+    @property
+    def node(self):
+        return self.program.loops[self.loop]
+
+    @property
+    def spec(self):
+        return self.resident.card.spec.loop(self.node.loop)
+
+    @property
+    def config(self):
+        return dict(self.settings)[self.node.loop]
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+
+@dataclasses.dataclass(eq=False)
+class _Group:
+    """Slots of one batched step: cohorts' rows with equal card, loop, batch key and row shapes."""
+
+    kind: str
+    loop: str
+    config: Any
+    resident: _Resident
+    capacity: int
+    batch: Any
+    slots: list  # slot -> (cohort, row) or None
+    queue: deque
+
+    @property
+    def active(self) -> int:
+        return sum(s is not None for s in self.slots)
+
+
+class _Scheduler:
+    def __init__(self, engine: Engine, mode: str, on_step, cancel):
+        self.engine = engine
+        self.mode = mode
+        self.on_step = on_step
+        self.cancel = cancel
+        self.hooks = on_step is not None or cancel is not None
+        self.outputs: dict[int, Output] = {}
+        self.pending: list[_Job] = []
+        self.cohorts: list[_Cohort] = []
+        self.groups: dict[Any, _Group] = {}
+        self.flows: list[_Flow] = []
+        self.stopped: tuple[int, int] | None = None
+
+    # ---- the main loop -------------------------------------------------------------------
+
+    def run(self, roots: Iterable[tuple[int, Request, Bound | None]]) -> None:
+        for index, request, bound in roots:
+            self._spawn(index, request, bound, flow=None, path="")
+        while self.pending or self.cohorts:
+            if self._cancelled():
+                self._cancel_all()
+                break
+            self._start_pending()
+            if not self.cohorts:
+                continue
+            if self.mode == "batched":
+                self._tick_batched()
+            else:
+                self._tick_each()
+            self._settle()
+        while self.flows:  # only left when everything was cancelled
+            self._deliver_flow_cancel(self.flows[0])
+
+    def _cancelled(self) -> bool:
+        if self.cancel is None:
+            return False
+        return bool(self.cancel.is_set() if hasattr(self.cancel, "is_set") else self.cancel())
+
+    # ---- spawning requests and threading workflows ----------------------------------------
+
+    def _spawn(self, root: int, request: Request, bound: Bound | None, flow: _Flow | None, path: str) -> None:
+        engine = self.engine
+        if request.model in engine._workflows:
+            workflow = engine._workflows[request.model]
+            ancestry = (flow.ancestry if flow else ()) + (workflow.id,)
+            if workflow.id in ancestry[:-1]:
+                raise WorkflowError(f"workflow cycle at run time: {' -> '.join(ancestry)}")
+            if len(ancestry) > 64:
+                raise WorkflowError(f"workflows nested deeper than 64 levels: {' -> '.join(ancestry[:4])} -> ...")
+            child = _Flow(workflow, request, root, flow, path, ancestry, initial_state(request))
+            self.flows.append(child)
+            self._next_stage(child)
+            return
+        if bound is None:
+            bound = engine.check(request)
+        resident = engine._cards[request.model]
+        self.pending.append(_Job(root, request, resident, bound, flow, path))
+
+    def _next_stage(self, flow: _Flow) -> None:
+        stage = flow.workflow.stages[flow.stage]
+        request = flow.workflow.build(stage, flow.state)
+        if not self.engine.serves(request.model):
+            raise WorkflowError(
+                f"workflow {flow.workflow.id!r}, stage {stage.label!r}: {request.model!r} is no longer served"
+            )
+        path = f"{flow.path}/{stage.label}" if flow.path else stage.label
+        self._spawn(flow.root, request, None, flow, path)
+
+    def _deliver(self, job_or_flow, output: Output) -> None:
+        flow = job_or_flow.flow if isinstance(job_or_flow, _Job) else job_or_flow.parent
+        root = job_or_flow.root
+        if flow is None:
+            self.outputs[root] = output
+            return
+        if output.cancelled:
+            self._deliver_flow_cancel(flow, output.cancelled_at)
+            return
+        stage = flow.workflow.stages[flow.stage]
+        publish(flow.state, stage.label, output)
+        flow.stage += 1
+        if flow.stage < len(flow.workflow.stages):
+            self._next_stage(flow)
+            return
+        self.flows.remove(flow)
+        artifacts = flow.workflow.finish(flow.state, output)
+        self._deliver(flow, Output(flow.workflow.id, artifacts, flow.request))
+
+    def _deliver_flow_cancel(self, flow: _Flow, at: tuple[int, int] | None = None) -> None:
+        if flow in self.flows:
+            self.flows.remove(flow)
+        self._deliver(flow, Output(flow.workflow.id, {}, flow.request, cancelled_at=at or (0, 0)))
+
+    def _finish_job(self, job: _Job, artifacts: Mapping[str, Any] | None) -> None:
+        if job.cancelled_at is not None:
+            output = Output(job.request.model, {}, job.request, cancelled_at=job.cancelled_at)
+        else:
+            output = Output(job.request.model, {**artifacts, **job.bound.artifacts}, job.request)
+        self._deliver(job, output)
+
+    # ---- preparing cohorts -------------------------------------------------------------------
+
+    def _start_pending(self) -> None:
+        jobs, self.pending = self.pending, []
+        for job in jobs:
+            job.slots = self.engine._resolve_cached(job.resident, job.bound)
+        if self.mode == "serial" and not self.hooks:
+            for job in jobs:
+                r = job.resident
+                out = _run_whole(r.program, job.bound.settings, r.treedef, r.leaves, (job.slots,))[0]
+                self._finish_job(job, out)
+            return
+        if self.mode != "batched":
+            for job in jobs:
+                self._start_cohort(_Cohort(job.resident, job.bound.settings, None, [job], 1))
+            return
+        buckets: dict[Any, list[_Job]] = {}
+        for job in jobs:
+            shapes = tuple((k, tuple(np.shape(v))[1:], str(getattr(v, "dtype", None) or np.asarray(v).dtype))
+                           for k, v in sorted(job.slots.items()))
+            buckets.setdefault((id(job.resident), job.bound.settings, shapes), []).append(job)
+        for members in buckets.values():
+            width = self._width(members[0])
+            for lo in range(0, len(members), self.engine.max_batch):
+                chunk = members[lo : lo + self.engine.max_batch]
+                self._start_cohort(_Cohort(chunk[0].resident, chunk[0].bound.settings, width, chunk, _pow2(len(chunk))))
+
+    def _width(self, job: _Job) -> int | None:
+        program = job.resident.program
+        if not program.loops:
+            return None
+        widest = 0
+        for node in program.loops:
+            kind = job.resident.card.spec.loop(node.loop).kind
+            widest = max(widest, programs.driver(kind).num_steps(dict(job.bound.settings)[node.loop]))
+        return max(MIN_WIDTH, _pow2(widest))
+
+    def _start_cohort(self, cohort: _Cohort) -> None:
+        r = cohort.resident
+        rows = [job.slots for job in cohort.jobs]
+        rows += [rows[-1]] * (cohort.size - len(rows))  # padding rows: copies, dropped at the end
+        for job in cohort.jobs:
+            job.slots = None
+        slots, state = _enter(r.program, 0, cohort.settings, cohort.width, r.treedef, r.leaves, tuple(rows), None)
+        self._after_enter(cohort, slots, state)
+
+    def _after_enter(self, cohort: _Cohort, slots, state) -> None:
+        if state is None:  # the program is done: slots holds per-row artifacts
+            for job, artifacts in zip(cohort.jobs, slots):
+                self._finish_job(job, artifacts)
+            if cohort in self.cohorts:
+                self.cohorts.remove(cohort)
+            return
+        cohort.slots, cohort.state = slots, state
+        total = programs.driver(cohort.kind).num_steps(cohort.config)
+        for job in cohort.jobs:
+            job.step, job.total = 0, total
+        if cohort not in self.cohorts:
+            self.cohorts.append(cohort)
+        if self.mode == "batched":
+            self._enqueue(cohort)
+
+    # ---- stepping ---------------------------------------------------------------------------
+
+    def _event(self, job: _Job, loop: str, latents: Callable[[], jax.Array]) -> None:
+        if self.on_step is None:
+            return
+        event = StepEvent(job.root, job.request, job.path, loop, job.step, job.total, latents)
+        if self.on_step(event) is False and not job.finished:
+            job.cancelled_at = (job.step, job.total)
+
+    def _tick_each(self) -> None:
+        """Interleaved (or serial with hooks): every unfinished request advances one step."""
+        for cohort in self.cohorts:
+            job = cohort.jobs[0]
+            if job.finished:
+                continue
+            r = cohort.resident
+            cohort.state = _step(cohort.kind, cohort.node.loop, cohort.config, r.treedef, r.leaves, cohort.state)
+            job.step += 1
+            state, drive = cohort.state, programs.driver(cohort.kind)
+            self._event(job, cohort.node.loop, lambda: drive.latents(state)[0])
+
+    def _enqueue(self, cohort: _Cohort) -> None:
+        drive = programs.driver(cohort.kind)
+        shapes = tuple((a.shape[1:], str(a.dtype)) for a in jax.tree.leaves(cohort.state))
+        key = (id(cohort.resident), cohort.node.loop, drive.batch_key(cohort.config), shapes)
+        group = self.groups.get(key)
+        rows = [(cohort, i) for i, job in enumerate(cohort.jobs) if job.cancelled_at is None]
+        if group is None:
+            capacity = min(self.engine.max_batch, _pow2(len(rows)))
+            batch = _empty(cohort.kind, capacity, cohort.state)
+            group = _Group(cohort.kind, cohort.node.loop, drive.batch_key(cohort.config), cohort.resident,
+                           capacity, batch, [None] * capacity, deque())
+            self.groups[key] = group
+        group.queue.extend(rows)
+        cohort.queued += len(rows)
+
+    def _tick_batched(self) -> None:
+        for group in self.groups.values():
+            self._admit(group)
+        live = [g for g in self.groups.values() if g.active]
+        if not live:
+            return
+        remaining = [job.total - job.step for g in live for c, i in filter(None, g.slots) for job in [c.jobs[i]]]
+        count = 1 if self.on_step is not None or self.cancel is not None else max(1, min(remaining))
+        for group in live:
+            r = group.resident
+            group.batch = _steps(group.kind, group.loop, group.config, r.treedef, r.leaves, group.batch, count)
+            batch, drive = group.batch, programs.driver(group.kind)
+            for slot, entry in enumerate(group.slots):
+                if entry is None:
+                    continue
+                cohort, row = entry
+                job = cohort.jobs[row]
+                job.step += count
+                self._event(job, group.loop, lambda slot=slot: drive.latents(batch)[slot])
+            self._retire(group)
+        for key in [k for k, g in self.groups.items() if not g.active and not g.queue]:
+            del self.groups[key]
+
+    def _admit(self, group: _Group) -> None:
+        want = min(self.engine.max_batch, _pow2(group.active + len(group.queue)))
+        if want > group.capacity or want <= group.capacity // 2:
+            self._resize(group, max(want, _pow2(group.active)))
+        free = [s for s, entry in enumerate(group.slots) if entry is None]
+        admitted: dict[int, tuple[_Cohort, list, list]] = {}
+        while free and group.queue:
+            cohort, row = group.queue.popleft()
+            if cohort.jobs[row].cancelled_at is not None:
+                cohort.queued -= 1
+                continue
+            slot = free.pop(0)
+            group.slots[slot] = (cohort, row)
+            admitted.setdefault(id(cohort), (cohort, [], []))
+            admitted[id(cohort)][1].append(slot)
+            admitted[id(cohort)][2].append(row)
+        for cohort, slots, rows in admitted.values():
+            s, r = _padded(slots, rows, group.capacity, cohort.size)
+            group.batch = _admit(group.kind, group.batch, cohort.state, s, r)
+
+    def _resize(self, group: _Group, capacity: int) -> None:
+        if capacity == group.capacity:
+            return
+        occupied = [s for s, entry in enumerate(group.slots) if entry is not None]
+        keep = np.full((capacity,), -1, np.int32)
+        keep[: len(occupied)] = occupied
+        group.batch = _resize(group.kind, capacity, group.batch, keep)
+        group.slots = [group.slots[s] for s in occupied] + [None] * (capacity - len(occupied))
+        group.capacity = capacity
+
+    def _retire(self, group: _Group) -> None:
+        leaving: dict[int, tuple[_Cohort, list, list]] = {}
+        for slot, entry in enumerate(group.slots):
+            if entry is None:
+                continue
+            cohort, row = entry
+            if cohort.jobs[row].finished:
+                group.slots[slot] = None
+                leaving.setdefault(id(cohort), (cohort, [], []))
+                leaving[id(cohort)][1].append(slot)
+                leaving[id(cohort)][2].append(row)
+        for cohort, slots, rows in leaving.values():
+            s, r = _padded(slots, rows, group.capacity, cohort.size)
+            group.batch, cohort.state = _retire(group.kind, group.batch, cohort.state, s, r)
+            cohort.queued -= len(rows)
+
+    # ---- cohorts leaving a loop ----------------------------------------------------------------
+
+    def _settle(self) -> None:
+        for cohort in list(self.cohorts):
+            if not all(job.finished for job in cohort.jobs) or cohort.queued:
+                continue
+            live = [job for job in cohort.jobs if job.cancelled_at is None]
+            if not live:
+                self.cohorts.remove(cohort)
+                for job in cohort.jobs:
+                    self._finish_job(job, None)
+                continue
+            r = cohort.resident
+            cohort.loop += 1
+            slots, state = _enter(r.program, cohort.loop, cohort.settings, cohort.width, r.treedef, r.leaves,
+                                  cohort.slots, cohort.state)
+            if state is None:
+                self.cohorts.remove(cohort)
+                for job, artifacts in zip(cohort.jobs, slots):
+                    self._finish_job(job, None if job.cancelled_at else artifacts)
+            else:
+                self._after_enter(cohort, slots, state)
+
+    def _cancel_all(self) -> None:
+        for job in self.pending:
+            job.cancelled_at = (0, 0)
+            self._finish_job(job, None)
+        self.pending = []
+        cohorts, self.cohorts = self.cohorts, []
+        for cohort in cohorts:
+            for job in cohort.jobs:
+                if job.cancelled_at is None:
+                    job.cancelled_at = (job.step, job.total)
+                self._finish_job(job, None)
+        self.groups = {}
+
+
+def _padded(slots: list[int], rows: list[int], capacity: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index arrays of fixed length ``capacity`` (one compile per shape); padding entries point
+    out of range and are dropped by the scatters."""
+    s = np.full((capacity,), capacity, np.int32)
+    r = np.full((capacity,), size, np.int32)
+    s[: len(slots)] = slots
+    r[: len(rows)] = rows
+    return s, r

@@ -1,0 +1,144 @@
+"""Parity gates of the engine and the consistency ladder (DESIGN §2, §7).
+
+The ladder names what "consistent" means, level by level:
+
+* **C0 structural**: artifacts have the declared shapes and dtypes and are finite;
+* **C1 determinism**: same request, same seed, same machine => same bits (``same_seed``); this
+  includes **serial == interleaved, bit for bit** (``interleave_gate``): driving a loop's pure
+  ``step`` from the engine, one step per request per tick, is the fused scan;
+* **C2 rollout <-> train identity**: recomputing a captured step's log-prob under the rollout
+  weights reproduces it (``ratio == 1``); tested with the denoise loop and the training methods;
+* **C3 batch invariance**: batched equals serial within a *measured* tolerance
+  (``batch_invariance``): XLA picks matmul/convolution kernels by shape, so a request computed in
+  a batch of 16 is rounded differently from the same request alone. Rows never mix (each
+  request's noise comes from its own key, its sigmas are its own), so the difference is rounding
+  only;
+* **C4 quality**: measured reward / accuracy (``jaxpipe.quality``).
+
+``TOLERANCE`` (C3) is the max abs difference of any artifact allowed between batched and serial
+runs: 1e-4, measured on this project's cards (see ``tests/test_parity.py`` and
+``benchmarks/RESULTS.md``: observed up to ~1e-6 for random test cards and bundled cards at batch
+sizes 1..64 and 2..28 steps on CPU). Images live in [0, 1], where 1e-4 is 1/40 of an 8-bit
+grey level, so it cannot change a saved frame by more than one level; a real bug (a row reading
+another row's sigma, key or conditioning) moves artifacts by 1e-2 or more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpipe.request import Output, Request
+
+__all__ = ["LADDER", "TOLERANCE", "ParityReport", "compare", "interleave_gate", "batch_invariance", "same_seed", "structural"]
+
+LADDER: dict[str, str] = {
+    "C0": "structural: artifacts have the declared shapes and dtypes and are finite",
+    "C1": "determinism: same seed, same machine => same bits (serial == interleaved, bit for bit)",
+    "C2": "rollout <-> train identity: recomputed log-prob == captured, so the PPO ratio == 1",
+    "C3": "batch invariance: batched == serial within a measured tolerance",
+    "C4": "quality: reward / accuracy measured and reported",
+}
+"""The consistency ladder, C0 to C4."""
+
+TOLERANCE = 1e-4
+"""C3: the largest max-abs difference allowed between batched and serial artifacts (see module doc)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityReport:
+    """The result of comparing two runs of the same requests.
+
+    ``level``: the ladder level checked; ``modes``: the two run modes compared; ``max_abs_diff``:
+    the largest absolute difference over every array artifact of every request;
+    ``per_request``: that maximum per request; ``mismatches``: ``(request index, artifact)`` pairs
+    that differ by more than ``tolerance`` (0 means bit for bit), or whose shapes, dtypes or text
+    differ; ``passed``: no mismatches.
+    """
+
+    level: str
+    modes: tuple[str, str]
+    tolerance: float
+    max_abs_diff: float
+    per_request: tuple[float, ...]
+    mismatches: tuple[tuple[int, str], ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.mismatches
+
+    def __str__(self) -> str:
+        verdict = "passed" if self.passed else f"FAILED on {list(self.mismatches)[:6]}"
+        bound = "bit for bit" if self.tolerance == 0 else f"tolerance {self.tolerance:g}"
+        return f"{self.level} {self.modes[0]} vs {self.modes[1]} ({bound}): max |diff| = {self.max_abs_diff:.3g}, {verdict}"
+
+
+def compare(
+    a: Sequence[Output], b: Sequence[Output], *, tolerance: float = 0.0, level: str = "C1", modes=("a", "b")
+) -> ParityReport:
+    """Compare two lists of outputs artifact by artifact (array artifacts by max abs difference)."""
+    if len(a) != len(b):
+        raise ValueError(f"cannot compare {len(a)} outputs with {len(b)}")
+    worst, mismatches = [], []
+    for i, (x, y) in enumerate(zip(a, b)):
+        request_worst = 0.0
+        if set(x) != set(y):
+            mismatches.append((i, f"artifact names {sorted(x)} vs {sorted(y)}"))
+        for name in sorted(set(x) & set(y)):
+            u, v = x[name], y[name]
+            if not isinstance(u, jax.Array):
+                if u != v:
+                    mismatches.append((i, name))
+                continue
+            if u.shape != v.shape or u.dtype != v.dtype:
+                mismatches.append((i, name))
+                continue
+            diff = float(jnp.max(jnp.abs(u.astype(jnp.float32) - v.astype(jnp.float32)))) if u.size else 0.0
+            if not np.isfinite(diff):
+                diff = float("inf")
+            request_worst = max(request_worst, diff)
+            if diff > tolerance:
+                mismatches.append((i, name))
+        worst.append(request_worst)
+    return ParityReport(level, tuple(modes), float(tolerance), max(worst, default=0.0), tuple(worst), tuple(mismatches))
+
+
+def interleave_gate(engine, requests: Sequence[Request]) -> ParityReport:
+    """C1: serial vs interleaved runs of ``requests`` on ``engine`` must agree bit for bit."""
+    serial = engine.run_many(requests, mode="serial")
+    interleaved = engine.run_many(requests, mode="interleaved")
+    return compare(serial, interleaved, tolerance=0.0, level="C1", modes=("serial", "interleaved"))
+
+
+def batch_invariance(engine, requests: Sequence[Request], *, tolerance: float = TOLERANCE) -> ParityReport:
+    """C3: serial vs batched runs of ``requests``: the max abs difference, reported, against ``tolerance``."""
+    serial = engine.run_many(requests, mode="serial")
+    batched = engine.run_many(requests, mode="batched")
+    return compare(serial, batched, tolerance=tolerance, level="C3", modes=("serial", "batched"))
+
+
+def same_seed(engine, requests: Sequence[Request], mode: str = "serial") -> ParityReport:
+    """C1: running ``requests`` twice in ``mode`` gives the same bits."""
+    first = engine.run_many(requests, mode=mode)
+    second = engine.run_many(requests, mode=mode)
+    return compare(first, second, tolerance=0.0, level="C1", modes=(mode, mode))
+
+
+def structural(outputs: Sequence[Output], expected: dict[str, tuple[int, ...]]) -> list[str]:
+    """C0: problems with ``outputs`` (missing artifacts, shapes other than ``expected``, non-finite values); empty if none."""
+    problems = []
+    for i, out in enumerate(outputs):
+        for name, shape in expected.items():
+            if name not in out:
+                problems.append(f"request {i}: no artifact {name!r} (has {sorted(out)})")
+                continue
+            value = out[name]
+            if tuple(value.shape) != tuple(shape):
+                problems.append(f"request {i}: {name!r} has shape {tuple(value.shape)}, expected {tuple(shape)}")
+            elif not bool(jnp.all(jnp.isfinite(value))):
+                problems.append(f"request {i}: {name!r} has non-finite values")
+    return problems

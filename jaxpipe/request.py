@@ -1,0 +1,145 @@
+"""Requests and outputs: what a user asks a model (or workflow) for, and the named artifacts it returns.
+
+A ``Request`` names the model by id and carries typed inputs; ``None`` means "the card's
+default". An ``Output`` is a read-only mapping from artifact name to value: ``"image"``
+``(H, W, C)`` in [0, 1], ``"video"`` ``(T, H, W, C)`` in [0, 1], ``"latents"``, ``"text"`` (the
+prompt a stage rendered, a ``str``), and, for a workflow, every stage's artifacts again under
+``"<stage label>:<name>"``. Artifacts are per request: no batch axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["Request", "Output", "MAX_SEED"]
+
+MAX_SEED = 2**32 - 1
+"""Seeds are ints in ``[0, MAX_SEED]``: a request's PRNG key is ``jax.random.key(seed)`` (uint32 seed)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Request:
+    """One generation request for ``model`` (a card id or a workflow id).
+
+    Arguments:
+      model: the id of a model the engine serves (``engine.models()``).
+      prompt: the text prompt (digits-world words, e.g. ``"seven thick moving right"``).
+      seed: the request's seed; the same seed on the same machine gives the same bits.
+      num_steps: denoising steps (``None``: the card's default); must be positive.
+      guidance: classifier-free guidance scale (``None``: the card's default; 1 = no guidance).
+      image: a conditioning image ``(H, W, C)`` in [0, 1] (image-to-video, scoring).
+      inputs: further named inputs a workflow's stages may read (read-only mapping).
+
+    Checks that need no card (types, ``num_steps > 0``, the seed's range) run here; checks
+    against a card (vocabulary, image shape) run when the engine binds the request, before any
+    request of a ``run_many`` call starts.
+    """
+
+    model: str
+    prompt: str | None = None
+    seed: int = 0
+    num_steps: int | None = None
+    guidance: float | None = None
+    image: Any = None
+    inputs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"Request.model must be a non-empty model id string (got {self.model!r})")
+        if self.prompt is not None and not isinstance(self.prompt, str):
+            raise TypeError(f"Request.prompt must be a str or None (got {type(self.prompt).__name__})")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"Request.seed must be an int in [0, {MAX_SEED}] (got {self.seed!r})")
+        object.__setattr__(self, "seed", int(self.seed))
+        if self.num_steps is not None:
+            if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, (int, np.integer)) or self.num_steps <= 0:
+                raise ValueError(f"Request.num_steps must be a positive int or None (got {self.num_steps!r})")
+            object.__setattr__(self, "num_steps", int(self.num_steps))
+        if self.guidance is not None:
+            if not isinstance(self.guidance, (int, float, np.floating, np.integer)) or not self.guidance >= 0:
+                raise ValueError(f"Request.guidance must be a number >= 0 or None (got {self.guidance!r})")
+            object.__setattr__(self, "guidance", float(self.guidance))
+        if self.image is not None and not hasattr(self.image, "shape"):
+            raise TypeError(f"Request.image must be an array (H, W, C) in [0, 1] (got {type(self.image).__name__})")
+        object.__setattr__(self, "inputs", MappingProxyType(dict(self.inputs)))
+
+    def replace(self, **changes) -> "Request":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        parts = [repr(self.model)]
+        for field in dataclasses.fields(self)[1:]:
+            value = getattr(self, field.name)
+            if field.name == "inputs":
+                if value:
+                    parts.append(f"inputs={sorted(value)}")
+            elif value is not None:
+                parts.append(f"{field.name}={_short(value)}")
+        return f"Request({', '.join(parts)})"
+
+
+def _short(value) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{value.dtype}{tuple(value.shape)}"
+    return repr(value)
+
+
+class Output(Mapping):
+    """The artifacts of one finished request: a read-only mapping ``name -> value``.
+
+    Values are jax arrays (``"text"`` artifacts are ``str``). ``model`` is the id of the card or
+    workflow that produced them; ``request`` is the request that asked for them. A request
+    cancelled at a step boundary has no artifacts and ``cancelled_at`` holds ``(step, num_steps)``
+    of the loop it stopped in.
+    """
+
+    __slots__ = ("_artifacts", "model", "request", "cancelled_at")
+
+    def __init__(
+        self,
+        model: str,
+        artifacts: Mapping[str, Any],
+        request: Request | None = None,
+        cancelled_at: tuple[int, int] | None = None,
+    ):
+        self._artifacts = MappingProxyType(dict(artifacts))
+        self.model = model
+        self.request = request
+        self.cancelled_at = cancelled_at
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancelled_at is not None
+
+    def __getitem__(self, name: str):
+        try:
+            return self._artifacts[name]
+        except KeyError:
+            if self.cancelled:
+                step, total = self.cancelled_at
+                raise KeyError(f"the {self.model!r} request was cancelled at step {step}/{total}: it has no {name!r}") from None
+            raise KeyError(f"{self.model!r} produced no artifact {name!r}; it has {sorted(self._artifacts)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._artifacts)
+
+    def __len__(self) -> int:
+        return len(self._artifacts)
+
+    def block_until_ready(self) -> "Output":
+        """Wait for every array artifact to be computed (for timing); returns ``self``."""
+        jax.block_until_ready([v for v in self._artifacts.values() if isinstance(v, jax.Array)])
+        return self
+
+    def __repr__(self) -> str:
+        if self.cancelled:
+            return f"Output({self.model!r}, cancelled at step {self.cancelled_at[0]}/{self.cancelled_at[1]})"
+        items = ", ".join(f"{k}={_short(v)}" for k, v in self._artifacts.items())
+        return f"Output({self.model!r}, {items})"
