@@ -72,6 +72,7 @@ def evaluate(
     steps: int | None = typer.Option(None, help="Denoising steps (default: each card's own)."),
     model: str = typer.Option("flux-t2i", help="Text-to-image card to judge."),
     video_model: str = typer.Option("wan-i2v", help="Image-to-video card to judge."),
+    guidance: float | None = typer.Option(None, help="Classifier-free guidance scale (default: each card's)."),
     out: Path | None = typer.Option(None, "-o", "--out", help="Also write the report as JSON here."),
 ) -> None:
     """Measure C4 quality: scorer-judged digit and attribute accuracy, I2V motion and first-frame fidelity."""
@@ -86,8 +87,8 @@ def evaluate(
     except (KeyError, FileNotFoundError, ValueError) as err:
         _fail(str(err).strip('"'))
     report = {
-        "t2i": quality.t2i_quality(t2i, scorer, samples=samples, seed=seed, num_steps=steps),
-        "i2v": quality.i2v_quality(i2v, samples=max(samples // 2, 1), seed=seed, num_steps=steps),
+        "t2i": quality.t2i_quality(t2i, scorer, samples=samples, seed=seed, num_steps=steps, guidance=guidance),
+        "i2v": quality.i2v_quality(i2v, samples=max(samples // 2, 1), seed=seed, num_steps=steps, guidance=guidance),
     }
     text = json.dumps(report, indent=2)
     typer.echo(text)

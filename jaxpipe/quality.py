@@ -56,6 +56,7 @@ def t2i_quality(
     return {
         "samples": samples,
         "num_steps": num_steps or t2i.spec.loop(flux_t2i.LOOP_ID).config.num_steps,
+        "guidance": guidance or t2i.spec.loop(flux_t2i.LOOP_ID).config.guidance,
         "digit_accuracy": float(np.mean(plain_pred["digit"] == labels["digit"])),
         "digit_accuracy_compositional": float(np.mean(right["digit"])),
         "attribute_accuracy": {k: float(np.mean(right[k])) for k in attrs},
@@ -109,6 +110,7 @@ def i2v_quality(
     return {
         "samples": len(prompts),
         "num_steps": num_steps or i2v.spec.loop(wan_i2v.LOOP_ID).config.num_steps,
+        "guidance": guidance or i2v.spec.loop(wan_i2v.LOOP_ID).config.guidance,
         "motion_accuracy": float(np.mean(ok)),
         "motion_accuracy_by_direction": per_motion,
         "first_frame_mae": float(np.mean(frame_error)),
