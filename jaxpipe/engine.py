@@ -174,8 +174,9 @@ class StepEvent:
     ``index``: the request's position in ``run_many``; ``request``: the card request stepping
     (a workflow's stage request for workflow requests); ``stage``: the stage path (``"i2v"``,
     ``"base/t2i"``; ``""`` for a plain card request); ``loop``: the loop id; ``step`` of
-    ``num_steps`` steps are done. ``latents`` is the request's current loop state latents
-    ``(T, h, w, C)`` (sliced on first access only).
+    ``num_steps`` steps are done; ``tick``: the engine's tick counter of this ``run_many`` call
+    (requests stepped in one batched call share a tick). ``latents`` is the request's current
+    loop-state latents ``(T, h, w, C)`` (sliced on first access only).
     """
 
     index: int
@@ -184,6 +185,7 @@ class StepEvent:
     loop: str
     step: int
     num_steps: int
+    tick: int
     _latents: Callable[[], jax.Array]
 
     @property
@@ -532,7 +534,7 @@ class _Scheduler:
         self.cohorts: list[_Cohort] = []
         self.groups: dict[Any, _Group] = {}
         self.flows: list[_Flow] = []
-        self.stopped: tuple[int, int] | None = None
+        self.tick = 0
 
     # ---- the main loop -------------------------------------------------------------------
 
@@ -546,6 +548,7 @@ class _Scheduler:
             self._start_pending()
             if not self.cohorts:
                 continue
+            self.tick += 1
             if self.mode == "batched":
                 self._tick_batched()
             else:
@@ -687,7 +690,7 @@ class _Scheduler:
     def _event(self, job: _Job, loop: str, latents: Callable[[], jax.Array]) -> None:
         if self.on_step is None:
             return
-        event = StepEvent(job.root, job.request, job.path, loop, job.step, job.total, latents)
+        event = StepEvent(job.root, job.request, job.path, loop, job.step, job.total, self.tick, latents)
         if self.on_step(event) is False and not job.finished:
             job.cancelled_at = (job.step, job.total)
 

@@ -90,21 +90,29 @@ def compare(
             mismatches.append((i, f"artifact names {sorted(x)} vs {sorted(y)}"))
         for name in sorted(set(x) & set(y)):
             u, v = x[name], y[name]
-            if not isinstance(u, jax.Array):
+            if isinstance(u, str) or isinstance(v, str):
                 if u != v:
                     mismatches.append((i, name))
                 continue
-            if u.shape != v.shape or u.dtype != v.dtype:
+            us, vs = jax.tree.leaves(u), jax.tree.leaves(v)
+            if jax.tree.structure(u) != jax.tree.structure(v) or any(
+                p.shape != q.shape or p.dtype != q.dtype for p, q in zip(us, vs)
+            ):
                 mismatches.append((i, name))
                 continue
-            diff = float(jnp.max(jnp.abs(u.astype(jnp.float32) - v.astype(jnp.float32)))) if u.size else 0.0
-            if not np.isfinite(diff):
-                diff = float("inf")
+            diff = max((_max_abs(p, q) for p, q in zip(us, vs)), default=0.0)
             request_worst = max(request_worst, diff)
             if diff > tolerance:
                 mismatches.append((i, name))
         worst.append(request_worst)
     return ParityReport(level, tuple(modes), float(tolerance), max(worst, default=0.0), tuple(worst), tuple(mismatches))
+
+
+def _max_abs(p, q) -> float:
+    if not p.size:
+        return 0.0
+    diff = float(jnp.max(jnp.abs(jnp.asarray(p, jnp.float32) - jnp.asarray(q, jnp.float32))))
+    return diff if np.isfinite(diff) else float("inf")
 
 
 def interleave_gate(engine, requests: Sequence[Request]) -> ParityReport:

@@ -408,9 +408,10 @@ def artifacts(program: Program, slots: Mapping[str, Any]) -> dict[str, jax.Array
     return {name: slots[slot] for name, slot in program.outputs}
 
 
-def split_rows(batched: Mapping[str, jax.Array], count: int) -> list[dict[str, jax.Array]]:
-    """``{name: (B, ...)}`` -> the first ``count`` rows as ``[{name: (...)}, ...]`` (inside jit: no extra dispatch)."""
-    return [{k: v[i] for k, v in batched.items()} for i in range(count)]
+def split_rows(batched: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
+    """``{name: (B, ...)}`` -> the first ``count`` rows as ``[{name: (...)}, ...]`` (inside jit: no extra
+    dispatch). An artifact may be a pytree of arrays (e.g. scores per head)."""
+    return [{k: jax.tree.map(lambda a: a[i], v) for k, v in batched.items()} for i in range(count)]
 
 
 def execute(program: Program, settings_: Settings, card: Card, rows: Sequence[Mapping[str, Any]]) -> dict[str, jax.Array]:

@@ -88,6 +88,8 @@ class Request:
 def _short(value) -> str:
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return f"{value.dtype}{tuple(value.shape)}"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_short(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 

@@ -1,0 +1,62 @@
+"""Parity gates: serial == interleaved bit for bit (C1), batched ~ serial within a measured tolerance (C3)."""
+
+import jax.numpy as jnp
+import pytest
+from conftest import perturbed
+
+import jaxpipe as jp
+from jaxpipe import parity
+from jaxpipe.engine import Engine
+
+
+@pytest.fixture(scope="module")
+def engine(t2i_card):
+    i2v = jp.cards.build("wan-i2v", seed=1)
+    engine = Engine(max_batch=8)
+    engine.register(t2i_card)
+    engine.register(i2v.replace(transformer=perturbed(i2v["transformer"], seed=2)))
+    return engine
+
+
+def mixed_requests(n=8):
+    prompts = ["seven thick", "one thin", "three", "nine bright left"]
+    return [jp.Request("flux-t2i", prompt=prompts[i % 4], seed=i, num_steps=2 + i % 2) for i in range(n)]
+
+
+def test_the_ladder_names_c0_to_c4():
+    assert list(parity.LADDER) == ["C0", "C1", "C2", "C3", "C4"]
+    assert "batch invariance" in parity.LADDER["C3"] and 0 < parity.TOLERANCE <= 1e-4
+
+
+def test_interleave_gate_is_bit_for_bit(engine):
+    report = parity.interleave_gate(engine, mixed_requests(4))
+    assert report.passed and report.max_abs_diff == 0.0 and report.tolerance == 0.0, report
+    assert "serial vs interleaved (bit for bit)" in str(report)
+
+
+def test_batch_invariance_is_measured_and_within_tolerance(engine):
+    report = parity.batch_invariance(engine, mixed_requests(8))
+    print(report)  # the measured difference is reported, not assumed
+    assert report.passed, report
+    assert len(report.per_request) == 8 and report.max_abs_diff < parity.TOLERANCE
+
+
+def test_a_real_difference_fails_the_gates(engine):
+    requests = mixed_requests(2)
+    outs = engine.run_many(requests)
+    shifted = [jp.Output(o.model, {**o, "image": o["image"] + 1e-3}) for o in outs]
+    report = parity.compare(outs, shifted, tolerance=parity.TOLERANCE, level="C3")
+    assert not report.passed and report.mismatches == ((0, "image"), (1, "image"))
+    assert abs(report.max_abs_diff - 1e-3) < 1e-5
+    text = [jp.Output(o.model, {**o, "text": "other"}) for o in outs]
+    assert parity.compare(outs, text).mismatches == ((0, "text"), (1, "text"))
+
+
+def test_same_seed_and_structure(engine):
+    requests = mixed_requests(2)
+    assert parity.same_seed(engine, requests).passed
+    outs = engine.run_many(requests)
+    assert parity.structural(outs, {"image": (16, 16, 1), "latents": (1, 8, 8, 4)}) == []
+    assert parity.structural(outs, {"image": (8, 8, 1)})[0].startswith("request 0: 'image' has shape (16, 16, 1)")
+    nan = [jp.Output("flux-t2i", {"image": jnp.full((16, 16, 1), jnp.nan)})]
+    assert "non-finite" in parity.structural(nan, {"image": (16, 16, 1)})[0]

@@ -1,0 +1,107 @@
+"""Programs: validated reads/writes, the fast path, and the split the engine drives."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpipe as jp
+from jaxpipe import program as P
+from jaxpipe.cards import flux_t2i, wan_i2v
+from jaxpipe.program import ComponentNode, LoopNode, Program, ProgramError
+
+
+def _identity(card, reads):
+    return {"b": reads["a"]}
+
+
+def _bind(card, request):
+    return P.Bound(slots={"a": np.zeros((1, 2), np.float32)}, settings=())
+
+
+def test_card_programs_declare_their_nodes():
+    prog = flux_t2i.program()
+    assert prog is flux_t2i.program()  # built once: it is a static argument of jitted functions
+    assert [n.name for n in prog.nodes] == ["encode_text", "encode_null", "t2i_denoise", "decode"]
+    assert dict(prog.outputs) == {"image": "image", "latents": "latents"}
+    assert [n.name for n in prog.cached_nodes] == ["encode_text", "encode_null"]
+    assert [n.loop for n in prog.loops] == ["t2i_denoise"]
+    assert [n.name for n in wan_i2v.program().nodes] == ["encode_text", "encode_null", "encode_image", "i2v_denoise", "decode"]
+
+
+def test_reading_a_slot_nobody_writes_is_an_error_naming_it():
+    with pytest.raises(ProgramError, match=r"node 'decode' reads slot 'latents', which no earlier node writes"):
+        Program("broken", ("a",), (ComponentNode("decode", _identity, reads=("latents",), writes=("b",)),), (("b", "b"),), _bind)
+    with pytest.raises(ProgramError, match=r"writes slot 'a', already a request input"):
+        Program("broken", ("a",), (ComponentNode("n", _identity, reads=("a",), writes=("a",)),), (("a", "a"),), _bind)
+    with pytest.raises(ProgramError, match="output 'image' reads slot 'image', which nothing writes"):
+        Program("broken", ("a",), (ComponentNode("n", _identity, reads=("a",), writes=("b",)),), (("image", "image"),), _bind)
+    with pytest.raises(ProgramError, match="two nodes are named 'n'"):
+        node = ComponentNode("n", _identity, reads=("a",), writes=("b",))
+        Program("broken", ("a",), (node, ComponentNode("n", _identity, reads=("b",), writes=("c",))), (("c", "c"),), _bind)
+    with pytest.raises(ProgramError, match="exactly one slot"):
+        LoopNode("loop", P.start_denoise, reads=("a",), writes=("x", "y"))
+
+
+def test_a_program_is_checked_against_its_card(t2i_card):
+    flux_t2i.program().check(t2i_card)
+    with pytest.raises(ProgramError, match="declares no loop 't2i_denoise'"):
+        flux_t2i.program().check(jp.cards.build("wan-i2v"))
+    custom = Program(
+        "custom", ("a",), (ComponentNode("n", _identity, reads=("a",), writes=("b",), component="unet"),), (("b", "b"),), _bind
+    )
+    with pytest.raises(ProgramError, match="uses component 'unet'"):
+        custom.check(t2i_card)
+
+
+def test_fast_path_equals_the_split_the_engine_drives(t2i_card):
+    prog = flux_t2i.program()
+    bound = prog.bind(t2i_card, jp.Request("flux-t2i", prompt="three thin", seed=4, num_steps=3))
+    fast = prog.run(t2i_card, bound)
+    enter = jax.jit(P.enter, static_argnums=(0, 1, 2))  # each piece jitted, as the engine runs them
+    slots, state = enter(prog, 0, bound.settings, t2i_card, P.concat_rows([bound.slots]))
+    spec = t2i_card.spec.loop("t2i_denoise")
+    config = dict(bound.settings)["t2i_denoise"]
+    step = jax.jit(lambda card, s: P.DenoiseDriver().step(card, spec, s, config))
+    for _ in range(3):
+        state = step(t2i_card, state)
+    slots, done = enter(prog, 1, bound.settings, t2i_card, slots, state)
+    assert done is None
+    np.testing.assert_array_equal(fast["image"], slots["image"])
+    np.testing.assert_array_equal(fast["latents"], state.x)
+    assert fast["image"].shape == (1, 16, 16, 1)
+
+
+def test_generate_is_a_thin_wrapper_over_the_program(t2i_card):
+    prog = flux_t2i.program()
+    bounds = [prog.bind(t2i_card, jp.Request("flux-t2i", prompt=p, seed=s, num_steps=2)) for p, s in [("one", 0), ("two", 1)]]
+    np.testing.assert_array_equal(prog.run(t2i_card, bounds)["image"], flux_t2i.generate(t2i_card, ["one", "two"], num_steps=2))
+    with pytest.raises(ValueError, match="equal settings"):
+        prog.run(t2i_card, [bounds[0], prog.bind(t2i_card, jp.Request("flux-t2i", prompt="one", num_steps=3))])
+
+
+def test_binding_validates_the_request(t2i_card):
+    with pytest.raises(ValueError, match="needs prompt"):
+        flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i"))
+    with pytest.raises(ValueError, match="takes no image"):
+        flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i", prompt="one", image=jnp.zeros((16, 16, 1))))
+    bound = flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i", prompt="one", seed=3, guidance=2.0))
+    assert bound.slots["seed"].tolist() == [3] and bound.artifacts == {"text": "one"}
+    assert dict(bound.settings)["t2i_denoise"].guidance == 2.0
+    wan = jp.cards.build("wan-i2v")
+    with pytest.raises(ValueError, match=r"image must have shape \(16, 16, 1\)"):
+        wan_i2v.program().bind(wan, jp.Request("wan-i2v", prompt="one still", image=np.zeros((16, 16, 3))))
+
+
+def test_request_and_output_types():
+    request = jp.Request("flux-t2i", prompt="one", seed=2**32 - 1)
+    assert request.replace(seed=1).seed == 1 and request.num_steps is None
+    for bad in (dict(seed=-1), dict(seed=2**32), dict(num_steps=0), dict(num_steps=2.5), dict(guidance=-1.0)):
+        with pytest.raises(ValueError):
+            jp.Request("flux-t2i", **bad)
+    with pytest.raises(ValueError, match="model id"):
+        jp.Request("")
+    out = jp.Output("flux-t2i", {"image": jnp.zeros((2, 2, 1))}, request)
+    assert list(out) == ["image"] and out.model == "flux-t2i" and not out.cancelled
+    with pytest.raises(TypeError):
+        out["image"] = 1  # read-only
