@@ -80,12 +80,12 @@ def _run_whole(program: Program, settings, treedef, leaves, rows):
     return programs.split_rows(out, len(rows))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def _enter(program: Program, index: int, settings, width, treedef, leaves, slots, state):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _enter(program: Program, index: int, settings, treedef, leaves, slots, state, schedule):
     """``program.enter`` (rows are concatenated at index 0); at the end: per-row artifacts."""
     if index == 0:
         slots = programs.concat_rows(slots)
-    slots, state = programs.enter(program, index, settings, _card(treedef, leaves), slots, state, width=width)
+    slots, state = programs.enter(program, index, settings, _card(treedef, leaves), slots, state, schedule=schedule)
     if state is None:
         out = programs.artifacts(program, slots)
         return programs.split_rows(out, jax.tree.leaves(out)[0].shape[0]), None
@@ -470,8 +470,10 @@ class _Job:
 
 @dataclasses.dataclass(eq=False)
 class _Cohort:
-    """Jobs prepared together (same card, program, settings and shapes): ``size`` rows, the first
-    ``len(jobs)`` real. Holds their slots and loop state between loops."""
+    """Jobs prepared together (same card, program, settings up to step counts, and shapes): ``size``
+    rows, the first ``len(jobs)`` real. Holds their slots and loop state between loops.
+    ``settings`` are the cohort's (in batched mode each loop's config has ``num_steps = width``
+    and every row gets its own schedule); each job keeps its own in ``job.bound.settings``."""
 
     resident: _Resident
     settings: Any
@@ -641,24 +643,45 @@ class _Scheduler:
             return
         buckets: dict[Any, list[_Job]] = {}
         for job in jobs:
+            width = self._width(job)
             shapes = tuple((k, tuple(np.shape(v))[1:], str(getattr(v, "dtype", None) or np.asarray(v).dtype))
                            for k, v in sorted(job.slots.items()))
-            buckets.setdefault((id(job.resident), job.bound.settings, shapes), []).append(job)
-        for members in buckets.values():
-            width = self._width(members[0])
+            key = (id(job.resident), self._batch_settings(job, width), width, shapes)
+            buckets.setdefault(key, []).append(job)
+        for (_, settings, width, _), members in buckets.items():
             for lo in range(0, len(members), self.engine.max_batch):
                 chunk = members[lo : lo + self.engine.max_batch]
-                self._start_cohort(_Cohort(chunk[0].resident, chunk[0].bound.settings, width, chunk, _pow2(len(chunk))))
+                self._start_cohort(_Cohort(chunk[0].resident, settings, width, chunk, _pow2(len(chunk))))
 
     def _width(self, job: _Job) -> int | None:
-        program = job.resident.program
-        if not program.loops:
+        """The schedule width of the job's batched loops: a power of two >= every loop's steps (min ``MIN_WIDTH``)."""
+        steps = [self._driver(job, node).num_steps(self._config(job, node)) for node in job.resident.program.loops]
+        return max(MIN_WIDTH, _pow2(max(steps))) if steps else None
+
+    def _batch_settings(self, job: _Job, width: int | None):
+        """The job's settings with every loop config widened to ``width`` steps (``LoopDriver.batch_config``)."""
+        loops = {node.loop: node for node in job.resident.program.loops}
+        return tuple(
+            (key, self._driver(job, loops[key]).batch_config(config, width) if key in loops else config)
+            for key, config in job.bound.settings
+        )
+
+    @staticmethod
+    def _driver(job: _Job, node):
+        return programs.driver(job.resident.card.spec.loop(node.loop).kind)
+
+    @staticmethod
+    def _config(job: _Job, node):
+        return dict(job.bound.settings)[node.loop]
+
+    def _schedule(self, cohort: _Cohort, index: int):
+        """Per-row schedules ``(size, ...)`` for loop ``index`` (batched cohorts), else ``None``."""
+        if cohort.width is None or index >= len(cohort.program.loops):
             return None
-        widest = 0
-        for node in program.loops:
-            kind = job.resident.card.spec.loop(node.loop).kind
-            widest = max(widest, programs.driver(kind).num_steps(dict(job.bound.settings)[node.loop]))
-        return max(MIN_WIDTH, _pow2(widest))
+        node = cohort.program.loops[index]
+        rows = [self._driver(job, node).schedule(self._config(job, node), cohort.width) for job in cohort.jobs]
+        rows += [rows[-1]] * (cohort.size - len(rows))
+        return np.stack(rows)
 
     def _start_cohort(self, cohort: _Cohort) -> None:
         r = cohort.resident
@@ -666,7 +689,8 @@ class _Scheduler:
         rows += [rows[-1]] * (cohort.size - len(rows))  # padding rows: copies, dropped at the end
         for job in cohort.jobs:
             job.slots = None
-        slots, state = _enter(r.program, 0, cohort.settings, cohort.width, r.treedef, r.leaves, tuple(rows), None)
+        schedule = self._schedule(cohort, 0)
+        slots, state = _enter(r.program, 0, cohort.settings, r.treedef, r.leaves, tuple(rows), None, schedule)
         self._after_enter(cohort, slots, state)
 
     def _after_enter(self, cohort: _Cohort, slots, state) -> None:
@@ -677,9 +701,8 @@ class _Scheduler:
                 self.cohorts.remove(cohort)
             return
         cohort.slots, cohort.state = slots, state
-        total = programs.driver(cohort.kind).num_steps(cohort.config)
         for job in cohort.jobs:
-            job.step, job.total = 0, total
+            job.step, job.total = 0, self._driver(job, cohort.node).num_steps(self._config(job, cohort.node))
         if cohort not in self.cohorts:
             self.cohorts.append(cohort)
         if self.mode == "batched":
@@ -804,8 +827,8 @@ class _Scheduler:
                 continue
             r = cohort.resident
             cohort.loop += 1
-            slots, state = _enter(r.program, cohort.loop, cohort.settings, cohort.width, r.treedef, r.leaves,
-                                  cohort.slots, cohort.state)
+            slots, state = _enter(r.program, cohort.loop, cohort.settings, r.treedef, r.leaves,
+                                  cohort.slots, cohort.state, self._schedule(cohort, cohort.loop))
             if state is None:
                 self.cohorts.remove(cohort)
                 for job, artifacts in zip(cohort.jobs, slots):

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpipe.card import Card, LoopSpec
+from jaxpipe import samplers
 from jaxpipe.loops import denoise
 from jaxpipe.request import Request
 
@@ -170,7 +171,11 @@ class LoopDriver(Protocol):
 
     def batch_key(self, config) -> Hashable: ...
 
-    def pad(self, state, width: int) -> Any: ...
+    def batch_config(self, config, width: int) -> Hashable: ...
+
+    def schedule(self, config, width: int) -> np.ndarray: ...
+
+    def with_schedule(self, state, schedule: jax.Array) -> Any: ...
 
     def deactivate(self, state, rows: jax.Array) -> Any: ...
 
@@ -183,10 +188,12 @@ class DenoiseDriver:
     """Driver of ``denoise`` loops (``jaxpipe.loops.denoise``).
 
     Mixed step counts share a batch by **padding the schedule**: a request with ``n`` steps gets
-    ``sigmas = [flow_sigmas(n), 0, ..., 0]`` of a common width ``W + 1``; its steps read exactly
-    the sigmas they read unpadded, and the engine, which knows each request's ``n``, retires it
-    after its ``n``-th step (and then ``deactivate`` sets its step index to ``W`` so the pure
-    ``step`` leaves the row unchanged). Configs that differ only in ``num_steps`` batch together.
+    the sigma row ``[flow_sigmas(n), 0, ..., 0]`` of a common width ``W + 1`` (``schedule``); its
+    steps read exactly the sigmas they read unpadded, and the engine, which knows each request's
+    ``n``, retires it after its ``n``-th step (``deactivate`` then sets its step index to ``W``, so
+    the pure ``step`` leaves the row unchanged). A batch starts with ``batch_config`` (``num_steps
+    = W``) and ``with_schedule`` puts each row's own sigmas in. Configs that differ only in
+    ``num_steps`` batch together (``batch_key``).
     """
 
     def step(self, card: Card, loop: LoopSpec, state: denoise.DenoiseState, config) -> denoise.DenoiseState:
@@ -203,11 +210,18 @@ class DenoiseDriver:
         # validated per request, so everything but num_steps must agree.
         return dataclasses.replace(config, num_steps=config.sde_window[1] if config.sde_window else 1)
 
-    def pad(self, state: denoise.DenoiseState, width: int) -> denoise.DenoiseState:
-        n = state.sigmas.shape[1] - 1
-        if width < n:
-            raise ValueError(f"cannot pad a {n}-step schedule to {width} steps")
-        return state._replace(sigmas=jnp.pad(state.sigmas, ((0, 0), (0, width - n))))
+    def batch_config(self, config: denoise.DenoiseConfig, width: int) -> denoise.DenoiseConfig:
+        """The config a batch of width ``width`` (>= every member's ``num_steps``) starts with."""
+        return dataclasses.replace(config, num_steps=width)
+
+    def schedule(self, config: denoise.DenoiseConfig, width: int) -> np.ndarray:
+        """One request's sigma row ``(width + 1,)``: its own schedule, then zeros."""
+        return _padded_sigmas(config.num_steps, config.shift, width)
+
+    def with_schedule(self, state: denoise.DenoiseState, schedule: jax.Array) -> denoise.DenoiseState:
+        if schedule.shape != state.sigmas.shape:
+            raise ValueError(f"schedule {schedule.shape} does not match the state's sigmas {state.sigmas.shape}")
+        return state._replace(sigmas=jnp.asarray(schedule, state.sigmas.dtype))
 
     def deactivate(self, state: denoise.DenoiseState, rows: jax.Array) -> denoise.DenoiseState:
         width = state.sigmas.shape[1] - 1
@@ -222,6 +236,19 @@ class DenoiseDriver:
 
     def latents(self, state: denoise.DenoiseState) -> jax.Array:
         return state.x
+
+
+@functools.lru_cache(maxsize=256)
+def _padded_sigmas(num_steps: int, shift: float, width: int) -> np.ndarray:
+    if width < num_steps:
+        raise ValueError(f"cannot pad a {num_steps}-step schedule to {width} steps")
+    row = np.zeros((width + 1,), np.float32)
+    row[: num_steps + 1] = np.asarray(_flow_sigmas_jit(num_steps, shift))
+    row.flags.writeable = False
+    return row
+
+
+_flow_sigmas_jit = jax.jit(samplers.flow_sigmas, static_argnums=(0, 1))
 
 
 LOOP_DRIVERS: dict[str, LoopDriver] = {"denoise": DenoiseDriver()}
@@ -356,7 +383,7 @@ class Program:
 
 
 # --------------------------------------------------------------------------------------------
-# Executing a program: pure functions (static: program, settings, width)
+# Executing a program: pure functions (static: program, settings)
 # --------------------------------------------------------------------------------------------
 
 
@@ -378,15 +405,17 @@ def _apply(card: Card, slots: Slots, nodes: Sequence[ComponentNode]) -> Slots:
 
 
 def enter(
-    program: Program, index: int, settings_: Settings, card: Card, slots: Slots, state=None, *, width: int | None = None
+    program: Program, index: int, settings_: Settings, card: Card, slots: Slots, state=None, *, schedule=None
 ) -> tuple[Slots, Any]:
     """Move a batch of requests to loop ``index`` of ``program``: ``(slots, loop state or None)``.
 
     For ``index > 0`` first binds ``result(state)`` of loop ``index - 1`` to its slot; then runs
     the component nodes before loop ``index`` (skipping nodes whose writes are already present)
-    and starts loop ``index`` (its schedule padded to ``width`` steps if given). For
-    ``index == len(program.loops)`` it runs the trailing nodes and returns ``(slots, None)``.
-    Pure; jit it with ``program``, ``index``, ``settings_`` and ``width`` static.
+    and starts loop ``index``; ``schedule`` (per-row schedules, e.g. padded sigmas ``(B, W+1)``)
+    replaces the one ``settings_`` implies, so requests with different step counts can start
+    together (``LoopDriver.with_schedule``). For ``index == len(program.loops)`` it runs the
+    trailing nodes and returns ``(slots, None)``. Pure; jit it with ``program``, ``index`` and
+    ``settings_`` static.
     """
     loops = program.loops
     slots = dict(slots)
@@ -398,8 +427,8 @@ def enter(
         return slots, None
     node = loops[index]
     state = node.start(card, {r: slots[r] for r in node.reads}, _config(settings_, node.loop))
-    if width is not None:
-        state = driver(card.spec.loop(node.loop).kind).pad(state, width)
+    if schedule is not None:
+        state = driver(card.spec.loop(node.loop).kind).with_schedule(state, schedule)
     return slots, state
 
 

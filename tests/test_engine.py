@@ -90,11 +90,11 @@ def test_continuous_batching_with_mixed_step_counts(engine):
     # every request took exactly its own number of steps, in order
     for i, n in enumerate(steps):
         assert [s for _, j, s, _ in events if j == i] == list(range(1, n + 1))
-    # cohorts by step count: 0, 2, 4 (2 steps) and 1 (3 steps) fill the 4 slots; when 0, 2 and 4
-    # leave after tick 2, requests 3 and 5 take their slots while request 1 does its third step
+    # requests 0-3 fill the 4 slots; when 0 and 2 (2 steps) leave after tick 2, requests 4 and 5
+    # take their slots while 1 and 3 do their third step
     first_tick_of = {i: min(t for t, j, *_ in events if j == i) for i in range(len(steps))}
-    assert [first_tick_of[i] for i in range(6)] == [1, 1, 1, 3, 1, 3]
-    assert sorted(j for t, j, *_ in events if t == 3) == [1, 3, 5] and (3, 1, 3, 3) in events
+    assert [first_tick_of[i] for i in range(6)] == [1, 1, 1, 1, 3, 3]
+    assert sorted(j for t, j, *_ in events if t == 3) == [1, 3, 4, 5] and (3, 1, 3, 3) in events
     assert len(ticks) == 5
     serial = engine.run_many(requests, "serial")
     report = parity.compare(serial, outs, tolerance=parity.TOLERANCE)

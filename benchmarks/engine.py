@@ -1,0 +1,360 @@
+"""Engine benchmark (DESIGN §12): ``run_many(mode="batched")`` vs ``mode="serial"`` throughput.
+
+For 1, 4, 16 and 64 concurrent text-to-image requests with **mixed step counts** (4, 8, 12, 16
+steps, cycling) and distinct seeds and prompts, one engine in one process runs the same request
+list both ways, interleaved repeats, and reports the median and best wall time per whole list,
+the throughput and the ratio:
+
+* ``serial``  -- each request to completion: its cached text encoding, then the program's fast
+  path (encode -> fused ``lax.scan`` denoise -> decode, one jitted call per request);
+* ``batched`` -- continuous batching: requests are prepared in cohorts of equal settings, share
+  one jitted batched step per tick (steps between scheduling events fused into one call), join
+  free slots as others finish, and are decoded per cohort.
+
+Every timed run starts with an empty feature cache (each distinct prompt is encoded once per run,
+the same way in both modes). Before timing, the batched outputs are compared with the serial ones
+(C3 batch invariance: the max abs difference is reported).
+
+"Where the time goes" re-runs 16 requests with every jitted engine call wrapped in a
+synchronising timer, and measures the raw cost of one denoise step per request at batch sizes
+1..64: the ceiling on what batching can buy on this machine.
+
+Two cards: the bundled ``flux-t2i`` (guidance 2, so each step runs the DiT on a doubled batch;
+random weights of the bundled size when the checkpoint is absent) and the tiny test-size card
+(guidance 1), whose batch-1 step is dispatch-bound.
+
+    python benchmarks/engine.py            # full run; refreshes the "engine" section of RESULTS.md
+    python benchmarks/engine.py --quick    # smoke test: fewer repeats and sizes, prints only
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import pathlib
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxpipe as jp
+from jaxpipe import engine as engine_module
+from jaxpipe import parity
+from jaxpipe.cards import common, flux_t2i
+from jaxpipe.data import DIGIT_WORDS, POSITIONS, STROKES
+from jaxpipe.loops import denoise
+
+RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+SECTION = "engine"
+SIZES = (1, 4, 16, 64)
+STEPS = (4, 8, 12, 16)
+TARGET = 1.5  # batched / serial throughput at 16 requests on the 2-core CPU
+JITTED = ("_run_whole", "_enter", "_node", "_steps", "_step", "_admit", "_retire", "_resize", "_empty")
+
+
+def num_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _perturbed(card: jp.Card, seed: int) -> jp.Card:
+    """Random non-zero weights in the zero-initialised adaLN / output layers (a fresh DiT outputs 0)."""
+    from flax import nnx
+
+    graphdef, params, rest = nnx.split(card["transformer"], nnx.Param, ...)
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    leaves = [p + 0.05 * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys)]
+    return card.replace(transformer=nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves), rest))
+
+
+def bench_cards() -> dict[str, tuple[jp.Card, str]]:
+    """name -> (card, description)."""
+    out = {}
+    if "flux-t2i" in jp.cards.available():
+        card = jp.cards.load("flux-t2i")
+        source = "bundled checkpoint"
+    else:
+        card = _perturbed(jp.cards.build("flux-t2i", config=flux_t2i.Config.bundled()), 1)
+        source = "random weights of the bundled size (no checkpoint yet)"
+    out["flux-t2i (bundled)"] = (card, source)
+    out["flux-t2i (tiny)"] = (_perturbed(jp.cards.build("flux-t2i"), 1), "random weights, test size")
+    return out
+
+
+def describe(card: jp.Card) -> str:
+    dit, sampling = card.spec.config.dit, card.spec.loop(flux_t2i.LOOP_ID).config
+    tokens = np.prod(card.spec.config.latent_shape[:3]) // dit.patch_size**2
+    return (
+        f"DiT dim={dit.dim}, depth={dit.depth}, heads={dit.heads}, {tokens} latent tokens, "
+        f"guidance {sampling.guidance:g} ({'2 DiT rows per request' if sampling.guidance != 1 else '1 DiT row per request'}), "
+        f"{card.num_params() / 1e6:.2f} M parameters"
+    )
+
+
+def requests(n: int, seed: int = 0) -> list[jp.Request]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        words = [DIGIT_WORDS[rng.integers(10)], STROKES[rng.integers(2)], POSITIONS[rng.integers(3)]]
+        out.append(jp.Request("flux-t2i", prompt=" ".join(words), seed=seed * 1000 + i, num_steps=STEPS[i % len(STEPS)]))
+    return out
+
+
+def timed_run(engine: jp.Engine, reqs, mode: str) -> tuple[float, list]:
+    engine.cache.clear()
+    start = time.perf_counter()
+    outs = engine.run_many(reqs, mode)
+    jax.block_until_ready([o["image"] for o in outs])
+    return time.perf_counter() - start, outs
+
+
+def measure(engine: jp.Engine, n: int, repeats: int, budget_s: float) -> dict:
+    reqs = requests(n)
+    first = {}
+    outs = {}
+    for mode in ("serial", "batched"):
+        first[mode], outs[mode] = timed_run(engine, reqs, mode)  # compiles
+    c3 = parity.compare(outs["serial"], outs["batched"], tolerance=parity.TOLERANCE, level="C3")
+    times = {"serial": [], "batched": []}
+    start = time.perf_counter()
+    for r in range(repeats):
+        for mode in (("serial", "batched") if r % 2 == 0 else ("batched", "serial")):
+            times[mode].append(timed_run(engine, reqs, mode)[0])
+        if r >= 2 and time.perf_counter() - start > budget_s:
+            break
+    med = {m: statistics.median(t) for m, t in times.items()}
+    best = {m: min(t) for m, t in times.items()}
+    return {
+        "n": n,
+        "steps": sum(r.num_steps for r in reqs),
+        "first": first,
+        "median": med,
+        "best": best,
+        "ratio": med["serial"] / med["batched"],
+        "ratio_best": best["serial"] / best["batched"],
+        "repeats": len(times["serial"]),
+        "c3": c3.max_abs_diff,
+        "c3_passed": c3.passed,
+    }
+
+
+def step_scaling(card: jp.Card, sizes=(1, 4, 16, 64), steps: int = 8) -> dict[int, float]:
+    """ms per request-step of a fused ``steps``-step batched denoise at each batch size (best of 5)."""
+    config = card.spec.loop(flux_t2i.LOOP_ID).config
+    leaves, treedef = jax.tree.flatten(card)
+
+    @jax.jit
+    def run(leaves, state):
+        model = jax.tree.unflatten(treedef, leaves)["transformer"]
+        return jax.lax.fori_loop(0, steps, lambda _, s: denoise.step(model, s, config)[0], state)
+
+    out = {}
+    for b in sizes:
+        ids = jnp.asarray(card.spec.tokenizer.encode(["seven thick"] * b, card["text_encoder"].cfg.max_len))
+        cond = common.encode_prompts(card, ids, with_uncond=config.guidance != 1.0)
+        state = denoise.init(jax.random.split(jax.random.key(0), b), card.spec.config.latent_shape, cond, config)
+        jax.block_until_ready(run(leaves, state))
+        best = min(_time(lambda: run(leaves, state)) for _ in range(5))
+        out[b] = best / steps / b * 1e3
+    return out
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def breakdown(engine: jp.Engine, n: int = 16) -> dict[str, dict[str, tuple[float, int]]]:
+    """Synchronised wall ms and call counts per engine piece for ``n`` requests, per mode."""
+    reqs = requests(n)
+    for mode in ("serial", "batched"):
+        timed_run(engine, reqs, mode)
+    originals = {name: getattr(engine_module, name) for name in JITTED}
+    acc: dict = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+
+    def wrap(name, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = jax.block_until_ready(fn(*args, **kwargs))
+            acc[name] += time.perf_counter() - start
+            calls[name] += 1
+            return out
+
+        return timed
+
+    result = {}
+    try:
+        for name, fn in originals.items():
+            setattr(engine_module, name, wrap(name, fn))
+        for mode in ("serial", "batched"):
+            acc.clear()
+            calls.clear()
+            total = min(timed_run(engine, reqs, mode)[0] for _ in range(3))
+            acc_ms = {k: v / 3 * 1e3 for k, v in acc.items()}
+            pieces = {k: (acc_ms[k], calls[k] // 3) for k in acc_ms}
+            pieces["host (bind, cache lookups, scheduling)"] = (total * 1e3 - sum(acc_ms.values()), 0)
+            pieces["total"] = (total * 1e3, 0)
+            result[mode] = pieces
+    finally:
+        for name, fn in originals.items():
+            setattr(engine_module, name, fn)
+    return result
+
+
+PIECES = {
+    "_run_whole": "fast path (encode-skip -> scan -> decode), per request",
+    "_node": "text encoder (cache misses, batch 1)",
+    "_enter": "prepare / finish a cohort (start loop, decode)",
+    "_steps": "batched denoise steps (fused between events)",
+    "_step": "single step",
+    "_admit": "admit rows into slots",
+    "_retire": "retire rows from slots",
+    "_resize": "resize the slot batch",
+    "_empty": "allocate a slot batch",
+}
+
+
+def machine_info() -> dict:
+    cpu = "unknown"
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": num_cores(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jax backend": jax.default_backend(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def render(results: dict, info: dict, loads: tuple[float, float], elapsed: float, quick: bool) -> str:
+    lines = [
+        "## engine",
+        "",
+        "`python benchmarks/engine.py`: `engine.run_many(requests, mode=\"batched\")` vs `mode=\"serial\"` for N",
+        f"concurrent text-to-image requests with mixed step counts ({', '.join(map(str, STEPS))} steps, cycling), distinct",
+        "seeds and prompts, one engine, one process. Each run starts with an empty feature cache. Wall ms per whole",
+        "request list (median of interleaved repeats, and the fastest); throughput = N / median; ratio = serial / batched",
+        "(> 1: batching is faster). C3 = max abs difference between the batched and serial images (tolerance",
+        f"{parity.TOLERANCE:g}). Compile = first run of each mode (trace + compile + run).",
+        "",
+        *[f"- {k}: {v}" for k, v in info.items()],
+        f"- load average (1 min) before / after: {loads[0]:.2f} / {loads[1]:.2f}"
+        + (" (other processes were using the CPU)" if loads[0] >= 0.5 else ""),
+        f"- whole run: {elapsed:.0f} s{' (--quick)' if quick else ''}",
+    ]
+    for name, res in results.items():
+        lines += ["", f"### {name}: {res['describe']} ({res['source']})", ""]
+        lines += [
+            "| N | steps (all requests) | serial ms | batched ms | serial req/s | batched req/s | batched / serial | best-of ratio | compile s (serial / batched) | C3 max abs diff | repeats |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in res["rows"]:
+            med, best, first = row["median"], row["best"], row["first"]
+            lines.append(
+                f"| {row['n']} | {row['steps']} | {med['serial'] * 1e3:.1f} | {med['batched'] * 1e3:.1f} | "
+                f"{row['n'] / med['serial']:.1f} | {row['n'] / med['batched']:.1f} | **{row['ratio']:.2f}×** | "
+                f"{row['ratio_best']:.2f}× | {first['serial']:.1f} / {first['batched']:.1f} | {row['c3']:.1e} | {row['repeats']} |"
+            )
+        scaling = res["scaling"]
+        lines += [
+            "",
+            "Raw denoise cost, ms per request-step (a fused 8-step batched loop, best of 5): "
+            + ", ".join(f"batch {b}: {ms:.3f}" for b, ms in scaling.items())
+            + f" -> the most batching can save on compute here is {scaling[min(scaling)] / min(scaling.values()):.2f}×.",
+        ]
+        if res.get("breakdown"):
+            lines += ["", "Where the time goes at N = 16 (every jitted engine call synchronised and timed; ms per run):", ""]
+            lines += ["| piece | serial ms (calls) | batched ms (calls) |", "|---|---:|---:|"]
+            keys = list(dict.fromkeys([*res["breakdown"]["serial"], *res["breakdown"]["batched"]]))
+            keys = [k for k in keys if k != "total"] + ["total"]
+            for key in keys:
+                cells = []
+                for mode in ("serial", "batched"):
+                    ms, calls = res["breakdown"][mode].get(key, (0.0, 0))
+                    cells.append(f"{ms:.1f}" + (f" ({calls})" if calls else ""))
+                lines.append(f"| {PIECES.get(key, key)} | {cells[0]} | {cells[1]} |")
+    lines += ["", f"Target (batched ≥ {TARGET}× serial at 16 requests on this CPU):", ""]
+    for name, res in results.items():
+        row = next((r for r in res["rows"] if r["n"] == 16), None)
+        if row:
+            met = "met" if row["ratio"] >= TARGET else "not met"
+            lines.append(f"- {name}: {row['ratio']:.2f}× (best-of {row['ratio_best']:.2f}×) -> {met}")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(path: pathlib.Path, body: str) -> None:
+    """Replace (or append) the ``engine`` section of ``path``; keep its hand-written notes block."""
+    begin, end = f"<!-- BEGIN {SECTION} -->", f"<!-- END {SECTION} -->"
+    notes_begin, notes_end = f"<!-- BEGIN {SECTION} notes -->", f"<!-- END {SECTION} notes -->"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    old = text.split(begin, 1)[1].split(end, 1)[0] if begin in text and end in text else ""
+    if notes_begin in old and notes_end in old:
+        body = body.rstrip() + "\n\n" + notes_begin + old.split(notes_begin, 1)[1].split(notes_end, 1)[0] + notes_end
+    block = f"{begin}\n{body.rstrip()}\n{end}\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        after = rest.split(end, 1)[1].lstrip("\n")
+        text = head + block + ("\n" + after if after else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="sizes 1 and 4, few repeats, print only")
+    parser.add_argument("--results", type=pathlib.Path, default=None, help=f"write the section here (default: {RESULTS.name})")
+    args = parser.parse_args(argv)
+    sizes = (1, 4) if args.quick else SIZES
+    repeats = 2 if args.quick else 7
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    results = {}
+    for name, (card, source) in bench_cards().items():
+        engine = jp.Engine(max_batch=64)
+        engine.register(card)
+        rows = []
+        for n in sizes:
+            row = measure(engine, n, repeats, budget_s=20.0 if n < 64 else 40.0)
+            rows.append(row)
+            print(
+                f"{name} N={n:3d}: serial {row['median']['serial'] * 1e3:8.1f} ms  batched {row['median']['batched'] * 1e3:8.1f} ms"
+                f"  ratio {row['ratio']:.2f}x (best {row['ratio_best']:.2f}x)  C3 {row['c3']:.1e}",
+                flush=True,
+            )
+        results[name] = {
+            "source": source,
+            "describe": describe(card),
+            "rows": rows,
+            "scaling": step_scaling(card),
+            "breakdown": None if args.quick else breakdown(engine),
+        }
+        print(f"{name} per request-step ms:", {b: round(v, 3) for b, v in results[name]["scaling"].items()}, flush=True)
+    elapsed = time.perf_counter() - start
+    body = render(results, machine_info(), (load_before, os.getloadavg()[0]), elapsed, args.quick)
+    print(body)
+    if not args.quick or args.results:
+        write_section(args.results or RESULTS, body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
