@@ -10,12 +10,13 @@ versions, keeps the registered workflows, and runs requests:
   loop's pure ``step`` per request. Same bits as serial (``parity.interleave_gate``).
 * ``mode="batched"``: requests on the same card and loop with compatible settings and shapes
   advance together as ONE jitted batched step, even at different step indices (continuous
-  batching): each group holds ``capacity`` slots; a request is admitted into a free slot, steps
-  with the others, and is retired after its own last step, when a waiting request takes its
-  slot. Mixed step counts share a batch by padding each request's sigma schedule with zeros to
-  a common width (see ``program.DenoiseDriver``); between scheduling events (a request finishing)
-  the engine fuses the steps into one call. Requests are prepared (cached text, image encoding,
-  loop start) in cohorts of equal settings, and finished (decode) per cohort. Results match
+  batching). Requests whose settings differ only in ``num_steps`` are prepared together (cached
+  text, image encoding, loop start) as one **cohort**, each row with its own sigma schedule
+  padded with zeros to a common width (see ``program.DenoiseDriver``). A **group** holds
+  ``capacity`` slots (a power of two up to ``max_batch``); rows are admitted into free slots,
+  step together, and are retired after their own last step, when waiting rows take their slots;
+  the capacity shrinks as the group drains. Between scheduling events (a request finishing) the
+  engine fuses the steps into one call. Finished cohorts are decoded together. Results match
   serial within a measured tolerance, not bit for bit (``parity.batch_invariance``, C3).
 
 Workflows run as a chain of stage requests through the same machinery, so in the interleaved
