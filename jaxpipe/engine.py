@@ -13,9 +13,9 @@ versions, keeps the registered workflows, and runs requests:
   batching). Requests whose settings differ only in ``num_steps`` are prepared together (cached
   text, image encoding, loop start) as one **cohort**, each row with its own sigma schedule
   padded with zeros to a common width (see ``program.DenoiseDriver``). A **group** holds
-  ``capacity`` slots (a power of two up to ``max_batch``); rows are admitted into free slots,
+  ``capacity`` slots (2^k or 3·2^k, up to ``max_batch``); rows are admitted into free slots,
   step together, and are retired after their own last step, when waiting rows take their slots;
-  the capacity shrinks as the group drains. Between scheduling events (a request finishing) the
+  the capacity follows the number of rows (one gather when it changes). Between scheduling events (a request finishing) the
   engine fuses the steps into one call. Finished cohorts are decoded together. Results match
   serial within a measured tolerance, not bit for bit (``parity.batch_invariance``, C3).
 
@@ -147,6 +147,13 @@ def _resize(kind: str, capacity: int, batch, keep):
 
 def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _bucket(n: int) -> int:
+    """The smallest batch size >= ``n`` of the form 2^k or 3·2^k (1, 2, 3, 4, 6, 8, 12, 16, 24, ...):
+    few distinct shapes to compile, at most a third of a batch wasted on inert rows."""
+    p = _pow2(n)
+    return 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
 
 
 # --------------------------------------------------------------------------------------------
@@ -652,7 +659,7 @@ class _Scheduler:
         for (_, settings, width, _), members in buckets.items():
             for lo in range(0, len(members), self.engine.max_batch):
                 chunk = members[lo : lo + self.engine.max_batch]
-                self._start_cohort(_Cohort(chunk[0].resident, settings, width, chunk, _pow2(len(chunk))))
+                self._start_cohort(_Cohort(chunk[0].resident, settings, width, chunk, _bucket(len(chunk))))
 
     def _width(self, job: _Job) -> int | None:
         """The schedule width of the job's batched loops: a power of two >= every loop's steps (min ``MIN_WIDTH``)."""
@@ -737,7 +744,7 @@ class _Scheduler:
         group = self.groups.get(key)
         rows = [(cohort, i) for i, job in enumerate(cohort.jobs) if job.cancelled_at is None]
         if group is None:
-            capacity = min(self.engine.max_batch, _pow2(len(rows)))
+            capacity = min(self.engine.max_batch, _bucket(len(rows)))
             batch = _empty(cohort.kind, capacity, cohort.state)
             group = _Group(cohort.kind, cohort.node.loop, drive.batch_key(cohort.config), cohort.resident,
                            capacity, batch, [None] * capacity, deque())
@@ -769,9 +776,9 @@ class _Scheduler:
             del self.groups[key]
 
     def _admit(self, group: _Group) -> None:
-        want = min(self.engine.max_batch, _pow2(group.active + len(group.queue)))
-        if want > group.capacity or want <= group.capacity // 2:
-            self._resize(group, max(want, _pow2(group.active)))
+        want = min(self.engine.max_batch, _bucket(group.active + len(group.queue)))
+        if want != group.capacity:
+            self._resize(group, want)
         free = [s for s, entry in enumerate(group.slots) if entry is None]
         admitted: dict[int, tuple[_Cohort, list, list]] = {}
         while free and group.queue:
