@@ -193,3 +193,17 @@ def test_default_engine_serves_bundled_cards_and_the_workflow():
     if "digit-scorer" in engine.models():
         scores = engine.run(jp.Request("digit-scorer", image=out["image"]))["scores"]
         assert scores["digit"].shape == (10,) and abs(float(scores["digit"].sum()) - 1.0) < 1e-5
+
+
+def test_a_reward_card_is_served_by_a_loop_free_program(engine):
+    engine.register(jp.cards.build("digit-scorer", seed=0))
+    images = [frame(0.1), frame(0.9), frame(0.5)]
+    requests = [jp.Request("digit-scorer", image=im) for im in images]
+    serial = engine.run_many(requests)
+    assert set(serial[0]["scores"]) == {"digit", "stroke", "position", "brightness"}
+    assert serial[0]["scores"]["digit"].shape == (10,) and abs(float(serial[0]["scores"]["digit"].sum()) - 1) < 1e-5
+    assert parity.compare(serial, engine.run_many(requests, "batched"), tolerance=parity.TOLERANCE).passed
+    with pytest.raises(ValueError, match="needs image"):
+        engine.run(jp.Request("digit-scorer"))
+    engine.unregister("digit-scorer")
+    assert not engine.serves("digit-scorer")
