@@ -88,7 +88,7 @@ def evaluate(
         _fail(str(err).strip('"'))
     report = {
         "t2i": quality.t2i_quality(t2i, scorer, samples=samples, seed=seed, num_steps=steps, guidance=guidance),
-        "i2v": quality.i2v_quality(i2v, samples=max(samples // 2, 1), seed=seed, num_steps=steps, guidance=guidance),
+        "i2v": quality.i2v_quality(i2v, scorer, samples=max(samples // 2, 1), seed=seed, num_steps=steps, guidance=guidance),
     }
     text = json.dumps(report, indent=2)
     typer.echo(text)

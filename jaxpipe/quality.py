@@ -88,10 +88,15 @@ def _moves_as_told(displacement: np.ndarray, motion: np.ndarray) -> np.ndarray:
 
 
 def i2v_quality(
-    i2v: Card, *, samples: int = 100, seed: int = 0, num_steps: int | None = None, guidance: float | None = None,
-    batch: int = 50,
+    i2v: Card, scorer: Card | None = None, *, samples: int = 100, seed: int = 0, num_steps: int | None = None,
+    guidance: float | None = None, batch: int = 50,
 ) -> dict:
-    """Motion and first-frame fidelity of ``samples`` videos conditioned on real held-out digits."""
+    """Motion, first-frame fidelity and identity of ``samples`` videos conditioned on real held-out digits.
+
+    The reference is the ideal video (the conditioning frame translated as prompted), so
+    ``video_mae`` measures how well the digit keeps its shape while it moves; with a ``scorer``,
+    ``last_frame_digit_accuracy`` is how often the last frame still reads as the prompted digit.
+    """
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")
     images, labels = digits.load_images("heldout")
@@ -105,6 +110,11 @@ def i2v_quality(
     centroids = ink_centroids(videos)
     ok = _moves_as_told(centroids[:, -1] - centroids[:, 0], reference.motion)
     frame_error = np.abs(videos[:, 0] - first).mean(axis=(1, 2, 3))
+    ideal = (reference.video + 1.0) / 2.0
+    extra = {}
+    if scorer is not None:
+        last = digit_scorer.predict(scorer, videos[:, -1] * 2.0 - 1.0)["digit"]
+        extra["last_frame_digit_accuracy"] = float(np.mean(np.asarray(last) == reference.digit))
     per_motion = {name: float(np.mean(ok[reference.motion == m])) for m, name in enumerate(digits.MOTION_NAMES)
                   if np.any(reference.motion == m)}
     return {
@@ -115,4 +125,6 @@ def i2v_quality(
         "motion_accuracy_by_direction": per_motion,
         "first_frame_mae": float(np.mean(frame_error)),
         "first_frame_match": float(np.mean(frame_error < FIRST_FRAME_TOLERANCE)),
+        "video_mae": float(np.mean(np.abs(videos - ideal))),
+        **extra,
     }

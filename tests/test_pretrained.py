@@ -26,9 +26,12 @@ def test_flux_draws_the_prompted_digit(bundled):
 
 
 def test_wan_moves_as_prompted_and_keeps_the_first_frame(bundled):
-    report = quality.i2v_quality(bundled["wan-i2v"], samples=20, seed=1)
+    report = quality.i2v_quality(bundled["wan-i2v"], bundled["digit-scorer"], samples=20, seed=1)
     assert report["motion_accuracy"] >= 0.6, report
     assert report["first_frame_mae"] < 0.1, report
+    # The digit keeps its shape while it moves: error against the ideal (translated) video. The
+    # bundled card measures ~0.015; a DiT that loses the digit after frame 0 measures 0.03-0.08.
+    assert report["video_mae"] < 0.025, report
 
 
 def test_ink_centroids():
@@ -41,7 +44,9 @@ def test_ink_centroids():
 @pytest.mark.slow
 def test_full_quality_report(bundled):
     t2i = quality.t2i_quality(bundled["flux-t2i"], bundled["digit-scorer"], samples=200, seed=0)
-    i2v = quality.i2v_quality(bundled["wan-i2v"], samples=100, seed=0)
+    i2v = quality.i2v_quality(bundled["wan-i2v"], bundled["digit-scorer"], samples=100, seed=0)
     assert t2i["digit_accuracy"] > 0.7, t2i
     assert i2v["motion_accuracy"] > 0.7, i2v
     assert i2v["first_frame_match"] > 0.7, i2v
+    assert i2v["video_mae"] < 0.025, i2v
+    assert i2v["last_frame_digit_accuracy"] > 0.4, i2v  # measured 0.47: see the README

@@ -2,7 +2,8 @@
 
 Patchify -> timestep + pooled-text conditioning -> adaLN-zero blocks (self-attention over
 latent tokens, cross-attention to text, MLP) -> adaLN final layer -> unpatchify. An optional
-first-frame input conditions image-to-video generation.
+first-frame input conditions image-to-video generation: its latent is concatenated to every
+frame's tokens, with a flag channel marking frame 0.
 """
 
 from __future__ import annotations
@@ -110,7 +111,9 @@ class DiT(nnx.Module):
         flag = jnp.zeros((b, t, hh, ww, 1), x.dtype)
         if first_frame is not None:
             chex.assert_shape(first_frame, (b, hh, ww, c))
-            cond = cond.at[:, 0].set(first_frame.astype(x.dtype))
+            # Every frame sees the given frame at its own location (as in Stable Video Diffusion), so
+            # producing frame t is a local edit of what is under it; the flag marks frame 0 itself.
+            cond = jnp.broadcast_to(first_frame.astype(x.dtype)[:, None], x.shape)
             flag = flag.at[:, 0].set(1.0)
         extra = rearrange(jnp.concatenate([cond, flag], -1), "b t (h p) (w q) c -> b (t h w) (p q c)", p=p, q=p)
         return jnp.concatenate([tokens, extra], axis=-1)
