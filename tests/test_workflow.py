@@ -1,6 +1,5 @@
 """Cross-model workflows: text -> image -> video across two cards, nesting, and registration checks."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
