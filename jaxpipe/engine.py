@@ -421,20 +421,9 @@ class Engine:
 
 
 def _default_program(card: Card) -> Program:
-    from jaxpipe.cards import family_module
+    from jaxpipe.programs import default_program
 
-    try:
-        module = family_module(card.spec.family)
-    except ValueError:
-        module = None
-    if module is not None and hasattr(module, "program"):
-        return module.program()
-    kinds = {card.spec.loop(l).kind for l in card.spec.recipe}
-    if kinds == {"score"}:
-        return programs.score_program()
-    raise ProgramError(
-        f"card {card.model_id!r} (family {card.spec.family!r}) has no default program; pass one: register(card, program)"
-    )
+    return default_program(card)
 
 
 # --------------------------------------------------------------------------------------------

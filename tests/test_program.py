@@ -7,6 +7,7 @@ import pytest
 
 import jaxpipe as jp
 from jaxpipe import program as P
+from jaxpipe import programs
 from jaxpipe.cards import flux_t2i, wan_i2v
 from jaxpipe.program import ComponentNode, LoopNode, Program, ProgramError
 
@@ -20,13 +21,13 @@ def _bind(card, request):
 
 
 def test_card_programs_declare_their_nodes():
-    prog = flux_t2i.program()
-    assert prog is flux_t2i.program()  # built once: it is a static argument of jitted functions
+    prog = programs.flux_t2i.program()
+    assert prog is programs.flux_t2i.program()  # built once: it is a static argument of jitted functions
     assert [n.name for n in prog.nodes] == ["encode_text", "encode_null", "t2i_denoise", "decode"]
     assert dict(prog.outputs) == {"image": "image", "latents": "latents"}
     assert [n.name for n in prog.cached_nodes] == ["encode_text", "encode_null"]
     assert [n.loop for n in prog.loops] == ["t2i_denoise"]
-    assert [n.name for n in wan_i2v.program().nodes] == ["encode_text", "encode_null", "encode_image", "i2v_denoise", "decode"]
+    assert [n.name for n in programs.wan_i2v.program().nodes] == ["encode_text", "encode_null", "encode_image", "i2v_denoise", "decode"]
 
 
 def test_reading_a_slot_nobody_writes_is_an_error_naming_it():
@@ -44,9 +45,9 @@ def test_reading_a_slot_nobody_writes_is_an_error_naming_it():
 
 
 def test_a_program_is_checked_against_its_card(t2i_card):
-    flux_t2i.program().check(t2i_card)
+    programs.flux_t2i.program().check(t2i_card)
     with pytest.raises(ProgramError, match="declares no loop 't2i_denoise'"):
-        flux_t2i.program().check(jp.cards.build("wan-i2v"))
+        programs.flux_t2i.program().check(jp.cards.build("wan-i2v"))
     custom = Program(
         "custom", ("a",), (ComponentNode("n", _identity, reads=("a",), writes=("b",), component="unet"),), (("b", "b"),), _bind
     )
@@ -55,7 +56,7 @@ def test_a_program_is_checked_against_its_card(t2i_card):
 
 
 def test_fast_path_equals_the_split_the_engine_drives(t2i_card):
-    prog = flux_t2i.program()
+    prog = programs.flux_t2i.program()
     bound = prog.bind(t2i_card, jp.Request("flux-t2i", prompt="three thin", seed=4, num_steps=3))
     fast = prog.run(t2i_card, bound)
     enter = jax.jit(P.enter, static_argnums=(0, 1, 2))  # each piece jitted, as the engine runs them
@@ -73,7 +74,7 @@ def test_fast_path_equals_the_split_the_engine_drives(t2i_card):
 
 
 def test_generate_is_a_thin_wrapper_over_the_program(t2i_card):
-    prog = flux_t2i.program()
+    prog = programs.flux_t2i.program()
     bounds = [prog.bind(t2i_card, jp.Request("flux-t2i", prompt=p, seed=s, num_steps=2)) for p, s in [("one", 0), ("two", 1)]]
     np.testing.assert_array_equal(prog.run(t2i_card, bounds)["image"], flux_t2i.generate(t2i_card, ["one", "two"], num_steps=2))
     with pytest.raises(ValueError, match="equal settings"):
@@ -82,15 +83,15 @@ def test_generate_is_a_thin_wrapper_over_the_program(t2i_card):
 
 def test_binding_validates_the_request(t2i_card):
     with pytest.raises(ValueError, match="needs prompt"):
-        flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i"))
+        programs.flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i"))
     with pytest.raises(ValueError, match="takes no image"):
-        flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i", prompt="one", image=jnp.zeros((16, 16, 1))))
-    bound = flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i", prompt="one", seed=3, guidance=2.0))
+        programs.flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i", prompt="one", image=jnp.zeros((16, 16, 1))))
+    bound = programs.flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i", prompt="one", seed=3, guidance=2.0))
     assert bound.slots["seed"].tolist() == [3] and bound.artifacts == {"text": "one"}
     assert dict(bound.settings)["t2i_denoise"].guidance == 2.0
     wan = jp.cards.build("wan-i2v")
     with pytest.raises(ValueError, match=r"image must have shape \(16, 16, 1\)"):
-        wan_i2v.program().bind(wan, jp.Request("wan-i2v", prompt="one still", image=np.zeros((16, 16, 3))))
+        programs.wan_i2v.program().bind(wan, jp.Request("wan-i2v", prompt="one still", image=np.zeros((16, 16, 3))))
 
 
 def test_request_and_output_types():

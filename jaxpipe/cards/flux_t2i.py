@@ -1,14 +1,13 @@
 """The ``flux-t2i`` card family: text encoder + DiT + autoencoder, text -> image.
 
 One loop, ``t2i_denoise``, drives the DiT; encoding the prompt and decoding the latents are
-the program's component steps around it (``program()``). ``generate`` runs all three as one
-jitted function: the program's fast path.
+component steps around it; ``generate`` runs all three as one jitted function. The card's
+program (``jaxpipe.programs.flux_t2i``) composes the same pieces for the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 import jax
@@ -19,8 +18,6 @@ from jaxpipe.cards import common
 from jaxpipe.data import VOCABULARY
 from jaxpipe.loops import denoise
 from jaxpipe.nn import Autoencoder, AutoencoderConfig, DiT, DiTConfig, TextEncoder, TextEncoderConfig, Tokenizer
-from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, bind_text, start_denoise, text_nodes
-from jaxpipe.request import Request
 
 MODEL_ID = "flux-t2i"
 LOOP_ID = "t2i_denoise"
@@ -94,50 +91,6 @@ def generate_from_ids(
 _generate_jit = jax.jit(generate_from_ids, static_argnames="sampling")
 
 
-def _decode(card: Card, reads) -> dict[str, jax.Array]:
-    """``latents`` ``(B, 1, h, w, C)`` -> ``image`` ``(B, H, W, C)`` in [0, 1]."""
-    return {"image": common.to_unit(card["vae"].decode(reads["latents"][:, 0]))}
-
-
-def _bind(card: Card, request: Request) -> Bound:
-    if request.image is not None:
-        raise ValueError(f"{card.model_id!r} renders text to an image and takes no image (got image={request.image.shape})")
-    return bind_text(card, request, LOOP_ID)
-
-
-@functools.cache
-def program() -> Program:
-    """The ``flux-t2i`` program: encode text (cached) -> ``t2i_denoise`` -> decode.
-
-    Request: ``prompt`` (required), ``seed``, ``num_steps``, ``guidance``. Artifacts: ``"image"``
-    ``(H, W, C)`` in [0, 1], ``"latents"`` ``(1, h, w, C)`` and ``"text"`` (the prompt).
-    """
-    return Program(
-        name=MODEL_ID,
-        inputs=("ids", "null_ids", "seed"),
-        nodes=(
-            *text_nodes(),
-            LoopNode(
-                LOOP_ID,
-                start_denoise,
-                reads=("seed", "context", "context_mask", "uncond_context", "uncond_mask"),
-                writes=("latents",),
-            ),
-            ComponentNode("decode", _decode, reads=("latents",), writes=("image",), component="vae"),
-        ),
-        outputs=(("image", "image"), ("latents", "latents")),
-        bind=_bind,
-    )
-
-
-def seeds_for(seed: int | Sequence[int], n: int) -> list[int]:
-    """Per-prompt seeds: one int seeds prompt ``b`` with ``seed + b``; a sequence gives one seed each."""
-    seeds = [seed + i for i in range(n)] if isinstance(seed, int) else list(seed)
-    if len(seeds) != n:
-        raise ValueError(f"seed: got {len(seeds)} seeds for {n} prompts")
-    return seeds
-
-
 def generate(
     card: Card,
     prompts: str | Sequence[str],
@@ -149,10 +102,9 @@ def generate(
     """Render ``prompts`` with ``card``: images ``(B, H, W, C)`` in [0, 1].
 
     ``seed`` is one int for the batch (request b uses ``seed + b``) or one per prompt;
-    ``num_steps`` / ``guidance`` default to the card's ``t2i_denoise`` settings. A thin wrapper
-    over ``program()``'s fast path (one jitted function for the whole batch).
+    ``num_steps`` / ``guidance`` default to the card's ``t2i_denoise`` settings.
     """
     prompts = common.as_prompts(prompts)
-    seeds = seeds_for(seed, len(prompts))
-    requests = [Request(card.model_id, prompt=p, seed=s, num_steps=num_steps, guidance=guidance) for p, s in zip(prompts, seeds)]
-    return program().run(card, [program().bind(card, r) for r in requests])["image"]
+    ids = common.tokenize(card, prompts)
+    keys = common.request_keys(seed, len(prompts))
+    return _generate_jit(card, ids, keys, common.sampling(card, LOOP_ID, num_steps, guidance))

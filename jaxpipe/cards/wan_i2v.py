@@ -2,14 +2,14 @@
 
 Components: text encoder, a DiT with first-frame conditioning (``frame_cond=True``) and the
 autoencoder. The one loop, ``i2v_denoise``, denoises all frames jointly; the conditioning
-image enters the DiT as the latent of frame 0 plus a mask channel (Wan-style). ``program()``
-is encode text (cached) -> encode the image -> ``i2v_denoise`` -> decode the video.
+image's latent is concatenated to every frame's tokens, with a flag on frame 0 (SVD-style).
+``animate`` runs encode -> denoise -> decode as one jitted function; the card's program
+(``jaxpipe.programs.wan_i2v``) composes the same pieces for the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 import chex
@@ -23,8 +23,6 @@ from jaxpipe.cards import common
 from jaxpipe.data import VOCABULARY
 from jaxpipe.loops import denoise
 from jaxpipe.nn import Autoencoder, AutoencoderConfig, DiT, DiTConfig, TextEncoder, TextEncoderConfig, Tokenizer
-from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, bind_text, start_denoise, text_nodes
-from jaxpipe.request import Request
 
 MODEL_ID = "wan-i2v"
 LOOP_ID = "i2v_denoise"
@@ -109,58 +107,6 @@ def animate_from_ids(card: Card, ids: jax.Array, images: jax.Array, keys: jax.Ar
 _animate_jit = jax.jit(animate_from_ids, static_argnames="sampling")
 
 
-def _encode_image(card: Card, reads) -> dict[str, jax.Array]:
-    """``image`` ``(B, H, W, C)`` in [0, 1] -> ``first_frame`` latent ``(B, h, w, C)``."""
-    return {"first_frame": card["vae"].encode(reads["image"] * 2.0 - 1.0)}
-
-
-def _decode(card: Card, reads) -> dict[str, jax.Array]:
-    """``latents`` ``(B, T, h, w, C)`` -> ``video`` ``(B, T, H, W, C)`` in [0, 1]."""
-    return {"video": common.to_unit(card["vae"].decode_video(reads["latents"]))}
-
-
-def _bind(card: Card, request: Request) -> Bound:
-    bound = bind_text(card, request, LOOP_ID)
-    cfg = card.spec.config
-    expected = (cfg.image_size, cfg.image_size, cfg.vae.image_channels)
-    if request.image is None:
-        raise ValueError(f"{card.model_id!r} animates a first frame: the request needs image={expected} in [0, 1]")
-    if tuple(request.image.shape) != expected:
-        raise ValueError(f"{card.model_id!r}: image must have shape {expected} in [0, 1]; got {tuple(request.image.shape)}")
-    if isinstance(request.image, jax.Array):
-        image = request.image.astype(jnp.float32)[None]
-    else:
-        image = np.asarray(request.image, np.float32)[None]
-    return dataclasses.replace(bound, slots={**bound.slots, "image": image})
-
-
-@functools.cache
-def program() -> Program:
-    """The ``wan-i2v`` program: encode text (cached) and the first frame -> ``i2v_denoise`` -> decode.
-
-    Request: ``prompt`` and ``image`` ``(H, W, C)`` in [0, 1] (both required), ``seed``,
-    ``num_steps``, ``guidance``. Artifacts: ``"video"`` ``(T, H, W, C)`` in [0, 1], ``"latents"``
-    ``(T, h, w, C)`` and ``"text"`` (the prompt).
-    """
-    return Program(
-        name=MODEL_ID,
-        inputs=("ids", "null_ids", "seed", "image"),
-        nodes=(
-            *text_nodes(),
-            ComponentNode("encode_image", _encode_image, reads=("image",), writes=("first_frame",), component="vae"),
-            LoopNode(
-                LOOP_ID,
-                start_denoise,
-                reads=("seed", "context", "context_mask", "uncond_context", "uncond_mask", "first_frame"),
-                writes=("latents",),
-            ),
-            ComponentNode("decode", _decode, reads=("latents",), writes=("video",), component="vae"),
-        ),
-        outputs=(("video", "video"), ("latents", "latents")),
-        bind=_bind,
-    )
-
-
 def animate(
     card: Card,
     prompts: str | Sequence[str],
@@ -173,10 +119,7 @@ def animate(
     """Animate first frames ``images`` ``(B, H, W, C)`` (or one ``(H, W, C)``) in [0, 1] as ``prompts`` say.
 
     Returns videos ``(B, T, H, W, C)`` in [0, 1]; seeds and settings as in ``flux_t2i.generate``.
-    A thin wrapper over ``program()``'s fast path.
     """
-    from jaxpipe.cards.flux_t2i import seeds_for
-
     prompts = common.as_prompts(prompts)
     images = jnp.asarray(images, jnp.float32)
     if images.ndim == 3:
@@ -184,9 +127,6 @@ def animate(
     check_images(card, images)
     if images.shape[0] != len(prompts):
         raise ValueError(f"image: got {images.shape[0]} images for {len(prompts)} prompts")
-    seeds = seeds_for(seed, len(prompts))
-    bounds = [
-        program().bind(card, Request(card.model_id, prompt=p, seed=s, num_steps=num_steps, guidance=guidance, image=images[i]))
-        for i, (p, s) in enumerate(zip(prompts, seeds))
-    ]
-    return program().run(card, bounds)["video"]
+    ids = common.tokenize(card, prompts)
+    keys = common.request_keys(seed, len(prompts))
+    return _animate_jit(card, ids, images, keys, common.sampling(card, LOOP_ID, num_steps, guidance))
