@@ -49,7 +49,7 @@ import numpy as np
 from jaxpipe import program as programs
 from jaxpipe.cache import CacheKey, FeatureCache, content_hash
 from jaxpipe.card import Card
-from jaxpipe.program import Bound, Program, ProgramError
+from jaxpipe.program import Bound, Program
 from jaxpipe.request import Output, Request
 from jaxpipe.workflow import Workflow, WorkflowError, WorkflowRegistry, initial_state, publish
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpipe.cards import common, flux_t2i
+from jaxpipe.cards import common
 from jaxpipe.loops import denoise
 from jaxpipe.loops.denoise import DenoiseConfig
 

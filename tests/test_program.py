@@ -8,7 +8,7 @@ import pytest
 import jaxpipe as jp
 from jaxpipe import program as P
 from jaxpipe import programs
-from jaxpipe.cards import flux_t2i, wan_i2v
+from jaxpipe.cards import flux_t2i
 from jaxpipe.program import ComponentNode, LoopNode, Program, ProgramError
 
 

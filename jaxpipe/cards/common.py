@@ -7,7 +7,9 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxpipe.card import Card
+from flax import nnx
+
+from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.loops import denoise
 
 
@@ -27,6 +29,29 @@ def check_generator_config(config) -> None:
     factor = config.vae.downsample * config.dit.patch_size
     if config.image_size % factor:
         raise ValueError(f"image_size ({config.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})")
+
+
+def build_generator(config, *, seed: int, model_id: str, family: str, loop_id: str, capability: str) -> Card:
+    """A text-conditioned generator card (text encoder, DiT, autoencoder; one denoise loop) from a family config."""
+    from jaxpipe.nn import Autoencoder, DiT, TextEncoder, Tokenizer
+
+    rngs = nnx.Rngs(seed)
+    components = {
+        "text_encoder": TextEncoder(config.text, rngs=rngs),
+        "transformer": DiT(config.dit, rngs=rngs),
+        "vae": Autoencoder(config.vae, rngs=rngs),
+    }
+    spec = CardSpec(
+        model_id=model_id,
+        family=family,
+        loops=(LoopSpec(loop_id, "denoise", ("transformer",), config.sampling),),
+        recipe=(loop_id,),
+        parity=("C0", "C1", "C2"),
+        capabilities=(capability,),
+        tokenizer=Tokenizer(config.vocabulary),
+        config=config,
+    )
+    return Card(components, spec)
 
 
 def as_prompts(prompts: str | Sequence[str]) -> list[str]:

@@ -11,13 +11,12 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
-from flax import nnx
 
-from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.card import Card
 from jaxpipe.cards import common
 from jaxpipe.data import VOCABULARY
 from jaxpipe.loops import denoise
-from jaxpipe.nn import Autoencoder, AutoencoderConfig, DiT, DiTConfig, TextEncoder, TextEncoderConfig, Tokenizer
+from jaxpipe.nn import AutoencoderConfig, DiTConfig, TextEncoderConfig
 
 MODEL_ID = "flux-t2i"
 LOOP_ID = "t2i_denoise"
@@ -56,23 +55,9 @@ class Config:
 
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A ``flux-t2i`` card with freshly initialised components (deterministic in ``seed``)."""
-    rngs = nnx.Rngs(seed)
-    components = {
-        "text_encoder": TextEncoder(config.text, rngs=rngs),
-        "transformer": DiT(config.dit, rngs=rngs),
-        "vae": Autoencoder(config.vae, rngs=rngs),
-    }
-    spec = CardSpec(
-        model_id=model_id,
-        family="flux_t2i",
-        loops=(LoopSpec(LOOP_ID, "denoise", ("transformer",), config.sampling),),
-        recipe=(LOOP_ID,),
-        parity=("C0", "C1", "C2"),
-        capabilities=("t2i",),
-        tokenizer=Tokenizer(config.vocabulary),
-        config=config,
+    return common.build_generator(
+        config, seed=seed, model_id=model_id, family="flux_t2i", loop_id=LOOP_ID, capability="t2i"
     )
-    return Card(components, spec)
 
 
 def generate_from_ids(

@@ -15,14 +15,12 @@ from collections.abc import Sequence
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 
-from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.card import Card
 from jaxpipe.cards import common
 from jaxpipe.data import VOCABULARY
 from jaxpipe.loops import denoise
-from jaxpipe.nn import Autoencoder, AutoencoderConfig, DiT, DiTConfig, TextEncoder, TextEncoderConfig, Tokenizer
+from jaxpipe.nn import AutoencoderConfig, DiTConfig, TextEncoderConfig
 
 MODEL_ID = "wan-i2v"
 LOOP_ID = "i2v_denoise"
@@ -64,23 +62,9 @@ class Config:
 
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A ``wan-i2v`` card with freshly initialised components (deterministic in ``seed``)."""
-    rngs = nnx.Rngs(seed)
-    components = {
-        "text_encoder": TextEncoder(config.text, rngs=rngs),
-        "transformer": DiT(config.dit, rngs=rngs),
-        "vae": Autoencoder(config.vae, rngs=rngs),
-    }
-    spec = CardSpec(
-        model_id=model_id,
-        family="wan_i2v",
-        loops=(LoopSpec(LOOP_ID, "denoise", ("transformer",), config.sampling),),
-        recipe=(LOOP_ID,),
-        parity=("C0", "C1", "C2"),
-        capabilities=("i2v",),
-        tokenizer=Tokenizer(config.vocabulary),
-        config=config,
+    return common.build_generator(
+        config, seed=seed, model_id=model_id, family="wan_i2v", loop_id=LOOP_ID, capability="i2v"
     )
-    return Card(components, spec)
 
 
 def check_images(card: Card, images: jax.Array) -> None:
