@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import math
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -51,7 +49,9 @@ from jaxpipe import samplers
 from jaxpipe.loops import denoise
 from jaxpipe.nn import DiT, DiTConfig
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
+from report import RESULTS, machine_info, num_cores, write_section  # noqa: E402
+
 SECTION = "denoise"
 IMAGE_SIZE = 16  # the flux-t2i default card: 16x16 image -> (1, 8, 8, 4) latents
 LATENT_SHAPE = (1, 8, 8, 4)
@@ -61,16 +61,6 @@ BATCHES = (1, 16)
 STEPS = (8, 28)
 
 
-def num_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-# --------------------------------------------------------------------------------------------
-# The PyTorch port of jaxpipe.nn.DiT (float32, no frame conditioning).
-# --------------------------------------------------------------------------------------------
 
 
 def torch_sincos_1d(positions: torch.Tensor, dim: int, max_period: float = 10_000.0) -> torch.Tensor:
@@ -499,26 +489,6 @@ def targets(rows: list[Row]) -> list[str]:
     return out
 
 
-def machine_info() -> dict:
-    cpu = "unknown"
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cores": num_cores(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "jax backend": jax.default_backend(),
-        "torch": torch.__version__,
-        "torch threads": torch.get_num_threads(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
 
 
 def parity_text(errs: dict) -> str:
@@ -562,29 +532,6 @@ def section_body(info, errs, report, target_lines, elapsed, load_before, load_af
     )
 
 
-def write_section(path: pathlib.Path, body: str) -> None:
-    """Replace (or append) this benchmark's marked section of ``path``, leaving the rest alone.
-
-    Hand-written analysis between ``<!-- BEGIN denoise notes -->`` and ``<!-- END denoise notes -->``
-    inside the old section is kept, after the refreshed numbers.
-    """
-    begin, end = f"<!-- BEGIN {SECTION} -->", f"<!-- END {SECTION} -->"
-    notes_begin, notes_end = f"<!-- BEGIN {SECTION} notes -->", f"<!-- END {SECTION} notes -->"
-    text = path.read_text() if path.exists() else (
-        "# Benchmark results\n\nEach `## name` section is written by `benchmarks/<name>.py` between its markers; "
-        "a script replaces only its own section.\n"
-    )
-    old = text.split(begin, 1)[1].split(end, 1)[0] if begin in text and end in text else ""
-    if notes_begin in old and notes_end in old:
-        body = body.rstrip() + "\n\n" + notes_begin + old.split(notes_begin, 1)[1].split(notes_end, 1)[0] + notes_end
-    block = f"{begin}\n{body.rstrip()}\n{end}\n"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        after = rest.split(end, 1)[1].lstrip("\n")
-        text = head + block + ("\n" + after if after else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
 
 
 def main(argv=None) -> int:
@@ -603,7 +550,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(threads)
     wall = time.perf_counter()
     load_before = os.getloadavg()
-    info = machine_info()
+    info = machine_info(torch=torch.__version__, **{"torch threads": torch.get_num_threads()})
     print("machine:", ", ".join(f"{k}={v}" for k, v in info.items()), flush=True)
 
     errs = parity_check()
@@ -643,7 +590,7 @@ def main(argv=None) -> int:
 
     out = args.results if args.results is not None else (None if args.quick else RESULTS)
     if out is not None:
-        write_section(out, section_body(info, errs, report, target_lines, elapsed, load[1], load[0], args.quick))
+        write_section(out, SECTION, section_body(info, errs, report, target_lines, elapsed, load[1], load[0], args.quick))
         print(f"wrote the {SECTION} section of {out}")
     return 0
 

@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import os
 import pathlib
-import platform
 import statistics
+import sys
 import time
 
 import jax
@@ -49,7 +48,9 @@ from jaxpipe.cards import common, flux_t2i
 from jaxpipe.data import DIGIT_WORDS, POSITIONS, STROKES
 from jaxpipe.loops import denoise
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
+from report import RESULTS, machine_info, write_section  # noqa: E402
+
 SECTION = "engine"
 SIZES = (1, 4, 16, 64)
 STEPS = (4, 8, 12, 16)
@@ -57,11 +58,6 @@ TARGET = 1.5  # batched / serial throughput at 16 requests on the 2-core CPU
 JITTED = ("_run_whole", "_enter", "_node", "_steps", "_step", "_admit", "_retire", "_resize", "_empty")
 
 
-def num_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def _perturbed(card: jp.Card, seed: int) -> jp.Card:
@@ -224,24 +220,6 @@ PIECES = {
 }
 
 
-def machine_info() -> dict:
-    cpu = "unknown"
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cores": num_cores(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "jax backend": jax.default_backend(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
 
 
 def render(results: dict, info: dict, loads: tuple[float, float], elapsed: float, quick: bool) -> str:
@@ -267,7 +245,7 @@ def render(results: dict, info: dict, loads: tuple[float, float], elapsed: float
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for row in res["rows"]:
-            med, best, first = row["median"], row["best"], row["first"]
+            med, first = row["median"], row["first"]
             lines.append(
                 f"| {row['n']} | {row['steps']} | {med['serial'] * 1e3:.1f} | {med['batched'] * 1e3:.1f} | "
                 f"{row['n'] / med['serial']:.1f} | {row['n'] / med['batched']:.1f} | **{row['ratio']:.2f}×** | "
@@ -300,22 +278,6 @@ def render(results: dict, info: dict, loads: tuple[float, float], elapsed: float
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: pathlib.Path, body: str) -> None:
-    """Replace (or append) the ``engine`` section of ``path``; keep its hand-written notes block."""
-    begin, end = f"<!-- BEGIN {SECTION} -->", f"<!-- END {SECTION} -->"
-    notes_begin, notes_end = f"<!-- BEGIN {SECTION} notes -->", f"<!-- END {SECTION} notes -->"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    old = text.split(begin, 1)[1].split(end, 1)[0] if begin in text and end in text else ""
-    if notes_begin in old and notes_end in old:
-        body = body.rstrip() + "\n\n" + notes_begin + old.split(notes_begin, 1)[1].split(notes_end, 1)[0] + notes_end
-    block = f"{begin}\n{body.rstrip()}\n{end}\n"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        after = rest.split(end, 1)[1].lstrip("\n")
-        text = head + block + ("\n" + after if after else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
 
 
 def main(argv=None) -> int:
@@ -352,7 +314,7 @@ def main(argv=None) -> int:
     body = render(results, machine_info(), (load_before, os.getloadavg()[0]), elapsed, args.quick)
     print(body)
     if not args.quick or args.results:
-        write_section(args.results or RESULTS, body)
+        write_section(args.results or RESULTS, SECTION, body)
     return 0
 
 

@@ -21,3 +21,10 @@ def t2i_card():
     """A ``flux-t2i`` card at default (tiny) size with non-trivial weights."""
     card = jp.cards.build("flux-t2i", seed=0)
     return card.replace(transformer=perturbed(card["transformer"], seed=1))
+
+
+@pytest.fixture(scope="session")
+def i2v_card():
+    """A ``wan-i2v`` card at default (tiny) size with non-trivial weights."""
+    card = jp.cards.build("wan-i2v", seed=1)
+    return card.replace(transformer=perturbed(card["transformer"], seed=2))

@@ -12,12 +12,6 @@ from jaxpipe import parity
 from jaxpipe.engine import Engine, EngineError
 
 
-@pytest.fixture(scope="module")
-def i2v_card():
-    card = jp.cards.build("wan-i2v", seed=1)
-    return card.replace(transformer=perturbed(card["transformer"], seed=2))
-
-
 @pytest.fixture()
 def engine(t2i_card, i2v_card):
     engine = Engine(max_batch=4)

@@ -3,16 +3,9 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import perturbed
 
 import jaxpipe as jp
 from jaxpipe.cards import wan_i2v
-
-
-@pytest.fixture(scope="module")
-def i2v_card():
-    card = jp.cards.build("wan-i2v", seed=0)
-    return card.replace(transformer=perturbed(card["transformer"], seed=2))
 
 
 def frame(value):

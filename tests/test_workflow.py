@@ -3,18 +3,11 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import perturbed
 
 import jaxpipe as jp
 from jaxpipe import parity, workflow
 from jaxpipe.engine import Engine
 from jaxpipe.workflow import Stage, Workflow, WorkflowError
-
-
-@pytest.fixture(scope="module")
-def i2v_card():
-    card = jp.cards.build("wan-i2v", seed=1)
-    return card.replace(transformer=perturbed(card["transformer"], seed=2))
 
 
 @pytest.fixture()
