@@ -13,6 +13,13 @@ _LAZY = {
     "AutoencoderTrainConfig": "jaxpipe.training.autoencoder",
     "ScorerTrainer": "jaxpipe.training.scorer",
     "ScorerTrainConfig": "jaxpipe.training.scorer",
+    "group_advantages": "jaxpipe.training.losses",
+    "ppo_clip_loss": "jaxpipe.training.losses",
+    "flow_grpo_kl": "jaxpipe.training.losses",
+    "flow_grpo_loss": "jaxpipe.training.losses",
+    "token_pg_loss": "jaxpipe.training.losses",
+    "k3_kl": "jaxpipe.training.losses",
+    "token_loss": "jaxpipe.training.losses",
 }
 
 
