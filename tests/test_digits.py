@@ -400,3 +400,15 @@ def test_take_selects_aligned_rows(sample):
     np.testing.assert_array_equal(part.image, data.image[[3, 1]])
     assert len(data.take(data.position == 0)) == int((data.position == 0).sum())
     assert "ImageDataset(n=200" in repr(data)
+
+
+def test_split_prompt_gives_each_stage_its_words():
+    from jaxpipe.data import split_prompt
+
+    assert split_prompt("seven thick moving right") == ("seven thick left", "seven moving right")
+    assert split_prompt("seven thick moving left") == ("seven thick right", "seven moving left")
+    assert split_prompt("seven center moving right") == ("seven center", "seven moving right")
+    assert split_prompt("three dim moving up") == ("three dim", "three moving up")
+    assert split_prompt("five bright") == ("five bright", None)
+    with pytest.raises(ValueError, match="vocabulary"):
+        split_prompt("seven purple")

@@ -43,22 +43,24 @@ def test_two_distinct_cards_with_distinct_weights(engine, t2i_card, i2v_card):
     assert t2i["transformer"].patch_embed.kernel.shape != i2v["transformer"].patch_embed.kernel.shape  # frame input
     # each stage really ran its own card: the stages' artifacts equal the cards run alone
     out = engine.run(job(seed=3))
-    alone = engine.run(jp.Request("flux-t2i", prompt="seven", seed=3, num_steps=2))
+    alone = engine.run(jp.Request("flux-t2i", prompt="seven left", seed=3, num_steps=2))  # room to move right
     np.testing.assert_array_equal(out["image"], alone["image"])
     video = engine.run(jp.Request("wan-i2v", prompt="seven moving right", seed=3, num_steps=2, image=alone["image"]))
     np.testing.assert_array_equal(out["video"], video["video"])
 
 
 def test_the_prompt_reaches_both_stages(engine):
-    out = engine.run(job("seven thick moving right"))
-    assert out["t2i:text"] == "seven thick" and out["i2v:text"] == "seven moving right"
-    other_motion = engine.run(job("seven thick moving left"))
+    out = engine.run(job("seven thick moving up"))
+    assert out["t2i:text"] == "seven thick" and out["i2v:text"] == "seven moving up"
+    other_motion = engine.run(job("seven thick moving down"))
     np.testing.assert_array_equal(out["image"], other_motion["image"])  # the image prompt is unchanged
     assert float(jnp.abs(out["video"] - other_motion["video"]).max()) > 1e-3  # the motion reached stage 2
-    other_digit = engine.run(job("one thick moving right"))
+    other_digit = engine.run(job("one thick moving up"))
     assert float(jnp.abs(out["image"] - other_digit["image"]).max()) > 1e-3  # the digit reached stage 1
     still = engine.run(job("seven thick"))
     assert still["i2v:text"] == "seven still"  # no motion in the prompt: the default
+    rightward = engine.run(job("seven moving right"))
+    assert rightward["t2i:text"] == "seven left"  # an unplaced digit moving right starts left, as in training
 
 
 def test_the_conditioning_image_matters(engine):

@@ -578,10 +578,15 @@ def concat(datasets: Sequence[_Dataset]) -> _Dataset:
 def split_prompt(text: str) -> tuple[str, str | None]:
     """Split a user prompt into its image part and its motion part.
 
-    ``"seven thick moving right"`` → ``("seven thick", "seven moving right")``; a prompt with no
+    ``"seven thick moving right"`` → ``("seven thick left", "seven moving right")``: as in the
+    training videos (``make_videos``), a digit moving right starts ``left`` and one moving left
+    starts ``right`` unless the prompt places it, so it has room to travel. A prompt with no
     motion gives ``(image prompt, None)``. Raises like ``parse_caption`` on words it cannot read.
     """
     labels = parse_caption(text)
-    image = caption(labels["digit"], labels["stroke"], labels["position"], labels["brightness"])
+    position = labels["position"]
+    if position is None and labels["motion"] in (0, 1):  # moving left / right
+        position = POSITIONS.index("right" if labels["motion"] == 0 else "left")
+    image = caption(labels["digit"], labels["stroke"], position, labels["brightness"])
     motion = None if labels["motion"] is None else caption(labels["digit"], motion=labels["motion"])
     return image, motion
