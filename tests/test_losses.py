@@ -1,5 +1,7 @@
 """RL losses (DESIGN §6 "GRPO pieces") against independent NumPy formulas, plus their gradient identities."""
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +9,22 @@ import pytest
 
 from jaxpipe import samplers
 from jaxpipe.training import losses
+
+
+# Every call goes through jit (the losses must trace; eager op-by-op dispatch would also be slow).
+L = SimpleNamespace(
+    group_advantages=jax.jit(losses.group_advantages, static_argnames=("adv_clip", "eps")),
+    ppo_clip_loss=jax.jit(losses.ppo_clip_loss, static_argnames=("clip_eps",)),
+    flow_grpo_kl=jax.jit(losses.flow_grpo_kl, static_argnames=("batch_ndim",)),
+    flow_grpo_loss=jax.jit(losses.flow_grpo_loss, static_argnames=("clip_eps", "beta")),
+    token_pg_loss=jax.jit(losses.token_pg_loss, static_argnames=("clip_eps",)),
+    k3_kl=jax.jit(losses.k3_kl),
+    token_loss=jax.jit(losses.token_loss, static_argnames=("clip_eps", "beta")),
+)
+
+
+def jgrad(f):
+    return jax.jit(jax.grad(f))
 
 
 def rng(seed=0):
@@ -34,27 +52,27 @@ def np_k3(now, ref):
 # ---------------------------------------------------------------- group advantages
 def test_group_advantages_match_numpy_population_std():
     r = rng(1).normal(size=(4, 6)).astype(np.float32)
-    got = losses.group_advantages(r, adv_clip=5.0)
+    got = L.group_advantages(r, adv_clip=5.0)
     np.testing.assert_allclose(got, np_group_adv(r, 5.0), rtol=1e-5, atol=1e-5)
     # population, not sample, std: with K = 2 the normalised values are exactly ±1 (not ±1/√2)
-    two = losses.group_advantages(np.array([[0.0, 2.0]], np.float32), adv_clip=5.0, eps=0.0)
+    two = L.group_advantages(np.array([[0.0, 2.0]], np.float32), adv_clip=5.0, eps=0.0)
     np.testing.assert_allclose(two, [[-1.0, 1.0]], atol=1e-6)
 
 
 def test_group_advantages_zero_mean_constant_group_and_clip():
     r = rng(2).normal(size=(3, 8)).astype(np.float32)
     r[1] = 0.1  # a constant group: round-off in its mean must not leak
-    a = np.asarray(losses.group_advantages(r, adv_clip=10.0))
+    a = np.asarray(L.group_advantages(r, adv_clip=10.0))
     np.testing.assert_allclose(a.mean(-1), 0.0, atol=1e-5)
     assert np.all(a[1] == 0.0)
     # clipping: one outlier in a group of 8 normalises to sqrt(7) ≈ 2.65 > 1.5
     out = np.zeros((1, 8), np.float32)
     out[0, 0] = 1.0
-    clipped = np.asarray(losses.group_advantages(out, adv_clip=1.5))
+    clipped = np.asarray(L.group_advantages(out, adv_clip=1.5))
     assert clipped[0, 0] == pytest.approx(1.5) and np.all(np.abs(clipped) <= 1.5 + 1e-6)
     np.testing.assert_allclose(clipped, np_group_adv(out, 1.5), atol=1e-5)
     with pytest.raises(ValueError, match="K >= 2"):
-        losses.group_advantages(np.zeros((3, 1)), adv_clip=1.0)
+        L.group_advantages(np.zeros((3, 1)), adv_clip=1.0)
 
 
 def test_group_advantages_with_group_ids_equal_rows():
@@ -62,14 +80,15 @@ def test_group_advantages_with_group_ids_equal_rows():
     r[2] = 7.0
     perm = rng(4).permutation(15)
     ids = np.repeat(np.array([5, 0, 9]), 5)[perm]  # arbitrary, shuffled group ids
-    got = np.asarray(jax.jit(lambda x, g: losses.group_advantages(x, g, adv_clip=3.0))(r.reshape(-1)[perm], ids))
-    want = np.asarray(losses.group_advantages(r, adv_clip=3.0)).reshape(-1)[perm]
+    got = np.asarray(jax.jit(lambda x, g: L.group_advantages(x, g, adv_clip=3.0))(r.reshape(-1)[perm], ids))
+    want = np.asarray(L.group_advantages(r, adv_clip=3.0)).reshape(-1)[perm]
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert np.all(got[ids == 9] == 0.0)
     # vmap over prompts of the 1-D (one group) form equals the (P, K) form
-    np.testing.assert_allclose(jax.vmap(lambda x: losses.group_advantages(x, adv_clip=3.0))(r), want_pk := losses.group_advantages(r, adv_clip=3.0), atol=1e-6)
+    want_pk = L.group_advantages(r, adv_clip=3.0)
     assert want_pk.shape == (3, 5)
-    g = jax.grad(lambda x: losses.group_advantages(x, adv_clip=3.0).sum())(jnp.asarray(r))
+    np.testing.assert_allclose(jax.vmap(lambda x: losses.group_advantages(x, adv_clip=3.0))(r), want_pk, atol=1e-6)
+    g = jgrad(lambda x: L.group_advantages(x, adv_clip=3.0).sum())(jnp.asarray(r))
     assert np.all(np.isfinite(g))
 
 
@@ -78,7 +97,7 @@ def test_ppo_matches_numpy_and_metrics():
     g = rng(5)
     now, old = g.normal(size=(2, 3, 7)).astype(np.float32) * 0.3
     adv = g.normal(size=(7,)).astype(np.float32)
-    loss, m = jax.jit(lambda a, b, c: losses.ppo_clip_loss(a, b, c, clip_eps=0.2))(now, old, adv)
+    loss, m = jax.jit(lambda a, b, c: L.ppo_clip_loss(a, b, c, clip_eps=0.2))(now, old, adv)
     np.testing.assert_allclose(loss, np_ppo(now, old, adv, 0.2), rtol=1e-5, atol=1e-6)
     rho = np.exp(now - old)
     assert float(m["clip_frac"]) == pytest.approx(np.mean(np.abs(rho - 1) > 0.2))
@@ -89,10 +108,10 @@ def test_ppo_matches_numpy_and_metrics():
 def test_ppo_ratio_one_gives_minus_advantage_and_its_gradient():
     lp = jnp.asarray(rng(6).normal(size=(4,)), jnp.float32)
     adv = jnp.array([1.5, -0.5, 0.0, 2.0])
-    f = lambda now: losses.ppo_clip_loss(now, lp, adv, clip_eps=0.2)[0].sum()
-    loss, _ = losses.ppo_clip_loss(lp, lp, adv, clip_eps=0.2)
+    f = lambda now: L.ppo_clip_loss(now, lp, adv, clip_eps=0.2)[0].sum()
+    loss, _ = L.ppo_clip_loss(lp, lp, adv, clip_eps=0.2)
     np.testing.assert_allclose(loss, -adv, atol=1e-6)
-    grad = jax.grad(f)(lp)
+    grad = jgrad(f)(lp)
     np.testing.assert_allclose(grad, -adv, atol=1e-6)
     assert np.all(grad[np.asarray(adv) != 0] != 0)
 
@@ -103,7 +122,7 @@ def test_ppo_clipping_kills_gradient_only_in_the_favoured_direction():
     big, small = jnp.log(1.5), jnp.log(0.5)  # outside the trust region on either side
     now = jnp.array([big, small, big, small])
     adv = jnp.array([1.0, 1.0, -1.0, -1.0])
-    grad = jax.grad(lambda n: losses.ppo_clip_loss(n, old, adv, clip_eps=eps)[0].sum())(now)
+    grad = jgrad(lambda n: L.ppo_clip_loss(n, old, adv, clip_eps=eps)[0].sum())(now)
     # A > 0: a ratio already above 1+ε gets no more push; one below 1-ε still gets pushed up
     assert grad[0] == 0.0 and grad[1] == pytest.approx(-0.5)
     # A < 0: a ratio above 1+ε is still pushed down; one below 1-ε gets no more push
@@ -115,16 +134,16 @@ def test_flow_grpo_kl_matches_numpy_vanishes_and_pulls_toward_reference():
     g = rng(7)
     now, ref = g.normal(size=(2, 2, 3, 4, 2, 2)).astype(np.float32)
     std = np.abs(g.normal(size=(2, 3))).astype(np.float32) + 0.1
-    got = losses.flow_grpo_kl(now, ref, std, batch_ndim=2)
+    got = L.flow_grpo_kl(now, ref, std, batch_ndim=2)
     want = ((now - ref) ** 2).reshape(2, 3, -1).mean(-1) / (2 * std**2)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     # (B,) std, and sde_step's (B, 1, ...) std, give the same per-example KL
-    a = losses.flow_grpo_kl(now[0], ref[0], std[0])
-    b = losses.flow_grpo_kl(now[0], ref[0], std[0].reshape(3, 1, 1, 1))
+    a = L.flow_grpo_kl(now[0], ref[0], std[0])
+    b = L.flow_grpo_kl(now[0], ref[0], std[0].reshape(3, 1, 1, 1))
     np.testing.assert_allclose(a, want[0], rtol=1e-5)
     np.testing.assert_allclose(b, want[0], rtol=1e-5)
-    assert np.all(np.asarray(losses.flow_grpo_kl(ref, ref, std, batch_ndim=2)) == 0.0)
-    grad = jax.grad(lambda m: losses.flow_grpo_kl(m, ref, std, batch_ndim=2).sum())(jnp.asarray(now))
+    assert np.all(np.asarray(L.flow_grpo_kl(ref, ref, std, batch_ndim=2)) == 0.0)
+    grad = jgrad(lambda m: L.flow_grpo_kl(m, ref, std, batch_ndim=2).sum())(jnp.asarray(now))
     step = now - 1e-2 * np.asarray(grad)  # descending moves mean_now toward mean_ref
     assert np.all(np.abs(step - ref) <= np.abs(now - ref) + 1e-7)
     np.testing.assert_allclose(grad, (now - ref) / (std[..., None, None, None] ** 2 * 16), rtol=1e-4)
@@ -138,7 +157,7 @@ def test_flow_grpo_loss_matches_numpy_and_masks():
     mu, mu_ref = g.normal(size=(2, S, B, 5)).astype(np.float32)
     std = (np.abs(g.normal(size=(S, B))) + 0.2).astype(np.float32)
     beta, eps = 0.04, 0.2
-    fn = jax.jit(lambda *a: losses.flow_grpo_loss(*a, clip_eps=eps, beta=beta))
+    fn = jax.jit(lambda *a: L.flow_grpo_loss(*a, clip_eps=eps, beta=beta))
     loss, m = fn(now, old, adv, mu, mu_ref, std)
     kl = ((mu - mu_ref) ** 2).mean(-1) / (2 * std**2)
     per = np_ppo(now, old, adv[None], eps) + beta * kl
@@ -150,20 +169,20 @@ def test_flow_grpo_loss_matches_numpy_and_masks():
     mask[2] = False
     std_bad, now_bad = std.copy(), now.copy()
     std_bad[2], now_bad[2] = 0.0, np.nan
-    masked, _ = losses.flow_grpo_loss(now_bad, old, adv, mu, mu_ref, std_bad, clip_eps=eps, beta=beta, mask=mask)
+    masked, _ = L.flow_grpo_loss(now_bad, old, adv, mu, mu_ref, std_bad, clip_eps=eps, beta=beta, mask=mask)
     assert float(masked) == pytest.approx(per[:2].mean(), rel=1e-5)
     # beta == 0 needs no means
-    no_kl, _ = losses.flow_grpo_loss(now, old, adv, clip_eps=eps)
+    no_kl, _ = L.flow_grpo_loss(now, old, adv, clip_eps=eps)
     assert float(no_kl) == pytest.approx(np_ppo(now, old, adv[None], eps).mean(), rel=1e-5)
     with pytest.raises(ValueError, match="beta"):
-        losses.flow_grpo_loss(now, old, adv, clip_eps=eps, beta=0.1)
+        L.flow_grpo_loss(now, old, adv, clip_eps=eps, beta=0.1)
 
 
 def test_flow_grpo_zero_advantage_zero_policy_loss_and_gradient():
     g = rng(9)
     now, old = (g.normal(size=(2, 2, 3)) * 0.3).astype(np.float32)
-    grad = jax.grad(lambda n: losses.flow_grpo_loss(n, old, jnp.zeros(3), clip_eps=0.2)[0])(jnp.asarray(now))
-    assert float(losses.flow_grpo_loss(now, old, jnp.zeros(3), clip_eps=0.2)[0]) == 0.0
+    grad = jgrad(lambda n: L.flow_grpo_loss(n, old, jnp.zeros(3), clip_eps=0.2)[0])(jnp.asarray(now))
+    assert float(L.flow_grpo_loss(now, old, jnp.zeros(3), clip_eps=0.2)[0]) == 0.0
     assert np.all(np.asarray(grad) == 0.0)
 
 
@@ -219,10 +238,10 @@ def test_token_pg_matches_numpy_and_masks_padding():
     mask = np.arange(T)[None] < lengths[:, None]
     adv = g.normal(size=(B,)).astype(np.float32)
     padded = np.where(mask, logp, -np.inf).astype(np.float32)  # junk in the padding must not matter
-    loss, m = jax.jit(lambda *a: losses.token_pg_loss(*a))(padded, mask, adv)
+    loss, m = jax.jit(lambda *a: L.token_pg_loss(*a))(padded, mask, adv)
     per_seq = [-adv[b] * logp[b, : lengths[b]].sum() / lengths[b] for b in range(3)]  # row 3 has no tokens
     assert float(loss) == pytest.approx(np.mean(per_seq), rel=1e-5)
-    grad = jax.grad(lambda x: losses.token_pg_loss(x, mask, adv)[0])(jnp.asarray(padded))
+    grad = jgrad(lambda x: L.token_pg_loss(x, mask, adv)[0])(jnp.asarray(padded))
     assert np.all(np.isfinite(grad)) and np.all(np.asarray(grad)[~mask] == 0.0)
     np.testing.assert_allclose(np.asarray(grad)[0], -adv[0] / 6 / 3, rtol=1e-5)
     assert float(m["num_tokens"]) == pytest.approx(10 / 3)
@@ -232,9 +251,9 @@ def test_token_pg_length_normalised():
     adv = jnp.array([1.0, 1.0])
     mask = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], bool)
     lp = np.full((2, 6), -0.7, np.float32)
-    both, _ = losses.token_pg_loss(lp, mask, adv)
-    long_only, _ = losses.token_pg_loss(lp[:1], mask[:1], adv[:1])
-    short_only, _ = losses.token_pg_loss(lp[1:], mask[1:], adv[1:])
+    both, _ = L.token_pg_loss(lp, mask, adv)
+    long_only, _ = L.token_pg_loss(lp[:1], mask[:1], adv[:1])
+    short_only, _ = L.token_pg_loss(lp[1:], mask[1:], adv[1:])
     assert float(long_only) == pytest.approx(float(short_only)) and float(both) == pytest.approx(-0.7 * -1.0)
 
 
@@ -244,36 +263,36 @@ def test_token_pg_ppo_form_and_zero_advantage():
     now, old = (g.normal(size=(2, B, T)) * 0.3 - 1.0).astype(np.float32)
     mask = np.arange(T)[None] < np.array([5, 2, 4])[:, None]
     adv = g.normal(size=(B,)).astype(np.float32)
-    loss, m = losses.token_pg_loss(now, mask, adv, old_log_probs=old, clip_eps=0.2)
+    loss, m = L.token_pg_loss(now, mask, adv, old_log_probs=old, clip_eps=0.2)
     ref = np_ppo(now, old, adv[:, None], 0.2)
     want = np.mean([(ref[b] * mask[b]).sum() / mask[b].sum() for b in range(B)])
     assert float(loss) == pytest.approx(want, rel=1e-5)
     assert "clip_frac" in m and 0.0 <= float(m["clip_frac"]) <= 1.0
     # at ρ == 1 the PPO form has the plain form's gradient
-    plain = jax.grad(lambda x: losses.token_pg_loss(x, mask, adv)[0])(jnp.asarray(now))
-    ppo = jax.grad(lambda x: losses.token_pg_loss(x, mask, adv, old_log_probs=now, clip_eps=0.2)[0])(jnp.asarray(now))
+    plain = jgrad(lambda x: L.token_pg_loss(x, mask, adv)[0])(jnp.asarray(now))
+    ppo = jgrad(lambda x: L.token_pg_loss(x, mask, adv, old_log_probs=now, clip_eps=0.2)[0])(jnp.asarray(now))
     np.testing.assert_allclose(ppo, plain, rtol=1e-5, atol=1e-7)
     for kw in ({}, {"old_log_probs": old, "clip_eps": 0.2}):
-        f = lambda x: losses.token_pg_loss(x, mask, jnp.zeros(B), **kw)[0]
-        assert float(f(now)) == 0.0 and np.all(np.asarray(jax.grad(f)(jnp.asarray(now))) == 0.0)
+        f = lambda x: L.token_pg_loss(x, mask, jnp.zeros(B), **kw)[0]
+        assert float(f(now)) == 0.0 and np.all(np.asarray(jgrad(f)(jnp.asarray(now))) == 0.0)
     with pytest.raises(ValueError, match="clip_eps"):
-        losses.token_pg_loss(now, mask, adv, old_log_probs=old)
+        L.token_pg_loss(now, mask, adv, old_log_probs=old)
 
 
 def test_k3_kl_matches_numpy_nonnegative_and_zero_when_equal():
     g = rng(13)
     now, ref = (g.normal(size=(2, 3, 7)) - 2.0).astype(np.float32)
     mask = g.random((3, 7)) < 0.7
-    got = float(jax.jit(losses.k3_kl)(now, ref, mask))
+    got = float(jax.jit(L.k3_kl)(now, ref, mask))
     assert got == pytest.approx(np_k3(now, ref)[mask].mean(), rel=1e-5)
     assert got >= 0.0
-    per_token_min = min(float(losses.k3_kl(now[:, i : i + 1], ref[:, i : i + 1], np.ones((3, 1), bool))) for i in range(7))
+    per_token_min = min(float(L.k3_kl(now[:, i : i + 1], ref[:, i : i + 1], np.ones((3, 1), bool))) for i in range(7))
     assert per_token_min >= 0.0
-    assert float(losses.k3_kl(now, now, mask)) == 0.0
-    grad = jax.grad(lambda x: losses.k3_kl(x, now, mask))(jnp.asarray(now))
+    assert float(L.k3_kl(now, now, mask)) == 0.0
+    grad = jgrad(lambda x: L.k3_kl(x, now, mask))(jnp.asarray(now))
     assert np.all(np.asarray(grad) == 0.0)
     junk = np.where(mask, now, np.nan).astype(np.float32)
-    assert float(losses.k3_kl(junk, ref, mask)) == pytest.approx(got, rel=1e-6)
+    assert float(L.k3_kl(junk, ref, mask)) == pytest.approx(got, rel=1e-6)
 
 
 def test_token_loss_combines_pg_and_k3():
@@ -282,13 +301,13 @@ def test_token_loss_combines_pg_and_k3():
     now, old, ref = (g.normal(size=(3, B, T)) * 0.3 - 1.0).astype(np.float32)
     mask = np.arange(T)[None] < np.array([4, 1, 3])[:, None]
     adv = g.normal(size=(B,)).astype(np.float32)
-    fn = jax.jit(lambda *a: losses.token_loss(*a, ref_log_probs=ref, beta=0.1, old_log_probs=old, clip_eps=0.2))
+    fn = jax.jit(lambda *a: L.token_loss(*a, ref_log_probs=ref, beta=0.1, old_log_probs=old, clip_eps=0.2))
     loss, m = fn(now, mask, adv)
-    pg, _ = losses.token_pg_loss(now, mask, adv, old_log_probs=old, clip_eps=0.2)
-    assert float(loss) == pytest.approx(float(pg) + 0.1 * float(losses.k3_kl(now, ref, mask)), rel=1e-6)
+    pg, _ = L.token_pg_loss(now, mask, adv, old_log_probs=old, clip_eps=0.2)
+    assert float(loss) == pytest.approx(float(pg) + 0.1 * float(L.k3_kl(now, ref, mask)), rel=1e-6)
     assert float(m["loss"]) == float(loss) and float(m["kl"]) > 0.0
-    g_now = jax.grad(lambda x: fn(x, mask, adv)[0])(jnp.asarray(now))
+    g_now = jgrad(lambda x: fn(x, mask, adv)[0])(jnp.asarray(now))
     assert np.all(np.isfinite(g_now)) and np.all(np.asarray(g_now)[~mask] == 0.0)
-    assert float(losses.token_loss(now, mask, adv)[0]) == pytest.approx(float(losses.token_pg_loss(now, mask, adv)[0]))
+    assert float(L.token_loss(now, mask, adv)[0]) == pytest.approx(float(L.token_pg_loss(now, mask, adv)[0]))
     with pytest.raises(ValueError, match="ref_log_probs"):
-        losses.token_loss(now, mask, adv, beta=0.1)
+        L.token_loss(now, mask, adv, beta=0.1)
