@@ -1,5 +1,5 @@
 """Loops: pure step functions plus fused ``lax.scan`` runners."""
 
-from jaxpipe.loops import denoise
+from jaxpipe.loops import ar, denoise
 
-__all__ = ["denoise"]
+__all__ = ["ar", "denoise"]

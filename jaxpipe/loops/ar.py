@@ -1,0 +1,260 @@
+"""The autoregressive decode loop: KV-cached sampling as a pure ``step`` and a fused ``lax.scan``
+runner (DESIGN §7, the ``ar_decode`` loop kind).
+
+State is an explicit pytree holding everything per request: a fixed-size token buffer
+``(B, max_len)`` (prompt then generated tokens), the current length, the prompt length, a
+``done`` mask, the KV cache, the next-token logits and per-request PRNG keys. Generated token
+``i`` of a request is drawn with ``fold_in(request_key, i)``, so a request's tokens do not depend
+on which other requests share its batch or on who drives the loop (``run`` or the engine).
+
+Log-probs: every record carries ``log π(y_t | prompt, y_<t)`` of the model's own distribution —
+the log-softmax of the *untempered* logits (temperature 1) at the sampled token — whatever
+``temperature`` the tokens were sampled at. This is the policy of DESIGN §6's token policy
+gradient, and exactly what ``sequence_log_probs`` recomputes with one teacher-forced forward
+(C2: ratio == 1). With ``temperature != 1`` the tokens come from the tempered distribution, so
+the log-prob is not the sampling density; train at temperature 1 for on-policy gradients.
+
+EOS masking: a request that samples ``eos_id`` keeps that token (it is a valid, scored action)
+and is then done; a done request, or one whose buffer is full, emits ``<pad>`` (0) with
+``valid == False`` and ``log_prob == 0`` and stays done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpipe.nn.lm import KVCache, RefinerLM
+
+__all__ = [
+    "ARConfig",
+    "ARState",
+    "TokenRecord",
+    "init",
+    "step",
+    "run",
+    "sequence_log_probs",
+    "generated_mask",
+    "scatter_steps",
+]
+
+PAD_ID = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ARConfig:
+    """Static sampling policy of an AR loop.
+
+    max_new_tokens: tokens generated per request (``run`` scans this many steps);
+    temperature: ``0`` = greedy (argmax), ``> 0`` samples ``softmax(logits / temperature)``;
+    eos_id: the token that ends a request (``None``: only the budget or the buffer end do).
+    """
+
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    eos_id: int | None = None
+
+    def __post_init__(self):
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise ValueError(f"max_new_tokens must be a positive int (got {n!r})")
+        object.__setattr__(self, "max_new_tokens", int(n))
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float, np.floating)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy) (got {t!r})")
+        object.__setattr__(self, "temperature", float(t))
+        e = self.eos_id
+        if e is not None and (isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 0):
+            raise ValueError(f"eos_id must be None or a token id >= 0 (got {e!r})")
+        if e is not None:
+            object.__setattr__(self, "eos_id", int(e))
+
+    def replace(self, **changes) -> "ARConfig":
+        return dataclasses.replace(self, **changes)
+
+
+class ARState(NamedTuple):
+    """Everything per request (``B`` requests, buffer width ``T = model.cfg.max_len``).
+
+    tokens ``(B, T)`` int32: prompt then generated tokens, ``<pad>`` after;
+    length ``(B,)`` int32: tokens in the buffer (= position of the next token);
+    prompt_length ``(B,)`` int32; generated ``(B,)`` int32: steps taken (the ``fold_in`` index);
+    done ``(B,)`` bool; logits ``(B, V)`` float32: next-token logits; cache: the KV cache;
+    key ``(B,)`` typed PRNG keys.
+    """
+
+    tokens: jax.Array
+    length: jax.Array
+    prompt_length: jax.Array
+    generated: jax.Array
+    done: jax.Array
+    logits: jax.Array
+    cache: KVCache
+    key: jax.Array
+
+
+class TokenRecord(NamedTuple):
+    """One step (under ``run`` each field gains a leading time axis ``S``).
+
+    token ``(B,)`` int32 (``<pad>`` where not valid); log_prob ``(B,)`` float32:
+    ``log_softmax(untempered logits)[token]`` (0 where not valid); valid ``(B,)`` bool: a token
+    was generated this step; position ``(B,)`` int32: its buffer slot.
+    """
+
+    token: jax.Array
+    log_prob: jax.Array
+    valid: jax.Array
+    position: jax.Array
+
+
+def _concrete(x) -> np.ndarray | None:
+    try:
+        return np.asarray(x)
+    except jax.errors.TracerArrayConversionError:
+        return None
+    except jax.errors.ConcretizationTypeError:
+        return None
+
+
+def init(model: RefinerLM, prompt_ids: jax.Array, keys: jax.Array, config: ARConfig) -> ARState:
+    """Start ``B`` requests from right-padded ``prompt_ids`` ``(B, L)`` int32 (pad = 0; true lengths
+    are ``sum(ids != 0)``, each >= 1) and per-request typed PRNG ``keys`` ``(B,)``.
+
+    Prefills the KV cache with each prompt and stores its next-token logits. Needs
+    ``prompt length + max_new_tokens <= model.cfg.max_len`` (checked on the true lengths when
+    they are concrete, on ``L`` under tracing).
+    """
+    max_len = model.cfg.max_len
+    prompt_ids = jnp.asarray(prompt_ids)
+    if prompt_ids.ndim != 2 or not jnp.issubdtype(prompt_ids.dtype, jnp.integer):
+        raise ValueError(f"prompt_ids must be a (B, L) integer array, got {prompt_ids.dtype}{prompt_ids.shape}")
+    b, width = prompt_ids.shape
+    keys = jnp.asarray(keys)
+    if not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) or keys.shape != (b,):
+        raise ValueError(f"keys must be a ({b},) array of typed PRNG keys (jax.random.key), got {keys.dtype}{keys.shape}")
+    if width > max_len:
+        raise ValueError(f"prompt_ids has width {width}; the LM's max_len is {max_len}")
+    prompt_ids = prompt_ids.astype(jnp.int32)
+    lengths = jnp.sum(prompt_ids != PAD_ID, axis=1).astype(jnp.int32)
+    known = _concrete(lengths)
+    longest = int(known.max()) if known is not None else width
+    if known is not None and known.min() < 1:
+        raise ValueError(f"prompt_ids: every prompt needs at least one token (rows {np.flatnonzero(known < 1).tolist()} are empty)")
+    if longest + config.max_new_tokens > max_len:
+        raise ValueError(
+            f"prompt_ids: a prompt of {longest} tokens + max_new_tokens={config.max_new_tokens} exceeds the LM's "
+            f"max_len={max_len}; prompts may have at most max_len - max_new_tokens = {max_len - config.max_new_tokens} tokens"
+        )
+    logits, cache = model.prefill(prompt_ids, lengths, model.init_cache(b))
+    tokens = jnp.zeros((b, max_len), jnp.int32).at[:, :width].set(prompt_ids)
+    zeros = jnp.zeros((b,), jnp.int32)
+    return ARState(
+        tokens=tokens,
+        length=lengths,
+        prompt_length=lengths,
+        generated=zeros,
+        done=jnp.zeros((b,), bool),
+        logits=logits,
+        cache=cache,
+        key=keys,
+    )
+
+
+def _sample(logits: jax.Array, keys: jax.Array, index: jax.Array, temperature: float) -> jax.Array:
+    if temperature == 0.0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    draw = lambda k, i, lg: jax.random.categorical(jax.random.fold_in(k, i), lg / temperature)
+    return jax.vmap(draw)(keys, index, logits).astype(jnp.int32)
+
+
+def step(model: RefinerLM, state: ARState, config: ARConfig) -> tuple[ARState, TokenRecord]:
+    """Generate one token per unfinished request: ``(state, TokenRecord)``.
+
+    Samples from ``state.logits`` (greedy, or with key ``fold_in(key, generated)``), writes the
+    token at slot ``length``, then runs one cached ``decode_step`` for the next logits. A request
+    that is done, has used ``max_new_tokens`` or has a full buffer records ``<pad>``, invalid.
+    """
+    b, max_len = state.tokens.shape
+    chex.assert_shape([state.length, state.prompt_length, state.generated, state.done, state.key], (b,))
+    chex.assert_shape(state.logits, (b, model.cfg.vocab_size))
+    active = ~state.done & (state.generated < config.max_new_tokens) & (state.length < max_len)
+    sampled = _sample(state.logits, state.key, state.generated, config.temperature)
+    token = jnp.where(active, sampled, PAD_ID)
+    log_probs = jax.nn.log_softmax(state.logits, axis=-1)
+    log_prob = jnp.take_along_axis(log_probs, sampled[:, None], axis=1)[:, 0]
+    position = jnp.minimum(state.length, max_len - 1)
+    rows = jnp.arange(b)
+    tokens = state.tokens.at[rows, position].set(jnp.where(active, token, state.tokens[rows, position]))
+    logits, cache = model.decode_step(token, position, state.cache)
+    ended = active & (token == config.eos_id) if config.eos_id is not None else jnp.zeros_like(active)
+    length = state.length + active.astype(jnp.int32)
+    generated = state.generated + active.astype(jnp.int32)
+    done = state.done | ended | (generated >= config.max_new_tokens) | (length >= max_len)
+    record = TokenRecord(token=token, log_prob=jnp.where(active, log_prob, 0.0), valid=active, position=position)
+    new_state = state._replace(
+        tokens=tokens, length=length, generated=generated, done=done, logits=logits, cache=cache
+    )
+    return new_state, record
+
+
+def run(
+    model: RefinerLM, state: ARState, config: ARConfig, *, capture: bool = False
+) -> tuple[ARState, TokenRecord | None]:
+    """Run ``config.max_new_tokens`` steps as one fused ``lax.scan``: ``(final state, records or None)``.
+
+    With ``capture`` every step's ``TokenRecord`` comes back stacked, fields ``(S, B)`` with
+    ``S = max_new_tokens``. ``config`` and ``capture`` are static under ``jit``.
+    """
+
+    def body(s, _):
+        s, record = step(model, s, config)
+        return s, (record if capture else None)
+
+    state, records = jax.lax.scan(body, state, length=config.max_new_tokens)
+    return state, records
+
+
+def generated_mask(prompt_lengths: jax.Array, lengths: jax.Array, width: int) -> jax.Array:
+    """``(B, width)`` bool: buffer slots holding generated tokens, ``[prompt_length, length)``
+    (EOS included, nothing after it)."""
+    t = jnp.arange(width)[None, :]
+    return (t >= prompt_lengths[:, None]) & (t < lengths[:, None])
+
+
+def scatter_steps(values: jax.Array, records: TokenRecord, width: int) -> jax.Array:
+    """Place per-step ``values`` ``(S, B)`` (e.g. ``records.log_prob``) at their buffer slots
+    ``records.position``: ``(B, width)``, zeros where no valid token was generated."""
+    chex.assert_equal_shape([values, records.position, records.valid])
+    b = values.shape[1]
+    out = jnp.zeros((b, width), values.dtype)
+    rows = jnp.broadcast_to(jnp.arange(b)[None, :], values.shape)
+    return out.at[rows, records.position].add(jnp.where(records.valid, values, 0))
+
+
+def sequence_log_probs(
+    model: RefinerLM, tokens: jax.Array, prompt_lengths: jax.Array, gen_mask: jax.Array
+) -> jax.Array:
+    """Recompute ``log π(tokens[t] | tokens[<t])`` ``(B, T)`` float32 with ONE uncached causal forward.
+
+    ``tokens`` ``(B, T)`` is a right-padded buffer (prompt then generated tokens, as in
+    ``ARState.tokens``), ``prompt_lengths`` ``(B,)``, ``gen_mask`` ``(B, T)`` marks the generated
+    slots to score (e.g. ``generated_mask``). Entries outside ``gen_mask`` are 0. Teacher-forced
+    and differentiable in the model: what a trainer uses for ratios and the policy gradient.
+    """
+    chex.assert_rank(tokens, 2)
+    b, width = tokens.shape
+    chex.assert_shape(prompt_lengths, (b,))
+    chex.assert_shape(gen_mask, (b, width))
+    gen_mask = jnp.asarray(gen_mask, bool)
+    valid = (jnp.arange(width)[None, :] < prompt_lengths[:, None]) | gen_mask
+    logits = model(tokens, valid)
+    log_probs = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    scored = jnp.take_along_axis(log_probs, tokens[:, 1:, None], axis=-1)[..., 0]
+    scored = jnp.concatenate([jnp.zeros((b, 1), scored.dtype), scored], axis=1)
+    return jnp.where(gen_mask, scored, 0.0)
