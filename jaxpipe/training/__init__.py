@@ -7,6 +7,8 @@ importing this package stays cheap and ``python -m jaxpipe.training.<module>`` r
 from importlib import import_module
 
 _LAZY = {
+    "FlowGRPO": "jaxpipe.training.flow_grpo",
+    "FlowGRPOConfig": "jaxpipe.training.flow_grpo",
     "Finetune": "jaxpipe.training.finetune",
     "FinetuneConfig": "jaxpipe.training.finetune",
     "AutoencoderTrainer": "jaxpipe.training.autoencoder",
