@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--clip-eps", type=float, default=1e-3)
-    parser.add_argument("--terms", nargs="+", default=["digit"], choices=REWARD_TERMS)
+    parser.add_argument("--terms", nargs="+", default=list(REWARD_TERMS), choices=REWARD_TERMS)
     parser.add_argument("--eval-samples", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="out/flow_grpo")
