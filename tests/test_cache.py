@@ -11,11 +11,10 @@ from jaxpipe.engine import Engine
 
 
 @pytest.fixture()
-def engine(t2i_card):
-    i2v = jp.cards.build("wan-i2v", seed=1)
+def engine(t2i_card, i2v_card):
     engine = Engine(max_batch=4)
     engine.register(t2i_card)
-    engine.register(i2v.replace(transformer=perturbed(i2v["transformer"], seed=2)))
+    engine.register(i2v_card)
     return engine
 
 

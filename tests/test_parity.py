@@ -2,7 +2,6 @@
 
 import jax.numpy as jnp
 import pytest
-from conftest import perturbed
 
 import jaxpipe as jp
 from jaxpipe import parity
@@ -10,11 +9,10 @@ from jaxpipe.engine import Engine
 
 
 @pytest.fixture(scope="module")
-def engine(t2i_card):
-    i2v = jp.cards.build("wan-i2v", seed=1)
+def engine(t2i_card, i2v_card):
     engine = Engine(max_batch=8)
     engine.register(t2i_card)
-    engine.register(i2v.replace(transformer=perturbed(i2v["transformer"], seed=2)))
+    engine.register(i2v_card)
     return engine
 
 

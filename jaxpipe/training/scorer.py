@@ -324,7 +324,7 @@ def pretrain(
     perturbations. ``metrics.json`` holds the settings, the wall time and the per-head accuracy
     on the train split (unseen digits, random attributes), clean and perturbed.
     """
-    from tqdm.auto import tqdm
+    from jaxpipe.training.fit import fit
 
     t0 = time.perf_counter()
     config = dataclasses.replace(config or ScorerTrainConfig(), steps=steps)
@@ -335,14 +335,12 @@ def pretrain(
     batches = _batches(dataset, config.batch_size, seed)
     state = trainer.init(k_init)
     start = time.perf_counter()
-    bar = tqdm(range(config.steps), desc="digit-scorer", disable=not progress, dynamic_ncols=True)
-    skipped = jnp.zeros(())
-    for i in bar:
-        state, metrics = trainer.step(state, next(batches), jax.random.fold_in(k_steps, i))
-        skipped = skipped + metrics["skipped"]  # stays on device: no sync per step
-        if i % 50 == 0 or i == config.steps - 1:
-            bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", digit=f"{float(metrics['acc_digit']):.3f}", refresh=False)
-    skipped = int(skipped)
+    state, history = fit(
+        trainer.step, state, batches, steps=config.steps, key=k_steps, desc="digit-scorer", progress=progress
+    )
+    skipped = int(sum(row["skipped"] for row in history))
+    if skipped:
+        print(f"digit-scorer: skipped {skipped} of {config.steps} steps with a non-finite loss or gradient")
     train_seconds = time.perf_counter() - start
     if skipped:
         print(f"digit-scorer: skipped {skipped} of {config.steps} steps with a non-finite loss or gradient")
