@@ -11,12 +11,17 @@ from pathlib import Path
 from types import ModuleType
 
 from jaxpipe.card import Card
-from jaxpipe.cards import digit_scorer, flux_t2i, wan_i2v
+from jaxpipe.cards import digit_scorer, flux_t2i, unified, wan_i2v
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 """Where the bundled pretrained cards live (one folder per card id)."""
 
-_FAMILIES: dict[str, ModuleType] = {"digit_scorer": digit_scorer, "flux_t2i": flux_t2i, "wan_i2v": wan_i2v}
+_FAMILIES: dict[str, ModuleType] = {
+    "digit_scorer": digit_scorer,
+    "flux_t2i": flux_t2i,
+    "unified": unified,
+    "wan_i2v": wan_i2v,
+}
 
 
 def family_module(family: str) -> ModuleType:
@@ -65,4 +70,4 @@ def load(model_id_or_path: str | os.PathLike) -> Card:
     )
 
 
-__all__ = ["ASSETS", "available", "build", "buildable", "family_module", "digit_scorer", "flux_t2i", "load", "wan_i2v"]
+__all__ = ["ASSETS", "available", "build", "buildable", "family_module", "digit_scorer", "flux_t2i", "load", "unified", "wan_i2v"]
