@@ -23,6 +23,7 @@ __all__ = [
     "euler_step",
     "sde_coefficients",
     "sde_step",
+    "sde_mean",
     "sde_log_prob",
     "ml_velocity",
     "cfg_combine",
@@ -148,11 +149,9 @@ def sde_step(x: jax.Array, v: jax.Array, sigma, sigma_next, noise: jax.Array, *,
     """
     _check_same_shape("v", v, x)
     _check_same_shape("noise", noise, x)
-    x = jnp.asarray(x, jnp.float32)
-    coef = _coefficients_for(x, sigma, sigma_next, noise_level)
-    mean = coef.a * x + coef.b * jnp.asarray(v, jnp.float32)
-    sample = mean + coef.std * jnp.asarray(noise, jnp.float32)
-    return SDEStep(sample=sample, log_prob=_gaussian_log_prob(sample, mean, coef.std), mean=mean, std=coef.std)
+    mean, std = sde_mean(x, v, sigma, sigma_next, noise_level=noise_level)
+    sample = mean + std * jnp.asarray(noise, jnp.float32)
+    return SDEStep(sample=sample, log_prob=_gaussian_log_prob(sample, mean, std), mean=mean, std=std)
 
 
 def sde_log_prob(x: jax.Array, v: jax.Array, sigma, sigma_next, sample: jax.Array, *, noise_level=0.7) -> jax.Array:
@@ -162,10 +161,16 @@ def sde_log_prob(x: jax.Array, v: jax.Array, sigma, sigma_next, sample: jax.Arra
     """
     _check_same_shape("v", v, x)
     _check_same_shape("sample", sample, x)
+    mean, std = sde_mean(x, v, sigma, sigma_next, noise_level=noise_level)
+    return _gaussian_log_prob(jnp.asarray(sample, jnp.float32), mean, std)
+
+
+def sde_mean(x: jax.Array, v: jax.Array, sigma, sigma_next, *, noise_level=0.7) -> tuple[jax.Array, jax.Array]:
+    """The SDE step's Gaussian: ``(mean = a·x + b·v`` shaped like ``x``, ``σ_eff`` broadcastable to it)."""
+    _check_same_shape("v", v, x)
     x = jnp.asarray(x, jnp.float32)
     coef = _coefficients_for(x, sigma, sigma_next, noise_level)
-    mean = coef.a * x + coef.b * jnp.asarray(v, jnp.float32)
-    return _gaussian_log_prob(jnp.asarray(sample, jnp.float32), mean, coef.std)
+    return coef.a * x + coef.b * jnp.asarray(v, jnp.float32), coef.std
 
 
 def ml_velocity(x: jax.Array, sample: jax.Array, sigma, sigma_next, *, noise_level=0.7) -> jax.Array:

@@ -45,7 +45,7 @@ def test_recomputed_log_probs_equal_the_captured_ones(method, rollout):
     state, ro = rollout
     log_prob, _ = jax.jit(method.step_stats)(state.params, state.frozen, ro)
     assert log_prob.shape == (2, 4)
-    np.testing.assert_allclose(jnp.exp(log_prob - ro.trajectory.log_prob), 1.0, atol=1e-5)
+    np.testing.assert_allclose(jnp.exp(log_prob - ro.generated.trajectory.log_prob), 1.0, atol=1e-5)
     assert float(jnp.abs(ro.advantages).max()) > 0.5
 
 
@@ -55,13 +55,13 @@ def test_update_moves_the_velocity_toward_the_ml_velocity(method, rollout):
     assert float(metrics["skipped"]) == 0.0
     assert not leaves_equal(new.params, state.params)
     assert leaves_equal(new.reference, state.reference)
-    traj = ro.trajectory
+    traj, cond = ro.generated.trajectory, ro.generated.cond
     old_dit = method.components(state.params, state.frozen)[method.transformer]
     new_dit = method.components(new.params, new.frozen)[method.transformer]
     agreement = 0.0
     for s in range(traj.x.shape[0]):
-        v_old = old_dit(traj.x[s], traj.sigma[s], ro.cond.context, ro.cond.context_mask)
-        v_new = new_dit(traj.x[s], traj.sigma[s], ro.cond.context, ro.cond.context_mask)
+        v_old = old_dit(traj.x[s], traj.sigma[s], cond.context, cond.context_mask)
+        v_new = new_dit(traj.x[s], traj.sigma[s], cond.context, cond.context_mask)
         v_ml = samplers.ml_velocity(traj.x[s], traj.sample[s], traj.sigma[s], traj.sigma_next[s])
         per_sample = jnp.sum((v_new - v_old) * (v_ml - v_old), axis=(1, 2, 3, 4))
         agreement += float(jnp.sum(ro.advantages * per_sample))

@@ -32,6 +32,7 @@ __all__ = [
     "step",
     "run",
     "velocity",
+    "trajectory_stats",
     "trajectory_log_probs",
 ]
 
@@ -242,20 +243,28 @@ def run(
     return state, trajectory
 
 
-def trajectory_log_probs(
+def trajectory_stats(
     model: Denoiser, trajectory: Transition, cond: Conditioning, config: DenoiseConfig
-) -> jax.Array:
-    """Recompute ``(S, B)`` SDE log-probs of a captured trajectory under ``model``.
+) -> tuple[jax.Array, jax.Array]:
+    """Recompute a captured SDE trajectory under ``model``: ``(S, B)`` log-probs and ``(S, B, ...)`` SDE means.
 
     Teacher-forced: each step's stored ``(x, sample)`` pair is scored independently, ``vmap``ped
     over the time axis, so no re-scan is needed. With the rollout's weights this reproduces
-    ``trajectory.log_prob`` (C2, PPO ratio == 1).
+    ``trajectory.log_prob`` and ``trajectory.mean`` (C2, PPO ratio == 1). Differentiable in ``model``.
     """
     if config.sampler != "sde":
-        raise ValueError("trajectory_log_probs needs an SDE trajectory (config.sampler='sde')")
+        raise ValueError("trajectory_stats needs an SDE trajectory (config.sampler='sde')")
 
-    def one(t: Transition) -> jax.Array:
+    def one(t: Transition) -> tuple[jax.Array, jax.Array]:
         v = velocity(model, t.x, t.sigma, cond, config.guidance)
-        return samplers.sde_log_prob(t.x, v, t.sigma, t.sigma_next, t.sample, noise_level=config.noise_level)
+        mean, _ = samplers.sde_mean(t.x, v, t.sigma, t.sigma_next, noise_level=config.noise_level)
+        return samplers.sde_log_prob(t.x, v, t.sigma, t.sigma_next, t.sample, noise_level=config.noise_level), mean
 
     return jax.vmap(one)(trajectory)
+
+
+def trajectory_log_probs(
+    model: Denoiser, trajectory: Transition, cond: Conditioning, config: DenoiseConfig
+) -> jax.Array:
+    """The ``(S, B)`` log-probs of ``trajectory_stats``."""
+    return trajectory_stats(model, trajectory, cond, config)[0]

@@ -28,7 +28,8 @@ def fit(
     """Run ``steps`` calls of a jitted ``step(state, batch, key)``; key ``i`` is ``fold_in(key, i)``.
 
     Returns the final state and one metrics dict per step (also appended as JSON lines to
-    ``metrics_path`` when given). Non-finite metrics are reported, never hidden.
+    ``metrics_path`` when given). Non-finite metrics are reported, never hidden; a step whose
+    metrics say ``skipped`` is announced on the console.
     """
     if steps <= 0:
         raise ValueError(f"steps must be > 0 (got {steps})")
@@ -43,6 +44,8 @@ def fit(
             state, metrics = step(state, next(batches), jax.random.fold_in(key, i))
             row = {"step": i, **{k: float(np.asarray(v)) for k, v in metrics.items()}}
             history.append(row)
+            if row.get("skipped", 0.0) > 0:
+                bar.write(f"{desc} step {i}: non-finite loss or gradient; update skipped, weights unchanged")
             if sink is not None:
                 sink.write(json.dumps(row) + "\n")
             if i % 10 == 0 or i == steps - 1:

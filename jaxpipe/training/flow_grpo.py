@@ -6,13 +6,15 @@ advantages ``A = clip((r - mean_group) / (std_group + 1e-4), ±adv_clip)`` weigh
 loss on every captured step's log-prob, plus ``β · mean((mean_now - mean_ref)²) / (2σ_eff²)``
 to a frozen reference DiT. Gradients flow through the DiT with ``jax.grad``; the text encoder
 and autoencoder stay frozen. ``rollout`` and ``update`` are separate jitted functions so the
-C2 identity (recomputed log-probs == captured, ratio == 1) can be checked between them.
+C2 identity (recomputed log-probs == captured, ratio == 1) can be checked between them;
+``step`` is both fused into one jitted function. The rollout is the card's own denoise loop
+(``training.rollout``); ``generator_loss`` is the objective ``UnifiedRL`` reuses.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -20,20 +22,27 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxpipe import samplers
 from jaxpipe.card import Card
-from jaxpipe.cards import common, digit_scorer
+from jaxpipe.cards import digit_scorer
 from jaxpipe.loops import denoise
-from jaxpipe.training import losses
-from jaxpipe.training.finetune import guarded_update
+from jaxpipe.training import losses, rollout
+from jaxpipe.training.finetune import guarded_update, split_trainable
 
-__all__ = ["FlowGRPOConfig", "FlowGRPOState", "Rollout", "FlowGRPO", "scorer_reward", "REWARD_TERMS"]
+__all__ = [
+    "FlowGRPOConfig",
+    "FlowGRPOState",
+    "Rollout",
+    "FlowGRPO",
+    "generator_loss",
+    "scorer_reward",
+    "REWARD_TERMS",
+    "transformer_name",
+]
 
 REWARD_TERMS = ("digit", "stroke", "position", "brightness")
 """Reward terms a ``digit-scorer`` reward can sum: the scorer's probability of the prompted label."""
 
-RewardFn = Callable[[jax.Array, Mapping[str, jax.Array]], jax.Array]
-"""``reward(images (B, H, W, C) in [0, 1], labels {term: (B,) int}) -> (B,)`` rewards."""
+RewardFn = rollout.RewardFn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +87,10 @@ class FlowGRPOState(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """One group rollout: the captured trajectory ``(S, B, ...)``, its conditioning, images, rewards ``(B,)``
-    and advantages ``(B,)`` (B = P·K, sample ``p·K + k`` is the k-th sample of prompt p)."""
+    """One group rollout (B = P·K rows, row ``p·K + k`` is sample k of prompt p): the rendered
+    batch with its captured SDE steps, rewards ``(B,)`` and group advantages ``(B,)``."""
 
-    trajectory: denoise.Transition
-    cond: denoise.Conditioning
-    images: jax.Array
+    generated: rollout.Generated
     rewards: jax.Array
     advantages: jax.Array
 
@@ -91,13 +98,18 @@ class Rollout(NamedTuple):
 def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> RewardFn:
     """A reward that sums the ``digit-scorer``'s probability of each prompted label over ``terms``.
 
-    A label of -1 means "not prompted" and contributes nothing.
+    A label of -1 means "not prompted" and contributes nothing. A label the prompt does not name
+    (e.g. ``stroke = thick`` for the prompt ``"seven"``) is a *preference*: the reward then
+    prefers images with that attribute, which is what a prompt refiner learns to ask for.
     """
     unknown = [t for t in terms if t not in REWARD_TERMS]
     if unknown or not terms:
         raise ValueError(f"unknown reward term(s) {unknown or list(terms)}; choose from {REWARD_TERMS}")
 
     def reward(images: jax.Array, labels: Mapping[str, jax.Array]) -> jax.Array:
+        missing = [t for t in terms if t not in labels]
+        if missing:
+            raise ValueError(f"the batch has no labels for reward term(s) {missing} (labels: {sorted(labels)})")
         probs = digit_scorer.score(scorer, images * 2.0 - 1.0)
         total = jnp.zeros(images.shape[0], jnp.float32)
         for term in terms:
@@ -109,32 +121,65 @@ def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> RewardFn
     return reward
 
 
-def _transformer_name(card: Card) -> str:
+def transformer_name(card: Card) -> str:
+    """The component the card's (first) denoise loop binds."""
     loops = [loop for loop in card.spec.loops if loop.kind == "denoise"]
     if not loops:
         raise ValueError(f"card {card.model_id!r} has no denoise loop to train")
     return loops[0].binds[0]
 
 
+def generator_loss(
+    model, reference, generated: rollout.Generated, advantages: jax.Array, config: FlowGRPOConfig
+) -> tuple[jax.Array, dict]:
+    """Clipped PPO on every captured SDE step of ``generated`` under ``model`` plus
+    ``β · mean((mean_now - mean_ref)²) / (2σ_eff²)`` to ``reference``: ``(scalar, metrics)``.
+    Differentiable in ``model``; ``advantages`` ``(B,)``."""
+    log_prob, mean = rollout.generator_stats(model, generated, config.sampling)
+    if config.beta > 0:
+        _, mean_ref = rollout.generator_stats(reference, generated, config.sampling)
+        mean_ref = jax.lax.stop_gradient(mean_ref)
+    else:
+        mean_ref = jax.lax.stop_gradient(mean)
+    traj = generated.trajectory
+    return losses.flow_grpo_loss(
+        log_prob, traj.log_prob, advantages, mean, mean_ref, traj.std, clip_eps=config.clip_eps, beta=config.beta
+    )
+
+
+def check_batch(batch: Mapping[str, Any], terms: tuple[str, ...] | None = None) -> None:
+    """A clear error for a malformed RL batch ``{"ids": (P, L) int, "labels": {term: (P,) int}}``."""
+    if not isinstance(batch, Mapping) or "ids" not in batch:
+        raise ValueError('an RL batch is {"ids": (P, L) int32, "labels": {term: (P,) int32}}')
+    ids = batch["ids"]
+    if getattr(ids, "ndim", None) != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"batch['ids'] must be a (P, L) integer array (got {getattr(ids, 'dtype', type(ids))}{getattr(ids, 'shape', '')})")
+    labels = batch.get("labels", {})
+    for name, value in labels.items():
+        if jnp.shape(value) != (ids.shape[0],):
+            raise ValueError(f"batch['labels'][{name!r}] must have shape ({ids.shape[0]},) (got {jnp.shape(value)})")
+    missing = [t for t in (terms or ()) if t not in labels]
+    if missing:
+        raise ValueError(f"the batch has no labels for reward term(s) {missing} (labels: {sorted(labels)})")
+
+
 class FlowGRPO:
     """FlowGRPO on a text-to-image card: ``init(key)``, jitted ``rollout``/``update`` and ``step``.
 
     A batch is ``{"ids": (P, L) int32, "labels": {term: (P,) int32}}``; each prompt is sampled
-    ``group_size`` times. ``reward_fn`` defaults to nothing: pass ``scorer_reward(scorer_card)``.
+    ``group_size`` times. ``reward_fn`` scores images, e.g. ``scorer_reward(scorer_card)``.
     """
 
     def __init__(self, card: Card, reward_fn: RewardFn, config: FlowGRPOConfig = FlowGRPOConfig()):
         self.config = config
         self.spec = card.spec
         self.reward_fn = reward_fn
-        self.transformer = _transformer_name(card)
-        graphdef, params, rest = nnx.split(card.components, nnx.Param, ...)
-        self._graphdef, self._rest = graphdef, rest
-        self._params = nnx.State({k: params[k] for k in params if k == self.transformer})
-        self._frozen = nnx.State({k: params[k] for k in params if k != self.transformer})
+        self.transformer = transformer_name(card)
+        self._graphdef, self._params, self._frozen, self._rest = split_trainable(card, (self.transformer,))
         self.tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
         self.rollout = jax.jit(self._rollout)
         self.update = jax.jit(self._update)
+        self._step = jax.jit(self._fused_step)
 
     def init(self, key: jax.Array | None = None) -> FlowGRPOState:
         """Start from the card's weights; the reference is a frozen copy of the DiT."""
@@ -152,64 +197,40 @@ class FlowGRPO:
 
     def _rollout(self, state: FlowGRPOState, batch: Mapping[str, Any], key: jax.Array) -> Rollout:
         cfg = self.config
-        comps = self.components(jax.lax.stop_gradient(state.params), state.frozen)
-        card = Card(comps, self.spec)
-        k = cfg.group_size
-        ids = jnp.repeat(batch["ids"], k, axis=0)
-        labels = {name: jnp.repeat(jnp.asarray(v), k, axis=0) for name, v in batch["labels"].items()}
+        card = Card(self.components(jax.lax.stop_gradient(state.params), state.frozen), self.spec)
+        ids, labels = rollout.repeat_groups(batch, cfg.group_size)
         keys = jax.random.split(key, ids.shape[0])
-        cond = common.encode_prompts(card, ids)
-        start = denoise.init(keys, self.spec.config.latent_shape, cond, cfg.sampling)
-        final, trajectory = denoise.run(comps[self.transformer], start, cfg.sampling, capture=True)
-        images = common.to_unit(comps["vae"].decode(final.x[:, 0]))
-        rewards = self.reward_fn(images, labels)
-        advantages = losses.group_advantages(rewards.reshape(-1, k), adv_clip=cfg.adv_clip).reshape(-1)
-        return Rollout(trajectory, cond, images, rewards, advantages)
+        generated = rollout.render(card, self.transformer, ids, keys, cfg.sampling, capture=True)
+        rewards, advantages = rollout.score(self.reward_fn, generated.images, labels, cfg.group_size, cfg.adv_clip)
+        return Rollout(generated, rewards, advantages)
 
-    def step_stats(self, params: nnx.State, frozen: nnx.State, rollout: Rollout) -> tuple[jax.Array, jax.Array]:
+    def step_stats(self, params: nnx.State, frozen: nnx.State, ro: Rollout) -> tuple[jax.Array, jax.Array]:
         """Per captured step ``(S, B)`` log-probs and ``(S, B, ...)`` SDE means of the rollout's samples
         under ``params`` (teacher-forced, vmapped over time; the trainer's own batching)."""
-        cfg = self.config
         model = self.components(params, frozen)[self.transformer]
+        return rollout.generator_stats(model, ro.generated, self.config.sampling)
 
-        def one(t: denoise.Transition):
-            v = denoise.velocity(model, t.x, t.sigma, rollout.cond, 1.0)
-            coef = samplers.sde_coefficients(
-                t.sigma.reshape((-1,) + (1,) * (t.x.ndim - 1)),
-                t.sigma_next.reshape((-1,) + (1,) * (t.x.ndim - 1)),
-                cfg.noise_level,
-            )
-            mean = coef.a * t.x + coef.b * v
-            return samplers.sde_log_prob(t.x, v, t.sigma, t.sigma_next, t.sample, noise_level=cfg.noise_level), mean
-
-        return jax.vmap(one)(rollout.trajectory)
-
-    def loss(self, params, state: FlowGRPOState, rollout: Rollout) -> tuple[jax.Array, dict]:
+    def loss(self, params, state: FlowGRPOState, ro: Rollout) -> tuple[jax.Array, dict]:
         """Clipped PPO on every captured step + β·KL to the reference (scalar, metrics)."""
-        log_prob, mean = self.step_stats(params, state.frozen, rollout)
-        _, mean_ref = self.step_stats(state.reference, state.frozen, rollout)
-        traj = rollout.trajectory
-        return losses.flow_grpo_loss(
-            log_prob,
-            traj.log_prob,
-            rollout.advantages,
-            mean,
-            jax.lax.stop_gradient(mean_ref),
-            traj.std,
-            clip_eps=self.config.clip_eps,
-            beta=self.config.beta,
-        )
+        model = self.components(params, state.frozen)[self.transformer]
+        reference = self.components(state.reference, state.frozen)[self.transformer]
+        return generator_loss(model, reference, ro.generated, ro.advantages, self.config)
 
-    def _update(self, state: FlowGRPOState, rollout: Rollout) -> tuple[FlowGRPOState, dict]:
-        (loss, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(state.params, state, rollout)
+    def _update(self, state: FlowGRPOState, ro: Rollout) -> tuple[FlowGRPOState, dict]:
+        (loss, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(state.params, state, ro)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         new = state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state, step=state.step + 1)
         finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
         new = guarded_update(finite, new, state._replace(step=state.step + 1))
         return new, {**metrics, "grad_norm": optax.tree.norm(grads), "skipped": 1.0 - finite.astype(jnp.float32)}
 
+    def _fused_step(self, state: FlowGRPOState, batch: Mapping[str, Any], key: jax.Array) -> tuple[FlowGRPOState, dict]:
+        ro = self._rollout(state, batch, key)
+        state, metrics = self._update(state, ro)
+        return state, {**metrics, "reward_mean": jnp.mean(ro.rewards), "reward_std": jnp.std(ro.rewards)}
+
     def step(self, state: FlowGRPOState, batch: Mapping[str, Any], key: jax.Array) -> tuple[FlowGRPOState, dict]:
-        """Rollout then one update: ``(state, metrics)`` with the reward statistics of the rollout."""
-        rollout = self.rollout(state, batch, key)
-        state, metrics = self.update(state, rollout)
-        return state, {**metrics, "reward_mean": jnp.mean(rollout.rewards), "reward_std": jnp.std(rollout.rewards)}
+        """Rollout then one update as ONE jitted function: ``(state, metrics)`` with the rollout's reward
+        statistics. A non-finite loss or gradient leaves the weights unchanged (``metrics["skipped"] == 1``)."""
+        check_batch(batch)
+        return self._step(state, batch, key)
