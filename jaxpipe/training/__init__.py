@@ -9,6 +9,8 @@ from importlib import import_module
 _LAZY = {
     "FlowGRPO": "jaxpipe.training.flow_grpo",
     "FlowGRPOConfig": "jaxpipe.training.flow_grpo",
+    "UnifiedRL": "jaxpipe.training.unified_rl",
+    "UnifiedRLConfig": "jaxpipe.training.unified_rl",
     "Finetune": "jaxpipe.training.finetune",
     "FinetuneConfig": "jaxpipe.training.finetune",
     "AutoencoderTrainer": "jaxpipe.training.autoencoder",
