@@ -1,0 +1,171 @@
+"""UnifiedRL: one reward, two models, two loop types — C2 for both, real updates, no-ops, prompt-only, learning."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpipe as jp
+from jaxpipe import samplers
+from jaxpipe.cards import unified
+from jaxpipe.data import DIGIT_WORDS
+from jaxpipe.training import rollout
+from jaxpipe.training.flow_grpo import scorer_reward
+from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig, refine_rows
+
+from conftest import perturbed
+
+CONFIG = UnifiedRLConfig(group_size=3, skip=1, num_steps=3, sde_window=(0, 2), lm_learning_rate=1e-3)
+
+
+def brightness_reward(images, labels):
+    """Mean brightness, scaled and offset per prompt (scale 0 = a constant reward, offset nan = non-finite):
+    one reward function, so every test shares one compiled step."""
+    return labels["scale"] * jnp.mean(images, axis=(1, 2, 3)) + labels["offset"]
+
+
+def leaves_equal(a, b):
+    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def batch(card, prompts=("seven", "one thin"), scale=1.0, offset=0.0):
+    ids = jnp.asarray(card.spec.tokenizer.encode(list(prompts), 8))
+    n = len(prompts)
+    return {"ids": ids, "labels": {"scale": jnp.full(n, scale), "offset": jnp.full(n, offset)}}
+
+
+@pytest.fixture(scope="module")
+def card():
+    c = unified.build(seed=3)
+    return c.replace(transformer=perturbed(c["transformer"], seed=4))
+
+
+@pytest.fixture(scope="module")
+def method(card):
+    return UnifiedRL(card, brightness_reward, CONFIG)
+
+
+@pytest.fixture(scope="module")
+def rolled(method, card):
+    state = method.init()
+    return state, method.rollout(state, batch(card), jax.random.key(0))
+
+
+def test_rollout_layout(rolled, card):
+    _, ro = rolled
+    assert ro.refined.tolist() == [True, True, False] * 2  # K - skip refined per group
+    assert not bool(jnp.any(ro.refinement.mask[~ro.refined]))  # kept prompts carry no LM tokens
+    original = batch(card)["ids"]
+    np.testing.assert_array_equal(ro.text_ids[2], original[0])
+    np.testing.assert_array_equal(ro.text_ids[5], original[1])
+    eos = unified.eos_id(card)
+    assert not bool(jnp.any(ro.text_ids == eos))  # <eos> never reaches the text encoder
+    # a refined row renders its own LM continuation of its prompt
+    n = int(jnp.sum(original[0] != 0))
+    np.testing.assert_array_equal(ro.text_ids[0, :n], original[0, :n])
+
+
+def test_c2_for_both_models_as_the_trainer_computes_it(method, rolled):
+    state, ro = rolled
+    llm = method.components(state.lm, state.generator, state.frozen)["llm"]
+    token_lp = jax.jit(rollout.token_log_probs)(llm, ro.refinement)
+    ratio = jnp.where(ro.refinement.mask, jnp.exp(token_lp - ro.refinement.log_prob), 1.0)
+    np.testing.assert_allclose(ratio, 1.0, atol=1e-5)
+    assert int(jnp.sum(ro.refinement.mask)) > 0
+    dit = method.components(state.lm, state.generator, state.frozen)["transformer"]
+    gen_lp, _ = jax.jit(rollout.generator_stats, static_argnums=2)(dit, ro.generated, CONFIG.sampling)
+    np.testing.assert_allclose(jnp.exp(gen_lp - ro.generated.trajectory.log_prob), 1.0, atol=1e-5)
+    # and the losses' own ratio metrics at the first update
+    _, metrics = method.update(state, ro)
+    assert abs(float(metrics["lm_ratio_mean"]) - 1.0) < 1e-5 and abs(float(metrics["gen_ratio_mean"]) - 1.0) < 1e-5
+
+
+def test_update_moves_both_models_the_right_way(method, rolled):
+    state, ro = rolled
+    assert float(jnp.abs(ro.advantages).max()) > 0.5
+    new, metrics = method.update(state, ro)
+    assert float(metrics["skipped"]) == 0.0
+    assert not leaves_equal(new.lm, state.lm) and not leaves_equal(new.generator, state.generator)
+    assert leaves_equal(new.frozen, state.frozen) and leaves_equal(new.lm_reference, state.lm_reference)
+    # LM: the refined samples' sequence log-prob moves with their advantage
+    old_llm = method.components(state.lm, state.generator, state.frozen)["llm"]
+    new_llm = method.components(new.lm, new.generator, new.frozen)["llm"]
+    delta = jnp.sum(rollout.token_log_probs(new_llm, ro.refinement) - rollout.token_log_probs(old_llm, ro.refinement), axis=1)
+    assert float(jnp.sum(jnp.where(ro.refined, ro.advantages * delta, 0.0))) > 0
+    # generator: advantage-weighted, v moves toward the realized samples' ML velocity
+    traj, cond = ro.generated.trajectory, ro.generated.cond
+    old_dit = method.components(state.lm, state.generator, state.frozen)["transformer"]
+    new_dit = method.components(new.lm, new.generator, new.frozen)["transformer"]
+    agreement = 0.0
+    for s in range(traj.x.shape[0]):
+        v_old = old_dit(traj.x[s], traj.sigma[s], cond.context, cond.context_mask)
+        v_new = new_dit(traj.x[s], traj.sigma[s], cond.context, cond.context_mask)
+        v_ml = samplers.ml_velocity(traj.x[s], traj.sample[s], traj.sigma[s], traj.sigma_next[s])
+        agreement += float(jnp.sum(ro.advantages * jnp.sum((v_new - v_old) * (v_ml - v_old), axis=(1, 2, 3, 4))))
+    assert agreement > 0
+
+
+def test_constant_reward_moves_neither_model(card, method):
+    state = method.init()
+    new, metrics = method.step(state, batch(card, scale=0.0, offset=1.0), jax.random.key(1))
+    assert float(metrics["reward_std"]) == 0.0 and float(metrics["skipped"]) == 0.0
+    assert leaves_equal(new.lm, state.lm) and leaves_equal(new.generator, state.generator)
+
+
+def test_non_finite_reward_skips_and_leaves_the_state(card, method):
+    state = method.init()
+    new, metrics = method.step(state, batch(card, offset=float("nan")), jax.random.key(2))
+    assert float(metrics["skipped"]) == 1.0 and int(new.step) == 1
+    assert leaves_equal((new.lm, new.generator, new.lm_opt, new.generator_opt), (state.lm, state.generator, state.lm_opt, state.generator_opt))
+
+
+def test_bad_configs_and_batches(card, method):
+    with pytest.raises(ValueError, match="group_size"):
+        UnifiedRLConfig(group_size=1)
+    with pytest.raises(ValueError, match="skip"):
+        UnifiedRLConfig(group_size=4, skip=4)
+    with pytest.raises(ValueError, match="skip"):
+        UnifiedRLConfig(group_size=4, skip=-1)
+    with pytest.raises(ValueError, match="unknown reward term"):
+        scorer_reward(jp.cards.build("digit-scorer"), ("digit", "sharpness"))
+    with pytest.raises(ValueError, match="llm"):
+        UnifiedRL(jp.cards.build("flux-t2i"), brightness_reward, CONFIG)
+    state = method.init()
+    long = batch(card, ("seven thick left bright bright dim", "one"))
+    with pytest.raises(ValueError, match="at most 5"):
+        method.step(state, long, jax.random.key(0))
+    with pytest.raises(ValueError, match="labels"):
+        method.step(state, {"ids": batch(card)["ids"], "labels": {"scale": jnp.ones(3)}}, jax.random.key(0))
+    assert refine_rows(4, 1, 8).tolist() == [True, True, True, False] * 2
+
+
+def test_prompt_only_leaves_the_generator_bit_identical_and_the_lm_learns_the_preferred_word():
+    """Prompt-only UnifiedRL on the bundled generator with the digit-scorer reward preferring ``thick``:
+    the LM learns to ask for it. The generator (and everything but the LM) stays bit-identical."""
+    card = jp.cards.load("unified")
+    scorer = jp.cards.load("digit-scorer")
+    config = UnifiedRLConfig(group_size=4, skip=1, joint=False, num_steps=4, lm_learning_rate=3e-3)
+    method = UnifiedRL(card, scorer_reward(scorer, ("digit", "stroke")), config)
+    tok = card.spec.tokenizer
+    thick = tok.words.index("thick")
+
+    def digits_batch(i, n=8):
+        d = np.random.default_rng(i).integers(0, 10, n)
+        ids = jnp.asarray(tok.encode([DIGIT_WORDS[x] for x in d], 8))
+        return {"ids": ids, "labels": {"digit": jnp.asarray(d, jnp.int32), "stroke": jnp.ones(n, jnp.int32)}}
+
+    def thick_rate(state):
+        ro = method.rollout(state, digits_batch(10_000, 16), jax.random.key(10_000))
+        asks = jnp.any((ro.refinement.tokens == thick) & ro.refinement.mask, axis=1)
+        return float(jnp.mean(asks[ro.refined]))
+
+    state = method.init()
+    start = state
+    before = thick_rate(state)
+    for i in range(60):
+        state, metrics = method.step(state, digits_batch(i), jax.random.key(i))
+    after = thick_rate(state)
+    assert after > before + 0.3 and after > 0.6, (before, after)
+    assert state.generator_reference is None and state.generator_opt is None
+    assert leaves_equal((state.generator, state.frozen), (start.generator, start.frozen))
+    assert leaves_equal(method.card(state)["transformer"], card["transformer"])
