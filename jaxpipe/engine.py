@@ -29,8 +29,17 @@ boundary. ``cancel`` (a ``threading.Event`` or a callable returning ``bool``) ca
 unfinished request at the next step boundary. Cancelled requests get an ``Output`` with
 ``cancelled_at`` set; the engine stays usable.
 
-Bad input (unknown model id, bad steps, wrong image shape, unknown words) raises before any
-request starts and before any engine state (cache, versions, registry) changes.
+Weight sync: ``publish(model_id, {name: module})`` swaps trained components into a resident card
+and bumps only their weight versions, dropping only their feature-cache entries. During
+``run_many`` (from a callback or another thread) it drains first: requests already started on
+that card finish on the old weights, bit for bit as without the publish; its requests not yet
+started wait until the card has drained, then the swap applies and they start on the new
+weights; other cards keep running. The training side calls it through
+``jaxpipe.training.weight_sync.publish`` (the engine never imports training).
+
+Bad input (unknown model id, bad steps, wrong image shape, unknown words, a published component
+of another layout) raises before any request starts and before any engine state (cache,
+versions, registry) changes.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -53,7 +63,7 @@ from jaxpipe.program import Bound, Program
 from jaxpipe.request import Output, Request
 from jaxpipe.workflow import Workflow, WorkflowError, WorkflowRegistry, initial_state, publish
 
-__all__ = ["Engine", "EngineError", "StepEvent", "MODES"]
+__all__ = ["Engine", "EngineError", "UnknownComponentError", "StepEvent", "MODES"]
 
 MODES = ("serial", "interleaved", "batched")
 MIN_WIDTH = 64
@@ -62,6 +72,13 @@ MIN_WIDTH = 64
 
 class EngineError(ValueError):
     """A request or registration the engine cannot serve (the message names the problem and what is allowed)."""
+
+
+class UnknownComponentError(EngineError, KeyError):
+    """A publish names a component the card does not have (also a ``KeyError``, as ``Card.replace`` raises)."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,6 +239,8 @@ class Engine:
         self._cards: dict[str, _Resident] = {}
         self._workflows = WorkflowRegistry()
         self._busy = False
+        self._lock = threading.RLock()  # guards _busy and _swaps: publish may come from another thread
+        self._swaps: list[tuple[str, dict[str, Any]]] = []  # deferred publishes, in order
 
     # ---- registry -------------------------------------------------------------------------
 
@@ -298,9 +317,16 @@ class Engine:
     def workflows(self) -> list[str]:
         return self._workflows.ids()
 
-    def card(self, model_id: str) -> Card:
-        """The resident card ``model_id``."""
-        return self._resident(model_id).card
+    def card(self, model_id: str, *, pending: bool = False) -> Card:
+        """The resident card ``model_id``. During ``run_many`` a deferred publish shows only once
+        it applies; ``pending=True`` gives the card as it will be after the deferred publishes."""
+        with self._lock:
+            card = self._resident(model_id).card
+            if pending:
+                for m, components in self._swaps:
+                    if m == model_id:
+                        card = card.replace(**components)
+            return card
 
     def program(self, model_id: str) -> Program:
         return self._resident(model_id).program
@@ -316,19 +342,73 @@ class Engine:
         return dict(self._resident(model_id).versions)
 
     def publish(self, model_id: str, components: Mapping[str, Any]) -> dict[str, int]:
-        """Swap some components of a resident card (e.g. freshly trained weights).
+        """Swap some components of a resident card (e.g. freshly trained weights): drain, then swap.
 
-        Bumps only those components' weight versions and drops only their cache entries; returns
-        the new versions. Runs between requests (never while ``run_many`` is in flight).
+        ``components`` maps component names to modules with the resident ones' layout (same tree
+        structure and static configuration, same leaf shapes and dtypes); they are checked first
+        and anything else raises ``EngineError`` (``UnknownComponentError`` for a name the card
+        lacks) with nothing changed. The swap bumps only those components' weight versions and
+        drops only their feature-cache entries (e.g. a new transformer keeps the text encoder's
+        version and its cached encodings).
+
+        Between runs the swap applies at once. While ``run_many`` is in flight (called from an
+        ``on_step`` or ``cancel`` callback, or from another thread) it is **deferred** for that
+        card: requests already started on the card (prepared, stepping, or waiting for a batch
+        slot) finish on the old weights, bit for bit as without the publish; the card's requests
+        not started yet (later requests, later workflow stages) wait until the card has drained,
+        then the swap applies and they start on the new weights. Other cards keep running.
+        Until the swap, ``versions`` and ``card`` report the old ones and ``pending_publishes``
+        lists it; swaps still pending when ``run_many`` returns (or raises) apply then.
+
+        Returns the card's versions after this publish: the new ones, or, when deferred, the ones
+        the swap will produce (counting earlier pending publishes of the card).
         """
-        self._idle("publish")
-        resident = self._resident(model_id)
-        card = resident.card.replace(**dict(components))  # KeyError on unknown components
-        resident.program.check(card)
+        with self._lock:
+            resident = self._resident(model_id)
+            components = _checked_components(resident, components)
+            if not self._busy:
+                if components:
+                    self._swap(model_id, components)
+                return dict(self._cards[model_id].versions)
+            if components:
+                self._swaps.append((model_id, components))
+            return self._projected(model_id)
+
+    def pending_publishes(self) -> dict[str, dict[str, int]]:
+        """Publishes deferred until their card drains (only while ``run_many`` is in flight):
+        card id -> the versions the card will have once they apply. Empty when none."""
+        with self._lock:
+            return {m: self._projected(m) for m in dict.fromkeys(m for m, _ in self._swaps)}
+
+    def _projected(self, model_id: str) -> dict[str, int]:
+        versions = dict(self._cards[model_id].versions)
+        for m, components in self._swaps:
+            if m == model_id:
+                versions.update({n: versions[n] + 1 for n in components})
+        return versions
+
+    def _swap(self, model_id: str, components: Mapping[str, Any]) -> None:
+        resident = self._cards[model_id]
+        card = resident.card.replace(**components)
         versions = {n: v + (n in components) for n, v in resident.versions.items()}
         self.cache.invalidate(model_id, components)
         self._cards[model_id] = _Resident.of(card, resident.program, versions)
-        return dict(versions)
+
+    def _apply_swaps(self, in_flight: Callable[[str], bool] = lambda model_id: False) -> None:
+        """Apply the deferred publishes, in publish order, of every card not ``in_flight``."""
+        with self._lock:
+            keep = []
+            for model_id, components in self._swaps:
+                if in_flight(model_id):
+                    keep.append((model_id, components))
+                else:
+                    self._swap(model_id, components)
+            self._swaps = keep
+
+    def _deferred(self) -> set[str]:
+        """Cards with a deferred publish: their requests must not start yet."""
+        with self._lock:
+            return {m for m, _ in self._swaps}
 
     def _lookup(self, model_id: str) -> None:
         if not self.serves(model_id):
@@ -390,8 +470,9 @@ class Engine:
         bounds = [self.check(r) for r in requests]
         if cancel is not None and not (callable(cancel) or hasattr(cancel, "is_set")):
             raise TypeError("cancel must be a threading.Event-like object (is_set()) or a callable returning bool")
-        self._idle("run_many")
-        self._busy = True
+        with self._lock:
+            self._idle("run_many")
+            self._busy = True
         try:
             scheduler = _Scheduler(self, mode, on_step, cancel)
             if mode == "serial":
@@ -401,7 +482,9 @@ class Engine:
                 scheduler.run(list(zip(range(len(requests)), requests, bounds)))
             return [scheduler.outputs[i] for i in range(len(requests))]
         finally:
-            self._busy = False
+            with self._lock:
+                self._busy = False
+                self._apply_swaps()  # nothing is in flight any more
 
     # ---- feature cache ------------------------------------------------------------------------
 
@@ -418,6 +501,55 @@ class Engine:
                 self.cache.put(key, value)
             slots.update(value)
         return slots
+
+
+def _checked_components(resident: _Resident, components: Mapping[str, Any]) -> dict[str, Any]:
+    """``components`` checked against the resident card's (names, then each one's layout), as a
+    snapshot: a shallow pytree copy, so later in-place changes to the caller's modules cannot
+    leak into a deferred swap. Raises ``EngineError`` naming the first problem."""
+    model_id = resident.card.model_id
+    if not isinstance(components, Mapping):
+        raise TypeError(f"publish takes a mapping component name -> module (got {type(components).__name__})")
+    have = resident.card.components
+    unknown = sorted(str(n) for n in components if n not in have)
+    if unknown:
+        raise UnknownComponentError(f"publish: card {model_id!r} has no component(s) {unknown}; it has {sorted(have)}")
+    for name, new in components.items():
+        _check_layout(f"publish: card {model_id!r}, component {name!r}", have[name], new)
+    snapshot = {name: jax.tree.map(lambda x: x, new) for name, new in components.items()}
+    resident.program.check(resident.card.replace(**snapshot))
+    return snapshot
+
+
+def _check_layout(where: str, old: Any, new: Any) -> None:
+    """Raise ``EngineError`` unless ``new`` has ``old``'s type, leaf paths, shapes, dtypes and static settings."""
+    if type(new) is not type(old):
+        raise EngineError(f"{where}: expected a {type(old).__name__} like the resident one (got {type(new).__name__})")
+    old_leaves, old_def = jax.tree_util.tree_flatten_with_path(old)
+    new_leaves, new_def = jax.tree_util.tree_flatten_with_path(new)
+    old_paths = [jax.tree_util.keystr(p) for p, _ in old_leaves]
+    new_paths = [jax.tree_util.keystr(p) for p, _ in new_leaves]
+    if old_paths != new_paths:
+        missing = sorted(set(old_paths) - set(new_paths))[:3]
+        extra = sorted(set(new_paths) - set(old_paths))[:3]
+        raise EngineError(
+            f"{where}: tree structure differs from the resident one (missing leaves {missing}, extra leaves {extra})"
+        )
+    for path, (_, a), (_, b) in zip(old_paths, old_leaves, new_leaves):
+        old_sig, new_sig = _signature(a), _signature(b)
+        if old_sig != new_sig:
+            raise EngineError(
+                f"{where}: leaf {path} has shape {new_sig[0]} and dtype {new_sig[1]}; "
+                f"the resident one has shape {old_sig[0]} and dtype {old_sig[1]}"
+            )
+    if old_def != new_def:
+        raise EngineError(f"{where}: static settings (module configuration) differ from the resident one's")
+
+
+def _signature(leaf: Any) -> tuple[tuple[int, ...], str]:
+    if not hasattr(leaf, "dtype"):
+        leaf = np.asarray(leaf)
+    return tuple(leaf.shape), str(leaf.dtype)
 
 
 def _default_program(card: Card) -> Program:
@@ -544,6 +676,7 @@ class _Scheduler:
             if self._cancelled():
                 self._cancel_all()
                 break
+            self.engine._apply_swaps(self._in_flight)
             self._start_pending()
             if not self.cohorts:
                 continue
@@ -624,9 +757,19 @@ class _Scheduler:
 
     # ---- preparing cohorts -------------------------------------------------------------------
 
+    def _in_flight(self, model_id: str) -> bool:
+        """Whether a started request of card ``model_id`` is unfinished (a deferred publish waits for it)."""
+        return any(cohort.resident.card.model_id == model_id for cohort in self.cohorts)
+
     def _start_pending(self) -> None:
-        jobs, self.pending = self.pending, []
+        """Start every pending job whose card has no deferred publish (those wait for the swap)."""
+        waiting = self.engine._deferred()
+        jobs = [job for job in self.pending if job.request.model not in waiting]
+        self.pending = [job for job in self.pending if job.request.model in waiting]
         for job in jobs:
+            # the card as it is now (a swap may have applied since the job was spawned); publish
+            # keeps every static setting, so the job's Bound is still valid
+            job.resident = self.engine._cards[job.request.model]
             job.slots = self.engine._resolve_cached(job.resident, job.bound)
         if self.mode == "serial" and not self.hooks:
             for job in jobs:

@@ -1,0 +1,260 @@
+"""Weight sync: per-component versions, feature-cache entries kept, drain-then-swap during runs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import perturbed
+
+import jaxpipe as jp
+from jaxpipe import parity
+from jaxpipe.engine import Engine, EngineError, UnknownComponentError
+from jaxpipe.training import weight_sync
+from jaxpipe.training.finetune import Finetune, FinetuneConfig
+from jaxpipe.workflow import Stage, Workflow
+
+OLD = {"text_encoder": 0, "transformer": 0, "vae": 0}
+NEW = {"text_encoder": 0, "transformer": 1, "vae": 0}
+
+
+def twice(state):
+    return jp.Request("flux-t2i", prompt=state["prompt"], seed=state["seed"], num_steps=2)
+
+
+def again(state):
+    return jp.Request("flux-t2i", prompt=state["prompt"], seed=state["seed"] + 1, num_steps=2)
+
+
+# Stage "b" is a flux-t2i request that is spawned only when stage "a" finishes: a request
+# that starts mid-run, after the publish.
+TWICE = Workflow("test.twice", (Stage("a", "flux-t2i", twice), Stage("b", "flux-t2i", again)))
+
+
+def make_engine(card):
+    engine = Engine(max_batch=4)
+    engine.register(card)
+    engine.register_workflow(TWICE)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def new_transformer(t2i_card):
+    return perturbed(t2i_card["transformer"], seed=7)
+
+
+@pytest.fixture(scope="module")
+def new_card(t2i_card, new_transformer):
+    return t2i_card.replace(transformer=new_transformer)
+
+
+def t2i(seed, steps=2):
+    return jp.Request("flux-t2i", prompt="seven thick", seed=seed, num_steps=steps)
+
+
+def leaves_equal(a, b):
+    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def assert_same(a, b, names, tolerance=0.0):
+    for name in names:
+        diff = float(jnp.abs(jnp.asarray(a[name]) - jnp.asarray(b[name])).max())
+        assert diff <= tolerance, (name, diff)
+
+
+def test_a_new_transformer_keeps_the_text_encoder_version_and_its_cache_entries(t2i_card, new_card, new_transformer):
+    engine = make_engine(t2i_card)
+    before = engine.run_many([t2i(0), t2i(1)])
+    keys = engine.cache.keys()
+    assert {(k.component, k.version) for k in keys} == {("text_encoder", 0)}
+    assert engine.cache.stats().misses == 2  # the prompt and the empty (CFG) prompt
+
+    assert engine.publish("flux-t2i", {"transformer": new_transformer}) == NEW
+    assert engine.versions("flux-t2i") == NEW
+    assert engine.cache.keys() == keys  # the text encoder's entries survive the swap
+    served = engine.card("flux-t2i")
+    assert served["text_encoder"] is t2i_card["text_encoder"] and served["vae"] is t2i_card["vae"]
+    assert leaves_equal(served["transformer"], new_transformer)
+
+    stats = engine.cache.stats()
+    after = engine.run_many([t2i(0), t2i(1)])
+    assert engine.cache.stats().misses == stats.misses and engine.cache.stats().hits == stats.hits + 4
+    assert float(jnp.abs(after[0]["image"] - before[0]["image"]).max()) > 1e-3
+    fresh = make_engine(new_card).run_many([t2i(0), t2i(1)])
+    assert parity.compare(after, fresh).passed  # bit for bit: a swapped engine is a fresh one
+
+
+@pytest.mark.parametrize("mode", ["serial", "interleaved", "batched"])
+def test_publish_during_a_run_drains_then_swaps(t2i_card, new_card, new_transformer, mode):
+    # 0 and 1 are on the card when the publish comes (after the first step of 0); so is stage "a"
+    # of the workflow request 2, but its stage "b" starts only after "a" finishes, while 1 (three
+    # steps) is still running: it must wait for 1, then run on the new weights.
+    requests = [t2i(0), t2i(1, steps=3), jp.Request("test.twice", prompt="seven thick", seed=2)]
+    engine = make_engine(t2i_card)
+    events, seen = [], {}
+
+    def on_step(event):
+        events.append((event.tick, event.index, event.stage, event.step))
+        if event.index == 0 and event.step == 1:
+            seen["returned"] = engine.publish("flux-t2i", {"transformer": new_transformer})
+            seen["versions"] = engine.versions("flux-t2i")
+            seen["pending"] = engine.pending_publishes()
+            seen["card"] = engine.card("flux-t2i")
+
+    outs = engine.run_many(requests, mode, on_step=on_step)
+    # deferred: nothing swapped inside the run until the card drained; the promised versions came true
+    assert seen["returned"] == NEW and seen["versions"] == OLD and seen["pending"] == {"flux-t2i": NEW}
+    assert seen["card"]["transformer"] is t2i_card["transformer"]
+    assert engine.versions("flux-t2i") == NEW and engine.pending_publishes() == {}
+    assert engine.cache.stats().misses == 2  # the text encoder never re-encoded after the swap
+
+    noop = lambda event: None
+    old = make_engine(t2i_card).run_many(requests, mode, on_step=noop)
+    new = make_engine(new_card).run_many(requests, mode, on_step=noop)
+    tolerance = parity.TOLERANCE if mode == "batched" else 0.0
+    if mode == "serial":  # one request at a time: only request 0 was in flight
+        assert_same(outs[0], old[0], ["image", "latents"])
+        assert_same(outs[1], new[1], ["image", "latents"])
+        assert_same(outs[2], new[2], ["a:image", "b:image", "image"])
+    else:
+        # in flight: bit for bit the run without a publish. Batched rounding depends on the batch
+        # a row shares (C3), and without the publish stage "b" would have joined request 1's
+        # batch, so the bit-for-bit reference runs the same in-flight work without stage "b".
+        inflight = make_engine(t2i_card).run_many([t2i(0), t2i(1, steps=3), t2i(2)], mode, on_step=noop)
+        assert_same(outs[0], inflight[0], ["image", "latents"])
+        assert_same(outs[1], inflight[1], ["image", "latents"])
+        assert_same({"image": outs[2]["a:image"], "latents": outs[2]["a:latents"]}, inflight[2], ["image", "latents"])
+        assert_same(outs[1], old[1], ["image", "latents"], tolerance)
+        # started after the swap: the new weights
+        assert_same(outs[2], new[2], ["b:image", "b:latents", "image"], tolerance)
+        assert float(jnp.abs(outs[2]["b:image"] - old[2]["b:image"]).max()) > 1e-3
+        # stage "b" waited for request 1 to finish
+        last_of_1 = max(t for t, i, _, _ in events if i == 1)
+        first_of_b = min(t for t, i, stage, _ in events if i == 2 and stage == "b")
+        assert first_of_b > last_of_1
+    # every request still took its own steps, in order
+    assert [s for _, i, _, s in events if i == 1] == [1, 2, 3]
+
+
+def test_other_cards_keep_running_while_one_drains(t2i_card, i2v_card, new_transformer):
+    engine = make_engine(t2i_card)
+    engine.register(i2v_card)
+    video = jp.Request("wan-i2v", prompt="seven moving right", seed=3, num_steps=4, image=jnp.zeros((16, 16, 1)))
+    requests = [t2i(0), t2i(1, steps=3), jp.Request("test.twice", prompt="seven thick", seed=2), video]
+    ticks = {}
+
+    def on_step(event):
+        ticks.setdefault((event.index, event.stage), []).append(event.tick)
+        if event.index == 0 and event.step == 1:
+            engine.publish("flux-t2i", {"transformer": new_transformer})
+
+    outs = engine.run_many(requests, "interleaved", on_step=on_step)
+    assert ticks[(3, "")] == [1, 2, 3, 4]  # wan-i2v stepped every tick, never waiting for the swap
+    assert engine.versions("wan-i2v") == OLD
+    reference = Engine()
+    reference.register(i2v_card)
+    assert_same(outs[3], reference.run(video), ["video", "latents"])
+
+
+def test_bad_publish_raises_and_changes_nothing(t2i_card, new_transformer):
+    engine = make_engine(t2i_card)
+    engine.run(t2i(0))
+    before = engine.versions("flux-t2i"), engine.card("flux-t2i").components, engine.cache.keys()
+    leaves, treedef = jax.tree.flatten(new_transformer)
+    wrong_shape = jax.tree.unflatten(treedef, [leaves[0][..., :-1], *leaves[1:]])
+    wrong_dtype = jax.tree.unflatten(treedef, [leaves[0].astype(jnp.float16), *leaves[1:]])
+
+    def attempts():
+        with pytest.raises(UnknownComponentError, match=r"has no component\(s\) \['unet'\]; it has \['text_encoder'"):
+            engine.publish("flux-t2i", {"unet": new_transformer})
+        with pytest.raises(KeyError):  # also a KeyError, as Card.replace raises
+            engine.publish("flux-t2i", {"unet": new_transformer, "transformer": new_transformer})
+        with pytest.raises(EngineError, match=r"component 'transformer': leaf .* has shape"):
+            engine.publish("flux-t2i", {"transformer": wrong_shape})
+        with pytest.raises(EngineError, match="dtype float16"):
+            engine.publish("flux-t2i", {"transformer": wrong_dtype})
+        with pytest.raises(EngineError, match="expected a DiT"):
+            engine.publish("flux-t2i", {"transformer": t2i_card["text_encoder"]})
+        with pytest.raises(EngineError, match="unknown model 'nope'"):
+            engine.publish("nope", {"transformer": new_transformer})
+        with pytest.raises(TypeError, match="mapping"):
+            engine.publish("flux-t2i", new_transformer)
+
+    attempts()
+    assert (engine.versions("flux-t2i"), engine.card("flux-t2i").components, engine.cache.keys()) == before
+
+    # during a run: the same errors, nothing deferred, and the run's bits are untouched
+    reference = engine.run_many([t2i(0), t2i(1)], "interleaved")
+    checked = []
+
+    def on_step(event):
+        if event.step == 1 and event.index == 0:
+            attempts()
+            checked.append(engine.pending_publishes())
+
+    outs = engine.run_many([t2i(0), t2i(1)], "interleaved", on_step=on_step)
+    assert checked == [{}]
+    assert parity.compare(outs, reference).passed
+    assert (engine.versions("flux-t2i"), engine.card("flux-t2i").components) == before[:2]
+
+
+def test_weight_sync_publishes_what_changed(t2i_card, new_card, new_transformer):
+    engine = make_engine(t2i_card)
+    assert weight_sync.changed_components(engine, t2i_card) == ()
+    assert weight_sync.publish(engine, t2i_card) == OLD  # nothing differs: nothing moves
+    assert weight_sync.changed_components(engine, new_card) == ("transformer",)
+    assert weight_sync.publish(engine, new_card) == NEW
+    assert weight_sync.publish(engine, new_card) == NEW  # already served: no second bump
+    # named components are published even when equal
+    assert weight_sync.publish(engine, new_card, "vae") == {**NEW, "vae": 1}
+    with pytest.raises(UnknownComponentError, match="unet"):
+        weight_sync.publish(engine, new_card, ("unet",))
+    with pytest.raises(TypeError, match="trained Card"):
+        weight_sync.publish(engine, {"transformer": new_transformer})
+    assert engine.versions("flux-t2i") == {**NEW, "vae": 1}
+
+
+def test_weight_sync_from_a_trainer_during_a_run(t2i_card):
+    method = Finetune(t2i_card, FinetuneConfig(trainable=("transformer",)))
+    state = method.init()
+    # stands in for training steps (no gradient compile in this test): only trainable params move
+    state = state._replace(params=jax.tree.map(lambda p: p * 1.01, state.params))
+    trained = method.card(state)
+    assert weight_sync.changed_components(make_engine(t2i_card), trained) == ("transformer",)
+
+    engine = make_engine(t2i_card)
+    versions = []
+
+    def on_step(event):  # a trainer publishing from inside a serving loop
+        if event.index == 0 and event.step == 1:
+            assert engine.pending_publishes() == {}
+            versions.append(weight_sync.publish(engine, trained))
+            assert weight_sync.changed_components(engine, trained) == ()  # the pending swap counts
+
+    outs = engine.run_many([t2i(0), t2i(1)], "serial", on_step=on_step)
+    assert versions == [NEW] and engine.versions("flux-t2i") == NEW
+    assert leaves_equal(engine.card("flux-t2i")["transformer"], trained["transformer"])
+    assert_same(outs[0], make_engine(t2i_card).run(t2i(0)), ["image"])
+    assert_same(outs[1], make_engine(trained).run(t2i(1)), ["image"])
+    np.testing.assert_array_equal(engine.run(t2i(1))["image"], outs[1]["image"])
+
+
+@pytest.mark.parametrize("how", ["cancel", "raise"])
+def test_a_deferred_publish_applies_when_the_run_ends_early(t2i_card, new_card, new_transformer, how):
+    engine = make_engine(t2i_card)
+    stop = []
+
+    def on_step(event):
+        if event.index == 0 and event.step == 1:
+            engine.publish("flux-t2i", {"transformer": new_transformer})
+            if how == "raise":
+                raise RuntimeError("user callback failed")
+            stop.append(True)
+
+    if how == "raise":
+        with pytest.raises(RuntimeError, match="user callback failed"):
+            engine.run_many([t2i(0), t2i(1)], "interleaved", on_step=on_step)
+    else:
+        outs = engine.run_many([t2i(0), t2i(1)], "interleaved", on_step=on_step, cancel=lambda: bool(stop))
+        assert all(o.cancelled for o in outs)
+    assert engine.versions("flux-t2i") == NEW and engine.pending_publishes() == {}
+    assert_same(engine.run(t2i(0)), make_engine(new_card).run(t2i(0)), ["image"])
