@@ -100,13 +100,19 @@ def refine_from_ids(
     return ar.run(card["llm"], start, config, capture=capture)
 
 
-def refined_ids(tokens: jax.Array, eos: int, width: int) -> jax.Array:
-    """The refined prompts ``(B, width)`` for the text encoder from LM buffers ``(B, T)``:
-    ``<eos>`` becomes ``<pad>``, cut (or right-padded) to ``width``."""
-    tokens = jnp.where(tokens == eos, 0, tokens)
+def compact(tokens: jax.Array, width: int) -> jax.Array:
+    """Word ids ``(B, T)`` with ``<pad>`` (0) anywhere -> ``(B, width)``: the words in order, then padding."""
+    order = jnp.argsort(tokens == 0, axis=1, stable=True)
+    tokens = jnp.take_along_axis(tokens, order, axis=1)
     if tokens.shape[1] >= width:
         return tokens[:, :width]
     return jnp.pad(tokens, ((0, 0), (0, width - tokens.shape[1])))
+
+
+def refined_ids(tokens: jax.Array, eos: int, width: int) -> jax.Array:
+    """The refined prompts ``(B, width)`` for the text encoder from LM buffers ``(B, T)``:
+    ``<eos>`` (and any ``<pad>`` the LM emitted) dropped, the words kept in order, cut or padded to ``width``."""
+    return compact(jnp.where(tokens == eos, 0, tokens), width)
 
 
 def generate_from_ids(

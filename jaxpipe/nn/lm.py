@@ -29,7 +29,7 @@ from flax import nnx
 
 from jaxpipe.nn.layers import MLP, compute_dtype
 
-__all__ = ["LMConfig", "KVCache", "RefinerLM"]
+__all__ = ["LMConfig", "KVCache", "RefinerLM", "MaskedLM"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,3 +231,33 @@ class RefinerLM(nnx.Module):
             ks.append(k_cache)
             vs.append(v_cache)
         return self._logits(h)[:, 0], KVCache(k=tuple(ks), v=tuple(vs))
+
+
+class MaskedLM:
+    """A ``RefinerLM`` restricted to a token subset: ``allowed`` ``(V,)`` bool; every entry point's
+    logits are ``-1e9`` elsewhere, so sampling, the captured log-probs and their teacher-forced
+    recomputation all see the same restricted policy (a refiner that owns one prompt slot).
+
+    A plain wrapper (not a module): build it inside the traced function that uses it.
+    """
+
+    def __init__(self, lm: RefinerLM, allowed: jax.Array):
+        chex.assert_shape(allowed, (lm.cfg.vocab_size,))
+        self.lm, self.allowed, self.cfg = lm, jnp.asarray(allowed, bool), lm.cfg
+
+    def _mask(self, logits: jax.Array) -> jax.Array:
+        return jnp.where(self.allowed, logits, -1e9)
+
+    def __call__(self, ids: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        return self._mask(self.lm(ids, mask))
+
+    def init_cache(self, batch: int) -> KVCache:
+        return self.lm.init_cache(batch)
+
+    def prefill(self, ids: jax.Array, lengths: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        logits, cache = self.lm.prefill(ids, lengths, cache)
+        return self._mask(logits), cache
+
+    def decode_step(self, token: jax.Array, position: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        logits, cache = self.lm.decode_step(token, position, cache)
+        return self._mask(logits), cache
