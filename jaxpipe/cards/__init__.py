@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 from jaxpipe.card import Card
-from jaxpipe.cards import digit_scorer, flux_t2i, unified, wan_i2v
+from jaxpipe.cards import digit_scorer, flux_t2i, multi_expert, unified, wan_i2v
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 """Where the bundled pretrained cards live (one folder per card id)."""
@@ -19,6 +19,7 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 _FAMILIES: dict[str, ModuleType] = {
     "digit_scorer": digit_scorer,
     "flux_t2i": flux_t2i,
+    "multi_expert": multi_expert,
     "unified": unified,
     "wan_i2v": wan_i2v,
 }
@@ -70,4 +71,4 @@ def load(model_id_or_path: str | os.PathLike) -> Card:
     )
 
 
-__all__ = ["ASSETS", "available", "build", "buildable", "family_module", "digit_scorer", "flux_t2i", "load", "unified", "wan_i2v"]
+__all__ = ["ASSETS", "available", "build", "buildable", "family_module", "digit_scorer", "flux_t2i", "load", "multi_expert", "unified", "wan_i2v"]

@@ -1,0 +1,217 @@
+"""The ``multi-expert`` card family: N refiner LMs and a text-to-image generator (DESIGN §8).
+
+Components: ``text_encoder``, ``refiners`` (N ``RefinerLM``s of one architecture stored
+**stacked**: one module whose every parameter has a leading expert axis of size N; expert ``i``
+is addressed as ``refiner_i``), ``transformer``, ``vae``. Loops: ``refine`` (``ar_decode``, the N
+refiners decoded as one ``vmap`` over the expert axis) then ``denoise``.
+
+Each refiner owns one slot of the refined prompt: refiner ``i`` may only say the words of
+attribute ``slots[i % len(slots)]`` (or ``<eos>``: say nothing), so the composed prompt
+``prompt + word_0 + word_1 + ...`` — and hence the reward — depends on every refiner.
+``slots=None`` leaves the vocabulary unrestricted (with N = 1 this is exactly the ``unified`` card).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpipe.card import Card, LoopSpec
+from jaxpipe.cards import common, flux_t2i, unified
+from jaxpipe.data.digits import ATTRIBUTE_WORDS, ATTRIBUTES
+from jaxpipe.loops import ar, denoise
+from jaxpipe.nn import MaskedLM, RefinerLM, Tokenizer
+
+MODEL_ID = "multi-expert"
+REFINE_LOOP = unified.REFINE_LOOP
+DENOISE_LOOP = unified.DENOISE_LOOP
+COMPONENT = "refiners"
+EXPERT_PREFIX = "refiner_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(unified.Config):
+    """A ``unified`` config with N refiners; refiner ``i`` owns attribute ``slots[i % len(slots)]``.
+
+    Every refiner decodes ``refine.max_new_tokens`` tokens (default 1: one word or ``<eos>``);
+    prompts may have up to ``text.max_len - N · max_new_tokens`` words.
+    """
+
+    num_refiners: int = 3
+    slots: tuple[str, ...] | None = ATTRIBUTES
+    refine: ar.ARConfig = ar.ARConfig(max_new_tokens=1, temperature=1.0, eos_id=unified.Config.refine.eos_id)
+
+    def __post_init__(self):
+        n = self.num_refiners
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"num_refiners must be an int >= 1 (got {n!r})")
+        if self.slots is not None:
+            unknown = [s for s in self.slots if s not in ATTRIBUTES]
+            if unknown or not self.slots:
+                raise ValueError(f"slots must name attributes from {ATTRIBUTES} (got {self.slots!r})")
+        super().__post_init__()
+        if self.max_prompt_words < 1:
+            raise ValueError(
+                f"{n} refiners × {self.refine.max_new_tokens} tokens leave no room for a prompt in the text encoder's "
+                f"{self.text.max_len} tokens; raise text.max_len or lower num_refiners"
+            )
+
+    @classmethod
+    def bundled(cls, num_refiners: int = 3, **changes) -> "Config":
+        """The bundled generator and refiner sizes with ``num_refiners`` refiners."""
+        base = unified.Config.bundled()
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(unified.Config) if f.name != "refine"}
+        return cls(**{**fields, "num_refiners": num_refiners, **changes})
+
+    @property
+    def max_prompt_words(self) -> int:
+        return self.text.max_len - self.num_refiners * self.refine.max_new_tokens
+
+    def slot(self, i: int) -> str | None:
+        """The attribute refiner ``i`` owns (``None``: unrestricted)."""
+        return None if self.slots is None else self.slots[i % len(self.slots)]
+
+    def allowed_tokens(self) -> np.ndarray:
+        """``(N, V)`` bool: the tokens each refiner may emit (its slot's words and ``<eos>``)."""
+        tokenizer = Tokenizer(self.vocabulary)
+        allowed = np.zeros((self.num_refiners, self.lm.vocab_size), bool)
+        for i in range(self.num_refiners):
+            slot = self.slot(i)
+            if slot is None:
+                allowed[i] = True
+                continue
+            for word in ATTRIBUTE_WORDS[slot]:
+                allowed[i, tokenizer.words.index(word)] = True
+            allowed[i, self.refine.eos_id] = True
+        return allowed
+
+
+def expert_names(card_or_config) -> tuple[str, ...]:
+    """``("refiner_0", ..., "refiner_{N-1}")``: how loops, versions and weight sync address the experts."""
+    config = card_or_config.spec.config if isinstance(card_or_config, Card) else card_or_config
+    return tuple(f"{EXPERT_PREFIX}{i}" for i in range(config.num_refiners))
+
+
+def stack(lms: Sequence[RefinerLM]) -> RefinerLM:
+    """One ``RefinerLM`` whose every variable stacks those of ``lms`` (same config) on a leading axis."""
+    if not lms:
+        raise ValueError("stack needs at least one LM")
+    if len({lm.cfg for lm in lms}) != 1:
+        raise ValueError("stacked refiners must share one LMConfig")
+    graphdef = nnx.graphdef(lms[0])
+    states = [nnx.state(lm) for lm in lms]
+    return nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+
+
+def expert(card: Card, i: int) -> RefinerLM:
+    """Refiner ``i`` as a plain ``RefinerLM`` (a slice of the stacked component)."""
+    n = card.spec.config.num_refiners
+    if not 0 <= i < n:
+        raise IndexError(f"refiner index {i} out of range for {n} refiners")
+    graphdef, state = nnx.split(card[COMPONENT])
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x[i], state))
+
+
+def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
+    """A ``multi-expert`` card with freshly initialised components (refiner ``i`` from seed ``seed + 1 + i``)."""
+    generator = common.build_generator(
+        config, seed=seed, model_id=model_id, family="multi_expert", loop_id=DENOISE_LOOP, capability="t2i"
+    )
+    refiners = stack([RefinerLM(config.lm, rngs=nnx.Rngs(seed + 1 + i)) for i in range(config.num_refiners)])
+    refine = LoopSpec(REFINE_LOOP, "ar_decode", (COMPONENT,), config.refine)
+    spec = dataclasses.replace(
+        generator.spec, loops=(refine,) + generator.spec.loops, recipe=(REFINE_LOOP, DENOISE_LOOP), capabilities=("t2i", "refine")
+    )
+    return Card({**generator.components, COMPONENT: refiners}, spec)
+
+
+def from_unified(card: Card, num_refiners: int = 3, **changes) -> Card:
+    """A ``multi-expert`` card from a ``unified`` card: its generator, and its LM copied into every refiner."""
+    if "llm" not in card.components:
+        raise ValueError(f"from_unified needs a 'unified' card with an 'llm' (got {card.model_id!r})")
+    base = card.spec.config
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(unified.Config) if f.name != "refine"}
+    config = Config(**{**fields, "num_refiners": num_refiners, **changes})
+    refiners = stack([card["llm"]] * num_refiners)
+    template = nnx.eval_shape(lambda: build(config))
+    components = {name: card[name] for name in ("text_encoder", "transformer", "vae")}
+    return Card({**components, COMPONENT: refiners}, template.spec)
+
+
+def expert_keys(keys: jax.Array, num_refiners: int) -> jax.Array:
+    """``(N, B)`` refiner keys from per-sample keys ``(B,)``: refiner 0 uses ``fold_in(key, 0)`` (the
+    ``unified`` card's LM key), refiner ``i > 0`` uses ``fold_in(key, i + 1)``; the denoiser keeps
+    ``fold_in(key, 1)``."""
+    index = jnp.array([0] + [i + 1 for i in range(1, num_refiners)], jnp.uint32)
+    return jax.vmap(lambda i: jax.vmap(lambda k: jax.random.fold_in(k, i))(keys))(index)
+
+
+def slot_models(refiners: RefinerLM, allowed: jax.Array, fn):
+    """``vmap`` of ``fn(lm_i, *args)`` over the expert axis: ``fn`` gets refiner ``i`` restricted to its slot.
+
+    Returns a function of ``(expert-stacked args...)``; the stacked params are the first mapped input.
+    """
+    graphdef, state = nnx.split(refiners)
+
+    def one(params, allowed_i, *args):
+        return fn(MaskedLM(nnx.merge(graphdef, params), allowed_i), *args)
+
+    return lambda *args: jax.vmap(one)(state, allowed, *args)
+
+
+def compose(prompt_ids: jax.Array, tokens: jax.Array, generated: jax.Array, eos: int, width: int) -> jax.Array:
+    """The composed prompts ``(B, width)``: ``prompt_ids`` ``(B, L)`` followed by refiner 0's words,
+    refiner 1's, ... taken from LM buffers ``tokens`` ``(N, B, T)`` where ``generated`` ``(N, B, T)``;
+    ``<eos>`` dropped, words compacted."""
+    words = jnp.where(generated & (tokens != eos), tokens, 0)
+    n, b, t = words.shape
+    joined = jnp.concatenate([prompt_ids, jnp.transpose(words, (1, 0, 2)).reshape(b, n * t)], axis=1)
+    return unified.compact(joined, width)
+
+
+def refine_from_ids(card: Card, ids: jax.Array, keys: jax.Array, config: ar.ARConfig) -> ar.ARState:
+    """Every refiner continues ``ids`` ``(B, L)`` with keys ``(N, B)``: stacked final ``ARState`` ``(N, B, ...)``."""
+    allowed = jnp.asarray(card.spec.config.allowed_tokens())
+    run = lambda lm, k: ar.run(lm, ar.init(lm, ids, k, config), config)[0]
+    return slot_models(card[COMPONENT], allowed, run)(keys)
+
+
+def generate_from_ids(
+    card: Card, ids: jax.Array, keys: jax.Array, refine: ar.ARConfig, sampling: denoise.DenoiseConfig
+) -> tuple[jax.Array, jax.Array]:
+    """Refine with every expert, compose, render: ``(images (B, H, W, C), composed ids (B, L))``. Pure."""
+    final = refine_from_ids(card, ids, expert_keys(keys, card.spec.config.num_refiners), refine)
+    generated = jax.vmap(lambda s: ar.generated_mask(s.prompt_length, s.length, s.tokens.shape[1]))(final)
+    text = compose(ids, final.tokens, generated, unified.eos_id(card), ids.shape[1])
+    gen_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+    return flux_t2i.generate_from_ids(card, text, gen_keys, sampling), text
+
+
+_generate_jit = jax.jit(generate_from_ids, static_argnames=("refine", "sampling"))
+
+
+def generate(
+    card: Card,
+    prompts: str | Sequence[str],
+    *,
+    seed: int | Sequence[int] = 0,
+    num_steps: int | None = None,
+    guidance: float | None = None,
+) -> tuple[jax.Array, list[str]]:
+    """Refine ``prompts`` with every expert and render them: ``(images (B, H, W, C), composed prompts)``."""
+    prompts = common.as_prompts(prompts)
+    ids = common.tokenize(card, prompts)
+    limit = card.spec.config.max_prompt_words
+    long = [p for p, row in zip(prompts, np.asarray(ids)) if int((row != 0).sum()) > limit]
+    if long:
+        raise ValueError(f"prompts {long} have more than {limit} words (each refiner needs room for its words)")
+    keys = common.request_keys(seed, len(prompts))
+    refine = card.spec.loop(REFINE_LOOP).config
+    images, text = _generate_jit(card, ids, keys, refine, common.sampling(card, DENOISE_LOOP, num_steps, guidance))
+    words = card.spec.tokenizer.words
+    return images, [" ".join(words[int(i)] for i in row if int(i) != 0) for row in np.asarray(text)]
