@@ -2,15 +2,25 @@
 
 Loading rebuilds the card abstractly from its config (``nnx.eval_shape``: no random init, no
 memory for throwaway weights) and fills every variable from the file, checking names and shapes.
+
+A checkpoint may take some components from a **base** card instead of storing them again
+(``save_card(card, dir, base="flux-t2i", base_components=("text_encoder", "transformer", "vae"))``):
+``config.json`` then records ``base``, ``base_components`` and a digest of those weights, the
+weights file holds only the other components, and ``load_card`` fills the named components from
+``jaxpipe.cards.load(base)`` (names, shapes and dtypes checked against the config; a changed
+digest is warned about, since the base card may have been retrained since).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import types
 import typing
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,27 +76,98 @@ def _flat(state) -> dict[str, Any]:
     return {jax.tree_util.keystr(path, simple=True, separator="/"): leaf for path, leaf in leaves}
 
 
-def save_card(card: Card, directory: str | os.PathLike) -> Path:
-    """Write ``card`` to ``directory`` (created if needed); returns the directory."""
+def _digest(arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes of ``arrays`` (sorted by name)."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _arrays(components) -> dict[str, np.ndarray]:
+    return {name: np.asarray(value) for name, value in _flat(nnx.state(dict(components))).items()}
+
+
+def _load_base(base: str, where) -> Card:
+    from jaxpipe import cards
+
+    try:
+        return cards.load(base)
+    except (KeyError, FileNotFoundError, ValueError) as err:
+        raise FileNotFoundError(f"{where}: the base card {base!r} cannot be loaded: {err}") from None
+
+
+def _base_arrays(base_card: Card, names: Sequence[str], base: str, where) -> dict[str, np.ndarray]:
+    missing = [n for n in names if n not in base_card.components]
+    if missing:
+        raise ValueError(f"{where}: the base card {base!r} has no component(s) {missing} (it has {sorted(base_card.components)})")
+    return _arrays({n: base_card[n] for n in names})
+
+
+def save_card(
+    card: Card,
+    directory: str | os.PathLike,
+    *,
+    base: str | None = None,
+    base_components: Sequence[str] = (),
+) -> Path:
+    """Write ``card`` to ``directory`` (created if needed); returns the directory.
+
+    Arguments:
+      base: a card ``jaxpipe.cards.load`` accepts (a bundled id such as ``"flux-t2i"`` is the
+        portable choice) whose same-named components ``card`` shares; ``None`` stores everything.
+      base_components: the components taken from ``base`` and not stored (required with ``base``).
+        Each must be bit-for-bit identical to the base card's, or nothing is written.
+    """
     from jaxpipe.cards import family_module  # cards sit above checkpoint in the layer order
 
     family_module(card.spec.family)  # fail before writing anything for a family that cannot be loaded
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    arrays = {name: np.asarray(value) for name, value in _flat(nnx.state(card.components)).items()}
-    save_file(arrays, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT})
+    arrays = _arrays(card.components)
     meta = {
         "format": FORMAT,
         "model_id": card.model_id,
         "family": card.spec.family,
         "config": config_to_dict(card.spec.config),
     }
+    if base is None:
+        if base_components:
+            raise ValueError("base_components needs base= (the card to take them from)")
+    else:
+        names = tuple(base_components)
+        unknown = [n for n in names if n not in card.components]
+        if not names or unknown or len(set(names)) != len(names):
+            raise ValueError(
+                f"base_components must name distinct components of {card.model_id!r} ({sorted(card.components)}); got {list(names)}"
+            )
+        from jaxpipe.cards import ASSETS, available
+
+        base_dir = ASSETS / base if base in available() else Path(os.fspath(base))
+        if base_dir.resolve() == directory.resolve():
+            raise ValueError(f"a card cannot be its own base ({base!r} is {directory})")
+        shared = _base_arrays(_load_base(base, directory), names, base, directory)
+        ours = {k: v for k, v in arrays.items() if k.split("/", 1)[0] in names}
+        differ = sorted({k.split("/", 1)[0] for k in set(ours) ^ set(shared)} | {
+            k.split("/", 1)[0] for k in ours.keys() & shared.keys()
+            if ours[k].dtype != shared[k].dtype or ours[k].shape != shared[k].shape or ours[k].tobytes() != shared[k].tobytes()
+        })
+        if differ:
+            raise ValueError(
+                f"components {differ} of {card.model_id!r} differ from the base card {base!r}'s; "
+                f"save them (leave them out of base_components) or save without base"
+            )
+        arrays = {k: v for k, v in arrays.items() if k not in ours}
+        meta.update(base=base, base_components=list(names), base_digest=_digest(shared))
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(arrays, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT})
     (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return directory
 
 
 def load_card(directory: str | os.PathLike) -> Card:
-    """Load a card written by ``save_card``."""
+    """Load a card written by ``save_card`` (taking its base components from its base card, if any)."""
     from jaxpipe.cards import family_module
 
     directory = Path(directory)
@@ -101,13 +182,30 @@ def load_card(directory: str | os.PathLike) -> Card:
     graphdef, state = nnx.split(abstract.components)
     stored = load_file(str(directory / WEIGHTS_FILE))
     expected = _flat(state)
+    source = {name: f"{directory / WEIGHTS_FILE}" for name in stored}
+    if meta.get("base") is not None:
+        base, names = meta["base"], tuple(meta.get("base_components") or ())
+        shared = _base_arrays(_load_base(base, directory), names, base, directory)
+        overlap = sorted(set(shared) & set(stored))
+        if overlap:
+            raise ValueError(f"{directory}: {overlap} are stored and also taken from the base card {base!r}")
+        if meta.get("base_digest") not in (None, _digest(shared)):
+            warnings.warn(
+                f"{directory}: the base card {base!r}'s components {list(names)} are not the weights this card was "
+                f"saved with (the base was changed since); loading them anyway",
+                stacklevel=2,
+            )
+        stored = {**stored, **shared}
+        source.update({name: f"the base card {base!r}" for name in shared})
     missing, extra = sorted(set(expected) - set(stored)), sorted(set(stored) - set(expected))
     if missing or extra:
         raise ValueError(f"{directory}: weights do not match the {meta['family']} config: missing {missing}, unexpected {extra}")
     leaves = []
     for name, spec in expected.items():
         if tuple(stored[name].shape) != tuple(spec.shape):
-            raise ValueError(f"{directory}: {name} has shape {stored[name].shape}, the config expects {spec.shape}")
+            raise ValueError(
+                f"{directory}: {name} (from {source[name]}) has shape {stored[name].shape}, the config expects {spec.shape}"
+            )
         leaves.append(jnp.asarray(stored[name], spec.dtype))
     state = jax.tree.unflatten(jax.tree.structure(state), leaves)
     return Card(nnx.merge(graphdef, state), abstract.spec)
