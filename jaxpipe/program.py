@@ -21,8 +21,8 @@ Two ways to run a program, and they give the same bits:
   the loop's pure ``step`` (through its ``LoopDriver``) as often as it likes, batching, previewing
   or cancelling between steps; ``enter(program, len(loops), ...)`` finishes.
 
-Loop kinds are driven through ``LOOP_DRIVERS`` (``"denoise"`` here); a program may only use loop
-kinds that have a driver.
+Loop kinds are driven through ``LOOP_DRIVERS`` (``"denoise"`` and ``"ar_decode"`` here); a program
+may only use loop kinds that have a driver.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ import numpy as np
 
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe import samplers
-from jaxpipe.loops import denoise
+from jaxpipe.loops import ar, denoise
 from jaxpipe.request import Request
 
 __all__ = [
+    "ARDriver",
     "Bound",
     "ComponentNode",
     "DenoiseDriver",
@@ -251,7 +252,60 @@ def _padded_sigmas(num_steps: int, shift: float, width: int) -> np.ndarray:
 _flow_sigmas_jit = jax.jit(samplers.flow_sigmas, static_argnums=(0, 1))
 
 
-LOOP_DRIVERS: dict[str, LoopDriver] = {"denoise": DenoiseDriver()}
+class ARDriver:
+    """Driver of ``ar_decode`` loops (``jaxpipe.loops.ar``) over the component the loop binds.
+
+    A request takes ``max_new_tokens`` steps (a request that emits ``<eos>`` earlier is done and
+    its remaining steps leave its tokens unchanged), so the engine retires it after exactly the
+    steps ``run`` scans. Every row draws its tokens from its own key (``fold_in(key, i)``), so
+    rows at different steps share a batch; configs batch together only when equal (``batch_key``
+    is the whole ``ARConfig``: ``step`` reads ``max_new_tokens``, temperature and ``eos_id``).
+    There is no per-row schedule (``schedule`` is an empty row); ``latents`` is the token
+    buffer ``(B, max_len)`` (what a preview of this loop shows).
+    """
+
+    def step(self, card: Card, loop: LoopSpec, state: ar.ARState, config: ar.ARConfig) -> ar.ARState:
+        return ar.step(card[loop.binds[0]], state, config)[0]
+
+    def run(self, card: Card, loop: LoopSpec, state: ar.ARState, config: ar.ARConfig) -> ar.ARState:
+        return ar.run(card[loop.binds[0]], state, config)[0]
+
+    def num_steps(self, config: ar.ARConfig) -> int:
+        return config.max_new_tokens
+
+    def batch_key(self, config: ar.ARConfig) -> Hashable:
+        return config
+
+    def batch_config(self, config: ar.ARConfig, width: int) -> ar.ARConfig:
+        del width  # every member has the same config (batch_key), hence the same step count
+        return config
+
+    def schedule(self, config: ar.ARConfig, width: int) -> np.ndarray:
+        del config, width
+        return _NO_SCHEDULE
+
+    def with_schedule(self, state: ar.ARState, schedule: jax.Array) -> ar.ARState:
+        del schedule
+        return state
+
+    def deactivate(self, state: ar.ARState, rows: jax.Array) -> ar.ARState:
+        return state._replace(done=state.done | rows)
+
+    def empty(self, state: ar.ARState, capacity: int) -> ar.ARState:
+        """``capacity`` inert rows shaped like one row of ``state`` (``done``: a step leaves their tokens alone)."""
+        rows = jax.tree.map(lambda a: jnp.zeros((capacity,) + a.shape[1:], a.dtype), state._replace(key=None))
+        keys = jax.random.split(jax.random.key(0), capacity)  # never read: the rows are done
+        return rows._replace(key=keys, done=jnp.ones((capacity,), bool))
+
+    def latents(self, state: ar.ARState) -> jax.Array:
+        return state.tokens
+
+
+_NO_SCHEDULE = np.zeros((0,), np.float32)
+_NO_SCHEDULE.flags.writeable = False
+
+
+LOOP_DRIVERS: dict[str, LoopDriver] = {"denoise": DenoiseDriver(), "ar_decode": ARDriver()}
 """Loop kind -> driver. A program may only use loops whose kind is listed here."""
 
 
