@@ -11,6 +11,8 @@ _LAZY = {
     "FlowGRPOConfig": "jaxpipe.training.flow_grpo",
     "UnifiedRL": "jaxpipe.training.unified_rl",
     "UnifiedRLConfig": "jaxpipe.training.unified_rl",
+    "JointMultiExpertRL": "jaxpipe.training.joint_rl",
+    "JointRLConfig": "jaxpipe.training.joint_rl",
     "Finetune": "jaxpipe.training.finetune",
     "FinetuneConfig": "jaxpipe.training.finetune",
     "AutoencoderTrainer": "jaxpipe.training.autoencoder",
@@ -24,6 +26,8 @@ _LAZY = {
     "token_pg_loss": "jaxpipe.training.losses",
     "k3_kl": "jaxpipe.training.losses",
     "token_loss": "jaxpipe.training.losses",
+    "scorer_reward": "jaxpipe.training.flow_grpo",
+    "scorer_reward_parts": "jaxpipe.training.flow_grpo",
 }
 
 

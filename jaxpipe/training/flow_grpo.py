@@ -35,6 +35,7 @@ __all__ = [
     "FlowGRPO",
     "generator_loss",
     "scorer_reward",
+    "scorer_reward_parts",
     "REWARD_TERMS",
     "transformer_name",
 ]
@@ -95,6 +96,29 @@ class Rollout(NamedTuple):
     advantages: jax.Array
 
 
+def scorer_reward_parts(scorer: Card, terms: tuple[str, ...] = ("digit",)):
+    """Like ``scorer_reward`` but returns the parts: ``reward(images, labels) -> {term: (B,)}``, the
+    ``digit-scorer``'s probability of each term's label (0 where the label is -1). Per-term parts give
+    per-expert credit in N-way RL."""
+    unknown = [t for t in terms if t not in REWARD_TERMS]
+    if unknown or not terms:
+        raise ValueError(f"unknown reward term(s) {unknown or list(terms)}; choose from {REWARD_TERMS}")
+
+    def reward(images: jax.Array, labels: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        missing = [t for t in terms if t not in labels]
+        if missing:
+            raise ValueError(f"the batch has no labels for reward term(s) {missing} (labels: {sorted(labels)})")
+        probs = digit_scorer.score(scorer, images * 2.0 - 1.0)
+        parts = {}
+        for term in terms:
+            label = jnp.asarray(labels[term])
+            picked = jnp.take_along_axis(probs[term], jnp.maximum(label, 0)[:, None], axis=1)[:, 0]
+            parts[term] = jnp.where(label >= 0, picked, 0.0)
+        return parts
+
+    return reward
+
+
 def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> RewardFn:
     """A reward that sums the ``digit-scorer``'s probability of each prompted label over ``terms``.
 
@@ -102,21 +126,10 @@ def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> RewardFn
     (e.g. ``stroke = thick`` for the prompt ``"seven"``) is a *preference*: the reward then
     prefers images with that attribute, which is what a prompt refiner learns to ask for.
     """
-    unknown = [t for t in terms if t not in REWARD_TERMS]
-    if unknown or not terms:
-        raise ValueError(f"unknown reward term(s) {unknown or list(terms)}; choose from {REWARD_TERMS}")
+    parts = scorer_reward_parts(scorer, terms)
 
     def reward(images: jax.Array, labels: Mapping[str, jax.Array]) -> jax.Array:
-        missing = [t for t in terms if t not in labels]
-        if missing:
-            raise ValueError(f"the batch has no labels for reward term(s) {missing} (labels: {sorted(labels)})")
-        probs = digit_scorer.score(scorer, images * 2.0 - 1.0)
-        total = jnp.zeros(images.shape[0], jnp.float32)
-        for term in terms:
-            label = jnp.asarray(labels[term])
-            picked = jnp.take_along_axis(probs[term], jnp.maximum(label, 0)[:, None], axis=1)[:, 0]
-            total = total + jnp.where(label >= 0, picked, 0.0)
-        return total
+        return sum(parts(images, labels).values())
 
     return reward
 

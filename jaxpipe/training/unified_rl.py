@@ -31,7 +31,7 @@ from jaxpipe.training import losses, rollout
 from jaxpipe.training.finetune import guarded_update, split_trainable
 from jaxpipe.training.flow_grpo import FlowGRPOConfig, RewardFn, check_batch, generator_loss
 
-__all__ = ["UnifiedRLConfig", "UnifiedRLState", "UnifiedRollout", "UnifiedRL", "refine_rows", "reward_metrics"]
+__all__ = ["UnifiedRLConfig", "UnifiedRLState", "UnifiedRollout", "UnifiedRL", "refine_rows", "reward_metrics", "reward_stats"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,15 +274,19 @@ class UnifiedRL:
 
 
 def reward_metrics(ro: UnifiedRollout) -> dict[str, jax.Array]:
-    """Reward statistics of a rollout, split into refined and original-prompt samples (a split with no
-    samples reports 0), and the mean number of tokens a refinement added."""
-    refined = ro.refined.astype(jnp.float32)
+    """Reward statistics of a rollout (see ``reward_stats``)."""
+    return reward_stats(ro.rewards, ro.refined, jnp.sum(ro.refinement.mask, axis=-1))
+
+
+def reward_stats(rewards: jax.Array, refined: jax.Array, tokens: jax.Array) -> dict[str, jax.Array]:
+    """Mean/std of ``rewards`` ``(B,)``, split into ``refined`` ``(B,)`` rows and original-prompt rows (a
+    split with no rows reports 0), and the mean number of refinement ``tokens`` ``(B,)`` per refined row."""
+    refined = refined.astype(jnp.float32)
     mean_over = lambda values, w: jnp.sum(values * w) / jnp.maximum(jnp.sum(w), 1.0)
-    tokens = jnp.sum(ro.refinement.mask, axis=1).astype(jnp.float32)
     return {
-        "reward_mean": jnp.mean(ro.rewards),
-        "reward_std": jnp.std(ro.rewards),
-        "reward_refined": mean_over(ro.rewards, refined),
-        "reward_original": mean_over(ro.rewards, 1.0 - refined),
-        "refined_tokens": mean_over(tokens, refined),
+        "reward_mean": jnp.mean(rewards),
+        "reward_std": jnp.std(rewards),
+        "reward_refined": mean_over(rewards, refined),
+        "reward_original": mean_over(rewards, 1.0 - refined),
+        "refined_tokens": mean_over(tokens.astype(jnp.float32), refined),
     }

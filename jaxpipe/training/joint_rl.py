@@ -1,0 +1,271 @@
+"""``JointMultiExpertRL``: N refiner LMs and the generator from one reward (DESIGN §6, §10).
+
+The ``UnifiedRL`` step with N refiners. One rollout: per prompt a group of K samples; on the first
+K − skip every refiner continues the prompt (its own slot, its own key), the words are composed
+into one prompt, rendered once; one reward with per-term parts. Then
+
+- the N refiner updates are ONE ``jax.vmap`` over the stacked refiner params, their frozen
+  references and their stacked optimiser states (no Python loop over experts anywhere in the step);
+- the generator gets FlowGRPO's update from the total reward (``joint_generator=False`` freezes it).
+
+Credit: ``"shared"`` gives every refiner the total reward's group advantage (faithful to UniRL);
+``"per_expert"`` gives refiner i the group advantage of its own reward term (``expert_terms[i]``,
+by default the attribute its slot owns). With N = 1, no slots and ``"shared"`` credit this is
+``UnifiedRL`` step for step (same keys, same math).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxpipe.card import Card
+from jaxpipe.cards import multi_expert, unified
+from jaxpipe.nn import MaskedLM
+from jaxpipe.training import losses, rollout
+from jaxpipe.training.finetune import guarded_update, split_trainable
+from jaxpipe.training.flow_grpo import check_batch, generator_loss
+from jaxpipe.training.unified_rl import UnifiedRLConfig, refine_rows, reward_stats
+
+__all__ = ["JointRLConfig", "JointRLState", "JointRollout", "JointMultiExpertRL", "CREDITS"]
+
+CREDITS = ("shared", "per_expert")
+
+
+@dataclasses.dataclass(frozen=True)
+class JointRLConfig(UnifiedRLConfig):
+    """``UnifiedRLConfig`` plus ``credit`` (``"shared"`` | ``"per_expert"``) and ``expert_terms``
+    (the reward term refiner i is credited with under ``"per_expert"``; ``None``: its slot's
+    attribute). ``joint_generator`` is the generator switch (``joint`` of the base class); the
+    generator always learns from the total reward."""
+
+    credit: str = "shared"
+    expert_terms: tuple[str, ...] | None = None
+    joint_generator: bool | None = None
+
+    def __post_init__(self):
+        if self.joint_generator is not None:
+            object.__setattr__(self, "joint", bool(self.joint_generator))
+        object.__setattr__(self, "joint_generator", self.joint)
+        if self.credit not in CREDITS:
+            raise ValueError(f"credit must be one of {CREDITS} (got {self.credit!r})")
+        super().__post_init__()
+
+
+class JointRLState(NamedTuple):
+    """Stacked refiner params/references/optimiser states (leading axis N), the generator's, the frozen
+    rest, step. ``joint_generator=False``: ``generator_reference`` and ``generator_opt`` are ``None``."""
+
+    refiners: nnx.State
+    generator: nnx.State
+    frozen: nnx.State
+    refiner_reference: nnx.State
+    generator_reference: nnx.State | None
+    refiner_opt: Any
+    generator_opt: Any
+    step: jax.Array
+
+
+class JointRollout(NamedTuple):
+    """One N-way rollout (B = P·K rows): stacked refinements (fields ``(N, B, ...)``, masks restricted to
+    refined rows), ``refined`` ``(B,)``, composed text ids ``(B, L)``, the rendered batch, reward parts
+    ``{term: (B,)}``, total rewards ``(B,)``, generator advantages ``(B,)``, refiner advantages ``(N, B)``."""
+
+    refinements: rollout.Refinement
+    refined: jax.Array
+    text_ids: jax.Array
+    generated: rollout.Generated
+    parts: dict[str, jax.Array]
+    rewards: jax.Array
+    advantages: jax.Array
+    expert_advantages: jax.Array
+
+
+class JointMultiExpertRL:
+    """N-way joint RL on a ``multi-expert`` card: ``init``, jitted ``rollout``/``update``, ``step`` (one jit).
+
+    ``reward_fn(images, labels)`` returns the reward parts ``{term: (B,)}`` (e.g.
+    ``scorer_reward_parts``) — required for ``"per_expert"`` credit — or the total ``(B,)``.
+    Batches as in ``UnifiedRL``.
+    """
+
+    def __init__(self, card: Card, reward_fn, config: JointRLConfig = JointRLConfig()):
+        if multi_expert.COMPONENT not in card.components:
+            raise ValueError(f"JointMultiExpertRL needs a 'multi-expert' card (stacked 'refiners'); {card.model_id!r} has {sorted(card.components)}")
+        self.config = config
+        self.spec = card.spec
+        self.reward_fn = reward_fn
+        self.num_refiners = card.spec.config.num_refiners
+        self.eos = unified.eos_id(card)
+        self.max_prompt_words = card.spec.config.max_prompt_words
+        self.ar_config = card.spec.loop(multi_expert.REFINE_LOOP).config.replace(temperature=1.0)
+        self.allowed = jnp.asarray(card.spec.config.allowed_tokens())
+        self.expert_terms = config.expert_terms or tuple(card.spec.config.slot(i) for i in range(self.num_refiners))
+        if config.credit == "per_expert":
+            if len(self.expert_terms) != self.num_refiners or None in self.expert_terms:
+                raise ValueError(
+                    f"per_expert credit needs one reward term per refiner ({self.num_refiners}); got {self.expert_terms} "
+                    "(pass expert_terms, or give the card slots)"
+                )
+        lm = card[multi_expert.COMPONENT]
+        self._lm_graphdef = nnx.graphdef(lm)
+        trainable = (multi_expert.COMPONENT, "transformer") if config.joint else (multi_expert.COMPONENT,)
+        self._graphdef, params, frozen, self._rest = split_trainable(card, trainable)
+        self._refiners = nnx.State({multi_expert.COMPONENT: params[multi_expert.COMPONENT]})
+        self._generator = nnx.State({"transformer": (params if config.joint else frozen)["transformer"]})
+        self._frozen = nnx.State({k: frozen[k] for k in frozen if k != "transformer"})
+        self.refiner_tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.lm_learning_rate))
+        self.generator_tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
+        self.rollout = jax.jit(self._rollout)
+        self.update = jax.jit(self._update)
+        self._step = jax.jit(self.step_fn)
+
+    # ------------------------------------------------------------------------------------ state
+    def init(self, key: jax.Array | None = None) -> JointRLState:
+        """Start from the card's weights; references are frozen copies; refiner optimiser states are
+        stacked (``vmap`` of ``init``)."""
+        del key
+        copy = lambda tree: jax.tree.map(jnp.array, tree)
+        refiners, generator = copy(self._refiners), copy(self._generator)
+        joint = self.config.joint
+        return JointRLState(
+            refiners=refiners,
+            generator=generator,
+            frozen=copy(self._frozen),
+            refiner_reference=copy(self._refiners),
+            generator_reference=copy(self._generator) if joint else None,
+            refiner_opt=jax.vmap(self.refiner_tx.init)(refiners),
+            generator_opt=self.generator_tx.init(generator) if joint else None,
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    def components(self, refiners: nnx.State, generator: nnx.State, frozen: nnx.State) -> dict:
+        return nnx.merge(self._graphdef, nnx.State({**refiners, **generator, **frozen}), self._rest)
+
+    def card(self, state: JointRLState) -> Card:
+        """The card with the state's refiner and generator weights."""
+        return Card(self.components(state.refiners, state.generator, state.frozen), self.spec)
+
+    def _expert(self, params: nnx.State, allowed: jax.Array):
+        """Refiner params of ONE expert (no expert axis) as a slot-restricted LM."""
+        return MaskedLM(nnx.merge(self._lm_graphdef, params[multi_expert.COMPONENT]), allowed)
+
+    # ---------------------------------------------------------------------------------- rollout
+    def _rollout(self, state: JointRLState, batch: Mapping[str, Any], key: jax.Array) -> JointRollout:
+        cfg = self.config
+        sg = jax.lax.stop_gradient
+        card = Card(self.components(sg(state.refiners), sg(state.generator), state.frozen), self.spec)
+        ids, labels = rollout.repeat_groups(batch, cfg.group_size)
+        rows = ids.shape[0]
+        keys = jax.random.split(key, rows)
+        expert_keys = multi_expert.expert_keys(keys, self.num_refiners)
+        gen_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+        one = lambda params, allowed, k: rollout.refine(self._expert(params, allowed), ids, k, self.ar_config)
+        refinements = jax.vmap(one)(sg(state.refiners), self.allowed, expert_keys)
+        refined = refine_rows(cfg.group_size, cfg.skip, rows)
+        mask = refinements.mask & refined[None, :, None]
+        refinements = refinements._replace(mask=mask, log_prob=jnp.where(mask, refinements.log_prob, 0.0))
+        composed = multi_expert.compose(ids, refinements.tokens, mask, self.eos, ids.shape[1])
+        text_ids = jnp.where(refined[:, None], composed, ids)
+        generated = rollout.render(card, "transformer", text_ids, gen_keys, cfg.sampling, capture=cfg.joint)
+        parts = self.reward_fn(generated.images, labels)
+        if isinstance(parts, Mapping):
+            rewards = sum(jnp.asarray(p, jnp.float32) for p in parts.values())
+        else:
+            if cfg.credit == "per_expert":
+                raise ValueError("per_expert credit needs a reward_fn that returns its parts {term: (B,)} (e.g. scorer_reward_parts)")
+            rewards, parts = jnp.asarray(parts, jnp.float32), {}
+        group = lambda r: losses.group_advantages(r.reshape(-1, cfg.group_size), adv_clip=cfg.adv_clip).reshape(-1)
+        advantages = group(rewards)
+        if cfg.credit == "per_expert":
+            missing = [t for t in self.expert_terms if t not in parts]
+            if missing:
+                raise ValueError(f"per_expert credit: the reward has no part(s) {missing} (parts: {sorted(parts)})")
+            expert_advantages = jnp.stack([group(jnp.asarray(parts[t], jnp.float32)) for t in self.expert_terms])
+        else:
+            expert_advantages = jnp.broadcast_to(advantages, (self.num_refiners, rows))
+        return JointRollout(refinements, refined, text_ids, generated, dict(parts), rewards, advantages, expert_advantages)
+
+    # ----------------------------------------------------------------------------------- losses
+    def expert_loss(self, params, reference, allowed, refinement: rollout.Refinement, advantages) -> tuple[jax.Array, dict]:
+        """ONE refiner's loss (no expert axis): token PG (PPO-clipped) + ``lm_beta`` · k3 KL to its reference."""
+        cfg = self.config
+        log_probs = rollout.token_log_probs(self._expert(params, allowed), refinement)
+        ref_log_probs = rollout.token_log_probs(self._expert(reference, allowed), refinement) if cfg.lm_beta > 0 else None
+        return losses.token_loss(
+            log_probs,
+            refinement.mask,
+            advantages,
+            ref_log_probs=ref_log_probs,
+            beta=cfg.lm_beta,
+            old_log_probs=refinement.log_prob,
+            clip_eps=cfg.lm_clip_eps,
+        )
+
+    def expert_update(self, params, reference, opt_state, allowed, refinement, advantages):
+        """ONE refiner's gradient step: ``(params, opt_state, loss, metrics, grad_norm)``; vmapped over experts."""
+        (value, metrics), grads = jax.value_and_grad(self.expert_loss, has_aux=True)(
+            params, reference, allowed, refinement, advantages
+        )
+        updates, opt_state = self.refiner_tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value, metrics, optax.tree.norm(grads)
+
+    def generator_loss(self, generator: nnx.State, state: JointRLState, ro: JointRollout) -> tuple[jax.Array, dict]:
+        model = self.components(state.refiners, generator, state.frozen)["transformer"]
+        reference = self.components(state.refiners, state.generator_reference, state.frozen)["transformer"]
+        loss, metrics = generator_loss(model, reference, ro.generated, ro.advantages, self.config.generator)
+        return loss, {f"gen_{k}": v for k, v in metrics.items()}
+
+    def _update(self, state: JointRLState, ro: JointRollout) -> tuple[JointRLState, dict]:
+        cfg = self.config
+        refiners, refiner_opt, values, lm_metrics, grad_norms = jax.vmap(self.expert_update)(
+            state.refiners, state.refiner_reference, state.refiner_opt, self.allowed, ro.refinements, ro.expert_advantages
+        )
+        new = state._replace(refiners=refiners, refiner_opt=refiner_opt, step=state.step + 1)
+        finite = jnp.all(jnp.isfinite(values)) & jnp.all(jnp.isfinite(grad_norms))
+        metrics = {f"lm_{k}": jnp.mean(v) for k, v in lm_metrics.items()}
+        metrics["lm_grad_norm"] = jnp.mean(grad_norms)
+        for i in range(self.num_refiners):
+            metrics[f"{multi_expert.EXPERT_PREFIX}{i}_loss"] = values[i]
+            metrics[f"{multi_expert.EXPERT_PREFIX}{i}_advantage_std"] = jnp.std(ro.expert_advantages[i])
+        if cfg.joint:
+            (gen_value, gen_metrics), gen_grads = jax.value_and_grad(self.generator_loss, has_aux=True)(
+                state.generator, state, ro
+            )
+            updates, gen_opt = self.generator_tx.update(gen_grads, state.generator_opt, state.generator)
+            new = new._replace(generator=optax.apply_updates(state.generator, updates), generator_opt=gen_opt)
+            finite = finite & jnp.isfinite(gen_value) & jnp.isfinite(optax.tree.norm(gen_grads))
+            metrics = {**metrics, **gen_metrics, "gen_grad_norm": optax.tree.norm(gen_grads)}
+        new = guarded_update(finite, new, state._replace(step=state.step + 1))
+        return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
+
+    def step_fn(self, state: JointRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[JointRLState, dict]:
+        """The pure, unjitted step (rollout + every update) for custom ``jit``/sharding (``distributed.sharded_step``)."""
+        ro = self._rollout(state, batch, key)
+        state, metrics = self._update(state, ro)
+        return state, {**metrics, **reward_metrics(ro)}
+
+    def step(self, state: JointRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[JointRLState, dict]:
+        """Rollout then every update as ONE jitted function: ``(state, metrics)``; a non-finite loss or
+        gradient anywhere leaves every weight unchanged (``metrics["skipped"] == 1``)."""
+        check_batch(batch)
+        lengths = jnp.sum(jnp.asarray(batch["ids"]) != 0, axis=1)
+        if not isinstance(lengths, jax.core.Tracer) and int(jnp.max(lengths)) > self.max_prompt_words:
+            raise ValueError(
+                f"a prompt has {int(jnp.max(lengths))} words; with {self.num_refiners} refiners prompts may have at most "
+                f"{self.max_prompt_words}"
+            )
+        return self._step(state, batch, key)
+
+
+def reward_metrics(ro: JointRollout) -> dict[str, jax.Array]:
+    """``UnifiedRL``'s reward statistics (tokens summed over refiners) plus the mean of every reward part."""
+    tokens = jnp.sum(ro.refinements.mask, axis=(0, 2))
+    parts = {f"reward_{term}": jnp.mean(part) for term, part in ro.parts.items()}
+    return {**reward_stats(ro.rewards, ro.refined, tokens), **parts}
