@@ -169,3 +169,26 @@ def test_prompt_only_leaves_the_generator_bit_identical_and_the_lm_learns_the_pr
     assert state.generator_reference is None and state.generator_opt is None
     assert leaves_equal((state.generator, state.frozen), (start.generator, start.frozen))
     assert leaves_equal(method.card(state)["transformer"], card["transformer"])
+
+
+def test_publishing_a_trained_unified_card_versions_each_trained_model(card, method, rolled):
+    """After a UnifiedRL update the LM and the DiT each get a new version; the text encoder keeps its
+    version and its feature-cache entries, and the engine then serves the new weights."""
+    from jaxpipe.training import weight_sync
+
+    state, ro = rolled
+    new, _ = method.update(state, ro)
+    trained = method.card(new)
+    engine = jp.Engine(max_batch=4)
+    engine.register(card)
+    request = jp.Request("unified", prompt="seven", seed=0, num_steps=2)
+    engine.run(request)
+    cached = [k for k in engine.cache.keys() if k.component == "text_encoder"]
+    assert cached
+    versions = weight_sync.publish(engine, trained)
+    assert versions == {"text_encoder": 0, "llm": 1, "transformer": 1, "vae": 0}
+    assert all(k in engine.cache for k in cached)
+    out = engine.run(request)
+    fresh = jp.Engine(max_batch=4)
+    fresh.register(trained)
+    np.testing.assert_array_equal(out["image"], fresh.run(request)["image"])
