@@ -14,7 +14,7 @@ from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 
 from conftest import perturbed
 
-SMALL = dict(group_size=3, skip=1, num_steps=3, sde_window=(0, 2), lm_learning_rate=1e-3)
+SMALL = dict(group_size=3, skip=1, num_steps=2, sde_window=(0, 1), lm_learning_rate=1e-3)
 
 
 def leaves_equal(a, b):
@@ -41,7 +41,10 @@ def test_vmapped_update_equals_updating_each_expert_separately():
     card = card.replace(refiners=perturbed(card["refiners"], seed=8, scale=0.2))  # experts differ
     # lr 1e-4: Adam's first step is ±lr·sign(g) where |g| ~ eps, so a float-reordering difference in a
     # near-zero gradient shows up as up to ~lr·1e-3 in the weights; at 1e-4 that stays under 1e-6
-    config = JointRLConfig(credit="per_expert", expert_terms=("stroke", "position") * 2, **{**SMALL, "lm_learning_rate": 1e-4})
+    # (prompt-only: the refiners' vmapped update is what is compared; the generator update is UnifiedRL's, tested there)
+    config = JointRLConfig(
+        credit="per_expert", expert_terms=("stroke", "position") * 2, joint_generator=False, **{**SMALL, "lm_learning_rate": 1e-4}
+    )
     method = JointMultiExpertRL(card, parts_reward, config)
     state = method.init()
     ro = method.rollout(state, prompts(card), jax.random.key(0))
@@ -136,7 +139,7 @@ def test_refiners_learn_their_preferred_words_prompt_only(bundled, credit):
     method = JointMultiExpertRL(card, scorer_reward_parts(scorer, tuple(PREFER)), config)
     state = start = method.init()
     before = preferred_rates(method, card, state)
-    for i in range(25):
+    for i in range(15):
         state, metrics = method.step(state, digits_batch(card, i), jax.random.key(i))
     after = preferred_rates(method, card, state)
     gained = after - before
