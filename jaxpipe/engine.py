@@ -37,6 +37,13 @@ started wait until the card has drained, then the swap applies and they start on
 weights; other cards keep running. The training side calls it through
 ``jaxpipe.training.weight_sync.publish`` (the engine never imports training).
 
+Stacked experts: a component stored stacked on a leading expert axis (declared by its card
+family, see ``jaxpipe.cards.stacked_components``; e.g. the ``multi-expert`` card's ``refiners``)
+is versioned per expert (``refiner_0``, ``refiner_1``, ...): ``publish(model_id, {"refiner_2":
+lm})`` writes only that slice and bumps only that expert's version; publishing the stacked
+component bumps them all. Cache entries computed by a stacked component are keyed by the sum of
+its experts' versions, so any expert's publish retires them (and drops them).
+
 Bad input (unknown model id, bad steps, wrong image shape, unknown words, a published component
 of another layout) raises before any request starts and before any engine state (cache,
 versions, registry) changes.
@@ -180,16 +187,62 @@ def _bucket(n: int) -> int:
 
 @dataclasses.dataclass(eq=False)
 class _Resident:
+    """A served card: its program, its flat leaves, and weight ``versions`` by versioned name (a
+    component's name, or, for a component in ``experts`` (stacked component -> expert names),
+    each expert's name)."""
+
     card: Card
     program: Program
     treedef: Any
     leaves: list
     versions: dict[str, int]
+    experts: dict[str, tuple[str, ...]]
 
     @classmethod
-    def of(cls, card: Card, program: Program, versions: dict[str, int]) -> "_Resident":
+    def of(cls, card: Card, program: Program, versions: dict[str, int], experts: dict[str, tuple[str, ...]]) -> "_Resident":
         leaves, treedef = jax.tree.flatten(card)
-        return cls(card, program, treedef, leaves, versions)
+        return cls(card, program, treedef, leaves, versions, experts)
+
+    def version(self, component: str) -> int:
+        """The weight version keying ``component``'s cache entries (a stacked one: its experts' sum,
+        which every expert publish raises)."""
+        if component in self.experts:
+            return sum(self.versions[e] for e in self.experts[component])
+        return self.versions[component]
+
+    def owners(self) -> dict[str, tuple[str, int]]:
+        """Expert name -> (its stacked component, its index on the expert axis)."""
+        return {e: (c, i) for c, names in self.experts.items() for i, e in enumerate(names)}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Publish:
+    """A checked publish: whole ``components`` (name -> module), expert ``slices`` (stacked component
+    -> {index: module of one expert}) and the versioned names it ``bumps``."""
+
+    components: dict[str, Any]
+    slices: dict[str, dict[int, Any]]
+    bumps: tuple[str, ...]
+
+    @property
+    def touched(self) -> set[str]:
+        """The components whose weights (hence cache entries) it changes."""
+        return set(self.components) | set(self.slices)
+
+    def apply(self, card: Card) -> Card:
+        """``card`` with the publish applied (slices written into the stacked components of ``card``)."""
+        new = dict(self.components)
+        for name, slices in self.slices.items():
+            rows = sorted(slices)
+            new[name] = _set_rows(card[name], jnp.asarray(rows, jnp.int32), tuple(slices[i] for i in rows))
+        return card.replace(**new) if new else card
+
+
+@jax.jit
+def _set_rows(stacked, rows, experts):
+    """``stacked`` with expert rows ``rows`` replaced by the one-expert modules ``experts`` (in that order)."""
+    values = jax.tree.map(lambda *xs: jnp.stack(xs), *experts)
+    return jax.tree.map(lambda s, v: s.at[rows].set(v), stacked, values)
 
 
 @dataclasses.dataclass(eq=False)
@@ -240,7 +293,7 @@ class Engine:
         self._workflows = WorkflowRegistry()
         self._busy = False
         self._lock = threading.RLock()  # guards _busy and _swaps: publish may come from another thread
-        self._swaps: list[tuple[str, dict[str, Any]]] = []  # deferred publishes, in order
+        self._swaps: list[tuple[str, _Publish]] = []  # deferred publishes, in order
 
     # ---- registry -------------------------------------------------------------------------
 
@@ -262,8 +315,9 @@ class Engine:
     def register(self, card: Card, program: Program | None = None, *, replace: bool = False) -> None:
         """Serve ``card`` under its model id with ``program`` (default: its family's ``program()``).
 
-        Replacing a resident card (``replace=True``) bumps every component's weight version and
-        drops its cache entries. Raises ``EngineError`` / ``ProgramError`` before changing anything.
+        Replacing a resident card (``replace=True``) bumps every component's (and expert's) weight
+        version and drops its cache entries. Raises ``EngineError`` / ``ProgramError`` before
+        changing anything.
         """
         self._idle("register")
         if not isinstance(card, Card):
@@ -277,9 +331,11 @@ class Engine:
         if not isinstance(program, Program):
             raise TypeError(f"program must be a Program (got {type(program).__name__})")
         program.check(card)
+        experts = _stacked(card)
         old = self._cards.get(model_id)
-        versions = {name: (old.versions.get(name, -1) + 1 if old else 0) for name in card.components}
-        resident = _Resident.of(card, program, versions)
+        names = [n for c in card.components for n in experts.get(c, (c,))]
+        versions = {name: (old.versions.get(name, -1) + 1 if old else 0) for name in names}
+        resident = _Resident.of(card, program, versions, experts)
         if old is not None:
             self.cache.invalidate(model_id)
         self._cards[model_id] = resident
@@ -323,9 +379,9 @@ class Engine:
         with self._lock:
             card = self._resident(model_id).card
             if pending:
-                for m, components in self._swaps:
+                for m, update in self._swaps:
                     if m == model_id:
-                        card = card.replace(**components)
+                        card = update.apply(card)
             return card
 
     def program(self, model_id: str) -> Program:
@@ -338,8 +394,13 @@ class Engine:
         return self._workflows[model_id]
 
     def versions(self, model_id: str) -> dict[str, int]:
-        """Per-component weight versions of the resident card ``model_id``."""
+        """Per-component weight versions of the resident card ``model_id``; a stacked component
+        (``experts``) reports one version per expert (``refiner_0``, ...) instead of its own."""
         return dict(self._resident(model_id).versions)
+
+    def experts(self, model_id: str) -> dict[str, tuple[str, ...]]:
+        """The resident card's stacked components -> their experts' names in axis order (``{}``: none)."""
+        return dict(self._resident(model_id).experts)
 
     def publish(self, model_id: str, components: Mapping[str, Any]) -> dict[str, int]:
         """Swap some components of a resident card (e.g. freshly trained weights): drain, then swap.
@@ -350,6 +411,12 @@ class Engine:
         lacks) with nothing changed. The swap bumps only those components' weight versions and
         drops only their feature-cache entries (e.g. a new transformer keeps the text encoder's
         version and its cached encodings).
+
+        An expert of a stacked component (``experts``) is published by its own name with a module
+        of one expert's layout (``{"refiner_2": lm}``): only that slice is written and only that
+        expert's version moves; the stacked component's cache entries are dropped. Publishing the
+        stacked component by its name bumps every expert; naming both it and one of its experts
+        in one publish is refused.
 
         Between runs the swap applies at once. While ``run_many`` is in flight (called from an
         ``on_step`` or ``cancel`` callback, or from another thread) it is **deferred** for that
@@ -365,13 +432,13 @@ class Engine:
         """
         with self._lock:
             resident = self._resident(model_id)
-            components = _checked_components(resident, components)
+            update = _checked_components(resident, components)
             if not self._busy:
-                if components:
-                    self._swap(model_id, components)
+                if update.bumps:
+                    self._swap(model_id, update)
                 return dict(self._cards[model_id].versions)
-            if components:
-                self._swaps.append((model_id, components))
+            if update.bumps:
+                self._swaps.append((model_id, update))
             return self._projected(model_id)
 
     def pending_publishes(self) -> dict[str, dict[str, int]]:
@@ -382,27 +449,27 @@ class Engine:
 
     def _projected(self, model_id: str) -> dict[str, int]:
         versions = dict(self._cards[model_id].versions)
-        for m, components in self._swaps:
+        for m, update in self._swaps:
             if m == model_id:
-                versions.update({n: versions[n] + 1 for n in components})
+                versions.update({n: versions[n] + 1 for n in update.bumps})
         return versions
 
-    def _swap(self, model_id: str, components: Mapping[str, Any]) -> None:
+    def _swap(self, model_id: str, update: _Publish) -> None:
         resident = self._cards[model_id]
-        card = resident.card.replace(**components)
-        versions = {n: v + (n in components) for n, v in resident.versions.items()}
-        self.cache.invalidate(model_id, components)
-        self._cards[model_id] = _Resident.of(card, resident.program, versions)
+        card = update.apply(resident.card)
+        versions = {n: v + (n in update.bumps) for n, v in resident.versions.items()}
+        self.cache.invalidate(model_id, update.touched)
+        self._cards[model_id] = _Resident.of(card, resident.program, versions, resident.experts)
 
     def _apply_swaps(self, in_flight: Callable[[str], bool] = lambda model_id: False) -> None:
         """Apply the deferred publishes, in publish order, of every card not ``in_flight``."""
         with self._lock:
             keep = []
-            for model_id, components in self._swaps:
+            for model_id, update in self._swaps:
                 if in_flight(model_id):
-                    keep.append((model_id, components))
+                    keep.append((model_id, update))
                 else:
-                    self._swap(model_id, components)
+                    self._swap(model_id, update)
             self._swaps = keep
 
     def _deferred(self) -> set[str]:
@@ -494,7 +561,7 @@ class Engine:
         model_id = resident.card.model_id
         for node in resident.program.cached_nodes:
             reads = {r: slots[r] for r in node.reads}
-            key = CacheKey(model_id, node.component, resident.versions[node.component], content_hash(node.name, reads))
+            key = CacheKey(model_id, node.component, resident.version(node.component), content_hash(node.name, reads))
             value = self.cache.get(key)
             if value is None:
                 value = _node(resident.program, node.name, resident.treedef, resident.leaves, reads)
@@ -503,22 +570,70 @@ class Engine:
         return slots
 
 
-def _checked_components(resident: _Resident, components: Mapping[str, Any]) -> dict[str, Any]:
-    """``components`` checked against the resident card's (names, then each one's layout), as a
-    snapshot: a shallow pytree copy, so later in-place changes to the caller's modules cannot
-    leak into a deferred swap. Raises ``EngineError`` naming the first problem."""
+def _checked_components(resident: _Resident, components: Mapping[str, Any]) -> _Publish:
+    """``components`` checked against the resident card's (names, then each one's layout; an expert
+    against one slice of its stacked component), as a snapshot: a shallow pytree copy, so later
+    in-place changes to the caller's modules cannot leak into a deferred swap. Raises
+    ``EngineError`` naming the first problem."""
     model_id = resident.card.model_id
     if not isinstance(components, Mapping):
         raise TypeError(f"publish takes a mapping component name -> module (got {type(components).__name__})")
-    have = resident.card.components
-    unknown = sorted(str(n) for n in components if n not in have)
+    have, owners = resident.card.components, resident.owners()
+    unknown = sorted(str(n) for n in components if n not in have and n not in owners)
     if unknown:
-        raise UnknownComponentError(f"publish: card {model_id!r} has no component(s) {unknown}; it has {sorted(have)}")
+        experts = "".join(f"; stacked {c!r} has experts {list(e)}" for c, e in resident.experts.items())
+        raise UnknownComponentError(f"publish: card {model_id!r} has no component(s) {unknown}; it has {sorted(have)}{experts}")
+    whole, slices, bumps = {}, {}, []
     for name, new in components.items():
-        _check_layout(f"publish: card {model_id!r}, component {name!r}", have[name], new)
-    snapshot = {name: jax.tree.map(lambda x: x, new) for name, new in components.items()}
-    resident.program.check(resident.card.replace(**snapshot))
-    return snapshot
+        if name in have:
+            _check_layout(f"publish: card {model_id!r}, component {name!r}", have[name], new)
+            whole[name] = jax.tree.map(lambda x: x, new)
+            bumps.extend(resident.experts.get(name, (name,)))
+        else:
+            stacked, index = owners[name]
+            where = f"publish: card {model_id!r}, expert {name!r} (slice {index} of stacked {stacked!r})"
+            _check_layout(where, _expert_layout(have[stacked]), new)
+            slices.setdefault(stacked, {})[index] = jax.tree.map(lambda x: x, new)
+            bumps.append(name)
+    both = sorted(set(whole) & set(slices))
+    if both:
+        raise EngineError(
+            f"publish: card {model_id!r}: {both[0]!r} is published both whole and by expert "
+            f"({sorted(n for n in components if n in owners and owners[n][0] == both[0])}); publish one or the other"
+        )
+    resident.program.check(resident.card.replace(**whole))
+    return _Publish(whole, slices, tuple(bumps))
+
+
+def _expert_layout(stacked: Any) -> Any:
+    """One expert of a stacked module, abstractly (leaves ``ShapeDtypeStruct`` without the expert axis)."""
+    def row(x):
+        x = x if hasattr(x, "dtype") else np.asarray(x)
+        return jax.ShapeDtypeStruct(tuple(x.shape)[1:], x.dtype)
+
+    return jax.tree.map(row, stacked)
+
+
+def _stacked(card: Card) -> dict[str, tuple[str, ...]]:
+    """``jaxpipe.cards.stacked_components(card)``, checked: expert names unique and clashing with no
+    component, every leaf of a stacked component with a leading axis of one row per expert."""
+    from jaxpipe.cards import stacked_components
+
+    experts = stacked_components(card)
+    names = [e for es in experts.values() for e in es]
+    clash = sorted({e for e in names if names.count(e) > 1 or e in card.components})
+    if clash:
+        raise EngineError(f"card {card.model_id!r}: expert names {clash} are repeated or name a component")
+    for component, es in experts.items():
+        if component not in card.components:
+            raise EngineError(f"card {card.model_id!r}: stacked component {component!r} is missing")
+        bad = [np.shape(x) for x in jax.tree.leaves(card[component]) if np.shape(x)[:1] != (len(es),)]
+        if bad:
+            raise EngineError(
+                f"card {card.model_id!r}: stacked component {component!r} has {len(es)} experts, but leaves "
+                f"of shape {bad[0]} have no leading expert axis of that size"
+            )
+    return experts
 
 
 def _check_layout(where: str, old: Any, new: Any) -> None:

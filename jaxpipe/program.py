@@ -399,10 +399,15 @@ class Program:
 
     @property
     def cached_nodes(self) -> tuple[ComponentNode, ...]:
-        """Cached component nodes that read only request inputs (an engine can resolve them per request up front)."""
-        return tuple(
-            n for n in self.segment(0) if isinstance(n, ComponentNode) and n.cached and set(n.reads) <= set(self.inputs)
-        )
+        """Cached component nodes before the first loop that read only request inputs and the writes of
+        earlier such nodes, in order (an engine can resolve them per request up front, e.g. a refiner
+        that rewrites the prompt, then the text encoding of the rewritten prompt)."""
+        known, nodes = set(self.inputs), []
+        for n in self.segment(0):
+            if isinstance(n, ComponentNode) and n.cached and set(n.reads) <= known:
+                nodes.append(n)
+                known.update(n.writes)
+        return tuple(nodes)
 
     def check(self, card: Card) -> None:
         """Raise ``ProgramError`` unless every loop and component the program names exists on ``card``."""

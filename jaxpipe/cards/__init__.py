@@ -39,6 +39,18 @@ def _family_of(model_id: str) -> ModuleType:
     raise KeyError(f"unknown card {model_id!r}; buildable cards: {buildable()}")
 
 
+def stacked_components(card: Card) -> dict[str, tuple[str, ...]]:
+    """The components of ``card`` stored stacked on a leading expert axis, each mapped to its experts'
+    names in axis order (``{"refiners": ("refiner_0", ...)}`` for ``multi-expert``); ``{}`` when none.
+
+    A family declares them with a module-level ``stacked_components(card)``; families without that
+    hook (and cards of unknown families) stack nothing. The engine versions, publishes and syncs
+    each expert under its own name.
+    """
+    hook = getattr(_FAMILIES.get(card.spec.family), "stacked_components", None)
+    return {} if hook is None else {name: tuple(experts) for name, experts in hook(card).items()}
+
+
 def buildable() -> list[str]:
     """Ids of the cards jaxpipe can build from scratch."""
     return sorted(m.MODEL_ID for m in _FAMILIES.values())
@@ -71,4 +83,4 @@ def load(model_id_or_path: str | os.PathLike) -> Card:
     )
 
 
-__all__ = ["ASSETS", "available", "build", "buildable", "family_module", "digit_scorer", "flux_t2i", "load", "multi_expert", "unified", "wan_i2v"]
+__all__ = ["ASSETS", "available", "build", "buildable", "family_module", "digit_scorer", "flux_t2i", "load", "multi_expert", "stacked_components", "unified", "wan_i2v"]

@@ -97,6 +97,13 @@ def expert_names(card_or_config) -> tuple[str, ...]:
     return tuple(f"{EXPERT_PREFIX}{i}" for i in range(config.num_refiners))
 
 
+def stacked_components(card: Card) -> dict[str, tuple[str, ...]]:
+    """``{"refiners": ("refiner_0", ..., "refiner_{N-1}")}``: the component stored stacked on a leading
+    expert axis and its experts' names, the family hook behind ``jaxpipe.cards.stacked_components``
+    (the engine keeps one weight version per expert and publishes experts slice by slice)."""
+    return {COMPONENT: expert_names(card)}
+
+
 def stack(lms: Sequence[RefinerLM]) -> RefinerLM:
     """One ``RefinerLM`` whose every variable stacks those of ``lms`` (same config) on a leading axis."""
     if not lms:

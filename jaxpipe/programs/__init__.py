@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 from jaxpipe.card import Card
 from jaxpipe.program import Program, ProgramError, score_program
-from jaxpipe.programs import flux_t2i, unified, wan_i2v
+from jaxpipe.programs import flux_t2i, multi_expert, unified, wan_i2v
 
 PROGRAMS: dict[str, Callable[[], Program]] = {
     "flux_t2i": flux_t2i.program,
+    "multi_expert": multi_expert.program,
     "unified": unified.program,
     "wan_i2v": wan_i2v.program,
     "digit_scorer": score_program,
@@ -33,4 +34,4 @@ def default_program(card: Card) -> Program:
     )
 
 
-__all__ = ["PROGRAMS", "default_program", "flux_t2i", "unified", "wan_i2v"]
+__all__ = ["PROGRAMS", "default_program", "flux_t2i", "multi_expert", "unified", "wan_i2v"]

@@ -10,6 +10,10 @@ Called while the engine runs ``run_many`` (from an ``on_step`` callback, or anot
 the engine drains first: requests already started on the card finish on the old weights, and
 its requests not yet started run on the new ones (see ``Engine.publish``).
 
+Stacked experts (``Engine.experts``, e.g. the ``multi-expert`` card's ``refiners``) are compared
+and published slice by slice under their own names (``refiner_2``), so only the experts that
+changed get new versions.
+
 The engine never imports this module (DESIGN §3); it depends only on the engine's public API.
 """
 
@@ -19,6 +23,7 @@ from collections.abc import Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpipe.card import Card
 from jaxpipe.engine import Engine, UnknownComponentError
@@ -32,9 +37,11 @@ def publish(engine: Engine, card: Card, components: str | Iterable[str] | None =
     Arguments:
       engine: the serving engine; the card's model id must be registered there.
       card: the trained card (``method.card(state)``).
-      components: component names to publish (one name or several). ``None`` (default): every
-        component whose weights differ from the engine's (``changed_components``); when nothing
-        differs, nothing is published and no version moves.
+      components: component names to publish (one name or several; an expert of a stacked
+        component by its own name, e.g. ``"refiner_2"``: that slice of the card's stacked
+        component). ``None`` (default): every component, and every expert of a stacked one, whose
+        weights differ from the engine's (``changed_components``); when nothing differs, nothing
+        is published and no version moves.
 
     Returns:
       The card's weight versions after the publish (when deferred by a running ``run_many``:
@@ -45,26 +52,44 @@ def publish(engine: Engine, card: Card, components: str | Iterable[str] | None =
     """
     if not isinstance(card, Card):
         raise TypeError(f"publish takes a trained Card, e.g. method.card(state) (got {type(card).__name__})")
+    owners = _owners(engine, card)
     if components is None:
         names = changed_components(engine, card)
     else:
         names = (components,) if isinstance(components, str) else tuple(components)
-        unknown = sorted(str(n) for n in names if n not in card.components)
+        unknown = sorted(str(n) for n in names if n not in card.components and n not in owners)
         if unknown:
+            experts = f"; experts {sorted(owners)}" if owners else ""
             raise UnknownComponentError(
-                f"publish: card {card.model_id!r} has no component(s) {unknown}; it has {sorted(card.components)}"
+                f"publish: card {card.model_id!r} has no component(s) {unknown}; it has {sorted(card.components)}{experts}"
             )
-    return engine.publish(card.model_id, {name: card[name] for name in names})
+    return engine.publish(card.model_id, {name: _part(card, name, owners) for name in names})
+
+
+def _owners(engine: Engine, card: Card) -> dict[str, tuple[str, int]]:
+    """Expert name -> (stacked component, index) for the engine's resident card of ``card``'s id
+    (only stacked components ``card`` has too)."""
+    experts = engine.experts(card.model_id)
+    return {e: (c, i) for c, names in experts.items() if c in card.components for i, e in enumerate(names)}
+
+
+def _part(card: Card, name: str, owners: dict[str, tuple[str, int]]):
+    """Component ``name`` of ``card``, or expert ``name``: its slice of the stacked component."""
+    if name in card.components:
+        return card[name]
+    component, index = owners[name]
+    return jax.tree.map(lambda x: x[index], card[component])
 
 
 def changed_components(engine: Engine, card: Card) -> tuple[str, ...]:
     """The components of ``card`` whose leaves differ from the engine's resident card of the same id,
-    including publishes still waiting for the card to drain, in sorted order.
+    including publishes still waiting for the card to drain, in sorted order; for a stacked
+    component (``Engine.experts``), the names of the experts whose slices differ, in axis order.
 
     A component differs when its leaf paths, shapes or dtypes differ (the engine will then
-    refuse it with a clear error) or when any leaf differs in value (exact comparison; leaves
-    that are the same array object are equal without a look). All comparisons run on device and
-    come back in one transfer.
+    refuse it with a clear error; a stacked one is then named whole) or when any leaf differs in
+    value (exact comparison; leaves that are the same array object are equal without a look). All
+    comparisons run on device and come back in one transfer.
     """
     resident = engine.card(card.model_id, pending=True)
     unknown = sorted(set(card.components) - set(resident.components))
@@ -73,16 +98,45 @@ def changed_components(engine: Engine, card: Card) -> tuple[str, ...]:
             f"publish: card {card.model_id!r} has component(s) {unknown} the engine's resident card "
             f"lacks; it has {sorted(resident.components)}"
         )
+    experts = engine.experts(card.model_id)
     checks: dict[str, list] = {}
     for name in sorted(card.components):
         old = jax.tree_util.tree_flatten_with_path(resident[name])[0]
         new = jax.tree_util.tree_flatten_with_path(card[name])[0]
         if [p for p, _ in old] != [p for p, _ in new]:
             checks[name] = [False]
-            continue
-        checks[name] = [_equal(a, b) for (_, a), (_, b) in zip(old, new)]
+        elif name in experts and old and all(_signature(a) == _signature(b) for (_, a), (_, b) in zip(old, new)):
+            olds, news = [a for _, a in old], [b for _, b in new]
+            same = all(a is b for a, b in zip(olds, news))
+            checks[name] = [np.ones((len(experts[name]),), bool) if same else _equal_rows(olds, news)]
+        else:
+            checks[name] = [_equal(a, b) for (_, a), (_, b) in zip(old, new)]
     same = jax.device_get(checks)
-    return tuple(name for name, flags in same.items() if not all(bool(f) for f in flags))
+    changed = []
+    for name, flags in same.items():
+        if name in experts and len(flags) == 1 and np.ndim(flags[0]) == 1:
+            changed.extend(e for e, equal in zip(experts[name], flags[0]) if not equal)
+        elif not all(bool(f) for f in flags):
+            changed.append(name)
+    return tuple(changed)
+
+
+def _signature(leaf) -> tuple:
+    leaf = leaf if hasattr(leaf, "dtype") else np.asarray(leaf)
+    return tuple(leaf.shape), leaf.dtype
+
+
+@jax.jit
+def _equal_rows(olds: list, news: list) -> jax.Array:
+    """``(N,)`` booleans: whether expert ``i``'s slices of two lists of stacked leaves (leading axis N,
+    pairwise equal shapes and dtypes) are all exactly equal. One compiled call per layout."""
+    rows = olds[0].shape[0]
+    equal = jnp.ones((rows,), bool)
+    for a, b in zip(olds, news):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        equal &= jnp.all((a == b).reshape(rows, -1), axis=1)
+    return equal
 
 
 def _equal(a, b):
