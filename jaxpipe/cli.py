@@ -1,6 +1,9 @@
 """The ``jaxpipe`` command line.
 
     jaxpipe generate "seven thick moving right" -o seven.gif [--seed S] [--steps N] [--model ID]
+    jaxpipe evaluate [--samples N] [--guidance G]
+    jaxpipe train flow-grpo --steps N --out DIR [...]     # RL on flux-t2i (generator only)
+    jaxpipe train unified --steps N --out DIR [...]       # RL on the unified card (refiner LM + generator)
     jaxpipe cards
 """
 
@@ -12,6 +15,14 @@ from pathlib import Path
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="jaxpipe: multi-model generative pipelines in JAX.")
+
+
+train_app = typer.Typer(
+    no_args_is_help=True,
+    help="RL post-training on the digits world: writes DIR/metrics.jsonl, DIR/*.png, DIR/report.json and the "
+    "trained card (jp.cards.load(DIR)).",
+)
+app.add_typer(train_app, name="train")
 
 
 def _fail(message: str) -> None:
@@ -95,6 +106,169 @@ def evaluate(
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- train
+# Options every `train` subcommand shares. A new method (e.g. `joint`) adds one subcommand: its own
+# flags, its config and an `rl_runs.Run` builder, then `_execute` (metrics, curves, report, card).
+_STEPS = typer.Option(..., "--steps", help="RL steps (one rollout + one update each).")
+_OUT = typer.Option(..., "--out", "-o", help="Output directory: metrics.jsonl, *.png, report.json and the trained card.")
+_PROMPTS = typer.Option(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
+_GROUP = typer.Option(4, "--group-size", "-K", help="Samples per prompt (K >= 2): the group of the group-relative advantage.")
+_NUM_STEPS = typer.Option(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation.")
+_WINDOW = typer.Option("0,4", "--sde-window", help="START,STOP: denoise steps sampled with the SDE and trained (ODE elsewhere); 'all' = every step.")
+_NOISE = typer.Option(0.7, "--noise-level", help="SDE noise level (eta).")
+_LR = typer.Option(1e-4, "--lr", help="Generator (DiT) learning rate.")
+_BETA = typer.Option(0.04, "--beta", help="Generator KL weight to the frozen reference DiT.")
+_CLIP = typer.Option(1e-3, "--clip-eps", help="Generator PPO ratio clip.")
+_TERMS = typer.Option(",".join(("digit", "stroke", "position", "brightness")), "--terms", help="Reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
+_SEED = typer.Option(0, "--seed", help="Seed of the prompts and of the rollouts.")
+_EVAL = typer.Option(True, "--eval/--no-eval", help="Judge the card before and after (GenEval-style accuracy, diversity).")
+_EVAL_SAMPLES = typer.Option(200, "--eval-samples", help="Prompts judged before and after.")
+_DIV_PROMPTS = typer.Option(10, "--diversity-prompts", help="Prompts of the diversity measure.")
+_DIV_SEEDS = typer.Option(6, "--diversity-seeds", help="Seeds per prompt of the diversity measure (>= 2).")
+_EVAL_SEED = typer.Option(0, "--eval-seed", help="Seed of the evaluation prompts and noise (the same before and after).")
+_SCORER = typer.Option("digit-scorer", "--scorer", help="Reward model card: a bundled id or a card directory.")
+
+
+def _window(text: str) -> tuple[int, int] | None:
+    if text.strip().lower() in ("all", "none", ""):
+        return None
+    parts = text.split(",")
+    try:
+        start, stop = (int(p) for p in parts)
+    except ValueError:
+        _fail(f"--sde-window must be START,STOP (e.g. 0,4) or 'all' (got {text!r})")
+    return start, stop
+
+
+def _evaluation(run_eval: bool, samples: int, prompts: int, seeds: int, seed: int):
+    from jaxpipe.training.rl_runs import EvalSettings
+
+    return EvalSettings(samples=samples, diversity_prompts=prompts, diversity_seeds=seeds, seed=seed) if run_eval else None
+
+
+def _load(model: str, scorer: str):
+    from jaxpipe import cards
+
+    try:
+        return cards.load(model), cards.load(scorer)
+    except (KeyError, FileNotFoundError, ValueError) as err:
+        _fail(str(err).strip('"'))
+
+
+def _execute(build, steps: int, out: Path, seed: int) -> None:
+    """Build the run (``build()``; ValueError = bad settings) and execute it, echoing progress."""
+    import jax
+
+    from jaxpipe.training import rl_runs
+
+    try:
+        run = build()
+    except ValueError as err:
+        _fail(str(err))
+    typer.echo(f"{run.name}: {steps} steps -> {out} (JAX on {jax.default_backend()})")
+    rl_runs.execute(run, steps=steps, out=out, seed=seed, log=typer.echo)
+
+
+@train_app.command("flow-grpo")
+def train_flow_grpo(
+    steps: int = _STEPS,
+    out: Path = _OUT,
+    prompts_per_step: int = _PROMPTS,
+    group_size: int = _GROUP,
+    num_steps: int = _NUM_STEPS,
+    sde_window: str = _WINDOW,
+    noise_level: float = _NOISE,
+    lr: float = _LR,
+    beta: float = _BETA,
+    clip_eps: float = _CLIP,
+    terms: str = _TERMS,
+    mention: float = typer.Option(1.0, "--mention", help="Probability that a prompt names each rewarded attribute (1 = full compositional prompts)."),
+    seed: int = _SEED,
+    run_eval: bool = _EVAL,
+    eval_samples: int = _EVAL_SAMPLES,
+    diversity_prompts: int = _DIV_PROMPTS,
+    diversity_seeds: int = _DIV_SEEDS,
+    eval_seed: int = _EVAL_SEED,
+    model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id or a card directory."),
+    scorer: str = _SCORER,
+) -> None:
+    """FlowGRPO on a text-to-image card, rewarded by the digit-scorer (full compositional prompts by default)."""
+    from jaxpipe.training import rl_runs
+    from jaxpipe.training.flow_grpo import FlowGRPOConfig
+
+    if steps <= 0:
+        _fail(f"--steps must be a positive integer (got {steps})")
+    try:
+        spec = rl_runs.PromptSpec(terms=rl_runs.parse_terms(terms), mention=mention)
+        config = FlowGRPOConfig(
+            group_size=group_size, num_steps=num_steps, noise_level=noise_level, sde_window=_window(sde_window),
+            clip_eps=clip_eps, beta=beta, learning_rate=lr,
+        )
+        evaluation = _evaluation(run_eval, eval_samples, diversity_prompts, diversity_seeds, eval_seed)
+    except ValueError as err:
+        _fail(str(err))
+    card, scorer_card = _load(model, scorer)
+    _execute(
+        lambda: rl_runs.flow_grpo_run(
+            card, scorer_card, config, spec, prompts_per_step=prompts_per_step, seed=seed, evaluation=evaluation
+        ),
+        steps, out, seed,
+    )
+
+
+@train_app.command("unified")
+def train_unified(
+    steps: int = _STEPS,
+    out: Path = _OUT,
+    prompts_per_step: int = _PROMPTS,
+    group_size: int = _GROUP,
+    skip: int = typer.Option(1, "--skip", help="Samples per group that keep the original prompt (0 <= skip < K)."),
+    prompt_only: bool = typer.Option(False, "--prompt-only", help="Train only the refiner LM; the generator stays frozen."),
+    num_steps: int = _NUM_STEPS,
+    sde_window: str = _WINDOW,
+    noise_level: float = _NOISE,
+    lr: float = _LR,
+    beta: float = _BETA,
+    clip_eps: float = _CLIP,
+    lm_lr: float = typer.Option(1e-3, "--lm-lr", help="Refiner LM learning rate."),
+    lm_beta: float = typer.Option(0.01, "--lm-beta", help="Refiner LM k3-KL weight to the frozen reference LM."),
+    terms: str = _TERMS,
+    mention: float = typer.Option(0.5, "--mention", help="Probability that a prompt names each rewarded attribute."),
+    prefer: str = typer.Option("", "--prefer", help="Preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick,brightness=bright."),
+    seed: int = _SEED,
+    run_eval: bool = _EVAL,
+    eval_samples: int = _EVAL_SAMPLES,
+    diversity_prompts: int = _DIV_PROMPTS,
+    diversity_seeds: int = _DIV_SEEDS,
+    eval_seed: int = _EVAL_SEED,
+    model: str = typer.Option("unified", "--model", help="Unified card to train: a bundled id or a card directory."),
+    scorer: str = _SCORER,
+) -> None:
+    """UnifiedRL: the refiner LM and the generator trained from one reward (--prompt-only: the LM alone)."""
+    from jaxpipe.training import rl_runs
+    from jaxpipe.training.unified_rl import UnifiedRLConfig
+
+    if steps <= 0:
+        _fail(f"--steps must be a positive integer (got {steps})")
+    try:
+        spec = rl_runs.PromptSpec(terms=rl_runs.parse_terms(terms), mention=mention, prefer=rl_runs.parse_preferences(prefer))
+        config = UnifiedRLConfig(
+            group_size=group_size, skip=skip, joint=not prompt_only, num_steps=num_steps, noise_level=noise_level,
+            sde_window=_window(sde_window), clip_eps=clip_eps, beta=beta, learning_rate=lr, lm_learning_rate=lm_lr,
+            lm_beta=lm_beta,
+        )
+        evaluation = _evaluation(run_eval, eval_samples, diversity_prompts, diversity_seeds, eval_seed)
+    except ValueError as err:
+        _fail(str(err))
+    card, scorer_card = _load(model, scorer)
+    _execute(
+        lambda: rl_runs.unified_run(
+            card, scorer_card, config, spec, prompts_per_step=prompts_per_step, seed=seed, evaluation=evaluation
+        ),
+        steps, out, seed,
+    )
 
 
 @app.command("cards")

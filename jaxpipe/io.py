@@ -1,9 +1,10 @@
-"""Writing artifacts: images and videos in [0, 1] to PNG and GIF files."""
+"""Writing artifacts: images and videos in [0, 1] to PNG and GIF files; training curves to PNG."""
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from PIL import Image
@@ -56,4 +57,56 @@ def save_gif(video, path: str | os.PathLike, *, upscale: int = 8, fps: int = 8) 
     frames = [Image.fromarray(to_uint8(frame, upscale=upscale)) for frame in video]
     path = _prepare(path)
     frames[0].save(path, format="GIF", save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
+    return path
+
+
+def plot_curves(
+    rows: Sequence[Mapping[str, float]],
+    keys: Sequence[str],
+    path: str | os.PathLike,
+    *,
+    title: str | None = None,
+    x: str = "step",
+    ylabel: str | None = None,
+) -> str:
+    """Plot metrics ``keys`` of per-step ``rows`` (e.g. ``fit``'s history) against ``x`` into one PNG.
+
+    Each curve is drawn raw (faint) and as a moving mean over ~1/10 of the run (solid). Keys a row
+    lacks, and non-finite values, are left out (they show as gaps). Uses matplotlib's Agg canvas
+    directly: no display, no global backend change. Returns the path.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not keys:
+        raise ValueError("keys must name at least one metric")
+    present = [k for k in keys if any(k in row for row in rows)]
+    if not present:
+        raise ValueError(f"no row has any of the metrics {list(keys)}")
+    fig = Figure(figsize=(6.4, 3.6))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for i, key in enumerate(present):
+        points = [(row.get(x, n), row[key]) for n, row in enumerate(rows) if key in row and math.isfinite(row[key])]
+        if not points:
+            continue
+        steps, values = (np.asarray(v, np.float64) for v in zip(*points))
+        color = f"C{i}"
+        window = max(1, len(values) // 10)
+        if window > 1:
+            ax.plot(steps, values, color=color, alpha=0.25, linewidth=0.8)
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax.plot(steps[window - 1 :], smooth, color=color, label=f"{key} (moving mean of {window})")
+        else:
+            ax.plot(steps, values, color=color, marker="o", markersize=3, label=key)
+    ax.set_xlabel(x)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = _prepare(path)
+    fig.savefig(path, dpi=120)
     return path

@@ -1,0 +1,123 @@
+"""`jaxpipe train flow-grpo | unified`: tiny runs write metrics, curves, a report and a loadable card; bad flags fail clearly."""
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+import jaxpipe as jp
+from jaxpipe.cli import app
+from jaxpipe.data import digits
+from jaxpipe.training import rl_runs
+
+runner = CliRunner()
+needs_cards = pytest.mark.skipif(
+    not {"flux-t2i", "unified", "digit-scorer"} <= set(jp.cards.available()), reason="bundled cards missing"
+)
+TINY = ["--steps", "2", "-P", "2", "-K", "2", "--num-steps", "2", "--sde-window", "0,1",
+        "--eval-samples", "4", "--diversity-prompts", "2", "--diversity-seeds", "2"]
+
+
+def read_metrics(out):
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1]  # one object per step
+    assert all(math.isfinite(row["reward_mean"]) for row in rows)
+    return rows
+
+
+def same(a, b):
+    return all(bool(np.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@needs_cards
+def test_train_flow_grpo_writes_metrics_curves_report_and_a_loadable_card(tmp_path):
+    out = tmp_path / "fg"
+    result = runner.invoke(app, ["train", "flow-grpo", "--out", str(out), *TINY])
+    assert result.exit_code == 0, result.output
+    read_metrics(out)
+    assert Image.open(out / "reward.png").format == "PNG"
+    report = json.loads((out / "report.json").read_text())
+    summary = report["summary"]
+    assert set(summary["all_attributes_correct"]) == {"before", "after", "change"}
+    assert summary["diversity"]["before"] > 0 and isinstance(summary["diversity_collapse"], bool)
+    assert report["settings"]["prompts"]["terms"] == ["digit", "stroke", "position", "brightness"]
+    trained = jp.cards.load(out)
+    assert trained.model_id == "flux-t2i"
+    assert not same(trained["transformer"], jp.cards.load("flux-t2i")["transformer"])  # the trained weights were saved
+    jp.Engine().register(trained)
+
+
+@needs_cards
+def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_generator(tmp_path):
+    out = tmp_path / "uni"
+    result = runner.invoke(
+        app, ["train", "unified", "--out", str(out), "--prompt-only", "--prefer", "stroke=thick", "--mention", "0.5", *TINY]
+    )
+    assert result.exit_code == 0, result.output
+    rows = read_metrics(out)
+    assert all(math.isfinite(row["reward_refined"]) and math.isfinite(row["reward_original"]) for row in rows)
+    for png in ("reward.png", "refined_vs_original.png"):
+        assert Image.open(out / png).format == "PNG"
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    assert {"refined_all_right", "original_all_right", "preferred_word_rate", "diversity"} <= set(summary)
+    trained, base = jp.cards.load(out), jp.cards.load("unified")
+    assert same(trained["transformer"], base["transformer"])  # prompt-only: generator untouched
+    assert not same(trained["llm"], base["llm"])
+    jp.Engine().register(trained)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["flow-grpo", "-K", "1"], "group_size (K) must be >= 2"),
+        (["flow-grpo", "--terms", "digit,colour"], "unknown reward term(s) ['colour']"),
+        (["flow-grpo", "--terms", "stroke"], "must include digit"),
+        (["flow-grpo", "--sde-window", "0-4"], "--sde-window must be START,STOP"),
+        (["flow-grpo", "--steps", "0"], "--steps must be a positive integer"),
+        (["flow-grpo", "--diversity-seeds", "1"], "diversity needs >= 2 seeds"),
+        (["unified", "-K", "3", "--skip", "3"], "skip must be in 0..K-1"),
+        (["unified", "--prefer", "stroke=wide"], "preferred stroke must be one of thin, thick"),
+        (["unified", "--prefer", "colour=red"], "a preference is ATTRIBUTE=WORD"),
+        (["unified", "--prefer", "stroke=thick", "--mention", "1"], "with mention 1 every prompt names it"),
+        (["unified", "--prefer", "stroke=thick", "--terms", "digit,position"], "needs stroke among the reward terms"),
+    ],
+)
+def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):
+    command, *rest = args
+    base = ["train", command, "--out", str(tmp_path / "x")]
+    if "--steps" not in rest:
+        base += ["--steps", "2"]
+    result = runner.invoke(app, base + rest)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not (tmp_path / "x").exists()
+
+
+@needs_cards
+@pytest.mark.parametrize(
+    "command, model, message", [("unified", "flux-t2i", "needs a card with a refiner LM"), ("flow-grpo", "unified", "use `train unified`")]
+)
+def test_the_wrong_card_fails_clearly(command, model, message, tmp_path):
+    result = runner.invoke(app, ["train", command, "--steps", "2", "--out", str(tmp_path / "x"), "--model", model])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_prompts_name_what_they_label_and_preferences_fill_the_rest():
+    spec = rl_runs.PromptSpec(mention=0.5, prefer=(("stroke", 1),))
+    prompts = rl_runs.sample_prompts(spec, 200, np.random.default_rng(0))
+    for i, text in enumerate(prompts.captions):
+        parsed = digits.parse_caption(text)
+        assert parsed["digit"] == prompts.labels["digit"][i]
+        for name in digits.ATTRIBUTES:
+            assert (parsed[name] is not None) == prompts.named[name][i]
+            if prompts.named[name][i]:
+                assert parsed[name] == prompts.labels[name][i]
+    unnamed = ~prompts.named["stroke"]
+    assert 0 < unnamed.sum() < 200 and np.all(prompts.labels["stroke"][unnamed] == 1)  # preferred: thick
+    assert np.all(prompts.labels["position"][~prompts.named["position"]] == -1)  # not preferred: not rewarded
+    full = rl_runs.sample_prompts(rl_runs.PromptSpec(), 20, np.random.default_rng(0))
+    assert all(len(c.split()) == 4 for c in full.captions)  # mention 1: full compositional prompts
