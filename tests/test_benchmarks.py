@@ -1,9 +1,12 @@
 """Fast checks of the benchmark scripts (their timings are never tests: DESIGN §12)."""
 
 import importlib.util
+import os
 import pathlib
+import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
@@ -25,3 +28,41 @@ def test_denoise_torch_port_matches_jax():
     assert max(errors["velocity"], errors["trajectory"]) < 1e-4
     assert max(errors["mlp"], errors["norm"], errors["cross"]) < 2e-5
     assert errors["velocity_scale"] > 0.1  # the zero-initialised output layers really were filled
+
+
+def test_rl_step_parity_check_catches_a_different_rollout():
+    """The RL-step benchmark refuses to time a Python-driven rollout that is not the jitted one."""
+    bench = _load("rl_step")
+    ref = {"log_prob": np.zeros((2, 3), np.float32), "tokens": np.arange(4)}
+    assert bench.check_same_rollout(ref, {"log_prob": np.full((2, 3), 5e-6, np.float32), "tokens": np.arange(4)})[
+        "['log_prob']"
+    ] == pytest.approx(5e-6)
+    with pytest.raises(AssertionError, match="log_prob"):
+        bench.check_same_rollout(ref, {"log_prob": np.full((2, 3), 1e-4, np.float32), "tokens": np.arange(4)})
+    with pytest.raises(AssertionError, match="tokens"):
+        bench.check_same_rollout(ref, {"log_prob": ref["log_prob"], "tokens": np.arange(4)[::-1]})
+
+
+def _rl_step_smoke(tmp_path, method: str, row: str):
+    """``rl_step.py --quick`` in a fresh process whose XLA compiles at optimisation level 0: the smoke test
+    times nothing, and compiling the RL steps is most of its cost (~2x less CPU this way)."""
+    out = tmp_path / "RESULTS.md"
+    fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {fast_compile}".strip()}
+    cmd = [sys.executable, str(BENCHMARKS / "rl_step.py"), "--quick", "--methods", method, "--results", str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]  # fails if driven != jitted rollout
+    text = out.read_text()
+    assert "<!-- BEGIN rl_step -->" in text and "<!-- END rl_step -->" in text
+    assert f"| {row} | 1 × 2 (2) | 2 |" in text
+
+
+def test_rl_step_quick_smoke_flow_grpo(tmp_path):
+    """``rl_step.py --quick`` end to end for FlowGRPO: driven rollout == jitted rollout, section written."""
+    _rl_step_smoke(tmp_path, "flowgrpo", "FlowGRPO")
+
+
+@pytest.mark.slow
+def test_rl_step_quick_smoke_unified_rl(tmp_path):
+    """The same for joint UnifiedRL (its compiles alone take ~30 s of CPU, so it runs with -m slow)."""
+    _rl_step_smoke(tmp_path, "unified", "UnifiedRL (joint)")
