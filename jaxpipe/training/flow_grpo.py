@@ -192,7 +192,7 @@ class FlowGRPO:
         self.tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
         self.rollout = jax.jit(self._rollout)
         self.update = jax.jit(self._update)
-        self._step = jax.jit(self._fused_step)
+        self._step = jax.jit(self.step_fn)
 
     def init(self, key: jax.Array | None = None) -> FlowGRPOState:
         """Start from the card's weights; the reference is a frozen copy of the DiT."""
@@ -237,7 +237,8 @@ class FlowGRPO:
         new = guarded_update(finite, new, state._replace(step=state.step + 1))
         return new, {**metrics, "grad_norm": optax.tree.norm(grads), "skipped": 1.0 - finite.astype(jnp.float32)}
 
-    def _fused_step(self, state: FlowGRPOState, batch: Mapping[str, Any], key: jax.Array) -> tuple[FlowGRPOState, dict]:
+    def step_fn(self, state: FlowGRPOState, batch: Mapping[str, Any], key: jax.Array) -> tuple[FlowGRPOState, dict]:
+        """The pure, unjitted step (rollout + update), for custom ``jit``/sharding."""
         ro = self._rollout(state, batch, key)
         state, metrics = self._update(state, ro)
         return state, {**metrics, "reward_mean": jnp.mean(ro.rewards), "reward_std": jnp.std(ro.rewards)}

@@ -29,9 +29,9 @@ from jaxpipe.card import Card
 from jaxpipe.cards import multi_expert, unified
 from jaxpipe.nn import MaskedLM
 from jaxpipe.training import losses, rollout
-from jaxpipe.training.finetune import guarded_update, split_trainable
-from jaxpipe.training.flow_grpo import check_batch, generator_loss
-from jaxpipe.training.unified_rl import UnifiedRLConfig, refine_rows, reward_stats
+from jaxpipe.training.finetune import split_trainable
+from jaxpipe.training.flow_grpo import generator_loss
+from jaxpipe.training.unified_rl import UnifiedRLConfig, check_refine_batch, finish_update, refine_rows, reward_stats
 
 __all__ = ["JointRLConfig", "JointRLState", "JointRollout", "JointMultiExpertRL", "CREDITS"]
 
@@ -223,7 +223,6 @@ class JointMultiExpertRL:
         return loss, {f"gen_{k}": v for k, v in metrics.items()}
 
     def _update(self, state: JointRLState, ro: JointRollout) -> tuple[JointRLState, dict]:
-        cfg = self.config
         refiners, refiner_opt, values, lm_metrics, grad_norms = jax.vmap(self.expert_update)(
             state.refiners, state.refiner_reference, state.refiner_opt, self.allowed, ro.refinements, ro.expert_advantages
         )
@@ -234,16 +233,7 @@ class JointMultiExpertRL:
         for i in range(self.num_refiners):
             metrics[f"{multi_expert.EXPERT_PREFIX}{i}_loss"] = values[i]
             metrics[f"{multi_expert.EXPERT_PREFIX}{i}_advantage_std"] = jnp.std(ro.expert_advantages[i])
-        if cfg.joint:
-            (gen_value, gen_metrics), gen_grads = jax.value_and_grad(self.generator_loss, has_aux=True)(
-                state.generator, state, ro
-            )
-            updates, gen_opt = self.generator_tx.update(gen_grads, state.generator_opt, state.generator)
-            new = new._replace(generator=optax.apply_updates(state.generator, updates), generator_opt=gen_opt)
-            finite = finite & jnp.isfinite(gen_value) & jnp.isfinite(optax.tree.norm(gen_grads))
-            metrics = {**metrics, **gen_metrics, "gen_grad_norm": optax.tree.norm(gen_grads)}
-        new = guarded_update(finite, new, state._replace(step=state.step + 1))
-        return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
+        return finish_update(self, state, ro, new, finite, metrics)
 
     def step_fn(self, state: JointRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[JointRLState, dict]:
         """The pure, unjitted step (rollout + every update) for custom ``jit``/sharding (``distributed.sharded_step``)."""
@@ -254,13 +244,7 @@ class JointMultiExpertRL:
     def step(self, state: JointRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[JointRLState, dict]:
         """Rollout then every update as ONE jitted function: ``(state, metrics)``; a non-finite loss or
         gradient anywhere leaves every weight unchanged (``metrics["skipped"] == 1``)."""
-        check_batch(batch)
-        lengths = jnp.sum(jnp.asarray(batch["ids"]) != 0, axis=1)
-        if not isinstance(lengths, jax.core.Tracer) and int(jnp.max(lengths)) > self.max_prompt_words:
-            raise ValueError(
-                f"a prompt has {int(jnp.max(lengths))} words; with {self.num_refiners} refiners prompts may have at most "
-                f"{self.max_prompt_words}"
-            )
+        check_refine_batch(batch, self.max_prompt_words)
         return self._step(state, batch, key)
 
 

@@ -26,12 +26,12 @@ from flax import nnx
 
 from jaxpipe.card import Card
 from jaxpipe.cards import unified
-from jaxpipe.loops import ar, denoise
+from jaxpipe.loops import denoise
 from jaxpipe.training import losses, rollout
 from jaxpipe.training.finetune import guarded_update, split_trainable
 from jaxpipe.training.flow_grpo import FlowGRPOConfig, RewardFn, check_batch, generator_loss
 
-__all__ = ["UnifiedRLConfig", "UnifiedRLState", "UnifiedRollout", "UnifiedRL", "refine_rows", "reward_metrics", "reward_stats"]
+__all__ = ["UnifiedRLConfig", "UnifiedRLState", "UnifiedRollout", "UnifiedRL", "refine_rows", "reward_metrics", "reward_stats", "check_refine_batch", "finish_update"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +155,7 @@ class UnifiedRL:
         self.generator_tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
         self.rollout = jax.jit(self._rollout)
         self.update = jax.jit(self._update)
-        self._step = jax.jit(self._fused_step)
+        self._step = jax.jit(self.step_fn)
 
     # ------------------------------------------------------------------------------------ state
     def init(self, key: jax.Array | None = None) -> UnifiedRLState:
@@ -230,24 +230,15 @@ class UnifiedRL:
         return loss, {f"gen_{k}": v for k, v in metrics.items()}
 
     def _update(self, state: UnifiedRLState, ro: UnifiedRollout) -> tuple[UnifiedRLState, dict]:
-        cfg = self.config
         (lm_value, lm_metrics), lm_grads = jax.value_and_grad(self.lm_loss, has_aux=True)(state.lm, state, ro)
         updates, lm_opt = self.lm_tx.update(lm_grads, state.lm_opt, state.lm)
         new = state._replace(lm=optax.apply_updates(state.lm, updates), lm_opt=lm_opt, step=state.step + 1)
         finite = jnp.isfinite(lm_value) & jnp.isfinite(optax.tree.norm(lm_grads))
         metrics = {**lm_metrics, "lm_grad_norm": optax.tree.norm(lm_grads)}
-        if cfg.joint:
-            (gen_value, gen_metrics), gen_grads = jax.value_and_grad(self.generator_loss, has_aux=True)(
-                state.generator, state, ro
-            )
-            updates, gen_opt = self.generator_tx.update(gen_grads, state.generator_opt, state.generator)
-            new = new._replace(generator=optax.apply_updates(state.generator, updates), generator_opt=gen_opt)
-            finite = finite & jnp.isfinite(gen_value) & jnp.isfinite(optax.tree.norm(gen_grads))
-            metrics = {**metrics, **gen_metrics, "gen_grad_norm": optax.tree.norm(gen_grads)}
-        new = guarded_update(finite, new, state._replace(step=state.step + 1))
-        return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
+        return finish_update(self, state, ro, new, finite, metrics)
 
-    def _fused_step(self, state: UnifiedRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[UnifiedRLState, dict]:
+    def step_fn(self, state: UnifiedRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[UnifiedRLState, dict]:
+        """The pure, unjitted step (rollout + both updates), for custom ``jit``/sharding."""
         ro = self._rollout(state, batch, key)
         state, metrics = self._update(state, ro)
         return state, {**metrics, **reward_metrics(ro)}
@@ -260,17 +251,33 @@ class UnifiedRL:
 
     def check_batch(self, batch: Mapping[str, Any]) -> None:
         """A clear error for a malformed batch or a prompt too long to refine (when the ids are concrete)."""
-        check_batch(batch)
-        try:
-            lengths = jnp.sum(jnp.asarray(batch["ids"]) != 0, axis=1)
-            longest = int(jnp.max(lengths))
-        except jax.errors.ConcretizationTypeError:
-            return
-        if longest > self.max_prompt_words:
-            raise ValueError(
-                f"a prompt has {longest} words; the refiner needs room to add {self.ar_config.max_new_tokens}, so prompts "
-                f"may have at most {self.max_prompt_words}"
-            )
+        check_refine_batch(batch, self.max_prompt_words)
+
+
+def check_refine_batch(batch: Mapping[str, Any], max_words: int) -> None:
+    """``check_batch`` plus: every prompt leaves the refiner(s) room (at most ``max_words`` words; checked
+    when the ids are concrete)."""
+    check_batch(batch)
+    try:
+        longest = int(jnp.max(jnp.sum(jnp.asarray(batch["ids"]) != 0, axis=1)))
+    except jax.errors.ConcretizationTypeError:
+        return
+    if longest > max_words:
+        raise ValueError(f"a prompt has {longest} words; the refiner(s) need room to add theirs, so prompts may have at most {max_words}")
+
+
+def finish_update(method, state, ro, new, finite: jax.Array, metrics: dict):
+    """The generator half of a joint update (FlowGRPO on ``state.generator`` when ``method.config.joint``),
+    then the all-or-nothing finite guard: ``(new state, metrics)``. Shared by ``UnifiedRL`` and
+    ``JointMultiExpertRL`` (both states have ``generator``/``generator_opt``; both methods ``generator_loss``)."""
+    if method.config.joint:
+        (value, gen_metrics), grads = jax.value_and_grad(method.generator_loss, has_aux=True)(state.generator, state, ro)
+        updates, opt = method.generator_tx.update(grads, state.generator_opt, state.generator)
+        new = new._replace(generator=optax.apply_updates(state.generator, updates), generator_opt=opt)
+        finite = finite & jnp.isfinite(value) & jnp.isfinite(optax.tree.norm(grads))
+        metrics = {**metrics, **gen_metrics, "gen_grad_norm": optax.tree.norm(grads)}
+    new = guarded_update(finite, new, state._replace(step=state.step + 1))
+    return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
 
 
 def reward_metrics(ro: UnifiedRollout) -> dict[str, jax.Array]:
