@@ -4,6 +4,7 @@
     jaxpipe evaluate [--samples N] [--guidance G]
     jaxpipe train flow-grpo --steps N --out DIR [...]     # RL on flux-t2i (generator only)
     jaxpipe train unified --steps N --out DIR [...]       # RL on the unified card (refiner LM + generator)
+    jaxpipe train joint --steps N --out DIR [...]         # N-way: N refiner experts (one vmap) + generator
     jaxpipe cards
 """
 
@@ -267,6 +268,64 @@ def train_unified(
         lambda: rl_runs.unified_run(
             card, scorer_card, config, spec, prompts_per_step=prompts_per_step, seed=seed, evaluation=evaluation
         ),
+        steps, out, seed,
+    )
+
+
+@train_app.command("joint")
+def train_joint(
+    steps: int = _STEPS,
+    out: Path = _OUT,
+    refiners: int = typer.Option(3, "--refiners", "-N", help="Refiner experts (each owns one attribute slot: stroke, position, brightness, cycling)."),
+    credit: str = typer.Option("per_expert", "--credit", help="shared (one advantage for every refiner) or per_expert (each refiner's own reward term)."),
+    prompts_per_step: int = _PROMPTS,
+    group_size: int = _GROUP,
+    skip: int = typer.Option(1, "--skip", help="Samples per group that keep the original prompt (0 <= skip < K)."),
+    prompt_only: bool = typer.Option(False, "--prompt-only", help="Train only the refiners; the generator stays frozen."),
+    num_steps: int = _NUM_STEPS,
+    sde_window: str = _WINDOW,
+    noise_level: float = _NOISE,
+    lr: float = _LR,
+    beta: float = _BETA,
+    clip_eps: float = _CLIP,
+    lm_lr: float = typer.Option(1e-3, "--lm-lr", help="Refiner learning rate."),
+    lm_beta: float = typer.Option(0.01, "--lm-beta", help="Refiner k3-KL weight to its frozen reference."),
+    terms: str = _TERMS,
+    mention: float = typer.Option(0.0, "--mention", help="Probability that a prompt names each rewarded attribute (0: the refiners choose them all)."),
+    prefer: str = typer.Option("stroke=thick,position=right,brightness=dim", "--prefer", help="The attribute values the reward prefers when a prompt leaves them out."),
+    seed: int = _SEED,
+    run_eval: bool = _EVAL,
+    eval_samples: int = _EVAL_SAMPLES,
+    diversity_prompts: int = _DIV_PROMPTS,
+    diversity_seeds: int = _DIV_SEEDS,
+    eval_seed: int = _EVAL_SEED,
+    model: str = typer.Option("unified", "--model", help="Unified card whose LM initialises every refiner (bundled id or directory)."),
+    scorer: str = _SCORER,
+) -> None:
+    """JointMultiExpertRL: N refiner experts (one vmapped update) and the generator from one reward."""
+    from jaxpipe.cards import multi_expert
+    from jaxpipe.training import rl_runs
+    from jaxpipe.training.joint_rl import JointRLConfig
+
+    if steps <= 0:
+        _fail(f"--steps must be a positive integer (got {steps})")
+    try:
+        spec = rl_runs.PromptSpec(terms=rl_runs.parse_terms(terms), mention=mention, prefer=rl_runs.parse_preferences(prefer))
+        config = JointRLConfig(
+            group_size=group_size, skip=skip, joint_generator=not prompt_only, credit=credit, num_steps=num_steps,
+            noise_level=noise_level, sde_window=_window(sde_window), clip_eps=clip_eps, beta=beta, learning_rate=lr,
+            lm_learning_rate=lm_lr, lm_beta=lm_beta,
+        )
+        evaluation = _evaluation(run_eval, eval_samples, diversity_prompts, diversity_seeds, eval_seed)
+    except ValueError as err:
+        _fail(str(err))
+    base, scorer_card = _load(model, scorer)
+    try:
+        card = multi_expert.from_unified(base, refiners)
+    except ValueError as err:
+        _fail(str(err))
+    _execute(
+        lambda: rl_runs.joint_run(card, scorer_card, config, spec, prompts_per_step=prompts_per_step, seed=seed, evaluation=evaluation),
         steps, out, seed,
     )
 

@@ -1,4 +1,4 @@
-"""`jaxpipe train flow-grpo | unified`: tiny runs write metrics, curves, a report and a loadable card; bad flags fail clearly."""
+"""`jaxpipe train flow-grpo | unified | joint`: tiny runs write metrics, curves, a report and a loadable card; bad flags fail clearly."""
 
 import json
 import math
@@ -70,6 +70,24 @@ def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_genera
     jp.Engine().register(trained)
 
 
+@needs_cards
+def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(tmp_path):
+    out = tmp_path / "joint"
+    result = runner.invoke(app, ["train", "joint", "--out", str(out), "--refiners", "3", "--prompt-only", *TINY])
+    assert result.exit_code == 0, result.output
+    rows = read_metrics(out)
+    assert all(f"refiner_{i}_loss" in rows[0] for i in range(3))
+    assert {"reward_stroke", "reward_position", "reward_brightness"} <= set(rows[0])
+    for png in ("reward.png", "reward_per_expert.png", "refiner_losses.png"):
+        assert Image.open(out / png).format == "PNG"
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    assert {"preferred_stroke_rate", "preferred_position_rate", "preferred_brightness_rate"} <= set(summary)
+    trained = jp.cards.load(out)
+    assert trained.spec.config.num_refiners == 3
+    assert same(trained["transformer"], jp.cards.load("unified")["transformer"])  # prompt-only
+    jp.Engine().register(trained)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -84,6 +102,8 @@ def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_genera
         (["unified", "--prefer", "colour=red"], "a preference is ATTRIBUTE=WORD"),
         (["unified", "--prefer", "stroke=thick", "--mention", "1"], "with mention 1 every prompt names it"),
         (["unified", "--prefer", "stroke=thick", "--terms", "digit,position"], "needs stroke among the reward terms"),
+        (["joint", "--credit", "blame"], "credit must be one of"),
+        (["joint", "-K", "2", "--skip", "2"], "skip must be in 0..K-1"),
     ],
 )
 def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):

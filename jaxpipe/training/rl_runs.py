@@ -34,12 +34,13 @@ import numpy as np
 
 from jaxpipe import quality
 from jaxpipe.card import Card
-from jaxpipe.cards import common, digit_scorer, flux_t2i, unified
+from jaxpipe.cards import common, digit_scorer, flux_t2i, multi_expert, unified
 from jaxpipe.checkpoint import config_to_dict, save_card
 from jaxpipe.data import digits
 from jaxpipe.io import plot_curves
 from jaxpipe.training.fit import fit
-from jaxpipe.training.flow_grpo import REWARD_TERMS, FlowGRPO, FlowGRPOConfig, scorer_reward
+from jaxpipe.training.flow_grpo import REWARD_TERMS, FlowGRPO, FlowGRPOConfig, scorer_reward, scorer_reward_parts
+from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "refinement_quality",
     "flow_grpo_run",
     "unified_run",
+    "joint_run",
     "execute",
 ]
 
@@ -205,8 +207,12 @@ class EvalSettings:
 _render_ids = jax.jit(flux_t2i.generate_from_ids, static_argnames="sampling")
 
 
+def _refines(card: Card) -> bool:
+    return "llm" in card.components or multi_expert.COMPONENT in card.components
+
+
 def _denoise_loop(card: Card) -> str:
-    return unified.DENOISE_LOOP if "llm" in card.components else flux_t2i.LOOP_ID
+    return unified.DENOISE_LOOP if _refines(card) else flux_t2i.LOOP_ID
 
 
 def render(
@@ -214,16 +220,19 @@ def render(
 ) -> tuple[np.ndarray, list[str]]:
     """Serve ``captions`` at guidance 1: ``(images (N, H, W, C) in [0, 1], the prompts rendered)``.
 
-    A ``unified`` card refines each prompt with its LM first (its served policy), unless ``refine`` is
-    False; the denoiser's noise is the same either way (``fold_in(key, 1)``, as ``unified.generate``).
+    A ``unified`` (``multi-expert``) card refines each prompt with its LM (every refiner) first, its
+    served policy, unless ``refine`` is False; the denoiser's noise is the same either way
+    (``fold_in(key, 1)``, as ``unified.generate`` and ``multi_expert.generate``).
     """
     captions, seeds = list(captions), list(seeds)
     images, rendered = [], []
     for start in range(0, len(captions), batch):
         part, part_seeds = captions[start : start + batch], seeds[start : start + batch]
-        if "llm" in card.components and refine:
+        if multi_expert.COMPONENT in card.components and refine:
+            im, text = multi_expert.generate(card, part, seed=part_seeds, num_steps=num_steps, guidance=1.0)
+        elif "llm" in card.components and refine:
             im, text = unified.generate(card, part, seed=part_seeds, num_steps=num_steps, guidance=1.0)
-        elif "llm" in card.components:
+        elif _refines(card):
             keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(common.request_keys(part_seeds, len(part)))
             sampling = common.sampling(card, unified.DENOISE_LOOP, num_steps, 1.0)
             im, text = _render_ids(card, common.tokenize(card, part), keys, sampling), part
@@ -307,12 +316,15 @@ def refinement_quality(card: Card, scorer: Card, spec: PromptSpec, settings: Eva
     refined, text = render(card, prompts.captions, seeds, num_steps=num_steps, batch=settings.batch)
     original, _ = render(card, prompts.captions, seeds, num_steps=num_steps, refine=False, batch=settings.batch)
     asked, in_order = np.zeros(2), np.zeros(2)  # (asked for the preferred word, pairs)
+    by_attribute = {}
     for name, label in spec.preferences.items():
         word = digits.ATTRIBUTE_WORDS[name][label]
         later = digits.ATTRIBUTES[digits.ATTRIBUTES.index(name) + 1 :]
+        by_attribute[name] = np.zeros(2)
         for i in np.flatnonzero(~prompts.named[name]):
             hit = word in text[i].split()[len(prompts.captions[i].split()) :]
             asked += (hit, 1)
+            by_attribute[name] += (hit, 1)
             if not any(prompts.named[a][i] for a in later):
                 in_order += (hit, 1)
     rate = lambda counts: float(counts[0] / counts[1]) if counts[1] else None
@@ -325,6 +337,7 @@ def refinement_quality(card: Card, scorer: Card, spec: PromptSpec, settings: Eva
         "original": judge(scorer, original, prompts),
         "preferred_word_rate": rate(asked),
         "preferred_word_rate_in_order": rate(in_order),
+        "preferred_word_rate_by_attribute": {name: rate(counts) for name, counts in by_attribute.items()},
         "added_words": float(np.mean(added)),
         "examples": [f"{c} -> {t}" for c, t in zip(prompts.captions[:8], text[:8])],
         "diversity": diversity(card, spec, settings, num_steps=num_steps),
@@ -461,6 +474,68 @@ def unified_run(
             "refined_vs_original.png": ("reward_refined", "reward_original"),
             "refined_tokens.png": ("refined_tokens",),
             "kl.png": ("lm_kl", "gen_kl"),
+        },
+        headline=headline,
+    )
+
+
+def joint_run(
+    card: Card,
+    scorer: Card,
+    config: JointRLConfig,
+    prompts: PromptSpec = PromptSpec(mention=0.0, prefer=(("stroke", 1), ("position", 2), ("brightness", 0))),
+    *,
+    prompts_per_step: int = 4,
+    seed: int = 0,
+    evaluation: EvalSettings | None = EvalSettings(),
+) -> Run:
+    """JointMultiExpertRL on a ``multi-expert`` card (build one with ``multi_expert.from_unified``).
+
+    The reward's parts are the scorer's per-term probabilities, so under ``credit="per_expert"`` refiner
+    i is credited with the term of the attribute it owns; the curves include every part (one per expert).
+    """
+    if multi_expert.COMPONENT not in card.components:
+        raise ValueError(f"joint RL needs a multi-expert card (stacked refiners); {card.model_id!r} has none")
+    limit = card.spec.config.max_prompt_words
+    if prompts.max_words > limit:
+        raise ValueError(f"prompts of up to {prompts.max_words} words do not leave the refiners room ({limit} words at most)")
+    method = JointMultiExpertRL(card, scorer_reward_parts(scorer, prompts.terms), config)
+    evaluate = None
+    if evaluation is not None:
+        evaluate = lambda c: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps)
+    names = multi_expert.expert_names(card)
+
+    def headline(before: dict, after: dict) -> dict:
+        rates = {
+            f"preferred_{name}_rate": _change(before, after, "preferred_word_rate_by_attribute", name)
+            for name in before["preferred_word_rate_by_attribute"]
+        }
+        return {
+            "refined_all_right": _change(before, after, "refined", "all_right"),
+            "original_all_right": _change(before, after, "original", "all_right"),
+            **rates,
+        }
+
+    parts = tuple(f"reward_{t}" for t in prompts.terms if t != "digit")
+    return Run(
+        name=f"joint ({len(names)} refiners, {config.credit} credit{'' if config.joint else ', prompt-only'})",
+        method=method,
+        batches=prompt_batches(card, prompts, prompts_per_step, seed),
+        settings={
+            "model": card.model_id,
+            "refiners": len(names),
+            "slots": [card.spec.config.slot(i) for i in range(len(names))],
+            "prompts_per_step": prompts_per_step,
+            "prompts": prompts.describe(),
+            "config": config_to_dict(config),
+            "evaluation": None if evaluation is None else dataclasses.asdict(evaluation),
+        },
+        evaluate=evaluate,
+        curves={
+            "reward.png": ("reward_mean",),
+            "reward_per_expert.png": parts,
+            "refined_vs_original.png": ("reward_refined", "reward_original"),
+            "refiner_losses.png": tuple(f"{name}_loss" for name in names),
         },
         headline=headline,
     )
