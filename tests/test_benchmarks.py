@@ -66,3 +66,28 @@ def test_rl_step_quick_smoke_flow_grpo(tmp_path):
 def test_rl_step_quick_smoke_unified_rl(tmp_path):
     """The same for joint UnifiedRL (its compiles alone take ~30 s of CPU, so it runs with -m slow)."""
     _rl_step_smoke(tmp_path, "unified", "UnifiedRL (joint)")
+
+
+def test_joint_rl_check_catches_a_different_update():
+    """The N-way benchmark refuses to time a per-expert loop whose update is not the vmapped one."""
+    bench = _load("joint_rl")
+    stacked = {"w": np.zeros((2, 3), np.float32), "loss": np.zeros(2, np.float32)}
+    same = [{"w": np.full(3, 5e-7, np.float32), "loss": np.float32(0)} for _ in range(2)]
+    assert bench.check_same_update(stacked, same) == pytest.approx(5e-7)
+    off = [same[0], {"w": np.zeros(3, np.float32), "loss": np.float32(1e-5)}]
+    with pytest.raises(AssertionError, match=r"expert 1 \['loss'\]"):
+        bench.check_same_update(stacked, off)
+
+
+def test_joint_rl_quick_smoke(tmp_path):
+    """``joint_rl.py --quick`` end to end (N = 1, 2) in a fresh process compiling at XLA optimisation level 0:
+    vmapped update == per-expert loop within 1e-6 (or it exits non-zero), section written."""
+    out = tmp_path / "RESULTS.md"
+    fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {fast_compile}".strip()}
+    cmd = [sys.executable, str(BENCHMARKS / "joint_rl.py"), "--quick", "--results", str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    text = out.read_text()
+    assert "<!-- BEGIN joint_rl -->" in text and "<!-- END joint_rl -->" in text
+    assert "| 1 × 2 (2) | 1 |" in text and "| 1 × 2 (2) | 2 |" in text
