@@ -375,6 +375,25 @@ def _change(before: dict, after: dict, *path: str) -> dict:
     return {"before": b, "after": a, "change": a - b}
 
 
+def _settings(card: Card, config, prompts: PromptSpec, prompts_per_step: int, evaluation: EvalSettings | None, **extra) -> dict:
+    """The JSON-able record of a run's settings (``report.json``)."""
+    return {
+        "model": card.model_id,
+        **extra,
+        "prompts_per_step": prompts_per_step,
+        "prompts": prompts.describe(),
+        "config": config_to_dict(config),
+        "evaluation": None if evaluation is None else dataclasses.asdict(evaluation),
+    }
+
+
+def _check_room(card: Card, prompts: PromptSpec) -> None:
+    """A clear error when ``prompts`` can be too long for the card's refiner(s) to add their words."""
+    limit = card.spec.config.max_prompt_words
+    if prompts.max_words > limit:
+        raise ValueError(f"prompts of up to {prompts.max_words} words do not leave the refiner(s) room ({limit} words at most)")
+
+
 def flow_grpo_run(
     card: Card,
     scorer: Card,
@@ -407,13 +426,7 @@ def flow_grpo_run(
         name="flow-grpo",
         method=method,
         batches=prompt_batches(card, prompts, prompts_per_step, seed),
-        settings={
-            "model": card.model_id,
-            "prompts_per_step": prompts_per_step,
-            "prompts": prompts.describe(),
-            "config": config_to_dict(config),
-            "evaluation": None if evaluation is None else dataclasses.asdict(evaluation),
-        },
+        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
         evaluate=evaluate,
         curves={"reward.png": ("reward_mean",), "kl.png": ("kl",)},
         headline=headline,
@@ -437,9 +450,7 @@ def unified_run(
     """
     if "llm" not in card.components:
         raise ValueError(f"unified RL needs a card with a refiner LM (the 'unified' card); {card.model_id!r} has none")
-    limit = card.spec.config.max_prompt_words
-    if prompts.max_words > limit:
-        raise ValueError(f"prompts of up to {prompts.max_words} words do not leave the refiner room ({limit} words at most)")
+    _check_room(card, prompts)
     method = UnifiedRL(card, scorer_reward(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
@@ -461,13 +472,7 @@ def unified_run(
         name="unified" if config.joint else "unified (prompt-only)",
         method=method,
         batches=prompt_batches(card, prompts, prompts_per_step, seed),
-        settings={
-            "model": card.model_id,
-            "prompts_per_step": prompts_per_step,
-            "prompts": prompts.describe(),
-            "config": config_to_dict(config),
-            "evaluation": None if evaluation is None else dataclasses.asdict(evaluation),
-        },
+        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
         evaluate=evaluate,
         curves={
             "reward.png": ("reward_mean",),
@@ -496,9 +501,7 @@ def joint_run(
     """
     if multi_expert.COMPONENT not in card.components:
         raise ValueError(f"joint RL needs a multi-expert card (stacked refiners); {card.model_id!r} has none")
-    limit = card.spec.config.max_prompt_words
-    if prompts.max_words > limit:
-        raise ValueError(f"prompts of up to {prompts.max_words} words do not leave the refiners room ({limit} words at most)")
+    _check_room(card, prompts)
     method = JointMultiExpertRL(card, scorer_reward_parts(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
@@ -521,15 +524,10 @@ def joint_run(
         name=f"joint ({len(names)} refiners, {config.credit} credit{'' if config.joint else ', prompt-only'})",
         method=method,
         batches=prompt_batches(card, prompts, prompts_per_step, seed),
-        settings={
-            "model": card.model_id,
-            "refiners": len(names),
-            "slots": [card.spec.config.slot(i) for i in range(len(names))],
-            "prompts_per_step": prompts_per_step,
-            "prompts": prompts.describe(),
-            "config": config_to_dict(config),
-            "evaluation": None if evaluation is None else dataclasses.asdict(evaluation),
-        },
+        settings=_settings(
+            card, config, prompts, prompts_per_step, evaluation,
+            refiners=len(names), slots=[card.spec.config.slot(i) for i in range(len(names))],
+        ),
         evaluate=evaluate,
         curves={
             "reward.png": ("reward_mean",),
