@@ -5,6 +5,7 @@ from jaxpipe.card import Card, CardSpec, CardValidationError, LoopSpec
 from jaxpipe.request import Output, Request
 from jaxpipe.program import Program
 from jaxpipe.workflow import Stage, Workflow
+from jaxpipe.generate import generate
 from jaxpipe.engine import Engine
 from jaxpipe import cache, parity
 
@@ -12,5 +13,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Card", "CardSpec", "CardValidationError", "LoopSpec", "cards", "data", "loops", "nn", "samplers",
-    "Engine", "Output", "Program", "Request", "Stage", "Workflow", "cache", "parity",
+    "Engine", "Output", "Program", "Request", "Stage", "Workflow", "cache", "generate", "parity",
 ]

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
 __all__ = ["CacheKey", "CacheStats", "FeatureCache", "content_hash"]
@@ -46,12 +47,17 @@ class CacheStats:
 
 
 def content_hash(name: str, arrays: Mapping[str, Any]) -> str:
-    """SHA-256 over ``name`` and each array's slot name, dtype, shape and bytes (host copy)."""
+    """SHA-256 over ``name`` and, per slot (a pytree of arrays; PRNG keys by their key data), each
+    leaf's path, dtype, shape and bytes (host copy)."""
     h = hashlib.sha256(name.encode())
     for key in sorted(arrays):
-        a = np.ascontiguousarray(np.asarray(arrays[key]))
-        h.update(f"|{key}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.tobytes())
+        for path, leaf in jax.tree_util.tree_flatten_with_path(arrays[key])[0]:
+            dtype = getattr(leaf, "dtype", None)
+            if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+                leaf = jax.random.key_data(leaf)
+            a = np.ascontiguousarray(np.asarray(leaf))
+            h.update(f"|{key}{jax.tree_util.keystr(path)}|{a.dtype.str}|{a.shape}|".encode())
+            h.update(a.tobytes())
     return h.hexdigest()
 
 

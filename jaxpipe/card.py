@@ -15,9 +15,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-__all__ = ["Card", "CardSpec", "LoopSpec", "CardValidationError"]
+from jaxpipe.loops import registry as loop_kinds
 
-LOOP_KINDS = ("denoise", "ar_decode", "vae_tile", "score")
+__all__ = ["Card", "CardSpec", "LoopSpec", "CardValidationError"]
 
 
 class CardValidationError(ValueError):
@@ -28,23 +28,39 @@ class CardValidationError(ValueError):
 class LoopSpec:
     """A loop a card runs: its id, kind, the component(s) it binds and its static ``config``.
 
-    ``config`` is the loop's own hashable settings object (e.g. ``loops.denoise.DenoiseConfig``).
+    ``kind`` names a loop kind of ``jaxpipe.loops.registry.KINDS``; ``binds`` the components the
+    loop drives, in order (several for a routed loop: its router picks one per request);
+    ``config`` is the loop's own hashable settings (e.g. ``loops.denoise.DenoiseConfig``);
+    ``latent_shape`` the per-request latent shape of a denoise loop (each loop has its own, so
+    two loops of one card may run at two resolutions).
     """
 
     id: str
     kind: str
     binds: tuple[str, ...]
     config: Hashable = None
+    latent_shape: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        if self.kind not in LOOP_KINDS:
-            raise CardValidationError(f"loop {self.id!r}: kind must be one of {LOOP_KINDS} (got {self.kind!r})")
+        if self.kind not in loop_kinds.KINDS:
+            raise CardValidationError(f"loop {self.id!r}: kind must be one of {sorted(loop_kinds.KINDS)} (got {self.kind!r})")
         if isinstance(self.binds, str):
             object.__setattr__(self, "binds", (self.binds,))
         object.__setattr__(self, "binds", tuple(self.binds))
         if not self.binds:
             raise CardValidationError(f"loop {self.id!r} binds no component")
+        if self.latent_shape is not None:
+            shape = tuple(int(n) for n in self.latent_shape)
+            if not shape or min(shape) <= 0:
+                raise CardValidationError(f"loop {self.id!r}: latent_shape must be positive sizes (got {self.latent_shape})")
+            object.__setattr__(self, "latent_shape", shape)
         hash(self.config)
+        driver = loop_kinds.KINDS[self.kind]
+        if driver is not None:
+            try:
+                driver.check(self)
+            except ValueError as err:
+                raise CardValidationError(f"loop {self.id!r} ({self.kind}): {err}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +140,10 @@ class Card:
         validate(spec, components.keys())
         self.components = dict(components)
         self.spec = spec
+
+    def bound(self, loop_id: str) -> tuple:
+        """The components loop ``loop_id`` binds, in ``LoopSpec.binds`` order (what its driver drives)."""
+        return tuple(self.components[name] for name in self.spec.loop(loop_id).binds)
 
     def __getitem__(self, name: str):
         try:

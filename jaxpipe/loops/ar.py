@@ -1,5 +1,8 @@
-"""The autoregressive decode loop: KV-cached sampling as a pure ``step`` and a fused ``lax.scan``
-runner (DESIGN §7, the ``ar_decode`` loop kind).
+"""The autoregressive decode loop: KV-cached sampling as a pure ``step``, a fused ``lax.scan``
+runner and its engine driver (DESIGN §7, the ``ar_decode`` loop kind).
+
+The loop drives any model satisfying the ``Decoder`` protocol (``init_cache`` / ``prefill`` /
+``decode_step`` plus a teacher-forced ``__call__``; e.g. ``jaxpipe.nn.RefinerLM``).
 
 State is an explicit pytree holding everything per request: a fixed-size token buffer
 ``(B, max_len)`` (prompt then generated tokens), the current length, the prompt length, a
@@ -23,16 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from collections.abc import Hashable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpipe.nn.lm import KVCache, RefinerLM
-
 __all__ = [
+    "Decoder",
     "ARConfig",
     "ARState",
     "TokenRecord",
@@ -42,9 +45,38 @@ __all__ = [
     "sequence_log_probs",
     "generated_mask",
     "scatter_steps",
+    "Continuation",
+    "continuation",
+    "Driver",
+    "DRIVER",
 ]
 
 PAD_ID = 0
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    """What the AR loop drives: a causal decoder with an explicit KV cache (a pytree).
+
+    ``max_len``: the buffer / cache length; ``vocab_size``: logits width;
+    ``init_cache(batch)``; ``prefill(ids (B, L), lengths (B,), cache) -> (logits (B, V), cache)``;
+    ``decode_step(token (B,), position (B,), cache) -> (logits (B, V), cache)``;
+    ``__call__(ids (B, T), mask (B, T)) -> logits (B, T, V)``: one teacher-forced forward.
+    """
+
+    @property
+    def max_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def init_cache(self, batch: int) -> Any: ...
+
+    def prefill(self, ids: jax.Array, lengths: jax.Array, cache: Any) -> tuple[jax.Array, Any]: ...
+
+    def decode_step(self, token: jax.Array, position: jax.Array, cache: Any) -> tuple[jax.Array, Any]: ...
+
+    def __call__(self, ids: jax.Array, mask: jax.Array | None = None) -> jax.Array: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +112,7 @@ class ARConfig:
 
 
 class ARState(NamedTuple):
-    """Everything per request (``B`` requests, buffer width ``T = model.cfg.max_len``).
+    """Everything per request (``B`` requests, buffer width ``T = model.max_len``).
 
     tokens ``(B, T)`` int32: prompt then generated tokens, ``<pad>`` after;
     length ``(B,)`` int32: tokens in the buffer (= position of the next token);
@@ -95,7 +127,7 @@ class ARState(NamedTuple):
     generated: jax.Array
     done: jax.Array
     logits: jax.Array
-    cache: KVCache
+    cache: Any
     key: jax.Array
 
 
@@ -122,15 +154,15 @@ def _concrete(x) -> np.ndarray | None:
         return None
 
 
-def init(model: RefinerLM, prompt_ids: jax.Array, keys: jax.Array, config: ARConfig) -> ARState:
+def init(model: Decoder, prompt_ids: jax.Array, keys: jax.Array, config: ARConfig) -> ARState:
     """Start ``B`` requests from right-padded ``prompt_ids`` ``(B, L)`` int32 (pad = 0; true lengths
     are ``sum(ids != 0)``, each >= 1) and per-request typed PRNG ``keys`` ``(B,)``.
 
     Prefills the KV cache with each prompt and stores its next-token logits. Needs
-    ``prompt length + max_new_tokens <= model.cfg.max_len`` (checked on the true lengths when
+    ``prompt length + max_new_tokens <= model.max_len`` (checked on the true lengths when
     they are concrete, on ``L`` under tracing).
     """
-    max_len = model.cfg.max_len
+    max_len = model.max_len
     prompt_ids = jnp.asarray(prompt_ids)
     if prompt_ids.ndim != 2 or not jnp.issubdtype(prompt_ids.dtype, jnp.integer):
         raise ValueError(f"prompt_ids must be a (B, L) integer array, got {prompt_ids.dtype}{prompt_ids.shape}")
@@ -173,7 +205,7 @@ def _sample(logits: jax.Array, keys: jax.Array, index: jax.Array, temperature: f
     return jax.vmap(draw)(keys, index, logits).astype(jnp.int32)
 
 
-def step(model: RefinerLM, state: ARState, config: ARConfig) -> tuple[ARState, TokenRecord]:
+def step(model: Decoder, state: ARState, config: ARConfig) -> tuple[ARState, TokenRecord]:
     """Generate one token per unfinished request: ``(state, TokenRecord)``.
 
     Samples from ``state.logits`` (greedy, or with key ``fold_in(key, generated)``), writes the
@@ -182,7 +214,7 @@ def step(model: RefinerLM, state: ARState, config: ARConfig) -> tuple[ARState, T
     """
     b, max_len = state.tokens.shape
     chex.assert_shape([state.length, state.prompt_length, state.generated, state.done, state.key], (b,))
-    chex.assert_shape(state.logits, (b, model.cfg.vocab_size))
+    chex.assert_shape(state.logits, (b, model.vocab_size))
     active = ~state.done & (state.generated < config.max_new_tokens) & (state.length < max_len)
     sampled = _sample(state.logits, state.key, state.generated, config.temperature)
     token = jnp.where(active, sampled, PAD_ID)
@@ -204,7 +236,7 @@ def step(model: RefinerLM, state: ARState, config: ARConfig) -> tuple[ARState, T
 
 
 def run(
-    model: RefinerLM, state: ARState, config: ARConfig, *, capture: bool = False
+    model: Decoder, state: ARState, config: ARConfig, *, capture: bool = False
 ) -> tuple[ARState, TokenRecord | None]:
     """Run ``config.max_new_tokens`` steps as one fused ``lax.scan``: ``(final state, records or None)``.
 
@@ -237,8 +269,30 @@ def scatter_steps(values: jax.Array, records: TokenRecord, width: int) -> jax.Ar
     return out.at[rows, records.position].add(jnp.where(records.valid, values, 0))
 
 
+class Continuation(NamedTuple):
+    """A finished, captured decode, every field ``(B, ...)``: what a trainer needs of an AR rollout.
+
+    tokens ``(B, T)``: prompt then generated tokens; prompt_length / length ``(B,)``;
+    mask ``(B, T)`` bool: the generated slots (EOS included); log_prob ``(B, T)``: the captured
+    ``log π(y_t | prompt, y_<t)`` at each generated slot, 0 elsewhere.
+    """
+
+    tokens: jax.Array
+    prompt_length: jax.Array
+    length: jax.Array
+    mask: jax.Array
+    log_prob: jax.Array
+
+
+def continuation(final: ARState, records: TokenRecord) -> Continuation:
+    """The ``Continuation`` of a ``run(..., capture=True)``: its final state and stacked records."""
+    width = final.tokens.shape[1]
+    mask = generated_mask(final.prompt_length, final.length, width)
+    return Continuation(final.tokens, final.prompt_length, final.length, mask, scatter_steps(records.log_prob, records, width))
+
+
 def sequence_log_probs(
-    model: RefinerLM, tokens: jax.Array, prompt_lengths: jax.Array, gen_mask: jax.Array
+    model: Decoder, tokens: jax.Array, prompt_lengths: jax.Array, gen_mask: jax.Array
 ) -> jax.Array:
     """Recompute ``log π(tokens[t] | tokens[<t])`` ``(B, T)`` float32 with ONE uncached causal forward.
 
@@ -258,3 +312,78 @@ def sequence_log_probs(
     scored = jnp.take_along_axis(log_probs, tokens[:, 1:, None], axis=-1)[..., 0]
     scored = jnp.concatenate([jnp.zeros((b, 1), scored.dtype), scored], axis=1)
     return jnp.where(gen_mask, scored, 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# The driver: how the engine steps and batches AR loops
+# --------------------------------------------------------------------------------------------
+
+
+def _one(models) -> Decoder:
+    models = tuple(models) if isinstance(models, (tuple, list)) else (models,)
+    if len(models) != 1:
+        raise ValueError(f"an ar_decode loop drives one decoder (got {len(models)})")
+    return models[0]
+
+
+class Driver:
+    """Drives ``ar_decode`` loops over the one decoder the loop binds.
+
+    A request takes ``max_new_tokens`` steps (a request that emits ``<eos>`` earlier is done and
+    its remaining steps leave its tokens unchanged), so the engine retires it after exactly the
+    steps ``run`` scans. Every row draws its tokens from its own key (``fold_in(key, i)``), so
+    rows at different steps share a batch; configs batch together only when equal (``batch_key``
+    is the whole ``ARConfig``: ``step`` reads ``max_new_tokens``, temperature and ``eos_id``).
+    There is no per-row schedule (``schedule`` is an empty row); ``latents`` is the token
+    buffer ``(B, max_len)`` (what a preview of this loop shows).
+    """
+
+    kind = "ar_decode"
+
+    def check(self, loop) -> None:
+        if not isinstance(loop.config, ARConfig):
+            raise ValueError(f"an ar_decode loop's config must be an ARConfig (got {type(loop.config).__name__})")
+        if len(loop.binds) != 1:
+            raise ValueError(f"an ar_decode loop drives one decoder; it binds {list(loop.binds)}")
+
+    def step(self, models, state: ARState, config: ARConfig) -> ARState:
+        return step(_one(models), state, config)[0]
+
+    def run(self, models, state: ARState, config: ARConfig, *, capture: bool = False):
+        return run(_one(models), state, config, capture=capture)
+
+    def num_steps(self, config: ARConfig) -> int:
+        return config.max_new_tokens
+
+    def batch_key(self, config: ARConfig) -> Hashable:
+        return config
+
+    def batch_config(self, config: ARConfig, width: int) -> ARConfig:
+        del width  # every member has the same config (batch_key), hence the same step count
+        return config
+
+    def schedule(self, config: ARConfig, width: int) -> np.ndarray:
+        del config, width
+        return _NO_SCHEDULE
+
+    def with_schedule(self, state: ARState, schedule: jax.Array) -> ARState:
+        del schedule
+        return state
+
+    def deactivate(self, state: ARState, rows: jax.Array) -> ARState:
+        return state._replace(done=state.done | rows)
+
+    def empty(self, state: ARState, capacity: int) -> ARState:
+        """``capacity`` inert rows shaped like one row of ``state`` (``done``: a step leaves their tokens alone)."""
+        rows = jax.tree.map(lambda a: jnp.zeros((capacity,) + a.shape[1:], a.dtype), state._replace(key=None))
+        keys = jax.random.split(jax.random.key(0), capacity)  # never read: the rows are done
+        return rows._replace(key=keys, done=jnp.ones((capacity,), bool))
+
+    def latents(self, state: ARState) -> jax.Array:
+        return state.tokens
+
+
+_NO_SCHEDULE = np.zeros((0,), np.float32)
+_NO_SCHEDULE.flags.writeable = False
+
+DRIVER = Driver()

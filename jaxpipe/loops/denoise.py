@@ -1,33 +1,45 @@
-"""The denoise loop: a pure ``step`` and a fused ``lax.scan`` runner (DESIGN §7).
+"""The denoise loop: a pure ``step``, a fused ``lax.scan`` runner and its engine driver (DESIGN §7).
+
+The loop drives any model satisfying the ``Denoiser`` protocol, ``velocity(x, sigma, cond) ->
+v``, where ``cond`` is a pytree its family defines (text K/V, a first frame, a packed context
+...). A loop may bind several denoisers; the config's routing policy picks one per request and
+step inside the same jitted step (``policies.routed_velocity``).
 
 State is an explicit pytree holding everything per request: latents, per-request sigma
-schedules and step indices, per-request PRNG keys and the conditioning. The noise of step ``i``
-of a request is drawn from ``fold_in(request_key, i)``, so a request's bits do not depend on
-which other requests share its batch or on who drives the loop (``run`` or the engine).
+schedules and step indices, per-request PRNG keys and the conditioning (and, for guidance, the
+unconditional input). The noise of step ``i`` of a request is drawn from ``fold_in(key, i)``, so
+a request's bits do not depend on which other requests share its batch or on who drives the
+loop (``run`` or the engine).
 
-Sampling policies are static (``DenoiseConfig``): ODE (Euler) or SDE (FlowGRPO) with an
-optional SDE window, and classifier-free guidance (``guidance == 1`` runs one forward).
-Under ``capture=True`` ``run`` also returns the ``Transition`` of every captured step
-(the SDE window), stacked on a leading time axis; serving compiles without it.
+Sampling policies are static (``DenoiseConfig``) and compose as small pure pieces
+(``jaxpipe.loops.policies``): routing, guidance (``guidance == 1`` runs one forward, otherwise
+CFG) and the sampler (Euler, or the FlowGRPO SDE inside its window). Under ``capture=True``
+``run`` also returns the ``Transition`` of every captured step (the SDE window), stacked on a
+leading time axis; serving compiles without it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import NamedTuple
+import functools
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpipe import samplers
+from jaxpipe.loops import policies
 
 __all__ = [
+    "Denoiser",
     "DenoiseConfig",
-    "Conditioning",
     "DenoiseState",
     "Transition",
+    "Driver",
+    "DRIVER",
     "init",
     "step",
     "run",
@@ -36,8 +48,13 @@ __all__ = [
     "trajectory_log_probs",
 ]
 
-Denoiser = Callable[..., jax.Array]
-"""``model(x, sigma, context, context_mask, first_frame) -> v``, e.g. ``jaxpipe.nn.DiT``."""
+
+@runtime_checkable
+class Denoiser(Protocol):
+    """What the denoise loop drives: ``velocity(x (B, ...), sigma (B,), cond) -> v (B, ...)`` float32,
+    with ``cond`` a pytree (leading axis ``B``) of the model family's own making."""
+
+    def velocity(self, x: jax.Array, sigma: jax.Array, cond: Any) -> jax.Array: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +63,9 @@ class DenoiseConfig:
 
     num_steps: Euler/SDE steps; shift: flow-shift of the schedule; sampler: ``"ode"`` or
     ``"sde"``; noise_level: the SDE's η; sde_window: ``(i, j)`` runs SDE only on steps
-    ``[i, j)`` (``None``: every step); guidance: CFG scale (1 = no guidance, one forward).
+    ``[i, j)`` (``None``: every step); guidance: CFG scale (1 = no guidance, one forward);
+    router: which bound denoiser each request uses at its noise level (``policies.Single()``
+    for a loop binding one).
     """
 
     num_steps: int = 8
@@ -55,6 +74,7 @@ class DenoiseConfig:
     noise_level: float = 0.7
     sde_window: tuple[int, int] | None = None
     guidance: float = 1.0
+    router: policies.Router = policies.Single()
 
     def __post_init__(self):
         if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps <= 0:
@@ -74,6 +94,7 @@ class DenoiseConfig:
                     f"sde_window must be (i, j) with 0 <= i < j <= num_steps={self.num_steps} (got {self.sde_window})"
                 )
             object.__setattr__(self, "sde_window", window)
+        hash(self.router)
 
     @property
     def captured_steps(self) -> tuple[int, int]:
@@ -82,30 +103,31 @@ class DenoiseConfig:
             return self.sde_window
         return (0, self.num_steps)
 
+    @property
+    def guide(self) -> policies.Unguided | policies.CFG:
+        """The guidance policy (``policies.guidance(self.guidance)``)."""
+        return policies.guidance(self.guidance)
+
+    @property
+    def window(self) -> policies.SDEWindow:
+        """The SDE window policy (every step when ``sde_window`` is ``None``)."""
+        return policies.SDEWindow() if self.sde_window is None else policies.SDEWindow(*self.sde_window)
+
     def replace(self, **changes) -> "DenoiseConfig":
         return dataclasses.replace(self, **changes)
 
 
-class Conditioning(NamedTuple):
-    """Per-request conditioning: text ``context`` ``(B, L, D)`` with ``context_mask`` ``(B, L)``,
-    the unconditional text for CFG (or ``None``) and an optional ``first_frame`` ``(B, h, w, C)``."""
-
-    context: jax.Array
-    context_mask: jax.Array
-    uncond_context: jax.Array | None = None
-    uncond_mask: jax.Array | None = None
-    first_frame: jax.Array | None = None
-
-
 class DenoiseState(NamedTuple):
-    """Everything per request: latents ``x`` ``(B, T, h, w, C)``, ``sigmas`` ``(B, N+1)``,
-    ``step`` ``(B,)`` int32, ``key`` ``(B,)`` PRNG keys and ``cond``."""
+    """Everything per request: latents ``x`` ``(B, *latent_shape)``, ``sigmas`` ``(B, N+1)``,
+    ``step`` ``(B,)`` int32, ``key`` ``(B,)`` PRNG keys, ``cond`` (the family's conditioning pytree,
+    leading axis ``B``) and ``uncond`` (its unconditional counterpart for guidance, or ``None``)."""
 
     x: jax.Array
     sigmas: jax.Array
     step: jax.Array
     key: jax.Array
-    cond: Conditioning
+    cond: Any
+    uncond: Any = None
 
 
 class Transition(NamedTuple):
@@ -126,57 +148,53 @@ class Transition(NamedTuple):
     step: jax.Array
 
 
-def init(keys: jax.Array, latent_shape: tuple[int, ...], cond: Conditioning, config: DenoiseConfig) -> DenoiseState:
-    """Start ``B = len(keys)`` requests from pure noise of per-request ``latent_shape`` ``(T, h, w, C)``.
+def _as_models(models) -> tuple:
+    return tuple(models) if isinstance(models, (tuple, list)) else (models,)
+
+
+def init(
+    keys: jax.Array, latent_shape: Sequence[int], cond: Any, config: DenoiseConfig, uncond: Any = None
+) -> DenoiseState:
+    """Start ``B = len(keys)`` requests from pure noise of per-request ``latent_shape`` (e.g. ``(T, h, w, C)``).
 
     ``keys`` are per-request PRNG keys ``(B,)`` (e.g. ``jax.random.key(seed)`` stacked): the same
-    key gives the same request whatever else is in the batch.
+    key gives the same request whatever else is in the batch. ``cond`` (and ``uncond``, required
+    when ``config.guidance != 1``) are pytrees whose leaves all have leading axis ``B``.
     """
     keys = jnp.asarray(keys)
     if not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) or keys.ndim != 1:
         raise ValueError(f"keys must be a (B,) array of typed PRNG keys (jax.random.key), got {keys.dtype}{keys.shape}")
+    if latent_shape is None:
+        raise ValueError("a denoise loop needs a per-request latent_shape (LoopSpec.latent_shape)")
     b = keys.shape[0]
-    chex.assert_shape(cond.context, (b, None, None))
-    chex.assert_shape(cond.context_mask, (b, cond.context.shape[1]))
-    if config.guidance != 1.0 and cond.uncond_context is None:
-        raise ValueError(f"guidance={config.guidance} needs cond.uncond_context (the unconditional text)")
+    chex.assert_tree_shape_prefix(cond, (b,))
+    if config.guide.needs_uncond:
+        if uncond is None:
+            raise ValueError(f"guidance={config.guidance} needs the unconditional input (uncond)")
+        chex.assert_trees_all_equal_structs(cond, uncond)
+        chex.assert_tree_shape_prefix(uncond, (b,))
+    else:
+        uncond = None
     init_keys, step_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
     x = jax.vmap(lambda k: jax.random.normal(k, tuple(latent_shape), jnp.float32))(init_keys)
     sigmas = jnp.broadcast_to(samplers.flow_sigmas(config.num_steps, config.shift), (b, config.num_steps + 1))
-    return DenoiseState(x=x, sigmas=sigmas, step=jnp.zeros((b,), jnp.int32), key=step_keys, cond=cond)
+    return DenoiseState(x=x, sigmas=sigmas, step=jnp.zeros((b,), jnp.int32), key=step_keys, cond=cond, uncond=uncond)
 
 
-def velocity(model: Denoiser, x: jax.Array, sigma: jax.Array, cond: Conditioning, guidance: float) -> jax.Array:
-    """The model's velocity at ``(x, sigma)``, with classifier-free guidance when ``guidance != 1``.
-
-    Guided evaluation runs conditional and unconditional halves as one doubled batch.
-    """
-    if guidance == 1.0:
-        return model(x, sigma, cond.context, cond.context_mask, cond.first_frame)
-    if cond.uncond_context is None:
-        raise ValueError(f"guidance={guidance} needs cond.uncond_context (the unconditional text)")
-    two = lambda a, b: None if a is None else jnp.concatenate([a, b], axis=0)
-    uncond_mask = cond.uncond_mask if cond.uncond_mask is not None else jnp.ones(cond.uncond_context.shape[:2], bool)
-    v = model(
-        two(x, x),
-        two(sigma, sigma),
-        two(cond.context, cond.uncond_context),
-        two(cond.context_mask, uncond_mask),
-        two(cond.first_frame, cond.first_frame),
-    )
-    v_cond, v_uncond = jnp.split(v, 2, axis=0)
-    return samplers.cfg_combine(v_cond, v_uncond, guidance)
+def velocity(models, x: jax.Array, sigma: jax.Array, cond: Any, config: DenoiseConfig, uncond: Any = None) -> jax.Array:
+    """The loop's velocity at ``(x, sigma)``: the routed denoiser(s) under the config's guidance."""
+    return config.guide(policies.routed_velocity(_as_models(models), config.router), x, sigma, cond, uncond)
 
 
 def _step_noise(keys: jax.Array, steps: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return jax.vmap(lambda k, i: jax.random.normal(jax.random.fold_in(k, i), shape, jnp.float32))(keys, steps)
 
 
-def step(model: Denoiser, state: DenoiseState, config: DenoiseConfig) -> tuple[DenoiseState, Transition]:
+def step(models, state: DenoiseState, config: DenoiseConfig) -> tuple[DenoiseState, Transition]:
     """Advance every unfinished request by one step: ``(state, Transition)``.
 
-    Each request reads its own ``sigmas[step]``, so a batch may mix requests at different steps;
-    a finished request (``step == N``) is left unchanged.
+    ``models``: the bound denoiser(s). Each request reads its own ``sigmas[step]``, so a batch may
+    mix requests at different steps; a finished request (``step == N``) is left unchanged.
     """
     num_steps = state.sigmas.shape[1] - 1
     active = state.step < num_steps
@@ -184,15 +202,14 @@ def step(model: Denoiser, state: DenoiseState, config: DenoiseConfig) -> tuple[D
     sigma = jnp.take_along_axis(state.sigmas, idx[:, None], axis=1)[:, 0]
     sigma_next = jnp.take_along_axis(state.sigmas, idx[:, None] + 1, axis=1)[:, 0]
     x = state.x
-    v = velocity(model, x, sigma, state.cond, config.guidance)
+    v = velocity(models, x, sigma, state.cond, config, state.uncond)
     sample = samplers.euler_step(x, v, sigma, sigma_next)
     mean, std, log_prob = sample, jnp.zeros_like(sigma), jnp.zeros_like(sigma)
     if config.sampler == "sde":
         sde = samplers.sde_step(
             x, v, sigma, sigma_next, _step_noise(state.key, idx, x.shape[1:]), noise_level=config.noise_level
         )
-        lo, hi = config.sde_window or (0, num_steps)
-        in_window = (idx >= lo) & (idx < hi)
+        in_window = config.window.contains(idx, num_steps)
         pick = lambda a, b: jnp.where(in_window.reshape(in_window.shape + (1,) * (a.ndim - 1)), a, b)
         sample, mean = pick(sde.sample, sample), pick(sde.mean, mean)
         std = jnp.where(in_window, sde.std.reshape(-1), 0.0)
@@ -213,7 +230,7 @@ def step(model: Denoiser, state: DenoiseState, config: DenoiseConfig) -> tuple[D
 
 
 def run(
-    model: Denoiser, state: DenoiseState, config: DenoiseConfig, *, capture: bool = False
+    models, state: DenoiseState, config: DenoiseConfig, *, capture: bool = False
 ) -> tuple[DenoiseState, Transition | None]:
     """Run every remaining step as fused ``lax.scan``s: ``(final state, trajectory or None)``.
 
@@ -226,10 +243,10 @@ def run(
         raise ValueError(f"state has {num_steps} steps but config.num_steps is {config.num_steps}")
 
     def plain(s, _):
-        return step(model, s, config)[0], None
+        return step(models, s, config)[0], None
 
     def recorded(s, _):
-        return step(model, s, config)
+        return step(models, s, config)
 
     if not capture:
         state, _ = jax.lax.scan(plain, state, length=num_steps)
@@ -244,27 +261,115 @@ def run(
 
 
 def trajectory_stats(
-    model: Denoiser, trajectory: Transition, cond: Conditioning, config: DenoiseConfig
+    models, trajectory: Transition, cond: Any, config: DenoiseConfig, uncond: Any = None
 ) -> tuple[jax.Array, jax.Array]:
-    """Recompute a captured SDE trajectory under ``model``: ``(S, B)`` log-probs and ``(S, B, ...)`` SDE means.
+    """Recompute a captured SDE trajectory under ``models``: ``(S, B)`` log-probs and ``(S, B, ...)`` SDE means.
 
     Teacher-forced: each step's stored ``(x, sample)`` pair is scored independently, ``vmap``ped
     over the time axis, so no re-scan is needed. With the rollout's weights this reproduces
-    ``trajectory.log_prob`` and ``trajectory.mean`` (C2, PPO ratio == 1). Differentiable in ``model``.
+    ``trajectory.log_prob`` and ``trajectory.mean`` (C2, PPO ratio == 1). Differentiable in ``models``.
     """
     if config.sampler != "sde":
         raise ValueError("trajectory_stats needs an SDE trajectory (config.sampler='sde')")
 
     def one(t: Transition) -> tuple[jax.Array, jax.Array]:
-        v = velocity(model, t.x, t.sigma, cond, config.guidance)
+        v = velocity(models, t.x, t.sigma, cond, config, uncond)
         mean, _ = samplers.sde_mean(t.x, v, t.sigma, t.sigma_next, noise_level=config.noise_level)
         return samplers.sde_log_prob(t.x, v, t.sigma, t.sigma_next, t.sample, noise_level=config.noise_level), mean
 
     return jax.vmap(one)(trajectory)
 
 
-def trajectory_log_probs(
-    model: Denoiser, trajectory: Transition, cond: Conditioning, config: DenoiseConfig
-) -> jax.Array:
+def trajectory_log_probs(models, trajectory: Transition, cond: Any, config: DenoiseConfig, uncond: Any = None) -> jax.Array:
     """The ``(S, B)`` log-probs of ``trajectory_stats``."""
-    return trajectory_stats(model, trajectory, cond, config)[0]
+    return trajectory_stats(models, trajectory, cond, config, uncond)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The driver: how the engine steps, pads and batches denoise loops
+# --------------------------------------------------------------------------------------------
+
+
+class Driver:
+    """Drives ``denoise`` loops for the engine and the program (all functions pure, jittable).
+
+    Mixed step counts share a batch by **padding the schedule**: a request with ``n`` steps gets
+    the sigma row ``[flow_sigmas(n), 0, ..., 0]`` of a common width ``W + 1`` (``schedule``); its
+    steps read exactly the sigmas they read unpadded, and the engine, which knows each request's
+    ``n``, retires it after its ``n``-th step (``deactivate`` then sets its step index to ``W``, so
+    the pure ``step`` leaves the row unchanged). A batch starts with ``batch_config`` (``num_steps
+    = W``) and ``with_schedule`` puts each row's own sigmas in. Configs that differ only in
+    ``num_steps`` batch together (``batch_key``).
+    """
+
+    kind = "denoise"
+
+    def check(self, loop) -> None:
+        """Raise ``ValueError`` unless ``loop`` (a ``LoopSpec``) can run: a ``DenoiseConfig``, a
+        latent shape, and as many bound components as its router has experts."""
+        if not isinstance(loop.config, DenoiseConfig):
+            raise ValueError(f"a denoise loop's config must be a DenoiseConfig (got {type(loop.config).__name__})")
+        if loop.latent_shape is None:
+            raise ValueError("a denoise loop needs latent_shape (the per-request latent shape, e.g. (T, h, w, C))")
+        experts = loop.config.router.num_experts
+        if len(loop.binds) != experts:
+            raise ValueError(
+                f"its router chooses among {experts} denoiser(s) but it binds {len(loop.binds)}: {list(loop.binds)}"
+            )
+
+    def step(self, models, state: DenoiseState, config: DenoiseConfig) -> DenoiseState:
+        return step(models, state, config)[0]
+
+    def run(self, models, state: DenoiseState, config: DenoiseConfig, *, capture: bool = False):
+        return run(models, state, config, capture=capture)
+
+    def num_steps(self, config: DenoiseConfig) -> int:
+        return config.num_steps
+
+    def batch_key(self, config: DenoiseConfig) -> Hashable:
+        # step() reads num_steps only through the width of state.sigmas, and the SDE window is
+        # validated per request, so everything but num_steps must agree.
+        return dataclasses.replace(config, num_steps=config.sde_window[1] if config.sde_window else 1)
+
+    def batch_config(self, config: DenoiseConfig, width: int) -> DenoiseConfig:
+        """The config a batch of width ``width`` (>= every member's ``num_steps``) starts with."""
+        return dataclasses.replace(config, num_steps=width)
+
+    def schedule(self, config: DenoiseConfig, width: int) -> np.ndarray:
+        """One request's sigma row ``(width + 1,)``: its own schedule, then zeros."""
+        return _padded_sigmas(config.num_steps, config.shift, width)
+
+    def with_schedule(self, state: DenoiseState, schedule: jax.Array) -> DenoiseState:
+        if schedule.shape != state.sigmas.shape:
+            raise ValueError(f"schedule {schedule.shape} does not match the state's sigmas {state.sigmas.shape}")
+        return state._replace(sigmas=jnp.asarray(schedule, state.sigmas.dtype))
+
+    def deactivate(self, state: DenoiseState, rows: jax.Array) -> DenoiseState:
+        width = state.sigmas.shape[1] - 1
+        return state._replace(step=jnp.where(rows, width, state.step))
+
+    def empty(self, state: DenoiseState, capacity: int) -> DenoiseState:
+        """``capacity`` inert rows shaped like one row of ``state`` (finished: ``step == W``)."""
+        rows = jax.tree.map(lambda a: jnp.zeros((capacity,) + a.shape[1:], a.dtype), state._replace(key=None))
+        keys = jax.random.split(jax.random.key(0), capacity)  # never read: the rows are inactive
+        width = state.sigmas.shape[1] - 1
+        return rows._replace(key=keys, step=jnp.full((capacity,), width, jnp.int32))
+
+    def latents(self, state: DenoiseState) -> jax.Array:
+        return state.x
+
+
+DRIVER = Driver()
+
+
+@functools.lru_cache(maxsize=256)
+def _padded_sigmas(num_steps: int, shift: float, width: int) -> np.ndarray:
+    if width < num_steps:
+        raise ValueError(f"cannot pad a {num_steps}-step schedule to {width} steps")
+    row = np.zeros((width + 1,), np.float32)
+    row[: num_steps + 1] = np.asarray(_flow_sigmas_jit(num_steps, shift))
+    row.flags.writeable = False
+    return row
+
+
+_flow_sigmas_jit = jax.jit(samplers.flow_sigmas, static_argnums=(0, 1))

@@ -9,6 +9,7 @@ frame's tokens, with a flag channel marking frame 0.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import chex
 import jax
@@ -80,6 +81,16 @@ class DiTBlock(nnx.Module):
         h = h + gate1[:, None] * self.attn(_modulate(self.norm1(h), shift1, scale1))
         h = h + self.cross(self.norm_cross(h), context, context_mask)
         return h + gate2[:, None] * self.mlp(_modulate(self.norm2(h), shift2, scale2))
+
+
+class DiTCond(NamedTuple):
+    """What a ``DiT`` conditions on (the ``cond`` of the denoiser protocol): text ``context``
+    ``(B, L, text_dim)`` with ``context_mask`` ``(B, L)``, and an optional ``first_frame`` latent
+    ``(B, h, w, C)`` for image-to-video."""
+
+    context: jax.Array
+    context_mask: jax.Array
+    first_frame: jax.Array | None = None
 
 
 class DiT(nnx.Module):
@@ -156,3 +167,7 @@ class DiT(nnx.Module):
         out = self.proj_out(_modulate(self.norm_out(h), shift, scale))
         v = rearrange(out, "b (t h w) (p q c) -> b t (h p) (w q) c", t=t, h=hh // p, w=ww // p, p=p, q=p)
         return v.astype(jnp.float32)
+
+    def velocity(self, x: jax.Array, sigma: jax.Array, cond: DiTCond) -> jax.Array:
+        """The denoiser protocol (``jaxpipe.loops.denoise.Denoiser``): ``self(x, sigma, *cond)``."""
+        return self(x, sigma, cond.context, cond.context_mask, cond.first_frame)

@@ -150,6 +150,14 @@ class RefinerLM(nnx.Module):
         self.norm = nnx.LayerNorm(cfg.dim, dtype=dtype, rngs=rngs)
         self.head = nnx.Linear(cfg.dim, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
 
+    @property
+    def max_len(self) -> int:
+        return self.cfg.max_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
     def _logits(self, h: jax.Array) -> jax.Array:
         return self.head(self.norm(h)).astype(jnp.float32)
 
@@ -244,6 +252,14 @@ class MaskedLM:
     def __init__(self, lm: RefinerLM, allowed: jax.Array):
         chex.assert_shape(allowed, (lm.cfg.vocab_size,))
         self.lm, self.allowed, self.cfg = lm, jnp.asarray(allowed, bool), lm.cfg
+
+    @property
+    def max_len(self) -> int:
+        return self.cfg.max_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
 
     def _mask(self, logits: jax.Array) -> jax.Array:
         return jnp.where(self.allowed, logits, -1e9)

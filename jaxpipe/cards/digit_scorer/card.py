@@ -1,4 +1,4 @@
-"""The ``digit-scorer`` card family: the digits world's reward model, served as a card.
+"""The ``digit-scorer`` card: the digits world's reward model, served as a card.
 
 One component, ``"scorer"`` (a ``DigitScorer`` CNN), bound by one loop, ``score``. ``score``
 returns class probabilities per head, ``predict`` the most likely labels; both take images

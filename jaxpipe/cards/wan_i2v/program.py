@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpipe.card import Card
-from jaxpipe.cards import common
-from jaxpipe.cards.wan_i2v import LOOP_ID, MODEL_ID
-from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, bind_text, start_denoise, text_nodes
+from jaxpipe.cards import generator
+from jaxpipe.cards.wan_i2v.card import LOOP_ID, MODEL_ID
+from jaxpipe.program import Bound, ComponentNode, LoopNode, Program
 from jaxpipe.request import Request
 
 
@@ -21,15 +21,9 @@ def _encode_image(card: Card, reads) -> dict[str, jax.Array]:
     return {"first_frame": card["vae"].encode(reads["image"] * 2.0 - 1.0)}
 
 
-def _decode(card: Card, reads) -> dict[str, jax.Array]:
-    """``latents`` ``(B, T, h, w, C)`` -> ``video`` ``(B, T, H, W, C)`` in [0, 1]."""
-    return {"video": common.to_unit(card["vae"].decode_video(reads["latents"]))}
-
-
 def _bind(card: Card, request: Request) -> Bound:
-    bound = bind_text(card, request, LOOP_ID)
-    cfg = card.spec.config
-    expected = (cfg.image_size, cfg.image_size, cfg.vae.image_channels)
+    bound = generator.bind_text(card, request, LOOP_ID)
+    expected = card.spec.config.image_shape
     if request.image is None:
         raise ValueError(f"{card.model_id!r} animates a first frame: the request needs image={expected} in [0, 1]")
     if tuple(request.image.shape) != expected:
@@ -51,17 +45,12 @@ def program() -> Program:
     """
     return Program(
         name=MODEL_ID,
-        inputs=("ids", "null_ids", "seed", "image"),
+        inputs=("ids", "null_ids", "key", "image"),
         nodes=(
-            *text_nodes(),
+            *generator.text_nodes(),
             ComponentNode("encode_image", _encode_image, reads=("image",), writes=("first_frame",), component="vae"),
-            LoopNode(
-                LOOP_ID,
-                start_denoise,
-                reads=("seed", "context", "context_mask", "uncond_context", "uncond_mask", "first_frame"),
-                writes=("latents",),
-            ),
-            ComponentNode("decode", _decode, reads=("latents",), writes=("video",), component="vae"),
+            LoopNode(LOOP_ID, generator.start_denoise(), reads=generator.DENOISE_READS + ("first_frame",), writes=("latents",)),
+            ComponentNode("decode", generator.decode_video, reads=("latents",), writes=("video",), component="vae"),
         ),
         outputs=(("video", "video"), ("latents", "latents")),
         bind=_bind,

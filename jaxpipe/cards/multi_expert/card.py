@@ -1,4 +1,4 @@
-"""The ``multi-expert`` card family: N refiner LMs and a text-to-image generator (DESIGN §8).
+"""The ``multi-expert`` card: N refiner LMs and a text-to-image generator (DESIGN §8).
 
 Components: ``text_encoder``, ``refiners`` (N ``RefinerLM``s of one architecture stored
 **stacked**: one module whose every parameter has a leading expert axis of size N; expert ``i``
@@ -22,9 +22,9 @@ import numpy as np
 from flax import nnx
 
 from jaxpipe.card import Card, LoopSpec
-from jaxpipe.cards import common, flux_t2i, unified
+from jaxpipe.cards import generator, unified
 from jaxpipe.data.digits import ATTRIBUTE_WORDS, ATTRIBUTES
-from jaxpipe.loops import ar, denoise
+from jaxpipe.loops import ar
 from jaxpipe.nn import MaskedLM, RefinerLM, Tokenizer
 
 MODEL_ID = "multi-expert"
@@ -126,15 +126,13 @@ def expert(card: Card, i: int) -> RefinerLM:
 
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A ``multi-expert`` card with freshly initialised components (refiner ``i`` from seed ``seed + 1 + i``)."""
-    generator = common.build_generator(
-        config, seed=seed, model_id=model_id, family="multi_expert", loop_id=DENOISE_LOOP, capability="t2i"
-    )
+    base = generator.build(config, seed=seed, model_id=model_id, family="multi_expert", loop_id=DENOISE_LOOP, capability="t2i")
     refiners = stack([RefinerLM(config.lm, rngs=nnx.Rngs(seed + 1 + i)) for i in range(config.num_refiners)])
     refine = LoopSpec(REFINE_LOOP, "ar_decode", (COMPONENT,), config.refine)
     spec = dataclasses.replace(
-        generator.spec, loops=(refine,) + generator.spec.loops, recipe=(REFINE_LOOP, DENOISE_LOOP), capabilities=("t2i", "refine")
+        base.spec, loops=(refine,) + base.spec.loops, recipe=(REFINE_LOOP, DENOISE_LOOP), capabilities=("t2i", "refine")
     )
-    return Card({**generator.components, COMPONENT: refiners}, spec)
+    return Card({**base.components, COMPONENT: refiners}, spec)
 
 
 def from_unified(card: Card, num_refiners: int = 3, **changes) -> Card:
@@ -179,46 +177,3 @@ def compose(prompt_ids: jax.Array, tokens: jax.Array, generated: jax.Array, eos:
     n, b, t = words.shape
     joined = jnp.concatenate([prompt_ids, jnp.transpose(words, (1, 0, 2)).reshape(b, n * t)], axis=1)
     return unified.compact(joined, width)
-
-
-def refine_from_ids(card: Card, ids: jax.Array, keys: jax.Array, config: ar.ARConfig) -> ar.ARState:
-    """Every refiner continues ``ids`` ``(B, L)`` with keys ``(N, B)``: stacked final ``ARState`` ``(N, B, ...)``."""
-    allowed = jnp.asarray(card.spec.config.allowed_tokens())
-    run = lambda lm, k: ar.run(lm, ar.init(lm, ids, k, config), config)[0]
-    return slot_models(card[COMPONENT], allowed, run)(keys)
-
-
-def generate_from_ids(
-    card: Card, ids: jax.Array, keys: jax.Array, refine: ar.ARConfig, sampling: denoise.DenoiseConfig
-) -> tuple[jax.Array, jax.Array]:
-    """Refine with every expert, compose, render: ``(images (B, H, W, C), composed ids (B, L))``. Pure."""
-    final = refine_from_ids(card, ids, expert_keys(keys, card.spec.config.num_refiners), refine)
-    generated = jax.vmap(lambda s: ar.generated_mask(s.prompt_length, s.length, s.tokens.shape[1]))(final)
-    text = compose(ids, final.tokens, generated, unified.eos_id(card), ids.shape[1])
-    gen_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-    return flux_t2i.generate_from_ids(card, text, gen_keys, sampling), text
-
-
-_generate_jit = jax.jit(generate_from_ids, static_argnames=("refine", "sampling"))
-
-
-def generate(
-    card: Card,
-    prompts: str | Sequence[str],
-    *,
-    seed: int | Sequence[int] = 0,
-    num_steps: int | None = None,
-    guidance: float | None = None,
-) -> tuple[jax.Array, list[str]]:
-    """Refine ``prompts`` with every expert and render them: ``(images (B, H, W, C), composed prompts)``."""
-    prompts = common.as_prompts(prompts)
-    ids = common.tokenize(card, prompts)
-    limit = card.spec.config.max_prompt_words
-    long = [p for p, row in zip(prompts, np.asarray(ids)) if int((row != 0).sum()) > limit]
-    if long:
-        raise ValueError(f"prompts {long} have more than {limit} words (each refiner needs room for its words)")
-    keys = common.request_keys(seed, len(prompts))
-    refine = card.spec.loop(REFINE_LOOP).config
-    images, text = _generate_jit(card, ids, keys, refine, common.sampling(card, DENOISE_LOOP, num_steps, guidance))
-    words = card.spec.tokenizer.words
-    return images, [" ".join(words[int(i)] for i in row if int(i) != 0) for row in np.asarray(text)]

@@ -31,6 +31,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from jaxpipe.card import Card
+from jaxpipe.cards import registry
 
 __all__ = ["save_card", "load_card", "config_to_dict", "config_from_dict"]
 
@@ -121,9 +122,7 @@ def save_card(
       base_components: the components taken from ``base`` and not stored (required with ``base``).
         Each must be bit-for-bit identical to the base card's, or nothing is written.
     """
-    from jaxpipe.cards import family_module  # cards sit above checkpoint in the layer order
-
-    family_module(card.spec.family)  # fail before writing anything for a family that cannot be loaded
+    registry.family(card.spec.family)  # fail before writing anything for a family that cannot be loaded
     directory = Path(directory)
     arrays = _arrays(card.components)
     meta = {
@@ -142,7 +141,7 @@ def save_card(
             raise ValueError(
                 f"base_components must name distinct components of {card.model_id!r} ({sorted(card.components)}); got {list(names)}"
             )
-        from jaxpipe.cards import ASSETS, available
+        from jaxpipe.cards import ASSETS, available  # the package's own helpers, loaded by now
 
         base_dir = ASSETS / base if base in available() else Path(os.fspath(base))
         if base_dir.resolve() == directory.resolve():
@@ -168,16 +167,14 @@ def save_card(
 
 def load_card(directory: str | os.PathLike) -> Card:
     """Load a card written by ``save_card`` (taking its base components from its base card, if any)."""
-    from jaxpipe.cards import family_module
-
     directory = Path(directory)
     if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{directory} is not a card checkpoint (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
     meta = json.loads((directory / CONFIG_FILE).read_text())
     if meta.get("format") != FORMAT:
         raise ValueError(f"{directory}: unsupported checkpoint format {meta.get('format')!r} (expected {FORMAT!r})")
-    family = family_module(meta["family"])
-    config = config_from_dict(family.Config, meta["config"])
+    family = registry.family(meta["family"])
+    config = config_from_dict(family.config, meta["config"])
     abstract = nnx.eval_shape(lambda: family.build(config, seed=0, model_id=meta["model_id"]))
     graphdef, state = nnx.split(abstract.components)
     stored = load_file(str(directory / WEIGHTS_FILE))

@@ -1,28 +1,27 @@
-"""The ``unified`` card family: a refiner LM in front of a text-to-image generator (DESIGN §8).
+"""The ``unified`` card: a refiner LM in front of a text-to-image generator (DESIGN §8).
 
 Components: ``text_encoder``, ``llm`` (a ``RefinerLM``), ``transformer`` (DiT), ``vae``. Two loops:
 ``refine`` (``ar_decode`` on ``llm``) continues the prompt with attribute words, then ``denoise``
 renders the *refined* prompt. The LM speaks the card's tokenizer plus one extra token, ``<eos>``
 (id ``tokenizer.vocab_size``), which ends a refinement and never reaches the text encoder.
 
-``refine_from_ids`` and ``refined_ids`` are the pure pieces the program and the RL rollout share:
-the LM continues the prompt ids in its own buffer; the refined prompt is that buffer with
-``<eos>`` mapped to ``<pad>``, cut to the text encoder's width.
+``refined_ids`` turns the LM's buffer into the refined prompt: ``<eos>`` mapped to ``<pad>``, the
+words compacted and cut to the text encoder's width.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxpipe.card import Card, LoopSpec
-from jaxpipe.cards import common, flux_t2i
+from jaxpipe.cards import generator
+from jaxpipe.cards.flux_t2i import Config as T2IConfig
 from jaxpipe.data import VOCABULARY
-from jaxpipe.loops import ar, denoise
+from jaxpipe.loops import ar
 from jaxpipe.nn import LMConfig, RefinerLM, Tokenizer
 
 MODEL_ID = "unified"
@@ -33,7 +32,7 @@ _LM_VOCAB = len(VOCABULARY) + 3  # <pad>, <unk>, the words, <eos>
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(flux_t2i.Config):
+class Config(T2IConfig):
     """A ``flux-t2i`` generator config plus the refiner LM and its decoding policy.
 
     ``refine.eos_id`` must be the LM's last id (``<eos>``); a prompt of up to
@@ -61,8 +60,8 @@ class Config(flux_t2i.Config):
     @classmethod
     def bundled(cls) -> "Config":
         """The bundled card: the bundled ``flux-t2i`` generator plus a small refiner LM."""
-        base = flux_t2i.Config.bundled()
-        return cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(flux_t2i.Config)})
+        base = T2IConfig.bundled()
+        return cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(T2IConfig)})
 
     @property
     def max_prompt_words(self) -> int:
@@ -72,32 +71,18 @@ class Config(flux_t2i.Config):
 
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A ``unified`` card with freshly initialised components (deterministic in ``seed``)."""
-    generator = common.build_generator(
-        config, seed=seed, model_id=model_id, family="unified", loop_id=DENOISE_LOOP, capability="t2i"
-    )
+    base = generator.build(config, seed=seed, model_id=model_id, family="unified", loop_id=DENOISE_LOOP, capability="t2i")
     llm = RefinerLM(config.lm, rngs=nnx.Rngs(seed + 1))
     refine = LoopSpec(REFINE_LOOP, "ar_decode", ("llm",), config.refine)
     spec = dataclasses.replace(
-        generator.spec,
-        loops=(refine,) + generator.spec.loops,
-        recipe=(REFINE_LOOP, DENOISE_LOOP),
-        capabilities=("t2i", "refine"),
+        base.spec, loops=(refine,) + base.spec.loops, recipe=(REFINE_LOOP, DENOISE_LOOP), capabilities=("t2i", "refine")
     )
-    return Card({**generator.components, "llm": llm}, spec)
+    return Card({**base.components, "llm": llm}, spec)
 
 
 def eos_id(card: Card) -> int:
     """The LM's end-of-refinement token id."""
     return card.spec.tokenizer.vocab_size
-
-
-def refine_from_ids(
-    card: Card, ids: jax.Array, keys: jax.Array, config: ar.ARConfig, *, capture: bool = False
-) -> tuple[ar.ARState, ar.TokenRecord | None]:
-    """Continue prompts ``ids`` ``(B, L)`` with the card's LM: the final ``ARState`` (buffer
-    ``(B, lm.max_len)``) and, with ``capture``, the per-token records ``(S, B)``. Pure, jittable."""
-    start = ar.init(card["llm"], ids, keys, config)
-    return ar.run(card["llm"], start, config, capture=capture)
 
 
 def compact(tokens: jax.Array, width: int) -> jax.Array:
@@ -115,48 +100,3 @@ def refined_ids(tokens: jax.Array, eos: int, width: int) -> jax.Array:
     return compact(jnp.where(tokens == eos, 0, tokens), width)
 
 
-def generate_from_ids(
-    card: Card, ids: jax.Array, keys: jax.Array, refine: ar.ARConfig, sampling: denoise.DenoiseConfig
-) -> tuple[jax.Array, jax.Array]:
-    """Refine then render: ``(images (B, H, W, C) in [0, 1], refined ids (B, L))``. Pure, jittable.
-
-    The LM draws with ``fold_in(key, 0)`` and the denoiser with ``fold_in(key, 1)``, so the two
-    loops never share randomness.
-    """
-    lm_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
-    gen_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-    final, _ = refine_from_ids(card, ids, lm_keys, refine)
-    text = refined_ids(final.tokens, eos_id(card), ids.shape[1])
-    return flux_t2i.generate_from_ids(card, text, gen_keys, sampling), text
-
-
-_generate_jit = jax.jit(generate_from_ids, static_argnames=("refine", "sampling"))
-
-
-def generate(
-    card: Card,
-    prompts: str | Sequence[str],
-    *,
-    seed: int | Sequence[int] = 0,
-    num_steps: int | None = None,
-    guidance: float | None = None,
-    temperature: float | None = None,
-) -> tuple[jax.Array, list[str]]:
-    """Refine ``prompts`` with the LM and render them: ``(images (B, H, W, C), refined prompts)``.
-
-    ``temperature`` overrides the ``refine`` loop's (0 = greedy); the rest as in ``flux_t2i.generate``.
-    """
-    prompts = common.as_prompts(prompts)
-    ids = common.tokenize(card, prompts)
-    limit = card.spec.config.max_prompt_words
-    long = [p for p, row in zip(prompts, ids) if int(jnp.sum(row != 0)) > limit]
-    if long:
-        raise ValueError(f"prompts {long} have more than {limit} words (the refiner needs room to add words)")
-    refine = card.spec.loop(REFINE_LOOP).config
-    if temperature is not None:
-        refine = refine.replace(temperature=temperature)
-    keys = common.request_keys(seed, len(prompts))
-    images, text = _generate_jit(card, ids, keys, refine, common.sampling(card, DENOISE_LOOP, num_steps, guidance))
-    words = card.spec.tokenizer.words
-    refined = [" ".join(words[int(i)] for i in row if int(i) != 0) for row in text]
-    return images, refined

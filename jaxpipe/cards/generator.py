@@ -1,0 +1,215 @@
+"""What every text-conditioned generator family shares (``flux_t2i``, ``wan_i2v``, ``unified``,
+``multi_expert``): a text encoder, a ``DiT`` denoiser and an autoencoder.
+
+Config checks and the card builder; the program pieces (cached text-encoding nodes, the denoise
+loop's start, decode nodes, request binding); and the ``FlowData`` hooks ``Finetune`` trains
+them with. A family folder composes these into its card and program; nothing here runs a whole
+pipeline (that is the program's job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.loops import denoise
+from jaxpipe.nn import DiTCond
+from jaxpipe.program import Bound, ComponentNode, settings
+from jaxpipe.request import Request
+
+__all__ = [
+    "check_config",
+    "build",
+    "tokenize",
+    "to_unit",
+    "request_keys",
+    "encode_text",
+    "encode_null",
+    "text_nodes",
+    "start_denoise",
+    "decode_image",
+    "decode_video",
+    "loop_config",
+    "bind_text",
+    "TextFlow",
+    "TEXT_FLOW",
+]
+
+Slots = dict[str, Any]
+
+
+# ------------------------------------------------------------------------------------------ cards
+def check_config(config) -> None:
+    """Check that a generator family config's text encoder, DiT, autoencoder and vocabulary fit together."""
+    from jaxpipe.nn import Tokenizer
+
+    if config.dit.text_dim != config.text.dim:
+        raise ValueError(f"dit.text_dim ({config.dit.text_dim}) must equal text.dim ({config.text.dim})")
+    if config.dit.latent_channels != config.vae.latent_channels:
+        raise ValueError(
+            f"dit.latent_channels ({config.dit.latent_channels}) must equal vae.latent_channels ({config.vae.latent_channels})"
+        )
+    vocab_size = Tokenizer(config.vocabulary).vocab_size
+    if config.text.vocab_size != vocab_size:
+        raise ValueError(f"text.vocab_size must be {vocab_size} for this vocabulary (got {config.text.vocab_size})")
+    factor = config.vae.downsample * config.dit.patch_size
+    if config.image_size % factor:
+        raise ValueError(f"image_size ({config.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})")
+
+
+def build(config, *, seed: int, model_id: str, family: str, loop_id: str, capability: str) -> Card:
+    """A text-conditioned generator card (text encoder, DiT, autoencoder; one denoise loop of the
+    config's ``latent_shape`` and ``sampling``) from a family config."""
+    from jaxpipe.nn import Autoencoder, DiT, TextEncoder, Tokenizer
+
+    rngs = nnx.Rngs(seed)
+    components = {
+        "text_encoder": TextEncoder(config.text, rngs=rngs),
+        "transformer": DiT(config.dit, rngs=rngs),
+        "vae": Autoencoder(config.vae, rngs=rngs),
+    }
+    spec = CardSpec(
+        model_id=model_id,
+        family=family,
+        loops=(LoopSpec(loop_id, "denoise", ("transformer",), config.sampling, latent_shape=config.latent_shape),),
+        recipe=(loop_id,),
+        parity=("C0", "C1", "C2", "C3"),
+        capabilities=(capability,),
+        tokenizer=Tokenizer(config.vocabulary),
+        config=config,
+    )
+    return Card(components, spec)
+
+
+def tokenize(card: Card, prompts: Sequence[str]) -> jax.Array:
+    """Token ids ``(B, max_len)`` with the card's tokenizer (ValueError listing the vocabulary on unknown words)."""
+    return jnp.asarray(card.spec.tokenizer.encode(list(prompts), card["text_encoder"].cfg.max_len))
+
+
+def to_unit(images: jax.Array) -> jax.Array:
+    """Decoder output in [-1, 1] -> images in [0, 1] (clipped)."""
+    return jnp.clip((images + 1.0) / 2.0, 0.0, 1.0)
+
+
+def request_keys(seeds: Sequence[int]) -> jax.Array:
+    """``(B,)`` typed PRNG keys ``jax.random.key(seed)``, one per request seed (ints in ``[0, 2**32)``)."""
+    return jax.vmap(jax.random.key)(jnp.asarray(np.asarray(seeds, np.uint32)))
+
+
+# ------------------------------------------------------------------------------------------ program nodes
+def encode_text(card: Card, reads: Mapping[str, Any]) -> Slots:
+    """``ids`` ``(B, L)`` -> ``context`` ``(B, L, D)`` and ``context_mask`` ``(B, L)`` (the card's ``text_encoder``)."""
+    ids = reads["ids"]
+    return {"context": card["text_encoder"](ids), "context_mask": ids != 0}
+
+
+def encode_null(card: Card, reads: Mapping[str, Any]) -> Slots:
+    """``null_ids`` (the empty prompt) -> ``uncond_context``, ``uncond_mask``: the unconditional text of CFG."""
+    ids = reads["null_ids"]
+    return {"uncond_context": card["text_encoder"](ids), "uncond_mask": ids != 0}
+
+
+def text_nodes() -> tuple[ComponentNode, ComponentNode]:
+    """The two cached text-encoding nodes (prompt and empty prompt) of a text-conditioned card."""
+    return (
+        ComponentNode("encode_text", encode_text, ("ids",), ("context", "context_mask"), component="text_encoder", cached=True),
+        ComponentNode(
+            "encode_null", encode_null, ("null_ids",), ("uncond_context", "uncond_mask"), component="text_encoder", cached=True
+        ),
+    )
+
+
+DENOISE_READS = ("key", "context", "context_mask", "uncond_context", "uncond_mask")
+"""What ``start_denoise`` reads (plus ``first_frame`` for image-to-video)."""
+
+
+def start_denoise(stream: int | None = None) -> Callable:
+    """The start of a generator's denoise loop, as a ``LoopNode`` calls it: ``start(card, loop, reads, config)``.
+
+    Reads the per-request ``key`` ``(B,)`` (used as is, or ``fold_in(key, stream)`` when the card's
+    other loops draw from the same key), the text conditioning (the unconditional half only when
+    the config guides) and an optional ``first_frame`` latent; starts from noise of the loop's
+    ``latent_shape``.
+    """
+
+    def start(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig) -> denoise.DenoiseState:
+        keys = reads["key"]
+        if stream is not None:
+            keys = jax.vmap(lambda k: jax.random.fold_in(k, stream))(keys)
+        first = reads.get("first_frame")
+        cond = DiTCond(reads["context"], reads["context_mask"], first)
+        uncond = DiTCond(reads["uncond_context"], reads["uncond_mask"], first) if config.guide.needs_uncond else None
+        return denoise.init(keys, loop.latent_shape, cond, config, uncond)
+
+    return start
+
+
+def decode_image(card: Card, reads: Mapping[str, Any]) -> Slots:
+    """``latents`` ``(B, 1, h, w, C)`` -> ``image`` ``(B, H, W, C)`` in [0, 1]."""
+    return {"image": to_unit(card["vae"].decode(reads["latents"][:, 0]))}
+
+
+def decode_video(card: Card, reads: Mapping[str, Any]) -> Slots:
+    """``latents`` ``(B, T, h, w, C)`` -> ``video`` ``(B, T, H, W, C)`` in [0, 1]."""
+    return {"video": to_unit(card["vae"].decode_video(reads["latents"]))}
+
+
+def loop_config(card: Card, loop_id: str, request: Request):
+    """The card's settings for ``loop_id`` with the request's ``num_steps`` / ``guidance`` (``None`` keeps the default)."""
+    changes = {}
+    if request.num_steps is not None:
+        changes["num_steps"] = request.num_steps
+    if request.guidance is not None:
+        changes["guidance"] = request.guidance
+    base = card.spec.loop(loop_id).config
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+def bind_text(card: Card, request: Request, loop_id: str) -> Bound:
+    """Bind the text part of a request: ``ids``/``null_ids`` ``(1, L)`` int32, ``key`` ``(1,)`` (the request
+    seed's PRNG key), the loop's settings (card defaults overridden by the request) and the
+    ``"text"`` artifact.
+
+    Raises ``ValueError`` on a missing prompt or a word outside the card's vocabulary (listing it).
+    """
+    if request.prompt is None:
+        raise ValueError(f"{card.model_id!r} renders a text prompt: the request needs prompt=...")
+    ids = card.spec.tokenizer.encode([request.prompt], card["text_encoder"].cfg.max_len)
+    config = loop_config(card, loop_id, request)
+    slots = {"ids": ids, "null_ids": np.zeros_like(ids), "key": request_keys([request.seed])}
+    return Bound(slots=slots, settings=settings(**{loop_id: config}), artifacts={"text": request.prompt})
+
+
+# ------------------------------------------------------------------------------------------ fine-tuning
+@dataclasses.dataclass(frozen=True)
+class TextFlow:
+    """``FlowData`` of a generator family: a batch is ``{"ids": (B, L), "image": (B, H, W, C)}`` or
+    ``{"ids", "video": (B, T, H, W, C)}`` in [-1, 1], or ``{"ids", "latents": (B, T, h, w, C)}``
+    already encoded; a DiT with first-frame input conditions on the clean first frame."""
+
+    denoiser: str = "transformer"
+
+    def latents(self, components: Mapping[str, Any], batch: Mapping[str, Any]) -> jax.Array:
+        vae = components["vae"]
+        if "latents" in batch:
+            return batch["latents"]
+        if "video" in batch:
+            return vae.encode_video(batch["video"])
+        if "image" in batch:
+            return vae.encode(batch["image"])[:, None]
+        raise KeyError(f"a batch needs 'latents', 'video' or 'image' (got {sorted(batch)})")
+
+    def cond(self, components: Mapping[str, Any], batch: Mapping[str, Any], keep: jax.Array, x0: jax.Array) -> DiTCond:
+        ids = jnp.where(keep[:, None], batch["ids"], 0)
+        first_frame = x0[:, 0] if components[self.denoiser].cfg.frame_cond else None
+        return DiTCond(components["text_encoder"](ids), ids != 0, first_frame)
+
+
+TEXT_FLOW = TextFlow()

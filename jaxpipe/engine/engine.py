@@ -1,0 +1,410 @@
+"""The engine: resident cards and workflows by id, and the loop that serves requests.
+
+``Engine`` keeps each registered card resident with its program and per-component weight
+versions, keeps the registered workflows, and runs requests:
+
+* ``run(request)`` / ``run_many(requests, mode="serial")``: each request to completion, one at a
+  time: its cached nodes are looked up in the feature cache, then the engine enters the program,
+  drives each loop's jitted pure ``step`` and finishes it.
+* ``mode="interleaved"``: every request advances one loop step per tick, through the same jitted
+  functions on the same shapes as serial, hence the same bits (C1 by construction,
+  ``parity.interleave_gate``). The fused path (``jp.generate``, one jitted ``lax.scan`` per loop)
+  is faster for a batch but compiled differently: it agrees with the engine within the C3
+  tolerance, not bit for bit.
+* ``mode="batched"``: requests on the same card and loop with compatible settings and shapes
+  advance together as ONE jitted batched step, even at different step indices (continuous
+  batching). Requests whose settings differ only in ``num_steps`` are prepared together (cached
+  text, image encoding, loop start) as one **cohort**, each row with its own sigma schedule
+  padded with zeros to a common width (see ``program.DenoiseDriver``). A **group** holds
+  ``capacity`` slots (2^k or 3·2^k, up to ``max_batch``); rows are admitted into free slots,
+  step together, and are retired after their own last step, when waiting rows take their slots;
+  the capacity follows the number of rows (one gather when it changes). Between scheduling events (a request finishing) the
+  engine fuses the steps into one call. Finished cohorts are decoded together. Results match
+  serial within a measured tolerance, not bit for bit (``parity.batch_invariance``, C3).
+
+Workflows run as a chain of stage requests through the same machinery, so in the interleaved
+and batched modes the stages of many workflow requests interleave or batch with each other and
+with plain card requests.
+
+Optional hooks: ``on_step(event)`` is called after every loop step of every request (a
+streaming preview: ``event.latents``); returning ``False`` cancels that request at this step
+boundary. ``cancel`` (a ``threading.Event`` or a callable returning ``bool``) cancels every
+unfinished request at the next step boundary. Cancelled requests get an ``Output`` with
+``cancelled_at`` set; the engine stays usable.
+
+Weight sync: ``publish(model_id, {name: module})`` swaps trained components into a resident card
+and bumps only their weight versions, dropping only their feature-cache entries. During
+``run_many`` (from a callback or another thread) it drains first: requests already started on
+that card finish on the old weights, bit for bit as without the publish; its requests not yet
+started wait until the card has drained, then the swap applies and they start on the new
+weights; other cards keep running. The training side calls it through
+``jaxpipe.training.weight_sync.publish`` (the engine never imports training).
+
+Stacked experts: a component stored stacked on a leading expert axis (declared by its card
+family, see ``jaxpipe.cards.stacked_components``; e.g. the ``multi-expert`` card's ``refiners``)
+is versioned per expert (``refiner_0``, ``refiner_1``, ...): ``publish(model_id, {"refiner_2":
+lm})`` writes only that slice and bumps only that expert's version; publishing the stacked
+component bumps them all. Cache entries computed by a stacked component are keyed by the sum of
+its experts' versions, so any expert's publish retires them (and drops them).
+
+Bad input (unknown model id, bad steps, wrong image shape, unknown words, a published component
+of another layout) raises before any request starts and before any engine state (cache,
+versions, registry) changes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from jaxpipe.cache import CacheKey, FeatureCache, content_hash
+from jaxpipe.card import Card
+from jaxpipe.engine import batch as ops
+from jaxpipe.engine.errors import EngineError
+from jaxpipe.engine.publish import Publish, Resident, checked, stacked
+from jaxpipe.engine.scheduler import Scheduler, StepEvent
+from jaxpipe.program import Bound, Program, config_of
+from jaxpipe.request import Output, Request
+from jaxpipe.workflow import Workflow, WorkflowRegistry
+
+__all__ = ["Engine", "MODES"]
+
+MODES = ("serial", "interleaved", "batched")
+
+
+class Engine:
+    """Serves registered cards (through their programs) and workflows, by id.
+
+    Arguments:
+      max_batch: the most requests one batched step carries (``mode="batched"``).
+      cache: the feature cache (a fresh ``FeatureCache`` by default).
+    """
+
+    def __init__(self, *, max_batch: int = 64, cache: FeatureCache | None = None):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch <= 0:
+            raise ValueError(f"max_batch must be a positive int (got {max_batch!r})")
+        self.max_batch = max_batch
+        self.cache = FeatureCache() if cache is None else cache
+        self._cards: dict[str, Resident] = {}
+        self._workflows = WorkflowRegistry()
+        self._busy = False
+        self._lock = threading.RLock()  # guards _busy and _swaps: publish may come from another thread
+        self._swaps: list[tuple[str, Publish]] = []  # deferred publishes, in order
+
+    # ---- registry -------------------------------------------------------------------------
+
+    @classmethod
+    def default(cls, **kwargs) -> "Engine":
+        """An engine serving every bundled card (``jp.cards.available()``) and every bundled
+        workflow whose cards are bundled (``image_video.t2i_i2v``, its extended variant)."""
+        from jaxpipe import cards
+        from jaxpipe import workflow as workflows
+
+        engine = cls(**kwargs)
+        for model_id in cards.available():
+            engine.register(cards.load(model_id))
+        for wf in workflows.bundled():
+            if all(engine.serves(m) for m in wf.requires):
+                engine.register_workflow(wf)
+        return engine
+
+    def register(self, card: Card, program: Program | None = None, *, replace: bool = False) -> None:
+        """Serve ``card`` under its model id with ``program`` (default: its family's ``program()``).
+
+        Replacing a resident card (``replace=True``) bumps every component's (and expert's) weight
+        version and drops its cache entries. Raises ``EngineError`` / ``ProgramError`` before
+        changing anything.
+        """
+        self._idle("register")
+        if not isinstance(card, Card):
+            raise TypeError(f"register takes a Card (got {type(card).__name__})")
+        model_id = card.model_id
+        if model_id in self._workflows:
+            raise EngineError(f"card id {model_id!r} collides with a registered workflow of the same id")
+        if model_id in self._cards and not replace:
+            raise EngineError(f"card {model_id!r} is already registered (pass replace=True to replace it)")
+        program = _default_program(card) if program is None else program
+        if not isinstance(program, Program):
+            raise TypeError(f"program must be a Program (got {type(program).__name__})")
+        program.check(card)
+        experts = stacked(card)
+        old = self._cards.get(model_id)
+        names = [n for c in card.components for n in experts.get(c, (c,))]
+        versions = {name: (old.versions.get(name, -1) + 1 if old else 0) for name in names}
+        resident = Resident.of(card, program, versions, experts)
+        if old is not None:
+            self.cache.invalidate(model_id)
+        self._cards[model_id] = resident
+
+    def register_workflow(self, workflow: Workflow, *, replace: bool = False) -> None:
+        """Serve ``workflow`` under its dotted id. Rejects (``WorkflowError``, nothing changed) an id that
+        collides with a card or workflow, a stage model that is not served, and a cycle."""
+        self._idle("register_workflow")
+        self._workflows.add(workflow, self._cards, replace=replace)
+
+    def unregister(self, model_id: str) -> None:
+        """Stop serving a card or workflow (refused while a registered workflow requires it)."""
+        self._idle("unregister")
+        self._lookup(model_id)
+        users = self._workflows.dependents(model_id)
+        if users:
+            raise EngineError(f"cannot unregister {model_id!r}: workflows {users} require it")
+        if model_id in self._cards:
+            del self._cards[model_id]
+            self.cache.invalidate(model_id)
+        else:
+            self._workflows.remove(model_id)
+
+    def serves(self, model_id: str) -> bool:
+        """Whether ``model_id`` names a registered card or workflow."""
+        return model_id in self._cards or model_id in self._workflows
+
+    def models(self) -> list[str]:
+        """Every id the engine serves, cards and workflows, sorted."""
+        return sorted([*self._cards, *self._workflows.ids()])
+
+    def cards(self) -> list[str]:
+        return sorted(self._cards)
+
+    def workflows(self) -> list[str]:
+        return self._workflows.ids()
+
+    def card(self, model_id: str, *, pending: bool = False) -> Card:
+        """The resident card ``model_id``. During ``run_many`` a deferred publish shows only once
+        it applies; ``pending=True`` gives the card as it will be after the deferred publishes."""
+        with self._lock:
+            card = self._resident(model_id).card
+            if pending:
+                for m, update in self._swaps:
+                    if m == model_id:
+                        card = update.apply(card)
+            return card
+
+    def program(self, model_id: str) -> Program:
+        return self._resident(model_id).program
+
+    def workflow(self, model_id: str) -> Workflow:
+        self._lookup(model_id)
+        if model_id not in self._workflows:
+            raise EngineError(f"{model_id!r} is a card, not a workflow")
+        return self._workflows[model_id]
+
+    def versions(self, model_id: str) -> dict[str, int]:
+        """Per-component weight versions of the resident card ``model_id``; a stacked component
+        (``experts``) reports one version per expert (``refiner_0``, ...) instead of its own."""
+        return dict(self._resident(model_id).versions)
+
+    def experts(self, model_id: str) -> dict[str, tuple[str, ...]]:
+        """The resident card's stacked components -> their experts' names in axis order (``{}``: none)."""
+        return dict(self._resident(model_id).experts)
+
+    def publish(self, model_id: str, components: Mapping[str, Any]) -> dict[str, int]:
+        """Swap some components of a resident card (e.g. freshly trained weights): drain, then swap.
+
+        ``components`` maps component names to modules with the resident ones' layout (same tree
+        structure and static configuration, same leaf shapes and dtypes); they are checked first
+        and anything else raises ``EngineError`` (``UnknownComponentError`` for a name the card
+        lacks) with nothing changed. The swap bumps only those components' weight versions and
+        drops only their feature-cache entries (e.g. a new transformer keeps the text encoder's
+        version and its cached encodings).
+
+        An expert of a stacked component (``experts``) is published by its own name with a module
+        of one expert's layout (``{"refiner_2": lm}``): only that slice is written and only that
+        expert's version moves; the stacked component's cache entries are dropped. Publishing the
+        stacked component by its name bumps every expert; naming both it and one of its experts
+        in one publish is refused.
+
+        Between runs the swap applies at once. While ``run_many`` is in flight (called from an
+        ``on_step`` or ``cancel`` callback, or from another thread) it is **deferred** for that
+        card: requests already started on the card (prepared, stepping, or waiting for a batch
+        slot) finish on the old weights, bit for bit as without the publish; the card's requests
+        not started yet (later requests, later workflow stages) wait until the card has drained,
+        then the swap applies and they start on the new weights. Other cards keep running.
+        Until the swap, ``versions`` and ``card`` report the old ones and ``pending_publishes``
+        lists it; swaps still pending when ``run_many`` returns (or raises) apply then.
+
+        Returns the card's versions after this publish: the new ones, or, when deferred, the ones
+        the swap will produce (counting earlier pending publishes of the card).
+        """
+        with self._lock:
+            resident = self._resident(model_id)
+            update = checked(resident, components)
+            if not self._busy:
+                if update.bumps:
+                    self._swap(model_id, update)
+                return dict(self._cards[model_id].versions)
+            if update.bumps:
+                self._swaps.append((model_id, update))
+            return self._projected(model_id)
+
+    def pending_publishes(self) -> dict[str, dict[str, int]]:
+        """Publishes deferred until their card drains (only while ``run_many`` is in flight):
+        card id -> the versions the card will have once they apply. Empty when none."""
+        with self._lock:
+            return {m: self._projected(m) for m in dict.fromkeys(m for m, _ in self._swaps)}
+
+    def _projected(self, model_id: str) -> dict[str, int]:
+        versions = dict(self._cards[model_id].versions)
+        for m, update in self._swaps:
+            if m == model_id:
+                versions.update({n: versions[n] + 1 for n in update.bumps})
+        return versions
+
+    def _swap(self, model_id: str, update: Publish) -> None:
+        resident = self._cards[model_id]
+        card = update.apply(resident.card)
+        versions = {n: v + (n in update.bumps) for n, v in resident.versions.items()}
+        self.cache.invalidate(model_id, update.touched)
+        self._cards[model_id] = Resident.of(card, resident.program, versions, resident.experts)
+
+    def _apply_swaps(self, in_flight: Callable[[str], bool] = lambda model_id: False) -> None:
+        """Apply the deferred publishes, in publish order, of every card not ``in_flight``."""
+        with self._lock:
+            keep = []
+            for model_id, update in self._swaps:
+                if in_flight(model_id):
+                    keep.append((model_id, update))
+                else:
+                    self._swap(model_id, update)
+            self._swaps = keep
+
+    def _deferred(self) -> set[str]:
+        """Cards with a deferred publish: their requests must not start yet."""
+        with self._lock:
+            return {m for m, _ in self._swaps}
+
+    def _lookup(self, model_id: str) -> None:
+        if not self.serves(model_id):
+            raise EngineError(f"unknown model {model_id!r}; this engine serves {self.models()}")
+
+    def _resident(self, model_id: str) -> Resident:
+        self._lookup(model_id)
+        if model_id not in self._cards:
+            raise EngineError(f"{model_id!r} is a workflow, not a card")
+        return self._cards[model_id]
+
+    def _idle(self, what: str) -> None:
+        if self._busy:
+            raise EngineError(f"{what}: the engine is running requests; call it between run/run_many calls")
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def check(self, request: Request) -> Bound | None:
+        """Validate ``request`` (raising a clear error) without running it: the card's ``Bound``,
+        or ``None`` for a workflow request (checked by the workflow's own ``check``)."""
+        if not isinstance(request, Request):
+            raise TypeError(f"expected a jaxpipe Request (got {type(request).__name__})")
+        self._lookup(request.model)
+        if request.model in self._workflows:
+            workflow = self._workflows[request.model]
+            if workflow.check is not None:
+                workflow.check(request)
+            return None
+        resident = self._cards[request.model]
+        return resident.program.bind(resident.card, request)
+
+    def run(
+        self,
+        request: Request,
+        *,
+        on_step: Callable[[StepEvent], bool | None] | None = None,
+        cancel: Any = None,
+    ) -> Output:
+        """Run one request to completion: its ``Output`` (artifacts by name)."""
+        return self.run_many([request], mode="serial", on_step=on_step, cancel=cancel)[0]
+
+    def run_many(
+        self,
+        requests: Sequence[Request],
+        mode: str = "serial",
+        *,
+        on_step: Callable[[StepEvent], bool | None] | None = None,
+        cancel: Any = None,
+    ) -> list[Output]:
+        """Run ``requests``: their ``Output``s in request order (see the module docstring for modes).
+
+        Every request is validated first; nothing runs and nothing changes if any is bad.
+        """
+        if mode not in MODES:
+            raise EngineError(f"mode must be one of {MODES} (got {mode!r})")
+        if isinstance(requests, Request):
+            raise TypeError("run_many takes a sequence of requests; use run(request) for one")
+        requests = list(requests)
+        bounds = [self.check(r) for r in requests]
+        if cancel is not None and not (callable(cancel) or hasattr(cancel, "is_set")):
+            raise TypeError("cancel must be a threading.Event-like object (is_set()) or a callable returning bool")
+        with self._lock:
+            self._idle("run_many")
+            self._busy = True
+        try:
+            scheduler = Scheduler(_Host(self), mode, on_step, cancel)
+            if mode == "serial":
+                for i, (request, bound) in enumerate(zip(requests, bounds)):
+                    scheduler.run([(i, request, bound)])
+            else:
+                scheduler.run(list(zip(range(len(requests)), requests, bounds)))
+            return [scheduler.outputs[i] for i in range(len(requests))]
+        finally:
+            with self._lock:
+                self._busy = False
+                self._apply_swaps()  # nothing is in flight any more
+
+    # ---- feature cache ------------------------------------------------------------------------
+
+    def _resolve_cached(self, resident: Resident, bound: Bound) -> dict[str, Any]:
+        """The bound slots plus the outputs of the program's cached nodes, looked up per request."""
+        slots = dict(bound.slots)
+        model_id = resident.card.model_id
+        for node in resident.program.cached_nodes:
+            reads = {r: slots[r] for r in node.reads}
+            # a node that runs a loop depends on that loop's settings too: they key its entries
+            settings = ((node.loop, config_of(bound.settings, node.loop)),) if node.loop else ()
+            digest = content_hash(f"{node.name}|{settings!r}" if settings else node.name, reads)
+            key = CacheKey(model_id, node.component, resident.version(node.component), digest)
+            value = self.cache.get(key)
+            if value is None:
+                value = ops.node(resident.program, node.name, settings, resident.treedef, resident.leaves, reads)
+                self.cache.put(key, value)
+            slots.update(value)
+        return slots
+
+
+
+
+class _Host:
+    """The scheduler's narrow view of an engine (``scheduler.Host``)."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self.max_batch = engine.max_batch
+
+    def serves(self, model_id: str) -> bool:
+        return self._engine.serves(model_id)
+
+    def workflow(self, model_id: str) -> Workflow | None:
+        workflows = self._engine._workflows
+        return workflows[model_id] if model_id in workflows else None
+
+    def resident(self, model_id: str) -> Resident:
+        return self._engine._resident(model_id)
+
+    def bind(self, request: Request) -> Bound:
+        return self._engine.check(request)
+
+    def prepare(self, resident: Resident, bound: Bound) -> dict[str, Any]:
+        return self._engine._resolve_cached(resident, bound)
+
+    def held(self) -> set[str]:
+        return self._engine._deferred()
+
+    def release(self, in_flight: Callable[[str], bool]) -> None:
+        self._engine._apply_swaps(in_flight)
+
+
+def _default_program(card: Card) -> Program:
+    from jaxpipe.cards.registry import default_program  # the engine sits above the cards
+
+    return default_program(card)

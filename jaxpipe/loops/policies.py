@@ -1,0 +1,172 @@
+"""Small pure policies a denoise loop composes (DESIGN §7): guidance, the SDE window, expert routing.
+
+Each policy is a frozen, hashable dataclass (static under ``jit``) with one pure method, in the
+spirit of optax: the loop's ``step`` applies them in a fixed order and never branches on a flag.
+
+* **routing** picks, per request, which of the loop's bound experts computes the velocity:
+  ``router(sigma) -> (B,) int32`` (``Single``: one expert; ``SigmaBoundary``: Wan 2.2's high- and
+  low-noise experts; ``Fixed``: always one of several). ``routed_velocity`` applies it inside
+  one jitted step (``lax.switch`` when the whole batch agrees, a per-row select otherwise).
+* **guidance** turns a velocity function into the guided one: ``Unguided`` (one forward) or
+  ``CFG(scale)`` (conditional and unconditional halves as one doubled batch).
+* the **SDE window** says on which steps the FlowGRPO SDE replaces the Euler step
+  (``SDEWindow(start, stop)``; ``SDEWindow()`` is every step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from jaxpipe import samplers
+
+__all__ = [
+    "VelocityFn",
+    "Router",
+    "Single",
+    "Fixed",
+    "SigmaBoundary",
+    "routed_velocity",
+    "Unguided",
+    "CFG",
+    "guidance",
+    "SDEWindow",
+]
+
+VelocityFn = Callable[[jax.Array, jax.Array, Any], jax.Array]
+"""``velocity(x (B, ...), sigma (B,), cond pytree with leading axis B) -> v (B, ...)``."""
+
+
+# ------------------------------------------------------------------------------------------ routing
+class Router(Protocol):
+    """Which expert each request uses at its noise level: ``router(sigma (B,)) -> (B,) int32``."""
+
+    num_experts: int
+
+    def __call__(self, sigma: jax.Array) -> jax.Array: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Single:
+    """One expert: every request uses expert 0."""
+
+    num_experts: int = dataclasses.field(default=1, init=False)
+
+    def __call__(self, sigma: jax.Array) -> jax.Array:
+        return jnp.zeros(jnp.shape(sigma), jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+    """Always ``expert`` of ``num_experts`` (e.g. to run one expert of a routed card alone)."""
+
+    expert: int
+    num_experts: int = 2
+
+    def __post_init__(self):
+        if not 0 <= self.expert < self.num_experts:
+            raise ValueError(f"expert must be in 0..{self.num_experts - 1} (got {self.expert})")
+
+    def __call__(self, sigma: jax.Array) -> jax.Array:
+        return jnp.full(jnp.shape(sigma), self.expert, jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class SigmaBoundary:
+    """Two experts switched by noise level: expert 0 where ``sigma >= boundary`` (high noise),
+    expert 1 below it (Wan 2.2's MoE)."""
+
+    boundary: float
+    num_experts: int = dataclasses.field(default=2, init=False)
+
+    def __post_init__(self):
+        if not 0.0 < self.boundary < 1.0:
+            raise ValueError(f"boundary must be a noise level in (0, 1) (got {self.boundary})")
+
+    def __call__(self, sigma: jax.Array) -> jax.Array:
+        return jnp.where(jnp.asarray(sigma) >= self.boundary, 0, 1).astype(jnp.int32)
+
+
+def routed_velocity(models: Sequence[Any], router: Router) -> VelocityFn:
+    """The velocity function of a loop binding ``models`` (each with ``velocity(x, sigma, cond)``).
+
+    One model is called directly. Several are chosen per request by ``router`` inside the same
+    traced step: when every row of the batch routes to one expert it alone runs
+    (``lax.switch``); otherwise every expert runs and each row takes its own expert's output.
+    """
+    models = tuple(models)
+    if len(models) != router.num_experts:
+        raise ValueError(f"the router chooses among {router.num_experts} experts but the loop binds {len(models)}")
+    if len(models) == 1:
+        return models[0].velocity
+
+    branches = [lambda operands, m=m: m.velocity(*operands) for m in models]
+
+    def velocity(x: jax.Array, sigma: jax.Array, cond: Any) -> jax.Array:
+        expert = router(sigma)
+        operands = (x, sigma, cond)
+
+        def one() -> jax.Array:
+            return jax.lax.switch(expert[0], branches, operands)
+
+        def each() -> jax.Array:
+            outs = jnp.stack([branch(operands) for branch in branches])
+            return outs[expert, jnp.arange(x.shape[0])]
+
+        return jax.lax.cond(jnp.all(expert == expert[0]), one, each)
+
+    return velocity
+
+
+# ------------------------------------------------------------------------------------------ guidance
+@dataclasses.dataclass(frozen=True)
+class Unguided:
+    """No guidance: one forward on the conditional input."""
+
+    needs_uncond = False
+
+    def __call__(self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None) -> jax.Array:
+        return velocity(x, sigma, cond)
+
+
+@dataclasses.dataclass(frozen=True)
+class CFG:
+    """Classifier-free guidance ``v_u + scale·(v_c - v_u)``; the conditional and unconditional
+    halves run as one doubled batch (``cond`` and ``uncond`` are pytrees of the same structure)."""
+
+    scale: float
+    needs_uncond = True
+
+    def __call__(self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None) -> jax.Array:
+        if uncond is None:
+            raise ValueError(f"guidance={self.scale} needs the unconditional input (uncond)")
+        both = lambda a, b: jnp.concatenate([a, b], axis=0)
+        v = velocity(both(x, x), both(sigma, sigma), jax.tree.map(both, cond, uncond))
+        v_cond, v_uncond = jnp.split(v, 2, axis=0)
+        return samplers.cfg_combine(v_cond, v_uncond, self.scale)
+
+
+def guidance(scale: float) -> Unguided | CFG:
+    """The guidance policy of a scale: ``Unguided()`` at 1, ``CFG(scale)`` otherwise."""
+    return Unguided() if scale == 1.0 else CFG(float(scale))
+
+
+# ------------------------------------------------------------------------------------------ SDE window
+@dataclasses.dataclass(frozen=True)
+class SDEWindow:
+    """The steps ``[start, stop)`` that sample with the SDE (``stop=None``: through the last step)."""
+
+    start: int = 0
+    stop: int | None = None
+
+    def bounds(self, num_steps: int) -> tuple[int, int]:
+        return self.start, num_steps if self.stop is None else self.stop
+
+    def contains(self, step: jax.Array, num_steps: int) -> jax.Array:
+        """``(B,)`` bool: which requests' current ``step`` lies in the window."""
+        lo, hi = self.bounds(num_steps)
+        return (step >= lo) & (step < hi)
