@@ -6,16 +6,31 @@
     jaxpipe train unified --steps N --out DIR [...]       # RL on the unified card (refiner LM + generator)
     jaxpipe train joint --steps N --out DIR [...]         # N-way: N refiner experts (one vmap) + generator
     jaxpipe cards
+
+``generate`` serves the prompt through an ``Engine`` running the ``image_video.t2i_i2v`` workflow
+(or, for a ``.png``, the text-to-image card alone): the same route as
+``engine.run(Request("image_video.t2i_i2v", ...))``. Every command uses JAX's persistent
+compilation cache (``jaxpipe.compilation``), so a second run starts without recompiling.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import time
+import typing
 from pathlib import Path
 
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="jaxpipe: multi-model generative pipelines in JAX.")
+
+
+@app.callback()
+def _main() -> None:
+    from jaxpipe import compilation
+
+    compilation.enable_cache()
 
 
 train_app = typer.Typer(
@@ -31,6 +46,15 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _load(*names: str):
+    from jaxpipe import cards
+
+    try:
+        return tuple(cards.load(name) for name in names)
+    except (KeyError, FileNotFoundError, ValueError) as err:
+        _fail(str(err).strip('"'))
+
+
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help='Digit, then attributes and an optional motion, e.g. "seven thick moving right".'),
@@ -44,37 +68,51 @@ def generate(
     """Render PROMPT as an image with the text-to-image card, then animate it with the image-to-video card."""
     import jax
 
-    from jaxpipe import cards
-    from jaxpipe.cards import flux_t2i, wan_i2v
+    from jaxpipe import Engine, Request, workflow
     from jaxpipe.data import split_prompt
     from jaxpipe.io import save_gif, save_png
 
+    video = out.suffix.lower() == ".gif"
     if out.suffix.lower() not in (".gif", ".png"):
         _fail(f"--out must end in .gif or .png (got {out.name!r})")
     if steps is not None and steps <= 0:
         _fail(f"--steps must be a positive integer (got {steps})")
     try:
-        image_prompt, motion_prompt = split_prompt(prompt)
+        image_prompt, _ = split_prompt(prompt)
     except ValueError as err:
         _fail(str(err))
-    if out.suffix.lower() == ".gif" and motion_prompt is None:
-        motion_prompt = split_prompt(f"{image_prompt} still")[1]
+    loaded = _load(model, video_model) if video else _load(model)
+    engine = Engine()
     try:
-        t2i = cards.load(model)
-        i2v = cards.load(video_model) if out.suffix.lower() == ".gif" else None
-    except (KeyError, FileNotFoundError, ValueError) as err:
-        _fail(str(err).strip('"'))
+        for card in loaded:
+            engine.register(card)
+        if video:
+            flow = workflow.t2i_i2v(t2i=loaded[0].model_id, i2v=loaded[1].model_id)
+            engine.register_workflow(flow)
+            request = Request(flow.id, prompt=prompt, seed=seed, num_steps=steps, guidance=guidance)
+        else:
+            request = Request(loaded[0].model_id, prompt=image_prompt, seed=seed, num_steps=steps, guidance=guidance)
+        engine.check(request)
+    except ValueError as err:
+        _fail(str(err))
+
+    stages = ["t2i", "i2v"] if video else [""]
+    seen = set()
+
+    def announce(event) -> None:
+        if event.stage not in seen:
+            seen.add(event.stage)
+            where = f" (seed {seed}, JAX on {jax.default_backend()})" if len(seen) == 1 else ""
+            typer.echo(f"[{len(seen)}/{len(stages)}] {event.request.model}: {event.request.prompt!r}{where}")
 
     start = time.perf_counter()
-    typer.echo(f"[1/2] {t2i.model_id}: {image_prompt!r} (seed {seed}, JAX on {jax.default_backend()})")
-    image = flux_t2i.generate(t2i, image_prompt, seed=seed, num_steps=steps, guidance=guidance)[0]
-    if i2v is None:
-        typer.echo(f"wrote {save_png(image, out)} in {time.perf_counter() - start:.1f} s")
+    result = engine.run(request, on_step=announce)
+    if not video:
+        typer.echo(f"wrote {save_png(result['image'], out)} in {time.perf_counter() - start:.1f} s")
         return
-    typer.echo(f"[2/2] {i2v.model_id}: {motion_prompt!r}")
-    video = wan_i2v.animate(i2v, motion_prompt, image, seed=seed, num_steps=steps, guidance=guidance)[0]
-    first = save_png(image, out.with_suffix(".png"))
-    typer.echo(f"wrote {save_gif(video, out)} ({video.shape[0]} frames) and {first} in {time.perf_counter() - start:.1f} s")
+    first = save_png(result["image"], out.with_suffix(".png"))
+    frames = result["video"]
+    typer.echo(f"wrote {save_gif(frames, out)} ({frames.shape[0]} frames) and {first} in {time.perf_counter() - start:.1f} s")
 
 
 @app.command()
@@ -90,14 +128,11 @@ def evaluate(
     """Measure C4 quality: scorer-judged digit and attribute accuracy, I2V motion and first-frame fidelity."""
     import json
 
-    from jaxpipe import cards, quality
+    from jaxpipe import quality
 
     if samples <= 0:
         _fail(f"--samples must be a positive integer (got {samples})")
-    try:
-        t2i, i2v, scorer = cards.load(model), cards.load(video_model), cards.load("digit-scorer")
-    except (KeyError, FileNotFoundError, ValueError) as err:
-        _fail(str(err).strip('"'))
+    t2i, i2v, scorer = _load(model, video_model, "digit-scorer")
     report = {
         "t2i": quality.t2i_quality(t2i, scorer, samples=samples, seed=seed, num_steps=steps, guidance=guidance),
         "i2v": quality.i2v_quality(i2v, scorer, samples=max(samples // 2, 1), seed=seed, num_steps=steps, guidance=guidance),
@@ -110,26 +145,100 @@ def evaluate(
 
 
 # ---------------------------------------------------------------------------------------------- train
-# Options every `train` subcommand shares. A new method (e.g. `joint`) adds one subcommand: its own
-# flags, its config and an `rl_runs.Run` builder, then `_execute` (metrics, curves, report, card).
-_STEPS = typer.Option(..., "--steps", help="RL steps (one rollout + one update each).")
-_OUT = typer.Option(..., "--out", "-o", help="Output directory: metrics.jsonl, *.png, report.json and the trained card.")
-_PROMPTS = typer.Option(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
-_GROUP = typer.Option(4, "--group-size", "-K", help="Samples per prompt (K >= 2): the group of the group-relative advantage.")
-_NUM_STEPS = typer.Option(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation.")
-_WINDOW = typer.Option("0,4", "--sde-window", help="START,STOP: denoise steps sampled with the SDE and trained (ODE elsewhere); 'all' = every step.")
-_NOISE = typer.Option(0.7, "--noise-level", help="SDE noise level (eta).")
-_LR = typer.Option(1e-4, "--lr", help="Generator (DiT) learning rate.")
-_BETA = typer.Option(0.04, "--beta", help="Generator KL weight to the frozen reference DiT.")
-_CLIP = typer.Option(1e-3, "--clip-eps", help="Generator PPO ratio clip.")
-_TERMS = typer.Option(",".join(("digit", "stroke", "position", "brightness")), "--terms", help="Reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
-_SEED = typer.Option(0, "--seed", help="Seed of the prompts and of the rollouts.")
-_EVAL = typer.Option(True, "--eval/--no-eval", help="Judge the card before and after (GenEval-style accuracy, diversity).")
-_EVAL_SAMPLES = typer.Option(200, "--eval-samples", help="Prompts judged before and after.")
-_DIV_PROMPTS = typer.Option(10, "--diversity-prompts", help="Prompts of the diversity measure.")
-_DIV_SEEDS = typer.Option(6, "--diversity-seeds", help="Seeds per prompt of the diversity measure (>= 2).")
-_EVAL_SEED = typer.Option(0, "--eval-seed", help="Seed of the evaluation prompts and noise (the same before and after).")
-_SCORER = typer.Option("digit-scorer", "--scorer", help="Reward model card: a bundled id or a card directory.")
+# Flags shared by `train` subcommands are declared once, as fields of a dataclass whose metadata is
+# the typer option; `_with(*groups)` adds a group's flags to a command's signature and hands the
+# command one object per group. A new method is one subcommand: its own flags, its config and a
+# `training.runs` builder, then `_execute` (metrics, curves, report, card).
+
+
+def _flag(default, *names: str, help: str):
+    return dataclasses.field(default=default, metadata={"option": typer.Option(default, *names, help=help)})
+
+
+@dataclasses.dataclass
+class RunFlags:
+    """Every RL command: run length, output, batch shape, the generator's RL settings, reward, evaluation."""
+
+    steps: int = _flag(..., "--steps", help="RL steps (one rollout + one update each).")
+    out: Path = _flag(..., "--out", "-o", help="Output directory: metrics.jsonl, *.png, report.json and the trained card.")
+    prompts_per_step: int = _flag(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
+    group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K >= 2): the group of the group-relative advantage.")
+    num_steps: int = _flag(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation.")
+    sde_window: str = _flag("0,4", "--sde-window", help="START,STOP: denoise steps sampled with the SDE and trained (ODE elsewhere); 'all' = every step.")
+    noise_level: float = _flag(0.7, "--noise-level", help="SDE noise level (eta).")
+    lr: float = _flag(1e-4, "--lr", help="Generator (DiT) learning rate.")
+    beta: float = _flag(0.04, "--beta", help="Generator KL weight to the frozen reference DiT.")
+    kl: str = _flag("exact", "--kl", help="Generator KL convention: exact (Gaussian KL of the SDE step) or flowgrpo (the official code's: exact x |dt|).")
+    clip_eps: float = _flag(1e-3, "--clip-eps", help="Generator PPO ratio clip.")
+    terms: str = _flag("digit,stroke,position,brightness", "--terms", help="Reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
+    seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
+    run_eval: bool = _flag(True, "--eval/--no-eval", help="Judge the card before and after (GenEval-style accuracy, diversity).")
+    eval_samples: int = _flag(200, "--eval-samples", help="Prompts judged before and after.")
+    diversity_prompts: int = _flag(10, "--diversity-prompts", help="Prompts of the diversity measure.")
+    diversity_seeds: int = _flag(6, "--diversity-seeds", help="Seeds per prompt of the diversity measure (>= 2).")
+    eval_seed: int = _flag(0, "--eval-seed", help="Seed of the evaluation prompts and noise (the same before and after).")
+    scorer: str = _flag("digit-scorer", "--scorer", help="Reward model card: a bundled id or a card directory.")
+
+    def generator(self) -> dict:
+        """The generator's RL settings, as config keywords."""
+        return dict(
+            group_size=self.group_size, num_steps=self.num_steps, noise_level=self.noise_level,
+            sde_window=_window(self.sde_window), clip_eps=self.clip_eps, beta=self.beta, learning_rate=self.lr, kl=self.kl,
+        )
+
+    def evaluation(self):
+        from jaxpipe.training.runs import EvalSettings
+
+        if not self.run_eval:
+            return None
+        return EvalSettings(
+            samples=self.eval_samples, diversity_prompts=self.diversity_prompts, diversity_seeds=self.diversity_seeds,
+            seed=self.eval_seed,
+        )
+
+
+@dataclasses.dataclass
+class RefinerFlags:
+    """Commands that train refiner LMs next to the generator."""
+
+    skip: int = _flag(1, "--skip", help="Samples per group that keep the original prompt (0 <= skip < K).")
+    prompt_only: bool = _flag(False, "--prompt-only", help="Train only the refiner(s); the generator stays frozen.")
+    lm_lr: float = _flag(1e-3, "--lm-lr", help="Refiner learning rate.")
+    lm_beta: float = _flag(0.01, "--lm-beta", help="Refiner k3-KL weight to its frozen reference.")
+
+    def refiner(self) -> dict:
+        return dict(skip=self.skip, joint=not self.prompt_only, lm_learning_rate=self.lm_lr, lm_beta=self.lm_beta)
+
+
+def _with(*groups: type):
+    """Add the flags of dataclasses ``groups`` to a command; it receives one instance per group (by
+    the group's lowercase name, e.g. ``runflags``) and its own parameters."""
+
+    def wrap(command):
+        names = {g.__name__.lower() for g in groups}
+        hints = typing.get_type_hints(command)
+        own = [
+            p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in inspect.signature(command).parameters.values() if p.name not in names
+        ]
+        shared = []
+        for group in groups:
+            types = typing.get_type_hints(group)
+            shared += [
+                inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.metadata["option"], annotation=types[f.name])
+                for f in dataclasses.fields(group)
+            ]
+
+        def run(**kwargs):
+            packed = {g.__name__.lower(): g(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(g)}) for g in groups}
+            return command(**packed, **kwargs)
+
+        run.__name__, run.__doc__ = command.__name__, command.__doc__
+        run.__signature__ = inspect.Signature([*shared, *own])
+        run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}
+        return run
+
+    return wrap
 
 
 def _window(text: str) -> tuple[int, int] | None:
@@ -143,191 +252,101 @@ def _window(text: str) -> tuple[int, int] | None:
     return start, stop
 
 
-def _evaluation(run_eval: bool, samples: int, prompts: int, seeds: int, seed: int):
-    from jaxpipe.training.rl_runs import EvalSettings
-
-    return EvalSettings(samples=samples, diversity_prompts=prompts, diversity_seeds=seeds, seed=seed) if run_eval else None
-
-
-def _load(model: str, scorer: str):
-    from jaxpipe import cards
-
-    try:
-        return cards.load(model), cards.load(scorer)
-    except (KeyError, FileNotFoundError, ValueError) as err:
-        _fail(str(err).strip('"'))
-
-
-def _execute(build, steps: int, out: Path, seed: int) -> None:
-    """Build the run (``build()``; ValueError = bad settings) and execute it, echoing progress."""
+def _train(flags: RunFlags, model: str, make_config, build_run) -> None:
+    """Validate the settings (``make_config()``; ValueError = bad settings), load the cards, build the
+    run (``build_run(card, scorer, config, evaluation)``) and execute it, echoing progress."""
     import jax
 
-    from jaxpipe.training import rl_runs
+    from jaxpipe.training import runs
 
+    if flags.steps <= 0:
+        _fail(f"--steps must be a positive integer (got {flags.steps})")
     try:
-        run = build()
+        config = make_config()
+        evaluation = flags.evaluation()
     except ValueError as err:
         _fail(str(err))
-    typer.echo(f"{run.name}: {steps} steps -> {out} (JAX on {jax.default_backend()})")
-    rl_runs.execute(run, steps=steps, out=out, seed=seed, log=typer.echo)
+    card, scorer = _load(model, flags.scorer)
+    try:
+        run = build_run(card, scorer, config, evaluation)
+    except ValueError as err:
+        _fail(str(err))
+    typer.echo(f"{run.name}: {flags.steps} steps -> {flags.out} (JAX on {jax.default_backend()})")
+    runs.execute(run, steps=flags.steps, out=flags.out, seed=flags.seed, log=typer.echo)
 
 
 @train_app.command("flow-grpo")
+@_with(RunFlags)
 def train_flow_grpo(
-    steps: int = _STEPS,
-    out: Path = _OUT,
-    prompts_per_step: int = _PROMPTS,
-    group_size: int = _GROUP,
-    num_steps: int = _NUM_STEPS,
-    sde_window: str = _WINDOW,
-    noise_level: float = _NOISE,
-    lr: float = _LR,
-    beta: float = _BETA,
-    clip_eps: float = _CLIP,
-    terms: str = _TERMS,
+    runflags: RunFlags,
     mention: float = typer.Option(1.0, "--mention", help="Probability that a prompt names each rewarded attribute (1 = full compositional prompts)."),
-    seed: int = _SEED,
-    run_eval: bool = _EVAL,
-    eval_samples: int = _EVAL_SAMPLES,
-    diversity_prompts: int = _DIV_PROMPTS,
-    diversity_seeds: int = _DIV_SEEDS,
-    eval_seed: int = _EVAL_SEED,
     model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id or a card directory."),
-    scorer: str = _SCORER,
 ) -> None:
     """FlowGRPO on a text-to-image card, rewarded by the digit-scorer (full compositional prompts by default)."""
-    from jaxpipe.training import rl_runs
+    from jaxpipe.training import runs
     from jaxpipe.training.flow_grpo import FlowGRPOConfig
 
-    if steps <= 0:
-        _fail(f"--steps must be a positive integer (got {steps})")
-    try:
-        spec = rl_runs.PromptSpec(terms=rl_runs.parse_terms(terms), mention=mention)
-        config = FlowGRPOConfig(
-            group_size=group_size, num_steps=num_steps, noise_level=noise_level, sde_window=_window(sde_window),
-            clip_eps=clip_eps, beta=beta, learning_rate=lr,
-        )
-        evaluation = _evaluation(run_eval, eval_samples, diversity_prompts, diversity_seeds, eval_seed)
-    except ValueError as err:
-        _fail(str(err))
-    card, scorer_card = _load(model, scorer)
-    _execute(
-        lambda: rl_runs.flow_grpo_run(
-            card, scorer_card, config, spec, prompts_per_step=prompts_per_step, seed=seed, evaluation=evaluation
-        ),
-        steps, out, seed,
-    )
+    flags = runflags
+
+    def config():
+        spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention)
+        return spec, FlowGRPOConfig(**flags.generator())
+
+    _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.flow_grpo_run(
+        card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
 
 
 @train_app.command("unified")
+@_with(RunFlags, RefinerFlags)
 def train_unified(
-    steps: int = _STEPS,
-    out: Path = _OUT,
-    prompts_per_step: int = _PROMPTS,
-    group_size: int = _GROUP,
-    skip: int = typer.Option(1, "--skip", help="Samples per group that keep the original prompt (0 <= skip < K)."),
-    prompt_only: bool = typer.Option(False, "--prompt-only", help="Train only the refiner LM; the generator stays frozen."),
-    num_steps: int = _NUM_STEPS,
-    sde_window: str = _WINDOW,
-    noise_level: float = _NOISE,
-    lr: float = _LR,
-    beta: float = _BETA,
-    clip_eps: float = _CLIP,
-    lm_lr: float = typer.Option(1e-3, "--lm-lr", help="Refiner LM learning rate."),
-    lm_beta: float = typer.Option(0.01, "--lm-beta", help="Refiner LM k3-KL weight to the frozen reference LM."),
-    terms: str = _TERMS,
+    runflags: RunFlags,
+    refinerflags: RefinerFlags,
     mention: float = typer.Option(0.5, "--mention", help="Probability that a prompt names each rewarded attribute."),
     prefer: str = typer.Option("", "--prefer", help="Preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick,brightness=bright."),
-    seed: int = _SEED,
-    run_eval: bool = _EVAL,
-    eval_samples: int = _EVAL_SAMPLES,
-    diversity_prompts: int = _DIV_PROMPTS,
-    diversity_seeds: int = _DIV_SEEDS,
-    eval_seed: int = _EVAL_SEED,
     model: str = typer.Option("unified", "--model", help="Unified card to train: a bundled id or a card directory."),
-    scorer: str = _SCORER,
 ) -> None:
     """UnifiedRL: the refiner LM and the generator trained from one reward (--prompt-only: the LM alone)."""
-    from jaxpipe.training import rl_runs
+    from jaxpipe.training import runs
     from jaxpipe.training.unified_rl import UnifiedRLConfig
 
-    if steps <= 0:
-        _fail(f"--steps must be a positive integer (got {steps})")
-    try:
-        spec = rl_runs.PromptSpec(terms=rl_runs.parse_terms(terms), mention=mention, prefer=rl_runs.parse_preferences(prefer))
-        config = UnifiedRLConfig(
-            group_size=group_size, skip=skip, joint=not prompt_only, num_steps=num_steps, noise_level=noise_level,
-            sde_window=_window(sde_window), clip_eps=clip_eps, beta=beta, learning_rate=lr, lm_learning_rate=lm_lr,
-            lm_beta=lm_beta,
-        )
-        evaluation = _evaluation(run_eval, eval_samples, diversity_prompts, diversity_seeds, eval_seed)
-    except ValueError as err:
-        _fail(str(err))
-    card, scorer_card = _load(model, scorer)
-    _execute(
-        lambda: rl_runs.unified_run(
-            card, scorer_card, config, spec, prompts_per_step=prompts_per_step, seed=seed, evaluation=evaluation
-        ),
-        steps, out, seed,
-    )
+    flags = runflags
+
+    def config():
+        spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
+        return spec, UnifiedRLConfig(**flags.generator(), **refinerflags.refiner())
+
+    _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.unified_run(
+        card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
 
 
 @train_app.command("joint")
+@_with(RunFlags, RefinerFlags)
 def train_joint(
-    steps: int = _STEPS,
-    out: Path = _OUT,
+    runflags: RunFlags,
+    refinerflags: RefinerFlags,
     refiners: int = typer.Option(3, "--refiners", "-N", help="Refiner experts (each owns one attribute slot: stroke, position, brightness, cycling)."),
     credit: str = typer.Option("per_expert", "--credit", help="shared (one advantage for every refiner) or per_expert (each refiner's own reward term)."),
-    prompts_per_step: int = _PROMPTS,
-    group_size: int = _GROUP,
-    skip: int = typer.Option(1, "--skip", help="Samples per group that keep the original prompt (0 <= skip < K)."),
-    prompt_only: bool = typer.Option(False, "--prompt-only", help="Train only the refiners; the generator stays frozen."),
-    num_steps: int = _NUM_STEPS,
-    sde_window: str = _WINDOW,
-    noise_level: float = _NOISE,
-    lr: float = _LR,
-    beta: float = _BETA,
-    clip_eps: float = _CLIP,
-    lm_lr: float = typer.Option(1e-3, "--lm-lr", help="Refiner learning rate."),
-    lm_beta: float = typer.Option(0.01, "--lm-beta", help="Refiner k3-KL weight to its frozen reference."),
-    terms: str = _TERMS,
     mention: float = typer.Option(0.0, "--mention", help="Probability that a prompt names each rewarded attribute (0: the refiners choose them all)."),
     prefer: str = typer.Option("stroke=thick,position=right,brightness=dim", "--prefer", help="The attribute values the reward prefers when a prompt leaves them out."),
-    seed: int = _SEED,
-    run_eval: bool = _EVAL,
-    eval_samples: int = _EVAL_SAMPLES,
-    diversity_prompts: int = _DIV_PROMPTS,
-    diversity_seeds: int = _DIV_SEEDS,
-    eval_seed: int = _EVAL_SEED,
     model: str = typer.Option("unified", "--model", help="Unified card whose LM initialises every refiner (bundled id or directory)."),
-    scorer: str = _SCORER,
 ) -> None:
     """JointMultiExpertRL: N refiner experts (one vmapped update) and the generator from one reward."""
     from jaxpipe.cards import multi_expert
-    from jaxpipe.training import rl_runs
+    from jaxpipe.training import runs
     from jaxpipe.training.joint_rl import JointRLConfig
 
-    if steps <= 0:
-        _fail(f"--steps must be a positive integer (got {steps})")
-    try:
-        spec = rl_runs.PromptSpec(terms=rl_runs.parse_terms(terms), mention=mention, prefer=rl_runs.parse_preferences(prefer))
-        config = JointRLConfig(
-            group_size=group_size, skip=skip, joint_generator=not prompt_only, credit=credit, num_steps=num_steps,
-            noise_level=noise_level, sde_window=_window(sde_window), clip_eps=clip_eps, beta=beta, learning_rate=lr,
-            lm_learning_rate=lm_lr, lm_beta=lm_beta,
-        )
-        evaluation = _evaluation(run_eval, eval_samples, diversity_prompts, diversity_seeds, eval_seed)
-    except ValueError as err:
-        _fail(str(err))
-    base, scorer_card = _load(model, scorer)
-    try:
+    flags = runflags
+
+    def config():
+        spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
+        return spec, JointRLConfig(**flags.generator(), **refinerflags.refiner(), credit=credit)
+
+    def build(base, scorer, cfg, evaluation):
         card = multi_expert.from_unified(base, refiners)
-    except ValueError as err:
-        _fail(str(err))
-    _execute(
-        lambda: rl_runs.joint_run(card, scorer_card, config, spec, prompts_per_step=prompts_per_step, seed=seed, evaluation=evaluation),
-        steps, out, seed,
-    )
+        return runs.joint_run(card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed,
+                              evaluation=evaluation)
+
+    _train(flags, model, config, build)
 
 
 @app.command("cards")

@@ -377,25 +377,26 @@ class Execution(NamedTuple):
 
 
 def execute(
-    program: Program, settings_: Settings, card: Card, slots: Mapping[str, Any], *, capture: bool = False
+    program: Program, settings_: Settings, card: Card, slots: Mapping[str, Any], *, capture: bool | tuple[str, ...] = False
 ) -> dict[str, jax.Array] | Execution:
-    """The whole program on batched input ``slots``: artifacts ``{name: (B, ...)}`` (an ``Execution``
-    with every loop's trajectory when ``capture``).
+    """The whole program on batched input ``slots``: artifacts ``{name: (B, ...)}``, or, unless
+    ``capture`` is ``False``, an ``Execution`` (``capture=True``: every loop records its trajectory;
+    a tuple of loop ids: those loops do, the others run as when serving).
 
     Loops run as their fused runner (``lax.scan``). Pure; jit with ``program``, ``settings_`` and
-    ``capture`` static. RL rollouts are this call with ``capture=True``: the same nodes, keys and
-    loops the card serves with.
+    ``capture`` static. RL rollouts are this call with capture: the same nodes, keys and loops the
+    card serves with.
     """
     slots, state = enter(program, 0, settings_, card, slots)
     captures = {}
     for i, node in enumerate(program.loops):
         spec = card.spec.loop(node.loop)
-        state, records = driver(spec.kind).run(card.bound(node.loop), state, config_of(settings_, node.loop), capture=capture)
-        if capture:
-            captures[node.loop] = (state, records)
+        record = capture is True or (bool(capture) and node.loop in capture)
+        state, records = driver(spec.kind).run(card.bound(node.loop), state, config_of(settings_, node.loop), capture=record)
+        captures[node.loop] = (state, records)
         slots, state = enter(program, i + 1, settings_, card, slots, state)
     out = artifacts(program, slots)
-    return Execution(out, slots, captures) if capture else out
+    return out if capture is False else Execution(out, slots, captures)
 
 
 _execute_jit = jax.jit(execute, static_argnums=(0, 1))

@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from jaxpipe.card import Card
-from jaxpipe.cards import digit_scorer, flux_t2i, wan_i2v
+from jaxpipe.cards import digit_scorer
 from jaxpipe.data import digits
+from jaxpipe.generate import generate
 
 __all__ = ["t2i_quality", "i2v_quality", "ink_centroids", "MOTION_THRESHOLD_PX", "FIRST_FRAME_TOLERANCE"]
 
@@ -27,6 +28,11 @@ FIRST_FRAME_TOLERANCE = 0.1
 def _in_batches(fn, n: int, batch: int):
     parts = [np.asarray(fn(slice(i, min(i + batch, n)))) for i in range(0, n, batch)]
     return np.concatenate(parts)
+
+
+def _denoise_defaults(card: Card):
+    """The card's (first) denoise loop settings: what ``num_steps=None`` / ``guidance=None`` mean."""
+    return next(card.spec.loop(l).config for l in card.spec.recipe if card.spec.loop(l).kind == "denoise")
 
 
 def t2i_quality(
@@ -47,16 +53,16 @@ def t2i_quality(
 
     def judge(prompts):
         images = _in_batches(
-            lambda s: flux_t2i.generate(t2i, prompts[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
-                                        num_steps=num_steps, guidance=guidance), samples, batch)
+            lambda s: generate(t2i, prompts[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
+                               num_steps=num_steps, guidance=guidance)["image"], samples, batch)
         return {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, images * 2.0 - 1.0).items()}
 
     plain_pred, full_pred = judge(plain), judge(full)
     right = {k: full_pred[k] == labels[k] for k in ("digit",) + attrs}
     return {
         "samples": samples,
-        "num_steps": num_steps or t2i.spec.loop(flux_t2i.LOOP_ID).config.num_steps,
-        "guidance": guidance or t2i.spec.loop(flux_t2i.LOOP_ID).config.guidance,
+        "num_steps": num_steps or _denoise_defaults(t2i).num_steps,
+        "guidance": guidance or _denoise_defaults(t2i).guidance,
         "digit_accuracy": float(np.mean(plain_pred["digit"] == labels["digit"])),
         "digit_accuracy_compositional": float(np.mean(right["digit"])),
         "attribute_accuracy": {k: float(np.mean(right[k])) for k in attrs},
@@ -105,8 +111,8 @@ def i2v_quality(
     first = (reference.video[:, 0] + 1.0) / 2.0
     prompts = list(reference.caption)
     videos = _in_batches(
-        lambda s: wan_i2v.animate(i2v, prompts[s], first[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
-                                  num_steps=num_steps, guidance=guidance), len(prompts), batch)
+        lambda s: generate(i2v, prompts[s], image=first[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
+                           num_steps=num_steps, guidance=guidance)["video"], len(prompts), batch)
     centroids = ink_centroids(videos)
     ok = _moves_as_told(centroids[:, -1] - centroids[:, 0], reference.motion)
     frame_error = np.abs(videos[:, 0] - first).mean(axis=(1, 2, 3))
@@ -119,8 +125,8 @@ def i2v_quality(
                   if np.any(reference.motion == m)}
     return {
         "samples": len(prompts),
-        "num_steps": num_steps or i2v.spec.loop(wan_i2v.LOOP_ID).config.num_steps,
-        "guidance": guidance or i2v.spec.loop(wan_i2v.LOOP_ID).config.guidance,
+        "num_steps": num_steps or _denoise_defaults(i2v).num_steps,
+        "guidance": guidance or _denoise_defaults(i2v).guidance,
         "motion_accuracy": float(np.mean(ok)),
         "motion_accuracy_by_direction": per_motion,
         "first_frame_mae": float(np.mean(frame_error)),

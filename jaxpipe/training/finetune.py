@@ -1,9 +1,11 @@
-"""``Finetune``: flow-matching regression of a denoise card (how the bundled generators are pretrained).
+"""``Finetune``: flow-matching regression of a card's denoise loop (how the bundled generators are pretrained).
 
 Per example: ``σ ~ sigmoid(N(0, 1))`` (logit-normal) or ``U(0, 1)``, ``ε ~ N(0, I)``,
-``x_σ = (1-σ)·x0 + σ·ε`` and the loss ``mean((v_θ(x_σ, σ, text) - (ε - x0))²)``, where ``x0``
-is the autoencoder's latent of the batch's image (or video). Captions are dropped to the
-empty prompt with probability ``cond_dropout`` so the card supports classifier-free guidance.
+``x_σ = (1-σ)·x0 + σ·ε`` and the loss ``mean((v_θ(x_σ, σ, cond) - (ε - x0))²)``. The card's family
+says what ``x0`` and ``cond`` are (its ``FlowData`` hooks: e.g. the autoencoder's latent of the
+batch's image and the text encoding of its caption); the velocity is the loop's own (its bound
+denoiser(s), routed by σ). The conditioning is dropped to unconditional with probability
+``cond_dropout`` so the card supports classifier-free guidance.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import optax
 from flax import nnx
 
 from jaxpipe.card import Card
+from jaxpipe.cards import registry
 from jaxpipe.loops import denoise
 
 __all__ = ["FinetuneConfig", "FinetuneState", "Finetune"]
@@ -82,10 +85,11 @@ def guarded_update(finite: jax.Array, new, old):
 class Finetune:
     """Flow-matching finetuning of a card's denoise loop: ``init(key)``, jitted ``step``, ``card(state)``.
 
-    A batch is ``{"ids": (B, L) int32, "image": (B, H, W, C)}`` for text-to-image cards or
-    ``{"ids", "video": (B, T, H, W, C)}`` for image-to-video cards (pixels in [-1, 1]), or
-    ``{"ids", "latents": (B, T, h, w, C)}`` already encoded by the card's autoencoder; cards
-    whose DiT has first-frame conditioning condition on the first frame's latent.
+    A batch is whatever the card's family reads (``Family.flow``); for the text-conditioned
+    generators ``{"ids": (B, L) int32, "image": (B, H, W, C)}`` (text-to-image),
+    ``{"ids", "video": (B, T, H, W, C)}`` (image-to-video; pixels in [-1, 1]), or
+    ``{"ids", "latents": (B, T, h, w, C)}`` already encoded by the card's autoencoder.
+    ``loop_id`` picks the denoise loop (default: the card's first).
     """
 
     def __init__(self, card: Card, config: FinetuneConfig = FinetuneConfig(), *, loop_id: str | None = None):
@@ -94,16 +98,23 @@ class Finetune:
             loops = [card.spec.loop(loop_id)]
         if not loops or loops[0].kind != "denoise":
             raise ValueError(f"card {card.model_id!r} has no denoise loop to finetune")
-        for name in ("text_encoder", "vae"):
-            card[name]  # a clear KeyError if the card lacks a component the objective needs
+        self.flow = registry.family_of(card).flow
+        if self.flow is None:
+            raise ValueError(f"card {card.model_id!r}: its family {card.spec.family!r} declares no flow-matching data (Family.flow)")
         self.config = config
-        self.transformer = loops[0].binds[0]
+        self.loop = loops[0]
+        self.sampling = self.loop.config.replace(guidance=1.0)
         self.spec = card.spec
         self._graphdef, self._init_params, self._frozen, self._rest = split_trainable(card, config.trainable)
         self.tx = make_optimizer(
             config.learning_rate, config.warmup_steps, config.total_steps, config.weight_decay, config.grad_clip
         )
         self.step = jax.jit(self._step, donate_argnums=0)
+
+    @property
+    def transformer(self) -> str:
+        """The (first) denoiser the loop binds."""
+        return self.loop.binds[0]
 
     def init(self, key: jax.Array | None = None) -> FinetuneState:
         """The starting state: the card's weights and a fresh optimiser (``key`` is unused: nothing random)."""
@@ -118,36 +129,21 @@ class Finetune:
     def loss(self, params, frozen, batch, key) -> tuple[jax.Array, dict]:
         """Flow-matching loss of one batch (pure; differentiable in ``params``)."""
         comps = self._components(params, frozen)
-        vae, text, dit = comps["vae"], comps["text_encoder"], comps[self.transformer]
-        x0 = jax.lax.stop_gradient(self.latents(vae, batch))
-        first_frame = x0[:, 0] if dit.cfg.frame_cond else None
+        x0 = jax.lax.stop_gradient(self.flow.latents(comps, batch))
         b = x0.shape[0]
         k_drop, k_sigma, k_noise = jax.random.split(key, 3)
-        ids = batch["ids"]
-        keep = jax.random.uniform(k_drop, (b, 1)) >= self.config.cond_dropout
-        ids = jnp.where(keep, ids, 0)
+        keep = jax.random.uniform(k_drop, (b,)) >= self.config.cond_dropout
         if self.config.sigma_sampling == "logit_normal":
             sigma = jax.nn.sigmoid(jax.random.normal(k_sigma, (b,)))
         else:
             sigma = jax.random.uniform(k_sigma, (b,))
         noise = jax.random.normal(k_noise, x0.shape)
-        s = sigma.reshape(b, 1, 1, 1, 1)
+        s = sigma.reshape((b,) + (1,) * (x0.ndim - 1))
         x_sigma = (1.0 - s) * x0 + s * noise
-        cond = denoise.Conditioning(context=text(ids), context_mask=ids != 0, first_frame=first_frame)
-        v = denoise.velocity(dit, x_sigma, sigma, cond, 1.0)
+        cond = self.flow.cond(comps, batch, keep, x0)
+        v = denoise.velocity(tuple(comps[name] for name in self.loop.binds), x_sigma, sigma, cond, self.sampling)
         loss = jnp.mean((v - (noise - x0)) ** 2)
         return loss, {"loss": loss}
-
-    @staticmethod
-    def latents(vae, batch: dict) -> jax.Array:
-        """Clean latents ``(B, T, h, w, C)`` of a batch: its ``"latents"`` if precomputed, else encoded pixels."""
-        if "latents" in batch:
-            return batch["latents"]
-        if "video" in batch:
-            return vae.encode_video(batch["video"])
-        if "image" in batch:
-            return vae.encode(batch["image"])[:, None]
-        raise KeyError(f"a batch needs 'latents', 'video' or 'image' (got {sorted(batch)})")
 
     def _step(self, state: FinetuneState, batch: dict, key: jax.Array) -> tuple[FinetuneState, dict]:
         (loss, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(state.params, state.frozen, batch, key)

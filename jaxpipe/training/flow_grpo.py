@@ -1,20 +1,28 @@
-"""``FlowGRPO``: group-relative policy optimisation of a text-to-image card's DiT (DESIGN §6, §10).
+"""``FlowGRPO``: group-relative policy optimisation of a text-to-image card's denoiser (DESIGN §6, §10).
 
-One ``step``: each of P prompts is rendered K times with the card's own denoise loop under
-SDE sampling with capture on (the rollout); the images are scored by a reward function; group
-advantages ``A = clip((r - mean_group) / (std_group + 1e-4), ±adv_clip)`` weight a clipped PPO
-loss on every captured step's log-prob, plus ``β · mean((mean_now - mean_ref)²) / (2σ_eff²)``
-to a frozen reference DiT. Gradients flow through the DiT with ``jax.grad``; the text encoder
-and autoencoder stay frozen. ``rollout`` and ``update`` are separate jitted functions so the
-C2 identity (recomputed log-probs == captured, ratio == 1) can be checked between them;
-``step`` is both fused into one jitted function. The rollout is the card's own denoise loop
-(``training.rollout``); ``generator_loss`` is the objective ``UnifiedRL`` reuses.
+One ``step``: each of P prompts is rendered K times by the card's own program under SDE
+sampling with capture on (the rollout, ``training.rollout``); the images are scored by a reward
+function; group advantages ``A = clip((r - mean_group) / (std_group + 1e-4), ±adv_clip)`` weight
+a clipped PPO loss on every captured step's log-prob, plus ``β ·`` a KL to a frozen reference
+denoiser. Gradients flow through the denoiser(s) the program's denoise loop binds; the rest of
+the card stays frozen. ``rollout`` and ``update`` are separate jitted functions so the C2
+identity (recomputed log-probs == captured, ratio == 1) can be checked between them; ``step``
+is both fused into one jitted function.
+
+KL convention (``FlowGRPOConfig.kl``): ``"exact"`` (default) is the exact Gaussian KL of the SDE
+step, ``mean((μθ − μref)²) / (2σ_eff²)``; ``"flowgrpo"`` is the official FlowGRPO code's
+``mean((μθ − μref)²) / (2·std_dev_t²)`` with ``std_dev_t = σ_eff / sqrt(|Δt|)``, i.e. exact · |Δt|.
+A β ported from an official config therefore pulls ``1/|Δt|`` times harder under ``"exact"``
+(10× at 10 uniform steps); divide it by that, or set ``kl="flowgrpo"``.
+
+``generator_update`` is the module-level pure update of the generator that ``UnifiedRL`` and
+``JointMultiExpertRL`` share.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -23,8 +31,9 @@ import optax
 from flax import nnx
 
 from jaxpipe.card import Card
-from jaxpipe.cards import digit_scorer
+from jaxpipe.cards import digit_scorer, registry
 from jaxpipe.loops import denoise
+from jaxpipe.program import settings as loop_settings
 from jaxpipe.training import losses, rollout
 from jaxpipe.training.finetune import guarded_update, split_trainable
 
@@ -33,12 +42,15 @@ __all__ = [
     "FlowGRPOState",
     "Rollout",
     "FlowGRPO",
+    "KL_CONVENTIONS",
     "generator_loss",
+    "generator_update",
     "scorer_reward",
     "scorer_reward_parts",
     "REWARD_TERMS",
-    "transformer_name",
 ]
+
+KL_CONVENTIONS = ("exact", "flowgrpo")
 
 REWARD_TERMS = ("digit", "stroke", "position", "brightness")
 """Reward terms a ``digit-scorer`` reward can sum: the scorer's probability of the prompted label."""
@@ -59,8 +71,11 @@ class FlowGRPOConfig:
     beta: float = 0.004
     learning_rate: float = 1e-4
     grad_clip: float = 1.0
+    kl: str = "exact"
 
     def __post_init__(self):
+        if self.kl not in KL_CONVENTIONS:
+            raise ValueError(f"kl must be one of {KL_CONVENTIONS} (got {self.kl!r})")
         if self.group_size < 2:
             raise ValueError(f"group_size (K) must be >= 2 for group-relative advantages (got {self.group_size})")
         if not self.clip_eps > 0 or not self.adv_clip > 0:
@@ -71,8 +86,13 @@ class FlowGRPOConfig:
 
     @property
     def sampling(self) -> denoise.DenoiseConfig:
-        """The rollout's denoise policy: SDE (in the window), guidance 1 so the recompute is faithful."""
-        return denoise.DenoiseConfig(
+        """The rollout's denoise policy on a default loop (see ``sampling_on``)."""
+        return self.sampling_on(denoise.DenoiseConfig())
+
+    def sampling_on(self, loop: denoise.DenoiseConfig) -> denoise.DenoiseConfig:
+        """The rollout's denoise policy on a card's loop config: its schedule shift and router, this
+        run's steps, SDE (in the window) and guidance 1 (so the log-prob recompute is faithful)."""
+        return loop.replace(
             num_steps=self.num_steps, sampler="sde", noise_level=self.noise_level, sde_window=self.sde_window, guidance=1.0
         )
 
@@ -134,30 +154,53 @@ def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> RewardFn
     return reward
 
 
-def transformer_name(card: Card) -> str:
-    """The component the card's (first) denoise loop binds."""
-    loops = [loop for loop in card.spec.loops if loop.kind == "denoise"]
-    if not loops:
-        raise ValueError(f"card {card.model_id!r} has no denoise loop to train")
-    return loops[0].binds[0]
-
-
 def generator_loss(
-    model, reference, generated: rollout.Generated, advantages: jax.Array, config: FlowGRPOConfig
+    models,
+    reference,
+    generated: rollout.Generated,
+    advantages: jax.Array,
+    config: FlowGRPOConfig,
+    sampling: denoise.DenoiseConfig | None = None,
 ) -> tuple[jax.Array, dict]:
-    """Clipped PPO on every captured SDE step of ``generated`` under ``model`` plus
-    ``β · mean((mean_now - mean_ref)²) / (2σ_eff²)`` to ``reference``: ``(scalar, metrics)``.
-    Differentiable in ``model``; ``advantages`` ``(B,)``."""
-    log_prob, mean = rollout.generator_stats(model, generated, config.sampling)
+    """Clipped PPO on every captured SDE step of ``generated`` under ``models`` (the loop's bound
+    denoiser(s)) plus ``β ·`` the KL (``config.kl`` convention) to ``reference``: ``(scalar, metrics)``.
+    ``sampling``: the rollout's policy (default ``config.sampling``). Differentiable in ``models``;
+    ``advantages`` ``(B,)``."""
+    sampling = config.sampling if sampling is None else sampling
+    log_prob, mean = rollout.generator_stats(models, generated, sampling)
     if config.beta > 0:
-        _, mean_ref = rollout.generator_stats(reference, generated, config.sampling)
+        _, mean_ref = rollout.generator_stats(reference, generated, sampling)
         mean_ref = jax.lax.stop_gradient(mean_ref)
     else:
         mean_ref = jax.lax.stop_gradient(mean)
     traj = generated.trajectory
     return losses.flow_grpo_loss(
-        log_prob, traj.log_prob, advantages, mean, mean_ref, traj.std, clip_eps=config.clip_eps, beta=config.beta
+        log_prob, traj.log_prob, advantages, mean, mean_ref, traj.std, clip_eps=config.clip_eps, beta=config.beta,
+        kl=config.kl, dt=traj.sigma_next - traj.sigma,
     )
+
+
+def generator_update(
+    tx: optax.GradientTransformation,
+    models_of: Callable[[nnx.State], tuple],
+    params: nnx.State,
+    reference: nnx.State,
+    opt_state: Any,
+    generated: rollout.Generated,
+    advantages: jax.Array,
+    config: FlowGRPOConfig,
+    sampling: denoise.DenoiseConfig,
+) -> tuple[nnx.State, Any, jax.Array, dict, jax.Array]:
+    """One optimiser step of the generator on a captured rollout: ``(params, opt_state, loss, metrics,
+    grad norm)``. ``models_of(params)`` builds the denoiser(s) the loop binds from trainable params;
+    ``sampling`` is the rollout's policy. Pure; the FlowGRPO objective (``generator_loss``)."""
+
+    def loss(p):
+        return generator_loss(models_of(p), models_of(reference), generated, advantages, config, sampling)
+
+    (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value, metrics, optax.tree.norm(grads)
 
 
 def check_batch(batch: Mapping[str, Any], terms: tuple[str, ...] | None = None) -> None:
@@ -180,22 +223,33 @@ class FlowGRPO:
     """FlowGRPO on a text-to-image card: ``init(key)``, jitted ``rollout``/``update`` and ``step``.
 
     A batch is ``{"ids": (P, L) int32, "labels": {term: (P,) int32}}``; each prompt is sampled
-    ``group_size`` times. ``reward_fn`` scores images, e.g. ``scorer_reward(scorer_card)``.
+    ``group_size`` times. ``reward_fn`` scores images, e.g. ``scorer_reward(scorer_card)``. The card
+    renders through its family's program (or ``program``), which must run one denoise loop; its
+    bound denoiser(s) train.
     """
 
-    def __init__(self, card: Card, reward_fn: RewardFn, config: FlowGRPOConfig = FlowGRPOConfig()):
+    def __init__(self, card: Card, reward_fn: RewardFn, config: FlowGRPOConfig = FlowGRPOConfig(), *, program=None):
         self.config = config
         self.spec = card.spec
         self.reward_fn = reward_fn
-        self.transformer = transformer_name(card)
-        self._graphdef, self._params, self._frozen, self._rest = split_trainable(card, (self.transformer,))
+        self.program = registry.default_program(card) if program is None else program
+        self.program.check(card)
+        self.loop = rollout.denoise_loop(card, self.program)
+        self.denoisers = self.loop.binds
+        self.sampling = config.sampling_on(self.loop.config)
+        self._graphdef, self._params, self._frozen, self._rest = split_trainable(card, self.denoisers)
         self.tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
         self.rollout = jax.jit(self._rollout)
         self.update = jax.jit(self._update)
         self._step = jax.jit(self.step_fn)
 
+    @property
+    def transformer(self) -> str:
+        """The (first) denoiser component that trains."""
+        return self.denoisers[0]
+
     def init(self, key: jax.Array | None = None) -> FlowGRPOState:
-        """Start from the card's weights; the reference is a frozen copy of the DiT."""
+        """Start from the card's weights; the reference is a frozen copy of the denoiser(s)."""
         del key
         params, frozen = jax.tree.map(jnp.array, (self._params, self._frozen))
         reference = jax.tree.map(jnp.array, self._params)
@@ -205,37 +259,37 @@ class FlowGRPO:
         return nnx.merge(self._graphdef, nnx.State({**params, **frozen}), self._rest)
 
     def card(self, state: FlowGRPOState) -> Card:
-        """The card with the state's DiT weights."""
+        """The card with the state's denoiser weights."""
         return Card(self.components(state.params, state.frozen), self.spec)
+
+    def _models_of(self, frozen: nnx.State) -> Callable[[nnx.State], tuple]:
+        return lambda params: tuple(self.components(params, frozen)[name] for name in self.denoisers)
 
     def _rollout(self, state: FlowGRPOState, batch: Mapping[str, Any], key: jax.Array) -> Rollout:
         cfg = self.config
         card = Card(self.components(jax.lax.stop_gradient(state.params), state.frozen), self.spec)
         ids, labels = rollout.repeat_groups(batch, cfg.group_size)
         keys = jax.random.split(key, ids.shape[0])
-        generated = rollout.render(card, self.transformer, ids, keys, cfg.sampling, capture=True)
+        settings = loop_settings(**{self.loop.id: self.sampling})
+        run = rollout.run(card, self.program, settings, rollout.text_slots(self.program, ids, keys), capture=(self.loop.id,))
+        generated = rollout.generated(run, self.loop.id)
         rewards, advantages = rollout.score(self.reward_fn, generated.images, labels, cfg.group_size, cfg.adv_clip)
         return Rollout(generated, rewards, advantages)
 
     def step_stats(self, params: nnx.State, frozen: nnx.State, ro: Rollout) -> tuple[jax.Array, jax.Array]:
         """Per captured step ``(S, B)`` log-probs and ``(S, B, ...)`` SDE means of the rollout's samples
         under ``params`` (teacher-forced, vmapped over time; the trainer's own batching)."""
-        model = self.components(params, frozen)[self.transformer]
-        return rollout.generator_stats(model, ro.generated, self.config.sampling)
-
-    def loss(self, params, state: FlowGRPOState, ro: Rollout) -> tuple[jax.Array, dict]:
-        """Clipped PPO on every captured step + β·KL to the reference (scalar, metrics)."""
-        model = self.components(params, state.frozen)[self.transformer]
-        reference = self.components(state.reference, state.frozen)[self.transformer]
-        return generator_loss(model, reference, ro.generated, ro.advantages, self.config)
+        return rollout.generator_stats(self._models_of(frozen)(params), ro.generated, self.sampling)
 
     def _update(self, state: FlowGRPOState, ro: Rollout) -> tuple[FlowGRPOState, dict]:
-        (loss, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(state.params, state, ro)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        new = state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state, step=state.step + 1)
-        finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
+        params, opt_state, loss, metrics, grad_norm = generator_update(
+            self.tx, self._models_of(state.frozen), state.params, state.reference, state.opt_state,
+            ro.generated, ro.advantages, self.config, self.sampling,
+        )
+        new = state._replace(params=params, opt_state=opt_state, step=state.step + 1)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         new = guarded_update(finite, new, state._replace(step=state.step + 1))
-        return new, {**metrics, "grad_norm": optax.tree.norm(grads), "skipped": 1.0 - finite.astype(jnp.float32)}
+        return new, {**metrics, "grad_norm": grad_norm, "skipped": 1.0 - finite.astype(jnp.float32)}
 
     def step_fn(self, state: FlowGRPOState, batch: Mapping[str, Any], key: jax.Array) -> tuple[FlowGRPOState, dict]:
         """The pure, unjitted step (rollout + update), for custom ``jit``/sharding."""

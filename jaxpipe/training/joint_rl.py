@@ -11,7 +11,9 @@ into one prompt, rendered once; one reward with per-term parts. Then
 Credit: ``"shared"`` gives every refiner the total reward's group advantage (faithful to UniRL);
 ``"per_expert"`` gives refiner i the group advantage of its own reward term (``expert_terms[i]``,
 by default the attribute its slot owns). With N = 1, no slots and ``"shared"`` credit this is
-``UnifiedRL`` step for step (same keys, same math).
+``UnifiedRL`` step for step (same keys, same math): both run the card's program with capture and
+share the module-level pure updates (``unified_rl.lm_update``, vmapped here;
+``flow_grpo.generator_update``).
 """
 
 from __future__ import annotations
@@ -26,12 +28,22 @@ import optax
 from flax import nnx
 
 from jaxpipe.card import Card
-from jaxpipe.cards import multi_expert, unified
+from jaxpipe.loops import ar
+from jaxpipe.cards import multi_expert, registry
 from jaxpipe.nn import MaskedLM
+from jaxpipe.program import settings as loop_settings
 from jaxpipe.training import losses, rollout
-from jaxpipe.training.finetune import split_trainable
-from jaxpipe.training.flow_grpo import generator_loss
-from jaxpipe.training.unified_rl import UnifiedRLConfig, check_refine_batch, finish_update, refine_rows, reward_stats
+from jaxpipe.training.finetune import guarded_update, split_trainable
+from jaxpipe.training.flow_grpo import generator_update
+from jaxpipe.training.unified_rl import (
+    UnifiedRLConfig,
+    check_refine_batch,
+    lm_update,
+    prefixed,
+    refine_rows,
+    restrict,
+    reward_stats,
+)
 
 __all__ = ["JointRLConfig", "JointRLState", "JointRollout", "JointMultiExpertRL", "CREDITS"]
 
@@ -42,17 +54,13 @@ CREDITS = ("shared", "per_expert")
 class JointRLConfig(UnifiedRLConfig):
     """``UnifiedRLConfig`` plus ``credit`` (``"shared"`` | ``"per_expert"``) and ``expert_terms``
     (the reward term refiner i is credited with under ``"per_expert"``; ``None``: its slot's
-    attribute). ``joint_generator`` is the generator switch (``joint`` of the base class); the
+    attribute). ``joint`` switches the generator's training on (False: prompt-only); the
     generator always learns from the total reward."""
 
     credit: str = "shared"
     expert_terms: tuple[str, ...] | None = None
-    joint_generator: bool | None = None
 
     def __post_init__(self):
-        if self.joint_generator is not None:
-            object.__setattr__(self, "joint", bool(self.joint_generator))
-        object.__setattr__(self, "joint_generator", self.joint)
         if self.credit not in CREDITS:
             raise ValueError(f"credit must be one of {CREDITS} (got {self.credit!r})")
         super().__post_init__()
@@ -77,7 +85,7 @@ class JointRollout(NamedTuple):
     refined rows), ``refined`` ``(B,)``, composed text ids ``(B, L)``, the rendered batch, reward parts
     ``{term: (B,)}``, total rewards ``(B,)``, generator advantages ``(B,)``, refiner advantages ``(N, B)``."""
 
-    refinements: rollout.Refinement
+    refinements: ar.Continuation
     refined: jax.Array
     text_ids: jax.Array
     generated: rollout.Generated
@@ -101,10 +109,11 @@ class JointMultiExpertRL:
         self.config = config
         self.spec = card.spec
         self.reward_fn = reward_fn
+        self.program = registry.default_program(card)
         self.num_refiners = card.spec.config.num_refiners
-        self.eos = unified.eos_id(card)
         self.max_prompt_words = card.spec.config.max_prompt_words
         self.ar_config = card.spec.loop(multi_expert.REFINE_LOOP).config.replace(temperature=1.0)
+        self.sampling = config.sampling_on(card.spec.loop(multi_expert.DENOISE_LOOP).config)
         self.allowed = jnp.asarray(card.spec.config.allowed_tokens())
         self.expert_terms = config.expert_terms or tuple(card.spec.config.slot(i) for i in range(self.num_refiners))
         if config.credit == "per_expert":
@@ -156,6 +165,9 @@ class JointMultiExpertRL:
         """Refiner params of ONE expert (no expert axis) as a slot-restricted LM."""
         return MaskedLM(nnx.merge(self._lm_graphdef, params[multi_expert.COMPONENT]), allowed)
 
+    def _generator_of(self, refiners: nnx.State, frozen: nnx.State):
+        return lambda generator: (self.components(refiners, generator, frozen)["transformer"],)
+
     # ---------------------------------------------------------------------------------- rollout
     def _rollout(self, state: JointRLState, batch: Mapping[str, Any], key: jax.Array) -> JointRollout:
         cfg = self.config
@@ -163,18 +175,15 @@ class JointMultiExpertRL:
         card = Card(self.components(sg(state.refiners), sg(state.generator), state.frozen), self.spec)
         ids, labels = rollout.repeat_groups(batch, cfg.group_size)
         rows = ids.shape[0]
-        keys = jax.random.split(key, rows)
-        expert_keys = multi_expert.expert_keys(keys, self.num_refiners)
-        gen_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-        one = lambda params, allowed, k: rollout.refine(self._expert(params, allowed), ids, k, self.ar_config)
-        refinements = jax.vmap(one)(sg(state.refiners), self.allowed, expert_keys)
         refined = refine_rows(cfg.group_size, cfg.skip, rows)
-        mask = refinements.mask & refined[None, :, None]
-        refinements = refinements._replace(mask=mask, log_prob=jnp.where(mask, refinements.log_prob, 0.0))
-        composed = multi_expert.compose(ids, refinements.tokens, mask, self.eos, ids.shape[1])
-        text_ids = jnp.where(refined[:, None], composed, ids)
-        generated = rollout.render(card, "transformer", text_ids, gen_keys, cfg.sampling, capture=cfg.joint)
-        parts = self.reward_fn(generated.images, labels)
+        slots = rollout.text_slots(self.program, ids, jax.random.split(key, rows), refined)
+        settings = loop_settings(**{multi_expert.REFINE_LOOP: self.ar_config, multi_expert.DENOISE_LOOP: self.sampling})
+        captured = (multi_expert.DENOISE_LOOP,) if cfg.joint else ()
+        run = rollout.run(card, self.program, settings, slots, capture=captured)
+        refinements = restrict(multi_expert.expert_major(run.slots["refinements"]), refined[None, :])
+        images = run.artifacts["image"]
+        generated = rollout.generated(run, multi_expert.DENOISE_LOOP) if cfg.joint else rollout.Generated(images, None, None)
+        parts = self.reward_fn(images, labels)
         if isinstance(parts, Mapping):
             rewards = sum(jnp.asarray(p, jnp.float32) for p in parts.values())
         else:
@@ -190,40 +199,17 @@ class JointMultiExpertRL:
             expert_advantages = jnp.stack([group(jnp.asarray(parts[t], jnp.float32)) for t in self.expert_terms])
         else:
             expert_advantages = jnp.broadcast_to(advantages, (self.num_refiners, rows))
-        return JointRollout(refinements, refined, text_ids, generated, dict(parts), rewards, advantages, expert_advantages)
+        return JointRollout(refinements, refined, run.slots["composed"], generated, dict(parts), rewards, advantages, expert_advantages)
 
-    # ----------------------------------------------------------------------------------- losses
-    def expert_loss(self, params, reference, allowed, refinement: rollout.Refinement, advantages) -> tuple[jax.Array, dict]:
-        """ONE refiner's loss (no expert axis): token PG (PPO-clipped) + ``lm_beta`` · k3 KL to its reference."""
-        cfg = self.config
-        log_probs = rollout.token_log_probs(self._expert(params, allowed), refinement)
-        ref_log_probs = rollout.token_log_probs(self._expert(reference, allowed), refinement) if cfg.lm_beta > 0 else None
-        return losses.token_loss(
-            log_probs,
-            refinement.mask,
-            advantages,
-            ref_log_probs=ref_log_probs,
-            beta=cfg.lm_beta,
-            old_log_probs=refinement.log_prob,
-            clip_eps=cfg.lm_clip_eps,
-        )
-
-    def expert_update(self, params, reference, opt_state, allowed, refinement, advantages):
-        """ONE refiner's gradient step: ``(params, opt_state, loss, metrics, grad_norm)``; vmapped over experts."""
-        (value, metrics), grads = jax.value_and_grad(self.expert_loss, has_aux=True)(
-            params, reference, allowed, refinement, advantages
-        )
-        updates, opt_state = self.refiner_tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value, metrics, optax.tree.norm(grads)
-
-    def generator_loss(self, generator: nnx.State, state: JointRLState, ro: JointRollout) -> tuple[jax.Array, dict]:
-        model = self.components(state.refiners, generator, state.frozen)["transformer"]
-        reference = self.components(state.refiners, state.generator_reference, state.frozen)["transformer"]
-        loss, metrics = generator_loss(model, reference, ro.generated, ro.advantages, self.config.generator)
-        return loss, {f"gen_{k}": v for k, v in metrics.items()}
-
+    # ----------------------------------------------------------------------------------- update
     def _update(self, state: JointRLState, ro: JointRollout) -> tuple[JointRLState, dict]:
-        refiners, refiner_opt, values, lm_metrics, grad_norms = jax.vmap(self.expert_update)(
+        cfg = self.config
+
+        def expert_update(params, reference, opt_state, allowed, refinement, advantages):
+            lm_of = lambda p: self._expert(p, allowed)
+            return lm_update(self.refiner_tx, lm_of, params, reference, opt_state, refinement, advantages, cfg)
+
+        refiners, refiner_opt, values, lm_metrics, grad_norms = jax.vmap(expert_update)(
             state.refiners, state.refiner_reference, state.refiner_opt, self.allowed, ro.refinements, ro.expert_advantages
         )
         new = state._replace(refiners=refiners, refiner_opt=refiner_opt, step=state.step + 1)
@@ -233,7 +219,16 @@ class JointMultiExpertRL:
         for i in range(self.num_refiners):
             metrics[f"{multi_expert.EXPERT_PREFIX}{i}_loss"] = values[i]
             metrics[f"{multi_expert.EXPERT_PREFIX}{i}_advantage_std"] = jnp.std(ro.expert_advantages[i])
-        return finish_update(self, state, ro, new, finite, metrics)
+        if cfg.joint:
+            generator, generator_opt, value, gen_metrics, grad_norm = generator_update(
+                self.generator_tx, self._generator_of(state.refiners, state.frozen), state.generator,
+                state.generator_reference, state.generator_opt, ro.generated, ro.advantages, cfg.generator, self.sampling,
+            )
+            new = new._replace(generator=generator, generator_opt=generator_opt)
+            finite = finite & jnp.isfinite(value) & jnp.isfinite(grad_norm)
+            metrics.update(prefixed("gen_", gen_metrics), gen_grad_norm=grad_norm)
+        new = guarded_update(finite, new, state._replace(step=state.step + 1))
+        return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
 
     def step_fn(self, state: JointRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[JointRLState, dict]:
         """The pure, unjitted step (rollout + every update) for custom ``jit``/sharding (``distributed.sharded_step``)."""

@@ -148,11 +148,14 @@ def ppo_clip_loss(log_prob_now, log_prob_old, advantages, *, clip_eps, mask=None
 
 
 # ------------------------------------------------------------------------------ FlowGRPO
-def flow_grpo_kl(mean_now, mean_ref, std, *, batch_ndim: int = 1) -> jax.Array:
+def flow_grpo_kl(mean_now, mean_ref, std, *, batch_ndim: int = 1, convention: str = "exact", dt=None) -> jax.Array:
     """FlowGRPO's KL to the reference policy, per example: ``mean((μ_now - μ_ref)²) / (2σ_eff²)``.
 
     The SDE step is Gaussian with the same ``σ_eff`` under both policies, so this is the exact
-    KL(π_now ‖ π_ref) per element, averaged over the event axes. ``mean_now``/``mean_ref``
+    KL(π_now ‖ π_ref) per element, averaged over the event axes (``convention="exact"``).
+    ``convention="flowgrpo"`` is the official FlowGRPO code's value, ``mean((Δμ)²) / (2·std_dev_t²)``
+    with ``std_dev_t = σ_eff / sqrt(|Δt|)`` (its noise scale before the ``sqrt(-Δt)``): the exact KL
+    times ``|Δt|``; it needs ``dt`` of the leading shape (e.g. ``sigma_next - sigma``, ``(S, B)``). ``mean_now``/``mean_ref``
     ``(*lead, ...)`` where ``lead`` is the first ``batch_ndim`` axes (``(B,)`` by default; pass
     ``batch_ndim=2`` for a captured ``(S, B, ...)`` trajectory) -> ``(*lead,)``.
     ``std`` (σ_eff > 0): a scalar, an array of the leading shape (e.g. the captured ``(S, B)``),
@@ -169,10 +172,17 @@ def flow_grpo_kl(mean_now, mean_ref, std, *, batch_ndim: int = 1) -> jax.Array:
     s = _sg(_f32(std))
     if 0 < s.ndim <= batch_ndim:
         s = s.reshape(s.shape + (1,) * (now.ndim - batch_ndim))  # leading-shape std -> broadcast over events
+    if convention not in ("exact", "flowgrpo"):
+        raise ValueError(f"convention must be 'exact' or 'flowgrpo' (got {convention!r})")
     per_element = (now - ref) ** 2 / (2.0 * s**2)
     per_element = jnp.broadcast_to(per_element, jnp.broadcast_shapes(per_element.shape, now.shape))
     lead = now.shape[:batch_ndim]
-    return jnp.mean(per_element.reshape(lead + (-1,)), axis=-1)
+    exact = jnp.mean(per_element.reshape(lead + (-1,)), axis=-1)
+    if convention == "exact":
+        return exact
+    if dt is None:
+        raise ValueError("the flowgrpo KL convention needs dt (each step's sigma_next - sigma)")
+    return exact * jnp.abs(_sg(_f32(dt)))
 
 
 def flow_grpo_loss(
@@ -186,6 +196,8 @@ def flow_grpo_loss(
     clip_eps,
     beta=0.0,
     mask=None,
+    kl: str = "exact",
+    dt=None,
 ) -> tuple[jax.Array, dict]:
     """FlowGRPO loss over a captured trajectory: ``(scalar loss, metrics)``.
 
@@ -198,7 +210,8 @@ def flow_grpo_loss(
         ℓ = max(-A·ρ, -A·clip(ρ, 1-ε, 1+ε)) + β · mean((μ_now - μ_ref)²) / (2σ_eff²)
 
     ``ρ = exp(logp_now - logp_old)``; ``loss = mean_{s,b} ℓ`` (over ``mask (S, B)`` where given —
-    e.g. to drop finished requests). The means may be omitted when ``beta == 0``.
+    e.g. to drop finished requests). The means may be omitted when ``beta == 0``. ``kl="flowgrpo"``
+    uses the official FlowGRPO code's KL instead (``flow_grpo_kl`` with ``dt (S, B)``, the steps' Δt).
     ``metrics``: ``loss``, ``policy_loss``, ``kl`` (unweighted), ``clip_frac``, ``approx_kl``,
     ``ratio_mean``.
     """
@@ -222,7 +235,7 @@ def flow_grpo_loss(
         s = _f32(std)
         if mask is not None and 0 < s.ndim <= 2:  # masked steps may carry std == 0 (ODE / finished)
             s = jnp.where(jnp.broadcast_to(mask, jnp.broadcast_shapes(s.shape, mask.shape)), s, 1.0)
-        per_step = flow_grpo_kl(mean_now, mean_ref, s, batch_ndim=2)
+        per_step = flow_grpo_kl(mean_now, mean_ref, s, batch_ndim=2, convention=kl, dt=dt)
         kl = _masked_mean(per_step, mask)
         total = policy_loss + _f32(beta) * kl
     metrics = {"loss": total, "policy_loss": policy_loss, "kl": kl, **metrics}

@@ -23,15 +23,14 @@ import numpy as np
 
 from jaxpipe import cards
 from jaxpipe.card import Card
-from jaxpipe.checkpoint import config_to_dict, save_card
+from jaxpipe.cards import generator, registry
+from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.data import digits
 from jaxpipe.nn import Autoencoder
 from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
 from jaxpipe.training.finetune import Finetune, FinetuneConfig
 from jaxpipe.training.fit import fit
 
-
-_FAMILY = {"flux-t2i": "flux_t2i", "wan-i2v": "wan_i2v"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +72,7 @@ def train_autoencoder(model: Autoencoder, cfg: PretrainConfig, out: Path | None)
 
 def encode_dataset(card: Card, data, chunk: int = 256) -> dict[str, np.ndarray]:
     """``{"latents": (N, T, h, w, C), "ids": (N, L)}``: a dataset encoded once by the card's (frozen) autoencoder."""
-    encode = jax.jit(lambda vae, x: Finetune.latents(vae, x))
+    encode = jax.jit(lambda vae, x: generator.TEXT_FLOW.latents({"vae": vae}, x))
     pixels = data.video if hasattr(data, "video") else data.image
     name = "video" if hasattr(data, "video") else "image"
     latents = np.concatenate([np.asarray(encode(card["vae"], {name: jnp.asarray(pixels[i : i + chunk])}))
@@ -115,7 +114,7 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
             (out / stale).unlink(missing_ok=True)
     timings = {}
     start = time.perf_counter()
-    card = cards.build(model_id, seed=cfg.seed, config=cards.family_module(_FAMILY[model_id]).Config.bundled())
+    card = cards.build(model_id, seed=cfg.seed, config=registry.by_model_id(model_id).config.bundled())
     data = generator_data(model_id, cfg)
     card = card.replace(vae=train_autoencoder(card["vae"], cfg, out))
     timings["autoencoder_s"] = time.perf_counter() - start

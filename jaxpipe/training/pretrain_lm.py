@@ -34,7 +34,7 @@ from flax import nnx
 from jaxpipe import cards
 from jaxpipe.card import Card
 from jaxpipe.cards import unified
-from jaxpipe.checkpoint import config_to_dict, save_card
+from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.data import digits
 from jaxpipe.data.words import DIGIT_WORDS
 from jaxpipe.nn import RefinerLM, Tokenizer

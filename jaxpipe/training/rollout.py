@@ -1,9 +1,10 @@
-"""Rollouts: the card's own loops run with capture on, plus the recomputations a trainer needs.
+"""Rollouts: a card's own program run with capture, plus the recomputations a trainer needs.
 
-Nothing here samples by itself: ``render`` is the card's denoise loop (``loops.denoise.run``)
-and ``refine`` the card's AR loop (``loops.ar.run``), the same code the engine serves with, so
-C2 holds by construction — recomputing a captured step under the rollout weights
-(``generator_stats`` / ``token_log_probs``) reproduces its log-prob (ratio == 1).
+Nothing here samples by itself: ``run`` is ``jaxpipe.program.execute(..., capture=...)`` on the
+card's program, the same nodes, keys and loops the card serves with (``jp.generate`` runs the
+same fused path). The captured trajectories come back per loop; ``generated`` and
+``refinement`` read them. C2 holds by construction: recomputing a captured step under the
+rollout weights (``generator_stats`` / ``token_log_probs``) reproduces its log-prob (ratio == 1).
 
 Group layout: P prompts, K samples each, B = P·K rows; row ``p·K + k`` is sample ``k`` of
 prompt ``p``.
@@ -18,18 +19,19 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxpipe.card import Card
-from jaxpipe.cards import common
+from jaxpipe.card import Card, LoopSpec
 from jaxpipe.loops import ar, denoise
-from jaxpipe.nn import RefinerLM
+from jaxpipe.program import Execution, Program, Settings, execute
 from jaxpipe.training import losses
 
 __all__ = [
     "Generated",
-    "Refinement",
     "RewardFn",
-    "render",
-    "refine",
+    "denoise_loop",
+    "text_slots",
+    "run",
+    "generated",
+    "refinement",
     "generator_stats",
     "token_log_probs",
     "repeat_groups",
@@ -41,60 +43,67 @@ RewardFn = Callable[[jax.Array, Mapping[str, jax.Array]], jax.Array]
 
 
 class Generated(NamedTuple):
-    """A rendered batch: ``images`` ``(B, H, W, C)`` in [0, 1], the text conditioning it used, and the
-    captured SDE steps (``Transition`` fields ``(S, B, ...)``; ``None`` for an uncaptured rollout)."""
+    """A rendered batch: ``images`` ``(B, H, W, C)`` in [0, 1], the conditioning its denoise loop used
+    (the family's ``cond`` pytree), and the captured steps (``Transition`` fields ``(S, B, ...)``)."""
 
     images: jax.Array
-    cond: denoise.Conditioning
-    trajectory: denoise.Transition | None
+    cond: Any
+    trajectory: denoise.Transition
 
 
-class Refinement(NamedTuple):
-    """A captured AR rollout, every field ``(B, ...)``.
-
-    tokens ``(B, T)``: prompt then generated tokens; prompt_length / length ``(B,)``;
-    mask ``(B, T)`` bool: the generated slots (EOS included); log_prob ``(B, T)``: the captured
-    ``log π(y_t | prompt, y_<t)`` at each generated slot, 0 elsewhere.
-    """
-
-    tokens: jax.Array
-    prompt_length: jax.Array
-    length: jax.Array
-    mask: jax.Array
-    log_prob: jax.Array
+def denoise_loop(card: Card, program: Program) -> LoopSpec:
+    """The one denoise loop ``program`` runs on ``card`` (the generator an RL method trains)."""
+    loops = [card.spec.loop(n.loop) for n in program.loops if card.spec.loop(n.loop).kind == "denoise"]
+    if len(loops) != 1:
+        raise ValueError(
+            f"card {card.model_id!r}: its program {program.name!r} runs {len(loops)} denoise loops; an RL method "
+            "trains a program with exactly one"
+        )
+    return loops[0]
 
 
-def render(
-    card: Card, transformer: str, ids: jax.Array, keys: jax.Array, sampling: denoise.DenoiseConfig, *, capture: bool
-) -> Generated:
-    """Encode ``ids`` ``(B, L)``, run the card's denoise loop on ``card[transformer]`` (per-request
-    ``keys`` ``(B,)``), decode. ``sampling.guidance`` must be 1 (the recompute is then faithful)."""
+def text_slots(program: Program, ids: jax.Array, keys: jax.Array, refine: jax.Array | None = None) -> dict[str, jax.Array]:
+    """The input slots of a text-prompted program for a batch: ``ids`` ``(B, L)``, the empty prompt,
+    per-row ``keys`` ``(B,)`` and, for a program that refines prompts, ``refine`` ``(B,)`` bool."""
+    slots = {"ids": ids, "null_ids": jnp.zeros_like(ids), "key": keys}
+    if "refine" in program.inputs:
+        slots["refine"] = jnp.ones(ids.shape[:1], bool) if refine is None else refine
+    missing = sorted(set(program.inputs) - set(slots))
+    if missing:
+        raise ValueError(f"program {program.name!r} needs inputs {missing} that a text rollout does not provide")
+    return {name: slots[name] for name in program.inputs}
+
+
+def run(card: Card, program: Program, settings: Settings, slots: Mapping[str, Any], capture: tuple[str, ...]) -> Execution:
+    """The card's program on batched ``slots`` (fused), capturing the loops named in ``capture``."""
+    return execute(program, settings, card, slots, capture=capture)
+
+
+def generated(execution: Execution, loop_id: str, artifact: str = "image") -> Generated:
+    """The rendered batch of a captured denoise loop ``loop_id`` and its ``artifact``."""
+    final, trajectory = execution.captures[loop_id]
+    if trajectory is None:
+        raise ValueError(f"loop {loop_id!r} was not captured")
+    return Generated(execution.artifacts[artifact], final.cond, trajectory)
+
+
+def refinement(execution: Execution, loop_id: str) -> ar.Continuation:
+    """The captured continuation of AR loop ``loop_id`` (fields ``(B, ...)``)."""
+    final, records = execution.captures[loop_id]
+    if records is None:
+        raise ValueError(f"loop {loop_id!r} was not captured")
+    return ar.continuation(final, records)
+
+
+def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfig) -> tuple[jax.Array, jax.Array]:
+    """``(S, B)`` log-probs and ``(S, B, ...)`` SDE means of the captured steps under ``models``
+    (the loop's bound denoiser(s)); ``sampling.guidance`` must be 1 (the recompute is then faithful)."""
     if sampling.guidance != 1.0:
         raise ValueError(f"RL rollouts sample at guidance 1 so the log-prob recompute is faithful (got {sampling.guidance})")
-    cond = common.encode_prompts(card, ids)
-    start = denoise.init(keys, card.spec.config.latent_shape, cond, sampling)
-    final, trajectory = denoise.run(card[transformer], start, sampling, capture=capture)
-    images = common.to_unit(card["vae"].decode(final.x[:, 0]))
-    return Generated(images, cond, trajectory)
+    return denoise.trajectory_stats(models, generated.trajectory, generated.cond, sampling)
 
 
-def refine(llm: RefinerLM, ids: jax.Array, keys: jax.Array, config: ar.ARConfig) -> Refinement:
-    """Continue prompts ``ids`` ``(B, L)`` with the card's AR loop, capturing every token's log-prob."""
-    start = ar.init(llm, ids, keys, config)
-    final, records = ar.run(llm, start, config, capture=True)
-    width = final.tokens.shape[1]
-    mask = ar.generated_mask(final.prompt_length, final.length, width)
-    return Refinement(final.tokens, final.prompt_length, final.length, mask, ar.scatter_steps(records.log_prob, records, width))
-
-
-def generator_stats(model, generated: Generated, sampling: denoise.DenoiseConfig) -> tuple[jax.Array, jax.Array]:
-    """``(S, B)`` log-probs and ``(S, B, ...)`` SDE means of the captured steps under ``model``."""
-    if generated.trajectory is None:
-        raise ValueError("this rollout captured no SDE steps (render(..., capture=True) with an SDE sampler)")
-    return denoise.trajectory_stats(model, generated.trajectory, generated.cond, sampling)
-
-
-def token_log_probs(llm: RefinerLM, refinement: Refinement) -> jax.Array:
+def token_log_probs(llm: ar.Decoder, refinement: ar.Continuation) -> jax.Array:
     """``(B, T)`` recomputed ``log π(y_t | prompt, y_<t)`` of the generated tokens under ``llm``."""
     return ar.sequence_log_probs(llm, refinement.tokens, refinement.prompt_length, refinement.mask)
 

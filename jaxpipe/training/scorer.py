@@ -34,7 +34,7 @@ from flax import nnx
 
 from jaxpipe.card import Card
 from jaxpipe.cards import digit_scorer
-from jaxpipe.checkpoint import save_card
+from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.data import digits
 from jaxpipe.nn.reward import HEADS, DigitScorer, ScorerConfig
 

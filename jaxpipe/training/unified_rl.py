@@ -11,12 +11,16 @@ the generator trains, ODE when it is frozen). One reward and one group advantage
 
 each with its own optimiser and learning rate. ``joint=False`` is prompt-only: the generator is
 frozen (its weights stay bit-identical), rolled out with the ODE, and never differentiated.
+
+The rollout is the card's own program run with capture (``training.rollout``); the two updates
+are the module-level pure ``lm_update`` (which ``JointMultiExpertRL`` ``vmap``s over its N
+refiners) and ``flow_grpo.generator_update``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -25,13 +29,17 @@ import optax
 from flax import nnx
 
 from jaxpipe.card import Card
-from jaxpipe.cards import unified
-from jaxpipe.loops import denoise
+from jaxpipe.cards import registry, unified
+from jaxpipe.loops import ar, denoise
+from jaxpipe.program import settings as loop_settings
 from jaxpipe.training import losses, rollout
 from jaxpipe.training.finetune import guarded_update, split_trainable
-from jaxpipe.training.flow_grpo import FlowGRPOConfig, RewardFn, check_batch, generator_loss
+from jaxpipe.training.flow_grpo import FlowGRPOConfig, RewardFn, check_batch, generator_update
 
-__all__ = ["UnifiedRLConfig", "UnifiedRLState", "UnifiedRollout", "UnifiedRL", "refine_rows", "reward_metrics", "reward_stats", "check_refine_batch", "finish_update"]
+__all__ = [
+    "UnifiedRLConfig", "UnifiedRLState", "UnifiedRollout", "UnifiedRL", "lm_update", "refine_rows", "reward_metrics",
+    "reward_stats", "check_refine_batch",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +49,7 @@ class UnifiedRLConfig:
     group_size K and ``skip`` (samples per group that keep the original prompt, 0 <= skip < K);
     ``joint``: train the generator too (False = prompt-only); generator settings as in
     ``FlowGRPOConfig`` (``num_steps``, ``noise_level``, ``sde_window``, ``clip_eps``, ``beta``,
-    ``learning_rate``); LM settings ``lm_learning_rate``, ``lm_beta`` (k3 KL weight),
+    ``learning_rate``, ``kl``); LM settings ``lm_learning_rate``, ``lm_beta`` (k3 KL weight),
     ``lm_clip_eps`` (per-token ratio clip). Refinements are sampled at temperature 1 (on-policy).
     """
 
@@ -59,6 +67,7 @@ class UnifiedRLConfig:
     lm_beta: float = 0.01
     lm_clip_eps: float = 0.2
     grad_clip: float = 1.0
+    kl: str = "exact"
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -84,14 +93,20 @@ class UnifiedRLConfig:
             beta=self.beta,
             learning_rate=self.learning_rate,
             grad_clip=self.grad_clip,
+            kl=self.kl,
         )
 
     @property
     def sampling(self) -> denoise.DenoiseConfig:
-        """The generator's rollout policy: SDE with capture when joint, the ODE when prompt-only (guidance 1)."""
+        """The generator's rollout policy on a default loop (see ``sampling_on``)."""
+        return self.sampling_on(denoise.DenoiseConfig())
+
+    def sampling_on(self, loop: denoise.DenoiseConfig) -> denoise.DenoiseConfig:
+        """The generator's rollout policy on a card's denoise loop: SDE with capture when joint, the
+        ODE when prompt-only; guidance 1 either way."""
         if self.joint:
-            return self.generator.sampling
-        return denoise.DenoiseConfig(num_steps=self.num_steps, sampler="ode", guidance=1.0)
+            return self.generator.sampling_on(loop)
+        return loop.replace(num_steps=self.num_steps, sampler="ode", sde_window=None, guidance=1.0)
 
 
 class UnifiedRLState(NamedTuple):
@@ -114,7 +129,7 @@ class UnifiedRollout(NamedTuple):
     """One joint rollout (B = P·K rows): the captured refinements (mask restricted to refined rows),
     ``refined`` ``(B,)`` bool, the text ids rendered ``(B, L)``, the rendered batch, rewards, advantages."""
 
-    refinement: rollout.Refinement
+    refinement: ar.Continuation
     refined: jax.Array
     text_ids: jax.Array
     generated: rollout.Generated
@@ -125,6 +140,43 @@ class UnifiedRollout(NamedTuple):
 def refine_rows(group_size: int, skip: int, batch_rows: int) -> jax.Array:
     """``(B,)`` bool: rows that get a refinement (the first K − skip of every group)."""
     return (jnp.arange(batch_rows) % group_size) < group_size - skip
+
+
+def lm_update(
+    tx: optax.GradientTransformation,
+    lm_of: Callable[[nnx.State], ar.Decoder],
+    params: nnx.State,
+    reference: nnx.State,
+    opt_state: Any,
+    refinement: ar.Continuation,
+    advantages: jax.Array,
+    config: UnifiedRLConfig,
+) -> tuple[nnx.State, Any, jax.Array, dict, jax.Array]:
+    """ONE refiner's optimiser step on its captured refinements: ``(params, opt_state, loss, metrics,
+    grad norm)``. Token PG (PPO-clipped against the captured log-probs) + ``lm_beta`` · k3 KL to
+    ``reference``; ``lm_of(params)`` builds the decoder. Pure, and free of any expert axis, so
+    ``JointMultiExpertRL`` ``vmap``s it over N stacked refiners."""
+
+    def loss(p):
+        log_probs = rollout.token_log_probs(lm_of(p), refinement)
+        ref_log_probs = rollout.token_log_probs(lm_of(reference), refinement) if config.lm_beta > 0 else None
+        return losses.token_loss(
+            log_probs,
+            refinement.mask,
+            advantages,
+            ref_log_probs=ref_log_probs,
+            beta=config.lm_beta,
+            old_log_probs=refinement.log_prob,
+            clip_eps=config.lm_clip_eps,
+        )
+
+    (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value, metrics, optax.tree.norm(grads)
+
+
+def prefixed(prefix: str, metrics: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    return {f"{prefix}{k}": v for k, v in metrics.items()}
 
 
 class UnifiedRL:
@@ -142,12 +194,14 @@ class UnifiedRL:
         self.config = config
         self.spec = card.spec
         self.reward_fn = reward_fn
-        self.eos = unified.eos_id(card)
+        self.program = registry.default_program(card)
         self.max_prompt_words = card.spec.config.max_prompt_words
         # on-policy token gradients need the untempered policy's own samples
         self.ar_config = card.spec.loop(unified.REFINE_LOOP).config.replace(temperature=1.0)
+        self.sampling = config.sampling_on(card.spec.loop(unified.DENOISE_LOOP).config)
         trainable = ("llm", "transformer") if config.joint else ("llm",)
         self._graphdef, params, frozen, self._rest = split_trainable(card, trainable)
+        self._lm_graphdef = nnx.graphdef(card["llm"])
         self._lm = nnx.State({"llm": params["llm"]})
         self._generator = nnx.State({"transformer": (params if config.joint else frozen)["transformer"]})
         self._frozen = nnx.State({k: frozen[k] for k in frozen if k != "transformer"})
@@ -182,6 +236,12 @@ class UnifiedRL:
         """The card with the state's LM and generator weights."""
         return Card(self.components(state.lm, state.generator, state.frozen), self.spec)
 
+    def _llm(self, params: nnx.State) -> ar.Decoder:
+        return nnx.merge(self._lm_graphdef, params["llm"])
+
+    def _generator_of(self, lm: nnx.State, frozen: nnx.State) -> Callable[[nnx.State], tuple]:
+        return lambda generator: (self.components(lm, generator, frozen)["transformer"],)
+
     # ---------------------------------------------------------------------------------- rollout
     def _rollout(self, state: UnifiedRLState, batch: Mapping[str, Any], key: jax.Array) -> UnifiedRollout:
         cfg = self.config
@@ -189,53 +249,36 @@ class UnifiedRL:
         card = Card(self.components(sg(state.lm), sg(state.generator), state.frozen), self.spec)
         ids, labels = rollout.repeat_groups(batch, cfg.group_size)
         rows = ids.shape[0]
-        keys = jax.random.split(key, rows)
-        lm_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
-        gen_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-        refinement = rollout.refine(card["llm"], ids, lm_keys, self.ar_config)
         refined = refine_rows(cfg.group_size, cfg.skip, rows)
-        mask = refinement.mask & refined[:, None]
-        refinement = refinement._replace(mask=mask, log_prob=jnp.where(mask, refinement.log_prob, 0.0))
-        text_ids = jnp.where(refined[:, None], unified.refined_ids(refinement.tokens, self.eos, ids.shape[1]), ids)
-        generated = rollout.render(card, "transformer", text_ids, gen_keys, cfg.sampling, capture=cfg.joint)
-        rewards, advantages = rollout.score(self.reward_fn, generated.images, labels, cfg.group_size, cfg.adv_clip)
-        return UnifiedRollout(refinement, refined, text_ids, generated, rewards, advantages)
+        slots = rollout.text_slots(self.program, ids, jax.random.split(key, rows), refined)
+        settings = loop_settings(**{unified.REFINE_LOOP: self.ar_config, unified.DENOISE_LOOP: self.sampling})
+        captured = (unified.REFINE_LOOP, unified.DENOISE_LOOP) if cfg.joint else (unified.REFINE_LOOP,)
+        run = rollout.run(card, self.program, settings, slots, capture=captured)
+        refinement = restrict(rollout.refinement(run, unified.REFINE_LOOP), refined)
+        images = run.artifacts["image"]
+        generated = rollout.generated(run, unified.DENOISE_LOOP) if cfg.joint else rollout.Generated(images, None, None)
+        rewards, advantages = rollout.score(self.reward_fn, images, labels, cfg.group_size, cfg.adv_clip)
+        return UnifiedRollout(refinement, refined, run.slots["refined"], generated, rewards, advantages)
 
-    # ----------------------------------------------------------------------------------- losses
-    def lm_loss(self, lm: nnx.State, state: UnifiedRLState, ro: UnifiedRollout) -> tuple[jax.Array, dict]:
-        """Token PG (PPO-clipped against the captured log-probs) + ``lm_beta`` · k3 KL to the reference LM."""
-        cfg = self.config
-        llm = self.components(lm, state.generator, state.frozen)["llm"]
-        log_probs = rollout.token_log_probs(llm, ro.refinement)
-        ref_log_probs = None
-        if cfg.lm_beta > 0:
-            reference = self.components(state.lm_reference, state.generator, state.frozen)["llm"]
-            ref_log_probs = rollout.token_log_probs(reference, ro.refinement)
-        loss, metrics = losses.token_loss(
-            log_probs,
-            ro.refinement.mask,
-            ro.advantages,
-            ref_log_probs=ref_log_probs,
-            beta=cfg.lm_beta,
-            old_log_probs=ro.refinement.log_prob,
-            clip_eps=cfg.lm_clip_eps,
-        )
-        return loss, {f"lm_{k}": v for k, v in metrics.items()}
-
-    def generator_loss(self, generator: nnx.State, state: UnifiedRLState, ro: UnifiedRollout) -> tuple[jax.Array, dict]:
-        """FlowGRPO's objective on the generator's captured steps (joint mode only)."""
-        model = self.components(state.lm, generator, state.frozen)["transformer"]
-        reference = self.components(state.lm, state.generator_reference, state.frozen)["transformer"]
-        loss, metrics = generator_loss(model, reference, ro.generated, ro.advantages, self.config.generator)
-        return loss, {f"gen_{k}": v for k, v in metrics.items()}
-
+    # ----------------------------------------------------------------------------------- update
     def _update(self, state: UnifiedRLState, ro: UnifiedRollout) -> tuple[UnifiedRLState, dict]:
-        (lm_value, lm_metrics), lm_grads = jax.value_and_grad(self.lm_loss, has_aux=True)(state.lm, state, ro)
-        updates, lm_opt = self.lm_tx.update(lm_grads, state.lm_opt, state.lm)
-        new = state._replace(lm=optax.apply_updates(state.lm, updates), lm_opt=lm_opt, step=state.step + 1)
-        finite = jnp.isfinite(lm_value) & jnp.isfinite(optax.tree.norm(lm_grads))
-        metrics = {**lm_metrics, "lm_grad_norm": optax.tree.norm(lm_grads)}
-        return finish_update(self, state, ro, new, finite, metrics)
+        cfg = self.config
+        lm, lm_opt, lm_value, lm_metrics, lm_grad_norm = lm_update(
+            self.lm_tx, self._llm, state.lm, state.lm_reference, state.lm_opt, ro.refinement, ro.advantages, cfg
+        )
+        new = state._replace(lm=lm, lm_opt=lm_opt, step=state.step + 1)
+        finite = jnp.isfinite(lm_value) & jnp.isfinite(lm_grad_norm)
+        metrics = {**prefixed("lm_", lm_metrics), "lm_grad_norm": lm_grad_norm}
+        if cfg.joint:
+            generator, generator_opt, value, gen_metrics, grad_norm = generator_update(
+                self.generator_tx, self._generator_of(state.lm, state.frozen), state.generator, state.generator_reference,
+                state.generator_opt, ro.generated, ro.advantages, cfg.generator, self.sampling,
+            )
+            new = new._replace(generator=generator, generator_opt=generator_opt)
+            finite = finite & jnp.isfinite(value) & jnp.isfinite(grad_norm)
+            metrics.update(prefixed("gen_", gen_metrics), gen_grad_norm=grad_norm)
+        new = guarded_update(finite, new, state._replace(step=state.step + 1))
+        return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
 
     def step_fn(self, state: UnifiedRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[UnifiedRLState, dict]:
         """The pure, unjitted step (rollout + both updates), for custom ``jit``/sharding."""
@@ -254,6 +297,13 @@ class UnifiedRL:
         check_refine_batch(batch, self.max_prompt_words)
 
 
+def restrict(refinement: ar.Continuation, refined: jax.Array) -> ar.Continuation:
+    """``refinement`` with its mask (and log-probs) kept only on ``refined`` rows (``refined`` broadcasts
+    against the leading axes of ``mask`` without its last)."""
+    mask = refinement.mask & refined[..., None]
+    return refinement._replace(mask=mask, log_prob=jnp.where(mask, refinement.log_prob, 0.0))
+
+
 def check_refine_batch(batch: Mapping[str, Any], max_words: int) -> None:
     """``check_batch`` plus: every prompt leaves the refiner(s) room (at most ``max_words`` words; checked
     when the ids are concrete)."""
@@ -264,20 +314,6 @@ def check_refine_batch(batch: Mapping[str, Any], max_words: int) -> None:
         return
     if longest > max_words:
         raise ValueError(f"a prompt has {longest} words; the refiner(s) need room to add theirs, so prompts may have at most {max_words}")
-
-
-def finish_update(method, state, ro, new, finite: jax.Array, metrics: dict):
-    """The generator half of a joint update (FlowGRPO on ``state.generator`` when ``method.config.joint``),
-    then the all-or-nothing finite guard: ``(new state, metrics)``. Shared by ``UnifiedRL`` and
-    ``JointMultiExpertRL`` (both states have ``generator``/``generator_opt``; both methods ``generator_loss``)."""
-    if method.config.joint:
-        (value, gen_metrics), grads = jax.value_and_grad(method.generator_loss, has_aux=True)(state.generator, state, ro)
-        updates, opt = method.generator_tx.update(grads, state.generator_opt, state.generator)
-        new = new._replace(generator=optax.apply_updates(state.generator, updates), generator_opt=opt)
-        finite = finite & jnp.isfinite(value) & jnp.isfinite(optax.tree.norm(grads))
-        metrics = {**metrics, **gen_metrics, "gen_grad_norm": optax.tree.norm(grads)}
-    new = guarded_update(finite, new, state._replace(step=state.step + 1))
-    return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
 
 
 def reward_metrics(ro: UnifiedRollout) -> dict[str, jax.Array]:

@@ -78,8 +78,9 @@ def program() -> Program:
 
     Request: ``prompt`` (required, at most ``config.max_prompt_words`` words), ``seed``,
     ``num_steps``, ``guidance``; ``inputs`` as for ``unified``. Artifacts: ``"image"`` ``(H, W, C)``
-    in [0, 1], ``"latents"`` ``(1, h, w, C)``, ``"composed"`` (the composed prompt's ids ``(L,)``,
-    ``<pad>``-padded; ``card.spec.tokenizer.decode`` reads them) and ``"text"`` (the prompt as given).
+    in [0, 1], ``"latents"`` ``(1, h, w, C)``, ``"refined"`` (the rendered, composed prompt's ids
+    ``(L,)``, ``<pad>``-padded, as the ``unified`` card's; ``card.spec.tokenizer.decode`` reads them)
+    and ``"text"`` (the prompt as given).
     """
     return Program(
         name=MODEL_ID,
@@ -94,6 +95,6 @@ def program() -> Program:
             LoopNode(DENOISE_LOOP, generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)),
             ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae"),
         ),
-        outputs=(("image", "image"), ("latents", "latents"), ("composed", "composed")),
+        outputs=(("image", "image"), ("latents", "latents"), ("refined", "composed")),
         bind=_bind,
     )

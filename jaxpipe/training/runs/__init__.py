@@ -1,0 +1,26 @@
+"""RL runs on the digits world, shared by ``jaxpipe train`` and the examples (DESIGN §5, §9, §10).
+
+``prompts`` (which prompts a run draws, what the reward scores), ``evaluation`` (before/after
+judging by the ``digit-scorer``: GenEval-style accuracy and diversity), ``builders`` (a ``Run``:
+trainer, prompt stream, evaluation, curves) and ``reports`` (``execute``: train and write
+metrics, curves, the report and the trained card).
+"""
+
+from jaxpipe.training.runs.builders import Run, flow_grpo_run, joint_run, unified_run
+from jaxpipe.training.runs.evaluation import (
+    DIVERSITY_COLLAPSE,
+    EvalSettings,
+    diversity,
+    generator_quality,
+    judge,
+    refinement_quality,
+    render,
+)
+from jaxpipe.training.runs.prompts import PromptSpec, Prompts, parse_preferences, parse_terms, prompt_batches, sample_prompts
+from jaxpipe.training.runs.reports import execute, summary_lines
+
+__all__ = [
+    "DIVERSITY_COLLAPSE", "EvalSettings", "PromptSpec", "Prompts", "Run", "diversity", "execute", "flow_grpo_run",
+    "generator_quality", "joint_run", "judge", "parse_preferences", "parse_terms", "prompt_batches", "refinement_quality",
+    "render", "sample_prompts", "summary_lines", "unified_run",
+]

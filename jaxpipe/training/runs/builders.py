@@ -1,0 +1,216 @@
+"""The RL runs ``jaxpipe train`` and the examples execute: a trainer, its prompt stream, its evaluation and curves.
+
+A ``Run`` bundles a trainer (``init``, jitted ``step``, ``card(state)``), an endless stream of
+prompt batches, a before/after evaluation and the curves to draw; ``reports.execute`` trains it.
+``flow_grpo_run``, ``unified_run`` and ``joint_run`` build the three runs; another method needs
+only its own builder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from jaxpipe.card import Card
+from jaxpipe.cards import multi_expert, registry
+from jaxpipe.cards.checkpoint import config_to_dict
+from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward, scorer_reward_parts
+from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
+from jaxpipe.training.runs.evaluation import EvalSettings, generator_quality, refinement_quality
+from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
+from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
+
+__all__ = ["Run", "flow_grpo_run", "unified_run", "joint_run"]
+
+
+@dataclasses.dataclass
+class Run:
+    """One RL run, ready for ``execute``.
+
+    name: the method's command name (``"flow-grpo"``); method: ``init(key)``, ``step(state, batch,
+    key)``, ``card(state)``; batches: endless batches for ``step``; settings: a JSON-able record;
+    evaluate: card -> quality dict (with ``"diversity"``), or None to skip evaluation;
+    curves: PNG file name -> metric keys drawn in it; headline: ``(before, after) -> numbers`` for
+    the report's summary.
+    """
+
+    name: str
+    method: Any
+    batches: Iterator[Any]
+    settings: dict
+    evaluate: Callable[[Card], dict] | None = None
+    curves: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: {"reward.png": ("reward_mean",)})
+    headline: Callable[[dict, dict], dict] | None = None
+
+
+def _change(before: dict, after: dict, *path: str) -> dict:
+    b, a = before, after
+    for key in path:
+        b, a = b[key], a[key]
+    if b is None or a is None:
+        return {"before": b, "after": a}
+    return {"before": b, "after": a, "change": a - b}
+
+
+def _settings(card: Card, config, prompts: PromptSpec, prompts_per_step: int, evaluation: EvalSettings | None, **extra) -> dict:
+    """The JSON-able record of a run's settings (``report.json``)."""
+    return {
+        "model": card.model_id,
+        **extra,
+        "prompts_per_step": prompts_per_step,
+        "prompts": prompts.describe(),
+        "config": config_to_dict(config),
+        "evaluation": None if evaluation is None else dataclasses.asdict(evaluation),
+    }
+
+
+def _check_room(card: Card, prompts: PromptSpec) -> None:
+    """A clear error when ``prompts`` can be too long for the card's refiner(s) to add their words."""
+    limit = card.spec.config.max_prompt_words
+    if prompts.max_words > limit:
+        raise ValueError(f"prompts of up to {prompts.max_words} words do not leave the refiner(s) room ({limit} words at most)")
+
+
+def flow_grpo_run(
+    card: Card,
+    scorer: Card,
+    config: FlowGRPOConfig,
+    prompts: PromptSpec = PromptSpec(),
+    *,
+    prompts_per_step: int = 4,
+    seed: int = 0,
+    evaluation: EvalSettings | None = EvalSettings(),
+) -> Run:
+    """FlowGRPO on a text-to-image card (e.g. ``flux-t2i``) with the ``digit-scorer`` reward over ``prompts.terms``."""
+    if "refine" in registry.default_program(card).inputs:
+        raise ValueError(
+            f"flow-grpo trains a text-to-image card; {card.model_id!r} refines its prompts first (use `train unified`)"
+        )
+    method = FlowGRPO(card, scorer_reward(scorer, prompts.terms), config)
+    evaluate = None
+    if evaluation is not None:
+        evaluate = lambda c: generator_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps)
+
+    def headline(before: dict, after: dict) -> dict:
+        return {
+            "all_attributes_correct": _change(before, after, "all_attributes_correct"),
+            "digit_accuracy_plain_prompts": _change(before, after, "digit_accuracy"),
+            "run_prompts_all_right": _change(before, after, "run_prompts", "all_right"),
+        }
+
+    return Run(
+        name="flow-grpo",
+        method=method,
+        batches=prompt_batches(card, prompts, prompts_per_step, seed),
+        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
+        evaluate=evaluate,
+        curves={"reward.png": ("reward_mean",), "kl.png": ("kl",)},
+        headline=headline,
+    )
+
+
+def unified_run(
+    card: Card,
+    scorer: Card,
+    config: UnifiedRLConfig,
+    prompts: PromptSpec = PromptSpec(mention=0.5),
+    *,
+    prompts_per_step: int = 4,
+    seed: int = 0,
+    evaluation: EvalSettings | None = EvalSettings(),
+) -> Run:
+    """UnifiedRL (joint, or prompt-only with ``config.joint=False``) on a ``unified`` card.
+
+    Prompts name each rewarded attribute with probability ``prompts.mention``; ``prompts.prefer``
+    labels the attributes a prompt leaves out, which the refiner can learn to ask for.
+    """
+    if "llm" not in card.components:
+        raise ValueError(f"unified RL needs a card with a refiner LM (the 'unified' card); {card.model_id!r} has none")
+    _check_room(card, prompts)
+    method = UnifiedRL(card, scorer_reward(scorer, prompts.terms), config)
+    evaluate = None
+    if evaluation is not None:
+        evaluate = lambda c: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps)
+
+    def headline(before: dict, after: dict) -> dict:
+        return {
+            "refined_all_right": _change(before, after, "refined", "all_right"),
+            "original_all_right": _change(before, after, "original", "all_right"),
+            "refined_minus_original_before": before["refined"]["all_right"] - before["original"]["all_right"],
+            "refined_minus_original_after": after["refined"]["all_right"] - after["original"]["all_right"],
+            "refined_prompted_right": _change(before, after, "refined", "prompted_right"),
+            "preferred_word_rate": _change(before, after, "preferred_word_rate"),
+            "preferred_word_rate_in_order": _change(before, after, "preferred_word_rate_in_order"),
+            "added_words": _change(before, after, "added_words"),
+        }
+
+    return Run(
+        name="unified" if config.joint else "unified (prompt-only)",
+        method=method,
+        batches=prompt_batches(card, prompts, prompts_per_step, seed),
+        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
+        evaluate=evaluate,
+        curves={
+            "reward.png": ("reward_mean",),
+            "refined_vs_original.png": ("reward_refined", "reward_original"),
+            "refined_tokens.png": ("refined_tokens",),
+            "kl.png": ("lm_kl", "gen_kl"),
+        },
+        headline=headline,
+    )
+
+
+def joint_run(
+    card: Card,
+    scorer: Card,
+    config: JointRLConfig,
+    prompts: PromptSpec = PromptSpec(mention=0.0, prefer=(("stroke", 1), ("position", 2), ("brightness", 0))),
+    *,
+    prompts_per_step: int = 4,
+    seed: int = 0,
+    evaluation: EvalSettings | None = EvalSettings(),
+) -> Run:
+    """JointMultiExpertRL on a ``multi-expert`` card (build one with ``multi_expert.from_unified``).
+
+    The reward's parts are the scorer's per-term probabilities, so under ``credit="per_expert"`` refiner
+    i is credited with the term of the attribute it owns; the curves include every part (one per expert).
+    """
+    if multi_expert.COMPONENT not in card.components:
+        raise ValueError(f"joint RL needs a multi-expert card (stacked refiners); {card.model_id!r} has none")
+    _check_room(card, prompts)
+    method = JointMultiExpertRL(card, scorer_reward_parts(scorer, prompts.terms), config)
+    evaluate = None
+    if evaluation is not None:
+        evaluate = lambda c: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps)
+    names = multi_expert.expert_names(card)
+
+    def headline(before: dict, after: dict) -> dict:
+        rates = {
+            f"preferred_{name}_rate": _change(before, after, "preferred_word_rate_by_attribute", name)
+            for name in before["preferred_word_rate_by_attribute"]
+        }
+        return {
+            "refined_all_right": _change(before, after, "refined", "all_right"),
+            "original_all_right": _change(before, after, "original", "all_right"),
+            **rates,
+        }
+
+    parts = tuple(f"reward_{t}" for t in prompts.terms if t != "digit")
+    return Run(
+        name=f"joint ({len(names)} refiners, {config.credit} credit{'' if config.joint else ', prompt-only'})",
+        method=method,
+        batches=prompt_batches(card, prompts, prompts_per_step, seed),
+        settings=_settings(
+            card, config, prompts, prompts_per_step, evaluation,
+            refiners=len(names), slots=[card.spec.config.slot(i) for i in range(len(names))],
+        ),
+        evaluate=evaluate,
+        curves={
+            "reward.png": ("reward_mean",),
+            "reward_per_expert.png": parts,
+            "refined_vs_original.png": ("reward_refined", "reward_original"),
+            "refiner_losses.png": tuple(f"{name}_loss" for name in names),
+        },
+        headline=headline,
+    )

@@ -1,0 +1,170 @@
+"""Before/after evaluation of the digits-world RL runs, judged by the ``digit-scorer`` at guidance 1.
+
+GenEval-style "every prompted attribute right", and sample diversity, the mean pairwise L2
+distance between images of one prompt across seeds. A diversity drop of more than
+``DIVERSITY_COLLAPSE`` is mode collapse (reward hacking): the report calls the run FAILED
+whatever the reward did. Every image is rendered by the card's own program (``jp.generate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpipe import quality
+from jaxpipe.card import Card
+from jaxpipe.cards import digit_scorer, registry
+from jaxpipe.data import digits
+from jaxpipe.generate import generate
+from jaxpipe.training.flow_grpo import scorer_reward
+from jaxpipe.training.runs.prompts import Prompts, PromptSpec, sample_prompts
+
+__all__ = ["DIVERSITY_COLLAPSE", "EvalSettings", "render", "judge", "diversity", "generator_quality", "refinement_quality"]
+
+DIVERSITY_COLLAPSE = 0.30
+"""A relative drop in sample diversity larger than this is collapse: the run failed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """Before/after evaluation: ``samples`` prompts judged, diversity over ``diversity_prompts`` prompts
+    × ``diversity_seeds`` seeds; ``seed`` fixes prompts and noise (the same before and after)."""
+
+    samples: int = 200
+    diversity_prompts: int = 10
+    diversity_seeds: int = 6
+    seed: int = 0
+    batch: int = 100
+
+    def __post_init__(self):
+        if self.samples < 1 or self.diversity_prompts < 1 or self.batch < 1:
+            raise ValueError("eval samples, diversity prompts and batch must be >= 1")
+        if self.diversity_seeds < 2:
+            raise ValueError(f"diversity needs >= 2 seeds per prompt (got {self.diversity_seeds})")
+
+
+def render(
+    card: Card, captions: Sequence[str], seeds: Sequence[int], *, num_steps: int, refine: bool = True, batch: int = 100
+) -> tuple[np.ndarray, list[str]]:
+    """Serve ``captions`` at guidance 1 through the card's program: ``(images (N, H, W, C) in [0, 1],
+    the prompts rendered)``.
+
+    A card whose program refines prompts (``unified``, ``multi-expert``) serves the refinement, its
+    served policy, unless ``refine`` is False (then the prompt as written, with the same noise).
+    """
+    captions, seeds = list(captions), list(seeds)
+    refines = "refine" in registry.default_program(card).inputs
+    inputs = {"refine": refine} if refines else {}
+    images, rendered = [], []
+    for start in range(0, len(captions), batch):
+        part, part_seeds = captions[start : start + batch], seeds[start : start + batch]
+        out = generate(card, part, seed=part_seeds, num_steps=num_steps, guidance=1.0, inputs=inputs)
+        images.append(np.asarray(out["image"]))
+        rendered.extend(card.spec.tokenizer.decode(out["refined"]) if refines else part)
+    return np.concatenate(images), rendered
+
+
+def judge(scorer: Card, images: np.ndarray, prompts: Prompts) -> dict:
+    """Scorer-judged accuracy of ``images`` against ``prompts``' labels.
+
+    ``all_right``: every rewarded label right (prompted attributes and preferences), GenEval-style;
+    ``prompted_right``: every attribute the caption names right (the digit always);
+    ``accuracy``: per term over the rows that reward it; ``reward``: the mean summed scorer reward.
+    """
+    predicted = {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, jnp.asarray(images) * 2.0 - 1.0).items()}
+    labels = prompts.labels
+    right = {t: predicted[t] == labels[t] for t in labels}
+    rewarded = {t: labels[t] >= 0 for t in labels}
+    named = {"digit": np.ones(len(images), bool), **prompts.named}
+    reward = scorer_reward(scorer, tuple(labels))(jnp.asarray(images), {k: jnp.asarray(v) for k, v in labels.items()})
+    return {
+        "all_right": float(np.mean(np.all([right[t] | ~rewarded[t] for t in labels], axis=0))),
+        "prompted_right": float(np.mean(np.all([right[t] | ~named[t] for t in labels], axis=0))),
+        "accuracy": {t: float(np.mean(right[t][rewarded[t]])) for t in labels if np.any(rewarded[t])},
+        "reward": float(jnp.mean(reward)),
+    }
+
+
+def _eval_prompts(spec: PromptSpec, n: int, seed: int, stream: int) -> Prompts:
+    return sample_prompts(spec, n, np.random.default_rng([seed, stream]))
+
+
+def _eval_seeds(seed: int, n: int, offset: int = 0) -> list[int]:
+    return [seed * 100_003 + offset + i for i in range(n)]
+
+
+def diversity(card: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int) -> float:
+    """Mean pairwise L2 distance between the served images of one prompt across seeds, averaged over prompts."""
+    prompts = _eval_prompts(spec, settings.diversity_prompts, settings.seed, 2).captions
+    seeds_per = settings.diversity_seeds
+    batch = [c for c in prompts for _ in range(seeds_per)]
+    images, _ = render(card, batch, _eval_seeds(settings.seed, len(batch), 500_000), num_steps=num_steps, batch=settings.batch)
+    images = images.reshape(len(prompts), seeds_per, -1).astype(np.float64)
+    dist = np.linalg.norm(images[:, :, None] - images[:, None, :], axis=-1)
+    iu = np.triu_indices(seeds_per, k=1)
+    return float(dist[:, iu[0], iu[1]].mean())
+
+
+def generator_quality(card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int) -> dict:
+    """A text-to-image card's quality at guidance 1: ``quality.t2i_quality`` (full compositional and
+    plain-digit prompts), ``run_prompts`` (``judge`` on the run's own prompt distribution) and diversity."""
+    start = time.perf_counter()
+    out = quality.t2i_quality(
+        card, scorer, samples=settings.samples, seed=settings.seed, num_steps=num_steps, guidance=1.0, batch=settings.batch
+    )
+    prompts = _eval_prompts(spec, settings.samples, settings.seed, 1)
+    images, _ = render(card, prompts.captions, _eval_seeds(settings.seed, settings.samples), num_steps=num_steps, batch=settings.batch)
+    out["run_prompts"] = judge(scorer, images, prompts)
+    out["diversity"] = diversity(card, spec, settings, num_steps=num_steps)
+    out["eval_seconds"] = time.perf_counter() - start
+    return out
+
+
+def refinement_quality(card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int) -> dict:
+    """A ``unified`` card at guidance 1 on the run's prompts, served two ways with the same noise:
+    ``refined`` (the LM continues the prompt, as served) and ``original`` (the prompt as written).
+
+    ``preferred_word_rate``: of the (prompt, preferred attribute) pairs where the prompt leaves the
+    attribute out, the fraction whose refinement asks for the preferred word;
+    ``preferred_word_rate_in_order``: the same over the pairs where appending the word keeps the
+    captions' word order (the prompt names no attribute that comes after it, e.g. ``"seven"`` but
+    not ``"seven left"`` for a stroke); ``added_words``: the mean number of words a refinement adds.
+    Diversity is of the served (refined) images.
+    """
+    start = time.perf_counter()
+    prompts = _eval_prompts(spec, settings.samples, settings.seed, 1)
+    seeds = _eval_seeds(settings.seed, settings.samples)
+    refined, text = render(card, prompts.captions, seeds, num_steps=num_steps, batch=settings.batch)
+    original, _ = render(card, prompts.captions, seeds, num_steps=num_steps, refine=False, batch=settings.batch)
+    asked, in_order = np.zeros(2), np.zeros(2)  # (asked for the preferred word, pairs)
+    by_attribute = {}
+    for name, label in spec.preferences.items():
+        word = digits.ATTRIBUTE_WORDS[name][label]
+        later = digits.ATTRIBUTES[digits.ATTRIBUTES.index(name) + 1 :]
+        by_attribute[name] = np.zeros(2)
+        for i in np.flatnonzero(~prompts.named[name]):
+            hit = word in text[i].split()[len(prompts.captions[i].split()) :]
+            asked += (hit, 1)
+            by_attribute[name] += (hit, 1)
+            if not any(prompts.named[a][i] for a in later):
+                in_order += (hit, 1)
+    rate = lambda counts: float(counts[0] / counts[1]) if counts[1] else None
+    added = [len(t.split()) - len(c.split()) for t, c in zip(text, prompts.captions)]
+    return {
+        "samples": settings.samples,
+        "num_steps": num_steps,
+        "guidance": 1.0,
+        "refined": judge(scorer, refined, prompts),
+        "original": judge(scorer, original, prompts),
+        "preferred_word_rate": rate(asked),
+        "preferred_word_rate_in_order": rate(in_order),
+        "preferred_word_rate_by_attribute": {name: rate(counts) for name, counts in by_attribute.items()},
+        "added_words": float(np.mean(added)),
+        "examples": [f"{c} -> {t}" for c, t in zip(prompts.captions[:8], text[:8])],
+        "diversity": diversity(card, spec, settings, num_steps=num_steps),
+        "eval_seconds": time.perf_counter() - start,
+    }
