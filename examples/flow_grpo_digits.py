@@ -1,7 +1,7 @@
 """FlowGRPO on the bundled flux-t2i card, rewarded by the digit-scorer (DESIGN §6, §10).
 
 The run ``jaxpipe train flow-grpo`` makes (the command has every flag), written against the library
-(``jaxpipe.training.rl_runs``):
+(``jaxpipe.training.runs``):
 
     python examples/flow_grpo_digits.py --steps 300 --out out/flow_grpo                 # full prompts
     python examples/flow_grpo_digits.py --steps 300 --mention 0.5 --out out/flow_grpo_mixed
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 
 import jaxpipe as jp
-from jaxpipe.training import rl_runs
+from jaxpipe.training import runs as rl_runs
 from jaxpipe.training.flow_grpo import FlowGRPOConfig
 
 

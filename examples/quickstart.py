@@ -1,8 +1,8 @@
-"""Quickstart: load the bundled flux-t2i card, encode a prompt, denoise with a fused scan, decode, save a PNG.
+"""Quickstart: load the bundled flux-t2i card and render a prompt with ``jp.generate``, save a PNG.
 
     python examples/quickstart.py "seven thick" -o out/quickstart.png [--random]
 
-The pipeline, step by step: tokenizer -> text encoder -> DiT denoise loop (one jitted
+``jp.generate`` runs the card's program: tokenizer -> text encoder -> DiT denoise loop (one jitted
 ``lax.scan``) -> decoder. ``--random`` uses a freshly initialised card instead (structured noise).
 """
 
@@ -12,7 +12,6 @@ import time
 import jax
 
 import jaxpipe as jp
-from jaxpipe.cards import flux_t2i
 from jaxpipe.io import save_png
 
 
@@ -28,7 +27,7 @@ def main() -> None:
     card = jp.cards.build("flux-t2i", seed=0) if args.random else jp.cards.load("flux-t2i")
     print(f"{card}  ({card.num_params():,} parameters, JAX on {jax.default_backend()})")
     start = time.perf_counter()
-    image = flux_t2i.generate(card, args.prompt, seed=args.seed, num_steps=args.steps)[0]
+    image = jp.generate(card, args.prompt, seed=args.seed, num_steps=args.steps)["image"][0]
     image.block_until_ready()
     print(f"generated {tuple(image.shape)} for {args.prompt!r} in {time.perf_counter() - start:.2f} s (incl. compile)")
     print(f"wrote {save_png(image, args.out)}")

@@ -1,7 +1,7 @@
 """UnifiedRL on the bundled unified card: one reward trains the refiner LM and the generator (DESIGN §6, §10).
 
 The run ``jaxpipe train unified`` makes (the command has every flag), written against the library
-(``jaxpipe.training.rl_runs``):
+(``jaxpipe.training.runs``):
 
     python examples/unified_rl_digits.py --steps 300 --prefer stroke=thick --out out/unified
     python examples/unified_rl_digits.py --steps 300 --prefer stroke=thick --prompt-only --out out/unified_prompt_only
@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 
 import jaxpipe as jp
-from jaxpipe.training import rl_runs
+from jaxpipe.training import runs as rl_runs
 from jaxpipe.training.unified_rl import UnifiedRLConfig
 
 

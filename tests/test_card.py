@@ -8,7 +8,14 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe.card import Card, CardSpec, CardValidationError, LoopSpec
+from jaxpipe.loops import ar, policies
 from jaxpipe.loops.denoise import DenoiseConfig
+
+SHAPE = (1, 2, 2, 1)
+
+
+def denoise_loop(loop_id="denoise", binds=("transformer",), **config):
+    return LoopSpec(loop_id, "denoise", binds, DenoiseConfig(**config), latent_shape=SHAPE)
 
 
 def small_components():
@@ -20,7 +27,7 @@ def spec(**kw):
     base = dict(
         model_id="toy",
         family="toy",
-        loops=(LoopSpec("denoise", "denoise", ("transformer",), DenoiseConfig()),),
+        loops=(denoise_loop(),),
         recipe=("denoise",),
     )
     return CardSpec(**{**base, **kw})
@@ -67,7 +74,7 @@ def test_grad_through_a_card():
 
 
 def test_loop_binding_a_missing_component_is_rejected():
-    bad = spec(loops=(LoopSpec("denoise", "denoise", ("dit",)),))
+    bad = spec(loops=(denoise_loop(binds=("dit",)),))
     with pytest.raises(CardValidationError, match=r"binds missing component\(s\) \['dit'\]"):
         Card(small_components(), bad)
 
@@ -78,11 +85,11 @@ def test_recipe_with_undeclared_loop_is_rejected():
 
 
 def test_colliding_ids_are_rejected():
-    loop = LoopSpec("denoise", "denoise", ("transformer",))
+    loop = denoise_loop()
     with pytest.raises(CardValidationError, match="duplicate loop ids"):
         Card(small_components(), spec(loops=(loop, loop)))
     with pytest.raises(CardValidationError, match="name both a loop and a component"):
-        Card(small_components(), spec(loops=(LoopSpec("encoder", "denoise", ("transformer",)),), recipe=()))
+        Card(small_components(), spec(loops=(denoise_loop("encoder"),), recipe=()))
 
 
 def test_bad_loop_kind_and_parity_are_rejected():
@@ -90,6 +97,24 @@ def test_bad_loop_kind_and_parity_are_rejected():
         LoopSpec("x", "teleport", ("transformer",))
     with pytest.raises(CardValidationError, match="parity"):
         Card(small_components(), spec(parity=("C9",)))
+
+
+def test_each_loop_kind_checks_its_own_spec():
+    """The loop kind's driver validates a LoopSpec when it is made: config type, latent shape, binds."""
+    with pytest.raises(CardValidationError, match="needs latent_shape"):
+        LoopSpec("d", "denoise", ("transformer",), DenoiseConfig())
+    with pytest.raises(CardValidationError, match="must be a DenoiseConfig"):
+        LoopSpec("d", "denoise", ("transformer",), ar.ARConfig(), latent_shape=SHAPE)
+    with pytest.raises(CardValidationError, match=r"router chooses among 2 denoiser\(s\) but it binds 1"):
+        denoise_loop(router=policies.SigmaBoundary(0.5))
+    with pytest.raises(CardValidationError, match="latent_shape must be positive"):
+        LoopSpec("d", "denoise", ("transformer",), DenoiseConfig(), latent_shape=(0, 2))
+    with pytest.raises(CardValidationError, match="drives one decoder"):
+        LoopSpec("r", "ar_decode", ("a", "b"), ar.ARConfig())
+    routed = denoise_loop(binds=("transformer", "encoder"), router=policies.SigmaBoundary(0.5))
+    card = Card(small_components(), spec(loops=(routed,)))
+    first, second = card.bound("denoise")  # the loop's models, in binds order
+    assert first is card["transformer"] and second is card["encoder"]
 
 
 def test_unknown_component_lookup_lists_what_exists():
@@ -116,8 +141,7 @@ def test_same_seed_same_weights():
 
 
 def test_checkpoint_round_trip_gives_identical_outputs(tmp_path, t2i_card):
-    from jaxpipe.cards import flux_t2i
-    from jaxpipe.checkpoint import load_card, save_card
+    from jaxpipe.cards import load_card, save_card
 
     save_card(t2i_card, tmp_path / "card")
     loaded = jp.cards.load(tmp_path / "card")
@@ -125,7 +149,7 @@ def test_checkpoint_round_trip_gives_identical_outputs(tmp_path, t2i_card):
     for a, b in zip(jax.tree.leaves(t2i_card), jax.tree.leaves(loaded)):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(
-        flux_t2i.generate(t2i_card, "seven thick", num_steps=3), flux_t2i.generate(loaded, "seven thick", num_steps=3)
+        jp.generate(t2i_card, "seven thick", num_steps=3)["image"], jp.generate(loaded, "seven thick", num_steps=3)["image"]
     )
     with pytest.raises(FileNotFoundError, match="not a card checkpoint"):
         load_card(tmp_path)

@@ -7,18 +7,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpipe.cards import common
 from jaxpipe.loops import denoise
 from jaxpipe.loops.denoise import DenoiseConfig
+from jaxpipe.nn import DiTCond
 
 PROMPTS = ["seven thick", "one thin left", "three bright"]
 
 
 def setup(card, config, seeds=(0, 1, 2), with_uncond=False):
     ids = jnp.asarray(card.spec.tokenizer.encode(PROMPTS[: len(seeds)], 8))
-    cond = common.encode_prompts(card, ids, with_uncond=with_uncond)
+    cond = DiTCond(card["text_encoder"](ids), ids != 0)
+    uncond = DiTCond(card["text_encoder"](jnp.zeros_like(ids)), jnp.zeros_like(ids, bool)) if with_uncond else None
     keys = jnp.stack([jax.random.key(s) for s in seeds])
-    return denoise.init(keys, card.spec.config.latent_shape, cond, config)
+    return denoise.init(keys, card.spec.loop("t2i_denoise").latent_shape, cond, config, uncond)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "capture"))
@@ -132,10 +133,13 @@ def test_guidance_one_runs_one_forward_and_cfg_runs_a_doubled_batch(t2i_card):
     model = t2i_card["transformer"]
     seen = []
 
-    def counting(x, *args):
-        seen.append(x.shape[0])
-        return model(x, *args)
+    class Counting:
+        def velocity(self, x, sigma, cond):
+            seen.append(x.shape[0])
+            return model.velocity(x, sigma, cond)
 
+    counting = Counting()
+    assert isinstance(counting, denoise.Denoiser) and isinstance(model, denoise.Denoiser)
     for guidance, expected in ((1.0, 3), (4.0, 6)):
         seen.clear()
         config = DenoiseConfig(num_steps=2, guidance=guidance)
@@ -174,7 +178,7 @@ def test_bad_configs_and_inputs_name_the_problem(t2i_card):
         DenoiseConfig(sampler="dpm")
     with pytest.raises(ValueError, match="sde_window"):
         DenoiseConfig(num_steps=4, sampler="sde", sde_window=(2, 9))
-    with pytest.raises(ValueError, match="uncond_context"):
+    with pytest.raises(ValueError, match="unconditional"):
         setup(t2i_card, DenoiseConfig(guidance=3.0))
     state = setup(t2i_card, DenoiseConfig(num_steps=4))
     with pytest.raises(ValueError, match="num_steps"):

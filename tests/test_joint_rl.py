@@ -43,7 +43,7 @@ def test_vmapped_update_equals_updating_each_expert_separately():
     # near-zero gradient shows up as up to ~lr·1e-3 in the weights; at 1e-4 that stays under 1e-6
     # (prompt-only: the refiners' vmapped update is what is compared; the generator update is UnifiedRL's, tested there)
     config = JointRLConfig(
-        credit="per_expert", expert_terms=("stroke", "position") * 2, joint_generator=False, **{**SMALL, "lm_learning_rate": 1e-4}
+        credit="per_expert", expert_terms=("stroke", "position") * 2, joint=False, **{**SMALL, "lm_learning_rate": 1e-4}
     )
     method = JointMultiExpertRL(card, parts_reward, config)
     state = method.init()
@@ -91,7 +91,7 @@ def test_bad_configs():
         JointRLConfig(credit="blame")
     with pytest.raises(ValueError, match="skip"):
         JointRLConfig(group_size=2, skip=2)
-    assert JointRLConfig(joint_generator=False).joint is False
+    assert JointRLConfig(joint=False).joint is False and JointRLConfig().joint is True
     with pytest.raises(ValueError, match="num_refiners"):
         multi_expert.Config(num_refiners=0)
     with pytest.raises(ValueError, match="no room"):
@@ -135,7 +135,7 @@ def test_refiners_learn_their_preferred_words_prompt_only(bundled, credit):
     per_expert: every refiner learns its own word. shared: runs and learns too (the README reports how
     noisy). The generator stays bit-identical."""
     card, scorer = bundled
-    config = JointRLConfig(group_size=4, skip=1, joint_generator=False, num_steps=4, lm_learning_rate=3e-3, credit=credit)
+    config = JointRLConfig(group_size=4, skip=1, joint=False, num_steps=4, lm_learning_rate=3e-3, credit=credit)
     method = JointMultiExpertRL(card, scorer_reward_parts(scorer, tuple(PREFER)), config)
     state = start = method.init()
     before = preferred_rates(method, card, state)

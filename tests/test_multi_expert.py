@@ -1,7 +1,7 @@
 """The ``multi-expert`` card: N refiners stored stacked, its program, per-expert versions and weight sync.
 
 Card construction (any N, abstractly at a large size), expert slices, composing, slot
-restriction, checkpoints; the engine's output equals ``multi_expert.generate``; each published
+restriction, checkpoints; the engine's output equals ``jp.generate``'s within C3; each published
 expert bumps only its own version, the text encoder keeps ``v0`` and its cache entries; weight
 sync publishes only the experts that changed; bad publishes change nothing.
 """
@@ -15,17 +15,27 @@ import pytest
 from flax import nnx
 
 import jaxpipe as jp
-from jaxpipe.cards import multi_expert
-from jaxpipe.checkpoint import load_card, save_card
+from jaxpipe import parity
+from jaxpipe.cards import generator, load_card, multi_expert, save_card
 from jaxpipe.data.digits import ATTRIBUTE_WORDS
 from jaxpipe.engine import Engine, EngineError, UnknownComponentError
 from jaxpipe.nn import LMConfig, RefinerLM
-from jaxpipe.programs import multi_expert as program
 from jaxpipe.training import weight_sync
 
 MODEL = multi_expert.MODEL_ID
 N = 3
 V0 = {"text_encoder": 0, "refiner_0": 0, "refiner_1": 0, "refiner_2": 0, "transformer": 0, "vae": 0}
+
+
+def words(card, ids) -> str:
+    return card.spec.tokenizer.decode(np.asarray(ids).reshape(1, -1))[0]
+
+
+def served_by_a_fresh_engine(card, prompt, seed):
+    """The image a fresh engine serving ``card`` renders (the engine's own path, bit for bit)."""
+    engine = Engine()
+    engine.register(card)
+    return engine.run(jp.Request(MODEL, prompt=prompt, seed=seed, num_steps=2))["image"]
 
 
 def leaves_equal(a, b) -> bool:
@@ -125,12 +135,15 @@ def test_compose_orders_by_expert_and_drops_eos():
 
 def test_each_refiner_says_only_its_slot(card):
     config = card.spec.config
-    ids = jp.cards.common.tokenize(card, ["seven"] * 32)
-    keys = multi_expert.expert_keys(jax.random.split(jax.random.key(0), 32), N)
-    refine = jax.jit(multi_expert.refine_from_ids, static_argnums=3)
-    final = refine(card, ids, keys, card.spec.loop("refine").config.replace(temperature=2.0))
+    ids = generator.tokenize(card, ["seven"] * 32)
+    keys = jax.random.split(jax.random.key(0), 32)
+    settings = (("refine", card.spec.loop("refine").config.replace(temperature=2.0)),)
+    node = next(n for n in multi_expert.program().nodes if n.name == "refine")
+    out = jax.jit(lambda c, i, k: node(c, {"ids": i, "key": k}, settings))(card, ids, keys)
+    refinements = multi_expert.expert_major(out["refinements"])
+    assert refinements.tokens.shape == (N, 32, 16) and refinements.log_prob.shape == (N, 32, 16)
     words = card.spec.tokenizer.words
-    emitted = np.asarray(final.tokens)[:, :, 1]  # one new token after the one-word prompt
+    emitted = np.asarray(refinements.tokens)[:, :, 1]  # one new token after the one-word prompt
     eos = card.spec.tokenizer.vocab_size
     for i in range(N):
         allowed = {words.index(w) for w in ATTRIBUTE_WORDS[config.slot(i)]} | {eos}
@@ -150,14 +163,15 @@ def test_checkpoint_round_trip(card, tmp_path):
 REQUESTS = [("seven", 0), ("three thin", 1)]
 
 
-def test_engine_equals_generate(engine, card):
+def test_engine_equals_the_fused_path_within_c3(engine, card):
     outs = engine.run_many([request(p, s) for p, s in REQUESTS])
     for out, (prompt, seed) in zip(outs, REQUESTS):
-        images, composed = multi_expert.generate(card, prompt, seed=seed, num_steps=2)
-        np.testing.assert_array_equal(out["image"], images[0])
-        assert program.composed_text(card, out["composed"]) == composed[0] and out["text"] == prompt
-        assert out["latents"].shape == (1, 8, 8, 4) and out["composed"].shape == (8,)
-    assert any(program.composed_text(card, o["composed"]) != p for o, (p, _) in zip(outs, REQUESTS))
+        fused = jp.generate(card, prompt, seed=seed, num_steps=2)
+        np.testing.assert_allclose(out["image"], fused["image"][0], atol=parity.TOLERANCE)
+        np.testing.assert_array_equal(out["refined"], fused["refined"][0])  # the same composed words
+        assert out["text"] == prompt
+        assert out["latents"].shape == (1, 8, 8, 4) and out["refined"].shape == (8,)
+    assert any(words(card, o["refined"]) != p for o, (p, _) in zip(outs, REQUESTS))
     with pytest.raises(ValueError, match="max_prompt_words = 5"):
         engine.run(request("seven thick left bright dim dim"))
 
@@ -186,8 +200,8 @@ def test_versions_per_expert_and_the_text_encoder_cache_survives(engine, card):
     after = engine.run(request())
     new = engine.cache.stats()
     assert new.misses - stats.misses == 2 and new.hits - stats.hits == 2  # refine + compose redone; both encodings hit
-    np.testing.assert_array_equal(after["composed"], before["composed"])
-    np.testing.assert_array_equal(after["image"], multi_expert.generate(with_expert(card, 1, lm), "seven", seed=0, num_steps=2)[0][0])
+    np.testing.assert_array_equal(after["refined"], before["refined"])
+    np.testing.assert_array_equal(after["image"], served_by_a_fresh_engine(with_expert(card, 1, lm), "seven", 0))
     assert {(k.component, k.version) for k in engine.cache.keys()} == {("text_encoder", 0), ("refiners", 1)}
 
     assert engine.publish(MODEL, {"refiners": card["refiners"]}) == {**V0, "refiner_0": 1, "refiner_1": 2, "refiner_2": 1}
@@ -210,8 +224,8 @@ def test_publish_an_expert_during_a_run_drains_then_swaps(engine, card):
     outs = engine.run_many([request("seven", 0), request("seven", 1)], "serial", on_step=on_step)
     assert seen == {"returned": {**V0, "refiner_2": 1}, "versions": V0, "pending": True}
     assert engine.versions(MODEL) == {**V0, "refiner_2": 1}
-    np.testing.assert_array_equal(outs[0]["image"], multi_expert.generate(card, "seven", seed=0, num_steps=2)[0][0])
-    np.testing.assert_array_equal(outs[1]["image"], multi_expert.generate(new_card, "seven", seed=1, num_steps=2)[0][0])
+    np.testing.assert_array_equal(outs[0]["image"], served_by_a_fresh_engine(card, "seven", 0))
+    np.testing.assert_array_equal(outs[1]["image"], served_by_a_fresh_engine(new_card, "seven", 1))
 
 
 def test_weight_sync_publishes_only_the_changed_experts(engine, card):

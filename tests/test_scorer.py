@@ -10,7 +10,7 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe.cards import digit_scorer
-from jaxpipe.checkpoint import load_card, save_card
+from jaxpipe.cards import load_card, save_card
 from jaxpipe.data import digits
 from jaxpipe.nn.reward import HEADS, DigitScorer, ScorerConfig
 from jaxpipe.training import scorer as training

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import jaxpipe as jp
 from jaxpipe.cli import app
 from jaxpipe.data import digits
-from jaxpipe.training import rl_runs
+from jaxpipe.training import runs as rl_runs
 
 runner = CliRunner()
 needs_cards = pytest.mark.skipif(

@@ -1,8 +1,8 @@
 """The ``unified`` card: refiner LM (pretrained, bundled by reference to ``flux-t2i``) -> generator.
 
 Card and config checks, the pretrained LM's grammar, checkpoints with a base card, and the
-program the engine serves (equal to ``unified.generate``; serial == interleaved; batched within
-``parity.TOLERANCE``).
+program the engine serves (``jp.generate``'s fused path within ``parity.TOLERANCE``; serial ==
+interleaved bit for bit; batched within ``parity.TOLERANCE``).
 """
 
 import functools
@@ -17,14 +17,11 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe import program as P
 from jaxpipe.card import Card
-from jaxpipe.cards import flux_t2i, unified
-from jaxpipe.checkpoint import load_card, save_card
+from jaxpipe.cards import flux_t2i, load_card, save_card, unified
 from jaxpipe.data import digits
-from jaxpipe.loops import ar
+from jaxpipe.loops import ar, registry
 from jaxpipe.nn import DiTConfig, LMConfig
-from jaxpipe.programs import unified as unified_program
 from jaxpipe.training import pretrain_lm
 
 BUNDLED = "unified" in jp.cards.available()
@@ -104,9 +101,13 @@ def test_refined_ids_maps_eos_to_pad_and_fits_the_width():
 # ------------------------------------------------------------------------------------------ the pretrained LM
 
 
+def _text(card, ids) -> str:
+    return card.spec.tokenizer.decode(np.asarray(ids).reshape(1, -1))[0]
+
+
 @functools.partial(jax.jit, static_argnums=(3,))
 def _refine_jit(card, ids, keys, config):
-    final, _ = unified.refine_from_ids(card, ids, keys, config)
+    final, _ = ar.run(card["llm"], ar.init(card["llm"], ids, keys, config), config)
     return unified.refined_ids(final.tokens, unified.eos_id(card), ids.shape[1])
 
 
@@ -115,7 +116,7 @@ def _refine(card, prompts, seeds, temperature):
     config = card.spec.loop("refine").config.replace(temperature=temperature)
     ids = jnp.asarray(card.spec.tokenizer.encode(prompts, card["text_encoder"].cfg.max_len))
     keys = jnp.stack([jax.random.key(s) for s in seeds])
-    return [unified_program.refined_text(card, row) for row in _refine_jit(card, ids, keys, config)]
+    return [_text(card, row) for row in _refine_jit(card, ids, keys, config)]
 
 
 def _canonical(text: str) -> bool:
@@ -213,26 +214,28 @@ def test_base_errors_are_clear(tiny, tmp_path):
 
 
 def test_program_declares_its_nodes():
-    prog = unified_program.program()
+    prog = unified.program()
     assert [n.name for n in prog.nodes] == ["encode_null", "refine", "refined", "encode_refined", "denoise", "decode"]
     assert [n.loop for n in prog.loops] == ["refine", "denoise"]
     assert [n.name for n in prog.cached_nodes] == ["encode_null"]  # the refined prompt is known only after refine
     assert dict(prog.outputs) == {"image": "image", "latents": "latents", "refined": "refined"}
-    assert isinstance(P.driver("ar_decode"), P.ARDriver)
+    assert prog.inputs == ("ids", "null_ids", "key", "refine")
+    assert isinstance(registry.driver("ar_decode"), ar.Driver)
 
 
 def test_ar_driver_steps_equal_the_fused_run(tiny):
     loop = tiny.spec.loop("refine")
-    drive = P.driver("ar_decode")
+    drive = registry.driver("ar_decode")
     ids = jnp.asarray(tiny.spec.tokenizer.encode(["seven", "two left"], 8))
     keys = jnp.stack([jax.random.key(0), jax.random.key(1)])
 
     @jax.jit
     def both(card):
+        models = card.bound("refine")
         state = ar.init(card["llm"], ids, keys, loop.config)
-        fused = drive.run(card, loop, state, loop.config)
-        stepped = jax.lax.fori_loop(0, drive.num_steps(loop.config), lambda _, s: drive.step(card, loop, s, loop.config), state)
-        inert = drive.step(card, loop, drive.empty(state, 3), loop.config)
+        fused, _ = drive.run(models, state, loop.config)
+        stepped = jax.lax.fori_loop(0, drive.num_steps(loop.config), lambda _, s: drive.step(models, s, loop.config), state)
+        inert = drive.step(models, drive.empty(state, 3), loop.config)
         return fused.tokens, stepped.tokens, inert, drive.deactivate(state, jnp.asarray([True, False])).done
 
     fused, stepped, inert, done = both(tiny)
@@ -256,12 +259,37 @@ def serial(engine):
     return engine.run_many([jp.Request("unified", prompt=p, seed=s, num_steps=n) for p, s, n in REQUESTS])
 
 
-def test_engine_equals_generate(serial, tiny):
+def test_engine_equals_the_fused_path_within_c3(serial, tiny):
     for out, (prompt, seed, steps) in zip(serial, REQUESTS):
-        images, refined = unified.generate(tiny, prompt, seed=seed, num_steps=steps)
-        np.testing.assert_array_equal(out["image"], images[0])
-        assert unified_program.refined_text(tiny, out["refined"]) == refined[0] and out["text"] == prompt
+        fused = jp.generate(tiny, prompt, seed=seed, num_steps=steps)
+        np.testing.assert_allclose(out["image"], fused["image"][0], atol=parity.TOLERANCE)
+        np.testing.assert_array_equal(out["refined"], fused["refined"][0])  # the same words
+        assert out["text"] == prompt and fused["text"] == [prompt]
         assert out["latents"].shape == (1, 8, 8, 4) and out["refined"].shape == (8,)
+
+
+def test_refine_false_renders_the_prompt_as_written_with_the_same_noise(tiny):
+    """What group rollouts (skip rows) and evaluation ("original") use: the program, refine off."""
+    as_written = jp.generate(tiny, ["seven", "one thin"], seed=3, num_steps=2, inputs={"refine": False})
+    np.testing.assert_array_equal(as_written["refined"], tiny.spec.tokenizer.encode(["seven", "one thin"], 8))
+    t2i = jp.generate(tiny, ["seven", "one thin"], seed=3, num_steps=2, program=_t2i_with_stream_one())
+    np.testing.assert_allclose(as_written["image"], t2i["image"], atol=parity.TOLERANCE)
+
+
+@functools.cache
+def _t2i_with_stream_one():
+    """A text-to-image program over the unified card's generator with its denoise key (``fold_in(key, 1)``)."""
+    from jaxpipe.cards import generator
+    from jaxpipe.program import ComponentNode, LoopNode, Program
+
+    return Program(
+        "t2i-stream-1", ("ids", "null_ids", "key"),
+        (*generator.text_nodes(),
+         LoopNode("denoise", generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)),
+         ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae")),
+        (("image", "image"),),
+        lambda card, request: generator.bind_text(card, request, "denoise"),
+    )
 
 
 def test_serial_equals_interleaved_and_batched_within_tolerance(engine, serial):
@@ -288,8 +316,8 @@ def test_engine_refuses_a_prompt_too_long_to_refine(engine, tiny):
 @needs_bundled
 def test_default_engine_serves_the_bundled_card():
     engine = jp.Engine.default()
-    assert "unified" in engine.models() and engine.program("unified") is unified_program.program()
+    assert "unified" in engine.models() and engine.program("unified") is unified.program()
     out = engine.run(jp.Request("unified", prompt="seven", seed=3, num_steps=2, guidance=1.0))
-    refined = unified_program.refined_text(engine.card("unified"), out["refined"])
+    refined = _text(engine.card("unified"), out["refined"])
     assert refined.startswith("seven") and _canonical(refined), refined
     assert out["image"].shape == (16, 16, 1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import os
 import types
@@ -40,13 +41,45 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
 
 
+TYPE_KEY = "__type__"
+"""Names the class of a nested config whose field is declared by a protocol (e.g. a loop's router)."""
+
+
+def _plain(value, declared=None):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        if not (isinstance(declared, type) and type(value) is declared):
+            out[TYPE_KEY] = f"{type(value).__module__}:{type(value).__qualname__}"
+        return out
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
 def config_to_dict(config) -> dict:
-    """A frozen config dataclass (possibly nested) as plain JSON-able data."""
-    return json.loads(json.dumps(dataclasses.asdict(config)))
+    """A frozen config dataclass (possibly nested) as plain JSON-able data. A nested config whose
+    class is not its field's declared type (a policy behind a protocol) records its class under
+    ``"__type__"``; only jaxpipe's own classes are rebuilt from it."""
+    hints = typing.get_type_hints(type(config))
+    out = {f.name: _plain(getattr(config, f.name), hints.get(f.name)) for f in dataclasses.fields(config) if f.init}
+    return json.loads(json.dumps(out))
+
+
+def _named_class(name: str) -> type:
+    module, _, qualname = name.partition(":")
+    if not (module == "jaxpipe" or module.startswith("jaxpipe.")) or not qualname:
+        raise ValueError(f"a card config may only name jaxpipe's own classes (got {name!r})")
+    found = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def _coerce(tp, value):
     origin = typing.get_origin(tp)
+    if isinstance(value, dict) and TYPE_KEY in value:
+        data = dict(value)
+        return config_from_dict(_named_class(data.pop(TYPE_KEY)), data)
     if dataclasses.is_dataclass(tp):
         return config_from_dict(tp, value)
     if origin in (typing.Union, types.UnionType):
@@ -65,7 +98,7 @@ def _coerce(tp, value):
 def config_from_dict(cls, data: dict):
     """Rebuild config dataclass ``cls`` from ``config_to_dict`` output (nested dataclasses, tuples)."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"{cls.__name__} has no field(s) {unknown}")

@@ -168,13 +168,11 @@ def init(
         raise ValueError("a denoise loop needs a per-request latent_shape (LoopSpec.latent_shape)")
     b = keys.shape[0]
     chex.assert_tree_shape_prefix(cond, (b,))
-    if config.guide.needs_uncond:
-        if uncond is None:
-            raise ValueError(f"guidance={config.guidance} needs the unconditional input (uncond)")
+    if config.guide.needs_uncond and uncond is None:
+        raise ValueError(f"guidance={config.guidance} needs the unconditional input (uncond)")
+    if uncond is not None:
         chex.assert_trees_all_equal_structs(cond, uncond)
         chex.assert_tree_shape_prefix(uncond, (b,))
-    else:
-        uncond = None
     init_keys, step_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
     x = jax.vmap(lambda k: jax.random.normal(k, tuple(latent_shape), jnp.float32))(init_keys)
     sigmas = jnp.broadcast_to(samplers.flow_sigmas(config.num_steps, config.shift), (b, config.num_steps + 1))

@@ -202,14 +202,15 @@ class JointMultiExpertRL:
         return JointRollout(refinements, refined, run.slots["composed"], generated, dict(parts), rewards, advantages, expert_advantages)
 
     # ----------------------------------------------------------------------------------- update
+    def expert_update(self, params, reference, opt_state, allowed, refinement: ar.Continuation, advantages):
+        """ONE refiner's step (no expert axis): ``unified_rl.lm_update`` on its slot-restricted LM,
+        ``(params, opt_state, loss, metrics, grad norm)``; the update ``vmap``s it over the experts."""
+        lm_of = lambda p: self._expert(p, allowed)
+        return lm_update(self.refiner_tx, lm_of, params, reference, opt_state, refinement, advantages, self.config)
+
     def _update(self, state: JointRLState, ro: JointRollout) -> tuple[JointRLState, dict]:
         cfg = self.config
-
-        def expert_update(params, reference, opt_state, allowed, refinement, advantages):
-            lm_of = lambda p: self._expert(p, allowed)
-            return lm_update(self.refiner_tx, lm_of, params, reference, opt_state, refinement, advantages, cfg)
-
-        refiners, refiner_opt, values, lm_metrics, grad_norms = jax.vmap(expert_update)(
+        refiners, refiner_opt, values, lm_metrics, grad_norms = jax.vmap(self.expert_update)(
             state.refiners, state.refiner_reference, state.refiner_opt, self.allowed, ro.refinements, ro.expert_advantages
         )
         new = state._replace(refiners=refiners, refiner_opt=refiner_opt, step=state.step + 1)
