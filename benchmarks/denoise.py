@@ -47,7 +47,7 @@ from flax import nnx
 
 from jaxpipe import samplers
 from jaxpipe.loops import denoise
-from jaxpipe.nn import DiT, DiTConfig
+from jaxpipe.nn import DiT, DiTCond, DiTConfig
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
 from report import RESULTS, machine_info, num_cores, write_section  # noqa: E402
@@ -272,7 +272,7 @@ def make_inputs(cfg: DiTConfig, batch: int, num_steps: int, seed: int = 0):
         sigmas=jnp.asarray(sigmas),
         step=jnp.zeros((batch,), jnp.int32),
         key=jax.random.split(jax.random.key(seed), batch),
-        cond=denoise.Conditioning(context=jnp.asarray(context), context_mask=jnp.asarray(mask)),
+        cond=DiTCond(context=jnp.asarray(context), context_mask=jnp.asarray(mask)),
     )
     return jax.block_until_ready(state), config
 

@@ -1,23 +1,32 @@
-"""Engine benchmark (DESIGN §12): ``run_many(mode="batched")`` vs ``mode="serial"`` throughput.
+"""Engine benchmark (DESIGN §12): ``run_many(mode="batched")`` vs ``mode="serial"`` vs the fused path.
 
 For 1, 4, 16 and 64 concurrent text-to-image requests with **mixed step counts** (4, 8, 12, 16
 steps, cycling) and distinct seeds and prompts, one engine in one process runs the same request
-list both ways, interleaved repeats, and reports the median and best wall time per whole list,
-the throughput and the ratio:
+list three ways, interleaved repeats, and reports the median and best wall time per whole list,
+the throughput and the ratios:
 
-* ``serial``  -- each request to completion: its cached text encoding, then the program's fast
-  path (encode -> fused ``lax.scan`` denoise -> decode, one jitted call per request);
-* ``batched`` -- continuous batching: requests are prepared in cohorts of equal settings, share
-  one jitted batched step per tick (steps between scheduling events fused into one call), join
-  free slots as others finish, and are decoded per cohort.
+* ``serial``  -- the engine, each request to completion: its cached text encoding, then the
+  program entered, its denoise loop driven one jitted pure ``step`` per call (the same compiled
+  step as ``mode="interleaved"``, so serial == interleaved bit for bit), then decoded;
+* ``batched`` -- the engine's continuous batching: requests are prepared in cohorts of equal
+  settings, share one jitted batched step per tick (steps between scheduling events fused into
+  one call), join free slots as others finish, and are decoded per cohort;
+* ``fused``   -- no engine: ``jp.generate`` (the program's fused path: encode -> one ``lax.scan``
+  denoise -> decode, one jitted call), **one call per distinct step count** with every request
+  of that step count as its batch. ``jp.generate`` batches prompts only when their settings
+  agree, so this is the most the fused path can batch of a mixed list (at N <= 4 every call
+  holds one request: the fused path per request). It encodes its prompts in-batch, without the
+  feature cache.
 
-Every timed run starts with an empty feature cache (each distinct prompt is encoded once per run,
-the same way in both modes). Before timing, the batched outputs are compared with the serial ones
-(C3 batch invariance: the max abs difference is reported).
+Every timed engine run starts with an empty feature cache (each distinct prompt is encoded once per
+run, the same way in both modes). Before timing, the batched and fused outputs are compared with the
+serial ones (C3: the max abs difference is reported; the fused scan is compiled differently from
+the driven step, so it too agrees within the C3 tolerance, not bit for bit).
 
-"Where the time goes" re-runs 16 requests with every jitted engine call wrapped in a
-synchronising timer, and measures the raw cost of one denoise step per request at batch sizes
-1..64: the ceiling on what batching can buy on this machine.
+"Where the time goes" re-runs 16 requests with every jitted engine call (the operations of
+``jaxpipe.engine.batch`` the scheduler calls) wrapped in a synchronising timer, and measures the
+raw cost of one denoise step per request at batch sizes 1..64: the ceiling on what batching can
+buy on this machine.
 
 Two cards: the bundled ``flux-t2i`` (guidance 2, so each step runs the DiT on a doubled batch;
 random weights of the bundled size when the checkpoint is absent) and the tiny test-size card
@@ -42,11 +51,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxpipe as jp
-from jaxpipe import engine as engine_module
 from jaxpipe import parity
-from jaxpipe.cards import common, flux_t2i
+from jaxpipe.cards import flux_t2i, generator
 from jaxpipe.data import DIGIT_WORDS, POSITIONS, STROKES
+from jaxpipe.engine import batch as engine_ops
 from jaxpipe.loops import denoise
+from jaxpipe.nn import DiTCond
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
 from report import RESULTS, machine_info, write_section  # noqa: E402
@@ -55,7 +65,9 @@ SECTION = "engine"
 SIZES = (1, 4, 16, 64)
 STEPS = (4, 8, 12, 16)
 TARGET = 1.5  # batched / serial throughput at 16 requests on the 2-core CPU
-JITTED = ("_run_whole", "_enter", "_node", "_steps", "_step", "_admit", "_retire", "_resize", "_empty")
+MODES = ("serial", "batched", "fused")
+ENGINE_MODES = ("serial", "batched")
+JITTED = ("enter", "node", "step", "steps", "empty", "admit", "retire", "resize")  # jaxpipe.engine.batch
 
 
 
@@ -87,7 +99,7 @@ def bench_cards() -> dict[str, tuple[jp.Card, str]]:
 
 def describe(card: jp.Card) -> str:
     dit, sampling = card.spec.config.dit, card.spec.loop(flux_t2i.LOOP_ID).config
-    tokens = np.prod(card.spec.config.latent_shape[:3]) // dit.patch_size**2
+    tokens = np.prod(card.spec.loop(flux_t2i.LOOP_ID).latent_shape[:3]) // dit.patch_size**2
     return (
         f"DiT dim={dit.dim}, depth={dit.depth}, heads={dit.heads}, {tokens} latent tokens, "
         f"guidance {sampling.guidance:g} ({'2 DiT rows per request' if sampling.guidance != 1 else '1 DiT row per request'}), "
@@ -104,11 +116,34 @@ def requests(n: int, seed: int = 0) -> list[jp.Request]:
     return out
 
 
+def fused_run(card: jp.Card, reqs) -> list:
+    """The fused contender: ``jp.generate`` once per distinct step count (its requests as one batch).
+    Returns the batched images, one array per call (split per request only outside the timer)."""
+    groups: dict[int, list] = {}
+    for r in reqs:
+        groups.setdefault(r.num_steps, []).append(r)
+    return [
+        jp.generate(card, [r.prompt for r in group], seed=[r.seed for r in group], num_steps=steps)["image"]
+        for steps, group in groups.items()
+    ]
+
+
+def per_request(reqs, fused: list) -> list[dict]:
+    """``fused_run``'s images back in request order, as ``{"image": (H, W, C)}`` per request."""
+    order = list(dict.fromkeys(r.num_steps for r in reqs))
+    rows = {steps: iter(images) for steps, images in zip(order, fused)}
+    return [{"image": next(rows[r.num_steps])} for r in reqs]
+
+
 def timed_run(engine: jp.Engine, reqs, mode: str) -> tuple[float, list]:
+    """Wall seconds of one whole request list in ``mode``, and its outputs."""
     engine.cache.clear()
     start = time.perf_counter()
-    outs = engine.run_many(reqs, mode)
-    jax.block_until_ready([o["image"] for o in outs])
+    if mode == "fused":
+        outs = jax.block_until_ready(fused_run(engine.card(reqs[0].model), reqs))
+    else:
+        outs = engine.run_many(reqs, mode)
+        jax.block_until_ready([o["image"] for o in outs])
     return time.perf_counter() - start, outs
 
 
@@ -116,13 +151,15 @@ def measure(engine: jp.Engine, n: int, repeats: int, budget_s: float) -> dict:
     reqs = requests(n)
     first = {}
     outs = {}
-    for mode in ("serial", "batched"):
+    for mode in MODES:
         first[mode], outs[mode] = timed_run(engine, reqs, mode)  # compiles
-    c3 = parity.compare(outs["serial"], outs["batched"], tolerance=parity.TOLERANCE, level="C3")
-    times = {"serial": [], "batched": []}
+    images = {m: [{"image": o["image"]} for o in outs[m]] for m in ENGINE_MODES}
+    images["fused"] = per_request(reqs, outs["fused"])
+    c3 = {m: parity.compare(images["serial"], images[m], tolerance=parity.TOLERANCE, level="C3") for m in ("batched", "fused")}
+    times = {m: [] for m in MODES}
     start = time.perf_counter()
     for r in range(repeats):
-        for mode in (("serial", "batched") if r % 2 == 0 else ("batched", "serial")):
+        for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:  # rotating order
             times[mode].append(timed_run(engine, reqs, mode)[0])
         if r >= 2 and time.perf_counter() - start > budget_s:
             break
@@ -136,27 +173,30 @@ def measure(engine: jp.Engine, n: int, repeats: int, budget_s: float) -> dict:
         "best": best,
         "ratio": med["serial"] / med["batched"],
         "ratio_best": best["serial"] / best["batched"],
+        "ratio_fused": med["fused"] / med["batched"],
         "repeats": len(times["serial"]),
-        "c3": c3.max_abs_diff,
-        "c3_passed": c3.passed,
+        "c3": {m: report.max_abs_diff for m, report in c3.items()},
+        "c3_passed": all(report.passed for report in c3.values()),
     }
 
 
 def step_scaling(card: jp.Card, sizes=(1, 4, 16, 64), steps: int = 8) -> dict[int, float]:
     """ms per request-step of a fused ``steps``-step batched denoise at each batch size (best of 5)."""
-    config = card.spec.loop(flux_t2i.LOOP_ID).config
+    loop = card.spec.loop(flux_t2i.LOOP_ID)
+    config = loop.config
     leaves, treedef = jax.tree.flatten(card)
 
     @jax.jit
     def run(leaves, state):
-        model = jax.tree.unflatten(treedef, leaves)["transformer"]
-        return jax.lax.fori_loop(0, steps, lambda _, s: denoise.step(model, s, config)[0], state)
+        models = jax.tree.unflatten(treedef, leaves).bound(flux_t2i.LOOP_ID)
+        return jax.lax.fori_loop(0, steps, lambda _, s: denoise.step(models, s, config)[0], state)
 
+    encode = lambda ids: DiTCond(card["text_encoder"](ids), ids != 0)
     out = {}
     for b in sizes:
-        ids = jnp.asarray(card.spec.tokenizer.encode(["seven thick"] * b, card["text_encoder"].cfg.max_len))
-        cond = common.encode_prompts(card, ids, with_uncond=config.guidance != 1.0)
-        state = denoise.init(jax.random.split(jax.random.key(0), b), card.spec.config.latent_shape, cond, config)
+        ids = generator.tokenize(card, ["seven thick"] * b)
+        uncond = encode(jnp.zeros_like(ids)) if config.guide.needs_uncond else None
+        state = denoise.init(jax.random.split(jax.random.key(0), b), loop.latent_shape, encode(ids), config, uncond)
         jax.block_until_ready(run(leaves, state))
         best = min(_time(lambda: run(leaves, state)) for _ in range(5))
         out[b] = best / steps / b * 1e3
@@ -172,9 +212,9 @@ def _time(fn) -> float:
 def breakdown(engine: jp.Engine, n: int = 16) -> dict[str, dict[str, tuple[float, int]]]:
     """Synchronised wall ms and call counts per engine piece for ``n`` requests, per mode."""
     reqs = requests(n)
-    for mode in ("serial", "batched"):
+    for mode in ENGINE_MODES:
         timed_run(engine, reqs, mode)
-    originals = {name: getattr(engine_module, name) for name in JITTED}
+    originals = {name: getattr(engine_ops, name) for name in JITTED}
     acc: dict = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
 
@@ -191,8 +231,8 @@ def breakdown(engine: jp.Engine, n: int = 16) -> dict[str, dict[str, tuple[float
     result = {}
     try:
         for name, fn in originals.items():
-            setattr(engine_module, name, wrap(name, fn))
-        for mode in ("serial", "batched"):
+            setattr(engine_ops, name, wrap(name, fn))
+        for mode in ENGINE_MODES:
             acc.clear()
             calls.clear()
             total = statistics.mean(timed_run(engine, reqs, mode)[0] for _ in range(3))
@@ -203,20 +243,19 @@ def breakdown(engine: jp.Engine, n: int = 16) -> dict[str, dict[str, tuple[float
             result[mode] = pieces
     finally:
         for name, fn in originals.items():
-            setattr(engine_module, name, fn)
+            setattr(engine_ops, name, fn)
     return result
 
 
 PIECES = {
-    "_run_whole": "fast path (encode-skip -> scan -> decode), per request",
-    "_node": "text encoder (cache misses, batch 1)",
-    "_enter": "prepare / finish a cohort (start loop, decode)",
-    "_steps": "batched denoise steps (fused between events)",
-    "_step": "single step",
-    "_admit": "admit rows into slots",
-    "_retire": "retire rows from slots",
-    "_resize": "resize the slot batch",
-    "_empty": "allocate a slot batch",
+    "node": "text encoder (cache misses, batch 1)",
+    "enter": "enter / finish the program (start loop, decode), per cohort",
+    "step": "one denoise step of one request (serial)",
+    "steps": "batched denoise steps (fused between events)",
+    "admit": "admit rows into slots",
+    "retire": "retire rows from slots",
+    "resize": "resize the slot batch",
+    "empty": "allocate a slot batch",
 }
 
 
@@ -226,12 +265,14 @@ def render(results: dict, info: dict, loads: tuple[float, float], elapsed: float
     lines = [
         "## engine",
         "",
-        "`python benchmarks/engine.py`: `engine.run_many(requests, mode=\"batched\")` vs `mode=\"serial\"` for N",
-        f"concurrent text-to-image requests with mixed step counts ({', '.join(map(str, STEPS))} steps, cycling), distinct",
-        "seeds and prompts, one engine, one process. Each run starts with an empty feature cache. Wall ms per whole",
-        "request list (median of interleaved repeats, and the fastest); throughput = N / median; ratio = serial / batched",
-        "(> 1: batching is faster). C3 = max abs difference between the batched and serial images (tolerance",
-        f"{parity.TOLERANCE:g}). Compile = first run of each mode (trace + compile + run).",
+        "`python benchmarks/engine.py`: `engine.run_many(requests, mode=\"batched\")` vs `mode=\"serial\"` (each request",
+        "alone, its loop driven one jitted step per call) vs the fused path (`jp.generate`, one jitted encode -> scan ->",
+        "decode call per distinct step count, batching that step count's requests) for N concurrent text-to-image",
+        f"requests with mixed step counts ({', '.join(map(str, STEPS))} steps, cycling), distinct seeds and prompts, one",
+        "engine, one process. Each engine run starts with an empty feature cache. Wall ms per whole request list (median",
+        "of interleaved repeats, and the fastest); throughput = N / median; batched / serial = serial ms / batched ms and",
+        "batched / fused = fused ms / batched ms (> 1: batching is faster). C3 = max abs difference from the serial",
+        f"images (tolerance {parity.TOLERANCE:g}). Compile = first run of each mode (trace + compile + run).",
         "",
         *[f"- {k}: {v}" for k, v in info.items()],
         f"- load average (1 min) before / after: {loads[0]:.2f} / {loads[1]:.2f}"
@@ -241,15 +282,19 @@ def render(results: dict, info: dict, loads: tuple[float, float], elapsed: float
     for name, res in results.items():
         lines += ["", f"### {name}: {res['describe']} ({res['source']})", ""]
         lines += [
-            "| N | steps (all requests) | serial ms | batched ms | serial req/s | batched req/s | batched / serial | best-of ratio | compile s (serial / batched) | C3 max abs diff | repeats |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| N | steps (all requests) | serial ms | batched ms | fused ms | serial req/s | batched req/s | fused req/s "
+            "| batched / serial | best-of ratio | batched / fused | compile s (serial / batched / fused) "
+            "| C3 max abs diff (batched / fused) | repeats |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for row in res["rows"]:
-            med, first = row["median"], row["first"]
+            med, first, c3 = row["median"], row["first"], row["c3"]
             lines.append(
                 f"| {row['n']} | {row['steps']} | {med['serial'] * 1e3:.1f} | {med['batched'] * 1e3:.1f} | "
-                f"{row['n'] / med['serial']:.1f} | {row['n'] / med['batched']:.1f} | **{row['ratio']:.2f}×** | "
-                f"{row['ratio_best']:.2f}× | {first['serial']:.1f} / {first['batched']:.1f} | {row['c3']:.1e} | {row['repeats']} |"
+                f"{med['fused'] * 1e3:.1f} | {row['n'] / med['serial']:.1f} | {row['n'] / med['batched']:.1f} | "
+                f"{row['n'] / med['fused']:.1f} | **{row['ratio']:.2f}×** | {row['ratio_best']:.2f}× | "
+                f"{row['ratio_fused']:.2f}× | {first['serial']:.1f} / {first['batched']:.1f} / {first['fused']:.1f} | "
+                f"{c3['batched']:.1e} / {c3['fused']:.1e} | {row['repeats']} |"
             )
         scaling = res["scaling"]
         lines += [
@@ -274,7 +319,10 @@ def render(results: dict, info: dict, loads: tuple[float, float], elapsed: float
         row = next((r for r in res["rows"] if r["n"] == 16), None)
         if row:
             met = "met" if row["ratio"] >= TARGET else "not met"
-            lines.append(f"- {name}: {row['ratio']:.2f}× (best-of {row['ratio_best']:.2f}×) -> {met}")
+            lines.append(
+                f"- {name}: {row['ratio']:.2f}× (best-of {row['ratio_best']:.2f}×) -> {met}; "
+                f"batched vs the fused path: {row['ratio_fused']:.2f}×"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -299,7 +347,8 @@ def main(argv=None) -> int:
             rows.append(row)
             print(
                 f"{name} N={n:3d}: serial {row['median']['serial'] * 1e3:8.1f} ms  batched {row['median']['batched'] * 1e3:8.1f} ms"
-                f"  ratio {row['ratio']:.2f}x (best {row['ratio_best']:.2f}x)  C3 {row['c3']:.1e}",
+                f"  fused {row['median']['fused'] * 1e3:8.1f} ms  ratio {row['ratio']:.2f}x (best {row['ratio_best']:.2f}x)"
+                f"  vs fused {row['ratio_fused']:.2f}x  C3 {row['c3']['batched']:.1e} / {row['c3']['fused']:.1e}",
                 flush=True,
             )
         results[name] = {

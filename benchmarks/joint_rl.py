@@ -22,7 +22,7 @@ at the largest rollout, the joint step that also trains the generator.
 Cards: a ``multi-expert`` card per N, freshly built (timing needs no trained weights), the bundled
 generator and refiner LM sizes with ``text.max_len = 24`` (the composed prompt is prompt + N words)
 and ``lm.max_len = 32``; slots cycle stroke, position, brightness; one new token per refiner;
-``joint_generator=False``; ``lm_learning_rate = 1e-5`` (see the check below). Reward: two image
+``joint=False`` (the generator frozen); ``lm_learning_rate = 1e-5`` (see the check below). Reward: two image
 statistics (no scorer needed to time an update), shared credit.
 
 Before timing, the vmapped update is checked against the loop: new params, optimiser states, losses,
@@ -54,7 +54,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpipe.card import Card
-from jaxpipe.cards import common, multi_expert, unified
+from jaxpipe.cards import generator, multi_expert, unified
 from jaxpipe.data import digits
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 
@@ -106,7 +106,7 @@ def reward_parts(images: jax.Array, labels) -> dict[str, jax.Array]:
 
 def make_method(card: Card, group: int, steps: int, *, joint: bool = False) -> JointMultiExpertRL:
     config = JointRLConfig(
-        group_size=group, skip=1, num_steps=steps, joint_generator=joint, lm_learning_rate=LEARNING_RATE
+        group_size=group, skip=1, num_steps=steps, joint=joint, lm_learning_rate=LEARNING_RATE
     )
     return JointMultiExpertRL(card, reward_parts, config)
 
@@ -115,7 +115,7 @@ def make_batch(card: Card, prompts: int, seed: int = 0) -> dict:
     """``{"ids": (P, TEXT_LEN)}``: the digit word of a random digit per prompt (the refiners add the rest)."""
     rng = np.random.default_rng(seed)
     captions = [digits.caption(int(d)) for d in rng.integers(0, 10, prompts)]
-    return {"ids": common.tokenize(card, captions), "labels": {}}
+    return {"ids": generator.tokenize(card, captions), "labels": {}}
 
 
 # --------------------------------------------------------------------------------------------

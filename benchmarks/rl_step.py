@@ -16,10 +16,11 @@ and key; every repeat starts from the same state, so each does the same work:
 * ``fused``  -- ``method.step``: rollout, reward, advantages and update in ONE jitted function;
 * ``split``  -- ``method.rollout`` then ``method.update``, two jitted calls timed apart (this is
   the rollout / update split);
-* ``driven`` -- what a non-fused implementation does: the rollout driven from Python one loop step
-  at a time -- a jitted ``ar.step`` per token (UnifiedRL), a jitted ``denoise.step`` per denoising
-  step, the capture records stacked in Python, the text encoding, decode and reward scoring in jitted
-  pieces between the loops -- then the same jitted ``method.update``.
+* ``driven`` -- what a non-fused implementation does: the card's program driven from Python one loop
+  step at a time -- a jitted ``ar.step`` per token (UnifiedRL), a jitted ``denoise.step`` per denoising
+  step, the capture records stacked in Python, the program's own nodes between the loops (text
+  encoding, loop starts with the program's keys, refined prompt, decode; jitted ``program.enter``
+  calls) and the reward scoring in jitted pieces -- then the same jitted ``method.update``.
 
 Before anything is timed the driven rollout is checked against ``method.rollout`` with the same
 key: tokens and text ids must be equal, and the trajectory, log-probs, images, rewards and
@@ -49,13 +50,14 @@ import numpy as np
 from flax import nnx
 
 import jaxpipe as jp
+from jaxpipe import program as programs
 from jaxpipe.card import Card
-from jaxpipe.cards import common, unified
+from jaxpipe.cards import generator, unified
 from jaxpipe.data import digits
 from jaxpipe.loops import ar, denoise
 from jaxpipe.training import rollout
 from jaxpipe.training.flow_grpo import REWARD_TERMS, FlowGRPO, FlowGRPOConfig, Rollout, scorer_reward
-from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig, UnifiedRollout, refine_rows
+from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig, UnifiedRollout, refine_rows, restrict
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
 from report import RESULTS, machine_info, write_section  # noqa: E402
@@ -99,7 +101,7 @@ def make_batch(card: Card, prompts: int, *, attribute_words: bool, seed: int = 0
         digits.caption(int(labels["digit"][i]), *((int(labels[a][i]) for a in digits.ATTRIBUTES) if attribute_words else ()))
         for i in range(prompts)
     ]
-    return {"ids": common.tokenize(card, captions), "labels": {k: jnp.asarray(v, jnp.int32) for k, v in labels.items()}}
+    return {"ids": generator.tokenize(card, captions), "labels": {k: jnp.asarray(v, jnp.int32) for k, v in labels.items()}}
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,89 +135,99 @@ def drive(one: Callable, params, state, num_steps: int, captured: tuple[int, int
     return state, stacked
 
 
-class DrivenFlowGRPO:
-    """``FlowGRPO.rollout`` driven from Python: jitted start (repeat, encode, init), one jitted
-    ``denoise.step`` per step with the records stacked in Python, jitted finish (decode, score)."""
+class DrivenProgram:
+    """What both driven rollouts share: the method's program entered at loop ``index`` on the card of a
+    training state (``enter``: the component nodes before that loop and its start, with the program's
+    own keys), and its ``Execution`` once the last loop is done (``execution``: the nodes after it).
+    Both are traced inside the subclasses' jitted pieces."""
+
+    def __init__(self, method, settings):
+        self.method = method
+        self.program = method.program
+        self.settings = settings
+
+    def enter(self, index, state, slots, loop_state=None):
+        return programs.enter(self.program, index, self.settings, self.method.card(state), slots, loop_state)
+
+    def execution(self, state, slots, captures) -> programs.Execution:
+        final = captures[self.program.loops[-1].loop][0]
+        slots, _ = self.enter(len(self.program.loops), state, slots, final)
+        return programs.Execution(programs.artifacts(self.program, slots), slots, captures)
+
+
+class DrivenFlowGRPO(DrivenProgram):
+    """``FlowGRPO.rollout`` driven from Python: jitted start (repeat, the program's text encoding and
+    denoise start with keys ``split(key, rows)``), one jitted ``denoise.step`` per step with the records
+    stacked in Python, jitted finish (the program's decode, score)."""
 
     def __init__(self, method: FlowGRPO):
-        self.method = method
-        self.sampling = method.config.sampling
+        super().__init__(method, programs.settings(**{method.loop.id: method.sampling}))
+        self.sampling = method.sampling
         card = method.card(method.init())
         self._denoise = jitted_step(card[method.transformer], denoise.step, self.sampling)
         self._start = jax.jit(self._start_fn)
         self._finish = jax.jit(self._finish_fn)
 
     def _start_fn(self, state, batch, key):
-        card = self.method.card(state)
         ids, labels = rollout.repeat_groups(batch, self.method.config.group_size)
-        keys = jax.random.split(key, ids.shape[0])
-        cond = common.encode_prompts(card, ids)
-        return denoise.init(keys, card.spec.config.latent_shape, cond, self.sampling), labels
+        slots = rollout.text_slots(self.program, ids, jax.random.split(key, ids.shape[0]))
+        return *self.enter(0, state, slots), labels
 
-    def _finish_fn(self, state, x, labels):
-        cfg = self.method.config
-        images = common.to_unit(self.method.card(state)["vae"].decode(x[:, 0]))
-        return (images, *rollout.score(self.method.reward_fn, images, labels, cfg.group_size, cfg.adv_clip))
+    def _finish_fn(self, state, slots, captures, labels):
+        m, cfg = self.method, self.method.config
+        generated = rollout.generated(self.execution(state, slots, captures), m.loop.id)
+        return Rollout(generated, *rollout.score(m.reward_fn, generated.images, labels, cfg.group_size, cfg.adv_clip))
 
     def rollout(self, state, batch, key) -> Rollout:
-        start, labels = self._start(state, batch, key)
+        slots, start, labels = self._start(state, batch, key)
         dit = state.params[self.method.transformer]
         final, trajectory = drive(self._denoise, dit, start, self.sampling.num_steps, self.sampling.captured_steps)
-        images, rewards, advantages = self._finish(state, final.x, labels)
-        return Rollout(rollout.Generated(images, start.cond, trajectory), rewards, advantages)
+        return self._finish(state, slots, {self.method.loop.id: (final, trajectory)}, labels)
 
 
-class DrivenUnifiedRL:
-    """``UnifiedRL.rollout`` driven from Python: jitted start (repeat, keys, prefill), one jitted
-    ``ar.step`` per token, jitted middle (refinement, refined text, encode, denoise init), one jitted
-    ``denoise.step`` per step, jitted finish (decode, score); records stacked in Python."""
+class DrivenUnifiedRL(DrivenProgram):
+    """``UnifiedRL.rollout`` driven from Python: jitted start (repeat, the program's LM start with keys
+    ``fold_in(key, 0)``), one jitted ``ar.step`` per token, jitted middle (the program's refined prompt,
+    its encoding and the denoise start with keys ``fold_in(key, 1)``), one jitted ``denoise.step`` per
+    step, jitted finish (decode, score); records stacked in Python."""
 
     def __init__(self, method: UnifiedRL):
         if not method.config.joint:
             raise ValueError("the driven baseline covers joint UnifiedRL (SDE rollout with capture)")
-        self.method = method
-        self.sampling = method.config.sampling
+        super().__init__(method, programs.settings(**{unified.REFINE_LOOP: method.ar_config, unified.DENOISE_LOOP: method.sampling}))
+        self.sampling = method.sampling
         card = method.card(method.init())
         self._token = jitted_step(card["llm"], ar.step, method.ar_config)
         self._denoise = jitted_step(card["transformer"], denoise.step, self.sampling)
         self._start = jax.jit(self._start_fn)
-        self._middle = jax.jit(self._middle_fn)
+        self._middle = jax.jit(lambda state, slots, lm_final: self.enter(1, state, slots, lm_final))
         self._finish = jax.jit(self._finish_fn)
 
     def _start_fn(self, state, batch, key):
-        card = self.method.card(state)
-        ids, labels = rollout.repeat_groups(batch, self.method.config.group_size)
-        keys = jax.random.split(key, ids.shape[0])
-        lm_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
-        gen_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-        return ar.init(card["llm"], ids, lm_keys, self.method.ar_config), ids, labels, gen_keys
-
-    def _middle_fn(self, state, final: ar.ARState, records: ar.TokenRecord, ids, gen_keys):
-        cfg, card = self.method.config, self.method.card(state)
-        width = final.tokens.shape[1]
-        refined = refine_rows(cfg.group_size, cfg.skip, ids.shape[0])
-        mask = ar.generated_mask(final.prompt_length, final.length, width) & refined[:, None]
-        log_prob = jnp.where(mask, ar.scatter_steps(records.log_prob, records, width), 0.0)
-        refinement = rollout.Refinement(final.tokens, final.prompt_length, final.length, mask, log_prob)
-        text_ids = jnp.where(refined[:, None], unified.refined_ids(final.tokens, self.method.eos, ids.shape[1]), ids)
-        cond = common.encode_prompts(card, text_ids)
-        return refinement, refined, text_ids, denoise.init(gen_keys, card.spec.config.latent_shape, cond, self.sampling)
-
-    def _finish_fn(self, state, x, labels):
         cfg = self.method.config
-        images = common.to_unit(self.method.card(state)["vae"].decode(x[:, 0]))
-        return (images, *rollout.score(self.method.reward_fn, images, labels, cfg.group_size, cfg.adv_clip))
+        ids, labels = rollout.repeat_groups(batch, cfg.group_size)
+        refined = refine_rows(cfg.group_size, cfg.skip, ids.shape[0])
+        slots = rollout.text_slots(self.program, ids, jax.random.split(key, ids.shape[0]), refined)
+        return *self.enter(0, state, slots), labels
+
+    def _finish_fn(self, state, slots, captures, labels):
+        m, cfg = self.method, self.method.config
+        run = self.execution(state, slots, captures)
+        refined = run.slots["refine"]  # the program input: refine_rows(K, skip, B)
+        refinement = restrict(rollout.refinement(run, unified.REFINE_LOOP), refined)
+        generated = rollout.generated(run, unified.DENOISE_LOOP)
+        rewards, advantages = rollout.score(m.reward_fn, generated.images, labels, cfg.group_size, cfg.adv_clip)
+        return UnifiedRollout(refinement, refined, run.slots["refined"], generated, rewards, advantages)
 
     def rollout(self, state, batch, key) -> UnifiedRollout:
-        lm_start, ids, labels, gen_keys = self._start(state, batch, key)
+        slots, lm_start, labels = self._start(state, batch, key)
         tokens = self.method.ar_config.max_new_tokens
-        final, records = drive(self._token, state.lm["llm"], lm_start, tokens, (0, tokens))
-        refinement, refined, text_ids, start = self._middle(state, final, records, ids, gen_keys)
+        lm_final, records = drive(self._token, state.lm["llm"], lm_start, tokens, (0, tokens))
+        slots, start = self._middle(state, slots, lm_final)
         gen = state.generator["transformer"]
-        final_x, trajectory = drive(self._denoise, gen, start, self.sampling.num_steps, self.sampling.captured_steps)
-        images, rewards, advantages = self._finish(state, final_x.x, labels)
-        generated = rollout.Generated(images, start.cond, trajectory)
-        return UnifiedRollout(refinement, refined, text_ids, generated, rewards, advantages)
+        final, trajectory = drive(self._denoise, gen, start, self.sampling.num_steps, self.sampling.captured_steps)
+        captures = {unified.REFINE_LOOP: (lm_final, records), unified.DENOISE_LOOP: (final, trajectory)}
+        return self._finish(state, slots, captures, labels)
 
 
 def check_same_rollout(reference, driven, tol: float = TOLERANCE) -> dict[str, float]:
@@ -377,9 +389,10 @@ def section_body(info: dict, rows: list[Row], about: str, loads: tuple[float, fl
         "side by side in one process on the same state, batch and key, interleaved repeats (median ms):\n"
         "**fused** = `method.step`, one jitted function (plus its Python-side batch checks); **split** = jitted\n"
         "`method.rollout` then jitted `method.update`, timed apart (the rollout / update split; update share =\n"
-        "update / (rollout + update)); **driven** = the rollout driven from Python one\n"
+        "update / (rollout + update)); **driven** = the card's program driven from Python one\n"
         "loop step at a time (a jitted `ar.step` per token, a jitted `denoise.step` per denoising step, records\n"
-        "stacked in Python, jitted encode / decode / scoring pieces between the loops), then the same jitted update.\n"
+        "stacked in Python, the program's nodes between the loops (`program.enter`: encode, loop starts, refined\n"
+        "prompt, decode) and the scoring in jitted pieces), then the same jitted update.\n"
         "The driven rollout is checked against `method.rollout` (same key) before timing: integer fields equal, float\n"
         "fields within 1e-5 (max abs differences in the table). Compile = first call (trace + compile + one run) of\n"
         "the fused step / of rollout + update / of the driven rollout's pieces (its update is the split's, compiled).\n\n"

@@ -1,10 +1,20 @@
-"""Shared fixtures: small cards whose zero-initialised output layers are perturbed so they compute something."""
+"""Shared fixtures: small cards whose zero-initialised output layers are perturbed so they compute something.
+
+The suite compiles through JAX's persistent compilation cache (``jaxpipe.compilation``): the
+user's cache directory, or ``$JAXPIPE_CACHE_DIR`` (CI points it at a fresh folder of its own).
+Both pytest-xdist workers and the subprocesses the tests start share it.
+"""
+
+import os
 
 import jax
 import pytest
 from flax import nnx
 
 import jaxpipe as jp
+from jaxpipe import compilation
+
+os.environ["JAXPIPE_CACHE_DIR"] = str(compilation.enable_cache())
 
 
 def perturbed(module_or_card, seed: int = 0, scale: float = 0.05):

@@ -149,6 +149,46 @@ def test_flow_grpo_kl_matches_numpy_vanishes_and_pulls_toward_reference():
     np.testing.assert_allclose(grad, (now - ref) / (std[..., None, None, None] ** 2 * 16), rtol=1e-4)
 
 
+def test_kl_conventions_official_flowgrpo_equals_exact_times_dt():
+    """FlowGRPO's code divides by 2·std_dev_t² (its noise scale before ·sqrt(-Δt)); the exact Gaussian KL
+    divides by 2σ_eff² = 2·std_dev_t²·|Δt|. Checked per step on real SDE steps of a shifted schedule."""
+    g = rng(12)
+    sigmas = np.asarray(samplers.flow_sigmas(10, shift=3.0), np.float64)
+    S, B, eta = 10, 3, 0.7
+    sig = np.repeat(sigmas[:-1, None], B, axis=1)
+    sig_next = np.repeat(sigmas[1:, None], B, axis=1)
+    x, v = g.normal(size=(2, S, B, 1, 4, 4, 2)).astype(np.float32)
+    steps = jax.vmap(lambda *a: samplers.sde_step(*a, noise_level=eta))(x, v, sig.astype(np.float32), sig_next.astype(np.float32), x)
+    mu, mu_ref = np.asarray(steps.mean), np.asarray(steps.mean) + 0.1 * g.normal(size=x.shape).astype(np.float32)
+    sigma_eff = np.asarray(steps.std).reshape(S, B)
+    dt = (sig_next - sig).astype(np.float32)
+    fn = jax.jit(losses.flow_grpo_kl, static_argnames=("batch_ndim", "convention"))
+    exact = fn(mu, mu_ref, sigma_eff, batch_ndim=2)
+    official = fn(mu, mu_ref, sigma_eff, batch_ndim=2, convention="flowgrpo", dt=dt)
+    np.testing.assert_allclose(official, np.asarray(exact) * np.abs(dt), rtol=1e-5)
+    # the official formula, from its own std_dev_t = sqrt(σ / (1 - σ_d)) · η (σ_d = σ_next where σ = 1)
+    sigma_d = np.where(sig >= 1.0, sig_next, sig)
+    std_dev_t = np.sqrt(sig / (1.0 - sigma_d)) * eta
+    want = ((mu - mu_ref) ** 2).reshape(S, B, -1).mean(-1) / (2.0 * std_dev_t**2)
+    np.testing.assert_allclose(official, want, rtol=1e-4)
+    # through the loss: the kl metric follows the convention; a flowgrpo β of b equals an exact β of b·|Δt|
+    now = old = np.zeros((S, B), np.float32)
+    adv = np.zeros(B, np.float32)
+    _, m_exact = losses.flow_grpo_loss(now, old, adv, mu, mu_ref, sigma_eff, clip_eps=0.2, beta=0.04)
+    _, m_flow = losses.flow_grpo_loss(now, old, adv, mu, mu_ref, sigma_eff, clip_eps=0.2, beta=0.04, kl="flowgrpo", dt=dt)
+    assert float(m_flow["kl"]) == pytest.approx(float(np.mean(np.asarray(exact) * np.abs(dt))), rel=1e-5)
+    assert float(m_exact["kl"]) == pytest.approx(float(np.mean(exact)), rel=1e-5)
+    with pytest.raises(ValueError, match="needs dt"):
+        losses.flow_grpo_kl(mu, mu_ref, sigma_eff, batch_ndim=2, convention="flowgrpo")
+    with pytest.raises(ValueError, match="convention"):
+        losses.flow_grpo_kl(mu, mu_ref, sigma_eff, batch_ndim=2, convention="approx")
+    from jaxpipe.training.flow_grpo import FlowGRPOConfig
+
+    assert FlowGRPOConfig().kl == "exact"
+    with pytest.raises(ValueError, match="kl must be one of"):
+        FlowGRPOConfig(kl="official")
+
+
 def test_flow_grpo_loss_matches_numpy_and_masks():
     g = rng(8)
     S, B = 3, 4
