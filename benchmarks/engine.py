@@ -261,7 +261,7 @@ PIECES = {
 
 
 
-def render(results: dict, info: dict, loads: tuple[float, float], elapsed: float, quick: bool) -> str:
+def report(results: dict, info: dict, loads: tuple[float, float], elapsed: float, quick: bool) -> str:
     lines = [
         "## engine",
         "",
@@ -360,7 +360,7 @@ def main(argv=None) -> int:
         }
         print(f"{name} per request-step ms:", {b: round(v, 3) for b, v in results[name]["scaling"].items()}, flush=True)
     elapsed = time.perf_counter() - start
-    body = render(results, machine_info(), (load_before, os.getloadavg()[0]), elapsed, args.quick)
+    body = report(results, machine_info(), (load_before, os.getloadavg()[0]), elapsed, args.quick)
     print(body)
     if not args.quick or args.results:
         write_section(args.results or RESULTS, SECTION, body)

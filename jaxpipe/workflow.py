@@ -34,6 +34,7 @@ __all__ = [
     "WorkflowError",
     "WorkflowRegistry",
     "initial_state",
+    "record_stage",
     "t2i_i2v",
     "t2i_i2v_extended",
     "bundled",
@@ -135,7 +136,7 @@ def initial_state(request: Request) -> dict[str, Any]:
     return state
 
 
-def publish(state: dict[str, Any], label: str, output: Output) -> None:
+def record_stage(state: dict[str, Any], label: str, output: Output) -> None:
     """Add a finished stage's artifacts to ``state`` as ``"<label>:<name>"`` and as ``"prev"``."""
     for name, value in output.items():
         state[f"{label}:{name}"] = value
@@ -242,11 +243,11 @@ def _settings(state: Mapping[str, Any]) -> dict[str, Any]:
     return {"seed": state["seed"], "num_steps": state["num_steps"], "guidance": state["guidance"]}
 
 
-def _render(state: Mapping[str, Any]) -> Request:
+def _text_to_image(state: Mapping[str, Any]) -> Request:
     return Request("flux-t2i", prompt=_parts(state["prompt"])[0], **_settings(state))
 
 
-def _animate(state: Mapping[str, Any]) -> Request:
+def _image_to_video(state: Mapping[str, Any]) -> Request:
     return Request("wan-i2v", prompt=_parts(state["prompt"])[1], image=state["t2i:image"], **_settings(state))
 
 
@@ -262,11 +263,11 @@ def t2i_i2v(t2i: str = "flux-t2i", i2v: str = "wan-i2v", workflow_id: str = "ima
     ``"video"`` ``(T, H, W, C)`` and ``"image"`` ``(H, W, C)``, both in [0, 1], plus the stages'
     own (``"t2i:text"``, ``"i2v:latents"``, ...).
     """
-    render = _render if t2i == "flux-t2i" else (lambda s: _render(s).replace(model=t2i))
-    animate = _animate if i2v == "wan-i2v" else (lambda s: _animate(s).replace(model=i2v))
+    text_to_image = _text_to_image if t2i == "flux-t2i" else (lambda s: _text_to_image(s).replace(model=t2i))
+    image_to_video = _image_to_video if i2v == "wan-i2v" else (lambda s: _image_to_video(s).replace(model=i2v))
     return Workflow(
         id=workflow_id,
-        stages=(Stage("t2i", t2i, render), Stage("i2v", i2v, animate)),
+        stages=(Stage("t2i", t2i, text_to_image), Stage("i2v", i2v, image_to_video)),
         outputs=_t2i_i2v_outputs,
         check=_check_prompt,
         description=f"text -> image ({t2i}) -> video ({i2v})",

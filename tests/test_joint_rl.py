@@ -8,7 +8,7 @@ import pytest
 import jaxpipe as jp
 from jaxpipe.cards import multi_expert, unified
 from jaxpipe.data import DIGIT_WORDS
-from jaxpipe.training.flow_grpo import scorer_reward, scorer_reward_parts
+from jaxpipe.training.flow_grpo import scorer_reward_parts
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 

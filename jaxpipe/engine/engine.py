@@ -58,7 +58,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
 
 from jaxpipe.cache import CacheKey, FeatureCache, content_hash
 from jaxpipe.card import Card

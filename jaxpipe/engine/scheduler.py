@@ -25,7 +25,7 @@ from jaxpipe.engine.publish import Resident
 from jaxpipe.loops import registry as loop_kinds
 from jaxpipe.program import Bound, Program
 from jaxpipe.request import Output, Request
-from jaxpipe.workflow import Workflow, WorkflowError, initial_state, publish
+from jaxpipe.workflow import Workflow, WorkflowError, initial_state, record_stage
 
 __all__ = ["Host", "Scheduler", "StepEvent", "MIN_WIDTH"]
 
@@ -260,7 +260,7 @@ class Scheduler:
             self._deliver_flow_cancel(flow, output.cancelled_at)
             return
         stage = flow.workflow.stages[flow.stage]
-        publish(flow.state, stage.label, output)
+        record_stage(flow.state, stage.label, output)
         flow.stage += 1
         if flow.stage < len(flow.workflow.stages):
             self._next_stage(flow)

@@ -14,7 +14,7 @@ from jaxpipe.training.runs.evaluation import (
     generator_quality,
     judge,
     refinement_quality,
-    render,
+    serve,
 )
 from jaxpipe.training.runs.prompts import PromptSpec, Prompts, parse_preferences, parse_terms, prompt_batches, sample_prompts
 from jaxpipe.training.runs.reports import execute, summary_lines
@@ -22,5 +22,5 @@ from jaxpipe.training.runs.reports import execute, summary_lines
 __all__ = [
     "DIVERSITY_COLLAPSE", "EvalSettings", "PromptSpec", "Prompts", "Run", "diversity", "execute", "flow_grpo_run",
     "generator_quality", "joint_run", "judge", "parse_preferences", "parse_terms", "prompt_batches", "refinement_quality",
-    "render", "sample_prompts", "summary_lines", "unified_run",
+    "serve", "sample_prompts", "summary_lines", "unified_run",
 ]

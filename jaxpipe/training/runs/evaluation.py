@@ -23,7 +23,7 @@ from jaxpipe.generate import generate
 from jaxpipe.training.flow_grpo import scorer_reward
 from jaxpipe.training.runs.prompts import Prompts, PromptSpec, sample_prompts
 
-__all__ = ["DIVERSITY_COLLAPSE", "EvalSettings", "render", "judge", "diversity", "generator_quality", "refinement_quality"]
+__all__ = ["DIVERSITY_COLLAPSE", "EvalSettings", "serve", "judge", "diversity", "generator_quality", "refinement_quality"]
 
 DIVERSITY_COLLAPSE = 0.30
 """A relative drop in sample diversity larger than this is collapse: the run failed."""
@@ -47,7 +47,7 @@ class EvalSettings:
             raise ValueError(f"diversity needs >= 2 seeds per prompt (got {self.diversity_seeds})")
 
 
-def render(
+def serve(
     card: Card, captions: Sequence[str], seeds: Sequence[int], *, num_steps: int, refine: bool = True, batch: int = 100
 ) -> tuple[np.ndarray, list[str]]:
     """Serve ``captions`` at guidance 1 through the card's program: ``(images (N, H, W, C) in [0, 1],
@@ -102,7 +102,7 @@ def diversity(card: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps
     prompts = _eval_prompts(spec, settings.diversity_prompts, settings.seed, 2).captions
     seeds_per = settings.diversity_seeds
     batch = [c for c in prompts for _ in range(seeds_per)]
-    images, _ = render(card, batch, _eval_seeds(settings.seed, len(batch), 500_000), num_steps=num_steps, batch=settings.batch)
+    images, _ = serve(card, batch, _eval_seeds(settings.seed, len(batch), 500_000), num_steps=num_steps, batch=settings.batch)
     images = images.reshape(len(prompts), seeds_per, -1).astype(np.float64)
     dist = np.linalg.norm(images[:, :, None] - images[:, None, :], axis=-1)
     iu = np.triu_indices(seeds_per, k=1)
@@ -117,7 +117,7 @@ def generator_quality(card: Card, scorer: Card, spec: PromptSpec, settings: Eval
         card, scorer, samples=settings.samples, seed=settings.seed, num_steps=num_steps, guidance=1.0, batch=settings.batch
     )
     prompts = _eval_prompts(spec, settings.samples, settings.seed, 1)
-    images, _ = render(card, prompts.captions, _eval_seeds(settings.seed, settings.samples), num_steps=num_steps, batch=settings.batch)
+    images, _ = serve(card, prompts.captions, _eval_seeds(settings.seed, settings.samples), num_steps=num_steps, batch=settings.batch)
     out["run_prompts"] = judge(scorer, images, prompts)
     out["diversity"] = diversity(card, spec, settings, num_steps=num_steps)
     out["eval_seconds"] = time.perf_counter() - start
@@ -138,8 +138,8 @@ def refinement_quality(card: Card, scorer: Card, spec: PromptSpec, settings: Eva
     start = time.perf_counter()
     prompts = _eval_prompts(spec, settings.samples, settings.seed, 1)
     seeds = _eval_seeds(settings.seed, settings.samples)
-    refined, text = render(card, prompts.captions, seeds, num_steps=num_steps, batch=settings.batch)
-    original, _ = render(card, prompts.captions, seeds, num_steps=num_steps, refine=False, batch=settings.batch)
+    refined, text = serve(card, prompts.captions, seeds, num_steps=num_steps, batch=settings.batch)
+    original, _ = serve(card, prompts.captions, seeds, num_steps=num_steps, refine=False, batch=settings.batch)
     asked, in_order = np.zeros(2), np.zeros(2)  # (asked for the preferred word, pairs)
     by_attribute = {}
     for name, label in spec.preferences.items():
