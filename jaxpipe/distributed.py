@@ -94,7 +94,7 @@ def sharded_step(step: Callable, mesh: Mesh, state, batch) -> Callable:
     """``step(state, batch, key) -> (state, metrics)`` jitted over ``mesh``: the state keeps its
     shardings (``joint_state_sharding``) in and out, the batch is split along ``data``, the key and
     the metrics are replicated. ``step`` is the trainer's unjitted fused step (e.g.
-    ``JointMultiExpertRL._fused_step``)."""
+    ``JointMultiExpertRL.step_fn``)."""
     state_sharding = joint_state_sharding(mesh, state)
     data = _tree_of(batch_sharding(mesh), batch)
     return jax.jit(step, in_shardings=(state_sharding, data, replicated(mesh)), out_shardings=(state_sharding, replicated(mesh)))

@@ -252,14 +252,7 @@ class MaskedLM:
     def __init__(self, lm: RefinerLM, allowed: jax.Array):
         chex.assert_shape(allowed, (lm.cfg.vocab_size,))
         self.lm, self.allowed, self.cfg = lm, jnp.asarray(allowed, bool), lm.cfg
-
-    @property
-    def max_len(self) -> int:
-        return self.cfg.max_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.cfg.vocab_size
+        self.max_len, self.vocab_size = lm.max_len, lm.vocab_size
 
     def _mask(self, logits: jax.Array) -> jax.Array:
         return jnp.where(self.allowed, logits, -1e9)
