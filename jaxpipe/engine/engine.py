@@ -15,11 +15,11 @@ versions, keeps the registered workflows, and runs requests:
   advance together as ONE jitted batched step, even at different step indices (continuous
   batching). Requests whose settings differ only in ``num_steps`` are prepared together (cached
   text, image encoding, loop start) as one **cohort**, each row with its own sigma schedule
-  padded with zeros to a common width (see ``program.DenoiseDriver``). A **group** holds
+  padded with zeros to a common width (see ``loops.denoise.Driver``). A **group** holds
   ``capacity`` slots (2^k or 3·2^k, up to ``max_batch``); rows are admitted into free slots,
   step together, and are retired after their own last step, when waiting rows take their slots;
-  the capacity follows the number of rows (one gather when it changes). Between scheduling events (a request finishing) the
-  engine fuses the steps into one call. Finished cohorts are decoded together. Results match
+  the capacity follows the number of rows (one gather when it changes). Between scheduling
+  events (a request finishing) the engine fuses the steps into one call. Finished cohorts are decoded together. Results match
   serial within a measured tolerance, not bit for bit (``parity.batch_invariance``, C3).
 
 Workflows run as a chain of stage requests through the same machinery, so in the interleaved
@@ -41,7 +41,7 @@ weights; other cards keep running. The training side calls it through
 ``jaxpipe.training.weight_sync.publish`` (the engine never imports training).
 
 Stacked experts: a component stored stacked on a leading expert axis (declared by its card
-family, see ``jaxpipe.cards.stacked_components``; e.g. the ``multi-expert`` card's ``refiners``)
+family, see ``jaxpipe.cards.registry.stacked_components``; e.g. the ``multi-expert`` card's ``refiners``)
 is versioned per expert (``refiner_0``, ``refiner_1``, ...): ``publish(model_id, {"refiner_2":
 lm})`` writes only that slice and bumps only that expert's version; publishing the stacked
 component bumps them all. Cache entries computed by a stacked component are keyed by the sum of
@@ -57,7 +57,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
 
 from jaxpipe.cache import CacheKey, FeatureCache, content_hash
 from jaxpipe.card import Card
