@@ -103,6 +103,8 @@ def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(t
         (["unified", "--prefer", "stroke=thick", "--mention", "1"], "with mention 1 every prompt names it"),
         (["unified", "--prefer", "stroke=thick", "--terms", "digit,position"], "needs stroke among the reward terms"),
         (["joint", "--credit", "blame"], "credit must be one of"),
+        (["flow-grpo", "--kl", "official"], "kl must be one of ('exact', 'flowgrpo')"),
+        (["unified", "--kl", "approx"], "kl must be one of"),
         (["joint", "-K", "2", "--skip", "2"], "skip must be in 0..K-1"),
     ],
 )
