@@ -1,6 +1,7 @@
 """The `jaxpipe` command line, on the bundled pretrained cards."""
 
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -24,6 +25,22 @@ def test_generate_writes_a_gif_and_its_first_frame(tmp_path):
     gif = Image.open(out)
     assert gif.format == "GIF" and gif.n_frames > 1 and gif.size == (128, 128)
     assert Image.open(out.with_suffix(".png")).size == (128, 128)
+
+
+def test_generate_is_the_workflow_served_by_an_engine(tmp_path):
+    """One route: the CLI's GIF is byte for byte the engine's ``image_video.t2i_i2v`` output."""
+    from jaxpipe.io import save_gif, save_png
+
+    out = tmp_path / "cli.gif"
+    result = runner.invoke(app, ["generate", "two bright moving up", "-o", str(out), "--steps", "2", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    engine = jp.Engine()
+    engine.register(jp.cards.load("flux-t2i"))
+    engine.register(jp.cards.load("wan-i2v"))
+    engine.register_workflow(jp.workflow.t2i_i2v())
+    served = engine.run(jp.Request("image_video.t2i_i2v", prompt="two bright moving up", seed=3, num_steps=2))
+    assert Path(save_gif(served["video"], tmp_path / "engine.gif")).read_bytes() == out.read_bytes()
+    assert Path(save_png(served["image"], tmp_path / "engine.png")).read_bytes() == out.with_suffix(".png").read_bytes()
 
 
 def test_generate_png_only(tmp_path):
