@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import shlex
+import signal
+import sys
 import time
 import typing
 from pathlib import Path
@@ -105,8 +108,15 @@ def generate(
             where = f" (seed {seed}, JAX on {jax.default_backend()})" if len(seen) == 1 else ""
             typer.echo(f"[{len(seen)}/{len(stages)}] {event.request.model}: {event.request.prompt!r}{where}")
 
+    from jaxpipe.stopping import Stopper, exit_code
+
     start = time.perf_counter()
-    result = engine.run(request, on_step=announce)
+    with Stopper() as stop:
+        result = engine.run(request, on_step=announce, cancel=stop)
+    if result.cancelled:
+        step, total = result.cancelled_at
+        typer.echo(f"stopped ({signal.Signals(stop.signum).name}) at step {step} of {total}: nothing written", err=True)
+        raise typer.Exit(code=exit_code(stop.signum))
     if not video:
         typer.echo(f"wrote {save_png(result['image'], out)} in {time.perf_counter() - start:.1f} s")
         return
@@ -129,14 +139,21 @@ def evaluate(
     import json
 
     from jaxpipe import quality
+    from jaxpipe.stopping import Stopped, Stopper, exit_code
 
     if samples <= 0:
         _fail(f"--samples must be a positive integer (got {samples})")
     t2i, i2v, scorer = _load(model, video_model, "digit-scorer")
-    report = {
-        "t2i": quality.t2i_quality(t2i, scorer, samples=samples, seed=seed, num_steps=steps, guidance=guidance),
-        "i2v": quality.i2v_quality(i2v, scorer, samples=max(samples // 2, 1), seed=seed, num_steps=steps, guidance=guidance),
-    }
+    try:
+        with Stopper() as stop:
+            common = dict(seed=seed, num_steps=steps, guidance=guidance, progress=True, should_stop=stop)
+            report = {
+                "t2i": quality.t2i_quality(t2i, scorer, samples=samples, **common),
+                "i2v": quality.i2v_quality(i2v, scorer, samples=max(samples // 2, 1), **common),
+            }
+    except Stopped:
+        typer.echo(f"stopped ({signal.Signals(stop.signum).name}): no report written", err=True)
+        raise typer.Exit(code=exit_code(stop.signum)) from None
     text = json.dumps(report, indent=2)
     typer.echo(text)
     if out is not None:
@@ -178,6 +195,9 @@ class RunFlags:
     diversity_seeds: int = _flag(6, "--diversity-seeds", help="Seeds per prompt of the diversity measure (>= 2).")
     eval_seed: int = _flag(0, "--eval-seed", help="Seed of the evaluation prompts and noise (the same before and after).")
     scorer: str = _flag("digit-scorer", "--scorer", help="Reward model card: a bundled id or a card directory.")
+    save_every: int = _flag(50, "--save-every", help="Checkpoint the training state every N steps (and always on a stop).")
+    resume: bool = _flag(False, "--resume", help="Continue the run in --out from its last checkpoint (same settings).")
+    overwrite: bool = _flag(False, "--overwrite", help="Replace the run in a non-empty --out instead of refusing.")
 
     def generator(self) -> dict:
         """The generator's RL settings, as config keywords."""
@@ -252,27 +272,63 @@ def _window(text: str) -> tuple[int, int] | None:
     return start, stop
 
 
+FAILED_EXIT = 3
+"""``jaxpipe train``'s exit status when the run finished but its verdict is FAILED (mode collapse)."""
+
+
+def _resume_command() -> str:
+    args = ["jaxpipe", *sys.argv[1:]]
+    args = [a for a in args if a != "--overwrite"]
+    return " ".join(shlex.quote(a) for a in args + ([] if "--resume" in args else ["--resume"]))
+
+
 def _train(flags: RunFlags, model: str, make_config, build_run) -> None:
     """Validate the settings (``make_config()``; ValueError = bad settings), load the cards, build the
-    run (``build_run(card, scorer, config, evaluation)``) and execute it, echoing progress."""
+    run (``build_run(card, scorer, config, evaluation)``) and execute it, echoing progress. SIGINT /
+    SIGTERM stop it after the current step: checkpoint, report and curves so far, exit 130 / 143."""
     import jax
 
+    from jaxpipe.stopping import Stopper, exit_code
     from jaxpipe.training import runs
 
     if flags.steps <= 0:
         _fail(f"--steps must be a positive integer (got {flags.steps})")
+    if flags.save_every <= 0:
+        _fail(f"--save-every must be a positive integer (got {flags.save_every})")
+    if flags.resume and flags.overwrite:
+        _fail("--resume continues the run in --out and --overwrite replaces it: pass one of them")
     try:
         config = make_config()
         evaluation = flags.evaluation()
     except ValueError as err:
         _fail(str(err))
-    card, scorer = _load(model, flags.scorer)
-    try:
-        run = build_run(card, scorer, config, evaluation)
-    except ValueError as err:
-        _fail(str(err))
-    typer.echo(f"{run.name}: {flags.steps} steps -> {flags.out} (JAX on {jax.default_backend()})")
-    runs.execute(run, steps=flags.steps, out=flags.out, seed=flags.seed, log=typer.echo)
+    out = Path(flags.out)
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out} is a file, not a directory")
+    if not flags.resume and not flags.overwrite and out.is_dir() and any(out.iterdir()):
+        _fail(f"{out} is not empty: pass --resume to continue the run in it, or --overwrite to replace it")
+    with Stopper() as stop:
+        card, scorer = _load(model, flags.scorer)
+        try:
+            run = build_run(card, scorer, config, evaluation)
+        except ValueError as err:
+            _fail(str(err))
+        typer.echo(f"{run.name}: {flags.steps} steps -> {out} (JAX on {jax.default_backend()})")
+        try:
+            report = runs.execute(
+                run, steps=flags.steps, out=out, seed=flags.seed, log=typer.echo, save_every=flags.save_every,
+                resume=flags.resume, overwrite=flags.overwrite, should_stop=stop,
+            )
+        except ValueError as err:
+            _fail(str(err))
+    if report["status"] == "stopped":
+        typer.echo(
+            f"stopped after step {report['completed_steps']} of {report['steps']}: checkpoint, metrics, curves and "
+            f"report.json in {out}\nresume with: {_resume_command()}"
+        )
+        raise typer.Exit(code=exit_code(stop.signum) if stop.signum else 130)
+    if report.get("summary", {}).get("diversity_collapse"):
+        raise typer.Exit(code=FAILED_EXIT)
 
 
 @train_app.command("flow-grpo")

@@ -9,12 +9,16 @@ image.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from jaxpipe.card import Card
 from jaxpipe.cards import digit_scorer
 from jaxpipe.data import digits
 from jaxpipe.generate import generate
+from jaxpipe.progress import progress_bar
+from jaxpipe.stopping import Stopped
 
 __all__ = ["t2i_quality", "i2v_quality", "ink_centroids", "MOTION_THRESHOLD_PX", "FIRST_FRAME_TOLERANCE"]
 
@@ -25,8 +29,16 @@ FIRST_FRAME_TOLERANCE = 0.1
 """Frame 0 'matches' the conditioning image when their mean absolute difference (in [0, 1]) is below this."""
 
 
-def _in_batches(fn, n: int, batch: int):
-    parts = [np.asarray(fn(slice(i, min(i + batch, n)))) for i in range(0, n, batch)]
+def _in_batches(fn, n: int, batch: int, bar=None, should_stop: Callable[[], bool] | None = None):
+    """``fn(slice)`` over ``n`` items in batches, concatenated; advances ``bar`` by each batch; raises
+    ``Stopped`` between batches once ``should_stop()`` is true."""
+    parts = []
+    for i in range(0, n, batch):
+        if should_stop is not None and should_stop():
+            raise Stopped()
+        parts.append(np.asarray(fn(slice(i, min(i + batch, n)))))
+        if bar is not None:
+            bar.update(min(i + batch, n) - i)
     return np.concatenate(parts)
 
 
@@ -37,9 +49,12 @@ def _denoise_defaults(card: Card):
 
 def t2i_quality(
     t2i: Card, scorer: Card, *, samples: int = 200, seed: int = 0, num_steps: int | None = None,
-    guidance: float | None = None, batch: int = 100,
+    guidance: float | None = None, batch: int = 100, progress: bool = False,
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict:
-    """Scorer-judged accuracy of ``samples`` random prompts (digit and attributes drawn uniformly)."""
+    """Scorer-judged accuracy of ``samples`` random prompts (digit and attributes drawn uniformly), each
+    rendered twice (plain digit and full compositional prompt). ``progress``: a bar over the images;
+    ``should_stop()`` is checked between batches (``Stopped`` is raised when it turns true)."""
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")
     rng = np.random.default_rng(seed)
@@ -51,13 +66,14 @@ def t2i_quality(
     full = [digits.caption(*(int(labels[k][i]) for k in ("digit",) + attrs)) for i in range(samples)]
     plain = [digits.caption(int(d)) for d in labels["digit"]]
 
-    def judge(prompts):
+    def judge(prompts, bar):
         images = _in_batches(
             lambda s: generate(t2i, prompts[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
-                               num_steps=num_steps, guidance=guidance)["image"], samples, batch)
+                               num_steps=num_steps, guidance=guidance)["image"], samples, batch, bar, should_stop)
         return {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, images * 2.0 - 1.0).items()}
 
-    plain_pred, full_pred = judge(plain), judge(full)
+    with progress_bar(total=2 * samples, desc=f"{t2i.model_id} images", disable=not progress) as bar:
+        plain_pred, full_pred = judge(plain, bar), judge(full, bar)
     right = {k: full_pred[k] == labels[k] for k in ("digit",) + attrs}
     return {
         "samples": samples,
@@ -95,9 +111,11 @@ def _moves_as_told(displacement: np.ndarray, motion: np.ndarray) -> np.ndarray:
 
 def i2v_quality(
     i2v: Card, scorer: Card | None = None, *, samples: int = 100, seed: int = 0, num_steps: int | None = None,
-    guidance: float | None = None, batch: int = 50,
+    guidance: float | None = None, batch: int = 50, progress: bool = False,
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict:
-    """Motion, first-frame fidelity and identity of ``samples`` videos conditioned on real held-out digits.
+    """Motion, first-frame fidelity and identity of ``samples`` videos conditioned on real held-out digits
+    (``progress`` and ``should_stop`` as in ``t2i_quality``).
 
     The reference is the ideal video (the conditioning frame translated as prompted), so
     ``video_mae`` measures how well the digit keeps its shape while it moves; with a ``scorer``,
@@ -110,9 +128,10 @@ def i2v_quality(
     reference = digits.make_videos(images[pick], labels[pick], seed=seed)
     first = (reference.video[:, 0] + 1.0) / 2.0
     prompts = list(reference.caption)
-    videos = _in_batches(
-        lambda s: generate(i2v, prompts[s], image=first[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
-                           num_steps=num_steps, guidance=guidance)["video"], len(prompts), batch)
+    with progress_bar(total=len(prompts), desc=f"{i2v.model_id} videos", disable=not progress) as bar:
+        videos = _in_batches(
+            lambda s: generate(i2v, prompts[s], image=first[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
+                               num_steps=num_steps, guidance=guidance)["video"], len(prompts), batch, bar, should_stop)
     centroids = ink_centroids(videos)
     ok = _moves_as_told(centroids[:, -1] - centroids[:, 0], reference.motion)
     frame_error = np.abs(videos[:, 0] - first).mean(axis=(1, 2, 3))

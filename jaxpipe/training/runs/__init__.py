@@ -17,10 +17,10 @@ from jaxpipe.training.runs.evaluation import (
     serve,
 )
 from jaxpipe.training.runs.prompts import PromptSpec, Prompts, parse_preferences, parse_terms, prompt_batches, sample_prompts
-from jaxpipe.training.runs.reports import execute, summary_lines
+from jaxpipe.training.runs.reports import OUTPUTS, TIMING, execute, summary_lines
 
 __all__ = [
-    "DIVERSITY_COLLAPSE", "EvalSettings", "PromptSpec", "Prompts", "Run", "diversity", "execute", "flow_grpo_run",
+    "DIVERSITY_COLLAPSE", "EvalSettings", "OUTPUTS", "TIMING", "PromptSpec", "Prompts", "Run", "diversity", "execute", "flow_grpo_run",
     "generator_quality", "joint_run", "judge", "parse_preferences", "parse_terms", "prompt_batches", "refinement_quality",
     "serve", "sample_prompts", "summary_lines", "unified_run",
 ]

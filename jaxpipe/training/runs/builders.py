@@ -30,7 +30,8 @@ class Run:
 
     name: the method's command name (``"flow-grpo"``); method: ``init(key)``, ``step(state, batch,
     key)``, ``card(state)``; batches: endless batches for ``step``; settings: a JSON-able record;
-    evaluate: card -> quality dict (with ``"diversity"``), or None to skip evaluation;
+    evaluate: ``(card, should_stop=None) -> quality dict`` (with ``"diversity"``; raises ``Stopped`` between
+    batches once ``should_stop()`` is true), or None to skip evaluation;
     curves: PNG file name -> metric keys drawn in it; headline: ``(before, after) -> numbers`` for
     the report's summary.
     """
@@ -39,7 +40,7 @@ class Run:
     method: Any
     batches: Iterator[Any]
     settings: dict
-    evaluate: Callable[[Card], dict] | None = None
+    evaluate: Callable[..., dict] | None = None
     curves: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: {"reward.png": ("reward_mean",)})
     headline: Callable[[dict, dict], dict] | None = None
 
@@ -90,7 +91,7 @@ def flow_grpo_run(
     method = FlowGRPO(card, scorer_reward(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
-        evaluate = lambda c: generator_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps)
+        evaluate = lambda c, stop=None: generator_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps, should_stop=stop)
 
     def headline(before: dict, after: dict) -> dict:
         return {
@@ -131,7 +132,7 @@ def unified_run(
     method = UnifiedRL(card, scorer_reward(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
-        evaluate = lambda c: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps)
+        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps, should_stop=stop)
 
     def headline(before: dict, after: dict) -> dict:
         return {
@@ -182,7 +183,7 @@ def joint_run(
     method = JointMultiExpertRL(card, scorer_reward_parts(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
-        evaluate = lambda c: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps)
+        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps, should_stop=stop)
     names = multi_expert.expert_names(card)
 
     def headline(before: dict, after: dict) -> dict:

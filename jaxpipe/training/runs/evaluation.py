@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +20,7 @@ from jaxpipe.card import Card
 from jaxpipe.cards import digit_scorer, registry
 from jaxpipe.data import digits
 from jaxpipe.generate import generate
+from jaxpipe.stopping import Stopped
 from jaxpipe.training.flow_grpo import scorer_reward
 from jaxpipe.training.runs.prompts import Prompts, PromptSpec, sample_prompts
 
@@ -48,19 +49,23 @@ class EvalSettings:
 
 
 def serve(
-    card: Card, captions: Sequence[str], seeds: Sequence[int], *, num_steps: int, refine: bool = True, batch: int = 100
+    card: Card, captions: Sequence[str], seeds: Sequence[int], *, num_steps: int, refine: bool = True, batch: int = 100,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
     """Serve ``captions`` at guidance 1 through the card's program: ``(images (N, H, W, C) in [0, 1],
     the prompts rendered)``.
 
     A card whose program refines prompts (``unified``, ``multi-expert``) serves the refinement, its
     served policy, unless ``refine`` is False (then the prompt as written, with the same noise).
+    ``should_stop()`` is checked between batches (``Stopped`` when it turns true).
     """
     captions, seeds = list(captions), list(seeds)
     refines = "refine" in registry.default_program(card).inputs
     inputs = {"refine": refine} if refines else {}
     images, rendered = [], []
     for start in range(0, len(captions), batch):
+        if should_stop is not None and should_stop():
+            raise Stopped()
         part, part_seeds = captions[start : start + batch], seeds[start : start + batch]
         out = generate(card, part, seed=part_seeds, num_steps=num_steps, guidance=1.0, inputs=inputs)
         images.append(np.asarray(out["image"]))
@@ -97,34 +102,41 @@ def _eval_seeds(seed: int, n: int, offset: int = 0) -> list[int]:
     return [seed * 100_003 + offset + i for i in range(n)]
 
 
-def diversity(card: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int) -> float:
+def diversity(card: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int, should_stop=None) -> float:
     """Mean pairwise L2 distance between the served images of one prompt across seeds, averaged over prompts."""
     prompts = _eval_prompts(spec, settings.diversity_prompts, settings.seed, 2).captions
     seeds_per = settings.diversity_seeds
     batch = [c for c in prompts for _ in range(seeds_per)]
-    images, _ = serve(card, batch, _eval_seeds(settings.seed, len(batch), 500_000), num_steps=num_steps, batch=settings.batch)
+    images, _ = serve(card, batch, _eval_seeds(settings.seed, len(batch), 500_000), num_steps=num_steps, batch=settings.batch,
+                      should_stop=should_stop)
     images = images.reshape(len(prompts), seeds_per, -1).astype(np.float64)
     dist = np.linalg.norm(images[:, :, None] - images[:, None, :], axis=-1)
     iu = np.triu_indices(seeds_per, k=1)
     return float(dist[:, iu[0], iu[1]].mean())
 
 
-def generator_quality(card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int) -> dict:
+def generator_quality(
+    card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int, should_stop=None
+) -> dict:
     """A text-to-image card's quality at guidance 1: ``quality.t2i_quality`` (full compositional and
     plain-digit prompts), ``run_prompts`` (``judge`` on the run's own prompt distribution) and diversity."""
     start = time.perf_counter()
     out = quality.t2i_quality(
-        card, scorer, samples=settings.samples, seed=settings.seed, num_steps=num_steps, guidance=1.0, batch=settings.batch
+        card, scorer, samples=settings.samples, seed=settings.seed, num_steps=num_steps, guidance=1.0, batch=settings.batch,
+        should_stop=should_stop,
     )
     prompts = _eval_prompts(spec, settings.samples, settings.seed, 1)
-    images, _ = serve(card, prompts.captions, _eval_seeds(settings.seed, settings.samples), num_steps=num_steps, batch=settings.batch)
+    images, _ = serve(card, prompts.captions, _eval_seeds(settings.seed, settings.samples), num_steps=num_steps,
+                      batch=settings.batch, should_stop=should_stop)
     out["run_prompts"] = judge(scorer, images, prompts)
-    out["diversity"] = diversity(card, spec, settings, num_steps=num_steps)
+    out["diversity"] = diversity(card, spec, settings, num_steps=num_steps, should_stop=should_stop)
     out["eval_seconds"] = time.perf_counter() - start
     return out
 
 
-def refinement_quality(card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int) -> dict:
+def refinement_quality(
+    card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int, should_stop=None
+) -> dict:
     """A ``unified`` card at guidance 1 on the run's prompts, served two ways with the same noise:
     ``refined`` (the LM continues the prompt, as served) and ``original`` (the prompt as written).
 
@@ -138,8 +150,9 @@ def refinement_quality(card: Card, scorer: Card, spec: PromptSpec, settings: Eva
     start = time.perf_counter()
     prompts = _eval_prompts(spec, settings.samples, settings.seed, 1)
     seeds = _eval_seeds(settings.seed, settings.samples)
-    refined, text = serve(card, prompts.captions, seeds, num_steps=num_steps, batch=settings.batch)
-    original, _ = serve(card, prompts.captions, seeds, num_steps=num_steps, refine=False, batch=settings.batch)
+    refined, text = serve(card, prompts.captions, seeds, num_steps=num_steps, batch=settings.batch, should_stop=should_stop)
+    original, _ = serve(card, prompts.captions, seeds, num_steps=num_steps, refine=False, batch=settings.batch,
+                        should_stop=should_stop)
     asked, in_order = np.zeros(2), np.zeros(2)  # (asked for the preferred word, pairs)
     by_attribute = {}
     for name, label in spec.preferences.items():
@@ -165,6 +178,6 @@ def refinement_quality(card: Card, scorer: Card, spec: PromptSpec, settings: Eva
         "preferred_word_rate_by_attribute": {name: rate(counts) for name, counts in by_attribute.items()},
         "added_words": float(np.mean(added)),
         "examples": [f"{c} -> {t}" for c, t in zip(prompts.captions[:8], text[:8])],
-        "diversity": diversity(card, spec, settings, num_steps=num_steps),
+        "diversity": diversity(card, spec, settings, num_steps=num_steps, should_stop=should_stop),
         "eval_seconds": time.perf_counter() - start,
     }

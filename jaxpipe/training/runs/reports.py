@@ -2,13 +2,15 @@
 
 ``execute`` writes ``DIR/metrics.jsonl`` (one JSON object per step), ``DIR/*.png`` (curves),
 ``DIR/report.json`` and the trained card (``DIR/config.json`` + ``DIR/weights.safetensors``, so
-``jp.cards.load(DIR)`` loads it back).
+``jp.cards.load(DIR)`` loads it back), and keeps orbax checkpoints of the training state in
+``DIR/checkpoints`` so a stopped run can be resumed (``resume=True``) to the same result.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,11 +20,12 @@ import numpy as np
 
 from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.io import plot_curves
-from jaxpipe.training.fit import fit
+from jaxpipe.stopping import Stopped
+from jaxpipe.training.fit import fit, read_metrics
 from jaxpipe.training.runs.builders import Run
 from jaxpipe.training.runs.evaluation import DIVERSITY_COLLAPSE
 
-__all__ = ["execute", "summary_lines"]
+__all__ = ["OUTPUTS", "TIMING", "execute", "summary_lines"]
 
 
 def _reward_summary(history: list[dict]) -> dict:
@@ -35,6 +38,69 @@ def _reward_summary(history: list[dict]) -> dict:
     return out
 
 
+OUTPUTS = ("metrics.jsonl", "report.json", "before.json", "progress.json", "config.json", "weights.safetensors", "checkpoints")
+"""What a run writes into its folder (plus its curve PNGs)."""
+
+TIMING = ("train_seconds", "seconds_per_step", "eval_seconds")
+"""Report fields that measure time: the only ones a resumed run may not reproduce."""
+
+
+def _prepare(out: Path, run: Run, *, steps: int, seed: int, resume: bool, overwrite: bool) -> dict:
+    """Make ``out`` ready: refuse a non-empty folder unless resuming or overwriting; on resume, check
+    that it holds a run of the same method, settings and seed. Returns the saved progress (or ``{}``)."""
+    progress_path = out / "progress.json"
+    if resume:
+        saved = json.loads(progress_path.read_text()) if progress_path.is_file() else {}
+        if saved:
+            ours = {"method": run.name, "seed": seed, "settings": json.loads(json.dumps(run.settings))}
+            theirs = {k: saved.get(k) for k in ours}
+            if theirs != ours:
+                differ = sorted(k for k in ours if ours[k] != theirs[k])
+                raise ValueError(f"{out} holds a run with other {', '.join(differ)}; resume it with the same settings")
+        return saved
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ValueError(f"{out} is not empty: pass --resume to continue the run in it, or --overwrite to replace it")
+        for name in OUTPUTS:
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        for png in out.glob("*.png"):
+            png.unlink()
+    return {}
+
+
+def _report(out: Path, run: Run, steps: int, seed: int, history: list[dict], train_seconds: float, status: str) -> dict:
+    """The report's record of the training part (and its curves, drawn now)."""
+    curves = [plot_curves(history, keys, out / name, title=f"{run.name}, {len(history)} of {steps} steps")
+              for name, keys in run.curves.items() if history and any(k in history[0] for k in keys)]
+    return {
+        "method": run.name,
+        "status": status,
+        "steps": steps,
+        "completed_steps": len(history),
+        "seed": seed,
+        "settings": run.settings,
+        "train_seconds": train_seconds,
+        "seconds_per_step": train_seconds / max(len(history), 1),
+        "rewards": _reward_summary(history) if history else {},
+        "skipped_updates": int(sum(row.get("skipped", 0.0) > 0 for row in history)),
+        "curves": curves,
+        "metrics": str(out / "metrics.jsonl"),
+        "checkpoints": str(out / "checkpoints"),
+        "card": str(out) if status == "done" else None,
+    }
+
+
+def _stopped(out: Path, run: Run, steps: int, seed: int, history: list[dict], train_seconds: float, during: str) -> dict:
+    """Write and return the report of a run stopped while ``during``: the curves and rewards so far."""
+    report = {**_report(out, run, steps, seed, history, train_seconds, "stopped"), "stopped_during": during}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
 def execute(
     run: Run,
     *,
@@ -43,51 +109,69 @@ def execute(
     seed: int = 0,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    save_every: int | None = 50,
+    resume: bool = False,
+    overwrite: bool = False,
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Train ``run`` for ``steps`` steps and write everything to ``out``; returns the report.
 
-    Writes ``out/metrics.jsonl`` (one JSON object per step; replaced, not appended to), the curve
-    PNGs, ``out/report.json`` and the trained card (``jp.cards.load(out)``). With an evaluation,
-    the card is judged before and after; a diversity drop of more than ``DIVERSITY_COLLAPSE``
-    makes the verdict a failure.
+    Writes ``out/metrics.jsonl`` (one JSON object per step), the curve PNGs, ``out/report.json`` and
+    the trained card (``jp.cards.load(out)``); with an evaluation, the card is judged before and
+    after, and a diversity drop of more than ``DIVERSITY_COLLAPSE`` makes the verdict a failure.
+
+    The training state is checkpointed (orbax, ``out/checkpoints``) every ``save_every`` steps and
+    when ``should_stop()`` turns true between steps: the run then returns a report with
+    ``status == "stopped"`` (its curves and rewards so far, ``completed_steps``) and no card.
+    ``resume=True`` continues the run in ``out`` from its last checkpoint: the same metrics rows,
+    report (but its ``TIMING`` fields) and final card as a run that was never stopped. A non-empty
+    ``out`` is refused unless resuming or ``overwrite`` (which deletes the previous run's outputs).
     """
     if steps <= 0:
         raise ValueError(f"steps must be > 0 (got {steps})")
     out = Path(out)
+    saved = _prepare(out, run, steps=steps, seed=seed, resume=resume, overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "progress.json").write_text(json.dumps(
+        {"method": run.name, "seed": seed, "settings": run.settings, "train_seconds": saved.get("train_seconds", 0.0)}, indent=2
+    ) + "\n")
     state = run.method.init(jax.random.key(seed))
+    metrics_path = out / "metrics.jsonl"
+    if not resume:
+        metrics_path.unlink(missing_ok=True)
     before = after = None
     if run.evaluate is not None:
-        log(f"{run.name}: evaluating the starting card ...")
-        before = run.evaluate(run.method.card(state))
-    metrics_path = out / "metrics.jsonl"
-    metrics_path.unlink(missing_ok=True)
+        before_path = out / "before.json"
+        if resume and before_path.is_file():
+            before = json.loads(before_path.read_text())
+        else:
+            log(f"{run.name}: evaluating the starting card ...")
+            try:
+                before = run.evaluate(run.method.card(state), should_stop)
+            except Stopped:
+                return _stopped(out, run, steps, seed, read_metrics(metrics_path), saved.get("train_seconds", 0.0),
+                                "evaluating the starting card")
+            before_path.write_text(json.dumps(before, indent=2) + "\n")
     start = time.perf_counter()
     state, history = fit(
         run.method.step, state, run.batches, steps=steps, key=jax.random.key(seed), metrics_path=metrics_path,
-        desc=run.name, progress=progress,
+        desc=run.name, progress=progress, checkpoint_dir=out / "checkpoints", save_every=save_every, resume=resume,
+        should_stop=should_stop,
     )
     jax.block_until_ready(state)
-    train_seconds = time.perf_counter() - start
+    train_seconds = saved.get("train_seconds", 0.0) + time.perf_counter() - start
+    progress_record = json.loads((out / "progress.json").read_text())
+    (out / "progress.json").write_text(json.dumps({**progress_record, "train_seconds": train_seconds}, indent=2) + "\n")
+    if len(history) < steps:
+        return _stopped(out, run, steps, seed, history, train_seconds, "training")
+    report = _report(out, run, steps, seed, history, train_seconds, "done")
     trained = run.method.card(state)
     if run.evaluate is not None:
         log(f"{run.name}: evaluating the trained card ...")
-        after = run.evaluate(trained)
-    curves = [plot_curves(history, keys, out / name, title=f"{run.name}, {steps} steps") for name, keys in run.curves.items()
-              if any(k in history[0] for k in keys)]
-    report = {
-        "method": run.name,
-        "steps": steps,
-        "seed": seed,
-        "settings": run.settings,
-        "train_seconds": train_seconds,
-        "seconds_per_step": train_seconds / steps,
-        "rewards": _reward_summary(history),
-        "skipped_updates": int(sum(row.get("skipped", 0.0) > 0 for row in history)),
-        "curves": curves,
-        "metrics": str(metrics_path),
-        "card": str(out),
-    }
+        try:
+            after = run.evaluate(trained, should_stop)
+        except Stopped:
+            return _stopped(out, run, steps, seed, history, train_seconds, "evaluating the trained card")
     if before is not None and after is not None:
         change = (after["diversity"] - before["diversity"]) / max(before["diversity"], 1e-12)
         collapsed = change < -DIVERSITY_COLLAPSE
