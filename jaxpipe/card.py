@@ -174,6 +174,10 @@ class Card:
         """Total parameter count over all components (``nnx.Param`` leaves)."""
         return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(self.components, nnx.Param))))
 
+    def with_id(self, model_id: str) -> "Card":
+        """The same card (same components, loops, config) under another model id."""
+        return Card(self.components, dataclasses.replace(self.spec, model_id=model_id))
+
     def replace(self, **components) -> "Card":
         """A new card with some components swapped (the spec is revalidated)."""
         unknown = sorted(set(components) - set(self.components))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import shlex
 import signal
 import sys
@@ -67,6 +68,7 @@ def generate(
     model: str = typer.Option("flux-t2i", help="Text-to-image card: a bundled id or a card directory."),
     video_model: str = typer.Option("wan-i2v", help="Image-to-video card: a bundled id or a card directory."),
     guidance: float | None = typer.Option(None, help="Classifier-free guidance scale (default: the card's)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files instead of refusing."),
 ) -> None:
     """Render PROMPT as an image with the text-to-image card, then animate it with the image-to-video card."""
     import jax
@@ -84,7 +86,9 @@ def generate(
         image_prompt, _ = split_prompt(prompt)
     except ValueError as err:
         _fail(str(err))
+    _writable([out, out.with_suffix(".png")] if video else [out], overwrite)
     loaded = _load(model, video_model) if video else _load(model)
+    _check_kinds(loaded, [("--model", "t2i"), ("--video-model", "i2v")])
     engine = Engine()
     try:
         for card in loaded:
@@ -125,6 +129,29 @@ def generate(
     typer.echo(f"wrote {save_gif(frames, out)} ({frames.shape[0]} frames) and {first} in {time.perf_counter() - start:.1f} s")
 
 
+def _writable(paths: list[Path], overwrite: bool) -> None:
+    """Fail before any compute if an output exists (unless ``overwrite``) or its folder cannot be written."""
+    for path in paths:
+        if path.exists() and not overwrite:
+            _fail(f"{path} exists: pass --overwrite to replace it")
+        if path.is_dir():
+            _fail(f"{path} is a directory")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            _fail(f"cannot create {path.parent}: {err.strerror}")
+        if not os.access(path.parent, os.W_OK):
+            _fail(f"cannot write to {path.parent}")
+
+
+def _check_kinds(loaded, roles) -> None:
+    """Fail unless each card can do what its flag asks (``roles``: ``(flag, capability)``, in order)."""
+    for card, (flag, capability) in zip(loaded, roles):
+        if capability not in card.spec.capabilities:
+            kinds = ", ".join(card.spec.capabilities) or "nothing this command runs"
+            _fail(f"{flag} {card.model_id!r} does {kinds}; this stage needs a card that does {capability}")
+
+
 @app.command()
 def evaluate(
     samples: int = typer.Option(200, help="Prompts (and videos) to judge."),
@@ -143,7 +170,10 @@ def evaluate(
 
     if samples <= 0:
         _fail(f"--samples must be a positive integer (got {samples})")
+    if out is not None:
+        _writable([out], overwrite=True)
     t2i, i2v, scorer = _load(model, video_model, "digit-scorer")
+    _check_kinds((t2i, i2v), [("--model", "t2i"), ("--video-model", "i2v")])
     try:
         with Stopper() as stop:
             common = dict(seed=seed, num_steps=steps, guidance=guidance, progress=True, should_stop=stop)
@@ -407,11 +437,21 @@ def train_joint(
 
 @app.command("cards")
 def list_cards() -> None:
-    """List the bundled pretrained cards."""
+    """The bundled pretrained cards: id, family, parameters, loops and what each does."""
+    import importlib
+
     from jaxpipe import cards
 
+    rows = [("id", "family", "parameters", "loops", "does")]
     for model_id in cards.available():
-        typer.echo(model_id)
+        card = cards.load(model_id)
+        loops = ", ".join(f"{loop.id} ({loop.kind})" for loop in card.spec.loops)
+        package = importlib.import_module(f"jaxpipe.cards.{card.spec.family}")
+        what = (package.__doc__ or "").strip().splitlines()[0].split(": ", 1)[-1].rstrip(".").replace("``", "")
+        rows.append((model_id, card.spec.family, f"{card.num_params():,}", loops, what))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4])
 
 
 def main() -> None:

@@ -114,4 +114,4 @@ def generate(
     bounds = [program.bind(card, r) for r in requests]
     batched = program.run(card, bounds)
     host = _stack([dict(b.artifacts) for b in bounds]) if bounds[0].artifacts else {}
-    return {**batched, **host}
+    return {**batched, **program.texts_of(card, batched), **host}

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.loops import registry as loop_kinds
@@ -193,6 +194,8 @@ class Program:
       outputs: ``((artifact name, slot), ...)``: the artifacts a request gets.
       bind: ``bind(card, request) -> Bound``: validates the request against the card (unknown
         words, image shape, ...) and builds the input slots; host-side, never traced.
+      texts: ``((text artifact, ids artifact), ...)``: artifacts of token ids that are also returned
+        as text, decoded with the card's tokenizer (``texts_of``), e.g. a refined prompt.
 
     Programs hash by identity (they are static arguments of jitted functions): build each once,
     e.g. behind ``functools.cache``.
@@ -203,6 +206,7 @@ class Program:
     nodes: tuple[Node, ...]
     outputs: tuple[tuple[str, str], ...]
     bind: Callable[[Card, Request], Bound]
+    texts: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", _names(self.inputs, f"program {self.name!r} inputs"))
@@ -237,6 +241,19 @@ class Program:
                 )
         if not self.outputs:
             raise ProgramError(f"program {self.name!r} has no outputs")
+        object.__setattr__(self, "texts", tuple((str(t), str(a)) for t, a in dict(self.texts).items()))
+        unknown = [a for _, a in self.texts if a not in dict(self.outputs)]
+        if unknown:
+            raise ProgramError(f"program {self.name!r}: texts decode artifacts {unknown} it does not output")
+
+    def texts_of(self, card: Card, artifacts: Mapping[str, Any]) -> dict[str, Any]:
+        """The text artifacts of ``artifacts``: a ``str`` for one request's ``(L,)`` ids, a list for a batch."""
+        out = {}
+        for name, source in self.texts:
+            ids = np.asarray(artifacts[source])
+            words = card.spec.tokenizer.decode(ids.reshape(-1, ids.shape[-1]))
+            out[name] = words[0] if ids.ndim == 1 else words
+        return out
 
     @property
     def loops(self) -> tuple[LoopNode, ...]:

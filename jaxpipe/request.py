@@ -10,6 +10,7 @@ prompt a stage rendered, a ``str``), and, for a workflow, every stage's artifact
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -62,8 +63,9 @@ class Request:
                 raise ValueError(f"Request.num_steps must be a positive int or None (got {self.num_steps!r})")
             object.__setattr__(self, "num_steps", int(self.num_steps))
         if self.guidance is not None:
-            if not isinstance(self.guidance, (int, float, np.floating, np.integer)) or not self.guidance >= 0:
-                raise ValueError(f"Request.guidance must be a number >= 0 or None (got {self.guidance!r})")
+            if (isinstance(self.guidance, bool) or not isinstance(self.guidance, (int, float, np.floating, np.integer))
+                    or not math.isfinite(self.guidance) or self.guidance < 0):
+                raise ValueError(f"Request.guidance must be a finite number >= 0 or None (got {self.guidance!r})")
             object.__setattr__(self, "guidance", float(self.guidance))
         if self.image is not None and not hasattr(self.image, "shape"):
             raise TypeError(f"Request.image must be an array (H, W, C) in [0, 1] (got {type(self.image).__name__})")

@@ -251,8 +251,13 @@ def test_caption_and_parse_caption_round_trip_and_errors():
         caption("ten")
     with pytest.raises(ValueError, match="motion must be an int in 0..4"):
         caption(1, motion=7)
-    with pytest.raises(ValueError, match="cannot parse 'purple'"):
+    with pytest.raises(ValueError, match=r"unknown word\(s\) 'purple' in 'seven purple'"):
         parse_caption("seven purple")
+    # every unknown word is named, with the closest words: a typo is not blamed on its neighbour
+    with pytest.raises(ValueError, match=r"'rigth' \(did you mean 'right' or 'bright'\?\), 'purpel'"):
+        parse_caption("seven moving rigth purpel")
+    with pytest.raises(ValueError, match="cannot parse 'moving'"):
+        parse_caption("seven moving")
     with pytest.raises(ValueError, match="no digit word"):
         parse_caption("thick left")
     with pytest.raises(ValueError, match="names the stroke twice"):

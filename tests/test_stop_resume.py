@@ -129,10 +129,14 @@ def test_ctrl_c_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path
     assert set(summary["all_attributes_correct"]) == {"before", "after", "change"}
     assert summary["diversity"]["before"] > 0 and isinstance(summary["diversity_collapse"], bool)
     trained = jp.cards.load(full)
-    assert trained.model_id == "flux-t2i"
+    assert trained.model_id == "full"  # its own id (the folder's name): it serves next to the card it came from
     assert not all(bool(jnp.array_equal(a, b)) for a, b in  # the trained weights were saved
                    zip(jax.tree.leaves(trained["transformer"]), jax.tree.leaves(jp.cards.load("flux-t2i")["transformer"])))
-    jp.Engine().register(trained)
+    engine = jp.Engine.default()
+    engine.register(trained)
+    assert {"flux-t2i", "full"} <= set(engine.cards())
+    engine.register(trained, model_id="flux-t2i-rl")
+    assert engine.card("flux-t2i-rl").spec.loops == trained.spec.loops
 
     command = _Command(*TRAIN, "--out", str(part))
     command.wait_for(lambda: _rows(part / "metrics.jsonl") >= 3)

@@ -203,14 +203,25 @@ def load_card(directory: str | os.PathLike) -> Card:
     directory = Path(directory)
     if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{directory} is not a card checkpoint (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
-    meta = json.loads((directory / CONFIG_FILE).read_text())
+    try:
+        meta = json.loads((directory / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{directory / CONFIG_FILE} is not valid JSON ({err}): the checkpoint is damaged") from None
+    if not isinstance(meta, dict) or not {"family", "model_id", "config"} <= set(meta):
+        raise ValueError(f"{directory / CONFIG_FILE} is not a card config (needs family, model_id and config)")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{directory}: unsupported checkpoint format {meta.get('format')!r} (expected {FORMAT!r})")
     family = registry.family(meta["family"])
-    config = config_from_dict(family.config, meta["config"])
+    try:
+        config = config_from_dict(family.config, meta["config"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{directory / CONFIG_FILE}: its {meta['family']} config does not load: {err}") from None
     abstract = nnx.eval_shape(lambda: family.build(config, seed=0, model_id=meta["model_id"]))
     graphdef, state = nnx.split(abstract.components)
-    stored = load_file(str(directory / WEIGHTS_FILE))
+    try:
+        stored = load_file(str(directory / WEIGHTS_FILE))
+    except Exception as err:  # safetensors raises its own SafetensorError (and OSError) on a damaged file
+        raise ValueError(f"{directory / WEIGHTS_FILE} cannot be read ({err}): the checkpoint is damaged or truncated") from None
     expected = _flat(state)
     source = {name: f"{directory / WEIGHTS_FILE}" for name in stored}
     if meta.get("base") is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
-from jaxpipe.data.words import BRIGHTNESS, DIGIT_WORDS, POSITIONS, STROKES, VOCABULARY
+from jaxpipe.data.words import BRIGHTNESS, DIGIT_WORDS, POSITIONS, STROKES, VOCABULARY, unknown_words
 
 __all__ = ["ATTRIBUTES", "ATTRIBUTE_WORDS", "MOTION_NAMES", "MOTION_PHRASES", "caption", "parse_caption", "split_prompt"]
 
@@ -62,6 +62,11 @@ def parse_caption(text: str) -> dict[str, int | None]:
     """
     out: dict[str, int | None] = {"digit": None, **{a: None for a in ATTRIBUTES}, "motion": None}
     words = text.lower().split()
+    strange = [w for w in words if w not in VOCABULARY]
+    if strange:
+        raise ValueError(
+            f"unknown word(s) {unknown_words(strange, VOCABULARY)} in {text!r}; the vocabulary is: {', '.join(VOCABULARY)}"
+        )
     i = 0
     while i < len(words):
         word = words[i]

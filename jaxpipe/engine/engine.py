@@ -109,8 +109,11 @@ class Engine:
                 engine.register_workflow(wf)
         return engine
 
-    def register(self, card: Card, program: Program | None = None, *, replace: bool = False) -> None:
-        """Serve ``card`` under its model id with ``program`` (default: its family's ``program()``).
+    def register(
+        self, card: Card, program: Program | None = None, *, model_id: str | None = None, replace: bool = False
+    ) -> None:
+        """Serve ``card`` under its model id (or ``model_id``: e.g. a trained card next to the card it
+        was trained from) with ``program`` (default: its family's).
 
         Replacing a resident card (``replace=True``) bumps every component's (and expert's) weight
         version and drops its cache entries. Raises ``EngineError`` / ``ProgramError`` before
@@ -119,6 +122,8 @@ class Engine:
         self._idle("register")
         if not isinstance(card, Card):
             raise TypeError(f"register takes a Card (got {type(card).__name__})")
+        if model_id is not None:
+            card = card.with_id(model_id)
         model_id = card.model_id
         if model_id in self._workflows:
             raise EngineError(f"card id {model_id!r} collides with a registered workflow of the same id")
@@ -304,6 +309,17 @@ class Engine:
         resident = self._cards[request.model]
         return resident.program.bind(resident.card, request)
 
+    def _checked(self, index: int, request: Request, count: int) -> Bound | None:
+        """``check(request)``; with several requests, the error names the bad one's index."""
+        try:
+            return self.check(request)
+        except (ValueError, TypeError) as err:
+            if count == 1:
+                raise
+            model = getattr(request, "model", None)
+            message = err.args[0] if err.args and isinstance(err.args[0], str) else str(err)
+            raise type(err)(f"request {index} of {count} ({model!r}): {message}") from err
+
     def run(
         self,
         request: Request,
@@ -324,14 +340,15 @@ class Engine:
     ) -> list[Output]:
         """Run ``requests``: their ``Output``s in request order (see the module docstring for modes).
 
-        Every request is validated first; nothing runs and nothing changes if any is bad.
+        Every request is validated first; nothing runs and nothing changes if any is bad (the error
+        names the bad request's index).
         """
         if mode not in MODES:
             raise EngineError(f"mode must be one of {MODES} (got {mode!r})")
         if isinstance(requests, Request):
             raise TypeError("run_many takes a sequence of requests; use run(request) for one")
         requests = list(requests)
-        bounds = [self.check(r) for r in requests]
+        bounds = [self._checked(i, request, len(requests)) for i, request in enumerate(requests)]
         if cancel is not None and not (callable(cancel) or hasattr(cancel, "is_set")):
             raise TypeError("cancel must be a threading.Event-like object (is_set()) or a callable returning bool")
         with self._lock:

@@ -278,7 +278,8 @@ class Scheduler:
         if job.cancelled_at is not None:
             output = Output(job.request.model, {}, job.request, cancelled_at=job.cancelled_at)
         else:
-            output = Output(job.request.model, {**artifacts, **job.bound.artifacts}, job.request)
+            texts = job.resident.program.texts_of(job.resident.card, artifacts)
+            output = Output(job.request.model, {**artifacts, **texts, **job.bound.artifacts}, job.request)
         self._deliver(job, output)
 
     # ---- preparing cohorts -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -47,6 +48,10 @@ __all__ = [
     "trajectory_stats",
     "trajectory_log_probs",
 ]
+
+
+MAX_NOISE_LEVEL = 1.0
+"""The largest SDE noise level η accepted (FlowGRPO uses 0.7; above 1 the SDE's std exceeds the ODE's step)."""
 
 
 @runtime_checkable
@@ -79,14 +84,14 @@ class DenoiseConfig:
     def __post_init__(self):
         if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps <= 0:
             raise ValueError(f"num_steps must be a positive int (got {self.num_steps!r})")
-        if not self.shift > 0:
-            raise ValueError(f"shift must be > 0 (got {self.shift})")
+        if not math.isfinite(self.shift) or not self.shift > 0:
+            raise ValueError(f"shift must be a finite number > 0 (got {self.shift})")
         if self.sampler not in ("ode", "sde"):
             raise ValueError(f"sampler must be 'ode' or 'sde' (got {self.sampler!r})")
-        if not self.noise_level >= 0:
-            raise ValueError(f"noise_level must be >= 0 (got {self.noise_level})")
-        if not self.guidance >= 0:
-            raise ValueError(f"guidance must be >= 0 (got {self.guidance})")
+        if not 0.0 <= self.noise_level <= MAX_NOISE_LEVEL:
+            raise ValueError(f"noise_level (the SDE's η) must be in [0, {MAX_NOISE_LEVEL}] (got {self.noise_level})")
+        if not math.isfinite(self.guidance) or self.guidance < 0:
+            raise ValueError(f"guidance must be a finite number >= 0 (got {self.guidance})")
         if self.sde_window is not None:
             window = tuple(self.sde_window)
             if len(window) != 2 or not 0 <= window[0] < window[1] <= self.num_steps:

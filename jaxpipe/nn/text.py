@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpipe.data.words import unknown_words
 from jaxpipe.nn.layers import MLP, Attention, compute_dtype
 
 PAD, UNK = "<pad>", "<unk>"
@@ -58,7 +59,9 @@ class Tokenizer:
             missing = [w for w in words if w not in index]
             if missing and unknown == "error":
                 vocab = ", ".join(self.words[2:])
-                raise ValueError(f"unknown word(s) {missing} in prompt {text!r}; the vocabulary is: {vocab}")
+                raise ValueError(
+                    f"unknown word(s) {unknown_words(missing, self.words[2:])} in prompt {text!r}; the vocabulary is: {vocab}"
+                )
             ids[row, : len(words)] = [index.get(w, 1) for w in words]
         return ids
 

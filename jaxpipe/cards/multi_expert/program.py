@@ -79,7 +79,7 @@ def program() -> Program:
     Request: ``prompt`` (required, at most ``config.max_prompt_words`` words), ``seed``,
     ``num_steps``, ``guidance``; ``inputs`` as for ``unified``. Artifacts: ``"image"`` ``(H, W, C)``
     in [0, 1], ``"latents"`` ``(1, h, w, C)``, ``"refined"`` (the rendered, composed prompt's ids
-    ``(L,)``, ``<pad>``-padded, as the ``unified`` card's; ``card.spec.tokenizer.decode`` reads them)
+    ``(L,)``, ``<pad>``-padded, as the ``unified`` card's), ``"refined_text"`` (that prompt as text)
     and ``"text"`` (the prompt as given).
     """
     return Program(
@@ -97,4 +97,5 @@ def program() -> Program:
         ),
         outputs=(("image", "image"), ("latents", "latents"), ("refined", "composed")),
         bind=_bind,
+        texts=(("refined_text", "refined"),),
     )

@@ -92,8 +92,8 @@ def program() -> Program:
     ``num_steps``, ``guidance``; ``inputs={"temperature": t}`` overrides the refiner's (0 =
     greedy), ``inputs={"refine": False}`` renders the prompt as written. Artifacts: ``"image"``
     ``(H, W, C)`` in [0, 1], ``"latents"`` ``(1, h, w, C)``, ``"refined"`` (the rendered prompt's ids
-    ``(L,)``, ``<pad>``-padded; ``card.spec.tokenizer.decode`` reads them) and ``"text"`` (the
-    prompt as given).
+    ``(L,)``, ``<pad>``-padded), ``"refined_text"`` (that prompt as text) and ``"text"`` (the prompt
+    as given).
     """
     return Program(
         name=MODEL_ID,
@@ -110,4 +110,5 @@ def program() -> Program:
         ),
         outputs=(("image", "image"), ("latents", "latents"), ("refined", "refined")),
         bind=_bind,
+        texts=(("refined_text", "refined"),),
     )

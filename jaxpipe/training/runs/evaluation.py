@@ -69,7 +69,7 @@ def serve(
         part, part_seeds = captions[start : start + batch], seeds[start : start + batch]
         out = generate(card, part, seed=part_seeds, num_steps=num_steps, guidance=1.0, inputs=inputs)
         images.append(np.asarray(out["image"]))
-        rendered.extend(card.spec.tokenizer.decode(out["refined"]) if refines else part)
+        rendered.extend(out["refined_text"] if refines else part)
     return np.concatenate(images), rendered
 
 

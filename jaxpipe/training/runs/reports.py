@@ -72,6 +72,11 @@ def _prepare(out: Path, run: Run, *, steps: int, seed: int, resume: bool, overwr
     return {}
 
 
+def trained_id(out: Path) -> str:
+    """The model id a run's trained card is saved under: its folder's name (so it serves next to its base)."""
+    return Path(out).resolve().name
+
+
 def _report(out: Path, run: Run, steps: int, seed: int, history: list[dict], train_seconds: float, status: str) -> dict:
     """The report's record of the training part (and its curves, drawn now)."""
     curves = [plot_curves(history, keys, out / name, title=f"{run.name}, {len(history)} of {steps} steps")
@@ -123,7 +128,8 @@ def execute(
     The training state is checkpointed (orbax, ``out/checkpoints``) every ``save_every`` steps and
     when ``should_stop()`` turns true between steps: the run then returns a report with
     ``status == "stopped"`` (its curves and rewards so far, ``completed_steps``) and no card.
-    ``resume=True`` continues the run in ``out`` from its last checkpoint: the same metrics rows,
+    The trained card is saved under its own id, the folder's name (``trained_id``), so an engine
+    serves it next to the card it was trained from. ``resume=True`` continues the run in ``out`` from its last checkpoint: the same metrics rows,
     report (but its ``TIMING`` fields) and final card as a run that was never stopped. A non-empty
     ``out`` is refused unless resuming or ``overwrite`` (which deletes the previous run's outputs).
     """
@@ -188,7 +194,7 @@ def execute(
         }
         report["before"], report["after"] = before, after
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    save_card(trained, out)
+    save_card(trained.with_id(trained_id(out)), out)
     for line in summary_lines(report):
         log(line)
     return report
