@@ -214,9 +214,9 @@ def load_card(directory: str | os.PathLike) -> Card:
     family = registry.family(meta["family"])
     try:
         config = config_from_dict(family.config, meta["config"])
+        abstract = nnx.eval_shape(lambda: family.build(config, seed=0, model_id=meta["model_id"]))
     except (TypeError, ValueError) as err:
         raise ValueError(f"{directory / CONFIG_FILE}: its {meta['family']} config does not load: {err}") from None
-    abstract = nnx.eval_shape(lambda: family.build(config, seed=0, model_id=meta["model_id"]))
     graphdef, state = nnx.split(abstract.components)
     try:
         stored = load_file(str(directory / WEIGHTS_FILE))
