@@ -18,7 +18,9 @@ versions, keeps the registered workflows, and runs requests:
   padded with zeros to a common width (see ``loops.denoise.Driver``). A **group** holds
   ``capacity`` slots (2^k or 3·2^k, up to ``max_batch``); rows are admitted into free slots,
   step together, and are retired after their own last step, when waiting rows take their slots;
-  the capacity follows the number of rows (one gather when it changes). Between scheduling
+  the capacity grows with the number of rows, and shrinks with them only to a capacity whose
+  batched step this engine has compiled or wanted in an earlier call (a cold call never pays a
+  compile to save compute; a repeated workload pays it once; one gather when it changes). Between scheduling
   events (a request finishing) the engine fuses the steps into one call. Finished cohorts are decoded together. Results match
   serial within a measured tolerance, not bit for bit (``parity.batch_invariance``, C3).
 
@@ -91,6 +93,8 @@ class Engine:
         self._busy = False
         self._lock = threading.RLock()  # guards _busy and _swaps: publish may come from another thread
         self._swaps: list[tuple[str, Publish]] = []  # deferred publishes, in order
+        self._compiled: set = set()  # (batched group layout, capacity) pairs already compiled
+        self._wanted: set = set()  # (batched group layout, capacity) pairs a group wanted to shrink to
 
     # ---- registry -------------------------------------------------------------------------
 
@@ -395,6 +399,8 @@ class _Host:
     def __init__(self, engine: Engine):
         self._engine = engine
         self.max_batch = engine.max_batch
+        self.compiled = engine._compiled
+        self.wanted = engine._wanted
 
     def serves(self, model_id: str) -> bool:
         return self._engine.serves(model_id)

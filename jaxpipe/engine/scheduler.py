@@ -56,6 +56,12 @@ class Host(Protocol):
     def release(self, in_flight: Callable[[str], bool]) -> None:
         """Apply the deferred publishes of every card not ``in_flight``."""
 
+    compiled: set
+    """``(group layout, capacity)`` pairs whose batched step has run (is compiled) on this engine."""
+
+    wanted: set
+    """``(group layout, capacity)`` pairs a group would have shrunk to, in calls so far."""
+
 
 @dataclasses.dataclass(eq=False)
 class StepEvent:
@@ -167,6 +173,7 @@ class _Group:
     batch: Any
     slots: list  # slot -> (cohort, row) or None
     queue: deque
+    layout: tuple = ()  # what its compiled step depends on besides the capacity (``Host.compiled`` keys)
 
     @property
     def active(self) -> int:
@@ -193,6 +200,7 @@ class Scheduler:
         self.groups: dict[Any, _Group] = {}
         self.flows: list[_Flow] = []
         self.tick = 0
+        self._wanted_before = set(host.wanted)
 
     # ---- the main loop -------------------------------------------------------------------
 
@@ -398,8 +406,9 @@ class Scheduler:
         if group is None:
             capacity = min(self.host.max_batch, ops.bucket(len(rows)))
             batch = ops.empty(cohort.kind, capacity, cohort.state)
+            layout = (cohort.resident.card.model_id, cohort.node.loop, drive.batch_key(cohort.config), shapes)
             group = _Group(cohort.kind, cohort.node.loop, drive.batch_key(cohort.config), cohort.resident,
-                           capacity, batch, [None] * capacity, deque())
+                           capacity, batch, [None] * capacity, deque(), layout)
             self.groups[key] = group
         group.queue.extend(rows)
         cohort.queued += len(rows)
@@ -415,6 +424,7 @@ class Scheduler:
         for group in live:
             r = group.resident
             group.batch = ops.steps(group.kind, group.loop, group.config, r.treedef, r.leaves, group.batch, count)
+            self.host.compiled.add((group.layout, group.capacity))
             batch, drive = group.batch, loop_kinds.driver(group.kind)
             for slot, entry in enumerate(group.slots):
                 if entry is None:
@@ -429,7 +439,13 @@ class Scheduler:
 
     def _admit(self, group: _Group) -> None:
         want = min(self.host.max_batch, ops.bucket(group.active + len(group.queue)))
-        if want != group.capacity:
+        # Growing is needed; shrinking only saves compute, so a first (cold) call never pays a compile for
+        # it: the group moves to a smaller capacity once its batched step exists, or when an earlier call
+        # wanted it too (a repeated workload compiles it once, then runs at the better size).
+        smaller = (group.layout, want)
+        if want < group.capacity and smaller not in self.host.compiled and smaller not in self._wanted_before:
+            self.host.wanted.add(smaller)
+        elif want != group.capacity:
             self._resize(group, want)
         free = [s for s, entry in enumerate(group.slots) if entry is None]
         admitted: dict[int, tuple[_Cohort, list, list]] = {}
