@@ -79,9 +79,11 @@ def test_joint_rl_check_catches_a_different_update():
         bench.check_same_update(stacked, off)
 
 
+@pytest.mark.slow
 def test_joint_rl_quick_smoke(tmp_path):
     """``joint_rl.py --quick`` end to end (N = 1, 2) in a fresh process compiling at XLA optimisation level 0:
-    vmapped update == per-expert loop within 1e-6 (or it exits non-zero), section written."""
+    vmapped update == per-expert loop within 1e-6 (or it exits non-zero), section written. Slow (~26 s of
+    CPU): the property it enforces is tested in-process by test_joint_rl.py, and its check by the test above."""
     out = tmp_path / "RESULTS.md"
     fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {fast_compile}".strip()}
