@@ -217,6 +217,9 @@ class RunFlags:
     beta: float = _flag(0.04, "--beta", help="Generator KL weight to the frozen reference DiT.")
     kl: str = _flag("exact", "--kl", help="Generator KL convention: exact (Gaussian KL of the SDE step) or flowgrpo (the official code's: exact x |dt|).")
     clip_eps: float = _flag(1e-3, "--clip-eps", help="Generator PPO ratio clip.")
+    minibatches: int = _flag(1, "--minibatches", help="Updates per epoch over each rollout: its P·K rows split into this many shuffled minibatches.")
+    inner_epochs: int = _flag(1, "--inner-epochs", help="Passes over each rollout's minibatches (updates per rollout = minibatches × inner epochs).")
+    timestep_fraction: float = _flag(1.0, "--timestep-fraction", help="Fraction (0, 1] of the captured denoising steps each minibatch trains on, drawn per sample.")
     terms: str = _flag("digit,stroke,position,brightness", "--terms", help="Reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
     seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
     run_eval: bool = _flag(True, "--eval/--no-eval", help="Judge the card before and after (GenEval-style accuracy, diversity).")
@@ -234,6 +237,7 @@ class RunFlags:
         return dict(
             group_size=self.group_size, num_steps=self.num_steps, noise_level=self.noise_level,
             sde_window=_window(self.sde_window), clip_eps=self.clip_eps, beta=self.beta, learning_rate=self.lr, kl=self.kl,
+            minibatches=self.minibatches, inner_epochs=self.inner_epochs, timestep_fraction=self.timestep_fraction,
         )
 
     def evaluation(self):
@@ -329,6 +333,7 @@ def _train(flags: RunFlags, model: str, make_config, build_run) -> None:
         _fail("--resume continues the run in --out and --overwrite replaces it: pass one of them")
     try:
         config = make_config()
+        config[1].schedule.check_rows(flags.prompts_per_step * flags.group_size)
         evaluation = flags.evaluation()
     except ValueError as err:
         _fail(str(err))

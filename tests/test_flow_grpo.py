@@ -1,5 +1,7 @@
 """FlowGRPO on the generator: C2 before the update, real updates toward the ML velocity, no-ops when they must be."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,3 +98,80 @@ def test_scorer_reward_and_bad_configs():
         FlowGRPOConfig(group_size=1)
     with pytest.raises(ValueError, match="sde_window"):
         FlowGRPOConfig(num_steps=4, sde_window=(3, 9))
+
+
+# ------------------------------------------------------------------------------------------ several updates per rollout
+
+
+def test_one_minibatch_one_epoch_is_the_single_update_bit_for_bit(method, rollout):
+    """The default schedule (1 × 1, every step) is exactly one ``generator_update`` on the whole rollout."""
+    from jaxpipe.training.flow_grpo import generator_update
+
+    from jaxpipe.training.finetune import guarded_update
+
+    state, ro = rollout
+    assert CONFIG.schedule.single
+    new, metrics = method.update(state, ro, jax.random.key(3))
+
+    @jax.jit
+    def before_minibatches(s, ro):  # the update of every step before several updates per rollout existed
+        models_of = lambda p: (method.components(p, s.frozen)[method.transformer],)
+        params, opt_state, loss, metrics, grad_norm = generator_update(
+            method.tx, models_of, s.params, s.reference, s.opt_state, ro.generated, ro.advantages, CONFIG, method.sampling)
+        new = s._replace(params=params, opt_state=opt_state, step=s.step + 1)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        new = guarded_update(finite, new, s._replace(step=s.step + 1))
+        return new, {**metrics, "grad_norm": grad_norm, "skipped": 1.0 - finite.astype(jnp.float32)}
+
+    old, old_metrics = before_minibatches(state, ro)
+    assert leaves_equal(new, old)
+    assert all(float(metrics[k]) == float(v) for k, v in old_metrics.items()) and "ratio_mean_u0" not in metrics
+
+
+def test_several_minibatches_move_the_ratio_and_the_clip_binds(t2i_card, rollout):
+    """4 rows in 2 minibatches × 2 epochs: the first update is at the rollout weights (ratio 1, C2), the
+    later ones are not, and with a large step the clipped objective clips."""
+    state, ro = rollout
+    config = dataclasses.replace(CONFIG, minibatches=2, inner_epochs=2, timestep_fraction=0.5, learning_rate=3e-3)
+    method = FlowGRPO(t2i_card, brightness_reward, config)
+    new, metrics = method.update(state, ro, jax.random.key(4))
+    assert float(metrics["skipped"]) == 0.0 and not leaves_equal(new.params, state.params)
+    assert abs(float(metrics["ratio_mean_u0"]) - 1.0) < 1e-5 and float(metrics["clip_frac_u0"]) == 0.0
+    later = [float(metrics[f"ratio_mean_u{i}"]) for i in (1, 2, 3)]
+    assert all(abs(r - 1.0) > 1e-4 for r in later), later
+    assert max(float(metrics[f"clip_frac_u{i}"]) for i in (1, 2, 3)) > 0.0
+    again, _ = method.update(state, ro, jax.random.key(4))  # the minibatch order is a pure function of the key
+    assert leaves_equal(again.params, new.params)
+    other, _ = method.update(state, ro, jax.random.key(5))
+    assert not leaves_equal(other.params, new.params)
+
+
+def test_minibatches_partition_the_rollout_and_steps_are_drawn_per_row():
+    from jaxpipe.training import ppo
+
+    schedule = ppo.Schedule(minibatches=4, inner_epochs=3)
+    rows = np.asarray(ppo.minibatch_rows(jax.random.key(0), 16, schedule))
+    assert rows.shape == (3, 4, 4)
+    for epoch in rows:  # each row trained exactly once per epoch
+        assert sorted(epoch.reshape(-1).tolist()) == list(range(16))
+    assert not np.array_equal(rows[0], rows[1])  # reshuffled every epoch
+    assert np.array_equal(np.asarray(ppo.minibatch_rows(jax.random.key(0), 16, schedule)), rows)
+    single = np.asarray(ppo.minibatch_rows(jax.random.key(0), 6, ppo.Schedule(inner_epochs=2)))
+    assert single.tolist() == [[list(range(6))]] * 2  # one minibatch keeps the rollout's order
+    with pytest.raises(ValueError, match="must divide the rollout's 10 rows"):
+        ppo.minibatch_rows(jax.random.key(0), 10, schedule)
+    for bad in (dict(minibatches=0), dict(inner_epochs=-1), dict(timestep_fraction=0.0), dict(timestep_fraction=1.5)):
+        with pytest.raises(ValueError):
+            ppo.Schedule(**bad)
+    assert ppo.Schedule(timestep_fraction=0.5).steps_kept(4) == 2 and ppo.Schedule(timestep_fraction=0.1).steps_kept(4) == 1
+
+    S, B = 6, 5
+    field = jnp.arange(S * B, dtype=jnp.float32).reshape(S, B)
+    traj = jp.loops.denoise.Transition(*(field for _ in range(8)))
+    kept = ppo.subsample_steps(traj, jax.random.key(1), 3)
+    picked = np.asarray(kept.x)
+    assert picked.shape == (3, B)
+    for b in range(B):  # 3 distinct captured steps of row b, nothing from another row
+        steps = (picked[:, b] - b) / B
+        assert len(set(steps.tolist())) == 3 and set(steps.tolist()) <= set(range(S))
+    assert len({tuple(picked[:, b] // B) for b in range(B)}) > 1  # drawn per row

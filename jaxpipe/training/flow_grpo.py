@@ -7,7 +7,9 @@ a clipped PPO loss on every captured step's log-prob, plus ``β ·`` a KL to a f
 denoiser. Gradients flow through the denoiser(s) the program's denoise loop binds; the rest of
 the card stays frozen. ``rollout`` and ``update`` are separate jitted functions so the C2
 identity (recomputed log-probs == captured, ratio == 1) can be checked between them; ``step``
-is both fused into one jitted function.
+is both fused into one jitted function. A rollout may feed several updates (``minibatches`` ×
+``inner_epochs``, each on a ``timestep_fraction`` of the captured steps: ``training.ppo``); the
+default, 1 × 1 on every step, is one update at the rollout weights.
 
 KL convention (``FlowGRPOConfig.kl``): ``"exact"`` (default) is the exact Gaussian KL of the SDE
 step, ``mean((μθ − μref)²) / (2σ_eff²)``; ``"flowgrpo"`` is the official FlowGRPO code's
@@ -34,7 +36,7 @@ from jaxpipe.card import Card
 from jaxpipe.cards import digit_scorer, registry
 from jaxpipe.loops import denoise
 from jaxpipe.program import settings as loop_settings
-from jaxpipe.training import losses, rollout
+from jaxpipe.training import losses, ppo, rollout
 from jaxpipe.training.finetune import guarded_update, split_trainable
 
 __all__ = [
@@ -45,12 +47,16 @@ __all__ = [
     "KL_CONVENTIONS",
     "generator_loss",
     "generator_update",
+    "generator_minibatch_update",
     "scorer_reward",
     "scorer_reward_parts",
     "REWARD_TERMS",
 ]
 
 KL_CONVENTIONS = ("exact", "flowgrpo")
+
+UPDATE_KEY = 1_000_003
+"""``fold_in(step key, UPDATE_KEY)`` orders a step's minibatches (the rollout uses the step key itself)."""
 
 REWARD_TERMS = ("digit", "stroke", "position", "brightness")
 """Reward terms a ``digit-scorer`` reward can sum: the scorer's probability of the prompted label."""
@@ -72,8 +78,12 @@ class FlowGRPOConfig:
     learning_rate: float = 1e-4
     grad_clip: float = 1.0
     kl: str = "exact"
+    minibatches: int = 1
+    inner_epochs: int = 1
+    timestep_fraction: float = 1.0
 
     def __post_init__(self):
+        self.schedule  # validates minibatches, inner_epochs and timestep_fraction
         if self.kl not in KL_CONVENTIONS:
             raise ValueError(f"kl must be one of {KL_CONVENTIONS} (got {self.kl!r})")
         if self.group_size < 2:
@@ -83,6 +93,12 @@ class FlowGRPOConfig:
         if self.beta < 0 or not self.learning_rate > 0:
             raise ValueError("beta must be >= 0 and learning_rate > 0")
         self.sampling  # validates num_steps, noise_level and sde_window
+
+    @property
+    def schedule(self) -> ppo.Schedule:
+        """How many updates each rollout feeds (``minibatches`` × ``inner_epochs``, on a
+        ``timestep_fraction`` of the captured steps): ``training.ppo``."""
+        return ppo.Schedule(self.minibatches, self.inner_epochs, self.timestep_fraction)
 
     @property
     def sampling(self) -> denoise.DenoiseConfig:
@@ -219,6 +235,30 @@ def check_batch(batch: Mapping[str, Any], terms: tuple[str, ...] | None = None) 
         raise ValueError(f"the batch has no labels for reward term(s) {missing} (labels: {sorted(labels)})")
 
 
+def generator_minibatch_update(
+    tx: optax.GradientTransformation,
+    models_of: Callable[[nnx.State], tuple],
+    params: nnx.State,
+    reference: nnx.State,
+    opt_state: Any,
+    generated: rollout.Generated,
+    advantages: jax.Array,
+    rows: jax.Array | None,
+    key: jax.Array | None,
+    config: FlowGRPOConfig,
+    sampling: denoise.DenoiseConfig,
+) -> tuple[nnx.State, Any, jax.Array, dict, jax.Array]:
+    """``generator_update`` on one minibatch of a rollout: its ``rows`` (``None``: all, in order) and,
+    when ``config.timestep_fraction < 1``, a random subset of each row's captured steps (``key``)."""
+    if rows is not None:
+        generated, advantages = rollout.take_rows(generated, rows), advantages[rows]
+    schedule = config.schedule
+    if schedule.timestep_fraction < 1.0:
+        kept = schedule.steps_kept(generated.trajectory.log_prob.shape[0])
+        generated = generated._replace(trajectory=ppo.subsample_steps(generated.trajectory, key, kept))
+    return generator_update(tx, models_of, params, reference, opt_state, generated, advantages, config, sampling)
+
+
 class FlowGRPO:
     """FlowGRPO on a text-to-image card: ``init(key)``, jitted ``rollout``/``update`` and ``step``.
 
@@ -281,24 +321,36 @@ class FlowGRPO:
         under ``params`` (teacher-forced, vmapped over time; the trainer's own batching)."""
         return rollout.generator_stats(self._models_of(frozen)(params), ro.generated, self.sampling)
 
-    def _update(self, state: FlowGRPOState, ro: Rollout) -> tuple[FlowGRPOState, dict]:
-        params, opt_state, loss, metrics, grad_norm = generator_update(
-            self.tx, self._models_of(state.frozen), state.params, state.reference, state.opt_state,
-            ro.generated, ro.advantages, self.config, self.sampling,
+    def _update(self, state: FlowGRPOState, ro: Rollout, key: jax.Array | None = None) -> tuple[FlowGRPOState, dict]:
+        """Every update the rollout feeds (``config.schedule``; ``key`` orders the minibatches), then the
+        all-or-nothing finite guard: ``(state, metrics)``."""
+        schedule = self.config.schedule
+        models_of = self._models_of(state.frozen)
+
+        def one(carry, rows, k):
+            params, opt_state = carry
+            params, opt_state, loss, metrics, grad_norm = generator_minibatch_update(
+                self.tx, models_of, params, state.reference, opt_state, ro.generated, ro.advantages, rows, k,
+                self.config, self.sampling,
+            )
+            return (params, opt_state), {**metrics, "grad_norm": grad_norm}, jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+        (params, opt_state), metrics, finite = ppo.run(
+            one, (state.params, state.opt_state), key, ro.advantages.shape[0], schedule
         )
         new = state._replace(params=params, opt_state=opt_state, step=state.step + 1)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         new = guarded_update(finite, new, state._replace(step=state.step + 1))
-        return new, {**metrics, "grad_norm": grad_norm, "skipped": 1.0 - finite.astype(jnp.float32)}
+        return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
 
     def step_fn(self, state: FlowGRPOState, batch: Mapping[str, Any], key: jax.Array) -> tuple[FlowGRPOState, dict]:
         """The pure, unjitted step (rollout + update), for custom ``jit``/sharding."""
         ro = self._rollout(state, batch, key)
-        state, metrics = self._update(state, ro)
+        state, metrics = self._update(state, ro, jax.random.fold_in(key, UPDATE_KEY))
         return state, {**metrics, "reward_mean": jnp.mean(ro.rewards), "reward_std": jnp.std(ro.rewards)}
 
     def step(self, state: FlowGRPOState, batch: Mapping[str, Any], key: jax.Array) -> tuple[FlowGRPOState, dict]:
-        """Rollout then one update as ONE jitted function: ``(state, metrics)`` with the rollout's reward
+        """Rollout then its updates as ONE jitted function: ``(state, metrics)`` with the rollout's reward
         statistics. A non-finite loss or gradient leaves the weights unchanged (``metrics["skipped"] == 1``)."""
         check_batch(batch)
+        self.config.schedule.check_rows(batch["ids"].shape[0] * self.config.group_size)
         return self._step(state, batch, key)

@@ -32,9 +32,9 @@ from jaxpipe.loops import ar
 from jaxpipe.cards import multi_expert, registry
 from jaxpipe.nn import MaskedLM
 from jaxpipe.program import settings as loop_settings
-from jaxpipe.training import losses, rollout
+from jaxpipe.training import losses, ppo, rollout
 from jaxpipe.training.finetune import guarded_update, split_trainable
-from jaxpipe.training.flow_grpo import generator_update
+from jaxpipe.training.flow_grpo import UPDATE_KEY, generator_minibatch_update
 from jaxpipe.training.unified_rl import (
     UnifiedRLConfig,
     check_refine_batch,
@@ -208,39 +208,56 @@ class JointMultiExpertRL:
         lm_of = lambda p: self._expert(p, allowed)
         return lm_update(self.refiner_tx, lm_of, params, reference, opt_state, refinement, advantages, self.config)
 
-    def _update(self, state: JointRLState, ro: JointRollout) -> tuple[JointRLState, dict]:
+    def _update(self, state: JointRLState, ro: JointRollout, key: jax.Array | None = None) -> tuple[JointRLState, dict]:
+        """Every update the rollout feeds (``config.schedule``): per minibatch, the N refiner updates as
+        ONE ``vmap`` on the same rows, then the generator when joint; then the all-or-nothing guard."""
         cfg = self.config
-        refiners, refiner_opt, values, lm_metrics, grad_norms = jax.vmap(self.expert_update)(
-            state.refiners, state.refiner_reference, state.refiner_opt, self.allowed, ro.refinements, ro.expert_advantages
-        )
-        new = state._replace(refiners=refiners, refiner_opt=refiner_opt, step=state.step + 1)
-        finite = jnp.all(jnp.isfinite(values)) & jnp.all(jnp.isfinite(grad_norms))
-        metrics = {f"lm_{k}": jnp.mean(v) for k, v in lm_metrics.items()}
-        metrics["lm_grad_norm"] = jnp.mean(grad_norms)
-        for i in range(self.num_refiners):
-            metrics[f"{multi_expert.EXPERT_PREFIX}{i}_loss"] = values[i]
-            metrics[f"{multi_expert.EXPERT_PREFIX}{i}_advantage_std"] = jnp.std(ro.expert_advantages[i])
-        if cfg.joint:
-            generator, generator_opt, value, gen_metrics, grad_norm = generator_update(
-                self.generator_tx, self._generator_of(state.refiners, state.frozen), state.generator,
-                state.generator_reference, state.generator_opt, ro.generated, ro.advantages, cfg.generator, self.sampling,
+        generator_of = self._generator_of(state.refiners, state.frozen)
+
+        def one(carry, rows, k):
+            refiners, refiner_opt, generator, generator_opt = carry
+            refinements, expert_advantages = ro.refinements, ro.expert_advantages
+            if rows is not None:  # the expert axis leads: rows are axis 1
+                refinements = jax.tree.map(lambda a: a[:, rows], refinements)
+                expert_advantages = expert_advantages[:, rows]
+            refiners, refiner_opt, values, lm_metrics, grad_norms = jax.vmap(self.expert_update)(
+                refiners, state.refiner_reference, refiner_opt, self.allowed, refinements, expert_advantages
             )
-            new = new._replace(generator=generator, generator_opt=generator_opt)
-            finite = finite & jnp.isfinite(value) & jnp.isfinite(grad_norm)
-            metrics.update(prefixed("gen_", gen_metrics), gen_grad_norm=grad_norm)
+            finite = jnp.all(jnp.isfinite(values)) & jnp.all(jnp.isfinite(grad_norms))
+            metrics = {f"lm_{k}": jnp.mean(v) for k, v in lm_metrics.items()}
+            metrics["lm_grad_norm"] = jnp.mean(grad_norms)
+            metrics.update({f"{multi_expert.EXPERT_PREFIX}{i}_loss": values[i] for i in range(self.num_refiners)})
+            if cfg.joint:
+                generator, generator_opt, value, gen_metrics, grad_norm = generator_minibatch_update(
+                    self.generator_tx, generator_of, generator, state.generator_reference, generator_opt, ro.generated,
+                    ro.advantages, rows, k, cfg.generator, self.sampling,
+                )
+                finite = finite & jnp.isfinite(value) & jnp.isfinite(grad_norm)
+                metrics.update(prefixed("gen_", gen_metrics), gen_grad_norm=grad_norm)
+            return (refiners, refiner_opt, generator, generator_opt), metrics, finite
+
+        carry = (state.refiners, state.refiner_opt, state.generator, state.generator_opt)
+        (refiners, refiner_opt, generator, generator_opt), metrics, finite = ppo.run(
+            one, carry, key, ro.advantages.shape[0], cfg.schedule
+        )
+        new = state._replace(refiners=refiners, refiner_opt=refiner_opt, generator=generator, generator_opt=generator_opt,
+                             step=state.step + 1)
         new = guarded_update(finite, new, state._replace(step=state.step + 1))
+        for i in range(self.num_refiners):
+            metrics[f"{multi_expert.EXPERT_PREFIX}{i}_advantage_std"] = jnp.std(ro.expert_advantages[i])
         return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
 
     def step_fn(self, state: JointRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[JointRLState, dict]:
         """The pure, unjitted step (rollout + every update) for custom ``jit``/sharding (``distributed.sharded_step``)."""
         ro = self._rollout(state, batch, key)
-        state, metrics = self._update(state, ro)
+        state, metrics = self._update(state, ro, jax.random.fold_in(key, UPDATE_KEY))
         return state, {**metrics, **reward_metrics(ro)}
 
     def step(self, state: JointRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[JointRLState, dict]:
         """Rollout then every update as ONE jitted function: ``(state, metrics)``; a non-finite loss or
         gradient anywhere leaves every weight unchanged (``metrics["skipped"] == 1``)."""
         check_refine_batch(batch, self.max_prompt_words)
+        self.config.schedule.check_rows(batch["ids"].shape[0] * self.config.group_size)
         return self._step(state, batch, key)
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "generated",
     "refinement",
     "generator_stats",
+    "take_rows",
     "token_log_probs",
     "repeat_groups",
     "score",
@@ -93,6 +94,14 @@ def refinement(execution: Execution, loop_id: str) -> ar.Continuation:
     if records is None:
         raise ValueError(f"loop {loop_id!r} was not captured")
     return ar.continuation(final, records)
+
+
+def take_rows(generated: Generated, rows: jax.Array) -> Generated:
+    """The rendered batch restricted to ``rows`` ``(b,)``: images and conditioning by row, the
+    trajectory's fields ``(S, B, ...)`` along their row axis."""
+    by_row = lambda a: a[rows]
+    return Generated(generated.images[rows], jax.tree.map(by_row, generated.cond),
+                     jax.tree.map(lambda a: a[:, rows], generated.trajectory))
 
 
 def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfig) -> tuple[jax.Array, jax.Array]:

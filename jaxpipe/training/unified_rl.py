@@ -32,9 +32,9 @@ from jaxpipe.card import Card
 from jaxpipe.cards import registry, unified
 from jaxpipe.loops import ar, denoise
 from jaxpipe.program import settings as loop_settings
-from jaxpipe.training import losses, rollout
+from jaxpipe.training import losses, ppo, rollout
 from jaxpipe.training.finetune import guarded_update, split_trainable
-from jaxpipe.training.flow_grpo import FlowGRPOConfig, RewardFn, check_batch, generator_update
+from jaxpipe.training.flow_grpo import UPDATE_KEY, FlowGRPOConfig, RewardFn, check_batch, generator_minibatch_update
 
 __all__ = [
     "UnifiedRLConfig", "UnifiedRLState", "UnifiedRollout", "UnifiedRL", "lm_update", "refine_rows", "reward_metrics",
@@ -49,7 +49,8 @@ class UnifiedRLConfig:
     group_size K and ``skip`` (samples per group that keep the original prompt, 0 <= skip < K);
     ``joint``: train the generator too (False = prompt-only); generator settings as in
     ``FlowGRPOConfig`` (``num_steps``, ``noise_level``, ``sde_window``, ``clip_eps``, ``beta``,
-    ``learning_rate``, ``kl``); LM settings ``lm_learning_rate``, ``lm_beta`` (k3 KL weight),
+    ``learning_rate``, ``kl``; ``minibatches``, ``inner_epochs`` and ``timestep_fraction``: several
+    updates per rollout, see ``training.ppo``, for both models); LM settings ``lm_learning_rate``, ``lm_beta`` (k3 KL weight),
     ``lm_clip_eps`` (per-token ratio clip). Refinements are sampled at temperature 1 (on-policy).
     """
 
@@ -68,6 +69,9 @@ class UnifiedRLConfig:
     lm_clip_eps: float = 0.2
     grad_clip: float = 1.0
     kl: str = "exact"
+    minibatches: int = 1
+    inner_epochs: int = 1
+    timestep_fraction: float = 1.0
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -94,7 +98,15 @@ class UnifiedRLConfig:
             learning_rate=self.learning_rate,
             grad_clip=self.grad_clip,
             kl=self.kl,
+            minibatches=self.minibatches,
+            inner_epochs=self.inner_epochs,
+            timestep_fraction=self.timestep_fraction,
         )
+
+    @property
+    def schedule(self) -> ppo.Schedule:
+        """How many updates each rollout feeds, both models alike (``training.ppo``)."""
+        return self.generator.schedule
 
     @property
     def sampling(self) -> denoise.DenoiseConfig:
@@ -261,40 +273,54 @@ class UnifiedRL:
         return UnifiedRollout(refinement, refined, run.slots["refined"], generated, rewards, advantages)
 
     # ----------------------------------------------------------------------------------- update
-    def _update(self, state: UnifiedRLState, ro: UnifiedRollout) -> tuple[UnifiedRLState, dict]:
+    def _update(self, state: UnifiedRLState, ro: UnifiedRollout, key: jax.Array | None = None) -> tuple[UnifiedRLState, dict]:
+        """Every update the rollout feeds (``config.schedule``; each updates the LM, then the generator
+        when joint, on the same minibatch rows), then the all-or-nothing finite guard."""
         cfg = self.config
-        lm, lm_opt, lm_value, lm_metrics, lm_grad_norm = lm_update(
-            self.lm_tx, self._llm, state.lm, state.lm_reference, state.lm_opt, ro.refinement, ro.advantages, cfg
-        )
-        new = state._replace(lm=lm, lm_opt=lm_opt, step=state.step + 1)
-        finite = jnp.isfinite(lm_value) & jnp.isfinite(lm_grad_norm)
-        metrics = {**prefixed("lm_", lm_metrics), "lm_grad_norm": lm_grad_norm}
-        if cfg.joint:
-            generator, generator_opt, value, gen_metrics, grad_norm = generator_update(
-                self.generator_tx, self._generator_of(state.lm, state.frozen), state.generator, state.generator_reference,
-                state.generator_opt, ro.generated, ro.advantages, cfg.generator, self.sampling,
+        generator_of = self._generator_of(state.lm, state.frozen)
+
+        def one(carry, rows, k):
+            lm, lm_opt, generator, generator_opt = carry
+            refinement, advantages = ro.refinement, ro.advantages
+            if rows is not None:
+                refinement, advantages = jax.tree.map(lambda a: a[rows], refinement), advantages[rows]
+            lm, lm_opt, lm_value, lm_metrics, lm_grad_norm = lm_update(
+                self.lm_tx, self._llm, lm, state.lm_reference, lm_opt, refinement, advantages, cfg
             )
-            new = new._replace(generator=generator, generator_opt=generator_opt)
-            finite = finite & jnp.isfinite(value) & jnp.isfinite(grad_norm)
-            metrics.update(prefixed("gen_", gen_metrics), gen_grad_norm=grad_norm)
+            finite = jnp.isfinite(lm_value) & jnp.isfinite(lm_grad_norm)
+            metrics = {**prefixed("lm_", lm_metrics), "lm_grad_norm": lm_grad_norm}
+            if cfg.joint:
+                generator, generator_opt, value, gen_metrics, grad_norm = generator_minibatch_update(
+                    self.generator_tx, generator_of, generator, state.generator_reference, generator_opt, ro.generated,
+                    ro.advantages, rows, k, cfg.generator, self.sampling,
+                )
+                finite = finite & jnp.isfinite(value) & jnp.isfinite(grad_norm)
+                metrics.update(prefixed("gen_", gen_metrics), gen_grad_norm=grad_norm)
+            return (lm, lm_opt, generator, generator_opt), metrics, finite
+
+        carry = (state.lm, state.lm_opt, state.generator, state.generator_opt)
+        (lm, lm_opt, generator, generator_opt), metrics, finite = ppo.run(one, carry, key, ro.advantages.shape[0], cfg.schedule)
+        new = state._replace(lm=lm, lm_opt=lm_opt, generator=generator, generator_opt=generator_opt, step=state.step + 1)
         new = guarded_update(finite, new, state._replace(step=state.step + 1))
         return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
 
     def step_fn(self, state: UnifiedRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[UnifiedRLState, dict]:
         """The pure, unjitted step (rollout + both updates), for custom ``jit``/sharding."""
         ro = self._rollout(state, batch, key)
-        state, metrics = self._update(state, ro)
+        state, metrics = self._update(state, ro, jax.random.fold_in(key, UPDATE_KEY))
         return state, {**metrics, **reward_metrics(ro)}
 
     def step(self, state: UnifiedRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[UnifiedRLState, dict]:
-        """Rollout then both updates as ONE jitted function: ``(state, metrics)``. A non-finite loss or
+        """Rollout then its updates as ONE jitted function: ``(state, metrics)``. A non-finite loss or
         gradient leaves every weight unchanged (``metrics["skipped"] == 1``)."""
         self.check_batch(batch)
         return self._step(state, batch, key)
 
     def check_batch(self, batch: Mapping[str, Any]) -> None:
-        """A clear error for a malformed batch or a prompt too long to refine (when the ids are concrete)."""
+        """A clear error for a malformed batch, a prompt too long to refine (when the ids are concrete) or
+        minibatches that do not divide the rollout."""
         check_refine_batch(batch, self.max_prompt_words)
+        self.config.schedule.check_rows(batch["ids"].shape[0] * self.config.group_size)
 
 
 def restrict(refinement: ar.Continuation, refined: jax.Array) -> ar.Continuation:

@@ -1,0 +1,133 @@
+"""Several PPO updates per rollout: shuffled minibatches × inner epochs as nested ``lax.scan``s (DESIGN §10).
+
+As FlowGRPO's trainer (train batch < sample batch, inner epochs, ``timestep_fraction``) and
+purejaxrl: one rollout of ``B`` rows feeds ``inner_epochs × minibatches`` optimiser steps inside the
+one jitted step. Every epoch draws a permutation of the rows from the step key and cuts it into
+``minibatches`` equal minibatches (each row trained exactly once per epoch); each minibatch may also
+train on a random ``timestep_fraction`` of the captured denoising steps, drawn per row. The rollout's
+captured log-probs stay the "old" policy of every update, so the first update sees ratio == 1 (C2)
+and the later ones see how far the policy has moved, which is where the PPO clip binds.
+
+A method gives ``run`` one update, ``update(carry, rows, key) -> (carry, metrics, finite)``: ``rows``
+``(b,)`` are the minibatch's row indices (``None``: every row, in order) and ``key`` its own key.
+With one minibatch, one epoch and every step (``Schedule().single``) ``run`` calls it once, with no
+scan and no gather: bit for bit the single update of before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxpipe.loops import denoise
+
+__all__ = ["Schedule", "minibatch_rows", "run", "summarize", "subsample_steps", "PER_UPDATE"]
+
+PER_UPDATE = ("clip_frac", "ratio_mean", "approx_kl")
+"""Metrics also reported per update (``<name>_u<i>``) when a rollout feeds several."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How many updates a rollout feeds: ``minibatches`` per epoch × ``inner_epochs``, each on a random
+    ``timestep_fraction`` (in (0, 1]) of the captured denoising steps."""
+
+    minibatches: int = 1
+    inner_epochs: int = 1
+    timestep_fraction: float = 1.0
+
+    def __post_init__(self):
+        for name in ("minibatches", "inner_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int (got {value!r})")
+        if not (isinstance(self.timestep_fraction, (int, float)) and 0.0 < self.timestep_fraction <= 1.0):
+            raise ValueError(f"timestep_fraction must be in (0, 1] (got {self.timestep_fraction!r})")
+
+    @property
+    def updates(self) -> int:
+        return self.minibatches * self.inner_epochs
+
+    @property
+    def single(self) -> bool:
+        """One update on every row and every step: the rollout is used once, as a plain update."""
+        return self.updates == 1 and self.timestep_fraction == 1.0
+
+    def check_rows(self, rows: int) -> None:
+        """A clear error unless ``minibatches`` divides the rollout's ``rows``."""
+        if rows % self.minibatches:
+            raise ValueError(
+                f"minibatches={self.minibatches} must divide the rollout's {rows} rows (prompts per step × group size)"
+            )
+
+    def steps_kept(self, captured: int) -> int:
+        """How many of ``captured`` denoising steps a minibatch trains on (at least one)."""
+        return max(1, math.floor(captured * self.timestep_fraction + 1e-9))
+
+
+def minibatch_rows(key: jax.Array, rows: int, schedule: Schedule) -> jax.Array:
+    """``(inner_epochs, minibatches, rows / minibatches)`` row indices: per epoch a permutation of the
+    rows from ``fold_in(key, epoch)``, cut into equal minibatches (one minibatch keeps the row order)."""
+    schedule.check_rows(rows)
+    size = rows // schedule.minibatches
+    if schedule.minibatches == 1:
+        order = jnp.broadcast_to(jnp.arange(rows), (schedule.inner_epochs, rows))
+    else:
+        order = jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(key, e), rows))(jnp.arange(schedule.inner_epochs))
+    return order.reshape(schedule.inner_epochs, schedule.minibatches, size).astype(jnp.int32)
+
+
+Update = Callable[[Any, jax.Array | None, jax.Array | None], tuple[Any, dict, jax.Array]]
+
+
+def run(update: Update, carry: Any, key: jax.Array | None, rows: int, schedule: Schedule) -> tuple[Any, dict, jax.Array]:
+    """All of a rollout's updates: ``(carry, metrics, finite)``, nested scans over epochs and minibatches
+    (``metrics``: ``summarize``d over the updates; ``finite``: every update was). A single update runs
+    as a plain call, its metrics untouched: the same program as before several updates existed."""
+    if schedule.single:
+        return update(carry, None, None)
+    if key is None:
+        raise ValueError("several updates per rollout (or a timestep fraction) need a key for the minibatch order")
+    order = minibatch_rows(jax.random.fold_in(key, 0), rows, schedule)
+    keys = jax.random.split(jax.random.fold_in(key, 1), schedule.updates).reshape(schedule.inner_epochs, schedule.minibatches)
+
+    def minibatch(carry, xs):
+        idx, k = xs
+        carry, metrics, finite = update(carry, idx, k)
+        return carry, (metrics, finite)
+
+    def epoch(carry, xs):
+        return jax.lax.scan(minibatch, carry, xs)
+
+    carry, (metrics, finite) = jax.lax.scan(epoch, carry, (order, keys))
+    flat = lambda v: v.reshape((schedule.updates,) + v.shape[2:])
+    return carry, summarize(jax.tree.map(flat, metrics)), jnp.all(finite)
+
+
+def summarize(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Per-update metrics ``{name: (updates,)}`` -> the mean of each, plus ``<name>_u<i>`` for the
+    ratio and clip statistics (``PER_UPDATE``) when there were several updates."""
+    out = {name: jnp.mean(values) for name, values in metrics.items()}
+    for name, values in metrics.items():
+        if values.shape[0] > 1 and name.endswith(PER_UPDATE):
+            out.update({f"{name}_u{i}": values[i] for i in range(values.shape[0])})
+    return out
+
+
+def subsample_steps(trajectory: denoise.Transition, key: jax.Array, kept: int) -> denoise.Transition:
+    """``kept`` of a trajectory's ``S`` captured steps per row, drawn independently per row (FlowGRPO's
+    ``timestep_fraction``): fields ``(S, B, ...)`` -> ``(kept, B, ...)``."""
+    captured, rows = trajectory.log_prob.shape
+    order = jax.vmap(lambda k: jax.random.permutation(k, captured))(jax.random.split(key, rows))  # (B, S)
+    picked = order[:, :kept].T  # (kept, B)
+
+    def take(field: jax.Array) -> jax.Array:
+        index = picked.reshape(picked.shape + (1,) * (field.ndim - 2))
+        return jnp.take_along_axis(field, index, axis=0)
+
+    return jax.tree.map(take, trajectory)
