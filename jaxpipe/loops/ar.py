@@ -154,13 +154,24 @@ def _concrete(x) -> np.ndarray | None:
         return None
 
 
-def init(model: Decoder, prompt_ids: jax.Array, keys: jax.Array, config: ARConfig) -> ARState:
+def init(
+    model: Decoder,
+    prompt_ids: jax.Array,
+    keys: jax.Array,
+    config: ARConfig,
+    *,
+    cache: Any = None,
+    prefilled: tuple[jax.Array, Any] | None = None,
+) -> ARState:
     """Start ``B`` requests from right-padded ``prompt_ids`` ``(B, L)`` int32 (pad = 0; true lengths
     are ``sum(ids != 0)``, each >= 1) and per-request typed PRNG ``keys`` ``(B,)``.
 
     Prefills the KV cache with each prompt and stores its next-token logits. Needs
     ``prompt length + max_new_tokens <= model.max_len`` (checked on the true lengths when
-    they are concrete, on ``L`` under tracing).
+    they are concrete, on ``L`` under tracing). ``cache``: prefill on top of this cache instead
+    of an empty one (e.g. one already holding an image the prompt attends to); ``prefilled``:
+    the ``(logits, cache)`` of ``model.prefill`` on exactly these prompts, computed earlier (a
+    cached program node), so the prompt is not run again.
     """
     max_len = model.max_len
     prompt_ids = jnp.asarray(prompt_ids)
@@ -183,7 +194,13 @@ def init(model: Decoder, prompt_ids: jax.Array, keys: jax.Array, config: ARConfi
             f"prompt_ids: a prompt of {longest} tokens + max_new_tokens={config.max_new_tokens} exceeds the LM's "
             f"max_len={max_len}; prompts may have at most max_len - max_new_tokens = {max_len - config.max_new_tokens} tokens"
         )
-    logits, cache = model.prefill(prompt_ids, lengths, model.init_cache(b))
+    if prefilled is not None:
+        if cache is not None:
+            raise ValueError("pass either cache (to prefill on) or prefilled (already prefilled), not both")
+        logits, cache = prefilled
+        chex.assert_shape(logits, (b, model.vocab_size))
+    else:
+        logits, cache = model.prefill(prompt_ids, lengths, model.init_cache(b) if cache is None else cache)
     tokens = jnp.zeros((b, max_len), jnp.int32).at[:, :width].set(prompt_ids)
     zeros = jnp.zeros((b,), jnp.int32)
     return ARState(
