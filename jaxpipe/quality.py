@@ -14,13 +14,14 @@ from collections.abc import Callable
 import numpy as np
 
 from jaxpipe.card import Card
-from jaxpipe.cards import digit_scorer
+from jaxpipe.cards import digit_scorer, registry
 from jaxpipe.data import digits
 from jaxpipe.generate import generate
 from jaxpipe.progress import progress_bar
 from jaxpipe.stopping import Stopped
 
-__all__ = ["t2i_quality", "i2v_quality", "ink_centroids", "MOTION_THRESHOLD_PX", "FIRST_FRAME_TOLERANCE"]
+__all__ = ["t2i_quality", "i2v_quality", "understanding_quality", "thinking_quality", "ink_centroids", "MOTION_THRESHOLD_PX",
+           "FIRST_FRAME_TOLERANCE"]
 
 MOTION_THRESHOLD_PX = 1.0
 """A video 'moves' in a direction when its centroid travels more than this many pixels that way."""
@@ -153,3 +154,99 @@ def i2v_quality(
         "video_mae": float(np.mean(np.abs(videos - ideal))),
         **extra,
     }
+
+
+def _parsed(texts) -> dict[str, np.ndarray]:
+    """Labels ``{"digit", *ATTRIBUTES: (N,) int}`` named by caption ``texts`` (-1: not named, or unparseable)."""
+    keys = ("digit",) + digits.ATTRIBUTES
+    out = {k: np.full(len(texts), -1) for k in keys}
+    for i, text in enumerate(texts):
+        try:
+            labels = digits.parse_caption(text)
+        except ValueError:
+            continue
+        for k in keys:
+            if labels[k] is not None:
+                out[k][i] = labels[k]
+    return out
+
+
+def understanding_quality(card: Card, *, samples: int = 200, seed: int = 0, batch: int = 100, progress: bool = False,
+                          should_stop: Callable[[], bool] | None = None) -> dict:
+    """Image -> caption accuracy of a card with an ``understand`` program on ``samples`` held-out digits
+    drawn with random attributes: per attribute (the caption names the right word), all right, and
+    how often the caption is complete (digit and every attribute named once)."""
+    if samples <= 0:
+        raise ValueError(f"samples must be > 0 (got {samples})")
+    program = registry.family_of(card).program("understand")
+    images, labels = digits.load_images("heldout")
+    pick = np.random.default_rng(seed).permutation(len(images))[:samples]
+    data = digits.augment(images[pick], labels[pick], seed=seed)
+    pixels = (data.image + 1.0) / 2.0
+    texts: list[str] = []
+    with progress_bar(total=samples, desc=f"{card.model_id} captions", disable=not progress) as bar:
+        for i in range(0, samples, batch):
+            if should_stop is not None and should_stop():
+                raise Stopped()
+            part = slice(i, min(i + batch, samples))
+            n = part.stop - part.start
+            texts += generate(card, [""] * n, image=pixels[part], seed=list(range(part.start, part.stop)), program=program)["caption_text"]
+            bar.update(n)
+    said = _parsed(texts)
+    keys = ("digit",) + digits.ATTRIBUTES
+    right = {k: said[k] == np.asarray(getattr(data, k)) for k in keys}
+    return {
+        "samples": samples,
+        "accuracy": {k: float(np.mean(right[k])) for k in keys},
+        "all_right": float(np.mean(np.all([right[k] for k in keys], axis=0))),
+        "complete": float(np.mean(np.all([said[k] >= 0 for k in keys], axis=0))),
+        "examples": texts[:5],
+    }
+
+
+def thinking_quality(card: Card, scorer: Card, *, samples: int = 200, seed: int = 0, num_steps: int | None = None,
+                     guidance: float | None = None, batch: int = 100, progress: bool = False,
+                     should_stop: Callable[[], bool] | None = None) -> dict:
+    """Thinking vs not on partial prompts (a digit and one attribute), judged by ``scorer``.
+
+    For each of ``samples`` prompts, the same seed renders with ``inputs={"think": True}`` and
+    ``False``. Reported per mode: the prompted digit right, the prompted attribute right, both right;
+    with thinking also how often the thought is a complete caption that keeps the prompt, and how
+    often the image shows everything the thought names (the model follows its own plan).
+    """
+    if samples <= 0:
+        raise ValueError(f"samples must be > 0 (got {samples})")
+    rng = np.random.default_rng(seed)
+    attrs = digits.ATTRIBUTES
+    digit = rng.integers(0, 10, samples)
+    which = rng.integers(0, len(attrs), samples)
+    value = np.array([rng.integers(0, len(digits.ATTRIBUTE_WORDS[attrs[w]])) for w in which])
+    prompts = [digits.caption(int(d), **{attrs[w]: int(v)}) for d, w, v in zip(digit, which, value)]
+    seeds = [seed * 100_003 + i for i in range(samples)]
+    out = {"samples": samples, "num_steps": num_steps or _denoise_defaults(card).num_steps,
+           "guidance": guidance or _denoise_defaults(card).guidance}
+    with progress_bar(total=2 * samples, desc=f"{card.model_id} think / no think", disable=not progress) as bar:
+        for think in (True, False):
+            thoughts: list[str] = []
+
+            def render(s, think=think, thoughts=thoughts):
+                res = generate(card, prompts[s], seed=seeds[s], num_steps=num_steps, guidance=guidance,
+                               inputs={"think": think})
+                thoughts.extend(res["thought_text"])
+                return res["image"]
+
+            images = _in_batches(render, samples, batch, bar, should_stop)
+            pred = {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, images * 2.0 - 1.0).items()}
+            digit_ok = pred["digit"] == digit
+            attr_ok = np.array([pred[attrs[w]][i] == v for i, (w, v) in enumerate(zip(which, value))])
+            mode = {"digit": float(np.mean(digit_ok)), "attribute": float(np.mean(attr_ok)),
+                    "prompt_right": float(np.mean(digit_ok & attr_ok))}
+            if think:
+                said = _parsed(thoughts)
+                kept = (said["digit"] == digit) & np.array([said[attrs[w]][i] == v for i, (w, v) in enumerate(zip(which, value))])
+                complete = np.all([said[k] >= 0 for k in ("digit",) + attrs], axis=0)
+                follows = np.all([(said[k] < 0) | (pred[k] == said[k]) for k in ("digit",) + attrs], axis=0)
+                mode.update(thought_complete=float(np.mean(complete & kept)), follows_thought=float(np.mean(follows & complete)),
+                            examples=thoughts[:5])
+            out["think" if think else "no_think"] = mode
+    return out
