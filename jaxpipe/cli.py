@@ -4,6 +4,7 @@
     jaxpipe evaluate [--samples N] [--guidance G]
     jaxpipe train flow-grpo --steps N --out DIR [...]     # RL on flux-t2i (generator only)
     jaxpipe train unified --steps N --out DIR [...]       # RL on the unified card (refiner LM + generator)
+    jaxpipe train mot --steps N --out DIR [...]           # RL on shared weights (bagel-mot: one MoT thinks and generates)
     jaxpipe train joint --steps N --out DIR [...]         # N-way: N refiner experts (one vmap) + generator
     jaxpipe cards
 
@@ -407,6 +408,31 @@ def train_unified(
         return spec, UnifiedRLConfig(**flags.generator(), **refinerflags.refiner())
 
     _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.unified_run(
+        card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
+
+
+@train_app.command("mot")
+@_with(RunFlags)
+def train_mot(
+    runflags: RunFlags,
+    skip: int = typer.Option(1, "--skip", help="Samples per group rendered without thinking (0 <= skip < K)."),
+    token_weight: float = typer.Option(1.0, "--token-weight", help="Weight of the thinking (token policy-gradient) part of the one summed loss."),
+    lm_beta: float = typer.Option(0.01, "--lm-beta", help="k3-KL weight of the thoughts to the frozen reference."),
+    mention: float = typer.Option(0.5, "--mention", help="Probability that a prompt names each rewarded attribute."),
+    prefer: str = typer.Option("", "--prefer", help="Preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick."),
+    model: str = typer.Option("bagel-mot", "--model", help="Mixture-of-Transformers card to train: a bundled id or a card directory."),
+) -> None:
+    """RL on shared weights: one MoT transformer thinks and generates; one summed update, one optimiser."""
+    from jaxpipe.training import runs
+    from jaxpipe.training.mot_rl import MoTRLConfig
+
+    flags = runflags
+
+    def config():
+        spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
+        return spec, MoTRLConfig(**flags.generator(), skip=skip, token_weight=token_weight, lm_beta=lm_beta)
+
+    _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.mot_run(
         card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
 
 

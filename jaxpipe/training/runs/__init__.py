@@ -6,7 +6,7 @@ trainer, prompt stream, evaluation, curves) and ``reports`` (``execute``: train 
 metrics, curves, the report and the trained card).
 """
 
-from jaxpipe.training.runs.builders import Run, flow_grpo_run, joint_run, unified_run
+from jaxpipe.training.runs.builders import Run, flow_grpo_run, joint_run, mot_run, unified_run
 from jaxpipe.training.runs.evaluation import (
     DIVERSITY_COLLAPSE,
     EvalSettings,
@@ -21,6 +21,7 @@ from jaxpipe.training.runs.reports import OUTPUTS, TIMING, execute, summary_line
 
 __all__ = [
     "DIVERSITY_COLLAPSE", "EvalSettings", "OUTPUTS", "TIMING", "PromptSpec", "Prompts", "Run", "diversity", "execute", "flow_grpo_run",
-    "generator_quality", "joint_run", "judge", "parse_preferences", "parse_terms", "prompt_batches", "refinement_quality",
+    "generator_quality", "joint_run",
+    "mot_run", "judge", "parse_preferences", "parse_terms", "prompt_batches", "refinement_quality",
     "serve", "sample_prompts", "summary_lines", "unified_run",
 ]

@@ -17,11 +17,12 @@ from jaxpipe.cards import multi_expert, registry
 from jaxpipe.cards.checkpoint import config_to_dict
 from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward, scorer_reward_parts
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
+from jaxpipe.training.mot_rl import MoTRLConfig, SharedMoTRL
 from jaxpipe.training.runs.evaluation import EvalSettings, generator_quality, refinement_quality
 from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 
-__all__ = ["Run", "flow_grpo_run", "unified_run", "joint_run"]
+__all__ = ["Run", "flow_grpo_run", "unified_run", "joint_run", "mot_run"]
 
 
 @dataclasses.dataclass
@@ -111,6 +112,19 @@ def flow_grpo_run(
     )
 
 
+def _refinement_headline(before: dict, after: dict) -> dict:
+    return {
+        "refined_all_right": _change(before, after, "refined", "all_right"),
+        "original_all_right": _change(before, after, "original", "all_right"),
+        "refined_minus_original_before": before["refined"]["all_right"] - before["original"]["all_right"],
+        "refined_minus_original_after": after["refined"]["all_right"] - after["original"]["all_right"],
+        "refined_prompted_right": _change(before, after, "refined", "prompted_right"),
+        "preferred_word_rate": _change(before, after, "preferred_word_rate"),
+        "preferred_word_rate_in_order": _change(before, after, "preferred_word_rate_in_order"),
+        "added_words": _change(before, after, "added_words"),
+    }
+
+
 def unified_run(
     card: Card,
     scorer: Card,
@@ -134,17 +148,7 @@ def unified_run(
     if evaluation is not None:
         evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps, should_stop=stop)
 
-    def headline(before: dict, after: dict) -> dict:
-        return {
-            "refined_all_right": _change(before, after, "refined", "all_right"),
-            "original_all_right": _change(before, after, "original", "all_right"),
-            "refined_minus_original_before": before["refined"]["all_right"] - before["original"]["all_right"],
-            "refined_minus_original_after": after["refined"]["all_right"] - after["original"]["all_right"],
-            "refined_prompted_right": _change(before, after, "refined", "prompted_right"),
-            "preferred_word_rate": _change(before, after, "preferred_word_rate"),
-            "preferred_word_rate_in_order": _change(before, after, "preferred_word_rate_in_order"),
-            "added_words": _change(before, after, "added_words"),
-        }
+    headline = _refinement_headline
 
     return Run(
         name="unified" if config.joint else "unified (prompt-only)",
@@ -214,4 +218,40 @@ def joint_run(
             "refiner_losses.png": tuple(f"{name}_loss" for name in names),
         },
         headline=headline,
+    )
+
+
+def mot_run(
+    card: Card,
+    scorer: Card,
+    config: MoTRLConfig,
+    prompts: PromptSpec = PromptSpec(mention=0.5),
+    *,
+    prompts_per_step: int = 4,
+    seed: int = 0,
+    evaluation: EvalSettings | None = EvalSettings(),
+) -> Run:
+    """RL on shared weights (``SharedMoTRL``) on a MoT card: the thinker and the generator are one
+    transformer. Prompts and evaluation as ``unified_run`` (thinking plays the refiner's part)."""
+    if card.spec.family != "bagel_mot":
+        raise ValueError(f"train mot needs a Mixture-of-Transformers card (e.g. 'bagel-mot'); {card.model_id!r} is not one")
+    _check_room(card, prompts)
+    method = SharedMoTRL(card, scorer_reward(scorer, prompts.terms), config)
+    evaluate = None
+    if evaluation is not None:
+        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps, should_stop=stop)
+    return Run(
+        name="mot",
+        method=method,
+        batches=prompt_batches(card, prompts, prompts_per_step, seed),
+        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
+        evaluate=evaluate,
+        curves={
+            "reward.png": ("reward_mean",),
+            "refined_vs_original.png": ("reward_refined", "reward_original"),
+            "refined_tokens.png": ("refined_tokens",),
+            "kl.png": ("lm_kl", "gen_kl"),
+            "interference.png": ("cos_all", "cos_shared", "cos_understanding", "cos_generation", "cos_io"),
+        },
+        headline=_refinement_headline,
     )

@@ -55,13 +55,16 @@ def serve(
     """Serve ``captions`` at guidance 1 through the card's program: ``(images (N, H, W, C) in [0, 1],
     the prompts rendered)``.
 
-    A card whose program refines prompts (``unified``, ``multi-expert``) serves the refinement, its
-    served policy, unless ``refine`` is False (then the prompt as written, with the same noise).
-    ``should_stop()`` is checked between batches (``Stopped`` when it turns true).
+    A card whose program refines prompts (``unified``, ``multi-expert``) or thinks first (``bagel-mot``)
+    serves the refinement / thought, its served policy, unless ``refine`` is False (then the prompt
+    as written, with the same noise). ``should_stop()`` is checked between batches (``Stopped`` when
+    it turns true).
     """
     captions, seeds = list(captions), list(seeds)
-    refines = "refine" in registry.default_program(card).inputs
-    inputs = {"refine": refine} if refines else {}
+    inputs_ = registry.default_program(card).inputs
+    flag = next((name for name in ("refine", "think") if name in inputs_), None)
+    inputs = {flag: refine} if flag else {}
+    text = {"refine": "refined_text", "think": "thought_text"}.get(flag)
     images, rendered = [], []
     for start in range(0, len(captions), batch):
         if should_stop is not None and should_stop():
@@ -69,7 +72,7 @@ def serve(
         part, part_seeds = captions[start : start + batch], seeds[start : start + batch]
         out = generate(card, part, seed=part_seeds, num_steps=num_steps, guidance=1.0, inputs=inputs)
         images.append(np.asarray(out["image"]))
-        rendered.extend(out["refined_text"] if refines else part)
+        rendered.extend(out[text] if text else part)
     return np.concatenate(images), rendered
 
 
