@@ -71,7 +71,9 @@ class CardSpec:
     loops: the loops it declares; recipe: loop ids in the order its default program runs them;
     parity: consistency levels it is tested at (``"C0"`` .. ``"C4"``); capabilities: tasks it
     serves (``"t2i"``, ``"i2v"`` ...); tokenizer: its text tokenizer, if it reads text;
-    config: the family's hashable build configuration (sizes, latent shape, defaults).
+    config: the family's hashable build configuration (sizes, latent shape, defaults);
+    optional: components the card declares but may lack (e.g. a sound decoder a checkpoint does
+    not ship): a card without them validates and loads, and ``card.has(name)`` says which are there.
     """
 
     model_id: str
@@ -82,9 +84,10 @@ class CardSpec:
     capabilities: tuple[str, ...] = ()
     tokenizer: Hashable = None
     config: Hashable = None
+    optional: tuple[str, ...] = ()
 
     def __post_init__(self):
-        for name in ("loops", "recipe", "parity", "capabilities"):
+        for name in ("loops", "recipe", "parity", "capabilities", "optional"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def loop(self, loop_id: str) -> LoopSpec:
@@ -107,7 +110,15 @@ def validate(spec: CardSpec, component_names) -> None:
     clash = sorted(set(loop_ids) & names)
     if clash:
         raise CardValidationError(f"card {spec.model_id!r}: ids {clash} name both a loop and a component")
+    clash = sorted(set(loop_ids) & set(spec.optional))
+    if clash:
+        raise CardValidationError(f"card {spec.model_id!r}: ids {clash} name both a loop and an optional component")
     for loop in spec.loops:
+        absent = [c for c in loop.binds if c in spec.optional and c not in names]
+        if absent:
+            raise CardValidationError(
+                f"card {spec.model_id!r}: loop {loop.id!r} binds optional component(s) {absent} that this card does not have"
+            )
         missing = [c for c in loop.binds if c not in names]
         if missing:
             raise CardValidationError(
@@ -145,10 +156,16 @@ class Card:
         """The components loop ``loop_id`` binds, in ``LoopSpec.binds`` order (what its driver drives)."""
         return tuple(self.components[name] for name in self.spec.loop(loop_id).binds)
 
+    def has(self, name: str) -> bool:
+        """Whether the card has component ``name`` (an optional one may be declared and absent)."""
+        return name in self.components
+
     def __getitem__(self, name: str):
         try:
             return self.components[name]
         except KeyError:
+            if name in self.spec.optional:
+                raise KeyError(f"card {self.spec.model_id!r} declares the optional component {name!r} but does not have it") from None
             raise KeyError(
                 f"card {self.spec.model_id!r} has no component {name!r}; it has {sorted(self.components)}"
             ) from None

@@ -22,10 +22,13 @@ import dataclasses
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.cards.mot import eos_id
 from jaxpipe.data import VOCABULARY
 from jaxpipe.loops import ar, denoise
 from jaxpipe.nn import Autoencoder, AutoencoderConfig, Tokenizer
 from jaxpipe.nn.mot import MoT, MoTConfig, Routing
+
+__all__ = ["IMAGE_LOOP", "MODEL_ID", "THINK_LOOP", "UNDERSTAND_LOOP", "Config", "build", "eos_id"]
 
 MODEL_ID = "bagel-mot"
 THINK_LOOP = "generate_text"
@@ -107,9 +110,4 @@ def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID)
         config=config,
     )
     return Card(components, spec)
-
-
-def eos_id(card: Card) -> int:
-    """The MoT's ``<eos>`` id (also the ``<bos>`` of a caption)."""
-    return card.spec.tokenizer.vocab_size
 

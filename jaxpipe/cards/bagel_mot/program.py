@@ -22,50 +22,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpipe.card import Card, LoopSpec
-from jaxpipe.cards import generator
+from jaxpipe.cards import generator, mot
 from jaxpipe.cards.bagel_mot.card import IMAGE_LOOP, MODEL_ID, THINK_LOOP, UNDERSTAND_LOOP, eos_id
 from jaxpipe.cards.unified.card import refined_ids
-from jaxpipe.loops import ar, denoise
-from jaxpipe.nn.mot import MoTCond
+from jaxpipe.loops import ar
 from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, settings
 from jaxpipe.request import Request
 
 __all__ = ["think_t2i", "understand"]
 
 
-def _fold(keys: jax.Array, stream: int) -> jax.Array:
-    return jax.vmap(lambda k: jax.random.fold_in(k, stream))(keys)
-
-
-def _lengths(ids: jax.Array) -> jax.Array:
-    return jnp.sum(ids != 0, axis=1).astype(jnp.int32)
-
-
-# ------------------------------------------------------------------------------------------ think -> image
-def _prefill(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
-    """The prompt ``ids`` ``(B, L)`` through the MoT once: next-token logits and the text K/V cache."""
-    mot = card["transformer"]
-    ids = reads["ids"]
-    logits, cache = mot.prefill(ids, _lengths(ids), mot.init_cache(ids.shape[0]))
-    return {"prompt_logits": logits, "prompt_cache": cache}
-
-
-def _start_think(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: ar.ARConfig) -> ar.ARState:
-    (mot,) = card.bound(loop.id)
-    prefilled = (reads["prompt_logits"], reads["prompt_cache"])
-    return ar.init(mot, reads["ids"], _fold(reads["key"], 0), config, prefilled=prefilled)
-
-
-def _thinking(state: ar.ARState) -> ar.ARState:
-    return state
-
-
 def _condition(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
     """The image loop's conditioning: the thought's text K/V (prompt + thoughts) on thinking rows, the
     prompt's own K/V elsewhere; the text it renders as words (``<eos>`` dropped)."""
-    mot, thinking, think = card["transformer"], reads["thinking"], reads["think"]
-    prompt = mot.text_cond(reads["prompt_cache"], _lengths(reads["ids"]))
-    thought = mot.text_cond(thinking.cache, thinking.length)
+    model, thinking, think = card["transformer"], reads["thinking"], reads["think"]
+    prompt = model.text_cond(reads["prompt_cache"], mot.lengths(reads["ids"]))
+    thought = model.text_cond(thinking.cache, thinking.length)
     pick = lambda a, b: jnp.where(think.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
     cond = jax.tree.map(pick, thought, prompt)
     width = thinking.tokens.shape[1]
@@ -74,39 +46,14 @@ def _condition(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
     return {"cond": cond, "thought": jnp.where(think[:, None], words, prompt_words)}
 
 
-def _start_image(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig) -> denoise.DenoiseState:
-    cond: MoTCond = reads["cond"]
-    uncond = None
-    if config.guide.needs_uncond:
-        uncond = MoTCond(
-            tuple(jnp.zeros_like(k) for k in cond.k), tuple(jnp.zeros_like(v) for v in cond.v), jnp.zeros_like(cond.mask)
-        )
-    return denoise.init(_fold(reads["key"], 1), loop.latent_shape, cond, config, uncond)
-
-
 def _bind_think(card: Card, request: Request) -> Bound:
-    if request.image is not None:
-        raise ValueError(f"{card.model_id!r} renders text to an image and takes no image here "
-                         f"(got image={np.shape(request.image)}; captioning is the 'understand' program)")
-    if request.prompt is None:
-        raise ValueError(f"{card.model_id!r} renders a text prompt: the request needs prompt=...")
     config = card.spec.config
-    width = config.max_prompt_words
-    words = request.prompt.split()
-    if not words:
-        raise ValueError(f"{card.model_id!r}: the prompt needs at least one word (e.g. 'seven')")
-    if len(words) > width:
-        raise ValueError(
-            f"{card.model_id!r}: prompt {request.prompt!r} has {len(words)} words; the packed sequence has "
-            f"max_text={config.mot.max_text} text slots and thinking needs {config.think.max_new_tokens}, so prompts "
-            f"may have at most max_prompt_words = {width}"
-        )
-    ids = card.spec.tokenizer.encode([request.prompt], width)
-    think = card.spec.loop(THINK_LOOP).config
-    if request.inputs.get("temperature") is not None:
-        think = think.replace(temperature=request.inputs["temperature"])
-    slots = {"ids": ids, "key": generator.request_keys([request.seed]), "think": np.asarray([bool(request.inputs.get("think", True))])}
-    loops = settings(**{THINK_LOOP: think, IMAGE_LOOP: generator.loop_config(card, IMAGE_LOOP, request)})
+    ids = mot.prompt_ids(card, request, max_words=config.max_prompt_words,
+                         who=f"thinking needs {config.think.max_new_tokens} (captioning is the 'understand' program)")
+    think = np.asarray([bool(request.inputs.get("think", True))])
+    slots = {"ids": ids, "key": mot.request_key(request), "think": think}
+    loops = settings(**{THINK_LOOP: mot.settings_with_temperature(card, THINK_LOOP, request),
+                        IMAGE_LOOP: generator.loop_config(card, IMAGE_LOOP, request)})
     return Bound(slots=slots, settings=loops, artifacts={"text": request.prompt})
 
 
@@ -123,11 +70,11 @@ def think_t2i() -> Program:
         name=MODEL_ID,
         inputs=("ids", "key", "think"),
         nodes=(
-            ComponentNode("prefill", _prefill, ("ids",), ("prompt_logits", "prompt_cache"), component="transformer", cached=True),
-            LoopNode(THINK_LOOP, _start_think, reads=("ids", "key", "prompt_logits", "prompt_cache"), writes=("thinking",),
-                     result=_thinking),
+            ComponentNode("prefill", mot.prefill_prompt, ("ids",), ("prompt_logits", "prompt_cache"), component="transformer", cached=True),
+            LoopNode(THINK_LOOP, mot.start_ar, reads=("ids", "key", "prompt_logits", "prompt_cache"), writes=("thinking",),
+                     result=mot.final_state),
             ComponentNode("condition", _condition, reads=("ids", "prompt_cache", "thinking", "think"), writes=("cond", "thought")),
-            LoopNode(IMAGE_LOOP, _start_image, reads=("key", "cond"), writes=("latents",)),
+            LoopNode(IMAGE_LOOP, mot.start_denoise, reads=("key", "cond"), writes=("latents",)),
             ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae"),
         ),
         outputs=(("image", "image"), ("latents", "latents"), ("thought", "thought")),
@@ -144,13 +91,13 @@ def _encode_image(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
 
 def _see(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
     """Clean image latents -> their tokens' K/V in a fresh MoT cache (what the caption attends to)."""
-    mot, latents = card["transformer"], reads["image_latents"]
-    return {"image_cache": mot.prefill_image(latents, mot.init_cache(latents.shape[0]))}
+    model, latents = card["transformer"], reads["image_latents"]
+    return {"image_cache": model.prefill_image(latents, model.init_cache(latents.shape[0]))}
 
 
 def _start_caption(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: ar.ARConfig) -> ar.ARState:
-    (mot,) = card.bound(loop.id)
-    return ar.init(mot, reads["ids"], reads["key"], config, cache=reads["image_cache"])
+    (model,) = card.bound(loop.id)
+    return ar.init(model, reads["ids"], reads["key"], config, cache=reads["image_cache"])
 
 
 def _caption(state: ar.ARState) -> jax.Array:
@@ -181,7 +128,7 @@ def _bind_understand(card: Card, request: Request) -> Bound:
         ids[0, 1 : 1 + len(words)] = card.spec.tokenizer.encode([" ".join(words)], len(words))[0]
     if request.inputs.get("temperature") is not None:
         loop = loop.replace(temperature=request.inputs["temperature"])
-    slots = {"image": image[None], "ids": ids, "key": generator.request_keys([request.seed])}
+    slots = {"image": image[None], "ids": ids, "key": mot.request_key(request)}
     return Bound(slots=slots, settings=settings(**{UNDERSTAND_LOOP: loop}), artifacts={"text": request.prompt or ""})
 
 

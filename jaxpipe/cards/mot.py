@@ -1,0 +1,100 @@
+"""What every Mixture-of-Transformers family shares (``bagel_mot``, ``cosmos3``): program pieces over
+one ``transformer`` (a ``jaxpipe.nn.mot.MoT``) bound to an AR loop and a denoise loop.
+
+The prompt is prefilled once (a cached node, versioned with the ``transformer``); the AR loop
+starts from that prefill; the denoise loop starts from the text K/V of whatever text the family
+conditions on, with an all-masked text as the unconditional half of guidance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpipe.card import Card, LoopSpec
+from jaxpipe.cards import generator
+from jaxpipe.loops import ar, denoise
+from jaxpipe.nn.mot import MoTCond
+from jaxpipe.request import Request
+
+__all__ = ["fold", "lengths", "prefill_prompt", "start_ar", "final_state", "start_denoise", "prompt_ids", "eos_id"]
+
+
+def fold(keys: jax.Array, stream: int) -> jax.Array:
+    """Per-request keys ``fold_in(key, stream)``: each loop of a card draws from its own stream."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, stream))(keys)
+
+
+def lengths(ids: jax.Array) -> jax.Array:
+    """True lengths ``(B,)`` of right-padded ids ``(B, L)``."""
+    return jnp.sum(ids != 0, axis=1).astype(jnp.int32)
+
+
+def eos_id(card: Card) -> int:
+    """The MoT's ``<eos>`` id: the token after the card tokenizer's words."""
+    return card.spec.tokenizer.vocab_size
+
+
+def prefill_prompt(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
+    """The prompt ``ids`` ``(B, L)`` through the MoT once: next-token logits and the text K/V cache."""
+    mot = card["transformer"]
+    ids = reads["ids"]
+    logits, cache = mot.prefill(ids, lengths(ids), mot.init_cache(ids.shape[0]))
+    return {"prompt_logits": logits, "prompt_cache": cache}
+
+
+def start_ar(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: ar.ARConfig) -> ar.ARState:
+    """Start an AR loop from the prefilled prompt (keys ``fold_in(key, 0)``)."""
+    (mot,) = card.bound(loop.id)
+    prefilled = (reads["prompt_logits"], reads["prompt_cache"])
+    return ar.init(mot, reads["ids"], fold(reads["key"], 0), config, prefilled=prefilled)
+
+
+def final_state(state: Any) -> Any:
+    """A loop's whole final state as its result (the next node reads its tokens and cache)."""
+    return state
+
+
+def start_denoise(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig) -> denoise.DenoiseState:
+    """Start the denoise loop on ``cond`` (a ``MoTCond``; keys ``fold_in(key, 1)``); guidance's
+    unconditional half attends to no text."""
+    cond: MoTCond = reads["cond"]
+    uncond = None
+    if config.guide.needs_uncond:
+        uncond = MoTCond(tuple(map(jnp.zeros_like, cond.k)), tuple(map(jnp.zeros_like, cond.v)), jnp.zeros_like(cond.mask))
+    return denoise.init(fold(reads["key"], 1), loop.latent_shape, cond, config, uncond)
+
+
+def prompt_ids(card: Card, request: Request, *, max_words: int, who: str) -> np.ndarray:
+    """The request's prompt as ids ``(1, max_words)``: 1 to ``max_words`` words (``who`` needs the rest
+    of the packed sequence's text slots); clear errors otherwise."""
+    if request.image is not None:
+        raise ValueError(f"{card.model_id!r} renders text and takes no image here (got image={np.shape(request.image)})")
+    if request.prompt is None:
+        raise ValueError(f"{card.model_id!r} renders a text prompt: the request needs prompt=...")
+    words = request.prompt.split()
+    if not words:
+        raise ValueError(f"{card.model_id!r}: the prompt needs at least one word (e.g. 'seven')")
+    if len(words) > max_words:
+        raise ValueError(
+            f"{card.model_id!r}: prompt {request.prompt!r} has {len(words)} words; the packed sequence has "
+            f"max_text={card['transformer'].cfg.max_text} text slots and {who}, so prompts may have at most "
+            f"max_prompt_words = {max_words}"
+        )
+    return card.spec.tokenizer.encode([request.prompt], max_words)
+
+
+def settings_with_temperature(card: Card, loop_id: str, request: Request) -> ar.ARConfig:
+    """An AR loop's settings with the request's ``inputs["temperature"]``, if given."""
+    config = card.spec.loop(loop_id).config
+    if request.inputs.get("temperature") is not None:
+        config = config.replace(temperature=request.inputs["temperature"])
+    return config
+
+
+def request_key(request: Request) -> jax.Array:
+    return generator.request_keys([request.seed])
