@@ -1,20 +1,22 @@
 """Reproducible pretraining of a Mixture-of-Transformers card on the digits world (``bagel-mot``).
 
     python -m jaxpipe.training.pretrain_mot --out jaxpipe/assets/bagel-mot
+    python -m jaxpipe.training.pretrain_mot --model-id cosmos3 --steps 3000 --out jaxpipe/assets/cosmos3
 
-The MoT learns its three jobs at once, one summed loss per batch of captioned digits (latents by
-the bundled ``flux-t2i`` autoencoder, which the card shares):
+The MoT learns its jobs at once, one summed loss per batch of captioned digits (latents by the
+bundled ``flux-t2i`` autoencoder for ``bagel-mot``, ``wan-i2v``'s for the video card ``cosmos3``,
+which the card shares):
 
 - **generation** (flow matching on the image tokens of the packed sequence) conditioned on the
   caption + ``<eos>`` (a finished thought), a prefix of it (a partial prompt, what the card sees
   without thinking) or nothing (so the card supports guidance);
 - **thinking** (next-token loss on those text tokens): completing a prefix into a caption, then
   ``<eos>``;
-- **understanding** (next-token loss on ``<bos>`` caption ``<eos>`` with the clean image's
-  tokens as context).
+- **understanding** (``bagel-mot``: next-token loss on ``<bos>`` caption ``<eos>`` with the clean
+  image's tokens as context).
 
 Fixed seeds: the same machine reproduces the same weights. Writes the card (the autoencoder by
-reference to ``flux-t2i``), ``metrics.jsonl`` and ``pretrain.json``.
+reference to its base card), ``metrics.jsonl`` and ``pretrain.json``.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from flax import nnx
 
 from jaxpipe import cards
 from jaxpipe.card import Card
-from jaxpipe.cards import bagel_mot, generator
+from jaxpipe.cards import bagel_mot, generator, registry
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
+from jaxpipe.cards.mot import eos_id
 from jaxpipe.data import digits
 from jaxpipe.nn.mot import MoT
 from jaxpipe.training.finetune import guarded_update, make_optimizer
@@ -44,9 +47,7 @@ from jaxpipe.training.pretrain import array_batches
 
 __all__ = ["MoTPretrainConfig", "MoTTrainer", "caption_ids", "pretrain_mot"]
 
-BASE = "flux-t2i"
 BASE_COMPONENTS = ("vae",)
-CAPTION_WORDS = 4  # digit, stroke, position, brightness
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,7 @@ class MoTPretrainConfig:
     seed: int = 0
     steps: int = 4000
     batch_size: int = 64
+    video_batch_size: int = 16
     learning_rate: float = 1e-3
     warmup_steps: int = 100
     weight_decay: float = 0.0
@@ -88,15 +90,17 @@ def _next_token_loss(logits: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.
 
 
 def generation_text(words: jax.Array, eos: int, width: int, key: jax.Array, cfg: MoTPretrainConfig) -> jax.Array:
-    """Per row, the text the image is generated from ``(B, width)``: the caption ``words`` ``(B, W)`` +
-    ``<eos>`` (probability ``p_full``), nothing (``p_empty``) or a random non-empty prefix of the words."""
+    """Per row, the text the image is generated from ``(B, width)``: the caption ``words`` ``(B, W)``
+    (right-padded) + ``<eos>`` (probability ``p_full``), nothing (``p_empty``) or a random non-empty
+    prefix of the words."""
     b, n = words.shape
     k_kind, k_len = jax.random.split(key)
     u = jax.random.uniform(k_kind, (b,))
-    cut = jax.random.randint(k_len, (b,), 1, n + 1)
+    count = jnp.sum(words != 0, axis=1)
+    cut = jnp.floor(jax.random.uniform(k_len, (b,)) * count).astype(jnp.int32) + 1  # 1..count
     pos = jnp.arange(width)[None, :]
     padded = jnp.pad(words, ((0, 0), (0, width - n)))
-    full = jnp.where(pos == n, eos, padded)
+    full = jnp.where(pos == count[:, None], eos, padded)
     prefix = jnp.where(pos < cut[:, None], padded, 0)
     text = jnp.where((u < cfg.p_full)[:, None], full, prefix)
     return jnp.where((u >= 1.0 - cfg.p_empty)[:, None], 0, text)
@@ -106,14 +110,16 @@ def caption_ids(words: jax.Array, eos: int) -> jax.Array:
     """``<bos>`` (= ``<eos>``) + caption words ``(B, W)`` + ``<eos>``: an understanding target ``(B, W + 2)``."""
     b = words.shape[0]
     marker = jnp.full((b, 1), eos, words.dtype)
-    return jnp.concatenate([marker, words, marker], axis=1)
+    padded = jnp.concatenate([marker, words, jnp.zeros((b, 1), words.dtype)], axis=1)
+    end = jnp.sum(words != 0, axis=1) + 1
+    return jnp.where(jnp.arange(padded.shape[1])[None, :] == end[:, None], eos, padded)
 
 
 class MoTTrainer:
     """``init()``, jitted ``step(state, {"latents", "words"}, key)``, ``model(state)``: the summed MoT loss."""
 
-    def __init__(self, model: MoT, eos: int, cfg: MoTPretrainConfig = MoTPretrainConfig()):
-        self.cfg, self.eos = cfg, eos
+    def __init__(self, model: MoT, eos: int, cfg: MoTPretrainConfig = MoTPretrainConfig(), *, understand: bool = True):
+        self.cfg, self.eos, self.understand = cfg, eos, understand
         self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
         self.tx = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, cfg.weight_decay, cfg.grad_clip)
         self.step = jax.jit(self._step, donate_argnums=0)
@@ -135,8 +141,11 @@ class MoTTrainer:
         logits, v = mot.forward(text, text != 0, (1.0 - s) * x0 + s * noise, sigma)
         flow = jnp.mean((v - (noise - x0)) ** 2)
         think, think_acc = _next_token_loss(logits, text)
-        caption = caption_ids(words, self.eos)
-        understand, understand_acc = _next_token_loss(mot.understand(caption, caption != 0, x0), caption)
+        if self.understand:
+            caption = caption_ids(words, self.eos)
+            understand, understand_acc = _next_token_loss(mot.understand(caption, caption != 0, x0), caption)
+        else:
+            understand = understand_acc = jnp.zeros(())
         loss = flow + self.cfg.text_weight * (think + understand)
         return loss, {"loss": loss, "flow": flow, "think": think, "think_acc": think_acc, "understand": understand,
                       "understand_acc": understand_acc}
@@ -154,31 +163,46 @@ class MoTTrainer:
 
 
 def training_arrays(card: Card, cfg: MoTPretrainConfig, chunk: int = 256) -> dict[str, np.ndarray]:
-    """``{"latents": (N, 1, h, w, C), "words": (N, 4)}``: full-caption train digits, encoded once by the card's autoencoder."""
+    """``{"latents": (N, T, h, w, C), "words": (N, W)}``: train-split digits encoded once by the card's
+    autoencoder — full-caption images (``bagel-mot``; W = 4) or captioned moving-digit videos
+    (``cosmos3``; ``"seven moving right"``, W = 3)."""
     images, labels = digits.load_images("train")
-    data = digits.augment(images, labels, seed=cfg.seed, copies=cfg.copies)
-    encode = jax.jit(lambda vae, x: generator.TEXT_FLOW.latents({"vae": vae}, {"image": x}))
-    latents = np.concatenate([np.asarray(encode(card["vae"], jnp.asarray(data.image[i : i + chunk])))
-                              for i in range(0, len(data), chunk)])
-    words = card.spec.tokenizer.encode(list(data.caption), CAPTION_WORDS)
-    return {"latents": latents, "words": words}
+    if card.spec.family == "cosmos3":
+        data = digits.concat([digits.make_videos(images, labels, seed=cfg.seed + i) for i in range(cfg.copies)])
+        pixels, field, width = data.video, "video", 3
+    else:
+        data = digits.augment(images, labels, seed=cfg.seed, copies=cfg.copies)
+        pixels, field, width = data.image, "image", 4
+    encode = jax.jit(lambda vae, x: generator.TEXT_FLOW.latents({"vae": vae}, {field: x}))
+    latents = np.concatenate([np.asarray(encode(card["vae"], jnp.asarray(pixels[i : i + chunk])))
+                              for i in range(0, len(pixels), chunk)])
+    return {"latents": latents, "words": card.spec.tokenizer.encode(list(data.caption), width)}
+
+
+BASES = {"bagel_mot": "flux-t2i", "cosmos3": "wan-i2v"}
+"""The bundled card whose autoencoder each MoT family shares."""
 
 
 def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainConfig(), *, model_id: str = bagel_mot.MODEL_ID,
                  progress: bool = True) -> Card:
-    """Train a MoT card (``cfg.routing``) whose autoencoder is the bundled ``flux-t2i``'s; save it to ``out``."""
+    """Train a MoT card (``bagel-mot`` with ``cfg.routing``, or ``cosmos3``) on its bundled base card's
+    autoencoder; save it to ``out`` (the autoencoder by reference)."""
     out = None if out is None else Path(out)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.jsonl").unlink(missing_ok=True)
     start = time.perf_counter()
-    card = bagel_mot.build(bagel_mot.Config.bundled(cfg.routing), seed=cfg.seed, model_id=model_id)
-    card = card.replace(**{name: cards.load(BASE)[name] for name in BASE_COMPONENTS})
-    trainer = MoTTrainer(card["transformer"], bagel_mot.eos_id(card), cfg)
+    family = registry.by_model_id(model_id) if model_id in ("bagel-mot", "cosmos3") else registry.family("bagel_mot")
+    config = family.config.bundled(cfg.routing) if family.name == "bagel_mot" else family.config.bundled()
+    card = family.build(config, seed=cfg.seed, model_id=model_id)
+    base = BASES[family.name]
+    card = card.replace(**{name: cards.load(base)[name] for name in BASE_COMPONENTS})
+    video = family.name == "cosmos3"
+    trainer = MoTTrainer(card["transformer"], eos_id(card), cfg, understand=not video)
     state, history = fit(
         trainer.step,
         trainer.init(),
-        array_batches(training_arrays(card, cfg), cfg.batch_size, seed=cfg.seed + 1),
+        array_batches(training_arrays(card, cfg), cfg.video_batch_size if video else cfg.batch_size, seed=cfg.seed + 1),
         steps=cfg.steps,
         key=jax.random.key(cfg.seed + 1),
         metrics_path=None if out is None else out / "metrics.jsonl",
@@ -187,10 +211,10 @@ def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainCon
     )
     card = card.replace(transformer=trainer.model(state))
     if out is not None:
-        save_card(card, out, base=BASE, base_components=BASE_COMPONENTS)
+        save_card(card, out, base=base, base_components=BASE_COMPONENTS)
         last = history[-100:]
         final = {name: float(np.mean([h[name] for h in last])) for name in ("loss", "flow", "think", "understand")}
-        report = {"model_id": model_id, "base": BASE, "settings": config_to_dict(cfg), "final": final,
+        report = {"model_id": model_id, "base": base, "settings": config_to_dict(cfg), "final": final,
                   "params": card["transformer"].param_counts(), "train_s": time.perf_counter() - start,
                   "jax": jax.__version__, "backend": jax.default_backend()}
         (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
