@@ -20,7 +20,7 @@ from jaxpipe.generate import generate
 from jaxpipe.progress import progress_bar
 from jaxpipe.stopping import Stopped
 
-__all__ = ["t2i_quality", "i2v_quality", "understanding_quality", "thinking_quality", "ink_centroids", "MOTION_THRESHOLD_PX",
+__all__ = ["t2i_quality", "i2v_quality", "t2v_quality", "understanding_quality", "thinking_quality", "ink_centroids", "MOTION_THRESHOLD_PX",
            "FIRST_FRAME_TOLERANCE"]
 
 MOTION_THRESHOLD_PX = 1.0
@@ -250,3 +250,57 @@ def thinking_quality(card: Card, scorer: Card, *, samples: int = 200, seed: int 
                             examples=thoughts[:5])
             out["think" if think else "no_think"] = mode
     return out
+
+
+def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, num_steps: int | None = None,
+                guidance: float | None = None, batch: int = 50, progress: bool = False,
+                should_stop: Callable[[], bool] | None = None) -> dict:
+    """Text-to-video (a card whose program reasons first, ``cosmos3``), judged by motion and by ``scorer``.
+
+    ``full``: prompts naming digit and motion (``"seven moving right"``): the video moves as told
+    and shows the digit (first and last frame). ``digit_only``: the prompt names the digit alone and
+    the card reasons a motion: how often the reasoned caption names one, and how often the video
+    moves as its own reasoning says.
+    """
+    if samples <= 0:
+        raise ValueError(f"samples must be > 0 (got {samples})")
+    rng = np.random.default_rng(seed)
+    digit = rng.integers(0, 10, samples)
+    motion = rng.integers(0, len(digits.MOTION_NAMES), samples)
+    seeds = [seed * 100_003 + i for i in range(samples)]
+    out = {"samples": samples, "num_steps": num_steps or _denoise_defaults(card).num_steps,
+           "guidance": guidance or _denoise_defaults(card).guidance}
+    with progress_bar(total=2 * samples, desc=f"{card.model_id} videos", disable=not progress) as bar:
+        for mode, prompts in (("full", [digits.caption(int(d), motion=int(m)) for d, m in zip(digit, motion)]),
+                              ("digit_only", [digits.caption(int(d)) for d in digit])):
+            texts: list[str] = []
+
+            def render(s, prompts=prompts, texts=texts):
+                res = generate(card, prompts[s], seed=seeds[s], num_steps=num_steps, guidance=guidance)
+                texts.extend(res["reasoned_text"])
+                return res["video"]
+
+            videos = _in_batches(render, samples, batch, bar, should_stop)
+            centroids = ink_centroids(videos)
+            first = np.asarray(digit_scorer.predict(scorer, videos[:, 0] * 2.0 - 1.0)["digit"])
+            last = np.asarray(digit_scorer.predict(scorer, videos[:, -1] * 2.0 - 1.0)["digit"])
+            result = {"first_frame_digit_accuracy": float(np.mean(first == digit)),
+                      "last_frame_digit_accuracy": float(np.mean(last == digit)), "examples": texts[:5]}
+            if mode == "full":
+                result["motion_accuracy"] = float(np.mean(_moves_as_told(centroids[:, -1] - centroids[:, 0], motion)))
+            else:
+                said = np.array([digits.parse_caption(t)["motion"] if _parses(t) else None for t in texts], dtype=object)
+                named = np.array([m is not None for m in said])
+                told = np.where(named, [m if m is not None else 0 for m in said], 0).astype(int)
+                follows = _moves_as_told(centroids[:, -1] - centroids[:, 0], told) & named
+                result.update(reasoned_a_motion=float(np.mean(named)), follows_its_reasoning=float(np.mean(follows)))
+            out[mode] = result
+    return out
+
+
+def _parses(text: str) -> bool:
+    try:
+        digits.parse_caption(text)
+    except ValueError:
+        return False
+    return True
