@@ -10,7 +10,7 @@ from conftest import perturbed
 from flax import nnx
 
 from jaxpipe.loops import ar
-from jaxpipe.nn.mot import IMAGE, TEXT, MoT, MoTConfig, Routing
+from jaxpipe.nn.mot import IMAGE, TEXT, MoT, MoTConfig, Routing, _cat, _meta
 
 CFG = MoTConfig(vocab_size=11, max_text=8, latent_size=4, dim=32, depth=2, heads=2, time_embed_dim=16)
 
@@ -46,18 +46,14 @@ def _generate_mask(valid, n_image):
     return (jnp.concatenate([top, bottom], axis=1) | jnp.eye(total, dtype=bool)[None])[:, None]
 
 
-def test_shared_routing_is_a_plain_transformer_bit_for_bit(batch):
-    ids, lengths, x, sigma = batch
-    mot = make("shared")
+@jax.jit
+def _shared_and_plain(mot, ids, x, sigma):
+    """The shared-routing stack and a plain pre-LN transformer with its weights, on the same packed sequence."""
     h_text, h_image = _embedded(mot, ids, x, sigma)
     valid = ids != 0
-    meta_pos = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-    from jaxpipe.nn.mot import _cat, _meta
-
-    meta = _cat(_meta(TEXT, meta_pos, valid), mot._image_meta(3, h_image.shape[1]))
+    pos = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+    meta = _cat(_meta(TEXT, pos, valid), mot._image_meta(ids.shape[0], h_image.shape[1]))
     (_, out_text), (_, out_image) = mot.transform([(TEXT, h_text), (IMAGE, h_image)], meta, meta, "generate")[0]
-
-    # A plain pre-LN transformer over the concatenated sequence, with the shared weights.
     h = jnp.concatenate([h_text, h_image], axis=1)
     mask = _generate_mask(valid, h_image.shape[1])
     for layer in mot.layers:
@@ -67,8 +63,13 @@ def test_shared_routing_is_a_plain_transformer_bit_for_bit(batch):
         y = jax.nn.dot_product_attention(q[:, :, 0], k[:, :, 0], v[:, :, 0], mask=mask)
         h = h + attn.out(y.reshape(b, length, d))
         h = h + ffn.mlp(ffn.norm(h))
-    np.testing.assert_array_equal(np.asarray(out_text), np.asarray(h[:, : ids.shape[1]]))
-    np.testing.assert_array_equal(np.asarray(out_image), np.asarray(h[:, ids.shape[1] :]))
+    return jnp.concatenate([out_text, out_image], axis=1), h
+
+
+def test_shared_routing_is_a_plain_transformer_bit_for_bit(batch):
+    ids, _, x, sigma = batch
+    stack, plain = _shared_and_plain(make("shared"), ids, x, sigma)
+    np.testing.assert_array_equal(np.asarray(stack), np.asarray(plain))
 
 
 def _layer_norm(x, scale, bias, eps=1e-6):
@@ -131,31 +132,40 @@ def test_parameter_counts_per_policy():
     assert first["shared"] == first["understanding"] == first["generation"]
 
 
+@jax.jit
+def _cached_and_uncached(mot, ids, lengths, x, sigma):
+    """Every cached path of the MoT next to its uncached counterpart (one compiled function)."""
+    b, width = ids.shape
+    full = mot(ids, ids != 0)
+    logits, cache = mot.prefill(ids[:, :1], jnp.ones((b,), jnp.int32), mot.init_cache(b))
+    decoded = [logits]
+    for t in range(1, width):
+        logits, cache = mot.decode_step(ids[:, t], jnp.full((b,), t), cache)
+        decoded.append(logits)
+    _, cache = mot.prefill(ids, lengths, mot.init_cache(b))
+    v_cached = mot.velocity(x, sigma, mot.text_cond(cache, lengths))
+    v_full = mot.forward(ids, ids != 0, x, sigma)[1]
+    latents = x[:, :1]
+    cache = mot.prefill_image(latents, mot.init_cache(b))
+    after_prefill, cache = mot.prefill(ids[:, :2], jnp.full((b,), 2), cache)
+    after_decode, _ = mot.decode_step(ids[:, 2], jnp.full((b,), 2), cache)
+    understood = mot.understand(ids, jnp.ones(ids.shape, bool), latents)
+    return full, jnp.stack(decoded, 1), v_cached, v_full, after_prefill, after_decode, understood
+
+
 @pytest.mark.parametrize("routing", ["modality", "shared"])
 def test_kv_reuse_equals_recompute(batch, routing):
     ids, lengths, x, sigma = batch
-    mot = make(routing)
-    # Text: prefill then cached decoding == one teacher-forced forward.
-    full = mot(ids, ids != 0)
-    logits, cache = mot.prefill(ids[:, :1], jnp.ones((3,), jnp.int32), mot.init_cache(3))
-    np.testing.assert_allclose(logits, full[:, 0], atol=1e-5)
-    for t in range(1, ids.shape[1]):
-        logits, cache = mot.decode_step(ids[:, t], jnp.full((3,), t), cache)
-        rows = np.asarray(lengths) > t  # a padded row's teacher-forced logits are not a decode's
-        np.testing.assert_allclose(logits[rows], full[rows, t], atol=1e-5)
+    full, decoded, v_cached, v_full, after_prefill, after_decode, understood = _cached_and_uncached(make(routing), ids, lengths,
+                                                                                                  x, sigma)
+    # Text: prefill then cached decoding == one teacher-forced forward (a padded row's logits are not a decode's).
+    valid = np.asarray(ids != 0)
+    np.testing.assert_allclose(np.asarray(decoded)[valid], np.asarray(full)[valid], atol=1e-5)
     # Image: denoising with the cached text K/V == the packed uncached forward.
-    _, cache = mot.prefill(ids, lengths, mot.init_cache(3))
-    v_cached = mot.velocity(x, sigma, mot.text_cond(cache, lengths))
-    _, v_full = mot.forward(ids, ids != 0, x, sigma)
     np.testing.assert_allclose(v_cached, v_full, atol=1e-5)
     # Understanding: the image in the cache, then the caption == the uncached understanding forward.
-    latents = x[:, :1]
-    cache = mot.prefill_image(latents, mot.init_cache(3))
-    logits, cache = mot.prefill(ids[:, :2], jnp.full((3,), 2), cache)
-    understood = mot.understand(ids, jnp.ones(ids.shape, bool), latents)
-    np.testing.assert_allclose(logits, understood[:, 1], atol=1e-5)
-    logits, _ = mot.decode_step(ids[:, 2], jnp.full((3,), 2), cache)
-    np.testing.assert_allclose(logits, understood[:, 2], atol=1e-5)
+    np.testing.assert_allclose(after_prefill, understood[:, 1], atol=1e-5)
+    np.testing.assert_allclose(after_decode, understood[:, 2], atol=1e-5)
     assert not np.allclose(understood, full, atol=1e-3), "the image must change what the text predicts"
 
 
