@@ -86,6 +86,9 @@ def bundled():
         jp.Request("multi-expert", prompt="seven", seed=4, num_steps=4),
         jp.Request("image_video.t2i_i2v", prompt="two bright moving up", seed=5, num_steps=4),
     ]
+    # the MoT cards: one resident transformer stepped by an AR loop and a denoise loop in one run
+    requests += [jp.Request(m, prompt=p, seed=6, num_steps=3) for m, p in (("bagel-mot", "four"), ("cosmos3", "six"))
+                 if m in engine.models()]
     return engine, requests, engine.run_many(requests, mode="serial")
 
 

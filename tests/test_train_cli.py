@@ -95,6 +95,9 @@ def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(t
         (["unified", "--inner-epochs", "0"], "inner_epochs must be a positive int"),
         (["unified", "--kl", "approx"], "kl must be one of"),
         (["joint", "-K", "2", "--skip", "2"], "skip must be in 0..K-1"),
+        (["mot", "-K", "2", "--skip", "2"], "at least one sample per group must think"),
+        (["mot", "--minibatches", "5"], "minibatches=5 must divide the rollout's 16 rows"),
+        (["mot", "--token-weight", "-1"], "token_weight and lm_beta must be >= 0"),
     ],
 )
 def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):
@@ -110,7 +113,8 @@ def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):
 
 @needs_cards
 @pytest.mark.parametrize(
-    "command, model, message", [("unified", "flux-t2i", "needs a card with a refiner LM"), ("flow-grpo", "unified", "use `train unified`")]
+    "command, model, message", [("unified", "flux-t2i", "needs a card with a refiner LM"), ("flow-grpo", "unified", "use `train unified`"),
+                                ("mot", "unified", "needs a Mixture-of-Transformers card")]
 )
 def test_the_wrong_card_fails_clearly(command, model, message, tmp_path):
     result = runner.invoke(app, ["train", command, "--steps", "2", "--out", str(tmp_path / "x"), "--model", model])
