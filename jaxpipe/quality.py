@@ -207,21 +207,25 @@ def understanding_quality(card: Card, *, samples: int = 200, seed: int = 0, batc
 def thinking_quality(card: Card, scorer: Card, *, samples: int = 200, seed: int = 0, num_steps: int | None = None,
                      guidance: float | None = None, batch: int = 100, progress: bool = False,
                      should_stop: Callable[[], bool] | None = None) -> dict:
-    """Thinking vs not on partial prompts (a digit and one attribute), judged by ``scorer``.
+    """Thinking vs not on partial prompts, judged by ``scorer``.
 
-    For each of ``samples`` prompts, the same seed renders with ``inputs={"think": True}`` and
-    ``False``. Reported per mode: the prompted digit right, the prompted attribute right, both right;
-    with thinking also how often the thought is a complete caption that keeps the prompt, and how
-    often the image shows everything the thought names (the model follows its own plan).
+    Partial prompts are caption prefixes (the digit, then stroke, then position: 1 to 3 of the 4
+    caption words, uniformly), the partial captions the card learned to complete. For each of
+    ``samples`` prompts the same seed renders with ``inputs={"think": True}`` and ``False``.
+    Reported per mode: the prompted digit right, every named attribute right, both right; with
+    thinking also how often the thought is a complete caption that keeps the prompt, and how often
+    the image shows everything the thought names (the model follows its own plan).
     """
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")
     rng = np.random.default_rng(seed)
     attrs = digits.ATTRIBUTES
-    digit = rng.integers(0, 10, samples)
-    which = rng.integers(0, len(attrs), samples)
-    value = np.array([rng.integers(0, len(digits.ATTRIBUTE_WORDS[attrs[w]])) for w in which])
-    prompts = [digits.caption(int(d), **{attrs[w]: int(v)}) for d, w, v in zip(digit, which, value)]
+    keys = ("digit",) + attrs
+    labels = {"digit": rng.integers(0, 10, samples),
+              **{name: rng.integers(0, len(words), samples) for name, words in digits.ATTRIBUTE_WORDS.items()}}
+    named = rng.integers(0, len(attrs), samples)  # how many attributes the prefix names (0..2)
+    prompts = [digits.caption(int(labels["digit"][i]), *(int(labels[a][i]) for a in attrs[: named[i]]))
+               for i in range(samples)]
     seeds = [seed * 100_003 + i for i in range(samples)]
     out = {"samples": samples, "num_steps": num_steps or _denoise_defaults(card).num_steps,
            "guidance": guidance or _denoise_defaults(card).guidance}
@@ -237,17 +241,18 @@ def thinking_quality(card: Card, scorer: Card, *, samples: int = 200, seed: int 
 
             images = _in_batches(render, samples, batch, bar, should_stop)
             pred = {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, images * 2.0 - 1.0).items()}
-            digit_ok = pred["digit"] == digit
-            attr_ok = np.array([pred[attrs[w]][i] == v for i, (w, v) in enumerate(zip(which, value))])
-            mode = {"digit": float(np.mean(digit_ok)), "attribute": float(np.mean(attr_ok)),
-                    "prompt_right": float(np.mean(digit_ok & attr_ok))}
+            asked = {k: (np.arange(samples) >= 0) if k == "digit" else named > attrs.index(k) for k in keys}
+            right = {k: (pred[k] == labels[k]) | ~asked[k] for k in keys}
+            mode = {"digit": float(np.mean(right["digit"])),
+                    "attributes": float(np.mean(np.all([right[a] for a in attrs], axis=0))),
+                    "prompt_right": float(np.mean(np.all([right[k] for k in keys], axis=0)))}
             if think:
                 said = _parsed(thoughts)
-                kept = (said["digit"] == digit) & np.array([said[attrs[w]][i] == v for i, (w, v) in enumerate(zip(which, value))])
-                complete = np.all([said[k] >= 0 for k in ("digit",) + attrs], axis=0)
-                follows = np.all([(said[k] < 0) | (pred[k] == said[k]) for k in ("digit",) + attrs], axis=0)
+                kept = np.all([(said[k] == labels[k]) | ~asked[k] for k in keys], axis=0)
+                complete = np.all([said[k] >= 0 for k in keys], axis=0)
+                follows = np.all([(said[k] < 0) | (pred[k] == said[k]) for k in keys], axis=0)
                 mode.update(thought_complete=float(np.mean(complete & kept)), follows_thought=float(np.mean(follows & complete)),
-                            examples=thoughts[:5])
+                            examples=[f"{p} -> {t}" for p, t in zip(prompts[:5], thoughts[:5])])
             out["think" if think else "no_think"] = mode
     return out
 
