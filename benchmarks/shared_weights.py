@@ -80,7 +80,8 @@ def main() -> None:
             report = runs.execute(build(), steps=steps, out=out, seed=0, progress=False, log=lambda *_: None)
             rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
             before = json.loads((out / "before.json").read_text())
-            results[name] = {"before": before, "after": report["after"], "rows": rows, "seconds": time.perf_counter() - t}
+            results[name] = {"before": before, "after": report["after"], "rows": rows, "seconds": time.perf_counter() - t,
+                             "seconds_per_step": report["seconds_per_step"]}
     pct = lambda x: f"{100 * x:.1f}%"
     lines = [
         f"`python benchmarks/shared_weights.py --steps {steps}{' --shared ' + str(args.shared) if args.shared else ''}`: "
@@ -88,7 +89,8 @@ def main() -> None:
         "β 0.2, prompts naming each attribute with probability 0.5, reward: every named attribute + thick strokes "
         "when the prompt leaves the stroke out. All right is of the served (thought / refined) images at guidance 1 "
         "(200 prompts, eval seed 0); cosines are between the thinking part's and the image part's gradients per "
-        "step (mean over all steps; 0 where a role has no parameters).",
+        "step (mean over all steps; — where one part never reaches the role: no parameters there, or a path the "
+        "objective does not take). s / step: training only, compiles included.",
         "",
         *[f"- {k}: {v}" for k, v in machine_info().items()],
         f"- whole run: {time.perf_counter() - start:.0f} s",
@@ -99,13 +101,17 @@ def main() -> None:
     ]
     for name, r in results.items():
         b, a = r["before"], r["after"]
-        cos = {role: np.mean([row.get(f"cos_{role}", np.nan) for row in r["rows"]]) for role in ("all",) + ROLES}
+        # a role one of the two parts never reaches (no parameters, or a zero gradient) has no cosine
+        reached = lambda role: role == "all" or all(np.mean([row.get(f"{part}_grad_norm_{role}", 0.0) for row in r["rows"]]) > 0
+                                                    for part in ("token", "gen"))
+        cos = {role: np.mean([row[f"cos_{role}"] for row in r["rows"]]) if f"cos_{role}" in r["rows"][0] and reached(role)
+               else np.nan for role in ("all",) + ROLES}
         cell = lambda v: "—" if np.isnan(v) else f"{v:+.3f}"
         lines.append(
             f"| {name} | {pct(b['refined']['all_right'])} → {pct(a['refined']['all_right'])} | "
             f"{pct(b['original']['all_right'])} → {pct(a['original']['all_right'])} | "
             f"{pct(b['preferred_word_rate'] or 0)} → {pct(a['preferred_word_rate'] or 0)} | "
-            f"{100 * (a['diversity'] / b['diversity'] - 1):+.1f}% | {r['seconds'] / steps:.2f} | "
+            f"{100 * (a['diversity'] / b['diversity'] - 1):+.1f}% | {r['seconds_per_step']:.2f} | "
             + " | ".join(cell(cos[k]) for k in ("all",) + ROLES) + " |"
         )
     body = "\n".join(["## shared_weights", "", *lines])

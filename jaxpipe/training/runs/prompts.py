@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpipe.card import Card
-from jaxpipe.cards import generator
 from jaxpipe.data import digits
 from jaxpipe.training.flow_grpo import REWARD_TERMS
 
@@ -134,6 +133,9 @@ def prompt_batches(card: Card, spec: PromptSpec, prompts_per_step: int, seed: in
     if prompts_per_step < 1:
         raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step})")
     rng = np.random.default_rng(seed)
+    # a card with a text encoder reads prompts at its width; a MoT card reads them in its prompt slots
+    width = card["text_encoder"].cfg.max_len if card.has("text_encoder") else card.spec.config.max_prompt_words
     while True:
         p = sample_prompts(spec, prompts_per_step, rng)
-        yield {"ids": generator.tokenize(card, p.captions), "labels": {k: jnp.asarray(v) for k, v in p.labels.items()}}
+        ids = jnp.asarray(card.spec.tokenizer.encode(list(p.captions), width))
+        yield {"ids": ids, "labels": {k: jnp.asarray(v) for k, v in p.labels.items()}}
