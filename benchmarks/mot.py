@@ -2,7 +2,7 @@
 
 - ``bagel-mot``: text -> image all-attributes-right at guidance 1 and at the card's default;
   image -> caption accuracy per attribute on held-out digits; thinking vs no thinking on
-  partial prompts (a digit and one attribute);
+  partial prompts (caption prefixes: the digit, + stroke, + position);
 - ``"shared"`` vs ``"modality"`` routing at **equal compute** (the same dim / depth / heads: every
   token runs one attention and one FFN of the same size; modality holds twice the transformer
   parameters): the same measures for a ``"shared"``-routed card trained by the same command;
@@ -55,7 +55,7 @@ def card_rows(card, scorer, samples: int) -> dict:
 
 def bagel_table(results: dict) -> list[str]:
     lines = [
-        "| card | routing | transformer params (shared / each expert) | all right, g 1 | digit (plain prompt), g 1 | "
+        "| card | routing | transformer params (shared / each expert) | all right, g 1 / default | digit (plain prompt), g 1 | "
         "caption: digit / stroke / position / brightness / all | think vs no think: prompt right | thought complete | image follows thought |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -63,7 +63,8 @@ def bagel_table(results: dict) -> list[str]:
         p, t, u, k = r["params"], r["t2i_g1"], r["understanding"], r["thinking"]
         acc = u["accuracy"]
         lines.append(
-            f"| `{name}` | {r['routing']} | {p['shared']:,} / {p['understanding']:,} | {pct(t['all_attributes_correct'])} | "
+            f"| `{name}` | {r['routing']} | {p['shared']:,} / {p['understanding']:,} | {pct(t['all_attributes_correct'])} / "
+            f"{pct(r.get('t2i_default', t)['all_attributes_correct'])} (g {r.get('t2i_default', t)['guidance']:g}) | "
             f"{pct(t['digit_accuracy'])} | {pct(acc['digit'])} / {pct(acc['stroke'])} / {pct(acc['position'])} / "
             f"{pct(acc['brightness'])} / {pct(u['all_right'])} | {pct(k['think']['prompt_right'])} vs "
             f"{pct(k['no_think']['prompt_right'])} | {pct(k['think']['thought_complete'])} | {pct(k['think']['follows_thought'])} |"
@@ -102,11 +103,12 @@ def main() -> None:
     lines = [
         f"`python benchmarks/mot.py{' --shared ' + str(args.shared) if args.shared else ''}`: {args.samples} samples per "
         "measure, judged by `digit-scorer` (eval seed 0, 8 steps). All right: full compositional prompts at guidance 1 "
-        "(as `flux-t2i`'s C4 table); caption: image -> caption on held-out digits drawn with random attributes (greedy); "
-        "think vs no think: partial prompts (a digit and one attribute), the same seeds, both the digit and the named "
-        "attribute right; thought complete: the thought names every attribute and keeps the prompt; image follows "
-        "thought: the scorer reads every attribute the thought names. Shared vs modality at equal compute (same "
-        "dim / depth / heads, the same command and steps).",
+        "(as `flux-t2i`'s C4 table) and at the card's default guidance; caption: image -> caption on held-out digits "
+        "drawn with random attributes (greedy); think vs no think (guidance 1): partial prompts (caption prefixes: the "
+        "digit, + stroke, + position), the same seeds, the digit and every named attribute right; thought complete: "
+        "the thought names every attribute and keeps the prompt; image follows thought: the scorer reads every "
+        "attribute the thought names. Shared vs modality at equal compute (same dim / depth / heads, the same "
+        "command and steps; modality holds twice the transformer parameters).",
         "",
         *[f"- {k}: {v}" for k, v in machine_info().items()],
         f"- whole run: {time.perf_counter() - start:.0f} s",
