@@ -50,3 +50,29 @@ def test_full_quality_report(bundled):
     assert i2v["first_frame_match"] > 0.7, i2v
     assert i2v["video_mae"] < 0.025, i2v
     assert i2v["last_frame_digit_accuracy"] > 0.4, i2v  # measured 0.47: see the README
+
+
+MOT = {"bagel-mot", "cosmos3", "digit-scorer"}
+needs_mot = pytest.mark.skipif(not MOT <= set(jp.cards.available()), reason="bundled MoT cards missing")
+
+
+@needs_mot
+def test_bagel_mot_thinks_in_captions_and_reads_digits():
+    card, scorer = jp.cards.load("bagel-mot"), jp.cards.load("digit-scorer")
+    thinking = quality.thinking_quality(card, scorer, samples=20, seed=1, guidance=1.0)
+    assert thinking["think"]["thought_complete"] >= 0.9, thinking  # measured 100% on 200
+    understanding = quality.understanding_quality(card, samples=20, seed=1)
+    assert understanding["accuracy"]["digit"] >= 0.8 and understanding["complete"] >= 0.9, understanding  # 97% / 100%
+
+
+@needs_mot
+@pytest.mark.slow
+def test_mot_quality_report():
+    scorer = jp.cards.load("digit-scorer")
+    bagel = jp.cards.load("bagel-mot")
+    t2i = quality.t2i_quality(bagel, scorer, samples=200, seed=0)
+    thinking = quality.thinking_quality(bagel, scorer, samples=200, seed=0, guidance=1.0)
+    assert t2i["all_attributes_correct"] > 0.9, t2i  # measured 96%
+    assert thinking["think"]["prompt_right"] > thinking["no_think"]["prompt_right"] + 0.1, thinking  # 86.5 vs 67%
+    video = quality.t2v_quality(jp.cards.load("cosmos3"), scorer, samples=100, seed=0)
+    assert video["full"]["motion_accuracy"] > 0.9 and video["digit_only"]["follows_its_reasoning"] > 0.9, video
