@@ -57,6 +57,7 @@ def _rl_step_smoke(tmp_path, method: str, row: str):
     assert f"| {row} | 1 × 2 (2) | 2 |" in text
 
 
+@pytest.mark.slow  # the RL steps it times are compiled and tested in test_flow_grpo.py
 def test_rl_step_quick_smoke_flow_grpo(tmp_path):
     """``rl_step.py --quick`` end to end for FlowGRPO: driven rollout == jitted rollout, section written."""
     _rl_step_smoke(tmp_path, "flowgrpo", "FlowGRPO")

@@ -39,6 +39,7 @@ def test_flow_matching_loss_falls_and_frozen_parts_stay(image_batch):
     assert int(state.step) == 60
 
 
+@pytest.mark.slow  # the bundled wan-i2v card is trained this way and checked (test_pretrained.py)
 def test_video_batches_condition_on_the_first_frame():
     images, labels = digits.load_images("train")
     vids = digits.make_videos(images[:8], labels[:8], seed=0)

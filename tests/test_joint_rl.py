@@ -95,6 +95,7 @@ def test_vmapped_update_equals_updating_each_expert_separately():
     assert said <= {tok.words.index(w) for w in ("left", "center", "right")} | {unified.eos_id(card)}
 
 
+@pytest.mark.slow  # the vmapped N-way update is checked against the per-expert loop below, by default
 def test_one_expert_reproduces_unified_rl():
     base = tiny_unified()
     card = multi_expert.from_unified(base, 1, slots=None, refine=base.spec.config.refine)
@@ -154,7 +155,7 @@ def digits_batch(card, seed, n=8):
     return {"ids": ids, "labels": {slot: jnp.full(n, label, jnp.int32) for slot, (_, label) in PREFER.items()}}
 
 
-@pytest.mark.parametrize("credit", ["per_expert", "shared"])
+@pytest.mark.parametrize("credit", ["per_expert", pytest.param("shared", marks=pytest.mark.slow)])
 def test_refiners_learn_their_preferred_words_prompt_only(bundled, credit):
     """Prompt-only N = 3 on the bundled generator, reward = the scorer's probability of thick / right / dim.
     per_expert: every refiner learns its own word. shared: runs and learns too (the README reports how

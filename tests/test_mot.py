@@ -83,14 +83,13 @@ def _linear(p, x):
     return y + p.bias[...] if p.bias is not None else y
 
 
-def test_modality_routing_is_two_experts_with_one_joint_softmax(batch):
-    ids, lengths, x, sigma = batch
-    mot = make("modality")
+@jax.jit
+def _modality_and_reference(mot, ids, x, sigma):
+    """The modality-routed forward and a reference: each token through its own expert's weights, one
+    softmax over all keys, written out here."""
     h_text, h_image = _embedded(mot, ids, x, sigma)
     valid = ids != 0
     logits, velocity = mot.forward(ids, valid, x, sigma)
-
-    # Reference: each token through its own expert's weights, one softmax over all keys.
     mask = _generate_mask(valid, h_image.shape[1])[:, 0]
     types = [TEXT] * ids.shape[1] + [IMAGE] * h_image.shape[1]
     h = jnp.concatenate([h_text, h_image], axis=1)
@@ -104,17 +103,22 @@ def test_modality_routing_is_two_experts_with_one_joint_softmax(batch):
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
         scores = jnp.where(mask[:, None], scores, -jnp.inf)
         y = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(b, length, -1)
-        out = jnp.concatenate([_linear(a[t].out, y[:, i : i + 1]) for i, t in enumerate(types)], axis=1)
-        h = h + out
+        h = h + jnp.concatenate([_linear(a[t].out, y[:, i : i + 1]) for i, t in enumerate(types)], axis=1)
         f = layer.ffn
         mlp = lambda t, hi: _linear(
             f[t].mlp.fc2, jax.nn.gelu(_linear(f[t].mlp.fc1, _layer_norm(hi, f[t].norm.scale[...], f[t].norm.bias[...])))
         )
         h = h + per_type(mlp)
     length = ids.shape[1]
-    t_emb = mot._time(sigma, 3)
-    np.testing.assert_allclose(logits, mot._text_out(h[:, :length]), atol=1e-5)
-    np.testing.assert_allclose(velocity, mot._image_out(h[:, length:], t_emb, x.shape), atol=1e-5)
+    t_emb = mot._time(sigma, ids.shape[0])
+    return logits, velocity, mot._text_out(h[:, :length]), mot._image_out(h[:, length:], t_emb, x.shape)
+
+
+def test_modality_routing_is_two_experts_with_one_joint_softmax(batch):
+    ids, _, x, sigma = batch
+    logits, velocity, ref_logits, ref_velocity = _modality_and_reference(make("modality"), ids, x, sigma)
+    np.testing.assert_allclose(logits, ref_logits, atol=1e-5)
+    np.testing.assert_allclose(velocity, ref_velocity, atol=1e-5)
 
 
 def test_parameter_counts_per_policy():
@@ -153,7 +157,7 @@ def _cached_and_uncached(mot, ids, lengths, x, sigma):
     return full, jnp.stack(decoded, 1), v_cached, v_full, after_prefill, after_decode, understood
 
 
-@pytest.mark.parametrize("routing", ["modality", "shared"])
+@pytest.mark.parametrize("routing", ["modality", pytest.param("shared", marks=pytest.mark.slow)])
 def test_kv_reuse_equals_recompute(batch, routing):
     ids, lengths, x, sigma = batch
     full, decoded, v_cached, v_full, after_prefill, after_decode, understood = _cached_and_uncached(make(routing), ids, lengths,
@@ -169,6 +173,7 @@ def test_kv_reuse_equals_recompute(batch, routing):
     assert not np.allclose(understood, full, atol=1e-3), "the image must change what the text predicts"
 
 
+@pytest.mark.slow  # the bagel-mot program tests drive the AR loop on a MoT; C2 of its thoughts is in test_mot_rl
 def test_the_ar_loop_drives_the_mot_and_its_log_probs_recompute(batch):
     ids, lengths, _, _ = batch
     mot = make("modality")

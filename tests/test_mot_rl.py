@@ -71,6 +71,7 @@ def test_one_state_moves_and_reports_interference(rolled):
         assert -1.0 <= float(metrics[f"cos_{role}"]) <= 1.0
 
 
+@pytest.mark.slow  # a second card and a full step compile; the role accounting is tested above on modality routing
 def test_shared_routing_puts_both_parts_on_the_same_parameters():
     m = method("shared")
     state = m.init()

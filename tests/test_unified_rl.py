@@ -105,6 +105,7 @@ def test_update_moves_both_models_the_right_way(method, rolled):
     assert agreement > 0
 
 
+@pytest.mark.slow  # FlowGRPO's constant-reward no-op runs by default (test_flow_grpo.py)
 def test_constant_reward_moves_neither_model(card, method):
     state = method.init()
     new, metrics = method.step(state, batch(card, scale=0.0, offset=1.0), jax.random.key(1))
@@ -139,6 +140,7 @@ def test_bad_configs_and_batches(card, method):
     assert refine_rows(4, 1, 8).tolist() == [True, True, True, False] * 2
 
 
+@pytest.mark.slow  # `jaxpipe train unified --prompt-only` checks the frozen generator by default (test_train_cli.py)
 def test_prompt_only_leaves_the_generator_bit_identical_and_the_lm_learns_the_preferred_word():
     """Prompt-only UnifiedRL on the bundled generator with the digit-scorer reward preferring ``thick``:
     the LM learns to ask for it. The generator (and everything but the LM) stays bit-identical."""
