@@ -49,6 +49,7 @@ def test_think_then_generate(card):
     assert float(jnp.abs(out["image"] - plain["image"]).max()) > 1e-4
 
 
+@pytest.mark.slow  # the engine test serves understanding requests; test_pretrained measures the bundled card's captions
 def test_understanding_reads_the_image(card):
     out = jp.generate(card, ["", ""], image=np.stack([image(1.0), image(0.2)]), program=bagel_mot.understand())
     assert out["caption"].shape[0] == 2 and all(isinstance(t, str) for t in out["caption_text"])

@@ -23,7 +23,7 @@ def group(prompt, k, steps=2):
     return [jp.Request("flux-t2i", prompt=prompt, seed=s, num_steps=steps) for s in range(k)]
 
 
-@pytest.mark.parametrize("mode", ["serial", "batched"])
+@pytest.mark.parametrize("mode", ["serial", pytest.param("batched", marks=pytest.mark.slow)])
 def test_k_samples_of_one_prompt_encode_once(engine, mode):
     outs = engine.run_many(group("seven thick", 4), mode)
     stats = engine.cache.stats()

@@ -62,6 +62,7 @@ def test_the_update_gradient_is_the_sum_of_the_two_parts(rolled):
     assert float(norms["gen_grad_norm_shared"]) == 0.0  # modality routing: nothing is shared
 
 
+@pytest.mark.slow  # compiles the whole update; the gradient it applies is tested above
 def test_one_state_moves_and_reports_interference(rolled):
     m, state, ro, _ = rolled
     new, metrics = m.update(jax.tree.map(jnp.array, state), ro, jax.random.key(1))

@@ -163,6 +163,7 @@ def test_checkpoint_round_trip(card, tmp_path):
 REQUESTS = [("seven", 0), ("three thin", 1)]
 
 
+@pytest.mark.slow  # the bundled multi-expert card's fused path is checked against the engine in test_parity.py
 def test_engine_equals_the_fused_path_within_c3(engine, card):
     outs = engine.run_many([request(p, s) for p, s in REQUESTS])
     for out, (prompt, seed) in zip(outs, REQUESTS):

@@ -110,6 +110,7 @@ def test_dit_shape_errors():
         dit(x[..., :3], s, ctx, mask)
 
 
+@pytest.mark.slow
 def test_dit_bfloat16_compute_keeps_float32_params_and_output():
     dit = perturbed(DiT(DiTConfig.tiny(dtype="bfloat16"), rngs=nnx.Rngs(0)))
     ref = perturbed(DiT(DiTConfig.tiny(), rngs=nnx.Rngs(0)))

@@ -65,6 +65,7 @@ def test_same_seed_and_structure(engine):
 # driven step differently (measured before the redesign: up to 3.3e-7 between serial and interleaved
 # for flux-t2i at guidance 2), so both engine modes drive the same jitted step.
 
+MOT_CARDS = ("bagel-mot", "cosmos3")
 BUNDLED = {"flux-t2i", "wan-i2v", "unified"} <= set(jp.cards.available())
 
 
@@ -87,8 +88,7 @@ def bundled():
         jp.Request("image_video.t2i_i2v", prompt="two bright moving up", seed=5, num_steps=4),
     ]
     # the MoT cards: one resident transformer stepped by an AR loop and a denoise loop in one run
-    requests += [jp.Request(m, prompt=p, seed=6, num_steps=3) for m, p in (("bagel-mot", "four"), ("cosmos3", "six"))
-                 if m in engine.models()]
+    requests += [jp.Request(m, prompt=p, seed=6, num_steps=3) for m, p in zip(MOT_CARDS, ("four", "six")) if m in engine.models()]
     return engine, requests, engine.run_many(requests, mode="serial")
 
 
@@ -106,8 +106,8 @@ def test_the_fused_path_is_a_c3_fast_path_on_the_bundled_cards(bundled):
     engine, requests, serial = bundled
     worst = 0.0
     for request, out in zip(requests, serial):
-        if request.model not in engine.cards():
-            continue
+        if request.model not in engine.cards() or request.model in MOT_CARDS:
+            continue  # the MoT cards' C1 is checked above; their fused path would cost two more compiles here
         fused = jp.generate(engine.card(request.model), request.prompt, seed=request.seed, num_steps=request.num_steps,
                             guidance=request.guidance, image=request.image)
         as_outputs = [jp.Output(request.model, {k: fused[k][0] for k in out if not isinstance(out[k], str)})]

@@ -54,6 +54,7 @@ def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_genera
 
 
 @needs_cards
+@pytest.mark.slow  # the tour notebook runs `train joint` and shows its per-expert curves by default
 def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(tmp_path):
     out = tmp_path / "joint"
     result = runner.invoke(app, ["train", "joint", "--out", str(out), "--refiners", "3", "--prompt-only", *TINY])
