@@ -1,5 +1,7 @@
 """The ``bagel-mot`` card: one MoT bound to an AR loop and a denoise loop, its programs, its serving."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,7 +17,8 @@ UNDERSTAND_ID = "bagel-mot:understand"
 
 @pytest.fixture(scope="module")
 def card():
-    card = bagel_mot.build(seed=0)
+    base = bagel_mot.Config()
+    card = bagel_mot.build(dataclasses.replace(base, mot=dataclasses.replace(base.mot, depth=1)), seed=0)  # one layer: compiles fast
     return card.replace(transformer=perturbed(card["transformer"], seed=3))
 
 

@@ -78,6 +78,7 @@ def test_constant_reward_is_a_no_op(t2i_card):
     assert leaves_equal(new.params, state.params)  # zero advantage and params == reference: nothing moves
 
 
+@pytest.mark.slow  # the shared finite guard (finetune.guarded_update) is tested by default in test_finetune.py
 def test_non_finite_reward_skips_the_update(t2i_card):
     method = FlowGRPO(t2i_card, lambda im, lab: jnp.full(im.shape[0], jnp.nan), CONFIG)
     state = method.init()

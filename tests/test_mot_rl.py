@@ -23,7 +23,7 @@ def brightness(images, labels):
 
 def method(routing="modality", config=CONFIG):
     base = bagel_mot.Config()
-    card = bagel_mot.build(dataclasses.replace(base, mot=dataclasses.replace(base.mot, routing=routing)), seed=1)
+    card = bagel_mot.build(dataclasses.replace(base, mot=dataclasses.replace(base.mot, routing=routing, depth=1)), seed=1)
     card = card.replace(transformer=perturbed(card["transformer"], seed=4))
     return SharedMoTRL(card, brightness, config)
 

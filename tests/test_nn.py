@@ -70,6 +70,7 @@ def test_dit_starts_as_zero_velocity_adaln_zero():
     assert float(jnp.abs(dit(x, s, ctx, mask)).max()) == 0.0
 
 
+@pytest.mark.slow
 def test_dit_image_and_video_share_one_class():
     dit = perturbed(DiT(DiTConfig.tiny(), rngs=nnx.Rngs(0)))
     for t in (1, 4):
