@@ -99,6 +99,7 @@ def test_capture_does_not_change_the_sample(t2i_card):
     np.testing.assert_array_equal(traj.sample[-1], driven(model, state, config)[1][3].sample)
 
 
+@pytest.mark.slow
 def test_capture_off_allocates_no_trajectory(t2i_card):
     config = DenoiseConfig(num_steps=8, sampler="sde")
     model = t2i_card["transformer"]

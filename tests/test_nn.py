@@ -64,6 +64,7 @@ def dit_inputs(b=2, t=1, side=8, c=4, seed=0):
     return x, jnp.linspace(0.9, 0.2, b), ctx, mask
 
 
+@pytest.mark.slow
 def test_dit_starts_as_zero_velocity_adaln_zero():
     dit = DiT(DiTConfig.tiny(), rngs=nnx.Rngs(0))
     x, s, ctx, mask = dit_inputs()

@@ -57,6 +57,7 @@ needs_mot = pytest.mark.skipif(not MOT <= set(jp.cards.available()), reason="bun
 
 
 @needs_mot
+@pytest.mark.slow  # the bundled bagel-mot is served in the default bundled C1 test (test_parity.py)
 def test_bagel_mot_thinks_in_captions_and_reads_digits():
     card, scorer = jp.cards.load("bagel-mot"), jp.cards.load("digit-scorer")
     thinking = quality.thinking_quality(card, scorer, samples=20, seed=1, guidance=1.0)

@@ -141,6 +141,7 @@ def tiny():
     return training.ScorerTrainer(config), _tiny_batch()
 
 
+@pytest.mark.slow  # the bundled scorer is trained by this trainer and measured (test_scorer, README)
 def test_a_few_trainer_steps_reduce_the_loss(tiny):
     trainer, batch = tiny
     state = trainer.init(_key(0))
