@@ -74,6 +74,10 @@ def test_serial_equals_interleaved_with_ar_and_denoise_requests_mixed(engine):
     interleaved = engine.run_many(requests, "interleaved")
     report = parity.compare(serial, interleaved, tolerance=0.0)
     assert report.passed and report.max_abs_diff == 0.0, report
+    # both programs answered with their own artifacts: an image and its thought; a caption read from an image
+    assert serial[0]["image"].shape == (16, 16, 1) and serial[0]["thought_text"].startswith("seven")
+    assert serial[2]["thought_text"] == "one thin"  # not thinking: the prompt as written
+    assert isinstance(serial[1]["caption_text"], str) and serial[3]["caption_text"].startswith("four")
     events = []
     batched = engine.run_many(requests, "batched", on_step=lambda e: events.append((e.tick, e.loop, e.index)))
     assert parity.compare(serial, batched, tolerance=parity.TOLERANCE).passed
