@@ -112,6 +112,15 @@ def flow_grpo_run(
     )
 
 
+REFINEMENT_CURVES = {
+    "reward.png": ("reward_mean",),
+    "refined_vs_original.png": ("reward_refined", "reward_original"),
+    "refined_tokens.png": ("refined_tokens",),
+    "kl.png": ("lm_kl", "gen_kl"),
+}
+"""The curves of a run whose card rewrites its prompt first (a refiner LM, or a MoT that thinks)."""
+
+
 def _refinement_headline(before: dict, after: dict) -> dict:
     return {
         "refined_all_right": _change(before, after, "refined", "all_right"),
@@ -156,12 +165,7 @@ def unified_run(
         batches=prompt_batches(card, prompts, prompts_per_step, seed),
         settings=_settings(card, config, prompts, prompts_per_step, evaluation),
         evaluate=evaluate,
-        curves={
-            "reward.png": ("reward_mean",),
-            "refined_vs_original.png": ("reward_refined", "reward_original"),
-            "refined_tokens.png": ("refined_tokens",),
-            "kl.png": ("lm_kl", "gen_kl"),
-        },
+        curves=REFINEMENT_CURVES,
         headline=headline,
     )
 
@@ -246,12 +250,7 @@ def mot_run(
         batches=prompt_batches(card, prompts, prompts_per_step, seed),
         settings=_settings(card, config, prompts, prompts_per_step, evaluation),
         evaluate=evaluate,
-        curves={
-            "reward.png": ("reward_mean",),
-            "refined_vs_original.png": ("reward_refined", "reward_original"),
-            "refined_tokens.png": ("refined_tokens",),
-            "kl.png": ("lm_kl", "gen_kl"),
-            "interference.png": ("cos_all", "cos_shared", "cos_understanding", "cos_generation", "cos_io"),
-        },
+        curves={**REFINEMENT_CURVES,
+                "interference.png": ("cos_all", "cos_shared", "cos_understanding", "cos_generation", "cos_io")},
         headline=_refinement_headline,
     )
