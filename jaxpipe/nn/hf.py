@@ -1,0 +1,157 @@
+"""Reading diffusers / transformers folders into Flax NNX modules by an explicit key mapping.
+
+A folder holds ``config.json`` and its weights as one ``*.safetensors`` file or several shards
+listed by a ``*.safetensors.index.json``. A jaxpipe network mirrors the reference's attribute
+names, so a parameter's PyTorch key follows from its NNX path by fixed rules
+(``torch_key``): ``.../to_q/kernel`` is ``....to_q.weight`` transposed, a convolution kernel is
+``.weight`` with its channel axes moved last, a norm ``scale`` or an ``embedding`` is
+``.weight``; a network adds ``renames`` (regex → replacement on the PyTorch key) where its names
+differ. ``load_into`` checks the whole mapping before it writes anything: missing, unexpected
+and mis-shaped keys are one ``KeyMappingError`` naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+__all__ = ["KeyMappingError", "read_config", "read_tensors", "torch_key", "to_jax", "load_into", "load_module"]
+
+Renames = Iterable[tuple[str, str]]
+
+
+class KeyMappingError(ValueError):
+    """A checkpoint does not fit a module: the missing, unexpected and mis-shaped keys, by name."""
+
+    def __init__(self, where: str, missing=(), unexpected=(), misshaped=()):
+        self.missing, self.unexpected, self.misshaped = sorted(missing), sorted(unexpected), sorted(misshaped)
+        parts = []
+        for label, keys in (("missing", self.missing), ("unexpected", self.unexpected), ("mis-shaped", self.misshaped)):
+            if keys:
+                shown = ", ".join(keys[:12]) + (f", ... ({len(keys) - 12} more)" if len(keys) > 12 else "")
+                parts.append(f"{len(keys)} {label} key(s): {shown}")
+        super().__init__(f"{where}: checkpoint does not match the module — " + "; ".join(parts))
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """The folder's ``config.json`` as a dict (FileNotFoundError naming the folder otherwise)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: no config.json (expected a diffusers / transformers model folder)")
+    return json.loads(path.read_text())
+
+
+def read_tensors(folder: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of the folder's safetensors weights (one file, or the shards an index lists),
+    as NumPy arrays keyed by their PyTorch names. bf16 tensors come back as float32."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    if indexes:
+        weight_map = json.loads(indexes[0].read_text())["weight_map"]
+        files = sorted({folder / name for name in weight_map.values()})
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors weights")
+    tensors: dict[str, np.ndarray] = {}
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"{folder}: the index names {file.name}, which is not in the folder")
+        try:
+            with safe_open(str(file), framework="numpy") as f:
+                for key in f.keys():
+                    tensors[key] = f.get_tensor(key)
+        except TypeError:  # bfloat16 has no NumPy dtype: read through flax's ml_dtypes-aware path
+            with safe_open(str(file), framework="flax") as f:
+                for key in f.keys():
+                    tensors[key] = np.asarray(f.get_tensor(key), np.float32)
+    return tensors
+
+
+def torch_key(path: tuple[Any, ...], ndim: int, renames: Renames = ()) -> str:
+    """The PyTorch state-dict key of the NNX parameter at ``path`` (a tuple of attribute names and
+    list indices), before ``renames`` are applied in order."""
+    *owner, leaf = (str(p) for p in path)
+    suffix = {"kernel": "weight", "scale": "weight", "embedding": "weight"}.get(leaf, leaf)
+    key = ".".join([*owner, suffix])
+    for pattern, replacement in renames:
+        key = re.sub(pattern, replacement, key)
+    return key
+
+
+def to_jax(leaf: str, value: np.ndarray) -> np.ndarray:
+    """A PyTorch tensor in the layout of the NNX parameter named ``leaf``: a linear ``kernel`` is
+    transposed ``(out, in) -> (in, out)``, a convolution kernel ``(out, in, *k) -> (*k, in, out)``."""
+    if leaf == "kernel":
+        if value.ndim == 2:
+            return value.T
+        if value.ndim >= 3:
+            return np.moveaxis(value, (0, 1), (-1, -2))
+    return value
+
+
+def load_into(
+    module: nnx.Module,
+    tensors: Mapping[str, np.ndarray],
+    *,
+    renames: Renames = (),
+    transforms: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
+    where: str = "checkpoint",
+) -> nnx.Module:
+    """Write ``tensors`` (PyTorch keys) into ``module``'s ``nnx.Param``s, in place; returns it.
+
+    ``transforms`` maps a PyTorch key to an extra function applied after the layout change (for a
+    tensor whose meaning differs, e.g. a fused projection split in two). Every parameter must
+    find its key with the right shape and every tensor must be used, or nothing is written and a
+    ``KeyMappingError`` names the offenders.
+    """
+    renames = tuple(renames)
+    transforms = dict(transforms or {})
+    state = nnx.state(module, nnx.Param)
+    flat = nnx.to_flat_state(state)
+    missing, misshaped, used, updates = [], [], set(), []
+    for path, var in flat:
+        shape, dtype = var.value.shape, var.value.dtype
+        key = torch_key(path, len(shape), renames)
+        if key not in tensors:
+            missing.append(key)
+            continue
+        used.add(key)
+        value = to_jax(str(path[-1]), np.asarray(tensors[key]))
+        if key in transforms:
+            value = transforms[key](value)
+        if tuple(value.shape) != tuple(shape):
+            misshaped.append(f"{key} {tuple(np.shape(tensors[key]))} -> {tuple(value.shape)} vs {'/'.join(map(str, path))} {tuple(shape)}")
+            continue
+        updates.append((var, jnp.asarray(value, dtype)))
+    unexpected = set(tensors) - used
+    if missing or misshaped or unexpected:
+        raise KeyMappingError(where, missing, unexpected, misshaped)
+    for var, value in updates:
+        var.value = value
+    nnx.update(module, nnx.from_flat_state(flat))
+    return module
+
+
+def load_module(folder: str | Path, build: Callable[[dict[str, Any]], nnx.Module], **kwargs) -> nnx.Module:
+    """``build(config_json)`` abstractly (``nnx.eval_shape``: no random init of a 12 B network),
+    then ``load_into`` it the folder's weights (``kwargs`` as ``load_into``'s).
+
+    The module's non-parameter state must be empty; every parameter comes from the checkpoint."""
+    folder = Path(folder)
+    config = read_config(folder)
+    module = nnx.eval_shape(lambda: build(config))
+    rest = nnx.state(module, nnx.Not(nnx.Param))
+    if jax.tree.leaves(rest):
+        raise TypeError(f"{folder}: {type(module).__name__} holds non-parameter state; load_module fills parameters only")
+    return load_into(module, read_tensors(folder), where=str(folder), **kwargs)
