@@ -40,11 +40,21 @@ def build(model_id: str, *, seed: int = 0, config=None) -> Card:
     return f.build(f.config() if config is None else config, seed=seed, model_id=model_id)
 
 
-def load(model_id_or_path: str | os.PathLike) -> Card:
-    """A pretrained card: a bundled id (see ``available()``) or a directory written by ``save_card``."""
+def load(model_id_or_path: str | os.PathLike, **kwargs) -> Card:
+    """A pretrained card: a bundled id (see ``available()``), a directory written by ``save_card``, or
+    a diffusers pipeline folder (``model_index.json``: ``FLUX.1-dev/``, ``Wan2.1-T2V-1.3B-Diffusers/``),
+    loaded by the family that reads its pipeline class (``kwargs`` go to that loader, e.g.
+    ``dtype="bfloat16"``, ``height=512``)."""
     name = os.fspath(model_id_or_path)
     if name in available():
         return load_card(ASSETS / name)
+    if (Path(name) / "model_index.json").is_file():
+        from jaxpipe.cards.diffusers_pipeline import read_pipeline
+
+        pipeline = read_pipeline(name).pipeline
+        return registry.by_pipeline(pipeline).pipelines[pipeline](name, **kwargs)
+    if kwargs:
+        raise TypeError(f"load({name!r}) takes keyword arguments only for diffusers pipeline folders (got {sorted(kwargs)})")
     if Path(name).is_dir():
         return load_card(name)
     raise KeyError(

@@ -49,6 +49,8 @@ class Family:
       stacked: ``stacked(card) -> {component: expert names}`` for components stored stacked on a
         leading expert axis (the engine versions and publishes each expert on its own).
       flow: ``FlowData`` hooks if the family's denoise loop can be fine-tuned by flow matching.
+      pipelines: diffusers pipeline class name (``model_index.json``'s ``_class_name``) -> loader
+        ``load(folder, **kwargs) -> Card`` for the families that read diffusers folders.
     """
 
     name: str
@@ -58,6 +60,7 @@ class Family:
     model_id: str | None = None
     stacked: Callable[[Card], Mapping[str, tuple[str, ...]]] | None = None
     flow: FlowData | None = None
+    pipelines: Mapping[str, Callable[..., Card]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -67,6 +70,7 @@ class Family:
         if not self.programs:
             raise ValueError(f"family {self.name!r} names no program")
         object.__setattr__(self, "programs", dict(self.programs))
+        object.__setattr__(self, "pipelines", dict(self.pipelines))
 
     def program(self, name: str | None = None) -> Program:
         """The family's program ``name`` (default: its first)."""

@@ -13,7 +13,7 @@ from jaxpipe.cards import bagel_mot, cosmos3, digit_scorer, flux_t2i, multi_expe
 from jaxpipe.cards.family import Family
 from jaxpipe.program import Program
 
-__all__ = ["BUNDLED", "FAMILIES", "register", "unregister", "family", "family_of", "by_model_id", "default_program", "stacked_components"]
+__all__ = ["BUNDLED", "FAMILIES", "register", "unregister", "family", "family_of", "by_model_id", "by_pipeline", "default_program", "stacked_components"]
 
 BUNDLED: tuple[Family, ...] = (
     flux_t2i.FAMILY,
@@ -66,6 +66,15 @@ def by_model_id(model_id: str) -> Family:
         if f.model_id == model_id:
             return f
     raise KeyError(f"unknown card {model_id!r}; buildable cards: {sorted(f.model_id for f in FAMILIES.values() if f.model_id)}")
+
+
+def by_pipeline(class_name: str) -> Family:
+    """The family that loads diffusers pipeline ``class_name`` (KeyError listing the loadable ones otherwise)."""
+    for f in FAMILIES.values():
+        if class_name in f.pipelines:
+            return f
+    known = sorted(name for f in FAMILIES.values() for name in f.pipelines)
+    raise KeyError(f"no card family loads a diffusers {class_name or 'unnamed'} pipeline; loadable: {known}")
 
 
 def default_program(card: Card) -> Program:
