@@ -1,0 +1,357 @@
+"""T5 / UMT5 text encoders (transformers ``T5EncoderModel`` / ``UMT5EncoderModel``) in Flax NNX.
+
+FLUX's ``text_encoder_2`` is google/t5-v1_1-xxl's encoder, Wan's ``text_encoder`` is umt5-xxl's.
+Pre-norm blocks: ``h += SelfAttention(rms(h))``, ``h += DenseReluDense(rms(h))``, then a final RMS
+norm. Attention has no ``1/sqrt(d)`` scaling; instead a learned relative position bias
+``(heads, T, T)`` is added to the scores — computed by the first block and shared by the others
+(T5), or computed by every block from its own table (UMT5). Attribute names mirror transformers
+(``shared``, ``encoder.block.0.layer.0.SelfAttention.q``, ``encoder.block.0.layer.1.DenseReluDense.wi_0``,
+``encoder.final_layer_norm``), so ``hf.torch_key`` maps every parameter without renames.
+
+Numerics follow transformers: RMS norms and softmax in float32; the residual stream is float32
+(transformers keeps ``wo`` in float32 — ``_keep_in_fp32_modules`` — which promotes it there too);
+projections run in the configured ``dtype``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpipe.nn import hf
+from jaxpipe.nn.layers import compute_dtype
+
+__all__ = [
+    "ACTIVATIONS",
+    "LOGICAL_AXES",
+    "T5EncoderConfig",
+    "T5Encoder",
+    "relative_position_bucket",
+    "load",
+    "param_count",
+]
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    # transformers' ACT2FN names; "gelu_new" / "gelu_pytorch_tanh" are the tanh approximation
+    "relu": jax.nn.relu,
+    "gelu": partial(jax.nn.gelu, approximate=False),
+    "gelu_new": partial(jax.nn.gelu, approximate=True),
+    "gelu_pytorch_tanh": partial(jax.nn.gelu, approximate=True),
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+}
+
+LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
+    (r"shared/embedding", ("vocab", "embed")),
+    (r".*/SelfAttention/(q|k|v)/kernel", ("embed", "heads")),
+    (r".*/SelfAttention/o/kernel", ("heads", "embed")),
+    (r".*/SelfAttention/relative_attention_bias/embedding", (None, None)),
+    (r".*/DenseReluDense/(wi|wi_0|wi_1)/kernel", ("embed", "mlp")),
+    (r".*/DenseReluDense/wo/kernel", ("mlp", "embed")),
+)
+
+# transformers config.json keys that describe the decoder, training or generation: an encoder
+# ignores them (listed so a reader sees they were considered, not forgotten)
+IGNORED_KEYS = frozenset({
+    "num_decoder_layers", "decoder_start_token_id", "is_encoder_decoder", "use_cache", "tie_word_embeddings",
+    "scale_decoder_outputs", "dropout_rate", "classifier_dropout", "initializer_factor", "eos_token_id",
+    "pad_token_id", "output_past", "dense_act_fn", "is_gated_act", "architectures", "torch_dtype", "dtype",
+    "transformers_version", "_name_or_path", "task_specific_params", "n_positions", "gradient_checkpointing",
+    "tokenizer_class", "model_type", "is_decoder",
+})
+
+# transformers' T5Config / UMT5Config defaults, for keys a config.json leaves out
+_JSON_DEFAULTS = {
+    "t5": dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
+               relative_attention_num_buckets=32, relative_attention_max_distance=128,
+               feed_forward_proj="relu", layer_norm_epsilon=1e-6),
+    "umt5": dict(vocab_size=250112, d_model=512, d_kv=64, d_ff=1024, num_layers=8, num_heads=6,
+                 relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                 feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class T5EncoderConfig:
+    """Sizes of a T5 (or, with ``umt5=True``, UMT5) encoder; names as in transformers' ``T5Config``.
+
+    ``feed_forward_proj`` is ``"<act>"`` (``wi -> act -> wo``) or ``"gated-<act>"``
+    (``act(wi_0 x) * wi_1 x -> wo``; ``"gated-gelu"`` means the tanh-approximate ``gelu_new``).
+    """
+
+    vocab_size: int
+    d_model: int
+    d_kv: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    feed_forward_proj: str = "gated-gelu"
+    layer_norm_epsilon: float = 1e-6
+    umt5: bool = False
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"T5EncoderConfig.{name} must be a positive int (got {value!r})")
+        buckets, distance = self.relative_attention_num_buckets, self.relative_attention_max_distance
+        if not isinstance(buckets, int) or buckets < 4:
+            raise ValueError(f"relative_attention_num_buckets must be an int >= 4 (got {buckets!r})")
+        if not isinstance(distance, int) or distance <= buckets // 4:
+            raise ValueError(
+                f"relative_attention_max_distance ({distance!r}) must be an int above the exact range "
+                f"relative_attention_num_buckets // 4 = {buckets // 4}"
+            )
+        parts = self.feed_forward_proj.split("-")
+        if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+            raise ValueError(f"feed_forward_proj must be '<act>' or 'gated-<act>' (got {self.feed_forward_proj!r})")
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"feed_forward_proj {self.feed_forward_proj!r}: activation {parts[-1]!r} is not one of {sorted(ACTIVATIONS)}")
+        if not self.layer_norm_epsilon > 0:
+            raise ValueError(f"layer_norm_epsilon must be positive (got {self.layer_norm_epsilon!r})")
+        compute_dtype(self.dtype)
+
+    @property
+    def is_gated(self) -> bool:
+        return self.feed_forward_proj.startswith("gated-")
+
+    @property
+    def act(self) -> str:
+        """The activation's transformers name (``gated-gelu`` uses ``gelu_new``, as ``T5Config`` does)."""
+        return "gelu_new" if self.feed_forward_proj == "gated-gelu" else self.feed_forward_proj.split("-")[-1]
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_heads * self.d_kv
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], *, dtype: str = "float32") -> "T5EncoderConfig":
+        """The encoder described by a transformers ``config.json`` (``model_type`` ``"t5"`` or
+        ``"umt5"``); decoder sizes and training settings (``IGNORED_KEYS``) do not matter here."""
+        model_type = d.get("model_type")
+        if model_type not in _JSON_DEFAULTS:
+            raise ValueError(f"config.json model_type must be 't5' or 'umt5' for a T5 encoder (got {model_type!r})")
+        if d.get("is_decoder", False):
+            raise ValueError("config.json describes a decoder (is_decoder=true); a T5 encoder needs an encoder config")
+        values = {key: d.get(key, default) for key, default in _JSON_DEFAULTS[model_type].items()}
+        return cls(**values, umt5=model_type == "umt5", dtype=dtype)
+
+    @classmethod
+    def t5_xxl(cls, **overrides) -> "T5EncoderConfig":
+        """google/t5-v1_1-xxl's encoder: FLUX.1's ``text_encoder_2`` (about 4.76 B parameters)."""
+        return cls(**{"vocab_size": 32128, "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24,
+                      "num_heads": 64, "feed_forward_proj": "gated-gelu", **overrides})
+
+    @classmethod
+    def umt5_xxl(cls, **overrides) -> "T5EncoderConfig":
+        """umt5-xxl's encoder: Wan's ``text_encoder`` (about 5.68 B parameters)."""
+        return cls.t5_xxl(**{"vocab_size": 256384, "umt5": True, **overrides})
+
+
+def relative_position_bucket(relative_position: np.ndarray, *, num_buckets: int, max_distance: int,
+                             bidirectional: bool = True) -> np.ndarray:
+    """T5's bucket ``[0, num_buckets)`` of each ``key - query`` offset (same shape, int32).
+
+    Half the buckets (per direction when bidirectional) are exact offsets, the rest grow
+    logarithmically up to ``max_distance``. Computed in NumPy float32 on static offsets, the way
+    transformers computes it in torch float32, so the buckets at the log-bin edges agree.
+    """
+    rel = np.asarray(relative_position, np.int64)
+    buckets = np.zeros(rel.shape, np.int64)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (rel > 0).astype(np.int64) * num_buckets
+        rel = np.abs(rel)
+    else:
+        rel = -np.minimum(rel, 0)
+    max_exact = num_buckets // 2
+    with np.errstate(divide="ignore"):
+        log_ratio = np.log(rel.astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(max_distance / max_exact))
+        large = max_exact + np.nan_to_num(log_ratio * np.float32(num_buckets - max_exact), neginf=0.0).astype(np.int64)
+    large = np.minimum(large, num_buckets - 1)
+    return (buckets + np.where(rel < max_exact, rel, large)).astype(np.int32)
+
+
+def _linear(din: int, dout: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(din, dout, use_bias=False, dtype=dtype, param_dtype=dtype, rngs=rngs)
+
+
+class T5LayerNorm(nnx.Module):
+    """RMS norm without mean subtraction or bias, in float32: ``weight * x / rms(x)`` in the param dtype."""
+
+    def __init__(self, dim: int, eps: float, dtype):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((dim,), dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = x.astype(jnp.float32)
+        h = h * jax.lax.rsqrt(jnp.mean(jnp.square(h), axis=-1, keepdims=True) + self.eps)
+        return self.scale.value * h.astype(self.scale.value.dtype)
+
+
+class T5Attention(nnx.Module):
+    """Unscaled multi-head self-attention with an additive position bias."""
+
+    def __init__(self, cfg: T5EncoderConfig, *, has_relative_attention_bias: bool, rngs: nnx.Rngs):
+        dtype = compute_dtype(cfg.dtype)
+        self.heads, self.d_kv = cfg.num_heads, cfg.d_kv
+        self.num_buckets, self.max_distance = cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance
+        self.q = _linear(cfg.d_model, cfg.inner_dim, dtype, rngs)
+        self.k = _linear(cfg.d_model, cfg.inner_dim, dtype, rngs)
+        self.v = _linear(cfg.d_model, cfg.inner_dim, dtype, rngs)
+        self.o = _linear(cfg.inner_dim, cfg.d_model, dtype, rngs)
+        self.relative_attention_bias = (
+            nnx.Embed(cfg.relative_attention_num_buckets, cfg.num_heads, dtype=dtype, param_dtype=dtype, rngs=rngs)
+            if has_relative_attention_bias else None
+        )
+
+    def compute_bias(self, length: int) -> jax.Array:
+        """The ``(heads, length, length)`` float32 bias of query ``i`` attending to key ``j``."""
+        offsets = np.arange(length)[None, :] - np.arange(length)[:, None]
+        buckets = relative_position_bucket(offsets, num_buckets=self.num_buckets, max_distance=self.max_distance)
+        table = self.relative_attention_bias.embedding.value
+        return jnp.transpose(jnp.take(table, jnp.asarray(buckets), axis=0), (2, 0, 1)).astype(jnp.float32)
+
+    def __call__(self, x: jax.Array, bias: jax.Array, key_mask: jax.Array | None) -> jax.Array:
+        b, t, _ = x.shape
+        q, k, v = (proj(x).reshape(b, t, self.heads, self.d_kv) for proj in (self.q, self.k, self.v))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) + bias
+        if key_mask is not None:
+            scores = jnp.where(key_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        return self.o(jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, self.heads * self.d_kv))
+
+
+class T5LayerSelfAttention(nnx.Module):
+    def __init__(self, cfg: T5EncoderConfig, *, has_relative_attention_bias: bool, rngs: nnx.Rngs):
+        self.SelfAttention = T5Attention(cfg, has_relative_attention_bias=has_relative_attention_bias, rngs=rngs)
+        self.layer_norm = T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon, compute_dtype(cfg.dtype))
+
+    def __call__(self, h: jax.Array, bias: jax.Array, key_mask: jax.Array | None) -> jax.Array:
+        return h + self.SelfAttention(self.layer_norm(h), bias, key_mask).astype(jnp.float32)
+
+
+class T5DenseActDense(nnx.Module):
+    """``wo(act(wi x))``; ``wo`` stays float32 like transformers' ``_keep_in_fp32_modules``."""
+
+    def __init__(self, cfg: T5EncoderConfig, rngs: nnx.Rngs):
+        self.act = cfg.act
+        self.wi = _linear(cfg.d_model, cfg.d_ff, compute_dtype(cfg.dtype), rngs)
+        self.wo = _linear(cfg.d_ff, cfg.d_model, jnp.float32, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.wo(ACTIVATIONS[self.act](self.wi(x)).astype(jnp.float32))
+
+
+class T5DenseGatedActDense(nnx.Module):
+    """``wo(act(wi_0 x) * wi_1 x)``; ``wo`` stays float32 like transformers' ``_keep_in_fp32_modules``."""
+
+    def __init__(self, cfg: T5EncoderConfig, rngs: nnx.Rngs):
+        dtype = compute_dtype(cfg.dtype)
+        self.act = cfg.act
+        self.wi_0 = _linear(cfg.d_model, cfg.d_ff, dtype, rngs)
+        self.wi_1 = _linear(cfg.d_model, cfg.d_ff, dtype, rngs)
+        self.wo = _linear(cfg.d_ff, cfg.d_model, jnp.float32, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.wo((ACTIVATIONS[self.act](self.wi_0(x)) * self.wi_1(x)).astype(jnp.float32))
+
+
+class T5LayerFF(nnx.Module):
+    def __init__(self, cfg: T5EncoderConfig, rngs: nnx.Rngs):
+        self.DenseReluDense = T5DenseGatedActDense(cfg, rngs) if cfg.is_gated else T5DenseActDense(cfg, rngs)
+        self.layer_norm = T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon, compute_dtype(cfg.dtype))
+
+    def __call__(self, h: jax.Array) -> jax.Array:
+        return h + self.DenseReluDense(self.layer_norm(h))
+
+
+class T5Block(nnx.Module):
+    def __init__(self, cfg: T5EncoderConfig, *, has_relative_attention_bias: bool, rngs: nnx.Rngs):
+        self.layer = nnx.List([
+            T5LayerSelfAttention(cfg, has_relative_attention_bias=has_relative_attention_bias, rngs=rngs),
+            T5LayerFF(cfg, rngs),
+        ])
+
+    def __call__(self, h: jax.Array, bias: jax.Array, key_mask: jax.Array | None) -> jax.Array:
+        return self.layer[1](self.layer[0](h, bias, key_mask))
+
+
+class T5Stack(nnx.Module):
+    """The encoder blocks and final norm (the token table is ``T5Encoder.shared``: transformers ties them)."""
+
+    def __init__(self, cfg: T5EncoderConfig, rngs: nnx.Rngs):
+        self.block = nnx.List([
+            T5Block(cfg, has_relative_attention_bias=cfg.umt5 or i == 0, rngs=rngs) for i in range(cfg.num_layers)
+        ])
+        self.final_layer_norm = T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon, compute_dtype(cfg.dtype))
+
+    def __call__(self, h: jax.Array, key_mask: jax.Array | None) -> jax.Array:
+        bias = None
+        for block in self.block:
+            attention = block.layer[0].SelfAttention
+            if attention.relative_attention_bias is not None:  # every UMT5 block; T5's first, shared onwards
+                bias = attention.compute_bias(h.shape[1])
+            h = block(h, bias, key_mask)
+        return self.final_layer_norm(h)
+
+
+class T5Encoder(nnx.Module):
+    """T5 / UMT5 encoder: token ids ``(B, T)`` -> ``last_hidden_state`` ``(B, T, d_model)`` float32."""
+
+    def __init__(self, config: T5EncoderConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        dtype = compute_dtype(config.dtype)
+        self.shared = nnx.Embed(config.vocab_size, config.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.encoder = T5Stack(config, rngs)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        """``input_ids`` ``(B, T)`` int (ids below ``vocab_size``); ``attention_mask`` ``(B, T)``
+        (nonzero = a real token, zero = padding no token attends to) or None for all tokens."""
+        chex.assert_rank(input_ids, 2)
+        key_mask = None
+        if attention_mask is not None:
+            chex.assert_shape(attention_mask, input_ids.shape)
+            key_mask = jnp.asarray(attention_mask) != 0
+        h = self.shared(jnp.asarray(input_ids, jnp.int32)).astype(jnp.float32)
+        return self.encoder(h, key_mask).astype(jnp.float32)
+
+
+def _encoder_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A T5 checkpoint's tensors as ``T5Encoder`` keys: the tied token table under ``shared.weight``
+    (whether saved as ``shared``, ``encoder.embed_tokens`` or both), a full seq2seq checkpoint's
+    decoder and LM head dropped (as ``T5EncoderModel.from_pretrained`` does)."""
+    out = {k: v for k, v in tensors.items() if not k.startswith(("decoder.", "lm_head."))}
+    tied = out.pop("encoder.embed_tokens.weight", None)
+    if "shared.weight" not in out and tied is not None:
+        out["shared.weight"] = tied
+    return out
+
+
+def load(folder: str | Path, *, dtype: str = "float32") -> T5Encoder:
+    """The T5 / UMT5 encoder of a transformers folder (``config.json`` + safetensors), its
+    parameters in ``dtype``. A mismatch raises ``hf.KeyMappingError`` naming the keys."""
+    folder = Path(folder)
+    config = T5EncoderConfig.from_json(hf.read_config(folder), dtype=dtype)
+    module = nnx.eval_shape(lambda: T5Encoder(config, rngs=nnx.Rngs(0)))
+    return hf.load_into(module, _encoder_tensors(hf.read_tensors(folder)), where=str(folder))
+
+
+def param_count(config: T5EncoderConfig) -> int:
+    """Number of parameters of ``T5Encoder(config)`` (counted abstractly: nothing is allocated)."""
+    module = nnx.eval_shape(lambda: T5Encoder(config, rngs=nnx.Rngs(0)))
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
