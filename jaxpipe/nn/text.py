@@ -109,17 +109,18 @@ class TextEncoder(nnx.Module):
 
     def __init__(self, cfg: TextEncoderConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.embed = nnx.Embed(cfg.vocab_size, cfg.dim, rngs=rngs)
+        dtype = compute_dtype(cfg.dtype)
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.dim, dtype=dtype, rngs=rngs)
         self.pos = nnx.Param(jax.random.normal(rngs.params(), (cfg.max_len, cfg.dim)) * 0.02)
         self.blocks = nnx.List([_EncoderBlock(cfg, rngs) for _ in range(cfg.depth)])
-        self.norm = nnx.LayerNorm(cfg.dim, rngs=rngs)
+        self.norm = nnx.LayerNorm(cfg.dim, dtype=dtype, rngs=rngs)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         chex.assert_rank(ids, 2)
         if ids.shape[1] > self.cfg.max_len:
             raise ValueError(f"ids has length {ids.shape[1]}; the encoder's max_len is {self.cfg.max_len}")
         mask = ids != 0
-        h = self.embed(ids) + self.pos[: ids.shape[1]]
+        h = self.embed(ids) + self.pos[: ids.shape[1]].astype(compute_dtype(self.cfg.dtype))
         for block in self.blocks:
             h = block(h, mask)
         return self.norm(h).astype(jnp.float32)

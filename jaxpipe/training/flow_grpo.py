@@ -17,6 +17,14 @@ step, ``mean((μθ − μref)²) / (2σ_eff²)``; ``"flowgrpo"`` is the official
 A β ported from an official config therefore pulls ``1/|Δt|`` times harder under ``"exact"``
 (10× at 10 uniform steps); divide it by that, or set ``kl="flowgrpo"``.
 
+Precision (``FlowGRPOConfig.dtype``, ``jaxpipe.precision``): ``"bfloat16"`` runs the card's networks
+in bfloat16 (``precision.with_dtype``) while the sampler, log-probs, losses and advantages stay
+float32, as FlowGRPO does (bf16 transformer, fp32 scheduler). The trainable params are float32
+master weights (Adam moments in float32 too); each forward casts them to bfloat16 and the gradient
+flows back through the cast. ``None`` keeps the card's own compute dtype (a card already given
+``with_dtype`` trains the same way). The rollout and the log-prob recompute run the same bfloat16
+network, so C2 (ratio == 1) still holds.
+
 ``generator_update`` is the module-level pure update of the generator that ``UnifiedRL`` and
 ``JointMultiExpertRL`` share.
 """
@@ -35,6 +43,7 @@ from flax import nnx
 from jaxpipe.card import Card
 from jaxpipe.cards import digit_scorer, registry
 from jaxpipe.loops import denoise
+from jaxpipe.precision import check_dtype, with_dtype
 from jaxpipe.program import settings as loop_settings
 from jaxpipe.training import losses, ppo, rollout
 from jaxpipe.training.finetune import guarded_update, split_trainable
@@ -51,6 +60,7 @@ __all__ = [
     "scorer_reward",
     "scorer_reward_parts",
     "REWARD_TERMS",
+    "master_weights",
 ]
 
 KL_CONVENTIONS = ("exact", "flowgrpo")
@@ -66,7 +76,9 @@ RewardFn = rollout.RewardFn
 
 @dataclasses.dataclass(frozen=True)
 class FlowGRPOConfig:
-    """Settings of a FlowGRPO run (hashable: it is static under ``jit``)."""
+    """Settings of a FlowGRPO run (hashable: it is static under ``jit``). ``dtype``: the networks'
+    compute dtype (``"float32"`` | ``"bfloat16"``; ``None``: the card's own); the trainable params and
+    Adam stay float32 either way."""
 
     group_size: int = 4
     num_steps: int = 8
@@ -81,9 +93,12 @@ class FlowGRPOConfig:
     minibatches: int = 1
     inner_epochs: int = 1
     timestep_fraction: float = 1.0
+    dtype: str | None = None
 
     def __post_init__(self):
         self.schedule  # validates minibatches, inner_epochs and timestep_fraction
+        if self.dtype is not None:
+            check_dtype(self.dtype, "dtype")
         if self.kl not in KL_CONVENTIONS:
             raise ValueError(f"kl must be one of {KL_CONVENTIONS} (got {self.kl!r})")
         if self.group_size < 2:
@@ -219,6 +234,12 @@ def generator_update(
     return optax.apply_updates(params, updates), opt_state, value, metrics, optax.tree.norm(grads)
 
 
+def master_weights(params: nnx.State) -> nnx.State:
+    """``params`` with every floating leaf in float32: what an optimiser updates whatever the compute
+    dtype (a bfloat16-stored card trains float32 copies; each forward casts them back down)."""
+    return jax.tree.map(lambda a: a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+
+
 def check_batch(batch: Mapping[str, Any], terms: tuple[str, ...] | None = None) -> None:
     """A clear error for a malformed RL batch ``{"ids": (P, L) int, "labels": {term: (P,) int}}``."""
     if not isinstance(batch, Mapping) or "ids" not in batch:
@@ -269,6 +290,8 @@ class FlowGRPO:
     """
 
     def __init__(self, card: Card, reward_fn: RewardFn, config: FlowGRPOConfig = FlowGRPOConfig(), *, program=None):
+        if config.dtype is not None:
+            card = with_dtype(card, config.dtype)
         self.config = config
         self.spec = card.spec
         self.reward_fn = reward_fn
@@ -277,7 +300,8 @@ class FlowGRPO:
         self.loop = rollout.denoise_loop(card, self.program)
         self.denoisers = self.loop.binds
         self.sampling = config.sampling_on(self.loop.config)
-        self._graphdef, self._params, self._frozen, self._rest = split_trainable(card, self.denoisers)
+        self._graphdef, params, self._frozen, self._rest = split_trainable(card, self.denoisers)
+        self._params = master_weights(params)
         self.tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
         self.rollout = jax.jit(self._rollout)
         self.update = jax.jit(self._update)

@@ -4,16 +4,29 @@ The ``UnifiedRL`` step with N refiners. One rollout: per prompt a group of K sam
 K − skip every refiner continues the prompt (its own slot, its own key), the words are composed
 into one prompt, rendered once; one reward with per-term parts. Then
 
-- the N refiner updates are ONE ``jax.vmap`` over the stacked refiner params, their frozen
-  references and their stacked optimiser states (no Python loop over experts anywhere in the step);
+- the N refiner updates are ONE mapped call of the single-expert update over the stacked refiner
+  params, their frozen references and their stacked optimiser states (no Python loop over experts
+  anywhere in the step): a ``jax.vmap`` or a ``jax.lax.map`` (``JointRLConfig.expert_map``, below);
 - the generator gets FlowGRPO's update from the total reward (``joint_generator=False`` freezes it).
 
 Credit: ``"shared"`` gives every refiner the total reward's group advantage (faithful to UniRL);
 ``"per_expert"`` gives refiner i the group advantage of its own reward term (``expert_terms[i]``,
 by default the attribute its slot owns). With N = 1, no slots and ``"shared"`` credit this is
 ``UnifiedRL`` step for step (same keys, same math): both run the card's program with capture and
-share the module-level pure updates (``unified_rl.lm_update``, vmapped here;
+share the module-level pure updates (``unified_rl.lm_update``, mapped over the experts here;
 ``flow_grpo.generator_update``).
+
+The expert map is a policy (``expert_map``): ``"vmap"`` batches the N experts' math (one bigger
+matmul per layer); ``"map"`` is a ``lax.map`` (a scan inside the same jit: the experts one after
+another, no batching, no per-call cost); both compute the same update (equal within float
+reordering, ~1e-7). ``"auto"`` picks ``"map"`` on one CPU device and ``"vmap"`` on GPU/TPU (and on
+a multi-device mesh, whose ``expert`` axis a vmap keeps split across devices), from
+``benchmarks/joint_rl.py`` (RESULTS.md, section joint_rl, 2 shared CPU cores, refiner dim 64 × 2
+layers): at 16 rows per expert (4 prompts × 4) and N = 8 the ``lax.map`` takes 90 ms against 137 ms
+for the vmap (16 and 2 experts: 176 vs 280 ms, 25 vs 32 ms), and ~10.8 vs ~17.5 ms per expert in
+the linear fits; at 4 rows (1 × 4) the vmap is ahead, but by less (N = 8: 26 vs 29 ms), so ``"map"``
+loses little where it loses and wins ~1.5× where the work per expert grows. On an accelerator the
+batched math is what fills the device, so ``"vmap"`` (not measured here: no GPU on this machine).
 """
 
 from __future__ import annotations
@@ -45,9 +58,11 @@ from jaxpipe.training.unified_rl import (
     reward_stats,
 )
 
-__all__ = ["JointRLConfig", "JointRLState", "JointRollout", "JointMultiExpertRL", "CREDITS"]
+__all__ = ["JointRLConfig", "JointRLState", "JointRollout", "JointMultiExpertRL", "CREDITS", "EXPERT_MAPS", "map_experts",
+           "resolve_expert_map"]
 
 CREDITS = ("shared", "per_expert")
+EXPERT_MAPS = ("auto", "vmap", "map")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +70,44 @@ class JointRLConfig(UnifiedRLConfig):
     """``UnifiedRLConfig`` plus ``credit`` (``"shared"`` | ``"per_expert"``) and ``expert_terms``
     (the reward term refiner i is credited with under ``"per_expert"``; ``None``: its slot's
     attribute). ``joint`` switches the generator's training on (False: prompt-only); the
-    generator always learns from the total reward."""
+    generator always learns from the total reward. ``expert_map``: how the N refiner updates are
+    mapped over the expert axis, ``"vmap"`` | ``"map"`` (``lax.map``) | ``"auto"`` (``"map"`` on one CPU
+    device, ``"vmap"`` on GPU/TPU or a multi-device mesh; the module docstring has the measurements)."""
 
     credit: str = "shared"
     expert_terms: tuple[str, ...] | None = None
+    expert_map: str = "auto"
 
     def __post_init__(self):
         if self.credit not in CREDITS:
             raise ValueError(f"credit must be one of {CREDITS} (got {self.credit!r})")
+        if self.expert_map not in EXPERT_MAPS:
+            raise ValueError(f"expert_map must be one of {EXPERT_MAPS} (got {self.expert_map!r})")
         super().__post_init__()
+
+
+def resolve_expert_map(expert_map: str, backend: str | None = None, devices: int | None = None) -> str:
+    """``"vmap"`` or ``"map"``: ``expert_map`` itself, or for ``"auto"`` the measured choice: ``"map"`` on
+    one CPU device, ``"vmap"`` on GPU/TPU or over several devices (a mesh may split the expert axis,
+    which a vmap keeps parallel and a ``lax.map`` would walk through). ``backend`` / ``devices``:
+    JAX's default backend and its device count unless given."""
+    if expert_map not in EXPERT_MAPS:
+        raise ValueError(f"expert_map must be one of {EXPERT_MAPS} (got {expert_map!r})")
+    if expert_map != "auto":
+        return expert_map
+    backend = jax.default_backend() if backend is None else backend
+    devices = jax.device_count() if devices is None else devices
+    return "map" if backend == "cpu" and devices == 1 else "vmap"
+
+
+def map_experts(fn, expert_map: str, *stacked):
+    """``fn`` applied to every slice of ``stacked`` (pytrees with a leading expert axis N), outputs stacked
+    on that axis: one ``jax.vmap`` (``"vmap"``) or one ``jax.lax.map`` (``"map"``)."""
+    if expert_map == "vmap":
+        return jax.vmap(fn)(*stacked)
+    if expert_map == "map":
+        return jax.lax.map(lambda args: fn(*args), stacked)
+    raise ValueError(f"expert_map must be 'vmap' or 'map' here (got {expert_map!r}; resolve 'auto' first)")
 
 
 class JointRLState(NamedTuple):
@@ -115,6 +159,7 @@ class JointMultiExpertRL:
         self.ar_config = card.spec.loop(multi_expert.REFINE_LOOP).config.replace(temperature=1.0)
         self.sampling = config.sampling_on(card.spec.loop(multi_expert.DENOISE_LOOP).config)
         self.allowed = jnp.asarray(card.spec.config.allowed_tokens())
+        self.expert_map = resolve_expert_map(config.expert_map)
         self.expert_terms = config.expert_terms or tuple(card.spec.config.slot(i) for i in range(self.num_refiners))
         if config.credit == "per_expert":
             if len(self.expert_terms) != self.num_refiners or None in self.expert_terms:
@@ -204,13 +249,14 @@ class JointMultiExpertRL:
     # ----------------------------------------------------------------------------------- update
     def expert_update(self, params, reference, opt_state, allowed, refinement: ar.Continuation, advantages):
         """ONE refiner's step (no expert axis): ``unified_rl.lm_update`` on its slot-restricted LM,
-        ``(params, opt_state, loss, metrics, grad norm)``; the update ``vmap``s it over the experts."""
+        ``(params, opt_state, loss, metrics, grad norm)``; the update maps it over the experts (``expert_map``)."""
         lm_of = lambda p: self._expert(p, allowed)
         return lm_update(self.refiner_tx, lm_of, params, reference, opt_state, refinement, advantages, self.config)
 
     def _update(self, state: JointRLState, ro: JointRollout, key: jax.Array | None = None) -> tuple[JointRLState, dict]:
         """Every update the rollout feeds (``config.schedule``): per minibatch, the N refiner updates as
-        ONE ``vmap`` on the same rows, then the generator when joint; then the all-or-nothing guard."""
+        ONE mapped call (``expert_map``) on the same rows, then the generator when joint; then the
+        all-or-nothing guard."""
         cfg = self.config
         generator_of = self._generator_of(state.refiners, state.frozen)
 
@@ -220,8 +266,9 @@ class JointMultiExpertRL:
             if rows is not None:  # the expert axis leads: rows are axis 1
                 refinements = jax.tree.map(lambda a: a[:, rows], refinements)
                 expert_advantages = expert_advantages[:, rows]
-            refiners, refiner_opt, values, lm_metrics, grad_norms = jax.vmap(self.expert_update)(
-                refiners, state.refiner_reference, refiner_opt, self.allowed, refinements, expert_advantages
+            refiners, refiner_opt, values, lm_metrics, grad_norms = map_experts(
+                self.expert_update, self.expert_map,
+                refiners, state.refiner_reference, refiner_opt, self.allowed, refinements, expert_advantages,
             )
             finite = jnp.all(jnp.isfinite(values)) & jnp.all(jnp.isfinite(grad_norms))
             metrics = {f"lm_{k}": jnp.mean(v) for k, v in lm_metrics.items()}
