@@ -443,6 +443,7 @@ def train_joint(
     refinerflags: RefinerFlags,
     refiners: int = typer.Option(3, "--refiners", "-N", help="Refiner experts (each owns one attribute slot: stroke, position, brightness, cycling)."),
     credit: str = typer.Option("per_expert", "--credit", help="shared (one advantage for every refiner) or per_expert (each refiner's own reward term)."),
+    expert_map: str = typer.Option("auto", "--expert-map", help="How the N refiner updates map over the experts: vmap, map (lax.map) or auto (map on one CPU device, vmap on GPU/TPU)."),
     mention: float = typer.Option(0.0, "--mention", help="Probability that a prompt names each rewarded attribute (0: the refiners choose them all)."),
     prefer: str = typer.Option("stroke=thick,position=right,brightness=dim", "--prefer", help="The attribute values the reward prefers when a prompt leaves them out."),
     model: str = typer.Option("unified", "--model", help="Unified card whose LM initialises every refiner (bundled id or directory)."),
@@ -456,7 +457,7 @@ def train_joint(
 
     def config():
         spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
-        return spec, JointRLConfig(**flags.generator(), **refinerflags.refiner(), credit=credit)
+        return spec, JointRLConfig(**flags.generator(), **refinerflags.refiner(), credit=credit, expert_map=expert_map)
 
     def build(base, scorer, cfg, evaluation):
         card = multi_expert.from_unified(base, refiners)
