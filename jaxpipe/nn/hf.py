@@ -121,7 +121,8 @@ def load_into(
     flat = nnx.to_flat_state(state)
     missing, misshaped, used, updates = [], [], set(), []
     for path, var in flat:
-        shape, dtype = var.value.shape, var.value.dtype
+        current = var.get_value()
+        shape, dtype = current.shape, current.dtype
         key = torch_key(path, len(shape), renames)
         if key not in tensors:
             missing.append(key)
@@ -138,7 +139,7 @@ def load_into(
     if missing or misshaped or unexpected:
         raise KeyMappingError(where, missing, unexpected, misshaped)
     for var, value in updates:
-        var.value = value
+        var.set_value(value)
     nnx.update(module, nnx.from_flat_state(flat))
     return module
 
