@@ -44,6 +44,8 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r".*/ffn/net/2/kernel", ("mlp", "embed")),
     (r"blocks/\d+/scale_shift_table", (None, None, "embed")),
     (r"scale_shift_table", (None, None, "embed")),
+    (r"condition_embedder/time_embedder/linear_1/kernel", (None, "embed")),
+    (r"condition_embedder/time_embedder/linear_2/kernel", ("embed", None)),
     (r"condition_embedder/time_proj/kernel", ("embed", None)),
     (r"condition_embedder/text_embedder/linear_1/kernel", (None, "embed")),
     (r"condition_embedder/text_embedder/linear_2/kernel", ("embed", None)),
@@ -195,6 +197,21 @@ class WanTransformer(nnx.Module):
         self.proj_out = _linear(dim, config.out_channels * math.prod(config.patch_size), dtype, rngs)
         self.scale_shift_table = nnx.Param(jax.random.normal(rngs.params(), (1, 2, dim), F32) / dim**0.5)
 
+    @classmethod
+    def abstract(cls, config: WanConfig) -> "WanTransformer":
+        """The network with ``jax.ShapeDtypeStruct`` parameters (no allocation), as ``nnx.eval_shape`` builds it.
+
+        ``nnx.eval_shape`` of the whole network costs time quadratic in its parameter count under
+        JAX 0.10 (each RNG draw inspects every traced equation so far: 80 s for the 14B), so one
+        block is traced and copied ``num_layers`` times; the structure is the same.
+        """
+        one = dataclasses.replace(config, num_layers=1)
+        model = nnx.eval_shape(lambda: cls(one, rngs=nnx.Rngs(0)))
+        block = model.blocks[0]
+        model.blocks = nnx.List([block, *(nnx.clone(block) for _ in range(config.num_layers - 1))])
+        model.config = config
+        return model
+
     def param_count(self) -> int:
         """Number of parameter elements (works on an ``nnx.eval_shape`` model)."""
         return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
@@ -286,6 +303,6 @@ def load(folder: str | Path, *, dtype: str = "float32") -> WanTransformer:
     (``norm_added_q``, in some I2V conversions) are dropped first."""
     folder = Path(folder)
     config = WanConfig.from_json(hf.read_config(folder), dtype=dtype)
-    module = nnx.eval_shape(lambda: WanTransformer(config, rngs=nnx.Rngs(0)))
+    module = WanTransformer.abstract(config)
     tensors = {k: v for k, v in hf.read_tensors(folder).items() if not IGNORED_KEYS.fullmatch(k)}
     return hf.load_into(module, tensors, renames=RENAMES, where=str(folder))
