@@ -25,7 +25,7 @@ from jaxpipe.nn import hf
 from jaxpipe.nn.layers import compute_dtype
 from jaxpipe.nn.t5 import ACTIVATIONS
 
-__all__ = ["LOGICAL_AXES", "CLIPTextEncoderConfig", "CLIPTextEncoder", "pool_eos", "load", "param_count"]
+__all__ = ["LOGICAL_AXES", "CLIPTextEncoder", "CLIPTextEncoderConfig", "load", "param_count", "pool_eos"]
 
 LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"embeddings/token_embedding/embedding", ("vocab", "embed")),
@@ -37,9 +37,9 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 )
 
 # the transformers default CLIPTextConfig, for keys a config.json leaves out
-_JSON_DEFAULTS = dict(vocab_size=49408, hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
-                      num_attention_heads=8, max_position_embeddings=77, hidden_act="quick_gelu",
-                      layer_norm_eps=1e-5, eos_token_id=49407)
+_JSON_DEFAULTS = {"vocab_size": 49408, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
+                  "num_attention_heads": 8, "max_position_embeddings": 77, "hidden_act": "quick_gelu",
+                  "layer_norm_eps": 1e-5, "eos_token_id": 49407}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class CLIPTextEncoderConfig:
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)} (got {self.hidden_act!r})")
         if not isinstance(self.eos_token_id, int):
-            raise ValueError(f"eos_token_id must be an int (got {self.eos_token_id!r})")
+            raise TypeError(f"eos_token_id must be an int (got {self.eos_token_id!r})")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be positive (got {self.layer_norm_eps!r})")
         compute_dtype(self.dtype)
@@ -83,7 +83,7 @@ class CLIPTextEncoderConfig:
         return self.hidden_size // self.num_attention_heads
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any], *, dtype: str = "float32") -> "CLIPTextEncoderConfig":
+    def from_json(cls, d: Mapping[str, Any], *, dtype: str = "float32") -> CLIPTextEncoderConfig:
         """The text tower a transformers ``CLIPTextModel`` ``config.json`` describes (``model_type``
         ``"clip_text_model"``); projection and vision settings do not matter here."""
         if d.get("model_type") != "clip_text_model":
@@ -92,7 +92,7 @@ class CLIPTextEncoderConfig:
         return cls(**{key: d.get(key, default) for key, default in _JSON_DEFAULTS.items()}, dtype=dtype)
 
     @classmethod
-    def vit_l14(cls, **overrides) -> "CLIPTextEncoderConfig":
+    def vit_l14(cls, **overrides) -> CLIPTextEncoderConfig:
         """openai/clip-vit-large-patch14's text tower: FLUX.1's ``text_encoder`` (about 123 M parameters);
         its config keeps the legacy ``eos_token_id`` 2 (pool at the largest id, the end-of-text token)."""
         return cls(**{"vocab_size": 49408, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,

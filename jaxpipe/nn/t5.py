@@ -34,11 +34,11 @@ from jaxpipe.nn.layers import compute_dtype
 __all__ = [
     "ACTIVATIONS",
     "LOGICAL_AXES",
-    "T5EncoderConfig",
     "T5Encoder",
-    "relative_position_bucket",
+    "T5EncoderConfig",
     "load",
     "param_count",
+    "relative_position_bucket",
 ]
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -61,24 +61,14 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r".*/DenseReluDense/wo/kernel", ("mlp", "embed")),
 )
 
-# transformers config.json keys that describe the decoder, training or generation: an encoder
-# ignores them (listed so a reader sees they were considered, not forgotten)
-IGNORED_KEYS = frozenset({
-    "num_decoder_layers", "decoder_start_token_id", "is_encoder_decoder", "use_cache", "tie_word_embeddings",
-    "scale_decoder_outputs", "dropout_rate", "classifier_dropout", "initializer_factor", "eos_token_id",
-    "pad_token_id", "output_past", "dense_act_fn", "is_gated_act", "architectures", "torch_dtype", "dtype",
-    "transformers_version", "_name_or_path", "task_specific_params", "n_positions", "gradient_checkpointing",
-    "tokenizer_class", "model_type", "is_decoder",
-})
-
 # transformers' T5Config / UMT5Config defaults, for keys a config.json leaves out
 _JSON_DEFAULTS = {
-    "t5": dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
-               relative_attention_num_buckets=32, relative_attention_max_distance=128,
-               feed_forward_proj="relu", layer_norm_epsilon=1e-6),
-    "umt5": dict(vocab_size=250112, d_model=512, d_kv=64, d_ff=1024, num_layers=8, num_heads=6,
-                 relative_attention_num_buckets=32, relative_attention_max_distance=128,
-                 feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6),
+    "t5": {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_heads": 8,
+           "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+           "feed_forward_proj": "relu", "layer_norm_epsilon": 1e-6},
+    "umt5": {"vocab_size": 250112, "d_model": 512, "d_kv": 64, "d_ff": 1024, "num_layers": 8, "num_heads": 6,
+             "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+             "feed_forward_proj": "gated-gelu", "layer_norm_epsilon": 1e-6},
 }
 
 
@@ -139,9 +129,11 @@ class T5EncoderConfig:
         return self.num_heads * self.d_kv
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any], *, dtype: str = "float32") -> "T5EncoderConfig":
+    def from_json(cls, d: Mapping[str, Any], *, dtype: str = "float32") -> T5EncoderConfig:
         """The encoder described by a transformers ``config.json`` (``model_type`` ``"t5"`` or
-        ``"umt5"``); decoder sizes and training settings (``IGNORED_KEYS``) do not matter here."""
+        ``"umt5"``). Only the fields above are read (transformers' defaults where absent); the
+        other keys — decoder sizes (``num_decoder_layers``), dropout, token ids, generation and
+        tying settings — do not change the encoder's computation and are deliberately ignored."""
         model_type = d.get("model_type")
         if model_type not in _JSON_DEFAULTS:
             raise ValueError(f"config.json model_type must be 't5' or 'umt5' for a T5 encoder (got {model_type!r})")
@@ -151,13 +143,13 @@ class T5EncoderConfig:
         return cls(**values, umt5=model_type == "umt5", dtype=dtype)
 
     @classmethod
-    def t5_xxl(cls, **overrides) -> "T5EncoderConfig":
+    def t5_xxl(cls, **overrides) -> T5EncoderConfig:
         """google/t5-v1_1-xxl's encoder: FLUX.1's ``text_encoder_2`` (about 4.76 B parameters)."""
         return cls(**{"vocab_size": 32128, "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24,
                       "num_heads": 64, "feed_forward_proj": "gated-gelu", **overrides})
 
     @classmethod
-    def umt5_xxl(cls, **overrides) -> "T5EncoderConfig":
+    def umt5_xxl(cls, **overrides) -> T5EncoderConfig:
         """umt5-xxl's encoder: Wan's ``text_encoder`` (about 5.68 B parameters)."""
         return cls.t5_xxl(**{"vocab_size": 256384, "umt5": True, **overrides})
 
@@ -200,7 +192,7 @@ class T5LayerNorm(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         h = x.astype(jnp.float32)
         h = h * jax.lax.rsqrt(jnp.mean(jnp.square(h), axis=-1, keepdims=True) + self.eps)
-        return self.scale.value * h.astype(self.scale.value.dtype)
+        return self.scale[...] * h.astype(self.scale[...].dtype)
 
 
 class T5Attention(nnx.Module):
@@ -223,7 +215,7 @@ class T5Attention(nnx.Module):
         """The ``(heads, length, length)`` float32 bias of query ``i`` attending to key ``j``."""
         offsets = np.arange(length)[None, :] - np.arange(length)[:, None]
         buckets = relative_position_bucket(offsets, num_buckets=self.num_buckets, max_distance=self.max_distance)
-        table = self.relative_attention_bias.embedding.value
+        table = self.relative_attention_bias.embedding[...]
         return jnp.transpose(jnp.take(table, jnp.asarray(buckets), axis=0), (2, 0, 1)).astype(jnp.float32)
 
     def __call__(self, x: jax.Array, bias: jax.Array, key_mask: jax.Array | None) -> jax.Array:
@@ -320,8 +312,9 @@ class T5Encoder(nnx.Module):
         self.encoder = T5Stack(config, rngs)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
-        """``input_ids`` ``(B, T)`` int (ids below ``vocab_size``); ``attention_mask`` ``(B, T)``
-        (nonzero = a real token, zero = padding no token attends to) or None for all tokens."""
+        """``input_ids`` ``(B, T)`` int, each below ``vocab_size`` (not checked under jit);
+        ``attention_mask`` ``(B, T)`` (nonzero = a real token, zero = padding no token attends
+        to) or None: every token attends to every token (how FLUX's pipeline calls its T5)."""
         chex.assert_rank(input_ids, 2)
         key_mask = None
         if attention_mask is not None:
