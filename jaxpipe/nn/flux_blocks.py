@@ -58,7 +58,7 @@ class Linear(nnx.Module):
 
     def __init__(self, din: int, dout: int, dtype, keys: KeyStream):
         self.dtype = dtype
-        self.kernel = nnx.Param(jax.nn.initializers.lecun_normal()(keys(), (din, dout), dtype))
+        self.kernel = nnx.Param(jax.random.normal(keys(), (din, dout), dtype) * (din**-0.5))
         self.bias = nnx.Param(jnp.zeros((dout,), dtype))
 
     def __call__(self, x: jax.Array) -> jax.Array:
