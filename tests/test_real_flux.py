@@ -18,11 +18,11 @@ from flax import nnx
 torch = pytest.importorskip("torch", reason="the parity extra is not installed: pip install -e '.[parity]'")
 diffusers = pytest.importorskip("diffusers", reason="the parity extra is not installed: pip install -e '.[parity]'")
 
-from diffusers import FluxTransformer2DModel  # noqa: E402
-from diffusers.pipelines.flux.pipeline_flux import FluxPipeline  # noqa: E402
+from diffusers import FluxTransformer2DModel
+from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 
-from jaxpipe.nn import hf  # noqa: E402
-from jaxpipe.nn.flux import LOGICAL_AXES, FluxCond, FluxConfig, FluxTransformer, load  # noqa: E402
+from jaxpipe.nn import hf
+from jaxpipe.nn.flux import LOGICAL_AXES, FluxCond, FluxConfig, FluxTransformer, load
 
 TINY = dict(
     in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,

@@ -28,15 +28,15 @@ from jaxpipe.nn.flux_blocks import (
     AdaLayerNorm,
     FluxSingleTransformerBlock,
     FluxTransformerBlock,
-    TimeTextEmbed,
     KeyStream,
     Linear,
-    layer_norm,
+    TimeTextEmbed,
+    modulate,
     rope,
 )
 from jaxpipe.nn.layers import compute_dtype
 
-__all__ = ["FluxConfig", "FluxCond", "FluxTransformer", "load", "image_ids", "LOGICAL_AXES", "RENAMES"]
+__all__ = ["LOGICAL_AXES", "RENAMES", "FluxCond", "FluxConfig", "FluxTransformer", "image_ids", "load"]
 
 # The NNX tree mirrors diffusers' names exactly (dropout slots are None list entries), so no key needs renaming.
 RENAMES: tuple[tuple[str, str], ...] = ()
@@ -107,17 +107,17 @@ class FluxConfig:
         compute_dtype(self.dtype)
 
     @classmethod
-    def dev(cls, **overrides) -> "FluxConfig":
+    def dev(cls, **overrides) -> FluxConfig:
         """FLUX.1-dev (guidance-distilled): 19 double + 38 single blocks, width 3072, about 11.9 B parameters."""
         return cls(**overrides)
 
     @classmethod
-    def schnell(cls, **overrides) -> "FluxConfig":
+    def schnell(cls, **overrides) -> FluxConfig:
         """FLUX.1-schnell: FLUX.1-dev without the guidance embedder."""
         return cls(**{"guidance_embeds": False, **overrides})
 
     @classmethod
-    def tiny(cls, **overrides) -> "FluxConfig":
+    def tiny(cls, **overrides) -> FluxConfig:
         """The smallest config with every code path: one block of each kind, 2 heads of 16, guidance on."""
         sizes = dict(
             in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
@@ -126,7 +126,7 @@ class FluxConfig:
         return cls(**{**sizes, **overrides})
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "FluxConfig":
+    def from_json(cls, d: dict[str, Any]) -> FluxConfig:
         """From a diffusers ``config.json`` dict: ``_``-prefixed keys (``_class_name``, ...) are ignored,
         lists become tuples, an unknown key is a ``ValueError`` naming it."""
         fields = {f.name for f in dataclasses.fields(cls)}
@@ -233,7 +233,7 @@ class FluxTransformer(nnx.Module):
         for block in self.single_transformer_blocks:
             h = block(h, temb, cos, sin)
         scale, shift = self.norm_out(temb)
-        out = self.proj_out(layer_norm(h[:, t:]) * (1 + scale[:, None]) + shift[:, None])
+        out = self.proj_out(modulate(h[:, t:], shift, scale))
         return out.astype(jnp.float32)
 
     def velocity(self, x: jax.Array, sigma: jax.Array, cond: FluxCond) -> jax.Array:

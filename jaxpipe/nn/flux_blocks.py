@@ -16,20 +16,21 @@ import numpy as np
 from flax import nnx
 
 __all__ = [
-    "KeyStream",
-    "Linear",
-    "layer_norm",
-    "RMSNorm",
-    "timestep_embedding",
-    "rope",
-    "apply_rope",
-    "SiluMLP",
-    "TimeTextEmbed",
     "AdaLayerNorm",
     "FeedForward",
     "FluxAttention",
-    "FluxTransformerBlock",
     "FluxSingleTransformerBlock",
+    "FluxTransformerBlock",
+    "KeyStream",
+    "Linear",
+    "RMSNorm",
+    "SiluMLP",
+    "TimeTextEmbed",
+    "apply_rope",
+    "layer_norm",
+    "modulate",
+    "rope",
+    "timestep_embedding",
 ]
 
 EPS = 1e-6  # every FLUX norm (LayerNorms, q/k RMSNorms) uses it
@@ -41,7 +42,7 @@ class KeyStream:
     """Fresh PRNG keys ``fold_in(key, 1), fold_in(key, 2), ...`` for parameter init.
 
     Not ``nnx.Rngs``: under ``nnx.eval_shape`` every ``Rngs`` draw writes a traced counter, and each
-    write costs time linear in the trace so far, which makes an abstract FLUX.1-dev take ~30 s.
+    write costs time linear in the trace so far: an abstract FLUX.1-dev took 27 s that way, 2 s this way.
     """
 
     def __init__(self, key: jax.Array):
