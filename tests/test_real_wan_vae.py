@@ -1,6 +1,7 @@
 """The Wan 2.1 VAE (jaxpipe.nn.wan_vae) against diffusers' AutoencoderKLWan: same numbers, same size, named errors."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +71,10 @@ def test_full_size_wan21_has_the_diffusers_parameter_count():
         expected = sum(p.numel() for p in diffusers.AutoencoderKLWan().parameters())
     abstract = nnx.eval_shape(lambda: wan_vae.WanVAE(wan_vae.WanVAEConfig.wan21(), rngs=nnx.Rngs(0)))
     assert abstract.param_count() == expected == 126_892_531
+    for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):  # every parameter has a sharding rule
+        name, ndim = "/".join(map(str, path)), len(var.get_value().shape)
+        axes = next((axes for pattern, axes in wan_vae.LOGICAL_AXES if re.fullmatch(pattern, name)), None)
+        assert axes is not None and len(axes) == ndim, (name, axes)
 
 
 def test_key_errors_are_named_and_bad_inputs_refused(reference, tmp_path):
