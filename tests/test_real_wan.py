@@ -18,15 +18,16 @@ from flax import nnx
 torch = pytest.importorskip("torch", reason="the parity extra is not installed: pip install -e '.[parity]'")
 diffusers = pytest.importorskip("diffusers", reason="the parity extra is not installed: pip install -e '.[parity]'")
 
-from jaxpipe.nn import hf, wan  # noqa: E402
+from jaxpipe.loops.denoise import Denoiser
+from jaxpipe.nn import hf, wan
 
 # 2 heads × head_dim 16: the RoPE splits 16 into t=8, h=4, w=4 (h = w = 2·(16 // 6)).
-TINY = dict(num_attention_heads=2, attention_head_dim=16, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64)
+TINY = {"num_attention_heads": 2, "attention_head_dim": 16, "out_channels": 4, "text_dim": 32, "freq_dim": 32, "ffn_dim": 64}
 VARIANTS = {
-    "t2v": dict(num_layers=2, in_channels=4),
+    "t2v": {"num_layers": 2, "in_channels": 4},
     # I2V in the FLF2V form (the superset): 4 latent + 4 mask + 4 condition channels, CLIP-like image tokens
     # embedded with a position table over two frames' tokens, added K/V projections in cross-attention.
-    "i2v": dict(num_layers=1, in_channels=12, image_dim=24, added_kv_proj_dim=32, pos_embed_seq_len=10),
+    "i2v": {"num_layers": 1, "in_channels": 12, "image_dim": 24, "added_kv_proj_dim": 32, "pos_embed_seq_len": 10},
 }
 B, F, H, W, C = 2, 3, 4, 4, 4
 TIMESTEPS = np.array([750.0, 250.0], np.float32)  # = 1000·σ exactly, σ = 0.75, 0.25
@@ -47,12 +48,12 @@ def _reference(tmp_path_factory, name):
     folder = tmp_path_factory.mktemp(f"wan-{name}")
     model.save_pretrained(folder, max_shard_size="40KB")
     # diffusers' I2V processor takes the last 512 context tokens as text (its pipelines pad prompts to 512).
-    inputs = dict(
-        hidden_states=torch.randn(B, config["in_channels"], F, H, W),
-        timestep=torch.from_numpy(TIMESTEPS),
-        encoder_hidden_states=torch.randn(B, 512 if name == "i2v" else 7, TINY["text_dim"]),
-        encoder_hidden_states_image=torch.randn(2 * B, 5, 24) if name == "i2v" else None,
-    )
+    inputs = {
+        "hidden_states": torch.randn(B, config["in_channels"], F, H, W),
+        "timestep": torch.from_numpy(TIMESTEPS),
+        "encoder_hidden_states": torch.randn(B, 512 if name == "i2v" else 7, TINY["text_dim"]),
+        "encoder_hidden_states_image": torch.randn(2 * B, 5, 24) if name == "i2v" else None,
+    }
     with torch.no_grad():
         out = model(**inputs, return_dict=False)[0].numpy()
     numpy_inputs = {k: None if v is None else v.numpy() for k, v in inputs.items()}
@@ -85,12 +86,13 @@ def test_t2v_matches_diffusers_in_float32_and_bfloat16_is_close(t2v):
     assert low.blocks[0].scale_shift_table.dtype == jnp.float32  # diffusers keeps modulation tables in float32
     out16 = np.asarray(jax.jit(_jit_call)(low, *args))
     assert out16.dtype == np.float32
-    assert np.abs(out16 - ref).max() <= 0.05 * np.abs(ref).max()
+    assert np.abs(out16 - ref).max() <= 0.02 * np.abs(ref).max()  # measured 0.6%
 
 
 def test_i2v_velocity_on_channels_last_latents_matches_diffusers(i2v):
     folder, inputs, ref = i2v
     model = wan.load(folder)
+    assert isinstance(model, Denoiser)
     latents = np.moveaxis(inputs["hidden_states"], 1, -1)  # (B, F, H, W, 12)
     cond = wan.WanCond(
         context=jnp.asarray(inputs["encoder_hidden_states"]),
@@ -125,11 +127,11 @@ def test_key_errors_name_missing_unexpected_and_misshaped_keys(t2v, tmp_path):
 # Exact parameter counts of the published configs (diffusers' WanTransformer3DModel on the meta device agrees):
 FULL_SIZES = {
     # Wan2.1-T2V-1.3B: 12 heads × 128 = 1536 wide, 30 layers, FFN 8960, text 4096 (umT5-XXL), 16 latent channels.
-    "t2v_1_3b": (dict(num_attention_heads=12, num_layers=30, ffn_dim=8960), 1_418_996_800),
+    "t2v_1_3b": ({"num_attention_heads": 12, "num_layers": 30, "ffn_dim": 8960}, 1_418_996_800),
     # Wan2.1-T2V-14B (also each Wan2.2-T2V-A14B expert): 40 heads × 128 = 5120 wide, 40 layers, FFN 13824.
-    "t2v_14b": (dict(), 14_288_491_584),
+    "t2v_14b": ({}, 14_288_491_584),
     # Wan2.1-I2V-14B: + 20 condition channels (36 in), CLIP ViT-H image tokens (1280) and added K/V (5120) per layer.
-    "i2v_14b": (dict(in_channels=36, image_dim=1280, added_kv_proj_dim=5120), 16_394_878_784),
+    "i2v_14b": ({"in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120}, 16_394_878_784),
 }
 
 
@@ -146,7 +148,7 @@ def test_full_sizes_abstractly_match_diffusers_and_logical_axes_cover_them():
     cfg = wan.WanConfig.tiny(num_layers=3, **{k: v for k, v in VARIANTS["i2v"].items() if k != "num_layers"})
     fast, slow = wan.WanTransformer.abstract(cfg), nnx.eval_shape(lambda: wan.WanTransformer(cfg, rngs=nnx.Rngs(0)))
     assert nnx.graphdef(fast) == nnx.graphdef(slow)
-    shapes = lambda m: jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(m, nnx.Param))  # noqa: E731
+    shapes = lambda m: jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(m, nnx.Param))
     assert shapes(fast) == shapes(slow)
 
     # Every LOGICAL_AXES rule names params of its rank, and every matrix of the 14B I2V as wide as the model is covered.
@@ -163,14 +165,14 @@ def test_bad_configs_and_inputs_are_named():
         wan.WanConfig.from_json({"_class_name": "WanTransformer3DModel", "num_layers": 2, "window_size": [-1, -1]})
     assert wan.WanConfig.from_json({"_diffusers_version": "0.33", "patch_size": [1, 2, 2], "out_channels": None}).out_channels == 16
     bad = {
-        "qk_norm": dict(qk_norm="layer_norm"),
-        "added_kv_proj_dim must equal": dict(image_dim=24, added_kv_proj_dim=48),
-        "needs image_dim": dict(added_kv_proj_dim=32),
-        "attention_head_dim must be even": dict(attention_head_dim=15),
-        "patch_size": dict(patch_size=(2, 2)),
-        "num_layers": dict(num_layers=0),
-        "dtype": dict(dtype="float16"),
-        "pos_embed_seq_len": dict(image_dim=24, pos_embed_seq_len=5),
+        "qk_norm": {"qk_norm": "layer_norm"},
+        "added_kv_proj_dim must equal": {"image_dim": 24, "added_kv_proj_dim": 48},
+        "needs image_dim": {"added_kv_proj_dim": 32},
+        "attention_head_dim must be even": {"attention_head_dim": 15},
+        "patch_size": {"patch_size": (2, 2)},
+        "num_layers": {"num_layers": 0},
+        "dtype": {"dtype": "float16"},
+        "pos_embed_seq_len": {"image_dim": 24, "pos_embed_seq_len": 5},
     }
     for message, overrides in bad.items():
         with pytest.raises(ValueError, match=message):

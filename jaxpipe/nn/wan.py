@@ -22,9 +22,16 @@ from flax import nnx
 
 from jaxpipe.nn import hf
 from jaxpipe.nn.layers import compute_dtype
-from jaxpipe.nn.wan_blocks import F32, WanRotaryPosEmbed, WanTimeTextImageEmbedding, WanTransformerBlock, _layer_norm, _linear
+from jaxpipe.nn.wan_blocks import (
+    F32,
+    WanRotaryPosEmbed,
+    WanTimeTextImageEmbedding,
+    WanTransformerBlock,
+    fp32_layer_norm,
+    linear,
+)
 
-__all__ = ["WanConfig", "WanCond", "WanTransformer", "load", "LOGICAL_AXES", "RENAMES", "IGNORED_KEYS"]
+__all__ = ["IGNORED_KEYS", "LOGICAL_AXES", "RENAMES", "WanCond", "WanConfig", "WanTransformer", "load"]
 
 RENAMES: tuple[tuple[str, str], ...] = ()
 """NNX path -> PyTorch key renames: none, every attribute mirrors diffusers' name."""
@@ -123,30 +130,30 @@ class WanConfig:
         return self.num_attention_heads * self.attention_head_dim
 
     @classmethod
-    def t2v_1_3b(cls, **overrides) -> "WanConfig":
+    def t2v_1_3b(cls, **overrides) -> WanConfig:
         """Wan2.1-T2V-1.3B: 12 heads × 128, 30 layers, FFN 8960 (1,418,996,800 parameters)."""
         return cls(**{"num_attention_heads": 12, "num_layers": 30, "ffn_dim": 8960, **overrides})
 
     @classmethod
-    def t2v_14b(cls, **overrides) -> "WanConfig":
+    def t2v_14b(cls, **overrides) -> WanConfig:
         """Wan2.1-T2V-14B (and each Wan2.2-T2V-A14B expert): 40 heads × 128, 40 layers, FFN 13824."""
         return cls(**{"num_attention_heads": 40, "num_layers": 40, "ffn_dim": 13824, **overrides})
 
     @classmethod
-    def i2v_14b(cls, **overrides) -> "WanConfig":
+    def i2v_14b(cls, **overrides) -> WanConfig:
         """Wan2.1-I2V-14B: the 14B with 36 input channels (16 latent + 4 mask + 16 condition), CLIP image tokens (1280)
         and added image K/V projections (5120)."""
         return cls.t2v_14b(**{"in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120, **overrides})
 
     @classmethod
-    def tiny(cls, **overrides) -> "WanConfig":
+    def tiny(cls, **overrides) -> WanConfig:
         """2 heads × 16, 2 layers, 4 channels: for tests."""
-        base = dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, text_dim=32,
-                    freq_dim=32, ffn_dim=64, num_layers=2)
+        base = {"num_attention_heads": 2, "attention_head_dim": 16, "in_channels": 4, "out_channels": 4,
+                "text_dim": 32, "freq_dim": 32, "ffn_dim": 64, "num_layers": 2}
         return cls(**{**base, **overrides})
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], *, dtype: str | None = None) -> "WanConfig":
+    def from_json(cls, d: dict[str, Any], *, dtype: str | None = None) -> WanConfig:
         """From a diffusers ``config.json`` dict: ``_``-prefixed keys are ignored, unknown keys are a ValueError."""
         d = {k: v for k, v in d.items() if not k.startswith("_")}
         known = {f.name for f in dataclasses.fields(cls)}
@@ -193,12 +200,12 @@ class WanTransformer(nnx.Module):
                                 eps=config.eps, added_kv_proj_dim=config.added_kv_proj_dim, dtype=dtype, rngs=rngs)
             for _ in range(config.num_layers)
         ])
-        self.norm_out = _layer_norm(dim, config.eps, False, rngs)
-        self.proj_out = _linear(dim, config.out_channels * math.prod(config.patch_size), dtype, rngs)
+        self.norm_out = fp32_layer_norm(dim, config.eps, False, rngs)
+        self.proj_out = linear(dim, config.out_channels * math.prod(config.patch_size), dtype, rngs)
         self.scale_shift_table = nnx.Param(jax.random.normal(rngs.params(), (1, 2, dim), F32) / dim**0.5)
 
     @classmethod
-    def abstract(cls, config: WanConfig) -> "WanTransformer":
+    def abstract(cls, config: WanConfig) -> WanTransformer:
         """The network with ``jax.ShapeDtypeStruct`` parameters (no allocation), as ``nnx.eval_shape`` builds it.
 
         ``nnx.eval_shape`` of the whole network costs time quadratic in its parameter count under

@@ -18,29 +18,31 @@ from flax import nnx
 F32 = jnp.float32
 
 __all__ = [
-    "WanRotaryPosEmbed",
-    "apply_rotary_emb",
-    "timestep_sinusoid",
     "FeedForward",
     "WanAttention",
-    "WanTransformerBlock",
     "WanImageEmbedding",
+    "WanRotaryPosEmbed",
     "WanTimeTextImageEmbedding",
+    "WanTransformerBlock",
+    "apply_rotary_emb",
+    "timestep_sinusoid",
 ]
 
 
-def _linear(din: int, dout: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
+def linear(din: int, dout: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    """A biased linear whose weights and matmul are in the network's ``dtype``."""
     return nnx.Linear(din, dout, dtype=dtype, param_dtype=dtype, rngs=rngs)
 
 
-def _layer_norm(dim: int, eps: float, affine: bool, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def fp32_layer_norm(dim: int, eps: float, affine: bool, rngs: nnx.Rngs) -> nnx.LayerNorm:
     """diffusers' ``FP32LayerNorm``: float32 statistics and (optional) float32 affine weights."""
     return nnx.LayerNorm(
         dim, epsilon=eps, dtype=F32, param_dtype=F32, use_bias=affine, use_scale=affine, use_fast_variance=False, rngs=rngs
     )
 
 
-def _rms_norm(dim: int, eps: float, rngs: nnx.Rngs) -> nnx.RMSNorm:
+def fp32_rms_norm(dim: int, eps: float, rngs: nnx.Rngs) -> nnx.RMSNorm:
+    """``torch.nn.RMSNorm`` over ``dim`` (all heads together), in float32."""
     return nnx.RMSNorm(dim, epsilon=eps, dtype=F32, param_dtype=F32, use_fast_variance=False, rngs=rngs)
 
 
@@ -104,7 +106,7 @@ class _GELUProj(nnx.Module):
     """diffusers' ``GELU``: ``gelu(proj(x))`` (tanh approximation or exact)."""
 
     def __init__(self, din: int, dout: int, approximate: bool, dtype, rngs: nnx.Rngs):
-        self.proj = _linear(din, dout, dtype, rngs)
+        self.proj = linear(din, dout, dtype, rngs)
         self.approximate = approximate
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -119,7 +121,7 @@ class FeedForward(nnx.Module):
     """diffusers' ``FeedForward`` with a GELU activation: ``net.2(gelu(net.0.proj(x)))``, ``dim -> inner -> dim_out``."""
 
     def __init__(self, dim: int, inner_dim: int, dim_out: int, *, approximate: bool, dtype, rngs: nnx.Rngs):
-        self.net = nnx.List([_GELUProj(dim, inner_dim, approximate, dtype, rngs), _Dropout(), _linear(inner_dim, dim_out, dtype, rngs)])
+        self.net = nnx.List([_GELUProj(dim, inner_dim, approximate, dtype, rngs), _Dropout(), linear(inner_dim, dim_out, dtype, rngs)])
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.net[2](self.net[0](x))
@@ -132,17 +134,17 @@ class WanAttention(nnx.Module):
     def __init__(self, dim: int, heads: int, head_dim: int, eps: float, *, added_kv_proj_dim: int | None = None, dtype, rngs: nnx.Rngs):
         inner = heads * head_dim
         self.heads = heads
-        self.to_q = _linear(dim, inner, dtype, rngs)
-        self.to_k = _linear(dim, inner, dtype, rngs)
-        self.to_v = _linear(dim, inner, dtype, rngs)
-        self.to_out = nnx.List([_linear(inner, dim, dtype, rngs)])
-        self.norm_q = _rms_norm(inner, eps, rngs)
-        self.norm_k = _rms_norm(inner, eps, rngs)
+        self.to_q = linear(dim, inner, dtype, rngs)
+        self.to_k = linear(dim, inner, dtype, rngs)
+        self.to_v = linear(dim, inner, dtype, rngs)
+        self.to_out = nnx.List([linear(inner, dim, dtype, rngs)])
+        self.norm_q = fp32_rms_norm(inner, eps, rngs)
+        self.norm_k = fp32_rms_norm(inner, eps, rngs)
         self.has_added_kv = added_kv_proj_dim is not None
         if self.has_added_kv:
-            self.add_k_proj = _linear(added_kv_proj_dim, inner, dtype, rngs)
-            self.add_v_proj = _linear(added_kv_proj_dim, inner, dtype, rngs)
-            self.norm_added_k = _rms_norm(inner, eps, rngs)
+            self.add_k_proj = linear(added_kv_proj_dim, inner, dtype, rngs)
+            self.add_v_proj = linear(added_kv_proj_dim, inner, dtype, rngs)
+            self.norm_added_k = fp32_rms_norm(inner, eps, rngs)
 
     def _heads(self, x: jax.Array) -> jax.Array:
         return x.reshape(*x.shape[:2], self.heads, -1)
@@ -196,14 +198,14 @@ class WanTransformerBlock(nnx.Module):
         rngs: nnx.Rngs,
     ):
         head_dim = dim // num_heads
-        self.norm1 = _layer_norm(dim, eps, False, rngs)
+        self.norm1 = fp32_layer_norm(dim, eps, False, rngs)
         self.attn1 = WanAttention(dim, num_heads, head_dim, eps, dtype=dtype, rngs=rngs)
         self.attn2 = WanAttention(dim, num_heads, head_dim, eps, added_kv_proj_dim=added_kv_proj_dim, dtype=dtype, rngs=rngs)
         self.cross_attn_norm = cross_attn_norm
         if cross_attn_norm:
-            self.norm2 = _layer_norm(dim, eps, True, rngs)
+            self.norm2 = fp32_layer_norm(dim, eps, True, rngs)
         self.ffn = FeedForward(dim, ffn_dim, dim, approximate=True, dtype=dtype, rngs=rngs)
-        self.norm3 = _layer_norm(dim, eps, False, rngs)
+        self.norm3 = fp32_layer_norm(dim, eps, False, rngs)
         self.scale_shift_table = nnx.Param(jax.random.normal(rngs.params(), (1, 6, dim), F32) / dim**0.5)
 
     def __call__(
@@ -236,8 +238,8 @@ class _TwoLinear(nnx.Module):
     """``linear_2(act(linear_1(x)))``: diffusers' ``TimestepEmbedding`` (SiLU) and ``PixArtAlphaTextProjection`` (tanh GELU)."""
 
     def __init__(self, din: int, dim: int, act: str, dtype, rngs: nnx.Rngs):
-        self.linear_1 = _linear(din, dim, dtype, rngs)
-        self.linear_2 = _linear(dim, dim, dtype, rngs)
+        self.linear_1 = linear(din, dim, dtype, rngs)
+        self.linear_2 = linear(dim, dim, dtype, rngs)
         self.act = act
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -255,9 +257,9 @@ class WanImageEmbedding(nnx.Module):
 
     def __init__(self, in_features: int, out_features: int, pos_embed_seq_len: int | None, dtype, rngs: nnx.Rngs):
         # diffusers builds these two norms with nn.LayerNorm's default eps (1e-5), not the config's.
-        self.norm1 = _layer_norm(in_features, 1e-5, True, rngs)
+        self.norm1 = fp32_layer_norm(in_features, 1e-5, True, rngs)
         self.ff = FeedForward(in_features, in_features, out_features, approximate=False, dtype=dtype, rngs=rngs)
-        self.norm2 = _layer_norm(out_features, 1e-5, True, rngs)
+        self.norm2 = fp32_layer_norm(out_features, 1e-5, True, rngs)
         self.pos_embed_seq_len = pos_embed_seq_len
         if pos_embed_seq_len is not None:
             self.pos_embed = nnx.Param(jnp.zeros((1, pos_embed_seq_len, in_features), F32))
@@ -287,7 +289,7 @@ class WanTimeTextImageEmbedding(nnx.Module):
     ):
         self.time_freq_dim = time_freq_dim
         self.time_embedder = _TwoLinear(time_freq_dim, dim, "silu", F32, rngs)
-        self.time_proj = _linear(dim, 6 * dim, dtype, rngs)
+        self.time_proj = linear(dim, 6 * dim, dtype, rngs)
         self.text_embedder = _TwoLinear(text_embed_dim, dim, "gelu_tanh", dtype, rngs)
         self.has_image = image_embed_dim is not None
         if self.has_image:
