@@ -12,10 +12,11 @@ from flax import nnx
 torch = pytest.importorskip("torch", reason="the parity extra is not installed: pip install -e '.[parity]'")
 diffusers = pytest.importorskip("diffusers", reason="the parity extra is not installed: pip install -e '.[parity]'")
 
-from jaxpipe.nn import hf, wan_vae  # noqa: E402
+from jaxpipe.nn import hf, wan_vae
 
-TINY = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
-            temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.3, 0.0], latents_std=[1.5, 0.5, 2.0, 1.0])
+TINY = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1, "attn_scales": [],
+        "temperal_downsample": [False, True, True], "latents_mean": [0.1, -0.2, 0.3, 0.0],
+        "latents_std": [1.5, 0.5, 2.0, 1.0]}
 
 
 def channels_last(t):

@@ -9,6 +9,7 @@ cache; ``wan_vae_blocks`` says how. Wan 2.2's VAE (``is_residual``, ``patch_size
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,16 @@ from flax import nnx
 
 from jaxpipe.nn import hf
 from jaxpipe.nn.layers import compute_dtype
-from jaxpipe.nn.wan_vae_blocks import AttentionBlock, CausalConv3d, MidBlock, Resample, ResidualBlock, RMSNorm, UpBlock
+from jaxpipe.nn.wan_vae_blocks import (
+    CausalConv3d,
+    MidBlock,
+    Resample,
+    ResidualBlock,
+    RMSNorm,
+    UpBlock,
+)
 
-__all__ = ["WanVAEConfig", "WanVAE", "load", "LOGICAL_AXES", "RENAMES"]
+__all__ = ["LOGICAL_AXES", "RENAMES", "WanVAE", "WanVAEConfig", "load"]
 
 _WAN21_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
@@ -87,19 +95,19 @@ class WanVAEConfig:
         compute_dtype(self.dtype)
 
     @classmethod
-    def wan21(cls, **overrides) -> "WanVAEConfig":
+    def wan21(cls, **overrides) -> WanVAEConfig:
         """The Wan 2.1 VAE (``Wan-AI/Wan2.1-*-Diffusers/vae``)."""
         return cls(**overrides)
 
     @classmethod
-    def tiny(cls, **overrides) -> "WanVAEConfig":
+    def tiny(cls, **overrides) -> WanVAEConfig:
         """A ~200 k-parameter VAE with every layer kind and the 2.1 shape (8x spatial, 4x temporal)."""
-        fields = dict(base_dim=8, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1,
-                      latents_mean=_WAN21_MEAN[:4], latents_std=_WAN21_STD[:4])
+        fields = {"base_dim": 8, "z_dim": 4, "dim_mult": (1, 2, 2, 2), "num_res_blocks": 1,
+                  "latents_mean": _WAN21_MEAN[:4], "latents_std": _WAN21_STD[:4]}
         return cls(**{**fields, **overrides})
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], **overrides) -> "WanVAEConfig":
+    def from_json(cls, d: dict[str, Any], **overrides) -> WanVAEConfig:
         """A config from a diffusers ``config.json`` dict: ``_``-keys ignored, unknown keys a ValueError."""
         known = {f.name for f in dataclasses.fields(cls)} - {"dtype"}
         d = {k: v for k, v in d.items() if not k.startswith("_")}
@@ -126,7 +134,7 @@ class Encoder3d(nnx.Module):
         dims = [cfg.base_dim * m for m in (1, *cfg.dim_mult)]
         self.conv_in = CausalConv3d(cfg.in_channels, dims[0], 3, padding=1, dtype=dtype, rngs=rngs)
         blocks: list[nnx.Module] = []
-        for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
+        for i, (cin, cout) in enumerate(itertools.pairwise(dims)):
             for _ in range(cfg.num_res_blocks):
                 blocks.append(ResidualBlock(cin, cout, dtype=dtype, rngs=rngs))
                 cin = cout
@@ -156,7 +164,7 @@ class Decoder3d(nnx.Module):
         self.conv_in = CausalConv3d(cfg.z_dim, dims[0], 3, padding=1, dtype=dtype, rngs=rngs)
         self.mid_block = MidBlock(dims[0], dtype=dtype, rngs=rngs)
         blocks = []
-        for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
+        for i, (cin, cout) in enumerate(itertools.pairwise(dims)):
             cin = cin // 2 if i > 0 else cin  # the previous upsampler halved the width
             mode = None
             if i < len(cfg.dim_mult) - 1:

@@ -9,6 +9,7 @@ diffusers so checkpoint keys follow from parameter paths (``resample_conv`` is `
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -189,7 +190,7 @@ class UpBlock(nnx.Module):
     def __init__(self, cin: int, cout: int, num_res_blocks: int, upsample_mode: str | None, *,
                  dtype=jnp.float32, rngs: nnx.Rngs):
         dims = [cin] + [cout] * (num_res_blocks + 1)
-        self.resnets = nnx.List([ResidualBlock(a, b, dtype=dtype, rngs=rngs) for a, b in zip(dims[:-1], dims[1:])])
+        self.resnets = nnx.List([ResidualBlock(a, b, dtype=dtype, rngs=rngs) for a, b in itertools.pairwise(dims)])
         self.upsamplers = (
             None if upsample_mode is None else nnx.List([Resample(cout, upsample_mode, dtype=dtype, rngs=rngs)])
         )
