@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PipelineFolder", "FlowSchedule", "read_pipeline", "tokenizer_json"]
+__all__ = ["PipelineFolder", "FlowSchedule", "read_pipeline"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,14 +106,3 @@ def read_pipeline(path: str | Path) -> PipelineFolder:
         raise FileNotFoundError(f"{path} is not a diffusers pipeline folder (no model_index.json)")
     index = json.loads(index_file.read_text())
     return PipelineFolder(path, str(index.get("_class_name", "")), index)
-
-
-def tokenizer_json(folder: Path) -> str:
-    """The text of ``folder/tokenizer.json`` (the ``tokenizers`` library's format)."""
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{folder} has no tokenizer.json; write one once with transformers: "
-            f"AutoTokenizer.from_pretrained('{folder}').save_pretrained('{folder}') (or pass token ids directly)"
-        )
-    return path.read_text()

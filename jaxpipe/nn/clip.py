@@ -92,6 +92,12 @@ class CLIPTextEncoderConfig:
         return cls(**{key: d.get(key, default) for key, default in _JSON_DEFAULTS.items()}, dtype=dtype)
 
     @classmethod
+    def tiny(cls, **overrides) -> CLIPTextEncoderConfig:
+        """One layer, width 32, 16 positions: for tests and the tiny real-family cards."""
+        return cls(**{"vocab_size": 99, "hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 1,
+                      "num_attention_heads": 2, "max_position_embeddings": 16, "eos_token_id": 2, **overrides})
+
+    @classmethod
     def vit_l14(cls, **overrides) -> CLIPTextEncoderConfig:
         """openai/clip-vit-large-patch14's text tower: FLUX.1's ``text_encoder`` (about 123 M parameters);
         its config keeps the legacy ``eos_token_id`` 2 (pool at the largest id, the end-of-text token)."""

@@ -143,6 +143,12 @@ class T5EncoderConfig:
         return cls(**values, umt5=model_type == "umt5", dtype=dtype)
 
     @classmethod
+    def tiny(cls, **overrides) -> T5EncoderConfig:
+        """One layer, width 32: for tests and the tiny real-family cards."""
+        return cls(**{"vocab_size": 100, "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 1, "num_heads": 2,
+                      "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16, **overrides})
+
+    @classmethod
     def t5_xxl(cls, **overrides) -> T5EncoderConfig:
         """google/t5-v1_1-xxl's encoder: FLUX.1's ``text_encoder_2`` (about 4.76 B parameters)."""
         return cls(**{"vocab_size": 32128, "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24,

@@ -14,6 +14,8 @@ ones) can be passed to them directly, with a ``(B, L)`` mask of real tokens.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HFTokenizer"]
+__all__ = ["HFTokenizer", "TokenizerSpec"]
 
 _CLIP_CLASSES = ("CLIPTokenizer", "CLIPTokenizerFast")
 _CLIP_SPLIT = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
@@ -152,6 +154,12 @@ class HFTokenizer:
         )
 
     @property
+    def spec(self) -> TokenizerSpec:
+        """This tokenizer as a hashable, JSON-able value (a card config stores it; ``spec.load()`` rebuilds it)."""
+        return TokenizerSpec(self._backend.to_str(), self.pad_token, self.padding_side, self.truncation_side,
+                             bool(self._backend.encode_special_tokens))
+
+    @property
     def num_special_tokens(self) -> int:
         """Special tokens added around one prompt (CLIP 2, T5 1)."""
         return self._backend.num_special_tokens_to_add(False)
@@ -173,3 +181,31 @@ class HFTokenizer:
         ids = np.asarray([e.ids for e in encodings], np.int32).reshape(len(prompts), max_length)
         mask = np.asarray([e.attention_mask for e in encodings], np.int32).reshape(len(prompts), max_length)
         return ids, mask
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+    """A tokenizer as plain data: the ``tokenizers`` JSON (``Tokenizer.to_str()``), the pad token and
+    the padding / truncation sides. Hashable and equal by content, so a card's static spec can hold it."""
+
+    json: str
+    pad_token: str
+    padding_side: str = "right"
+    truncation_side: str = "right"
+    split_special_tokens: bool = False
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> TokenizerSpec:
+        return HFTokenizer.from_folder(folder).spec
+
+    def load(self) -> HFTokenizer:
+        """The tokenizer (built once per spec)."""
+        return _load_spec(self)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_spec(spec: TokenizerSpec) -> HFTokenizer:
+    from tokenizers import Tokenizer
+
+    return HFTokenizer(Tokenizer.from_str(spec.json), pad_token=spec.pad_token, padding_side=spec.padding_side,
+                       truncation_side=spec.truncation_side, split_special_tokens=spec.split_special_tokens)
