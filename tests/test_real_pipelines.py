@@ -121,3 +121,52 @@ def test_flux_tokenizers_and_bad_folders(flux_folder, tmp_path):
         jp.generate(schnell, PROMPT, guidance=2.0)
     with pytest.raises(ValueError, match="no tokenizer"):
         jp.generate(schnell, PROMPT)
+
+
+@pytest.fixture(scope="module")
+def wan_moe_folder(tmp_path_factory):
+    """A tiny Wan 2.2-style pipeline: two experts switched at boundary_ratio 0.8, UMT5, the Wan VAE."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+
+    torch.manual_seed(1)
+    experts = [
+        WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                              text_dim=32, freq_dim=32, ffn_dim=64, num_layers=1, rope_max_seq_len=32)
+        for _ in range(2)
+    ]
+    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True],
+                           latents_mean=[0.1, -0.2, 0.3, 0.0], latents_std=[1.5, 0.8, 1.2, 2.0])
+    umt5 = transformers.UMT5EncoderModel(transformers.UMT5Config(
+        vocab_size=len(WORDS) + 3, d_model=32, d_kv=8, d_ff=48, num_layers=1, num_heads=2, relative_attention_num_buckets=8,
+        relative_attention_max_distance=16, feed_forward_proj="gated-gelu",
+    ))
+    for i, module in enumerate((*experts, vae, umt5)):
+        _randomise(module, 10 + i)
+    pipe = WanPipeline(tokenizer=_tokenizer(WORDS, clip=False, max_length=16), text_encoder=umt5, vae=vae,
+                       scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), transformer=experts[0], transformer_2=experts[1],
+                       boundary_ratio=0.8)
+    folder = tmp_path_factory.mktemp("wan-moe-tiny")
+    pipe.save_pretrained(folder)
+    return folder, WanPipeline.from_pretrained(folder)
+
+
+def test_wan_moe_pipeline_folder_renders_like_diffusers(wan_moe_folder):
+    folder, pipe = wan_moe_folder
+    steps = 4  # σ = 1, .9, .75, .5 after the shift of 3: two steps on each expert of the 0.8 boundary
+    card = jp.cards.load(folder, height=32, width=32, frames=5, max_sequence_length=16, num_steps=steps, guidance=3.0)
+    assert card.spec.loop("t2v_denoise").binds == ("transformer", "transformer_2")
+    ours = jp.generate(card, PROMPT, seed=5, inputs={"negative_prompt": "the moon"})["video"]
+
+    loop = card.spec.loop("t2v_denoise")
+    x0 = denoise.init(generator.request_keys([5]), loop.latent_shape, {"c": np.zeros((1,))}, loop.config,
+                      {"c": np.zeros((1,))}).x
+    latents = torch.from_numpy(np.array(x0)).permute(0, 4, 1, 2, 3)
+    # diffusers' Wan default schedule is not linspace(1, 0): give its Euler scheduler jaxpipe's sigmas (shifted by it)
+    set_timesteps = pipe.scheduler.set_timesteps
+    pipe.scheduler.set_timesteps = lambda n, device=None: set_timesteps(sigmas=np.linspace(1.0, 1.0 / n, n), device=device)
+    with torch.no_grad():
+        theirs = pipe(PROMPT, negative_prompt="the moon", height=32, width=32, num_frames=5, num_inference_steps=steps,
+                      guidance_scale=3.0, latents=latents, max_sequence_length=16, output_type="np").frames
+    assert ours.shape == theirs.shape == (1, 5, 32, 32, 3)
+    assert float(np.std(theirs)) > 1e-2
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-3)

@@ -9,7 +9,7 @@ that needs to know a family — checkpoints, the engine's default program, per-e
 from __future__ import annotations
 
 from jaxpipe.card import Card
-from jaxpipe.cards import bagel_mot, cosmos3, digit_scorer, flux, flux_t2i, multi_expert, unified, wan_i2v
+from jaxpipe.cards import bagel_mot, cosmos3, digit_scorer, flux, flux_t2i, multi_expert, unified, wan, wan_i2v
 from jaxpipe.cards.family import Family
 from jaxpipe.program import Program
 
@@ -24,6 +24,7 @@ BUNDLED: tuple[Family, ...] = (
     bagel_mot.FAMILY,
     cosmos3.FAMILY,
     flux.FAMILY,
+    wan.FAMILY,
 )
 """The families jaxpipe ships, one line each."""
 

@@ -1,0 +1,175 @@
+"""The ``wan`` family: the real Wan text-to-video pipeline (UMT5-XXL text encoder, the Wan
+transformer, the Wan video autoencoder) as a card, built from sizes or loaded from a diffusers folder.
+
+Wan 2.1 binds one transformer. Wan 2.2 A14B binds two experts, ``transformer`` (high noise) and
+``transformer_2`` (low noise), in ONE denoise loop whose router (``policies.SigmaBoundary``)
+switches at ``σ = boundary_ratio`` — the same jitted step, no retrace per expert. The loop runs
+on channels-last latents ``(f, h, w, 16)`` with ``f = 1 + (frames − 1)/4`` and ``h = height/8``,
+with classifier-free guidance against the negative prompt (``Request.inputs["negative_prompt"]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from flax import nnx
+
+from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.cards.diffusers_pipeline import read_pipeline
+from jaxpipe.loops import denoise, policies
+from jaxpipe.nn import t5, wan, wan_vae
+from jaxpipe.nn.tokenizer import TokenizerSpec
+
+LOOP_ID = "t2v_denoise"
+PIPELINES = ("WanPipeline",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything that shapes a ``wan`` card. The defaults are a tiny random test card;
+    ``t2v_1_3b()`` / ``t2v_14b()`` / ``t2v_a14b()`` are the published sizes; ``from_diffusers`` reads
+    a pipeline folder. ``boundary_ratio`` (Wan 2.2) adds the low-noise expert ``transformer_2``."""
+
+    transformer: wan.WanConfig = wan.WanConfig.tiny()
+    vae: wan_vae.WanVAEConfig = wan_vae.WanVAEConfig.tiny()
+    text_encoder: t5.T5EncoderConfig = t5.T5EncoderConfig.tiny(umt5=True)
+    height: int = 16
+    width: int = 16
+    frames: int = 5
+    max_sequence_length: int = 16
+    num_steps: int = 4
+    guidance: float = 5.0
+    shift: float = 3.0
+    boundary_ratio: float | None = None
+    negative_prompt: str = ""
+    tokenizer: TokenizerSpec | None = None
+
+    def __post_init__(self):
+        tf = self.transformer
+        if tf.text_dim != self.text_encoder.d_model:
+            raise ValueError(f"transformer.text_dim ({tf.text_dim}) must equal text_encoder.d_model ({self.text_encoder.d_model})")
+        if tf.in_channels != self.vae.z_dim or tf.out_channels != self.vae.z_dim:
+            raise ValueError(f"a text-to-video transformer reads and writes vae.z_dim ({self.vae.z_dim}) channels (got {tf.in_channels} in, {tf.out_channels} out)")
+        if self.frames < 1 or (self.frames - 1) % 4:
+            raise ValueError(f"frames must be 1 + 4k (the VAE compresses time 4×; got {self.frames})")
+        space = 8 * tf.patch_size[1]
+        if self.height % space or self.width % space:
+            raise ValueError(f"height and width must be multiples of {space} (got {self.height}×{self.width})")
+        if self.boundary_ratio is not None and not 0.0 < self.boundary_ratio < 1.0:
+            raise ValueError(f"boundary_ratio must lie in (0, 1) (got {self.boundary_ratio})")
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        """Per-request latent shape ``(f, h, w, z_dim)``."""
+        return (1 + (self.frames - 1) // 4, self.height // 8, self.width // 8, self.vae.z_dim)
+
+    @property
+    def experts(self) -> tuple[str, ...]:
+        return ("transformer",) if self.boundary_ratio is None else ("transformer", "transformer_2")
+
+    @property
+    def sampling(self) -> denoise.DenoiseConfig:
+        router = policies.Single() if self.boundary_ratio is None else policies.SigmaBoundary(self.boundary_ratio)
+        return denoise.DenoiseConfig(num_steps=self.num_steps, shift=self.shift, guidance=self.guidance, router=router)
+
+    @property
+    def tokenizers(self) -> TokenizerSpec | None:
+        return self.tokenizer
+
+    @classmethod
+    def tiny(cls, **overrides) -> "Config":
+        return cls(**overrides)
+
+    @classmethod
+    def t2v_1_3b(cls, **overrides) -> "Config":
+        """Wan2.1-T2V-1.3B at 480×832, 81 frames, 50 steps, guidance 5, shift 3."""
+        return cls(**{**_published(wan.WanConfig.t2v_1_3b(), shift=3.0), **overrides})
+
+    @classmethod
+    def t2v_14b(cls, **overrides) -> "Config":
+        """Wan2.1-T2V-14B at 720×1280 (shift 5)."""
+        return cls(**{**_published(wan.WanConfig.t2v_14b(), shift=5.0, height=720, width=1280), **overrides})
+
+    @classmethod
+    def t2v_a14b(cls, **overrides) -> "Config":
+        """Wan2.2-T2V-A14B: two 14 B experts switched at σ = 0.875 (the published boundary ratio)."""
+        return cls(**{**_published(wan.WanConfig.t2v_14b(), shift=12.0, height=720, width=1280, guidance=4.0,
+                                   boundary_ratio=0.875, num_steps=40), **overrides})
+
+    @classmethod
+    def from_diffusers(cls, path: str | Path, **overrides) -> "Config":
+        """The config of a diffusers ``WanPipeline`` folder (Wan 2.1, or Wan 2.2 with ``transformer_2``
+        and ``boundary_ratio`` in ``model_index.json``)."""
+        from jaxpipe.nn.hf import read_config
+
+        folder = read_pipeline(path)
+        if folder.pipeline not in PIPELINES:
+            raise ValueError(f"{path}: a {folder.pipeline or 'non-Wan'} folder, not one of {PIPELINES}")
+        transformer = wan.WanConfig.from_json(read_config(folder.component("transformer")))
+        boundary = folder.index.get("boundary_ratio")
+        if folder.has("transformer_2"):
+            second = wan.WanConfig.from_json(read_config(folder.component("transformer_2")))
+            if second != transformer:
+                raise ValueError(f"{path}: transformer_2 differs in shape from transformer; jaxpipe routes two same-shape experts")
+            if boundary is None:
+                raise ValueError(f"{path}: transformer_2 without a boundary_ratio in model_index.json")
+        elif boundary is not None:
+            raise ValueError(f"{path}: boundary_ratio {boundary} but no transformer_2")
+        if folder.index.get("expand_timesteps"):
+            raise ValueError(f"{path}: expand_timesteps (Wan 2.2 TI2V-5B) is not supported")
+        try:
+            tokenizer = TokenizerSpec.from_folder(folder.component("tokenizer"))
+        except FileNotFoundError:
+            tokenizer = None
+        fields = _published(transformer, shift=folder.schedule().shift, boundary_ratio=boundary, tokenizer=tokenizer)
+        fields.update(
+            vae=wan_vae.WanVAEConfig.from_json(read_config(folder.component("vae"))),
+            text_encoder=t5.T5EncoderConfig.from_json(read_config(folder.component("text_encoder"))),
+        )
+        return cls(**{**fields, **overrides})
+
+
+def _published(transformer: wan.WanConfig, **fields) -> dict:
+    return dict(transformer=transformer, vae=wan_vae.WanVAEConfig.wan21(), text_encoder=t5.T5EncoderConfig.umt5_xxl(),
+                height=480, width=832, frames=81, max_sequence_length=512, num_steps=50, guidance=5.0, **fields)
+
+
+def _spec(config: Config, model_id: str) -> CardSpec:
+    return CardSpec(
+        model_id=model_id,
+        family="wan",
+        loops=(LoopSpec(LOOP_ID, "denoise", config.experts, config.sampling, latent_shape=config.latent_shape),),
+        recipe=(LOOP_ID,),
+        parity=("C0", "C1", "C2", "C3"),
+        capabilities=("t2v",),
+        tokenizer=config.tokenizers,
+        config=config,
+    )
+
+
+def build(config: Config = Config(), *, seed: int = 0, model_id: str = "wan") -> Card:
+    """A ``wan`` card with random weights (deterministic in ``seed``); works under ``nnx.eval_shape``."""
+    rngs = nnx.Rngs(seed)
+    components = {
+        "text_encoder": t5.T5Encoder(config.text_encoder, rngs=rngs),
+        **{name: wan.WanTransformer(config.transformer, rngs=rngs) for name in config.experts},
+        "vae": wan_vae.WanVAE(config.vae, rngs=rngs),
+    }
+    return Card(components, _spec(config, model_id))
+
+
+def load_pipeline(path: str | Path, *, dtype: str = "float32", model_id: str | None = None, **overrides) -> Card:
+    """A ``wan`` card with the weights of a diffusers ``WanPipeline`` folder (``Wan2.1-T2V-1.3B-Diffusers/``,
+    ``Wan2.2-T2V-A14B-Diffusers/``). ``dtype``: the networks' dtype; ``overrides``: ``Config`` fields."""
+    path = Path(path)
+    config = Config.from_diffusers(path, **overrides)
+    folder = read_pipeline(path)
+    components = {
+        "text_encoder": t5.load(folder.component("text_encoder"), dtype=dtype),
+        **{name: wan.load(folder.component(name), dtype=dtype) for name in config.experts},
+        "vae": wan_vae.load(folder.component("vae"), dtype=dtype),
+    }
+    config = dataclasses.replace(config, transformer=components["transformer"].config, vae=components["vae"].config,
+                                 text_encoder=components["text_encoder"].config)
+    return Card(components, _spec(config, model_id or path.name))
