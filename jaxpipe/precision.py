@@ -36,7 +36,7 @@ from jaxpipe.card import Card
 from jaxpipe.cards import registry
 from jaxpipe.nn.layers import compute_dtype
 
-__all__ = ["DTYPES", "with_dtype", "network_dtypes", "cast_params", "check_dtype"]
+__all__ = ["DTYPES", "cast_params", "check_dtype", "network_dtypes", "with_dtype"]
 
 DTYPES = ("float32", "bfloat16")
 """The compute dtypes a card's networks accept."""
@@ -84,9 +84,9 @@ def _replace_dtype(config, dtype: str):
         for f in dataclasses.fields(config) if f.init and f.name != "dtype"
     }
     changes = {k: v for k, v in changes.items() if v is not getattr(config, k)}
-    if "dtype" in {f.name for f in dataclasses.fields(config) if f.init} and isinstance(config.dtype, str):
-        if config.dtype != dtype:
-            changes["dtype"] = dtype
+    has_dtype = "dtype" in {f.name for f in dataclasses.fields(config) if f.init} and isinstance(config.dtype, str)
+    if has_dtype and config.dtype != dtype:
+        changes["dtype"] = dtype
     return dataclasses.replace(config, **changes) if changes else config
 
 

@@ -19,7 +19,12 @@ from jaxpipe.data import digits
 from jaxpipe.loops import ar
 from jaxpipe.nn import DiTCond
 from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
-from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig, map_experts, resolve_expert_map
+from jaxpipe.training.joint_rl import (
+    JointMultiExpertRL,
+    JointRLConfig,
+    map_experts,
+    resolve_expert_map,
+)
 
 PROMPTS = ["seven thick", "one thin left", "three bright", "nine right dim"]
 
