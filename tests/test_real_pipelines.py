@@ -170,3 +170,20 @@ def test_wan_moe_pipeline_folder_renders_like_diffusers(wan_moe_folder):
     assert ours.shape == theirs.shape == (1, 5, 32, 32, 3)
     assert float(np.std(theirs)) > 1e-2
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-3)
+
+
+def test_flowgrpo_trains_a_real_flux_card_unchanged():
+    """FlowGRPO on a tiny random ``flux`` card (no torch needed): the update's first recompute of the captured
+    log-probs is at the rollout weights (ratio 1, C2) and one step moves only the transformer."""
+    from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+
+    card = jp.cards.flux.build(jp.cards.flux.Config(num_steps=2))
+    brightness = lambda images, labels: images.mean(axis=(1, 2, 3))  # a user's reward: any (B, H, W, 3) -> (B,)
+    method = FlowGRPO(card, brightness, FlowGRPOConfig(group_size=2, num_steps=2, learning_rate=1e-3))
+    state = method.init()
+    batch = {"ids": np.ones((1, 32), np.int32)}
+    rollout = method.rollout(state, batch, jax.random.key(0))
+    new, metrics = method.update(state, rollout, jax.random.key(1))
+    assert abs(float(metrics["ratio_mean"]) - 1.0) < 1e-5 and float(metrics["skipped"]) == 0.0
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), new.params, state.params))
+    assert max(moved) > 0 and set(state.params) == {"transformer"}
