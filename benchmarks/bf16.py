@@ -34,14 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
-from report import RESULTS, machine_info, write_section  # noqa: E402
+import jaxpipe as jp
+from jaxpipe import precision, quality
+from jaxpipe.card import Card
+from jaxpipe.data import digits
+from jaxpipe.nn import DiTCond
 
-import jaxpipe as jp  # noqa: E402
-from jaxpipe import precision, quality  # noqa: E402
-from jaxpipe.card import Card  # noqa: E402
-from jaxpipe.data import digits  # noqa: E402
-from jaxpipe.nn import DiTCond  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
+from report import RESULTS, machine_info, write_section
 
 SECTION = "bf16"
 CARDS = ("flux-t2i", "wan-i2v", "unified")
@@ -128,7 +128,12 @@ def timings(cards: dict[str, Card], inputs: dict, n_render: int, repeats: int) -
 
 def rl_step_times(card: Card, scorer: Card, prompts: int, group: int, repeats: int) -> dict:
     """Median ms of one ``FlowGRPO.step`` (every repeat from the same state) in float32 and bfloat16."""
-    from jaxpipe.training.flow_grpo import REWARD_TERMS, FlowGRPO, FlowGRPOConfig, scorer_reward
+    from jaxpipe.training.flow_grpo import (
+        REWARD_TERMS,
+        FlowGRPO,
+        FlowGRPOConfig,
+        scorer_reward,
+    )
 
     rng = np.random.default_rng(0)
     labels = {"digit": rng.integers(0, 10, prompts)}
@@ -143,7 +148,7 @@ def rl_step_times(card: Card, scorer: Card, prompts: int, group: int, repeats: i
     times = {d: [] for d in methods}
     for r in range(repeats):
         for d in (("float32", "bfloat16") if r % 2 == 0 else ("bfloat16", "float32")):
-            times[d].append(_ms(lambda d=d: methods[d].step(states[d], batch, jax.random.key(r))))
+            times[d].append(_ms(lambda d=d, r=r: methods[d].step(states[d], batch, jax.random.key(r))))
     out["median"] = {d: statistics.median(v) for d, v in times.items()}
     _, m = methods["bfloat16"].step(states["bfloat16"], batch, jax.random.key(0))
     out["bf16_ratio_mean"], out["bf16_approx_kl"] = float(m["ratio_mean"]), float(m["approx_kl"])
@@ -181,16 +186,17 @@ def run_card(model_id: str, scorer: Card, args) -> dict:
 
 def table(results: dict, rl: dict | None, args) -> str:
     lines = [
-        "| card | velocity max / mean rel. error | final pixels mean / max abs diff | quality float32 → bfloat16 "
-        "| denoiser call ms f32 / bf16 (**bf16 / f32**) | default sampling ms f32 / bf16 (**bf16 / f32**) |",
+        ("| card | velocity max / mean rel. error | final pixels mean / max abs diff | quality float32 → bfloat16 "
+         "| denoiser call ms f32 / bf16 (**bf16 / f32**) | default sampling ms f32 / bf16 (**bf16 / f32**) |"),
         "|---|---:|---:|---|---:|---:|",
     ]
     for model_id, r in results.items():
         med = r["time"]["median"]
         q = r.get("quality")
-        qual = "–" if q is None else "; ".join(
-            f"{k} {q['float32'][k]:.3f} → {q['bfloat16'][k]:.3f}" for k in q["float32"] if k != "samples"
-        ) + f" ({q['float32']['samples']})"
+        qual = "–"
+        if q is not None:
+            pairs = [f"{k} {q['float32'][k]:.3f} → {q['bfloat16'][k]:.3f}" for k in q["float32"] if k != "samples"]
+            qual = "; ".join(pairs) + f" ({q['float32']['samples']})"
         final = r["final"]
         extra = f"; refined prompts differ {final['refined_prompts_differ']:.0%}" if "refined_prompts_differ" in final else ""
         lines.append(
@@ -205,11 +211,11 @@ def table(results: dict, rl: dict | None, args) -> str:
         m = rl["median"]
         lines += [
             "",
-            f"FlowGRPO step on flux-t2i ({args.rl_prompts} prompts × {args.rl_group} samples, 8 steps, SDE window (0, 4), "
+            (f"FlowGRPO step on flux-t2i ({args.rl_prompts} prompts × {args.rl_group} samples, 8 steps, SDE window (0, 4), "
             f"scorer reward, rollout + update in one jit): float32 {m['float32']:.0f} ms, bfloat16 {m['bfloat16']:.0f} ms "
             f"(**{m['bfloat16'] / m['float32']:.2f}×**); compile {rl['compile_ms']['float32'] / 1e3:.1f} s / "
             f"{rl['compile_ms']['bfloat16'] / 1e3:.1f} s. The bf16 update at the rollout weights: ratio_mean "
-            f"{rl['bf16_ratio_mean']:.7f}, approx_kl {rl['bf16_approx_kl']:.1e} (C2).",
+            f"{rl['bf16_ratio_mean']:.7f}, approx_kl {rl['bf16_approx_kl']:.1e} (C2)."),
         ]
     return "\n".join(lines)
 
@@ -245,7 +251,7 @@ def main() -> None:
     header = [
         "## bf16",
         "",
-        "**bf16 compute policy.** `python benchmarks/bf16.py`: each bundled card as shipped (float32) against "
+        ("**bf16 compute policy.** `python benchmarks/bf16.py`: each bundled card as shipped (float32) against "
         "`jaxpipe.precision.with_dtype(card, \"bfloat16\")` (networks in bfloat16 with float32 master weights; "
         "norm statistics, softmax, sampler, log-probs and outputs in float32), side by side in one process. "
         f"Velocity error: the denoiser on {args.rows} real held-out digits (float32-encoded latents noised at σ = 1 … 1/8, "
@@ -254,7 +260,7 @@ def main() -> None:
         "(pixels in [0, 1]). Quality: `jaxpipe.quality` (t2i: digit accuracy on plain prompts and all attributes "
         f"right on full prompts, {args.samples} prompts; wan-i2v: motion and last-frame digit accuracy, "
         f"{max(args.samples // 2, 1)} videos). Time: medians of {args.repeats} interleaved repeats of one denoiser "
-        f"call on the {args.rows} rows and of one default sampling call of {args.render} prompts.",
+        f"call on the {args.rows} rows and of one default sampling call of {args.render} prompts."),
         "",
         *[f"- {k}: {v}" for k, v in info.items()],
         "",
