@@ -114,6 +114,9 @@ def test_flux_tokenizers_and_bad_folders(flux_folder, tmp_path):
     clip_ids = pipe.tokenizer([PROMPT], padding="max_length", max_length=16, truncation=True).input_ids
     t5_ids = pipe.tokenizer_2([PROMPT], padding="max_length", max_length=16, truncation=True).input_ids
     np.testing.assert_array_equal(ids, np.concatenate([clip_ids, t5_ids], axis=1))
+    # a loaded (e.g. RL-trained) card saves as a jaxpipe checkpoint, tokenizers and schedule included
+    back = jp.cards.load(jp.cards.save_card(card, tmp_path / "saved"))
+    assert back.spec == card.spec and np.array_equal(back.spec.tokenizer.encode([PROMPT]), ids)
     with pytest.raises(FileNotFoundError, match="model_index.json"):
         jp.cards.flux.Config.from_diffusers(tmp_path)
     schnell = jp.cards.flux.build(jp.cards.flux.Config(transformer=FluxConfig.tiny(guidance_embeds=False), guidance=None))
