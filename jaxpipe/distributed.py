@@ -2,41 +2,120 @@
 
 A mesh has the named axes ``("data", "expert", "model")``. The rules:
 
+- network params carry *logical* axis names, given per network by its file's ``LOGICAL_AXES`` table
+  (``(regex fullmatched on the "/"-joined param path, one name per dim)``, first match wins,
+  unmatched params replicated). ``Rules`` maps the names to mesh axes: ``FSDP`` splits the model
+  width (``embed``) along ``data``; ``TP`` splits attention heads, FFN hidden and vocabulary rows
+  along ``model``; ``FSDP_TP`` does both. A mesh axis is used for a dim only when its size divides
+  that dim (otherwise the dim is replicated: a 4-way ``model`` axis leaves a 6-row matrix whole),
+  and never twice in one array (an ``(embed, embed)`` matrix is split on its first dim only);
+- optimiser states mirror their params (Adam's ``mu``/``nu``), their scalars are replicated;
 - stacked experts (any array whose leading axis is the expert axis: the ``multi-expert`` card's
   refiner params, their references and their stacked optimiser states) are split along ``expert``;
 - rollout batches (prompt ids and labels, leading axis = prompts) are split along ``data``;
-- everything else (the generator, the frozen components, scalars, PRNG keys) is replicated.
+- everything else (the frozen components, scalars, PRNG keys) is replicated.
 
-The trainer's step is unchanged: ``jit`` with these input and output shardings lets XLA's
-partitioner place the ``vmap`` over experts on the ``expert`` devices and the per-sample work on
-the ``data`` devices. The same code runs on one CPU (a 1×1×1 mesh), on simulated CPU devices
-(``XLA_FLAGS=--xla_force_host_platform_device_count=8``) and on many hosts: call
-``jax.distributed.initialize()`` first on every host, build the mesh over ``jax.devices()`` (all
-hosts' devices), and feed each host's slice of the batch with
-``jax.make_array_from_process_local_data(batch_sharding(mesh), local_batch)``.
+The trainers' steps are unchanged: ``jit`` with these input and output shardings
+(``sharded_step``) lets XLA's partitioner gather each FSDP shard where it is used, place the
+``vmap`` over experts on the ``expert`` devices and the per-sample work on the ``data`` devices.
+
+The documented path to many hosts; no cluster code of our own. The same code runs on one CPU (a
+1×1×1 mesh), on simulated CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=8``) and
+on many processes or hosts:
+
+1. every process calls ``jax.distributed.initialize(coordinator_address, num_processes,
+   process_id)`` before anything else touches JAX (on CPU, cross-process collectives go through
+   gloo, jax's default ``jax_cpu_collectives_implementation``; GPU/TPU need nothing more);
+2. every process builds the same mesh over ``jax.devices()`` (all processes' devices, process 0's
+   first) and the same state, placed with ``place(state, state_sharding(...))`` — each process
+   keeps only its own shards (a model too big for one host: ``init_sharded``, or fill
+   ``abstract_sharded``'s shapes shard by shard);
+3. every process feeds its own rows of the batch, ``feed(mesh, local_rows)``
+   (``jax.make_array_from_process_local_data`` along ``data``);
+4. every process calls the same ``sharded_step``; replicated outputs (metrics) are readable
+   everywhere, sharded ones once copied whole (a ``jit`` with replicated ``out_shardings``, or
+   ``jax.experimental.multihost_utils.process_allgather``).
+
+``tests/scripts/two_process.py`` does exactly this with two CPU processes on loopback (one
+``JointMultiExpertRL`` and one ``FlowGRPO`` step; the results equal a one-process 8-device run's).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 __all__ = [
     "AXES",
+    "LOGICAL_NAMES",
+    "Rules",
+    "REPLICATE",
+    "FSDP",
+    "TP",
+    "FSDP_TP",
     "make_mesh",
     "replicated",
     "expert_sharding",
     "batch_sharding",
+    "logical_axes",
+    "mesh_spec",
+    "param_shardings",
+    "opt_state_shardings",
+    "state_sharding",
     "joint_state_sharding",
+    "shard_module",
+    "abstract_sharded",
+    "init_sharded",
+    "memory_per_device",
     "place",
+    "feed",
     "sharded_step",
 ]
 
 AXES = ("data", "expert", "model")
+LOGICAL_NAMES = ("embed", "heads", "mlp", "vocab")
+
+Table = tuple[tuple[str, tuple[str | None, ...]], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """Logical axis name -> mesh axis (``None``: replicated). ``embed``: model width; ``heads``:
+    attention features (heads·head_dim); ``mlp``: FFN hidden; ``vocab``: token embedding rows."""
+
+    embed: str | None = None
+    heads: str | None = None
+    mlp: str | None = None
+    vocab: str | None = None
+
+    def __post_init__(self):
+        for name in LOGICAL_NAMES:
+            axis = getattr(self, name)
+            if axis is not None and axis not in AXES:
+                raise ValueError(f"Rules.{name} must be a mesh axis {AXES} or None (got {axis!r})")
+
+    def mesh_axis(self, logical: str | None) -> str | None:
+        """The mesh axis a logical name maps to; ``ValueError`` for a name outside ``LOGICAL_NAMES``."""
+        if logical is None:
+            return None
+        if logical not in LOGICAL_NAMES:
+            raise ValueError(f"unknown logical axis {logical!r}; choose from {LOGICAL_NAMES} or None")
+        return getattr(self, logical)
+
+
+REPLICATE = Rules()
+FSDP = Rules(embed="data")
+TP = Rules(heads="model", mlp="model", vocab="model")
+FSDP_TP = Rules(embed="data", heads="model", mlp="model", vocab="model")
 
 
 def make_mesh(data: int | None = None, expert: int = 1, model: int = 1, *, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -74,27 +153,231 @@ def _tree_of(sharding: NamedSharding, tree: Any) -> Any:
     return jax.tree.map(lambda _: sharding, tree)
 
 
-def joint_state_sharding(mesh: Mesh, state) -> Any:
-    """Shardings for a ``JointRLState``: stacked refiner params, references and optimiser states along
-    ``expert``; everything else replicated."""
-    experts = expert_sharding(mesh)
+# ------------------------------------------------------------------------------------ logical axes
+@functools.lru_cache(maxsize=64)
+def _compiled(table: Table) -> tuple[tuple[re.Pattern, tuple[str | None, ...]], ...]:
+    compiled = []
+    for pattern, names in table:
+        for name in names:
+            if name is not None and name not in LOGICAL_NAMES:
+                raise ValueError(f"LOGICAL_AXES entry {pattern!r} names unknown logical axis {name!r}; choose from {LOGICAL_NAMES} or None")
+        compiled.append((re.compile(pattern), tuple(names)))
+    return tuple(compiled)
+
+
+def _path_str(path: tuple) -> str:
+    parts = []
+    for key in path:
+        if isinstance(key, jax.tree_util.DictKey):
+            parts.append(str(key.key))
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            parts.append(str(key.idx))
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            parts.append(key.name)
+        else:
+            parts.append(str(getattr(key, "key", key)))
+    # an nnx.Variable flattens to its `.value`: the param path is the variable's
+    if parts and parts[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
+        parts.pop()
+    return "/".join(parts)
+
+
+def _param_state(module_or_state: Any) -> Any:
+    if isinstance(module_or_state, nnx.Module):
+        return nnx.state(module_or_state, nnx.Param)
+    return module_or_state
+
+
+def logical_axes(module_or_state: Any, table: Table, *, skip: int = 0) -> Any:
+    """Per param, its logical axis names as a ``PartitionSpec`` (one name or None per dim; a pytree leaf):
+    the first ``table`` regex that fullmatches the "/"-joined param path, else all None. Same structure
+    as the module's ``nnx.Param`` state (or the given state/pytree). ``skip``: leading path keys left
+    out of the matched path (1 for a card-level ``{component: params}`` state). ``ValueError`` when an
+    entry names a different number of axes than the param has dims."""
+    patterns = _compiled(tuple((p, tuple(n)) for p, n in table))
+
+    def axes(path, leaf):
+        name, ndim = _path_str(path[skip:]), len(leaf.shape)
+        for pattern, names in patterns:
+            if pattern.fullmatch(name):
+                if len(names) != ndim:
+                    raise ValueError(
+                        f"LOGICAL_AXES entry {pattern.pattern!r} gives {len(names)} axes {names} for param {name!r} of shape {tuple(leaf.shape)}"
+                    )
+                return PartitionSpec(*names)
+        return PartitionSpec(*([None] * ndim))
+
+    return jax.tree_util.tree_map_with_path(axes, _param_state(module_or_state))
+
+
+def mesh_spec(axes: PartitionSpec, shape: Sequence[int], mesh: Mesh, rules: Rules) -> PartitionSpec:
+    """Mesh ``PartitionSpec`` for logical ``axes`` of an array of ``shape``: each name's mesh axis when
+    that axis divides the dim and is not already used by an earlier dim, else None (replicated);
+    trailing Nones dropped."""
+    used, spec = set(), []
+    for logical, size in zip(axes, shape):
+        axis = rules.mesh_axis(logical)
+        if axis is None or axis in used or size % mesh.shape[axis]:
+            spec.append(None)
+        else:
+            used.add(axis)
+            spec.append(axis)
+    while spec and spec[-1] is None:
+        spec.pop()
+    return PartitionSpec(*spec)
+
+
+def param_shardings(mesh: Mesh, state: Any, table: Table, rules: Rules, *, skip: int = 0) -> Any:
+    """``NamedSharding`` per param of ``state`` (an ``nnx.Param`` state, a module, or any pytree of arrays
+    or ``ShapeDtypeStruct``s), same structure: ``table``'s logical axes (``logical_axes``, ``skip``)
+    through ``rules`` (``mesh_spec``)."""
+    state = _param_state(state)
+    axes = logical_axes(state, table, skip=skip)
+    return jax.tree.map(lambda leaf, ax: NamedSharding(mesh, mesh_spec(ax, leaf.shape, mesh, rules)), state, axes)
+
+
+def opt_state_shardings(mesh: Mesh, opt_state: Any, params: Any, shardings: Any) -> Any:
+    """Shardings for an optax state of ``params``: every subtree shaped like ``params`` (same tree structure
+    and leaf shapes: Adam's ``mu`` and ``nu``, momentum traces) takes ``shardings`` (the params'); every
+    other leaf (step counts, scalars) is replicated. Works on arrays and ``ShapeDtypeStruct``s alike."""
+    structure = jax.tree.structure(params)
+    shapes = [tuple(leaf.shape) for leaf in jax.tree.leaves(params)]
+
+    def like_params(node) -> bool:
+        if jax.tree.structure(node) != structure:
+            return False
+        return [tuple(getattr(leaf, "shape", ())) for leaf in jax.tree.leaves(node)] == shapes
+
     rest = replicated(mesh)
-    stacked = ("refiners", "refiner_reference", "refiner_opt")
-    return type(state)(**{name: _tree_of(experts if name in stacked else rest, value) for name, value in state._asdict().items()})
+    return jax.tree.map(lambda node: shardings if like_params(node) else rest, opt_state, is_leaf=like_params)
+
+
+# ----------------------------------------------------------------------------------- train states
+TRAINED_FIELDS = (("params", "reference", "opt_state"), ("generator", "generator_reference", "generator_opt"))
+"""``(params, frozen reference, optimiser state)`` field names of trainer states whose params follow the
+rules (``FlowGRPOState``, ``FinetuneState``, ``MoTRLState``; the generator of ``JointRLState`` and
+``UnifiedRLState``)."""
+
+STACKED_FIELDS = ("refiners", "refiner_reference", "refiner_opt")
+"""Fields holding stacked experts (leading axis N): split along ``expert``."""
+
+
+def state_sharding(mesh: Mesh, state: Any, table: Table = (), rules: Rules = REPLICATE, *, skip: int = 1) -> Any:
+    """Shardings for a trainer's state (a NamedTuple, e.g. ``FlowGRPOState`` or ``JointRLState``), same
+    structure: trained params and their reference by ``table``/``rules`` (``param_shardings``), their
+    optimiser state mirroring them (``opt_state_shardings``), stacked experts along ``expert``, every
+    other field (frozen components, step) replicated. The default (no table) replicates the params.
+    ``skip=1``: a card trainer's params are ``{component: network params}``, and ``table`` (the
+    network's ``LOGICAL_AXES``) matches paths inside the component."""
+    if not hasattr(state, "_asdict"):
+        raise TypeError(f"state_sharding expects a trainer's NamedTuple state (got {type(state).__name__})")
+    fields = state._asdict()
+    rest = replicated(mesh)
+    out = {name: _tree_of(rest, value) for name, value in fields.items()}
+    for name in STACKED_FIELDS:
+        if name in fields:
+            out[name] = _tree_of(expert_sharding(mesh), fields[name])
+    for params_name, reference_name, opt_name in TRAINED_FIELDS:
+        params = fields.get(params_name)
+        if params is None:
+            continue
+        shardings = param_shardings(mesh, params, table, rules, skip=skip)
+        out[params_name] = shardings
+        if fields.get(reference_name) is not None:
+            out[reference_name] = shardings
+        if fields.get(opt_name) is not None:
+            out[opt_name] = opt_state_shardings(mesh, fields[opt_name], params, shardings)
+    return type(state)(**out)
+
+
+def joint_state_sharding(mesh: Mesh, state, table: Table = (), rules: Rules = REPLICATE) -> Any:
+    """Shardings for a ``JointRLState``: stacked refiner params, references and optimiser states along
+    ``expert``; the generator (and its reference and Adam state) by ``table``/``rules`` (default:
+    replicated); everything else replicated. ``state_sharding`` under its historical name."""
+    return state_sharding(mesh, state, table, rules)
+
+
+# ------------------------------------------------------------------------------------- placement
+def _put(x: Any, sharding: NamedSharding) -> jax.Array:
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    # another process holds part of the mesh: each process builds its own shards from its full local
+    # copy (no cross-process check or transfer; every process must hold the same value)
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(_put(jax.random.key_data(x), sharding), impl=jax.random.key_impl(x))
+    value = np.asarray(x)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
 def place(tree: Any, shardings: Any) -> Any:
-    """``tree`` with every leaf moved to its sharding (``shardings`` a matching tree or one sharding)."""
+    """``tree`` with every leaf moved to its sharding (``shardings`` a matching tree or one sharding).
+    Across processes every process passes the same full ``tree`` and keeps only its own shards."""
     if isinstance(shardings, NamedSharding):
         shardings = _tree_of(shardings, tree)
-    return jax.tree.map(jax.device_put, tree, shardings)
+    return jax.tree.map(_put, tree, shardings)
 
 
-def sharded_step(step: Callable, mesh: Mesh, state, batch) -> Callable:
+def feed(mesh: Mesh, local_batch: Any) -> Any:
+    """A global batch split along ``data`` from this process's rows (every leaf's leading axis): the
+    multi-process form of ``place(batch, batch_sharding(mesh))`` (``jax.make_array_from_process_local_data``)."""
+    sharding = batch_sharding(mesh)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local_batch)
+
+
+def shard_module(module: nnx.Module, mesh: Mesh, table: Table, rules: Rules) -> nnx.Module:
+    """``module`` with its ``nnx.Param``s moved to their shardings (``param_shardings``), in place; returned."""
+    params = nnx.state(module, nnx.Param)
+    nnx.update(module, place(params, param_shardings(mesh, params, table, rules)))
+    return module
+
+
+def abstract_sharded(factory: Callable[[], nnx.Module], mesh: Mesh, table: Table, rules: Rules) -> nnx.Module:
+    """``nnx.eval_shape(factory)`` whose params are ``ShapeDtypeStruct``s carrying their shardings:
+    nothing allocated; ready for ``memory_per_device``, checkpoint restore or ``hf.load_module``-style fills."""
+    abstract = nnx.eval_shape(factory)
+    params = nnx.state(abstract, nnx.Param)
+    shardings = param_shardings(mesh, params, table, rules)
+    nnx.update(abstract, jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), params, shardings))
+    return abstract
+
+
+def init_sharded(factory: Callable[[], nnx.Module], mesh: Mesh, table: Table, rules: Rules) -> nnx.Module:
+    """``factory()`` initialised straight into its shards (one ``jit`` with output shardings): no device
+    ever holds a whole sharded param. Non-param state is replicated."""
+    graphdef, params, rest = nnx.split(abstract_sharded(factory, mesh, table, rules), nnx.Param, ...)
+    shardings = jax.tree.map(lambda s: s.sharding, params)
+    build = lambda: nnx.split(factory(), nnx.Param, ...)[1:]
+    params, rest = jax.jit(build, out_shardings=(shardings, _tree_of(replicated(mesh), rest)))()
+    return nnx.merge(graphdef, params, rest)
+
+
+def memory_per_device(state_shapes: Any, shardings: Any = None) -> int:
+    """Bytes one device holds of ``state_shapes`` (a pytree or module of arrays / ``ShapeDtypeStruct``s):
+    the sum of each leaf's shard size under ``shardings`` (a matching tree; default each leaf's own
+    ``.sharding``; a leaf without one counts whole). Shardings from ``param_shardings`` split evenly,
+    so every device of the mesh holds the same."""
+    if isinstance(state_shapes, nnx.Module):
+        state_shapes = nnx.state(state_shapes)
+    leaves = jax.tree.leaves(state_shapes)
+    if shardings is None:
+        sharding_leaves = [getattr(leaf, "sharding", None) for leaf in leaves]
+    else:
+        sharding_leaves = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+        if len(sharding_leaves) != len(leaves):
+            raise ValueError(f"shardings has {len(sharding_leaves)} leaves; state_shapes has {len(leaves)}")
+    total = 0
+    for leaf, sharding in zip(leaves, sharding_leaves):
+        shape = tuple(leaf.shape) if sharding is None else sharding.shard_shape(tuple(leaf.shape))
+        total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def sharded_step(step: Callable, mesh: Mesh, state, batch, *, shardings: Any = None) -> Callable:
     """``step(state, batch, key) -> (state, metrics)`` jitted over ``mesh``: the state keeps its
-    shardings (``joint_state_sharding``) in and out, the batch is split along ``data``, the key and
+    ``shardings`` in and out (default ``joint_state_sharding(mesh, state)``; for rules, pass
+    ``state_sharding(mesh, state, table, rules)``), the batch is split along ``data``, the key and
     the metrics are replicated. ``step`` is the trainer's unjitted fused step (e.g.
-    ``JointMultiExpertRL.step_fn``)."""
-    state_sharding = joint_state_sharding(mesh, state)
+    ``JointMultiExpertRL.step_fn``, ``FlowGRPO.step_fn``)."""
+    state_shardings = joint_state_sharding(mesh, state) if shardings is None else shardings
     data = _tree_of(batch_sharding(mesh), batch)
-    return jax.jit(step, in_shardings=(state_sharding, data, replicated(mesh)), out_shardings=(state_sharding, replicated(mesh)))
+    return jax.jit(step, in_shardings=(state_shardings, data, replicated(mesh)), out_shardings=(state_shardings, replicated(mesh)))

@@ -53,6 +53,21 @@ class DiTConfig:
         return self.patch_size**2 * self.latent_channels
 
 
+# Sharding (``jaxpipe.distributed``): logical axes per param dim; the first regex that fullmatches the
+# "/"-joined param path (from the DiT's root) wins, unmatched params are replicated.
+LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
+    (r"blocks/\d+/(?:attn|cross)/(?:q|kv)/kernel", ("embed", "heads")),
+    (r"blocks/\d+/(?:attn|cross)/out/kernel", ("heads", "embed")),
+    (r"blocks/\d+/mlp/fc1/kernel", ("embed", "mlp")),
+    (r"blocks/\d+/mlp/fc1/bias", ("mlp",)),
+    (r"blocks/\d+/mlp/fc2/kernel", ("mlp", "embed")),
+    (r"(?:blocks/\d+/ada|ada_out)/kernel", ("embed", "mlp")),
+    (r"(?:blocks/\d+/ada|ada_out)/bias", ("mlp",)),
+    (r"(?:patch_embed|time_in|text_pool)/kernel", (None, "embed")),
+    (r"(?:time_out|proj_out)/kernel", ("embed", None)),
+)
+
+
 def _modulate(h, shift, scale):
     return h * (1.0 + scale[:, None]) + shift[:, None]
 
