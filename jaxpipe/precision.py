@@ -16,6 +16,13 @@ What runs in which dtype under ``"bfloat16"``:
 - outside the networks, float32: the sampler (``samplers``: Euler, SDE mean / std / log-prob),
   the denoise loop's state, the losses, log-probs, rewards and advantages.
 
+``networks=("dit",)`` changes only the transformer: a bfloat16 denoiser next to a float32 text
+encoder, autoencoder and refiner LM. That matters for joint RL: the denoiser's log-prob recompute
+is the rollout's own bfloat16 program (``flow_grpo.generator_stats``: exact, ratio == 1), but an
+LM's is not (the rollout decodes token by token with a KV cache, the recompute is one causal
+forward), so a bfloat16 LM's token ratio starts ~1e-3 off 1 (measured on the bundled unified: 1.4e-3;
+float32: 1e-6).
+
 Parameters: by default they stay float32 (``params=None`` keeps what the card stores). That is the
 standard mixed-precision recipe and what ``FlowGRPO`` trains: float32 master weights and Adam
 moments, a bfloat16 forward whose gradient flows back through the casts to float32. For serving,
@@ -26,6 +33,7 @@ same bfloat16 values, only the norm scales and biases, applied in float32, are r
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -74,18 +82,20 @@ def network_dtypes(config) -> dict[str, str]:
     return {path or "<config>": cfg.dtype for path, cfg in _walk(config, "")}
 
 
-def _replace_dtype(config, dtype: str):
+def _replace_dtype(config, dtype: str, selected: frozenset[str] | None, path: str = ""):
+    """``config`` with ``dtype`` on the network configs at ``selected`` paths (``None``: all of them)."""
     if isinstance(config, (tuple, list)):
-        return type(config)(_replace_dtype(item, dtype) for item in config)
+        return type(config)(_replace_dtype(item, dtype, selected, f"{path}[{i}]") for i, item in enumerate(config))
     if not _is_config(config):
         return config
+    fields = [f.name for f in dataclasses.fields(config) if f.init]
     changes = {
-        f.name: _replace_dtype(getattr(config, f.name), dtype)
-        for f in dataclasses.fields(config) if f.init and f.name != "dtype"
+        name: _replace_dtype(getattr(config, name), dtype, selected, f"{path}.{name}" if path else name)
+        for name in fields if name != "dtype"
     }
     changes = {k: v for k, v in changes.items() if v is not getattr(config, k)}
-    has_dtype = "dtype" in {f.name for f in dataclasses.fields(config) if f.init} and isinstance(config.dtype, str)
-    if has_dtype and config.dtype != dtype:
+    chosen = selected is None or (path or "<config>") in selected
+    if "dtype" in fields and isinstance(config.dtype, str) and chosen and config.dtype != dtype:
         changes["dtype"] = dtype
     return dataclasses.replace(config, **changes) if changes else config
 
@@ -99,24 +109,34 @@ def cast_params(card: Card, dtype: str) -> Card:
     return Card(nnx.merge(graphdef, jax.tree.map(cast, params), rest), card.spec)
 
 
-def with_dtype(card: Card, dtype: str, *, params: str | None = None) -> Card:
-    """``card`` with every network computing in ``dtype`` (``"float32"`` or ``"bfloat16"``), same weights.
+def with_dtype(
+    card: Card, dtype: str, *, networks: Sequence[str] | None = None, params: str | None = None
+) -> Card:
+    """``card`` with its networks computing in ``dtype`` (``"float32"`` or ``"bfloat16"``), same weights.
 
     The family config's network configs get ``dtype`` (so checkpoints keep it) and the components
     are rebuilt around the card's own variables; loops, samplers and every network output stay
-    float32. ``params``: also store the parameters in that dtype (``None``: keep the stored dtype,
-    float32 for the bundled cards: the master weights a trainer updates).
+    float32. ``networks``: the config paths to change (keys of ``network_dtypes``, e.g. ``("dit",)``
+    for a bfloat16 transformer next to a float32 text encoder, autoencoder and LM); ``None``: all.
+    ``params``: also store every parameter of the card in that dtype (``None``: keep the stored
+    dtype, float32 for the bundled cards: the master weights a trainer updates).
     """
     check_dtype(dtype)
     if params is not None:
         check_dtype(params, "params")
     config = card.spec.config
-    if not network_dtypes(config):
+    known = network_dtypes(config)
+    if not known:
         raise ValueError(
             f"card {card.model_id!r} ({card.spec.family}): its config has no network config with a dtype field, "
             "so its compute dtype cannot be set"
         )
-    new_config = _replace_dtype(config, dtype)
+    if isinstance(networks, str):
+        networks = (networks,)
+    unknown = sorted(set(networks or ()) - set(known))
+    if unknown or (networks is not None and not networks):
+        raise ValueError(f"networks must name some of card {card.model_id!r}'s network configs {sorted(known)} (got {networks})")
+    new_config = _replace_dtype(config, dtype, None if networks is None else frozenset(networks))
     if new_config is not config:
         family = registry.family(card.spec.family)
         abstract = nnx.eval_shape(lambda: family.build(new_config, seed=0, model_id=card.model_id))

@@ -59,6 +59,8 @@ def test_bfloat16_velocity_is_close_to_float32_and_float32_out(flux, tmp_path):
     assert precision.network_dtypes(bf16.spec.config) == {"dit": "bfloat16", "text": "bfloat16", "vae": "bfloat16"}
     assert floating_dtypes(bf16.components) == {jnp.dtype(jnp.float32)}  # params stay float32 (master weights)
     assert precision.with_dtype(bf16, "float32").spec.config == flux.spec.config
+    only = precision.network_dtypes(precision.with_dtype(flux, "bfloat16", networks=("dit",)).spec.config)
+    assert only == {"dit": "bfloat16", "text": "float32", "vae": "float32"}
     stored = precision.with_dtype(flux, "bfloat16", params="bfloat16")  # serving: half the memory
     assert floating_dtypes(stored["transformer"]) == {jnp.dtype(jnp.bfloat16)}
     assert floating_dtypes(stored["vae"].latent_mean) == {jnp.dtype(jnp.float32)}  # not a parameter
@@ -86,6 +88,8 @@ def test_bfloat16_velocity_is_close_to_float32_and_float32_out(flux, tmp_path):
 def test_bad_names_error_clearly(flux):
     with pytest.raises(ValueError, match=r"dtype must be one of \('float32', 'bfloat16'\) \(got 'float16'\)"):
         precision.with_dtype(flux, "float16")
+    with pytest.raises(ValueError, match=r"networks must name some of .*\['dit', 'text', 'vae'\]"):
+        precision.with_dtype(flux, "bfloat16", networks=("llm",))
     with pytest.raises(ValueError, match="params must be one of"):
         precision.with_dtype(flux, "bfloat16", params="int8")
     with pytest.raises(ValueError, match="dtype must be one of"):
