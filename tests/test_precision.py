@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import precision
@@ -105,22 +106,25 @@ def test_bad_names_error_clearly(flux):
 def test_lax_map_over_experts_equals_vmap():
     """One refiner update step at N = 3: the ``lax.map`` policy gives the vmap's params, Adam states, losses."""
     card = multi_expert.from_unified(jp.cards.load("unified"), 3)
-    method = JointMultiExpertRL(card, lambda im, lab: jnp.mean(im, axis=(1, 2, 3)), JointRLConfig(joint=False, lm_learning_rate=1e-4, lm_clip_eps=100.0, lm_beta=0.0))
-    state = method.init()
-    n, b, t = 3, 4, 8
-    # each expert's refinements: a prompt word, then one word of its own slot (its first allowed token)
-    prompt = jnp.asarray(card.spec.tokenizer.encode(["seven", "one", "three", "nine"], t))
-    own = jnp.argmax(method.allowed, axis=1)
-    tokens = jnp.broadcast_to(prompt, (n, b, t)).at[:, :, 1].set(own[:, None])
-    mask = jnp.zeros((n, b, t), bool).at[:, :, 1].set(True)
-    old_log_prob = jnp.where(mask, -2.0, 0.0)  # any captured log-probs: a wide clip keeps every row's gradient
-    refinement = ar.Continuation(tokens, jnp.ones((n, b), jnp.int32), jnp.full((n, b), 2, jnp.int32), mask, old_log_prob)
-    advantages = jax.random.normal(jax.random.key(1), (n, b))
-    args = (state.refiners, state.refiner_reference, state.refiner_opt, method.allowed, refinement, advantages)
-    run = lambda how: jax.jit(functools.partial(map_experts, method.expert_update, how))(*args)
-    (p_v, o_v, loss_v, m_v, g_v), (p_m, o_m, loss_m, m_m, g_m) = run("vmap"), run("map")
+    config = JointRLConfig(joint=False, lm_learning_rate=1e-4, lm_clip_eps=100.0, lm_beta=0.0)  # a wide clip: every row learns
+    method = JointMultiExpertRL(card, lambda im, lab: jnp.mean(im, axis=(1, 2, 3)), config)
+    params = nnx.State({multi_expert.COMPONENT: nnx.state(card[multi_expert.COMPONENT], nnx.Param)})
+    prompt = np.asarray(card.spec.tokenizer.encode(["seven", "one", "three", "nine"], 8))
+    advantages = jax.random.normal(jax.random.key(1), (3, 4))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def update(how, params, allowed, advantages):
+        # each expert's refinements: a prompt word, then one word of its own slot (its first allowed token)
+        n, (b, t) = allowed.shape[0], prompt.shape
+        tokens = jnp.broadcast_to(jnp.asarray(prompt), (n, b, t)).at[:, :, 1].set(jnp.argmax(allowed, axis=1)[:, None])
+        mask = jnp.zeros((n, b, t), bool).at[:, :, 1].set(True)
+        refinement = ar.Continuation(tokens, jnp.ones((n, b), jnp.int32), jnp.full((n, b), 2, jnp.int32), mask, jnp.where(mask, -2.0, 0.0))
+        opt = jax.vmap(method.refiner_tx.init)(params)
+        return map_experts(method.expert_update, how, params, params, opt, allowed, refinement, advantages)
+
+    (p_v, o_v, loss_v, m_v, g_v), (p_m, o_m, loss_m, m_m, g_m) = (update(how, params, method.allowed, advantages) for how in ("vmap", "map"))
     assert float(jnp.min(g_v)) > 0.0  # every expert gets a gradient
     for got, want in zip(jax.tree.leaves((p_m, o_m, loss_m, m_m, g_m)), jax.tree.leaves((p_v, o_v, loss_v, m_v, g_v))):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
-    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(p_v), jax.tree.leaves(state.refiners)))
+    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(p_v), jax.tree.leaves(params)))
     assert moved > 1e-5
