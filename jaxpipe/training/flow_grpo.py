@@ -188,7 +188,9 @@ def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> RewardFn
 
 def _below_float32(models) -> bool:
     models = models if isinstance(models, (tuple, list)) else (models,)
-    return any(getattr(getattr(m, "cfg", None), "dtype", "float32") != "float32" for m in models)
+    # the digits networks keep their config as ``cfg``, the real (diffusers-named) ones as ``config``
+    config = lambda m: getattr(m, "cfg", None) or getattr(m, "config", None)
+    return any(getattr(config(m), "dtype", "float32") != "float32" for m in models)
 
 
 def generator_stats(models, generated: rollout.Generated, sampling: denoise.DenoiseConfig) -> tuple[jax.Array, jax.Array]:
