@@ -46,7 +46,7 @@ import dataclasses
 import functools
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Callable, Sequence
 from typing import Any
 
 import jax
@@ -262,18 +262,29 @@ STACKED_FIELDS = ("refiners", "refiner_reference", "refiner_opt")
 """Fields holding stacked experts (leading axis N): split along ``expert``."""
 
 
-def state_sharding(mesh: Mesh, state: Any, table: Table = (), rules: Rules = REPLICATE, *, skip: int = 1) -> Any:
+def state_sharding(
+    mesh: Mesh, state: Any, table: Table = (), rules: Rules = REPLICATE, *, skip: int = 1,
+    frozen_tables: Mapping[str, Table] | None = None,
+) -> Any:
     """Shardings for a trainer's state (a NamedTuple, e.g. ``FlowGRPOState`` or ``JointRLState``), same
     structure: trained params and their reference by ``table``/``rules`` (``param_shardings``), their
     optimiser state mirroring them (``opt_state_shardings``), stacked experts along ``expert``, every
     other field (frozen components, step) replicated. The default (no table) replicates the params.
     ``skip=1``: a card trainer's params are ``{component: network params}``, and ``table`` (the
-    network's ``LOGICAL_AXES``) matches paths inside the component."""
+    network's ``LOGICAL_AXES``) matches paths inside the component. ``frozen_tables``: component name ->
+    its network's ``LOGICAL_AXES``, to shard the state's ``frozen`` components (a real card's 4.8 B
+    T5-XXL text encoder) by the same rules instead of replicating them."""
     if not hasattr(state, "_asdict"):
         raise TypeError(f"state_sharding expects a trainer's NamedTuple state (got {type(state).__name__})")
     fields = state._asdict()
     rest = replicated(mesh)
     out = {name: _tree_of(rest, value) for name, value in fields.items()}
+    if frozen_tables and fields.get("frozen") is not None:
+        frozen = dict(fields["frozen"])
+        out["frozen"] = type(fields["frozen"])({
+            name: param_shardings(mesh, value, frozen_tables[name], rules) if name in frozen_tables else _tree_of(rest, value)
+            for name, value in frozen.items()
+        })
     for name in STACKED_FIELDS:
         if name in fields:
             out[name] = _tree_of(expert_sharding(mesh), fields[name])
