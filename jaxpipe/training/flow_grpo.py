@@ -202,7 +202,10 @@ def generator_stats(models, generated: rollout.Generated, sampling: denoise.Deno
     the bundled flux-t2i: 8e-4), as large as the PPO clip (``clip_eps`` 1e-3)."""
     if not _below_float32(models):
         return rollout.generator_stats(models, generated, sampling)
-    one_step = lambda t: rollout.generator_stats(models, generated._replace(trajectory=jax.tree.map(lambda a: a[None], t)), sampling)
+    def one_step(transition: denoise.Transition):
+        alone = generated._replace(trajectory=jax.tree.map(lambda a: a[None], transition))  # a 1-step trajectory
+        return rollout.generator_stats(models, alone, sampling)
+
     log_prob, mean = jax.lax.map(one_step, generated.trajectory)
     return log_prob[:, 0], mean[:, 0]
 
