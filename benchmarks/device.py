@@ -8,8 +8,8 @@ Three sections, one process, contenders side by side, ratios reported:
   ``FluxTransformer2DModel`` in torch bf16 eager (a Python loop of 28 Euler steps), the same under
   ``torch.compile`` (mode ``default`` unless ``--compile-mode``), and, for context, the jitted step with
   ``jax.nn.dot_product_attention(implementation="cudnn")`` patched in (jaxpipe uses XLA's attention,
-  which materialises the scores). Weights are made on the device in bfloat16 (JAX: one jit of per-leaf
-  ``jax.random`` draws into ``nnx.eval_shape``'s structure; torch: built on ``meta``, ``to_empty``, filled
+  which materialises the scores). Weights are made on the device in bfloat16 (JAX: one jit of a few long
+  ``jax.random`` draws cut into ``nnx.eval_shape``'s leaves; torch: built on ``meta``, ``to_empty``, filled
   in place), so no float32 copy of the 12 B parameters ever exists. Before timing, the torch network is
   checked to be jaxpipe's (tiny config, float32, CPU: torch weights loaded into JAX, velocities within 1e-4).
 * ``experts``: the N-way refiner update of ``JointMultiExpertRL`` (N = 1, 2, 4, 8, 16) as one ``jax.vmap``,
@@ -18,7 +18,7 @@ Three sections, one process, contenders side by side, ratios reported:
 * ``engine``: ``Engine.run_many`` batched vs serial (vs the fused ``jp.generate``) on the bundled
   ``flux-t2i`` card (``benchmarks/engine.py``'s ``measure``), and the raw per-request step cost by batch.
 
-A ``--budget-s`` deadline (default 540 s) guards the lease: a section, or an optional contender, starts only
+A ``--budget-s`` deadline (default 570 s) guards the lease: a section, or an optional contender, starts only
 if its estimated seconds (plus those reserved for the sections after it) still fit; what does not fit is
 recorded as skipped. A contender that raises is recorded as failed and the run goes on (exit status 1).
 Results are written to the JSON after every contender, so a run cut short still leaves what it measured.
@@ -35,10 +35,16 @@ torch and diffusers are optional (the torch contenders are skipped, saying so, w
 from __future__ import annotations
 
 import os
+import sys
+import time
+
+PROCESS_START = time.perf_counter()  # the budget counts the imports too
 
 # Before JAX starts: take GPU memory as needed, at most half the card, so that torch has the other half.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+if "--quick" in sys.argv[1:]:  # a smoke test: its timings mean nothing, its compiles are most of its time (~2x less)
+    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
 
 import argparse
 import contextlib
@@ -52,8 +58,6 @@ import json
 import math
 import pathlib
 import statistics
-import sys
-import time
 import traceback
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -71,23 +75,24 @@ from jaxpipe.nn import hf
 from jaxpipe.nn.flux import FluxCond, FluxConfig, FluxTransformer, image_ids
 
 SECTION = "device"
-SECTIONS = ("flux", "experts", "engine")
+SECTIONS = ("flux", "experts", "engine", "attention")
+OPTIONAL = ("attention",)  # runs only in what time is left: no earlier piece keeps time for it
 DEFAULT_OUT = HERE.parent / "out" / "benchmarks" / "device.json"
 PARITY_TOL = 1e-4
+TIE = 1.05  # a policy within 5% of the faster one ties with it
 EXPERTS, QUICK_EXPERTS = (1, 2, 4, 8, 16), (1, 2)
 EXPERT_SIZE, QUICK_EXPERT_SIZE = (4, 4), (1, 2)  # (prompts, group): rollout rows per expert
 ENGINE_SIZES, QUICK_ENGINE_SIZES = (1, 4, 16, 64), (2,)
 # Expected seconds on one H200, compiles included (estimates from FLOP counts and compile times of similar
 # graphs; replace with measured ones): the budget starts a piece only if it still fits.
 ESTIMATE_S = {
-    "flux": 150, "jax_driven": 10, "torch_eager": 45, "torch_compile": 120, "jax_step_cudnn": 60,
-    "experts": 60, "experts_n": 20, "engine": 40, "engine_n": 10,
+    "flux": 150, "jax_driven": 10, "torch_eager": 45, "torch_compile": 120,
+    "experts": 40, "experts_n": 15, "engine": 20, "engine_n": 15, "attention": 90,
 }
-T0 = time.perf_counter()
 
 
 def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')} +{time.perf_counter() - T0:6.1f}s] {message}", flush=True)
+    print(f"[{time.strftime('%H:%M:%S')} +{time.perf_counter() - PROCESS_START:6.1f}s] {message}", flush=True)
 
 
 def _optional(name: str):
@@ -100,7 +105,7 @@ class Budget:
 
     seconds: float
     estimates: dict
-    start: float = dataclasses.field(default_factory=time.perf_counter)
+    start: float = PROCESS_START
 
     def left(self) -> float:
         return self.seconds - (time.perf_counter() - self.start)
@@ -412,79 +417,100 @@ def parity_check(torch, seed: int = 0) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def section_flux(args, budget: Budget, sec: dict, save, reserve: float) -> None:
-    """JAX step / driven / fused, torch eager / compiled, JAX step with cuDNN attention; then frees everything."""
-    setup = QUICK_FLUX if args.quick else FULL_FLUX
-    cfg, gpu = setup.config, jax.default_backend() == "gpu"
-    graphdef, abstract = abstract_flux(cfg)
-    leaves = jax.tree.leaves(abstract)
-    sec["setup"] = {
+def setup_of(args) -> FluxSetup:
+    return QUICK_FLUX if args.quick else FULL_FLUX
+
+
+def flux_facts(setup: FluxSetup) -> dict:
+    cfg = setup.config
+    leaves = jax.tree.leaves(abstract_flux(cfg)[1])
+    return {
         "name": setup.name, "dtype": cfg.dtype, "image": setup.image, "latents": [setup.batch, *setup.latent_shape],
         "image_tokens": setup.image_tokens, "text_tokens": setup.text_len, "steps": setup.steps, "batch": setup.batch,
         "params": int(sum(x.size for x in leaves)), "param_bytes": int(sum(x.size * x.dtype.itemsize for x in leaves)),
         "flops_per_step": flux_flops(setup), "width": cfg.inner_dim,
         "blocks": f"{cfg.num_layers} double + {cfg.num_single_layers} single",
     }
+
+
+def jax_flux(setup: FluxSetup) -> dict:
+    """The JAX side: random bf16 params made on the device (one jit), the initial state, the two programs."""
+    start = time.perf_counter()
+    graphdef, abstract = abstract_flux(setup.config)
+    params = jax.block_until_ready(jax.jit(functools.partial(random_like, abstract))(jax.random.key(0)))
+    made = {"params": params, "state": flux_state(setup), "programs": jax_programs(graphdef, setup.loop_config())}
+    return {**made, "init_s": time.perf_counter() - start}
+
+
+def init_into(jx: dict, setup: FluxSetup) -> dict:
+    jx.update(jax_flux(setup))
+    return {"init_s": jx.pop("init_s")}
+
+
+def time_jax_step(jx: dict, setup: FluxSetup, repeats: int, attention: str | None = None) -> tuple[dict, object]:
+    """The jitted ``denoise.step`` compiled ahead of time (``attention``: the implementation patched into
+    ``jax.nn.dot_product_attention`` while tracing), its first call, then ``repeats`` timed calls from step 0."""
+    params, state = jx["params"], jx["state"]
+    fn, compile_s = aot(jx["programs"]["step"], params, state, attention=attention)
+    first = timings(lambda: jax.block_until_ready(fn(params, state).x), 1)["best_s"]
+    t = timings(lambda: jax.block_until_ready(fn(params, state).x), repeats)
+    return {"compile_s": compile_s, "first_s": first, **t, "ms_per_step": t["median_s"] * 1e3,
+            "tflops": flux_flops(setup) / t["median_s"] / 1e12}, fn
+
+
+def section_flux(args, budget: Budget, sec: dict, save, reserve: float) -> None:
+    """Parity, then JAX step / fused / driven, torch eager / compiled, side by side; frees everything after."""
+    setup = setup_of(args)
+    cfg, steps = setup.config, setup.steps
+    sec["setup"] = flux_facts(setup)
     runs = sec.setdefault("contenders", {})
     torch = _optional("torch")
     diffusers = _optional("diffusers") if torch else None
     no_torch = None if diffusers else f"{'torch' if torch is None else 'diffusers'} is not installed"
     attempt(runs, "parity", lambda: parity_check(torch), save, no_torch)
 
-    made = {}
-
-    def init():
-        start = time.perf_counter()
-        made["params"] = jax.block_until_ready(jax.jit(functools.partial(random_like, abstract))(jax.random.key(0)))
-        made["state"] = flux_state(setup)
-        return {"init_s": time.perf_counter() - start}
-
-    if attempt(runs, "jax_init", init, save) is None:
+    jx, step = {}, {}
+    if attempt(runs, "jax_init", functools.partial(init_into, jx, setup), save) is None:
         return
-    params, state = made["params"], made["state"]
-    programs = jax_programs(graphdef, setup.loop_config())
     reps = (5, 3, 3) if args.quick else (10, 3, 2)  # step, fused, driven / torch loops
-    compiled = {}
+    per_image = lambda t: {**t, "s_per_image": t["median_s"], "ms_per_step": t["median_s"] / steps * 1e3,
+                           "tflops": flux_flops(setup) * steps / t["median_s"] / 1e12}
 
-    def jax_step(attention=None):
-        def go():
-            fn, compile_s = aot(programs["step"], params, state, attention=attention)
-            jax.block_until_ready(fn(params, state).x)
-            compiled[attention or "xla"] = fn
-            t = timings(lambda: jax.block_until_ready(fn(params, state).x), reps[0])
-            return {"compile_s": compile_s, **t, "ms_per_step": t["median_s"] * 1e3,
-                    "tflops": sec["setup"]["flops_per_step"] / t["median_s"] / 1e12}
-        return go
+    def jax_step():
+        out, step["fn"] = time_jax_step(jx, setup, reps[0])
+        return out
 
     def jax_fused():
-        fn, compile_s = aot(programs["fused"], params, state)
+        params, state = jx["params"], jx["state"]
+        fn, compile_s = aot(jx["programs"]["fused"], params, state)
+        start = time.perf_counter()
         out = jax.block_until_ready(fn(params, state).x)
+        first = time.perf_counter() - start
         t = timings(lambda: jax.block_until_ready(fn(params, state).x), reps[1])
-        return {"compile_s": compile_s, **t, "s_per_image": t["median_s"], "ms_per_step": t["median_s"] / setup.steps * 1e3,
-                "finite": bool(jnp.all(jnp.isfinite(out))), "x_abs_max": float(jnp.max(jnp.abs(out))),
-                "tflops": sec["setup"]["flops_per_step"] * setup.steps / t["median_s"] / 1e12}
+        return {"compile_s": compile_s, "first_s": first, **per_image(t), "finite": bool(jnp.all(jnp.isfinite(out))),
+                "x_abs_max": float(jnp.max(jnp.abs(out)))}
 
     def jax_driven():
-        fn = compiled["xla"]
-
         def loop():
-            s = state
-            for _ in range(setup.steps):
-                s = fn(params, s)
+            s = jx["state"]
+            for _ in range(steps):
+                s = step["fn"](jx["params"], s)
             jax.block_until_ready(s.x)
 
-        t = timings(loop, reps[2])
-        return {**t, "s_per_image": t["median_s"], "ms_per_step": t["median_s"] / setup.steps * 1e3}
+        return per_image(timings(loop, reps[2]))
 
-    attempt(runs, "jax_step", jax_step(), save)
+    attempt(runs, "jax_step", jax_step, save)
     attempt(runs, "jax_fused", jax_fused, save)
     attempt(runs, "jax_driven", jax_driven, save,
-            "the jitted step failed" if "xla" not in compiled else budget.refuse("jax_driven", reserve))
+            "the jitted step failed" if "fn" not in step else budget.refuse("jax_driven", reserve))
+    jx.clear()
+    step.clear()
+    gc.collect()  # the JAX weights go before torch's arrive
 
     device = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
     if torch is not None and device == "cpu" and args.quick:
         torch.set_num_threads(1)  # OpenMP threads stall when other processes hold the cores (see the denoise notes)
-    if torch is not None and no_torch is None:
+    if no_torch is None:
         sec["torch"] = {"device": device, "torch": torch.__version__, "diffusers": diffusers.__version__,
                         "threads": torch.get_num_threads(),
                         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None}
@@ -513,9 +539,8 @@ def section_flux(args, budget: Budget, sec: dict, save, reserve: float) -> None:
             first = time.perf_counter() - start
             t = timings(loop, reps[2])
             extra = {"mode": compile_mode, "compile_s": first - t["median_s"]} if compile_mode else {}
-            return {"build_s": tmade["build_s"], "first_s": first, **t, **extra, "s_per_image": t["median_s"],
-                    "ms_per_step": t["median_s"] / setup.steps * 1e3, "finite": bool(torch.isfinite(out).all()),
-                    "tflops": sec["setup"]["flops_per_step"] * setup.steps / t["median_s"] / 1e12}
+            return {"build_s": tmade["build_s"], "first_s": first, **per_image(t), **extra,
+                    "finite": bool(torch.isfinite(out).all())}
         return go
 
     attempt(runs, "torch_eager", torch_loop(None), save, no_torch or budget.refuse("torch_eager", reserve))
@@ -524,15 +549,25 @@ def section_flux(args, budget: Budget, sec: dict, save, reserve: float) -> None:
     attempt(runs, "torch_compile", torch_loop(args.compile_mode), save,
             no_compile or budget.refuse("torch_compile", reserve))
     tmade.clear()
-    if torch is not None and no_torch is None:
+    if no_torch is None:
         torch._dynamo.reset()  # compiled graphs hold the model's weights
         if device == "cuda":
             torch.cuda.empty_cache()
-    no_cudnn = None if gpu else "cuDNN attention needs a GPU"
-    attempt(runs, "jax_step_cudnn", jax_step("cudnn"), save, no_cudnn or budget.refuse("jax_step_cudnn", reserve))
-    made.clear()
-    compiled.clear()
-    params = state = None  # the 24 GB of weights go before the next section
+    gc.collect()
+    jax.clear_caches()
+
+
+def section_attention(args, budget: Budget, sec: dict, save, reserve: float) -> None:
+    """The jitted step again with cuDNN's fused attention patched into ``jax.nn.dot_product_attention`` (jaxpipe
+    calls it with XLA's default, which materialises the scores): the flux section's ``jax_step`` is the baseline."""
+    setup = setup_of(args)
+    sec["setup"] = flux_facts(setup)
+    runs = sec.setdefault("contenders", {})
+    jx = {}
+    if attempt(runs, "jax_init", functools.partial(init_into, jx, setup), save) is None:
+        return
+    attempt(runs, "jax_step_cudnn", lambda: time_jax_step(jx, setup, 5 if args.quick else 10, "cudnn")[0], save)
+    jx.clear()
     gc.collect()
     jax.clear_caches()
 
@@ -549,6 +584,16 @@ def section_experts(args, budget: Budget, sec: dict, save, reserve: float) -> No
     auto = resolve_expert_map("auto")
     sec["setup"] = {"experts": list(ns), "prompts": prompts, "group": group, "rows": prompts * group,
                     "auto": auto, "backend": jax.default_backend(), "devices": jax.device_count()}
+    # One card with the most experts and one rollout; N experts = the first N of its stacked refiners (every
+    # expert has the same shapes, and expert_update does not depend on N): one rollout compile instead of five.
+    card = multi_expert.build(jr.make_config(max(ns), bundled=not args.quick))
+    sec["setup"]["about"] = jr.describe(card)
+    method = jr.make_method(card, group, 2)  # denoise steps of the rollout only; the update's cost does not see them
+    state, batch = method.init(), jr.make_batch(card, prompts)
+    ro = jax.block_until_ready(method.rollout(state, batch, jax.random.key(0)))
+    every = jr.expert_args(method, state, ro)
+    single = jax.jit(method.expert_update)  # the loop's update: the same shapes at every N, compiled once
+    log(f"experts: card with N={max(ns)} built, rollout done")
     cases, skipped = [], {}
     for n in tqdm(ns, desc="experts", disable=None):
         refused = budget.refuse("experts_n", reserve)
@@ -557,20 +602,14 @@ def section_experts(args, budget: Budget, sec: dict, save, reserve: float) -> No
             log(f"experts N={n}: skipped ({refused})")
             continue
         start = time.perf_counter()
-        card = multi_expert.build(jr.make_config(n, bundled=not args.quick))
-        sec["setup"]["about"] = jr.describe(card)
-        method = jr.make_method(card, group, 2)  # denoise steps of the rollout only; the update's cost does not see them
-        state, batch, key = method.init(), jr.make_batch(card, prompts), jax.random.key(0)
-        ro = jax.block_until_ready(method.rollout(state, batch, key))
-        stacked = jr.expert_args(method, state, ro)
+        stacked = jax.block_until_ready(jax.tree.map(lambda x, n=n: x[:n], every))
         per_expert = jr.slice_experts(stacked, n)
         mapped = {m: jax.jit(functools.partial(map_experts, method.expert_update, m)) for m in ("vmap", "map")}
-        single = jax.jit(method.expert_update)
         compile_s, outs = {}, {}
         for m, fn in mapped.items():
             ms, outs[m] = jr._timed(functools.partial(fn, *stacked))
             compile_s[m] = ms / 1e3
-        compile_s["loop"] = jr._timed(functools.partial(single, *per_expert[0]))[0] / 1e3
+        compile_s["loop"] = jr._timed(functools.partial(single, *per_expert[0]))[0] / 1e3  # ~0 after N = 1
         looped = [single(*a) for a in per_expert]
         diff = max(jr.check_same_update(outs[m], looped) for m in mapped)  # raises past 1e-6
         contenders = {
@@ -594,13 +633,15 @@ def section_experts(args, budget: Budget, sec: dict, save, reserve: float) -> No
         best = {k: min(v) for k, v in case.times.items()}
         winner = min(med, key=med.get)
         policy = min(("vmap", "map"), key=med.get)
+        agrees = med[auto] <= TIE * med[policy]  # within TIE of the faster policy: a tie, not a contradiction
         rows.append({"n": case.experts, "median_ms": med, "best_ms": best, "compile_s": case.compile_s,
-                     "max_diff": case.max_diff, "winner": winner, "policy_winner": policy, "auto_agrees": policy == auto})
+                     "max_diff": case.max_diff, "winner": winner, "policy_winner": policy, "auto_agrees": agrees})
         log(f"experts N={case.experts}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items())
             + f" -> {winner} wins; of the policies {policy}; auto picks {auto}: "
-            + ("agrees" if policy == auto else "CONTRADICTS"))
+            + ("agrees" if agrees else "CONTRADICTS"))
     sec["rows"], sec["rounds"] = rows, rounds
-    sec["verdict"] = expert_verdict(rows, auto)
+    sec["verdict"] = expert_verdict(rows, auto) + (
+        " (--quick: a CPU-sized card and two rounds; noise, not a verdict)" if args.quick else "")
     print(sec["verdict"], flush=True)
 
 
@@ -609,7 +650,8 @@ def expert_verdict(rows: list[dict], auto: str) -> str:
     against = [r for r in rows if not r["auto_agrees"]]
     if not against:
         return (f"expert_map='auto' resolves to '{auto}' on this backend ({backend}, {jax.device_count()} device(s)), "
-                f"and '{auto}' is the faster policy at every N measured: auto should (and does) pick it here.")
+                f"and '{auto}' is the faster policy (or within {TIE - 1:.0%} of it) at every N measured: auto should "
+                "(and does) pick it here.")
     ns = ", ".join(str(r["n"]) for r in against)
     other = against[-1]["policy_winner"]
     worst = max(r["median_ms"][auto] / r["median_ms"][r["policy_winner"]] for r in against)
@@ -640,8 +682,9 @@ def section_engine(args, budget: Budget, sec: dict, save, reserve: float) -> Non
         refused = budget.refuse("engine_n", reserve)
         if refused:
             skipped[str(n)] = refused
+            log(f"engine N={n}: skipped ({refused})")
             continue
-        row = eng.measure(engine, n, 2 if args.quick else 5, budget_s=1.0 if args.quick else 8.0)
+        row = eng.measure(engine, n, 3 if args.quick else 5, budget_s=1.0 if args.quick else 8.0)  # 3: a resize may compile once
         rows.append(row)
         sec["rows"] = rows
         save()
@@ -681,8 +724,8 @@ def dry_run(args) -> dict:
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
         info[f"{name}_lower_s"] = time.perf_counter() - start
         info[f"{name}_xla_flops"] = float(cost.get("flops", float("nan")))  # a scan's body is counted once
-        out = jax.eval_shape(fn, abstract, state)
-        info[f"{name}_out"] = [list(out.x.shape), str(out.x.dtype)]
+        out = lowered.out_info.x
+        info[f"{name}_out"] = [list(out.shape), str(out.dtype)]
         log(f"jit({name}) lowered on abstract params in {info[f'{name}_lower_s']:.1f} s: x {info[f'{name}_out']}, "
             f"XLA cost analysis {info[f'{name}_xla_flops']:.3e} FLOP")
     info["flops_per_step"] = flux_flops(setup)
@@ -708,26 +751,29 @@ def plan(budget_s: float, sections) -> list[str]:
     est, t, out = ESTIMATE_S, 0.0, []
     order = [s for s in SECTIONS if s in sections]
 
-    def piece(name: str, reserve: float) -> None:
+    def piece(name: str, reserve: float, label: str) -> bool:
         nonlocal t
-        if budget_s - t >= est[name] + reserve:
-            t += est[name]
-            out.append(f"{name} ends ~{t:.0f} s")
-        else:
-            out.append(f"{name} SKIPPED ({budget_s - t:.0f} s left)")
+        fits = budget_s - t >= est[name] + reserve
+        t += est[name] if fits else 0.0
+        out.append(f"{label}: " + (f"ends ~{t:.0f} s" if fits else f"SKIPPED ({budget_s - t:.0f} s left)"))
+        return fits
 
     for i, name in enumerate(order):
-        reserve = sum(est[s] for s in order[i + 1 :])
-        if budget_s - t < est[name] + reserve:
-            out.append(f"section {name} SKIPPED")
-        elif name == "flux":
-            piece("flux", reserve)
-            for optional in ("jax_driven", "torch_eager", "torch_compile", "jax_step_cudnn"):
-                piece(optional, reserve)
-        else:
-            for n in EXPERTS if name == "experts" else ENGINE_SIZES:
-                piece(f"{name}_n", reserve)
-            t += max(5.0, min(30.0, budget_s - t - reserve - 10)) if name == "experts" else 0.0
+        reserve = sum(expected_s(est, s, False) for s in order[i + 1 :] if s not in OPTIONAL)
+        if not piece(name, reserve, f"{name} (start{', JAX step + fused' if name == 'flux' else ''})"):
+            continue
+        if name == "flux":
+            for optional in ("jax_driven", "torch_eager", "torch_compile"):
+                piece(optional, reserve, optional)
+        elif name == "experts":
+            for n in EXPERTS:
+                piece("experts_n", reserve, f"experts N={n}")
+            t += max(5.0, min(30.0, budget_s - t - reserve - 10))
+            out.append(f"experts timing rounds: end ~{t:.0f} s")
+        elif name == "engine":
+            for n in ENGINE_SIZES:
+                piece("engine_n", reserve, f"engine N={n}")
+            piece("engine_n", reserve, "engine step scaling")
     return out
 
 
@@ -763,10 +809,13 @@ def _f(value, fmt: str = ".2f") -> str:
     return format(value, fmt) if isinstance(value, (int, float)) and math.isfinite(value) else "–"
 
 
-def render_flux(sec: dict) -> list[str]:
-    s, runs = sec.get("setup", {}), sec.get("contenders", {})
+def render_flux(sec: dict, attention: dict) -> list[str]:
+    """The FLUX table; the attention section's cuDNN step is its row (or why it did not run)."""
+    s, runs = sec.get("setup", {}), dict(sec.get("contenders", {}))
     if not s:
         return []
+    cudnn = attention.get("contenders", {}).get("jax_step_cudnn")
+    runs["jax_step_cudnn"] = cudnn or {"status": attention.get("status", "not run"), "reason": attention.get("reason")}
     steps = s["steps"]
     fused = runs.get("jax_fused", {}).get("ms_per_step")
     lines = [
@@ -782,8 +831,8 @@ def render_flux(sec: dict) -> list[str]:
         r = runs.get(key, {})
         ms = r.get("ms_per_step")
         status = r.get("status", "not run")
-        if status != "done":
-            status += f": {r.get('reason') or r.get('error', '')}"[:160]
+        if status != "done" and (r.get("reason") or r.get("error")):
+            status += f": {r.get('reason') or r.get('error')}"[:160]
         if key == "torch_compile" and r.get("mode"):
             label += f" (mode `{r['mode']}`)"
         lines.append(
@@ -798,6 +847,10 @@ def render_flux(sec: dict) -> list[str]:
               + (f"Torch network checked against jaxpipe's ({p['config']}): max abs error {p['max_abs_err']:.1e} "
                  f"(|v| up to {p['velocity_scale']:.2f})." if p.get("status") == "done"
                  else f"Parity check: {p.get('status', 'not run')} {p.get('reason') or p.get('error', '')}.")]
+    xla, fast = runs.get("jax_step", {}).get("ms_per_step"), runs["jax_step_cudnn"].get("ms_per_step")
+    if xla and fast:
+        lines.append(f"Attention: the jitted step takes {xla:.1f} ms with XLA's attention (jaxpipe's default) and "
+                     f"{fast:.1f} ms with cuDNN's fused attention: {xla / fast:.2f}×.")
     t = sec.get("torch")
     if t:
         lines.append(f"torch {t['torch']}, diffusers {t['diffusers']} on {t['gpu'] or t['device']} ({t['threads']} CPU threads).")
@@ -879,7 +932,7 @@ def render(data: dict) -> str:
         lines.append(f"| {name} | {sec.get('status')} | {_f(sec.get('start_s'), '.0f')} | {_f(sec.get('elapsed_s'), '.0f')} "
                      f"| {note[:200]} |")
     secs = data["sections"]
-    for part in (render_flux(secs.get("flux", {})), render_experts(secs.get("experts", {})),
+    for part in (render_flux(secs.get("flux", {}), secs.get("attention", {})), render_experts(secs.get("experts", {})),
                  render_engine(secs.get("engine", {}))):
         if part:
             lines += [""] + part
@@ -889,7 +942,8 @@ def render(data: dict) -> str:
 def summary(data: dict) -> str:
     """The few numbers that matter, for the end of the log."""
     out = []
-    runs = data["sections"].get("flux", {}).get("contenders", {})
+    secs = data["sections"]
+    runs = {**secs.get("flux", {}).get("contenders", {}), **secs.get("attention", {}).get("contenders", {})}
     fused = runs.get("jax_fused", {}).get("ms_per_step")
     for key in FLUX_ROWS:
         r = runs.get(key, {})
@@ -910,7 +964,26 @@ def summary(data: dict) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-RUNNERS = {"flux": section_flux, "experts": section_experts, "engine": section_engine}
+RUNNERS = {"flux": section_flux, "experts": section_experts, "engine": section_engine, "attention": section_attention}
+
+
+def expected_s(estimates: dict, section: str, quick: bool) -> float:
+    """A section's whole expected time: its start-up plus each N / size (and the experts' timing rounds)."""
+    if section == "experts":
+        return estimates["experts"] + estimates["experts_n"] * len(QUICK_EXPERTS if quick else EXPERTS) + 15
+    if section == "engine":
+        return estimates["engine"] + estimates["engine_n"] * (len(QUICK_ENGINE_SIZES if quick else ENGINE_SIZES) + 1)
+    return estimates[section]
+
+
+def unavailable(section: str, args) -> str | None:
+    """Why ``section`` cannot run on this backend at all, or None."""
+    cpu = jax.default_backend() == "cpu"
+    if section in ("flux", "attention") and cpu and not args.quick:
+        return "FLUX.1-dev at 1024² on a CPU: use --quick or --dry-run here"
+    if section == "attention" and jax.default_backend() != "gpu":
+        return "cuDNN attention needs a GPU"
+    return None
 
 
 def machine() -> dict:
@@ -931,7 +1004,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="CPU-sized: tiny FLUX, 4 steps, N in (1, 2), 2 engine sizes")
     parser.add_argument("--dry-run", action="store_true", help="build the full-size FLUX setup abstractly and print the plan")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
-    parser.add_argument("--budget-s", type=float, default=540.0, help="skip what no longer fits after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=570.0,
+                        help="skip what no longer fits this many seconds after the start (the JSON keeps what ran)")
     parser.add_argument("--out", type=pathlib.Path, default=None, help=f"the JSON (default: {DEFAULT_OUT} on full runs)")
     parser.add_argument("--results", type=pathlib.Path, default=None,
                         help=f"write the markdown section here (default: {RESULTS.name} on full runs)")
@@ -963,13 +1037,11 @@ def main(argv=None) -> int:
     budget = Budget(args.budget_s, {k: 1.0 for k in ESTIMATE_S} if args.quick else dict(ESTIMATE_S))
     chosen = [s for s in SECTIONS if s in args.sections]
     for i, name in enumerate(chosen):
-        reserve = sum(budget.estimates[s] for s in chosen[i + 1 :])
+        reserve = sum(expected_s(budget.estimates, s, args.quick) for s in chosen[i + 1 :] if s not in OPTIONAL)
         sec = run.data["sections"].setdefault(name, {})
         sec["start_s"] = budget.seconds - budget.left()
         sec["start_utc"] = datetime.datetime.now(datetime.UTC).strftime("%H:%M:%S")
-        refused = budget.refuse(name, reserve)
-        if name == "flux" and not args.quick and jax.default_backend() == "cpu":
-            refused = "FLUX.1-dev at 1024² on a CPU: use --quick or --dry-run here"
+        refused = budget.refuse(name, reserve) or unavailable(name, args)
         if refused:
             sec.update(status="skipped", reason=refused)
             log(f"section {name}: skipped ({refused})")
@@ -985,7 +1057,7 @@ def main(argv=None) -> int:
         sec["elapsed_s"] = budget.seconds - budget.left() - sec["start_s"]
         log(f"section {name}: {sec['status']} in {sec['elapsed_s']:.1f} s")
         run.save()
-    run.data["elapsed_s"] = time.perf_counter() - T0
+    run.data["elapsed_s"] = time.perf_counter() - PROCESS_START
     run.save()
     body = render(run.data)
     print("\n" + body)

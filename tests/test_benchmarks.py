@@ -100,8 +100,9 @@ def test_device_quick_smoke(tmp_path):
     """``device.py`` on the CPU in fresh processes compiling at XLA optimisation level 0. With no time left every
     section is recorded as skipped for the budget; ``--quick --sections flux`` runs the FLUX section end to end
     (tiny config): the torch contender is checked to be jaxpipe's network (or skipped: not installed), the JAX
-    step / driven / fused contenders and torch eager run, the cuDNN and torch.compile ones are skipped with a
-    reason, and the JSON and the markdown section go to tmp_path, leaving benchmarks/RESULTS.md alone."""
+    step / driven / fused contenders and torch eager run, torch.compile and the cuDNN-attention section are
+    skipped with a reason, and the JSON and the markdown section go to tmp_path, leaving benchmarks/RESULTS.md
+    alone."""
     import json
 
     fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
@@ -114,21 +115,21 @@ def test_device_quick_smoke(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     sections = json.loads(out.read_text())["sections"]
-    assert list(sections) == ["flux", "experts", "engine"]
+    assert list(sections) == ["flux", "experts", "engine", "attention"]
     assert all(s["status"] == "skipped" and s["reason"].startswith("budget") for s in sections.values())
 
     out, results = tmp_path / "device.json", tmp_path / "RESULTS.md"
-    cmd = [*script, "--sections", "flux", "--out", str(out), "--results", str(results)]
+    cmd = [*script, "--sections", "flux", "attention", "--out", str(out), "--results", str(results)]
     done = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]  # fails if torch's FLUX != jaxpipe's
-    flux = json.loads(out.read_text())["sections"]["flux"]
-    runs = flux["contenders"]
+    sections = json.loads(out.read_text())["sections"]
+    flux, runs = sections["flux"], sections["flux"]["contenders"]
     assert flux["status"] == "done" and flux["setup"]["steps"] == 4
     assert all(runs[k]["status"] == "done" for k in ("jax_init", "jax_step", "jax_driven", "jax_fused"))
     assert runs["jax_fused"]["finite"] and runs["jax_fused"]["ms_per_step"] > 0
     for k in ("parity", "torch_eager"):
         assert runs[k]["status"] == "done" or "not installed" in runs[k]["reason"]
-    assert "GPU" in runs["jax_step_cudnn"]["reason"] and "--compile" in runs["torch_compile"]["reason"]
+    assert "--compile" in runs["torch_compile"]["reason"] and "GPU" in sections["attention"]["reason"]
     text = results.read_text()
     assert "<!-- BEGIN device -->" in text and "<!-- END device -->" in text and "| JAX fused `lax.scan`" in text
     assert (BENCHMARKS / "RESULTS.md").read_bytes() == results_before
