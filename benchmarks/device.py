@@ -946,7 +946,7 @@ def summary(data: dict) -> str:
     runs = {**secs.get("flux", {}).get("contenders", {}), **secs.get("attention", {}).get("contenders", {})}
     fused = runs.get("jax_fused", {}).get("ms_per_step")
     for key in FLUX_ROWS:
-        r = runs.get(key, {})
+        r = runs.get(key) or (secs.get("attention", {}) if key == "jax_step_cudnn" else {})
         ms = r.get("ms_per_step")
         ratio = f" ({ms / fused:.2f}x jax fused)" if ms and fused else ""
         out.append(f"flux {key}: {r.get('status', 'not run')}" + (f", {ms:.2f} ms/step{ratio}" if ms else ""))
