@@ -37,19 +37,30 @@ def last_json(text: str) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def eight(tmp_path_factory):
-    """The 8-device run's JSON report and its reference results (for the two-process run)."""
-    out = tmp_path_factory.mktemp("eight_devices")
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sharded_runs_match_one_device_and_two_processes_match_one(tmp_path):
+    """ONE test, so pytest-xdist cannot split the expensive runs over two workers: the 8-device run (every
+    single-process check), then the two processes, which must reproduce its numbers."""
     done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "eight_devices.py"), str(out)], env=cpu_env(8), capture_output=True, text=True, timeout=900
+        [sys.executable, str(SCRIPTS / "eight_devices.py"), str(tmp_path)], env=cpu_env(8), capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return last_json(done.stdout), out / "reference.npz"
+    report = last_json(done.stdout)
+    check_joint_step(report["joint"])
+    check_flow_grpo_step(report["flow"])
+    for name in ("dit", "flux", "wan"):
+        check_forward_backward(name, report["networks"][name])
+    check_abstract_model_memory_and_sharded_init(report["networks"]["dit"])
+    check_two_processes(tmp_path, np.load(tmp_path / "reference.npz"))
 
 
-def test_joint_step_on_8_simulated_devices_matches_one_device(eight):
-    result = eight[0]["joint"]
+def check_joint_step(result: dict) -> None:
+    """N = 4 JointMultiExpertRL on a 2×4 (data × expert) mesh == one device."""
     # the refiners are split along `expert`: 4 experts over 4 expert devices, one each; the generator is replicated
     assert result["refiner_spec"] == "P('expert',)"
     assert result["refiner_shard_shape"][0] == 1 and result["refiner_shape"][0] == 4
@@ -58,61 +69,55 @@ def test_joint_step_on_8_simulated_devices_matches_one_device(eight):
     # same step: metrics and the gradient moments to float precision; weights within Adam's first-step
     # sensitivity (lr = 1e-5 times the sign of near-zero gradients)
     assert max(result["metric_diffs"].values()) < 1e-5, result["metric_diffs"]
-    assert result["refiner_opt_diff"] < 1e-6 and result["generator_opt_diff"] < 1e-6
-    assert result["refiners_diff"] < 1e-5 and result["generator_diff"] < 1e-6
+    assert result["refiner_opt_diff"] < 1e-6 and result["generator_opt_diff"] < 1e-6, result
+    assert result["refiners_diff"] < 1e-5 and result["generator_diff"] < 1e-6, result
     assert result["moved"] > 5e-6  # the step did update the refiners
 
 
-def test_flow_grpo_step_sharded_by_rules_matches_one_device(eight):
-    result = eight[0]["flow"]
+def check_flow_grpo_step(result: dict) -> None:
+    """FlowGRPO on a 2×1×4 (data × model) mesh, DiT by FSDP_TP rules == one device."""
     q = "transformer/blocks/0/attn/q/kernel"
     # FSDP over data (the DiT's width) and tensor parallel over model (its heads), for the params, the
     # frozen reference and both Adam moments; the step count and the frozen components replicated
-    assert result["params_specs"][q] == result["reference_specs"][q] == "P('data', 'model')"
+    assert result["params_specs"][q] == result["reference_specs"][q] == "P('data', 'model')", result
     assert result["params_specs"]["transformer/blocks/0/mlp/fc2/kernel"] == "P('model', 'data')"
     assert result["params_specs"]["transformer/blocks/0/attn/out/bias"] == "P()"
-    assert {v for k, v in result["opt_specs"].items() if k.endswith(q)} == {"P('data', 'model')"}
+    assert {v for k, v in result["opt_specs"].items() if k.endswith(q)} == {"P('data', 'model')"}, result["opt_specs"]
     assert [v for k, v in result["opt_specs"].items() if k.endswith("count")] == ["P()"]
     assert result["frozen_specs"] == ["P()"]
-    assert result["q_shape"] == [64, 64] and result["q_shard_shapes"] == [[32, 16], [32, 16]]
+    assert result["q_shape"] == [64, 64] and result["q_shard_shapes"] == [[32, 16]] * 3  # params, Adam mu, nu
     assert max(result["metric_diffs"].values()) < 1e-5, result["metric_diffs"]
-    assert result["opt_diff"] < 1e-6 and result["params_diff"] < 1e-5
+    assert result["opt_diff"] < 1e-6 and result["params_diff"] < 1e-5, result
     assert result["moved"] > 5e-6
 
 
-@pytest.mark.parametrize("name", ["dit", "flux", "wan"])
-def test_sharded_forward_backward_matches_one_device(eight, name):
-    result = eight[0]["networks"][name]
-    assert result["loss_diff"] <= 1e-5 * max(1.0, result["loss"])
-    assert result["grad_diff"] <= 1e-5 * max(1.0, result["grad_scale"]), result
+EXPECTED_PLACEMENTS = {
+    "dit": {"blocks/0/attn/q/kernel": ("P('data', 'model')", [32, 16]), "blocks/0/mlp/fc2/kernel": ("P('model', 'data')", [64, 32]),
+            "time_out/kernel": ("P('data',)", [32, 64]), "blocks/0/attn/out/bias": ("P()", [64])},
+    "flux": {"transformer_blocks/0/attn/to_q/kernel": ("P('data', 'model')", [16, 8])},
+    "wan": {"blocks/0/attn1/to_q/kernel": ("P('data', 'model')", [16, 8]), "blocks/0/ffn/net/2/kernel": ("P('model', 'data')", [16, 16])},
+}
+
+
+def check_forward_backward(name: str, result: dict) -> None:
+    """value_and_grad through the network on a 2×1×4 mesh under FSDP_TP == one device."""
+    assert result["loss_diff"] <= 1e-5 * max(1.0, result["loss"]), (name, result)
+    assert result["grad_diff"] <= 1e-5 * max(1.0, result["grad_scale"]), (name, result)
     # every param sits where its table entry and the rules put it, shards = global shape / mesh sizes
-    assert result["wrong_placements"] == [] and result["params"] > 20
-    assert result["sharded_fraction"] > 0.9  # the tables cover the big matrices
-    expected = {
-        "dit": {"blocks/0/attn/q/kernel": ("P('data', 'model')", [32, 16]), "blocks/0/mlp/fc2/kernel": ("P('model', 'data')", [64, 32]),
-                "time_out/kernel": ("P('data',)", [32, 64]), "blocks/0/attn/out/bias": ("P()", [64])},
-        "flux": {"transformer_blocks/0/attn/to_q/kernel": ("P('data', 'model')", [16, 8])},
-        "wan": {"blocks/0/attn1/to_q/kernel": ("P('data', 'model')", [16, 8]), "blocks/0/ffn/net/2/kernel": ("P('model', 'data')", [16, 16])},
-    }[name]
-    for path, (spec, shard) in expected.items():
-        assert result["specs"][path] == spec and result["shard_shapes"][path][1] == shard, (path, result["specs"], result["shard_shapes"])
+    assert result["wrong_placements"] == [] and result["params"] > 20, (name, result["wrong_placements"])
+    assert result["sharded_fraction"] > 0.9, name  # the tables cover the big matrices
+    for path, (spec, shard) in EXPECTED_PLACEMENTS[name].items():
+        assert result["specs"][path] == spec and result["shard_shapes"][path][1] == shard, (name, path, result["specs"])
 
 
-def test_abstract_model_memory_and_sharded_init(eight):
-    result = eight[0]["networks"]["dit"]
+def check_abstract_model_memory_and_sharded_init(result: dict) -> None:
     assert result["abstract_specs_match"] and result["init_sharded_specs_match"]
-    assert result["memory_per_device"] == result["real_bytes_per_device"] < result["whole_bytes"] / 4
+    assert result["memory_per_device"] == result["real_bytes_per_device"] < result["whole_bytes"] / 4, result
     assert result["init_sharded_diff"] == 0.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_processes_match_one_process(eight, tmp_path):
-    """jax.distributed on loopback: 2 processes × 4 CPU devices (gloo collectives), a global 8-device mesh,
+def check_two_processes(tmp_path: Path, reference) -> None:
+    """jax.distributed on loopback: 2 processes × 4 CPU devices (gloo collectives), global 8-device meshes,
     each process feeding its own rows; both steps' metrics, weights and Adam states equal the
     single-process 8-device run's."""
     port = free_port()
@@ -135,15 +140,15 @@ def test_two_processes_match_one_process(eight, tmp_path):
     reports = [last_json((tmp_path / f"out{i}").read_text()) for i in range(2)]
     assert [r["process"] for r in reports] == [0, 1]
     assert all(r["devices"] == 8 and r["local_devices"] == 4 for r in reports)
+    # each process holds 4 of the 8 shards of an FSDP_TP matrix, never the whole
     assert all(r["q_local_shards"] == 4 and not r["q_fully_addressable"] for r in reports)
-    reference = np.load(eight[1])
+    assert len(reference.files) > 100
     for i in range(2):
         got = np.load(tmp_path / f"process{i}.npz")
         assert sorted(got.files) == sorted(reference.files)
         diffs = {k: float(np.max(np.abs(got[k] - reference[k]), initial=0.0)) for k in reference.files}
         worst = max(diffs, key=diffs.get)
         assert diffs[worst] < 1e-6, (i, worst, diffs[worst])
-    assert len(reference.files) > 100
 
 
 # ------------------------------------------------------------------ the rules on abstract meshes and shapes

@@ -26,7 +26,7 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).parent))
 import mesh_steps  # noqa: E402
 
-from jaxpipe import distributed  # noqa: E402
+from jaxpipe import compilation, distributed  # noqa: E402
 from jaxpipe.nn import dit, flux, wan  # noqa: E402
 
 RULES = distributed.FSDP_TP
@@ -38,14 +38,15 @@ def max_diff(a, b) -> float:
     return max([float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in pairs if jnp.issubdtype(x.dtype, jnp.floating)] or [0.0])
 
 
+def named(tree) -> dict:
+    """``{"/"-joined path: leaf}`` (an ``nnx.Variable``'s ``/value`` left out)."""
+    return {jax.tree_util.keystr(p, simple=True, separator="/").removesuffix("/value"): x
+            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def specs(tree, *suffixes) -> dict[str, str]:
-    """``{path: str(spec)}`` of the leaves whose "/"-joined path ends with one of ``suffixes``."""
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        name = jax.tree_util.keystr(path, simple=True, separator="/").removesuffix("/value")
-        if name.endswith(suffixes):
-            out[name] = str(leaf.sharding.spec)
-    return out
+    """``{path: str(spec)}`` of the leaves whose path ends with one of ``suffixes``."""
+    return {name: str(leaf.sharding.spec) for name, leaf in named(tree).items() if name.endswith(suffixes)}
 
 
 def joint_checks():
@@ -79,8 +80,7 @@ def flow_checks():
     mesh = distributed.make_mesh(**mesh_steps.FLOW_MESH)
     sharded, sharded_metrics, placed = mesh_steps.run(method, batch, mesh, mesh_steps.flow_shardings)
     q = "transformer/blocks/0/attn/q/kernel"
-    shard = lambda tree: [x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-                          if jax.tree_util.keystr(p, simple=True, separator="/").endswith(q + "/value")]
+    q_leaves = [x for tree in (sharded.params, sharded.opt_state) for k, x in named(tree).items() if k.endswith(q)]
     return {
         "params_diff": max_diff(single.params, sharded.params),
         "opt_diff": max_diff(single.opt_state, sharded.opt_state),
@@ -91,8 +91,8 @@ def flow_checks():
         "reference_specs": specs(placed.reference, q),
         "opt_specs": specs(sharded.opt_state, q, "count"),
         "frozen_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(sharded.frozen)}),
-        "q_shard_shapes": [list(x.addressable_shards[0].data.shape) for x in shard(sharded.opt_state)],
-        "q_shape": list(shard(sharded.params)[0].shape),
+        "q_shard_shapes": [list(x.addressable_shards[0].data.shape) for x in q_leaves],  # params, Adam mu, nu
+        "q_shape": list(q_leaves[0].shape),
     }, (mesh, sharded, sharded_metrics)
 
 
@@ -154,19 +154,12 @@ def network_checks():
             "params": len(axes),
             "sharded_fraction": sharded_bytes / total_bytes,
             "specs": specs(sharded_grads, *checked),
-            "shard_shapes": {
-                k: [list(x.shape), list(x.addressable_shards[0].data.shape)]
-                for k, x in ((k, v) for k, v in _named(placed).items() if k.endswith(checked))
-            },
+            "shard_shapes": {k: [list(x.shape), list(x.addressable_shards[0].data.shape)]
+                             for k, x in named(placed).items() if k.endswith(checked)},
         }
         if name == "dit":
             out[name].update(abstract_checks(mesh, factory, table, placed))
     return out
-
-
-def _named(tree) -> dict:
-    return {jax.tree_util.keystr(p, simple=True, separator="/").removesuffix("/value"): x
-            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def abstract_checks(mesh, factory, table, placed) -> dict:
@@ -189,6 +182,7 @@ def abstract_checks(mesh, factory, table, placed) -> dict:
 
 def main():
     assert len(jax.devices()) == 8, jax.devices()
+    compilation.enable_cache()  # the suite's persistent cache ($JAXPIPE_CACHE_DIR), shared with its subprocesses
     timings = {}
     start = time.perf_counter()
     joint, joint_result = joint_checks()
@@ -201,6 +195,7 @@ def main():
     timings["networks"] = time.perf_counter() - start
     if len(sys.argv) > 1:
         np.savez(Path(sys.argv[1]) / "reference.npz", **mesh_steps.summary(joint_result, flow_result))
+    timings["cpu"] = time.process_time()
     print(json.dumps({"joint": joint, "flow": flow, "networks": nets, "seconds": timings}))
 
 

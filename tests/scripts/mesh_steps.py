@@ -11,8 +11,7 @@ from flax import nnx
 
 from jaxpipe import distributed
 from jaxpipe.cards import flux_t2i, multi_expert, unified
-from jaxpipe.nn import DiTConfig
-from jaxpipe.nn import dit
+from jaxpipe.nn import DiTConfig, dit
 from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 

@@ -18,9 +18,13 @@ PROCESS_ID, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 # cross-process CPU collectives: gloo (jax 0.10's default, named so a changed default cannot silently
 # break this run); timeouts short so a crashed peer fails the test instead of hanging it
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
+# No persistent compilation cache here: only process 0 writes it and process 1 missed every entry
+# (measured: a warm cache spares process 0 alone, which then waits for process 1); and with
+# jax_share_binary_between_hosts (process 0 compiles, process 1 loads its executable) the two never met
+# in their first collective on CPU (gloo context timed out after 30 s). Each process compiles its own.
 jax.distributed.initialize(
     f"127.0.0.1:{PORT}", num_processes=2, process_id=PROCESS_ID, initialization_timeout=120,
-    heartbeat_timeout_seconds=30, shutdown_timeout_seconds=60,
+    heartbeat_timeout_seconds=60, shutdown_timeout_seconds=60,
 )
 
 import numpy as np  # noqa: E402
@@ -51,7 +55,7 @@ def main():
         # this process holds half the global mesh: its shards of an FSDP_TP matrix, not the matrix
         "q_local_shards": len(q.addressable_shards),
         "q_fully_addressable": q.is_fully_addressable,
-        "seconds": {"joint": joint_seconds, "flow": time.perf_counter() - start - joint_seconds},
+        "seconds": {"joint": joint_seconds, "flow": time.perf_counter() - start - joint_seconds, "cpu": time.process_time()},
     }))
 
 
