@@ -15,7 +15,6 @@ trainer's state. Activations, the rollout's latents and XLA's workspace come on 
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from jax.sharding import AbstractMesh
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jaxpipe import distributed  # noqa: E402
-from jaxpipe.nn import autoencoder_kl, clip, flux, t5, wan, wan_vae  # noqa: E402
+from jaxpipe.nn import autoencoder_kl, clip, flux, hf, t5, wan, wan_vae  # noqa: E402
 
 GB = 1e9
 MESHES = {  # label -> (data, model)
@@ -71,7 +70,7 @@ def table() -> list[tuple[str, int, dict[str, tuple[float, float]]]]:
     """``[(model, parameters, {mesh label: (serve GB, RL GB) per device})]``."""
     rows = []
     for name, (trained, frozen) in models().items():
-        count = sum(math.prod(p.shape) for net, _ in trained + frozen for p in jax.tree.leaves(nnx.state(net, nnx.Param)))
+        count = sum(hf.count_params(net) for net, _ in trained + frozen)
         cells = {}
         for label, (data, model) in MESHES.items():
             mesh = AbstractMesh((data, 1, model), distributed.AXES)

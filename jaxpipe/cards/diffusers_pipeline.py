@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PipelineFolder", "FlowSchedule", "read_pipeline"]
+__all__ = ["PipelineFolder", "FlowSchedule", "read_pipeline", "load_components"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,3 +106,10 @@ def read_pipeline(path: str | Path) -> PipelineFolder:
         raise FileNotFoundError(f"{path} is not a diffusers pipeline folder (no model_index.json)")
     index = json.loads(index_file.read_text())
     return PipelineFolder(path, str(index.get("_class_name", "")), index)
+
+
+def load_components(folder: PipelineFolder, loaders: dict[str, Any], dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each component ``name`` of the pipeline loaded by ``loaders[name](sub-folder, dtype=dtype)``:
+    ``(components, {name: its network config})`` (the configs as loaded, dtype included, for the card's config)."""
+    components = {name: load(folder.component(name), dtype=dtype) for name, load in loaders.items()}
+    return components, {name: module.config for name, module in components.items()}

@@ -236,5 +236,4 @@ def load(folder: str | Path, *, dtype: str = "float32") -> CLIPTextEncoder:
 
 def param_count(config: CLIPTextEncoderConfig) -> int:
     """Number of parameters of ``CLIPTextEncoder(config)`` (counted abstractly: nothing is allocated)."""
-    module = nnx.eval_shape(lambda: CLIPTextEncoder(config, rngs=nnx.Rngs(0)))
-    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+    return hf.count_params(nnx.eval_shape(lambda: CLIPTextEncoder(config, rngs=nnx.Rngs(0))))

@@ -25,7 +25,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-__all__ = ["KeyMappingError", "read_config", "read_tensors", "torch_key", "to_jax", "load_into", "load_module"]
+__all__ = ["KeyMappingError", "read_config", "read_tensors", "torch_key", "to_jax", "load_into", "load_module", "count_params"]
 
 Renames = Iterable[tuple[str, str]]
 
@@ -171,3 +171,8 @@ def load_module(folder: str | Path, build: Callable[[dict[str, Any]], nnx.Module
     if jax.tree.leaves(rest):
         raise TypeError(f"{folder}: {type(module).__name__} holds non-parameter state; load_module fills parameters only")
     return load_into(module, read_tensors(folder), where=str(folder), **kwargs)
+
+
+def count_params(module: nnx.Module) -> int:
+    """Number of parameter elements of ``module`` (works on an ``nnx.eval_shape`` build: nothing allocated)."""
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))

@@ -352,5 +352,4 @@ def load(folder: str | Path, *, dtype: str = "float32") -> T5Encoder:
 
 def param_count(config: T5EncoderConfig) -> int:
     """Number of parameters of ``T5Encoder(config)`` (counted abstractly: nothing is allocated)."""
-    module = nnx.eval_shape(lambda: T5Encoder(config, rngs=nnx.Rngs(0)))
-    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+    return hf.count_params(nnx.eval_shape(lambda: T5Encoder(config, rngs=nnx.Rngs(0))))

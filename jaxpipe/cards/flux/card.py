@@ -16,7 +16,7 @@ from pathlib import Path
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
-from jaxpipe.cards.diffusers_pipeline import FlowSchedule, read_pipeline
+from jaxpipe.cards.diffusers_pipeline import FlowSchedule, load_components, read_pipeline
 from jaxpipe.loops import denoise
 from jaxpipe.nn import autoencoder_kl, clip, flux, t5
 from jaxpipe.nn.tokenizer import TokenizerSpec
@@ -196,16 +196,8 @@ def load_pipeline(path: str | Path, *, dtype: str = "float32", model_id: str | N
     fields (``height``, ``width``, ``num_steps`` ...)."""
     path = Path(path)
     config = Config.from_diffusers(path, **overrides)
-    folder = read_pipeline(path)
-    components = {
-        "text_encoder": clip.load(folder.component("text_encoder"), dtype=dtype),
-        "text_encoder_2": t5.load(folder.component("text_encoder_2"), dtype=dtype),
-        "transformer": flux.load(folder.component("transformer"), dtype=dtype),
-        "vae": autoencoder_kl.load(folder.component("vae"), dtype=dtype),
-    }
-    config = dataclasses.replace(
-        config,
-        transformer=components["transformer"].config, vae=components["vae"].config,
-        text_encoder=components["text_encoder"].config, text_encoder_2=components["text_encoder_2"].config,
-    )
+    components, configs = load_components(read_pipeline(path), {
+        "text_encoder": clip.load, "text_encoder_2": t5.load, "transformer": flux.load, "vae": autoencoder_kl.load,
+    }, dtype)
+    config = dataclasses.replace(config, **configs)
     return Card(components, _spec(config, model_id or path.name))

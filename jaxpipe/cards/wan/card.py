@@ -16,7 +16,7 @@ from pathlib import Path
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
-from jaxpipe.cards.diffusers_pipeline import read_pipeline
+from jaxpipe.cards.diffusers_pipeline import load_components, read_pipeline
 from jaxpipe.loops import denoise, policies
 from jaxpipe.nn import t5, wan, wan_vae
 from jaxpipe.nn.tokenizer import TokenizerSpec
@@ -164,12 +164,7 @@ def load_pipeline(path: str | Path, *, dtype: str = "float32", model_id: str | N
     ``Wan2.2-T2V-A14B-Diffusers/``). ``dtype``: the networks' dtype; ``overrides``: ``Config`` fields."""
     path = Path(path)
     config = Config.from_diffusers(path, **overrides)
-    folder = read_pipeline(path)
-    components = {
-        "text_encoder": t5.load(folder.component("text_encoder"), dtype=dtype),
-        **{name: wan.load(folder.component(name), dtype=dtype) for name in config.experts},
-        "vae": wan_vae.load(folder.component("vae"), dtype=dtype),
-    }
-    config = dataclasses.replace(config, transformer=components["transformer"].config, vae=components["vae"].config,
-                                 text_encoder=components["text_encoder"].config)
+    loaders = {"text_encoder": t5.load, **{name: wan.load for name in config.experts}, "vae": wan_vae.load}
+    components, configs = load_components(read_pipeline(path), loaders, dtype)
+    config = dataclasses.replace(config, transformer=configs["transformer"], vae=configs["vae"], text_encoder=configs["text_encoder"])
     return Card(components, _spec(config, model_id or path.name))
