@@ -166,20 +166,8 @@ def _compiled(table: Table) -> tuple[tuple[re.Pattern, tuple[str | None, ...]], 
 
 
 def _path_str(path: tuple) -> str:
-    parts = []
-    for key in path:
-        if isinstance(key, jax.tree_util.DictKey):
-            parts.append(str(key.key))
-        elif isinstance(key, jax.tree_util.SequenceKey):
-            parts.append(str(key.idx))
-        elif isinstance(key, jax.tree_util.GetAttrKey):
-            parts.append(key.name)
-        else:
-            parts.append(str(getattr(key, "key", key)))
-    # an nnx.Variable flattens to its `.value`: the param path is the variable's
-    if parts and parts[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
-        parts.pop()
-    return "/".join(parts)
+    # an nnx.Variable flattens to its `.value`: the param's path is the variable's
+    return jax.tree_util.keystr(path, simple=True, separator="/").removesuffix("/value")
 
 
 def _param_state(module_or_state: Any) -> Any:

@@ -1,6 +1,6 @@
 """Scale-out (DESIGN §11) on simulated CPU devices. One subprocess with 8 devices runs every
 single-process check (``scripts/eight_devices.py``): a ``JointMultiExpertRL`` step (refiners along
-``expert``), a ``FlowGRPO`` step (DiT by FSDP + tensor-parallel rules) and the forward + backward of
+``expert``, generator by FSDP rules), a ``FlowGRPO`` step (DiT by FSDP + tensor-parallel rules) and the forward + backward of
 the digits DiT, a FLUX-shaped and a Wan-shaped transformer, each equal to one device, with the params
 placed as the rules say. Two more processes × 4 devices (``scripts/two_process.py``) run the same two
 steps through ``jax.distributed`` on loopback and must reproduce the 8-device numbers. The rule logic
@@ -61,10 +61,13 @@ def test_sharded_runs_match_one_device_and_two_processes_match_one(tmp_path):
 
 def check_joint_step(result: dict) -> None:
     """N = 4 JointMultiExpertRL on a 2×4 (data × expert) mesh == one device."""
-    # the refiners are split along `expert`: 4 experts over 4 expert devices, one each; the generator is replicated
+    # the refiners are split along `expert`: 4 experts over 4 expert devices, one each; the generator's
+    # DiT by FSDP rules (width along data), its Adam moments alike, its small vectors replicated
     assert result["refiner_spec"] == "P('expert',)"
     assert result["refiner_shard_shape"][0] == 1 and result["refiner_shape"][0] == 4
-    assert "expert" in result["opt_spec"] and result["generator_spec"] == "P()"
+    assert "expert" in result["opt_spec"]
+    assert set(result["generator_specs"].values()) == {"P('data',)", "P()"} and len(result["generator_specs"]) == 4
+    assert result["generator_specs"]["transformer/time_out/bias"] == "P()"
     assert result["devices"] == 8
     # same step: metrics and the gradient moments to float precision; weights within Adam's first-step
     # sensitivity (lr = 1e-5 times the sign of near-zero gradients)

@@ -1,7 +1,8 @@
 """Every check on 8 simulated CPU devices, in one process (started by tests/test_distributed.py with
 XLA_FLAGS=--xla_force_host_platform_device_count=8): sharded == one device for
 
-- one N = 4 ``JointMultiExpertRL`` step on a 2×4 (data × expert) mesh (refiners along ``expert``);
+- one N = 4 ``JointMultiExpertRL`` step on a 2×4 (data × expert) mesh (refiners along ``expert``,
+  the generator DiT by ``FSDP`` rules);
 - one ``FlowGRPO`` step on a one-block ``flux-t2i`` card on a 2×1×4 (data × model) mesh, DiT by
   ``FSDP_TP`` rules (FSDP over ``data``, tensor parallel over ``model``);
 - forward + backward of a simple loss through the digits DiT, a FLUX-shaped and a Wan-shaped
@@ -67,7 +68,8 @@ def joint_checks():
         "refiner_shard_shape": list(leaf.addressable_shards[0].data.shape),
         "refiner_shape": list(leaf.shape),
         "opt_spec": str(opt_leaf.sharding.spec),
-        "generator_spec": str(jax.tree.leaves(sharded.generator)[0].sharding.spec),
+        "generator_specs": {**specs(sharded.generator, "blocks/0/attn/q/kernel", "time_out/bias"),
+                            **specs(sharded.generator_opt, "blocks/0/attn/q/kernel")},
         "devices": len(leaf.sharding.device_set),
         "moved": float(np.max(np.abs(np.asarray(leaf) - np.asarray(jax.tree.leaves(state.refiners)[0])))),
     }, (mesh, sharded, sharded_metrics)

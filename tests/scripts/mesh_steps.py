@@ -17,6 +17,7 @@ from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 
 JOINT_MESH = {"data": 2, "expert": 4}
 FLOW_MESH = {"data": 2, "expert": 1, "model": 4}
+JOINT_RULES = distributed.FSDP
 FLOW_RULES = distributed.FSDP_TP
 KEY = 0
 
@@ -66,7 +67,8 @@ def flow():
 
 
 def joint_shardings(mesh, state):
-    return distributed.joint_state_sharding(mesh, state)
+    """Refiners along ``expert`` (as ever); the generator DiT, its reference and Adam state by FSDP rules."""
+    return distributed.joint_state_sharding(mesh, state, dit.LOGICAL_AXES, JOINT_RULES)
 
 
 def flow_shardings(mesh, state):
