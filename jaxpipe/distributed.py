@@ -46,7 +46,7 @@ import dataclasses
 import functools
 import math
 import re
-from collections.abc import Mapping, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax

@@ -25,10 +25,10 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))
-import mesh_steps  # noqa: E402
+import mesh_steps
 
-from jaxpipe import compilation, distributed  # noqa: E402
-from jaxpipe.nn import dit, flux, wan  # noqa: E402
+from jaxpipe import compilation, distributed
+from jaxpipe.nn import dit, flux, wan
 
 RULES = distributed.FSDP_TP
 
@@ -57,7 +57,7 @@ def joint_checks():
     mesh = distributed.make_mesh(**mesh_steps.JOINT_MESH)
     sharded, sharded_metrics, _ = mesh_steps.run(method, batch, mesh, mesh_steps.joint_shardings)
     leaf = jax.tree.leaves(sharded.refiners)[0]
-    opt_leaf = [x for x in jax.tree.leaves(sharded.refiner_opt) if x.ndim >= 2][0]
+    opt_leaf = next(x for x in jax.tree.leaves(sharded.refiner_opt) if x.ndim >= 2)
     return {
         "refiners_diff": max_diff(single.refiners, sharded.refiners),
         "refiner_opt_diff": max_diff(single.refiner_opt, sharded.refiner_opt),
@@ -120,7 +120,7 @@ def network_checks():
     for seed, (name, factory, table, inputs) in enumerate(networks()):
         graphdef, params, rest = nnx.split(mesh_steps.random_weights(factory, seed), nnx.Param, ...)
 
-        def loss(params, x, sigma, cond):
+        def loss(params, x, sigma, cond, graphdef=graphdef, rest=rest):
             v = nnx.merge(graphdef, params, rest).velocity(x, sigma, cond)
             return jnp.mean((v - 0.5) ** 2)
 

@@ -27,12 +27,12 @@ jax.distributed.initialize(
     heartbeat_timeout_seconds=60, shutdown_timeout_seconds=60,
 )
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-import mesh_steps  # noqa: E402
+import mesh_steps
 
-from jaxpipe import distributed  # noqa: E402
+from jaxpipe import distributed
 
 
 def main():
