@@ -13,6 +13,12 @@ from jaxpipe.nn import Autoencoder, AutoencoderConfig, DiT, DiTConfig, TextEncod
 TOK = Tokenizer(VOCABULARY)
 
 
+@jax.jit
+def call(module, *args):
+    """``module(*args)`` in one compile per shape (eager NNX runs op by op: ~15 s for these tests)."""
+    return module(*args)
+
+
 def n_params(module) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param))))
 
@@ -43,10 +49,10 @@ def test_text_encoder_shapes_and_padding_invariance():
     enc = TextEncoder(TextEncoderConfig.tiny(TOK.vocab_size), rngs=nnx.Rngs(0))
     short = jnp.asarray(TOK.encode(["seven thick"], max_len=4))
     long = jnp.asarray(TOK.encode(["seven thick"], max_len=8))
-    a, b = enc(short), enc(long)
+    a, b = call(enc, short), call(enc, long)
     assert a.shape == (1, 4, 32) and b.shape == (1, 8, 32)
     np.testing.assert_allclose(a[:, :2], b[:, :2], atol=1e-5)  # padding is masked out of attention
-    assert bool(jnp.all(jnp.isfinite(enc(jnp.zeros((1, 8), jnp.int32)))))  # the empty prompt
+    assert bool(jnp.all(jnp.isfinite(call(enc, jnp.zeros((1, 8), jnp.int32)))))  # the empty prompt
 
 
 def test_text_encoder_rejects_too_long_ids():
@@ -83,22 +89,22 @@ def test_dit_image_and_video_share_one_class():
 def test_dit_examples_are_independent_and_text_matters():
     dit = perturbed(DiT(DiTConfig.tiny(), rngs=nnx.Rngs(0)))
     x, s, ctx, mask = dit_inputs()
-    both = dit(x, s, ctx, mask)
-    first = dit(x[:1], s[:1], ctx[:1], mask[:1])
+    both = call(dit, x, s, ctx, mask)
+    first = call(dit, x[:1], s[:1], ctx[:1], mask[:1])
     np.testing.assert_allclose(both[:1], first, atol=1e-5)
-    other_text = dit(x[:1], s[:1], ctx[1:], mask[:1])
+    other_text = call(dit, x[:1], s[:1], ctx[1:], mask[:1])
     assert float(jnp.abs(other_text - first).max()) > 1e-4
     masked_tail = ctx.at[0, 3:].set(100.0)  # masked-out tokens must not matter
-    np.testing.assert_allclose(dit(x, s, masked_tail, mask)[:1], first, atol=1e-5)
+    np.testing.assert_allclose(call(dit, x, s, masked_tail, mask)[:1], first, atol=1e-5)
 
 
 def test_dit_first_frame_conditioning():
     dit = perturbed(DiT(DiTConfig.tiny(frame_cond=True), rngs=nnx.Rngs(0)))
     x, s, ctx, mask = dit_inputs(t=4)
     frame_a = jax.random.normal(jax.random.key(5), (2, 8, 8, 4))
-    va, vb = dit(x, s, ctx, mask, frame_a), dit(x, s, ctx, mask, -frame_a)
+    va, vb = call(dit, x, s, ctx, mask, frame_a), call(dit, x, s, ctx, mask, -frame_a)
     assert float(jnp.abs(va - vb).max()) > 1e-4
-    np.testing.assert_array_equal(va, dit(x, s, ctx, mask, frame_a))
+    np.testing.assert_array_equal(va, call(dit, x, s, ctx, mask, frame_a))
     with pytest.raises(ValueError, match="frame_cond=False"):
         perturbed(DiT(DiTConfig.tiny(), rngs=nnx.Rngs(0)))(x, s, ctx, mask, frame_a)
 
