@@ -45,8 +45,9 @@ def test_vmapped_update_equals_updating_each_expert_separately():
     # near-zero gradient shows up as up to ~lr·1e-3 in the weights; at 1e-4 that stays under 1e-6
     # (prompt-only: the refiners' vmapped update is what is compared; the generator update is UnifiedRL's, tested there)
     config = JointRLConfig(
-        credit="per_expert", expert_terms=("stroke", "position") * 2, joint=False, **{**SMALL, "lm_learning_rate": 1e-4}
-    )
+        credit="per_expert", expert_terms=("stroke", "position") * 2, joint=False, expert_map="vmap",
+        **{**SMALL, "lm_learning_rate": 1e-4},
+    )  # the vmap policy; test_precision.py checks the lax.map policy equals it
     method = JointMultiExpertRL(card, parts_reward, config)
     state = method.init()
     ro = method.rollout(state, prompts(card), jax.random.key(0))
