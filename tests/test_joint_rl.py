@@ -87,9 +87,9 @@ def test_vmapped_update_equals_updating_each_expert_separately():
             params, opt, *_ = one(params, take(state.refiner_reference), opt, method.allowed[i], minibatch,
                                   ro.expert_advantages[i][idx])
         # three Adam steps of lr 1e-5, each sensitive to float reordering in near-zero gradients (measured up
-        # to ~0.05·lr per weight); a minibatch taken out of order or from other rows moves weights by ~lr
+        # to ~0.25·lr per weight with XLA at -O0); a minibatch out of order or from other rows moves weights by ~lr
         for got, want in zip(jax.tree.leaves(take(new.refiners)), jax.tree.leaves(params)):
-            np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
+            np.testing.assert_allclose(got, want, atol=4e-6, rtol=0)
     # slot restriction held in the rollout: refiner 1 (position) only said position words or <eos>
     tok = card.spec.tokenizer
     said = set(np.asarray(ro.refinements.tokens[1][np.asarray(ro.refinements.mask[1])]).tolist())

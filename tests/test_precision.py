@@ -125,6 +125,6 @@ def test_lax_map_over_experts_equals_vmap():
     (p_v, o_v, loss_v, m_v, g_v), (p_m, o_m, loss_m, m_m, g_m) = (update(how, params, method.allowed, advantages) for how in ("vmap", "map"))
     assert float(jnp.min(g_v)) > 0.0  # every expert gets a gradient
     for got, want in zip(jax.tree.leaves((p_m, o_m, loss_m, m_m, g_m)), jax.tree.leaves((p_v, o_v, loss_v, m_v, g_v))):
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # float32 reordering on values up to ~15
     moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(p_v), jax.tree.leaves(params)))
     assert moved > 1e-5
