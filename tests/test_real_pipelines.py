@@ -2,7 +2,6 @@
 diffusers folder, loaded with ``jp.cards.load(folder)`` and rendered through jaxpipe's own program from the
 same initial latents and sigmas must give the diffusers images within 1e-3."""
 
-
 import jax
 import numpy as np
 import pytest
