@@ -228,10 +228,8 @@ def _text_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def load(folder: str | Path, *, dtype: str = "float32") -> CLIPTextEncoder:
     """The CLIP text tower of a transformers ``CLIPTextModel`` folder (``config.json`` +
     safetensors), its parameters in ``dtype``. A mismatch raises ``hf.KeyMappingError`` naming the keys."""
-    folder = Path(folder)
-    config = CLIPTextEncoderConfig.from_json(hf.read_config(folder), dtype=dtype)
-    module = nnx.eval_shape(lambda: CLIPTextEncoder(config, rngs=nnx.Rngs(0)))
-    return hf.load_into(module, _text_tensors(hf.read_tensors(folder)), where=str(folder))
+    build = lambda config: CLIPTextEncoder(CLIPTextEncoderConfig.from_json(config, dtype=dtype), rngs=nnx.Rngs(0))
+    return hf.load_module(folder, build, prepare=_text_tensors)
 
 
 def param_count(config: CLIPTextEncoderConfig) -> int:

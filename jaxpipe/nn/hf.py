@@ -159,9 +159,16 @@ def load_into(
     return module
 
 
-def load_module(folder: str | Path, build: Callable[[dict[str, Any]], nnx.Module], **kwargs) -> nnx.Module:
+def load_module(
+    folder: str | Path,
+    build: Callable[[dict[str, Any]], nnx.Module],
+    *,
+    prepare: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+    **kwargs,
+) -> nnx.Module:
     """``build(config_json)`` abstractly (``nnx.eval_shape``: no random init of a 12 B network),
-    then ``load_into`` it the folder's weights (``kwargs`` as ``load_into``'s).
+    then ``load_into`` it the folder's weights (``kwargs`` as ``load_into``'s). ``prepare`` maps the
+    checkpoint's tensors first (tied copies, a hub prefix, buffers that are not parameters).
 
     The module's non-parameter state must be empty; every parameter comes from the checkpoint."""
     folder = Path(folder)
@@ -170,7 +177,8 @@ def load_module(folder: str | Path, build: Callable[[dict[str, Any]], nnx.Module
     rest = nnx.state(module, nnx.Not(nnx.Param))
     if jax.tree.leaves(rest):
         raise TypeError(f"{folder}: {type(module).__name__} holds non-parameter state; load_module fills parameters only")
-    return load_into(module, read_tensors(folder), where=str(folder), **kwargs)
+    tensors = read_tensors(folder)
+    return load_into(module, tensors if prepare is None else prepare(tensors), where=str(folder), **kwargs)
 
 
 def count_params(module: nnx.Module) -> int:

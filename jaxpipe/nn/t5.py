@@ -344,10 +344,8 @@ def _encoder_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def load(folder: str | Path, *, dtype: str = "float32") -> T5Encoder:
     """The T5 / UMT5 encoder of a transformers folder (``config.json`` + safetensors), its
     parameters in ``dtype``. A mismatch raises ``hf.KeyMappingError`` naming the keys."""
-    folder = Path(folder)
-    config = T5EncoderConfig.from_json(hf.read_config(folder), dtype=dtype)
-    module = nnx.eval_shape(lambda: T5Encoder(config, rngs=nnx.Rngs(0)))
-    return hf.load_into(module, _encoder_tensors(hf.read_tensors(folder)), where=str(folder))
+    build = lambda config: T5Encoder(T5EncoderConfig.from_json(config, dtype=dtype), rngs=nnx.Rngs(0))
+    return hf.load_module(folder, build, prepare=_encoder_tensors)
 
 
 def param_count(config: T5EncoderConfig) -> int:
