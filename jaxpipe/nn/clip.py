@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpipe.nn import hf
-from jaxpipe.nn.layers import compute_dtype
+from jaxpipe.nn.layers import check_sizes, compute_dtype
 from jaxpipe.nn.t5 import ACTIVATIONS
 
 __all__ = ["LOGICAL_AXES", "CLIPTextEncoder", "CLIPTextEncoderConfig", "load", "param_count", "pool_eos"]
@@ -63,11 +63,8 @@ class CLIPTextEncoderConfig:
     dtype: str = "float32"
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"CLIPTextEncoderConfig.{name} must be a positive int (got {value!r})")
+        check_sizes(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                           "max_position_embeddings"))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})")
         if self.hidden_act not in ACTIVATIONS:

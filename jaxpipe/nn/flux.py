@@ -34,7 +34,7 @@ from jaxpipe.nn.flux_blocks import (
     modulate,
     rope,
 )
-from jaxpipe.nn.layers import compute_dtype
+from jaxpipe.nn.layers import check_sizes, compute_dtype
 
 __all__ = ["LOGICAL_AXES", "RENAMES", "FluxCond", "FluxConfig", "FluxTransformer", "image_ids", "load"]
 
@@ -83,17 +83,10 @@ class FluxConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "axes_dims_rope", tuple(self.axes_dims_rope))
-        positive = ("patch_size", "in_channels", "attention_head_dim", "num_attention_heads", "joint_attention_dim", "pooled_projection_dim")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"FluxConfig.{name} must be a positive int (got {value!r})")
-        for name in ("num_layers", "num_single_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"FluxConfig.{name} must be a non-negative int (got {value!r})")
-        if self.out_channels is not None and (not isinstance(self.out_channels, int) or self.out_channels < 1):
-            raise ValueError(f"FluxConfig.out_channels must be None or a positive int (got {self.out_channels!r})")
+        check_sizes(self, ("patch_size", "in_channels", "attention_head_dim", "num_attention_heads", "joint_attention_dim",
+                           "pooled_projection_dim"))
+        check_sizes(self, ("num_layers", "num_single_layers"), minimum=0)
+        check_sizes(self, ("out_channels",), optional=True)
         if not isinstance(self.guidance_embeds, bool):
             raise ValueError(f"FluxConfig.guidance_embeds must be a bool (got {self.guidance_embeds!r})")
         axes = self.axes_dims_rope

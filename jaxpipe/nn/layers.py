@@ -76,6 +76,18 @@ class MLP(nnx.Module):
         return self.fc2(jax.nn.gelu(self.fc1(x)))
 
 
+def check_sizes(config, names, *, minimum: int = 1, optional: bool = False) -> None:
+    """Raise ``ValueError`` naming ``Config.field`` unless each of ``config``'s fields ``names`` is an int
+    ``>= minimum`` (bools refused), or ``None`` when ``optional``."""
+    what = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}") + (" or None" if optional else "")
+    for name in names:
+        value = getattr(config, name)
+        if optional and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{type(config).__name__}.{name} must be {what} (got {value!r})")
+
+
 def compute_dtype(name: str):
     """The jnp dtype for a config's ``dtype`` string (``"float32"`` or ``"bfloat16"``)."""
     allowed = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

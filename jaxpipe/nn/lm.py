@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpipe.nn.layers import MLP, compute_dtype
+from jaxpipe.nn.layers import MLP, check_sizes, compute_dtype
 
 __all__ = ["LMConfig", "KVCache", "RefinerLM", "MaskedLM"]
 
@@ -46,10 +46,7 @@ class LMConfig:
     dtype: str = "float32"
 
     def __post_init__(self):
-        for name in ("vocab_size", "dim", "depth", "heads", "max_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int (got {value!r})")
+        check_sizes(self, ("vocab_size", "dim", "depth", "heads", "max_len"))
         if self.dim % self.heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
         if not self.mlp_ratio > 0:

@@ -39,7 +39,7 @@ import numpy as np
 from einops import rearrange
 from flax import nnx
 
-from jaxpipe.nn.layers import MLP, compute_dtype, sincos_1d, sincos_grid
+from jaxpipe.nn.layers import MLP, check_sizes, compute_dtype, sincos_1d, sincos_grid
 
 __all__ = ["IMAGE", "LAYOUTS", "POLICIES", "TEXT", "MoT", "MoTCache", "MoTCond", "MoTConfig", "Routing"]
 
@@ -122,10 +122,7 @@ class MoTConfig:
             object.__setattr__(self, "routing", Routing(self.routing))
         if not isinstance(self.routing, Routing):
             raise TypeError(f"routing must be a Routing or one of {', '.join(POLICIES)} (got {self.routing!r})")
-        for name in ("vocab_size", "max_text", "latent_channels", "latent_size", "frames", "patch_size", "dim", "depth", "heads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int (got {value!r})")
+        check_sizes(self, ("vocab_size", "max_text", "latent_channels", "latent_size", "frames", "patch_size", "dim", "depth", "heads"))
         if self.dim % self.heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
         if self.latent_size % self.patch_size:

@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpipe.nn import hf
-from jaxpipe.nn.layers import compute_dtype
+from jaxpipe.nn.layers import check_sizes, compute_dtype
 
 __all__ = [
     "ACTIVATIONS",
@@ -94,10 +94,7 @@ class T5EncoderConfig:
     dtype: str = "float32"
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"T5EncoderConfig.{name} must be a positive int (got {value!r})")
+        check_sizes(self, ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"))
         buckets, distance = self.relative_attention_num_buckets, self.relative_attention_max_distance
         if not isinstance(buckets, int) or buckets < 4:
             raise ValueError(f"relative_attention_num_buckets must be an int >= 4 (got {buckets!r})")

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpipe.nn import hf
-from jaxpipe.nn.layers import compute_dtype
+from jaxpipe.nn.layers import check_sizes, compute_dtype
 from jaxpipe.nn.wan_blocks import (
     F32,
     WanRotaryPosEmbed,
@@ -98,13 +98,9 @@ class WanConfig:
             object.__setattr__(self, "out_channels", self.in_channels)
         if len(patch) != 3 or not all(_positive(p) for p in patch):
             raise ValueError(f"patch_size must be three positive ints (t, h, w) (got {self.patch_size!r})")
-        for name in ("num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "text_dim", "freq_dim",
-                     "ffn_dim", "num_layers", "rope_max_seq_len"):
-            if not _positive(getattr(self, name)):
-                raise ValueError(f"{name} must be a positive int (got {getattr(self, name)!r})")
-        for name in ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len"):
-            if getattr(self, name) is not None and not _positive(getattr(self, name)):
-                raise ValueError(f"{name} must be a positive int or None (got {getattr(self, name)!r})")
+        check_sizes(self, ("num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "text_dim", "freq_dim",
+                           "ffn_dim", "num_layers", "rope_max_seq_len"))
+        check_sizes(self, ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len"), optional=True)
         if self.attention_head_dim % 2:
             raise ValueError(f"attention_head_dim must be even for the 3-D RoPE (got {self.attention_head_dim})")
         if self.qk_norm != "rms_norm_across_heads":
