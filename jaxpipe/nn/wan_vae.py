@@ -242,14 +242,10 @@ class WanVAE(nnx.Module):
 def load(folder: str | Path, *, dtype: str = "float32") -> WanVAE:
     """A ``WanVAE`` with the weights of a diffusers ``AutoencoderKLWan`` folder (``config.json`` +
     safetensors); ``hf.KeyMappingError`` names any missing, unexpected or mis-shaped key."""
-    config = WanVAEConfig.from_json(hf.read_config(folder), dtype=dtype)
-    build = lambda _json: WanVAE(config, rngs=nnx.Rngs(0))
-    abstract = nnx.eval_shape(lambda: build(None))
-    flat = nnx.to_flat_state(nnx.state(abstract, nnx.Param))
-    # diffusers keeps RMS gammas broadcastable, (dim, 1, 1[, 1]); here they are flat.
-    gammas = {hf.torch_key(path, len(v.get_value().shape), RENAMES): _flatten for path, v in flat if path[-1] == "gamma"}
-    return hf.load_module(folder, build, renames=RENAMES, transforms=gammas)
+    build = lambda config: WanVAE(WanVAEConfig.from_json(config, dtype=dtype), rngs=nnx.Rngs(0))
+    return hf.load_module(folder, build, prepare=_flat_gammas, renames=RENAMES)
 
 
-def _flatten(value):
-    return value.reshape(-1)
+def _flat_gammas(tensors: dict) -> dict:
+    """diffusers keeps the RMS gammas broadcastable, ``(dim, 1, 1[, 1])``; here they are flat ``(dim,)``."""
+    return {key: value.reshape(-1) if key.endswith(".gamma") else value for key, value in tensors.items()}
