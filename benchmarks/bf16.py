@@ -15,7 +15,7 @@ sampler, log-probs and outputs float32), side by side in one process:
 * **time**: median wall ms of one denoiser call at a serving batch (``B`` rows), float32 and bfloat16
   interleaved; and of the whole default sampling call; plus, for ``flux-t2i``, one ``FlowGRPO.step``
   (``P × K`` rollout + update, ``--rl``; the bf16 step recomputes log-probs step by step, see
-  ``flow_grpo.generator_stats``). Compile = first call.
+  ``rollout.generator_stats``). Compile = first call.
 
     python benchmarks/bf16.py            # full run; refreshes the "bf16" section of RESULTS.md
     python benchmarks/bf16.py --quick    # smoke test: fewer prompts and repeats, prints only

@@ -18,7 +18,7 @@ What runs in which dtype under ``"bfloat16"``:
 
 ``networks=("dit",)`` changes only the transformer: a bfloat16 denoiser next to a float32 text
 encoder, autoencoder and refiner LM. That matters for joint RL: the denoiser's log-prob recompute
-is the rollout's own bfloat16 program (``flow_grpo.generator_stats``: exact, ratio == 1), but an
+is the rollout's own bfloat16 program (``rollout.generator_stats``: exact, ratio == 1), but an
 LM's is not (the rollout decodes token by token with a KV cache, the recompute is one causal
 forward), so a bfloat16 LM's token ratio starts ~1e-3 off 1 (measured on the bundled unified: 1.4e-3;
 float32: 1e-6).
@@ -98,6 +98,13 @@ def _replace_dtype(config, dtype: str, selected: frozenset[str] | None, path: st
     if "dtype" in fields and isinstance(config.dtype, str) and chosen and config.dtype != dtype:
         changes["dtype"] = dtype
     return dataclasses.replace(config, **changes) if changes else config
+
+
+def module_dtype(module: Any) -> str:
+    """A network's compute dtype name, from its config (the digits networks keep it as ``cfg``, the
+    real, reference-named ones as ``config``); ``"float32"`` for a module without one."""
+    config = getattr(module, "cfg", None) or getattr(module, "config", None)
+    return getattr(config, "dtype", "float32")
 
 
 def cast_params(card: Card, dtype: str) -> Card:

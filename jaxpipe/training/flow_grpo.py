@@ -55,7 +55,6 @@ __all__ = [
     "FlowGRPO",
     "KL_CONVENTIONS",
     "generator_loss",
-    "generator_stats",
     "generator_update",
     "generator_minibatch_update",
     "scorer_reward",
@@ -186,30 +185,6 @@ def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> RewardFn
     return reward
 
 
-def _below_float32(models) -> bool:
-    models = models if isinstance(models, (tuple, list)) else (models,)
-    # the digits networks keep their config as ``cfg``, the real (diffusers-named) ones as ``config``
-    config = lambda m: getattr(m, "cfg", None) or getattr(m, "config", None)
-    return any(getattr(config(m), "dtype", "float32") != "float32" for m in models)
-
-
-def generator_stats(models, generated: rollout.Generated, sampling: denoise.DenoiseConfig) -> tuple[jax.Array, jax.Array]:
-    """``rollout.generator_stats``: ``(S, B)`` log-probs and ``(S, B, ...)`` SDE means of the captured steps
-    under ``models``. When a denoiser computes below float32, the steps are recomputed one after another
-    (``lax.map`` over time) instead of ``vmap``ped: each network call then has the rollout's own shapes,
-    so it is the same bfloat16 program and reproduces the captured log-probs exactly (C2). A vmap over
-    time reshapes every matmul, and one flipped bfloat16 rounding moves a log-prob by ~1e-3 (measured on
-    the bundled flux-t2i: 8e-4), as large as the PPO clip (``clip_eps`` 1e-3)."""
-    if not _below_float32(models):
-        return rollout.generator_stats(models, generated, sampling)
-    def one_step(transition: denoise.Transition):
-        alone = generated._replace(trajectory=jax.tree.map(lambda a: a[None], transition))  # a 1-step trajectory
-        return rollout.generator_stats(models, alone, sampling)
-
-    log_prob, mean = jax.lax.map(one_step, generated.trajectory)
-    return log_prob[:, 0], mean[:, 0]
-
-
 def generator_loss(
     models,
     reference,
@@ -223,9 +198,9 @@ def generator_loss(
     ``sampling``: the rollout's policy (default ``config.sampling``). Differentiable in ``models``;
     ``advantages`` ``(B,)``."""
     sampling = config.sampling if sampling is None else sampling
-    log_prob, mean = generator_stats(models, generated, sampling)
+    log_prob, mean = rollout.generator_stats(models, generated, sampling)
     if config.beta > 0:
-        _, mean_ref = generator_stats(reference, generated, sampling)
+        _, mean_ref = rollout.generator_stats(reference, generated, sampling)
         mean_ref = jax.lax.stop_gradient(mean_ref)
     else:
         mean_ref = jax.lax.stop_gradient(mean)
@@ -367,8 +342,8 @@ class FlowGRPO:
 
     def step_stats(self, params: nnx.State, frozen: nnx.State, ro: Rollout) -> tuple[jax.Array, jax.Array]:
         """Per captured step ``(S, B)`` log-probs and ``(S, B, ...)`` SDE means of the rollout's samples
-        under ``params`` (teacher-forced, the trainer's own batching: ``generator_stats``)."""
-        return generator_stats(self._models_of(frozen)(params), ro.generated, self.sampling)
+        under ``params`` (teacher-forced, the trainer's own batching: ``rollout.generator_stats``)."""
+        return rollout.generator_stats(self._models_of(frozen)(params), ro.generated, self.sampling)
 
     def _update(self, state: FlowGRPOState, ro: Rollout, key: jax.Array | None = None) -> tuple[FlowGRPOState, dict]:
         """Every update the rollout feeds (``config.schedule``; ``key`` orders the minibatches), then the

@@ -19,6 +19,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxpipe import precision
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.loops import ar, denoise
 from jaxpipe.program import Execution, Program, Settings, execute
@@ -106,10 +107,25 @@ def take_rows(generated: Generated, rows: jax.Array) -> Generated:
 
 def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfig) -> tuple[jax.Array, jax.Array]:
     """``(S, B)`` log-probs and ``(S, B, ...)`` SDE means of the captured steps under ``models``
-    (the loop's bound denoiser(s)); ``sampling.guidance`` must be 1 (the recompute is then faithful)."""
+    (the loop's bound denoiser(s)); ``sampling.guidance`` must be 1 (the recompute is then faithful).
+
+    Float32 denoisers are recomputed ``vmap``ped over time. One computing below float32 is recomputed
+    step after step (``lax.map`` over time): each network call then has the rollout's own shapes, so it
+    is the same bfloat16 program and reproduces the captured log-probs exactly (C2). A vmap over time
+    reshapes every matmul, and one flipped bfloat16 rounding moves a log-prob by ~1e-3 (measured on the
+    bundled flux-t2i: 8e-4), as large as the PPO clip."""
     if sampling.guidance != 1.0:
         raise ValueError(f"RL rollouts sample at guidance 1 so the log-prob recompute is faithful (got {sampling.guidance})")
-    return denoise.trajectory_stats(models, generated.trajectory, generated.cond, sampling)
+    bound = models if isinstance(models, (tuple, list)) else (models,)
+    if all(precision.module_dtype(m) == "float32" for m in bound):
+        return denoise.trajectory_stats(models, generated.trajectory, generated.cond, sampling)
+
+    def one_step(transition: denoise.Transition) -> tuple[jax.Array, jax.Array]:
+        alone = jax.tree.map(lambda a: a[None], transition)  # a 1-step trajectory
+        return denoise.trajectory_stats(models, alone, generated.cond, sampling)
+
+    log_prob, mean = jax.lax.map(one_step, generated.trajectory)
+    return log_prob[:, 0], mean[:, 0]
 
 
 def token_log_probs(llm: ar.Decoder, refinement: ar.Continuation) -> jax.Array:
