@@ -153,9 +153,8 @@ def load_into(
     unexpected = set(tensors) - used
     if missing or misshaped or unexpected:
         raise KeyMappingError(where, missing, unexpected, misshaped)
-    for var, value in updates:
+    for var, value in updates:  # the state's Variables are the module's own: this writes the module
         var.set_value(value)
-    nnx.update(module, nnx.from_flat_state(flat))
     return module
 
 

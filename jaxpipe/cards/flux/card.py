@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
+
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
@@ -44,9 +46,8 @@ class Tokenizers:
     clip_length: int
     t5_length: int
 
-    def encode(self, prompts: list[str]):
-        import numpy as np
-
+    def encode(self, prompts: list[str]) -> np.ndarray:
+        """``(B, clip_length + t5_length)`` int32 ids of ``prompts``."""
         if self.clip is None or self.t5 is None:
             raise ValueError("this FLUX card has no tokenizer.json files: pass token ids directly (jaxpipe.cards.flux.ids)")
         clip_ids, _ = self.clip.load()(prompts, self.clip_length)
@@ -152,14 +153,12 @@ class Config:
             schedule=folder.schedule(),
             guidance=3.5 if transformer.guidance_embeds else None,
             max_sequence_length=512 if transformer.guidance_embeds else 256,
-            clip_length=77,
             height=1024,
             width=1024,
             num_steps=28 if transformer.guidance_embeds else 4,
             **tokenizers,
         )
-        text = fields["text_encoder"]
-        fields["clip_length"] = min(77, text.max_position_embeddings)
+        fields["clip_length"] = min(77, fields["text_encoder"].max_position_embeddings)  # FluxPipeline's CLIP length
         return cls(**{**fields, **overrides})
 
 
