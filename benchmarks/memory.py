@@ -59,10 +59,11 @@ def models():
     }
 
 
-def _bytes(network, table, mesh, dtype_bytes: int) -> float:
+def _bytes(network, table, mesh, dtype: str) -> float:
+    """Bytes per device of ``network``'s parameters stored in ``dtype`` and placed by ``table`` under FSDP_TP."""
     params = nnx.state(network, nnx.Param)
     shardings = distributed.param_shardings(mesh, params, table, distributed.FSDP_TP)
-    as_dtype = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, {2: "bfloat16", 4: "float32"}[dtype_bytes]), params)
+    as_dtype = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, dtype), params)
     return distributed.memory_per_device(as_dtype, shardings)
 
 
@@ -74,9 +75,10 @@ def table() -> list[tuple[str, int, dict[str, tuple[float, float]]]]:
         cells = {}
         for label, (data, model) in MESHES.items():
             mesh = AbstractMesh((data, 1, model), distributed.AXES)
-            frozen_bf16 = sum(_bytes(n, t, mesh, 2) for n, t in frozen)
-            serve = sum(_bytes(n, t, mesh, 2) for n, t in trained) + frozen_bf16
-            rl = sum(4 * _bytes(n, t, mesh, 4) for n, t in trained) + frozen_bf16
+            frozen_bf16 = sum(_bytes(n, t, mesh, "bfloat16") for n, t in frozen)
+            serve = sum(_bytes(n, t, mesh, "bfloat16") for n, t in trained) + frozen_bf16
+            # params, Adam's mu and nu, and the reference: four float32 copies of the trained transformer(s)
+            rl = sum(4 * _bytes(n, t, mesh, "float32") for n, t in trained) + frozen_bf16
             cells[label] = (serve / GB, rl / GB)
         rows.append((name, count, cells))
     return rows
