@@ -44,8 +44,10 @@ def _in_batches(fn, n: int, batch: int, bar=None, should_stop: Callable[[], bool
 
 
 def _denoise_defaults(card: Card):
-    """The card's (first) denoise loop settings: what ``num_steps=None`` / ``guidance=None`` mean."""
-    return next(card.spec.loop(l).config for l in card.spec.recipe if card.spec.loop(l).kind == "denoise")
+    """The settings of the card's first sampling loop (``denoise``, ``chunk_rollout``, ...): what
+    ``num_steps=None`` / ``guidance=None`` mean."""
+    return next(card.spec.loop(l).config for l in card.spec.recipe
+                if hasattr(card.spec.loop(l).config, "num_steps") and hasattr(card.spec.loop(l).config, "guidance"))
 
 
 def t2i_quality(
@@ -257,15 +259,22 @@ def thinking_quality(card: Card, scorer: Card, *, samples: int = 200, seed: int 
     return out
 
 
+def _reasons(card: Card) -> bool:
+    """Whether the card's program returns a reasoned caption (``reasoned_text``, e.g. ``cosmos3``)."""
+    return any(name == "reasoned_text" for name, _ in registry.default_program(card).texts)
+
+
 def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, num_steps: int | None = None,
                 guidance: float | None = None, batch: int = 50, progress: bool = False,
                 should_stop: Callable[[], bool] | None = None) -> dict:
-    """Text-to-video (a card whose program reasons first, ``cosmos3``), judged by motion and by ``scorer``.
+    """Text-to-video (``wan-t2v``, ``ltx2-two-stage``, ``wan22-moe``, ``wan-causal``, ``cosmos3``), judged by
+    motion and by ``scorer`` (``progress`` and ``should_stop`` as in ``t2i_quality``).
 
     ``full``: prompts naming digit and motion (``"seven moving right"``): the video moves as told
-    and shows the digit (first and last frame). ``digit_only``: the prompt names the digit alone and
-    the card reasons a motion: how often the reasoned caption names one, and how often the video
-    moves as its own reasoning says.
+    (overall and per direction) and shows the digit (first and last frame). Cards that reason a
+    caption first (``cosmos3``) are also judged on ``digit_only``: the prompt names the digit alone
+    and the card reasons a motion: how often the reasoned caption names one, and how often the
+    video moves as its own reasoning says.
     """
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")
@@ -273,16 +282,20 @@ def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, 
     digit = rng.integers(0, 10, samples)
     motion = rng.integers(0, len(digits.MOTION_NAMES), samples)
     seeds = [seed * 100_003 + i for i in range(samples)]
-    out = {"samples": samples, "num_steps": num_steps or _denoise_defaults(card).num_steps,
-           "guidance": guidance or _denoise_defaults(card).guidance}
-    with progress_bar(total=2 * samples, desc=f"{card.model_id} videos", disable=not progress) as bar:
-        for mode, prompts in (("full", [digits.caption(int(d), motion=int(m)) for d, m in zip(digit, motion)]),
-                              ("digit_only", [digits.caption(int(d)) for d in digit])):
+    defaults = _denoise_defaults(card)
+    out = {"samples": samples, "num_steps": num_steps or defaults.num_steps, "guidance": guidance or defaults.guidance}
+    modes = [("full", [digits.caption(int(d), motion=int(m)) for d, m in zip(digit, motion)])]
+    reasons = _reasons(card)
+    if reasons:
+        modes.append(("digit_only", [digits.caption(int(d)) for d in digit]))
+    with progress_bar(total=len(modes) * samples, desc=f"{card.model_id} videos", disable=not progress) as bar:
+        for mode, prompts in modes:
             texts: list[str] = []
 
             def render(s, prompts=prompts, texts=texts):
                 res = generate(card, prompts[s], seed=seeds[s], num_steps=num_steps, guidance=guidance)
-                texts.extend(res["reasoned_text"])
+                if reasons:
+                    texts.extend(res["reasoned_text"])
                 return res["video"]
 
             videos = _in_batches(render, samples, batch, bar, should_stop)
@@ -290,9 +303,14 @@ def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, 
             first = np.asarray(digit_scorer.predict(scorer, videos[:, 0] * 2.0 - 1.0)["digit"])
             last = np.asarray(digit_scorer.predict(scorer, videos[:, -1] * 2.0 - 1.0)["digit"])
             result = {"first_frame_digit_accuracy": float(np.mean(first == digit)),
-                      "last_frame_digit_accuracy": float(np.mean(last == digit)), "examples": texts[:5]}
+                      "last_frame_digit_accuracy": float(np.mean(last == digit))}
+            if reasons:
+                result["examples"] = texts[:5]
             if mode == "full":
-                result["motion_accuracy"] = float(np.mean(_moves_as_told(centroids[:, -1] - centroids[:, 0], motion)))
+                ok = _moves_as_told(centroids[:, -1] - centroids[:, 0], motion)
+                result["motion_accuracy"] = float(np.mean(ok))
+                result["motion_accuracy_by_direction"] = {
+                    name: float(np.mean(ok[motion == m])) for m, name in enumerate(digits.MOTION_NAMES) if np.any(motion == m)}
             else:
                 said = np.array([digits.parse_caption(t)["motion"] if _parses(t) else None for t in texts], dtype=object)
                 named = np.array([m is not None for m in said])

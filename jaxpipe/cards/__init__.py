@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from jaxpipe.card import Card
-from jaxpipe.cards import digit_scorer, flux, flux_t2i, generator, multi_expert, registry, unified, wan, wan_i2v
+from jaxpipe.cards import digit_scorer, flux, flux_t2i, generator, multi_expert, registry, unified, wan, wan_i2v, wan_t2v
 from jaxpipe.cards.checkpoint import load_card, save_card
 from jaxpipe.cards.family import Family, FlowData
 from jaxpipe.cards.registry import family, family_of, stacked_components
@@ -65,5 +65,5 @@ def load(model_id_or_path: str | os.PathLike, **kwargs) -> Card:
 __all__ = [
     "ASSETS", "Family", "FlowData", "available", "build", "buildable", "digit_scorer", "family", "family_of", "flux", "flux_t2i",
     "generator", "load", "load_card", "multi_expert", "register_family", "registry", "save_card", "stacked_components",
-    "unified", "unregister_family", "wan", "wan_i2v",
+    "unified", "unregister_family", "wan", "wan_i2v", "wan_t2v",
 ]

@@ -9,7 +9,7 @@ that needs to know a family — checkpoints, the engine's default program, per-e
 from __future__ import annotations
 
 from jaxpipe.card import Card
-from jaxpipe.cards import bagel_mot, cosmos3, digit_scorer, flux, flux_t2i, multi_expert, unified, wan, wan_i2v
+from jaxpipe.cards import bagel_mot, cosmos3, digit_scorer, flux, flux_t2i, multi_expert, unified, wan, wan_i2v, wan_t2v
 from jaxpipe.cards.family import Family
 from jaxpipe.program import Program
 
@@ -18,6 +18,7 @@ __all__ = ["BUNDLED", "FAMILIES", "register", "unregister", "family", "family_of
 BUNDLED: tuple[Family, ...] = (
     flux_t2i.FAMILY,
     wan_i2v.FAMILY,
+    wan_t2v.FAMILY,
     unified.FAMILY,
     multi_expert.FAMILY,
     digit_scorer.FAMILY,

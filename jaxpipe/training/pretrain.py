@@ -2,9 +2,12 @@
 
     python -m jaxpipe.training.pretrain flux-t2i --out jaxpipe/assets/flux-t2i
     python -m jaxpipe.training.pretrain wan-i2v  --out jaxpipe/assets/wan-i2v
+    python -m jaxpipe.training.pretrain wan-t2v  --steps 3000 --out jaxpipe/assets/wan-t2v
 
 Each command trains the autoencoder on train-split digits, fits its latent statistics, then
-trains the text encoder and DiT by flow matching (``Finetune``) — fixed seeds, so the same
+trains the text encoder and DiT by flow matching (``Finetune``); a card with a ``START_FROM``
+entry (``wan-t2v``) instead starts from a bundled card of the same sizes (all of its components,
+the autoencoder frozen as trained) and only learns what is new (``wan-t2v``: motion) — fixed seeds, so the same
 machine reproduces the same weights — and writes the card with ``save_card`` plus
 ``metrics.jsonl`` (one line per step) and ``pretrain.json`` (the settings and timings).
 """
@@ -45,6 +48,14 @@ class PretrainConfig:
     learning_rate: float = 1e-3
     copies: int = 8
     drop: float = 0.3
+
+
+START_FROM = {"wan-t2v": "flux-t2i"}
+"""Cards whose pretraining starts from a bundled card with the same component sizes: ``wan-t2v``
+learns motion on top of ``flux-t2i``'s text encoder, DiT (the same network: an image is a
+1-frame video) and autoencoder (which codes each frame on its own)."""
+
+VIDEO_CARDS = ("wan-i2v", "wan-t2v")
 
 
 def _as_arrays(batches):
@@ -100,9 +111,9 @@ def generator_data(model_id: str, cfg: PretrainConfig):
     images, labels = digits.load_images("train")
     if model_id == "flux-t2i":
         return digits.augment(images, labels, seed=cfg.seed, copies=cfg.copies, drop=cfg.drop)
-    if model_id == "wan-i2v":
+    if model_id in VIDEO_CARDS:
         return digits.concat([digits.make_videos(images, labels, seed=cfg.seed + i) for i in range(cfg.copies)])
-    raise ValueError(f"no pretraining recipe for {model_id!r}; use 'flux-t2i' or 'wan-i2v'")
+    raise ValueError(f"no pretraining recipe for {model_id!r}; use one of {['flux-t2i', *VIDEO_CARDS]}")
 
 
 def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfig = PretrainConfig()) -> Card:
@@ -116,8 +127,12 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
     start = time.perf_counter()
     card = cards.build(model_id, seed=cfg.seed, config=registry.by_model_id(model_id).config.bundled())
     data = generator_data(model_id, cfg)
-    card = card.replace(vae=train_autoencoder(card["vae"], cfg, out))
-    timings["autoencoder_s"] = time.perf_counter() - start
+    if model_id in START_FROM:
+        base = cards.load(START_FROM[model_id])
+        card = card.replace(**{name: base[name] for name in card.components})
+    else:
+        card = card.replace(vae=train_autoencoder(card["vae"], cfg, out))
+        timings["autoencoder_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
     method = Finetune(card, FinetuneConfig(learning_rate=cfg.learning_rate, total_steps=cfg.steps))
@@ -125,7 +140,7 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
     state, history = fit(
         method.step,
         method.init(),
-        array_batches(arrays, cfg.video_batch_size if model_id == "wan-i2v" else cfg.batch_size, seed=cfg.seed + 1),
+        array_batches(arrays, cfg.video_batch_size if model_id in VIDEO_CARDS else cfg.batch_size, seed=cfg.seed + 1),
         steps=cfg.steps,
         key=jax.random.key(cfg.seed + 1),
         metrics_path=None if out is None else out / "metrics.jsonl",
@@ -136,7 +151,8 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
     if out is not None:
         save_card(card, out)
         final = float(np.mean([h["loss"] for h in history[-100:]]))
-        report = {"model_id": model_id, "settings": config_to_dict(cfg), "final_loss": final, **timings,
+        report = {"model_id": model_id, "settings": config_to_dict(cfg), "start_from": START_FROM.get(model_id),
+                  "final_loss": final, **timings,
                   "jax": jax.__version__, "backend": jax.default_backend()}
         (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
     return card
@@ -144,7 +160,7 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Pretrain a bundled generator card on the digits world.")
-    parser.add_argument("model_id", choices=["flux-t2i", "wan-i2v"])
+    parser.add_argument("model_id", choices=["flux-t2i", *VIDEO_CARDS])
     parser.add_argument("--out", required=True, help="directory to write the card to")
     defaults = PretrainConfig()
     for field in dataclasses.fields(PretrainConfig):
