@@ -13,7 +13,12 @@ loop (``run`` or the engine).
 
 Sampling policies are static (``DenoiseConfig``) and compose as small pure pieces
 (``jaxpipe.loops.policies``): routing, guidance (``guidance == 1`` runs one forward, otherwise
-CFG) and the sampler (Euler, or the FlowGRPO SDE inside its window). Under ``capture=True``
+CFG; ``stg > 0`` adds spatio-temporal guidance) and the sampler (Euler, or the FlowGRPO SDE inside
+its window).
+
+A loop may start part-way down the noise ladder (``start_sigma = σ₀ < 1``, e.g. a refine stage
+that re-noises upsampled latents): its schedule is ``σ₀ · flow_sigmas(N, shift)`` and
+``init_from_latents`` starts it from ``σ₀·ε + (1 - σ₀)·x0``. Under ``capture=True``
 ``run`` also returns the ``Transition`` of every captured step (the SDE window), stacked on a
 leading time axis; serving compiles without it.
 """
@@ -42,6 +47,8 @@ __all__ = [
     "Driver",
     "DRIVER",
     "init",
+    "init_from_latents",
+    "schedule",
     "step",
     "run",
     "velocity",
@@ -70,7 +77,10 @@ class DenoiseConfig:
     ``"sde"``; noise_level: the SDE's η; sde_window: ``(i, j)`` runs SDE only on steps
     ``[i, j)`` (``None``: every step); guidance: CFG scale (1 = no guidance, one forward);
     router: which bound denoiser each request uses at its noise level (``policies.Single()``
-    for a loop binding one).
+    for a loop binding one); stg: spatio-temporal guidance scale (0 = off) with stg_blocks the
+    DiT blocks whose self-attention its perturbed forward skips (``policies.STG``); start_sigma:
+    the first noise level σ₀ in (0, 1] (the schedule is ``σ₀ · flow_sigmas(num_steps, shift)``;
+    below 1 the loop starts from latents, ``init_from_latents``).
     """
 
     num_steps: int = 8
@@ -80,6 +90,9 @@ class DenoiseConfig:
     sde_window: tuple[int, int] | None = None
     guidance: float = 1.0
     router: policies.Router = policies.Single()
+    stg: float = 0.0
+    stg_blocks: tuple[int, ...] = ()
+    start_sigma: float = 1.0
 
     def __post_init__(self):
         if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps <= 0:
@@ -99,6 +112,16 @@ class DenoiseConfig:
                     f"sde_window must be (i, j) with 0 <= i < j <= num_steps={self.num_steps} (got {self.sde_window})"
                 )
             object.__setattr__(self, "sde_window", window)
+        if not math.isfinite(self.stg) or self.stg < 0:
+            raise ValueError(f"stg (the spatio-temporal guidance scale) must be a finite number >= 0 (got {self.stg})")
+        blocks = tuple(self.stg_blocks)
+        if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0 for i in blocks):
+            raise ValueError(f"stg_blocks must be non-negative DiT block indices (got {self.stg_blocks!r})")
+        object.__setattr__(self, "stg_blocks", tuple(int(i) for i in blocks))
+        if self.stg > 0 and not blocks:
+            raise ValueError(f"stg={self.stg} needs stg_blocks: the blocks whose self-attention the perturbed forward skips")
+        if not math.isfinite(self.start_sigma) or not 0.0 < self.start_sigma <= 1.0:
+            raise ValueError(f"start_sigma (the first noise level σ₀) must be in (0, 1] (got {self.start_sigma})")
         hash(self.router)
 
     @property
@@ -109,9 +132,9 @@ class DenoiseConfig:
         return (0, self.num_steps)
 
     @property
-    def guide(self) -> policies.Unguided | policies.CFG:
-        """The guidance policy (``policies.guidance(self.guidance)``)."""
-        return policies.guidance(self.guidance)
+    def guide(self) -> policies.Unguided | policies.CFG | policies.STG:
+        """The guidance policy (``policies.guidance(self.guidance, self.stg, self.stg_blocks)``)."""
+        return policies.guidance(self.guidance, self.stg, self.stg_blocks)
 
     @property
     def window(self) -> policies.SDEWindow:
@@ -157,14 +180,19 @@ def _as_models(models) -> tuple:
     return tuple(models) if isinstance(models, (tuple, list)) else (models,)
 
 
-def init(
-    keys: jax.Array, latent_shape: Sequence[int], cond: Any, config: DenoiseConfig, uncond: Any = None
-) -> DenoiseState:
-    """Start ``B = len(keys)`` requests from pure noise of per-request ``latent_shape`` (e.g. ``(T, h, w, C)``).
+def schedule(config: DenoiseConfig) -> jax.Array:
+    """The loop's sigmas ``(num_steps + 1,)``: ``start_sigma · flow_sigmas(num_steps, shift)``, from σ₀ down to 0."""
+    sigmas = samplers.flow_sigmas(config.num_steps, config.shift)
+    # σ₀ = 1 multiplies by nothing, so the full schedule keeps its bits exactly.
+    return sigmas if config.start_sigma == 1.0 else jnp.float32(config.start_sigma) * sigmas
 
-    ``keys`` are per-request PRNG keys ``(B,)`` (e.g. ``jax.random.key(seed)`` stacked): the same
-    key gives the same request whatever else is in the batch. ``cond`` (and ``uncond``, required
-    when ``config.guidance != 1``) are pytrees whose leaves all have leading axis ``B``.
+
+def _start_noise(
+    keys: jax.Array, latent_shape: Sequence[int], cond: Any, config: DenoiseConfig, uncond: Any
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Check a loop's start; ``(noise (B, *latent_shape), per-step keys (B,), sigmas (B, N+1))``.
+
+    The noise is drawn from the first half of each request key's split, the step keys are the second.
     """
     keys = jnp.asarray(keys)
     if not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) or keys.ndim != 1:
@@ -179,8 +207,45 @@ def init(
         chex.assert_trees_all_equal_structs(cond, uncond)
         chex.assert_tree_shape_prefix(uncond, (b,))
     init_keys, step_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
-    x = jax.vmap(lambda k: jax.random.normal(k, tuple(latent_shape), jnp.float32))(init_keys)
-    sigmas = jnp.broadcast_to(samplers.flow_sigmas(config.num_steps, config.shift), (b, config.num_steps + 1))
+    noise = jax.vmap(lambda k: jax.random.normal(k, tuple(latent_shape), jnp.float32))(init_keys)
+    sigmas = jnp.broadcast_to(schedule(config), (b, config.num_steps + 1))
+    return noise, step_keys, sigmas
+
+
+def init(
+    keys: jax.Array, latent_shape: Sequence[int], cond: Any, config: DenoiseConfig, uncond: Any = None
+) -> DenoiseState:
+    """Start ``B = len(keys)`` requests from pure noise of per-request ``latent_shape`` (e.g. ``(T, h, w, C)``).
+
+    ``keys`` are per-request PRNG keys ``(B,)`` (e.g. ``jax.random.key(seed)`` stacked): the same
+    key gives the same request whatever else is in the batch. ``cond`` (and ``uncond``, required
+    when the config's guidance needs it) are pytrees whose leaves all have leading axis ``B``.
+    A loop with ``start_sigma < 1`` starts from latents instead (``init_from_latents``).
+    """
+    if config.start_sigma != 1.0:
+        raise ValueError(
+            f"start_sigma={config.start_sigma} starts part-way down the schedule, from latents: use init_from_latents"
+        )
+    x, step_keys, sigmas = _start_noise(keys, latent_shape, cond, config, uncond)
+    b = x.shape[0]
+    return DenoiseState(x=x, sigmas=sigmas, step=jnp.zeros((b,), jnp.int32), key=step_keys, cond=cond, uncond=uncond)
+
+
+def init_from_latents(keys: jax.Array, x0: jax.Array, cond: Any, config: DenoiseConfig, uncond: Any = None) -> DenoiseState:
+    """Start ``B = len(keys)`` requests from clean latents ``x0`` ``(B, *latent_shape)`` re-noised to
+    σ₀ = ``config.start_sigma``: ``x = σ₀·ε + (1 - σ₀)·x0`` (the flow-matching interpolant at σ₀).
+
+    ``ε`` is drawn from each request key exactly as ``init`` draws its noise (and the step keys
+    likewise), so at σ₀ = 1 this is ``init``. The schedule is ``schedule(config)``, from σ₀.
+    ``cond`` / ``uncond`` as in ``init``.
+    """
+    x0 = jnp.asarray(x0)
+    noise, step_keys, sigmas = _start_noise(keys, x0.shape[1:], cond, config, uncond)
+    b = noise.shape[0]
+    if x0.ndim < 2 or x0.shape[0] != b:
+        raise ValueError(f"x0 must be (B, *latent_shape) with B = len(keys) = {b} (got {x0.shape})")
+    s = jnp.float32(config.start_sigma)
+    x = s * noise + (1.0 - s) * x0.astype(jnp.float32)
     return DenoiseState(x=x, sigmas=sigmas, step=jnp.zeros((b,), jnp.int32), key=step_keys, cond=cond, uncond=uncond)
 
 
@@ -297,7 +362,7 @@ class Driver:
     """Drives ``denoise`` loops for the engine and the program (all functions pure, jittable).
 
     Mixed step counts share a batch by **padding the schedule**: a request with ``n`` steps gets
-    the sigma row ``[flow_sigmas(n), 0, ..., 0]`` of a common width ``W + 1`` (``schedule``); its
+    the sigma row ``[schedule(config), 0, ..., 0]`` of a common width ``W + 1`` (``schedule``); its
     steps read exactly the sigmas they read unpadded, and the engine, which knows each request's
     ``n``, retires it after its ``n``-th step (``deactivate`` then sets its step index to ``W``, so
     the pure ``step`` leaves the row unchanged). A batch starts with ``batch_config`` (``num_steps
@@ -340,7 +405,7 @@ class Driver:
 
     def schedule(self, config: DenoiseConfig, width: int) -> np.ndarray:
         """One request's sigma row ``(width + 1,)``: its own schedule, then zeros."""
-        return _padded_sigmas(config.num_steps, config.shift, width)
+        return _padded_sigmas(config.num_steps, config.shift, width, config.start_sigma)
 
     def with_schedule(self, state: DenoiseState, schedule: jax.Array) -> DenoiseState:
         if schedule.shape != state.sigmas.shape:
@@ -366,13 +431,13 @@ DRIVER = Driver()
 
 
 @functools.lru_cache(maxsize=256)
-def _padded_sigmas(num_steps: int, shift: float, width: int) -> np.ndarray:
+def _padded_sigmas(num_steps: int, shift: float, width: int, start_sigma: float = 1.0) -> np.ndarray:
     if width < num_steps:
         raise ValueError(f"cannot pad a {num_steps}-step schedule to {width} steps")
     row = np.zeros((width + 1,), np.float32)
-    row[: num_steps + 1] = np.asarray(_flow_sigmas_jit(num_steps, shift))
+    row[: num_steps + 1] = np.asarray(_schedule_jit(DenoiseConfig(num_steps, shift, start_sigma=start_sigma)))
     row.flags.writeable = False
     return row
 
 
-_flow_sigmas_jit = jax.jit(samplers.flow_sigmas, static_argnums=(0, 1))
+_schedule_jit = jax.jit(schedule, static_argnums=0)

@@ -9,6 +9,7 @@ frame's tokens, with a flag channel marking frame 0.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import chex
@@ -91,21 +92,39 @@ class DiTBlock(nnx.Module):
         self.mlp = MLP(cfg.dim, int(cfg.dim * cfg.mlp_ratio), dtype=dtype, rngs=rngs)
         self.ada = _zero_linear(cfg.dim, 6 * cfg.dim, dtype, rngs)
 
-    def __call__(self, h, c, context, context_mask):
+    def __call__(self, h, c, context, context_mask, skip_attn=None):
+        """``skip_attn`` ``(B,)`` bool (or ``None``): rows whose self-attention residual is dropped (STG's perturbed forward)."""
         shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(self.ada(jax.nn.silu(c)), 6, axis=-1)
-        h = h + gate1[:, None] * self.attn(_modulate(self.norm1(h), shift1, scale1))
+        attn = gate1[:, None] * self.attn(_modulate(self.norm1(h), shift1, scale1))
+        if skip_attn is not None:
+            attn = jnp.where(skip_attn[:, None, None], jnp.zeros_like(attn), attn)
+        h = h + attn
         h = h + self.cross(self.norm_cross(h), context, context_mask)
         return h + gate2[:, None] * self.mlp(_modulate(self.norm2(h), shift2, scale2))
 
 
 class DiTCond(NamedTuple):
     """What a ``DiT`` conditions on (the ``cond`` of the denoiser protocol): text ``context``
-    ``(B, L, text_dim)`` with ``context_mask`` ``(B, L)``, and an optional ``first_frame`` latent
-    ``(B, h, w, C)`` for image-to-video."""
+    ``(B, L, text_dim)`` with ``context_mask`` ``(B, L)``, an optional ``first_frame`` latent
+    ``(B, h, w, C)`` for image-to-video, and optional ``skip_blocks`` ``(B, K)`` int32: per row, the
+    blocks whose self-attention is skipped (padded with -1; spatio-temporal guidance's perturbed
+    forward). Being data, one compiled forward serves rows with different skips."""
 
     context: jax.Array
     context_mask: jax.Array
     first_frame: jax.Array | None = None
+    skip_blocks: jax.Array | None = None
+
+    def skipping(self, blocks: Sequence[int], width: int | None = None) -> "DiTCond":
+        """This conditioning with self-attention skipped in ``blocks`` on every row: ``skip_blocks``
+        ``(B, width)`` (default ``len(blocks)``) holding ``blocks`` then -1 padding. ``skipping((), k)``
+        skips nothing and computes the plain forward."""
+        blocks = tuple(int(i) for i in blocks)
+        width = len(blocks) if width is None else width
+        if any(i < 0 for i in blocks) or width < len(blocks):
+            raise ValueError(f"blocks must be non-negative block indices, at most width={width} of them (got {blocks})")
+        row = jnp.asarray(blocks + (-1,) * (width - len(blocks)), jnp.int32)
+        return self._replace(skip_blocks=jnp.broadcast_to(row, (self.context.shape[0], width)))
 
 
 class DiT(nnx.Module):
@@ -151,9 +170,11 @@ class DiT(nnx.Module):
         context: jax.Array,
         context_mask: jax.Array | None = None,
         first_frame: jax.Array | None = None,
+        skip_blocks: jax.Array | None = None,
     ) -> jax.Array:
         """Velocity ``(B, T, H, W, C)`` float32 for latents ``x``, noise level ``sigma`` (scalar or ``(B,)``),
-        text ``context`` ``(B, L, text_dim)`` with ``context_mask`` ``(B, L)``, optional ``first_frame`` ``(B, H, W, C)``."""
+        text ``context`` ``(B, L, text_dim)`` with ``context_mask`` ``(B, L)``, optional ``first_frame`` ``(B, H, W, C)``
+        and optional ``skip_blocks`` ``(B, K)`` (per row, the blocks whose self-attention residual is dropped; -1 pads)."""
         cfg = self.cfg
         chex.assert_rank(x, 5)
         b, t, hh, ww, c = x.shape
@@ -163,6 +184,8 @@ class DiT(nnx.Module):
                 f"x must be (B, T, H, W, {cfg.latent_channels}) with H, W divisible by patch_size={p}; got {x.shape}"
             )
         chex.assert_shape(context, (b, None, cfg.text_dim))
+        if skip_blocks is not None:
+            chex.assert_shape(skip_blocks, (b, None))
         dtype = compute_dtype(cfg.dtype)
         h = self.patch_embed(self._tokens(x.astype(dtype), first_frame))
         h = h + sincos_grid(t, hh // p, ww // p, cfg.dim).astype(h.dtype)
@@ -176,8 +199,9 @@ class DiT(nnx.Module):
             pooled = jnp.sum(context * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
         cond = t_emb + self.text_pool(pooled)
 
-        for block in self.blocks:
-            h = block(h, cond, context.astype(dtype), context_mask)
+        for i, block in enumerate(self.blocks):
+            skip = None if skip_blocks is None else jnp.any(skip_blocks == i, axis=-1)
+            h = block(h, cond, context.astype(dtype), context_mask, skip)
         shift, scale = jnp.split(self.ada_out(jax.nn.silu(cond)), 2, axis=-1)
         out = self.proj_out(_modulate(self.norm_out(h), shift, scale))
         v = rearrange(out, "b (t h w) (p q c) -> b t (h p) (w q) c", t=t, h=hh // p, w=ww // p, p=p, q=p)
@@ -185,4 +209,4 @@ class DiT(nnx.Module):
 
     def velocity(self, x: jax.Array, sigma: jax.Array, cond: DiTCond) -> jax.Array:
         """The denoiser protocol (``jaxpipe.loops.denoise.Denoiser``): ``self(x, sigma, *cond)``."""
-        return self(x, sigma, cond.context, cond.context_mask, cond.first_frame)
+        return self(x, sigma, cond.context, cond.context_mask, cond.first_frame, cond.skip_blocks)

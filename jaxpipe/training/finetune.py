@@ -103,7 +103,7 @@ class Finetune:
             raise ValueError(f"card {card.model_id!r}: its family {card.spec.family!r} declares no flow-matching data (Family.flow)")
         self.config = config
         self.loop = loops[0]
-        self.sampling = self.loop.config.replace(guidance=1.0)
+        self.sampling = self.loop.config.replace(guidance=1.0, stg=0.0)  # flow matching regresses the plain velocity
         self.spec = card.spec
         self._graphdef, self._init_params, self._frozen, self._rest = split_trainable(card, config.trainable)
         self.tx = make_optimizer(
