@@ -8,6 +8,7 @@ from jaxpipe.nn.dit import DiT, DiTCond, DiTConfig
 from jaxpipe.nn.lm import KVCache, LMConfig, MaskedLM, RefinerLM
 from jaxpipe.nn.reward import DigitScorer, ScorerConfig
 from jaxpipe.nn.text import TextEncoder, TextEncoderConfig, Tokenizer
+from jaxpipe.nn.upsampler import LatentUpsampler, LatentUpsamplerConfig
 from jaxpipe.nn.vae import Autoencoder, AutoencoderConfig
 
-__all__ = ["autoencoder_kl", "clip", "flux", "hf", "t5", "tokenizer", "wan", "wan_vae", "Autoencoder", "AutoencoderConfig", "DiT", "DiTCond", "DiTConfig", "DigitScorer", "KVCache", "LMConfig", "MaskedLM", "RefinerLM", "ScorerConfig", "TextEncoder", "TextEncoderConfig", "Tokenizer"]
+__all__ = ["autoencoder_kl", "clip", "flux", "hf", "t5", "tokenizer", "wan", "wan_vae", "Autoencoder", "AutoencoderConfig", "DiT", "DiTCond", "DiTConfig", "DigitScorer", "KVCache", "LatentUpsampler", "LatentUpsamplerConfig", "LMConfig", "MaskedLM", "RefinerLM", "ScorerConfig", "TextEncoder", "TextEncoderConfig", "Tokenizer"]
