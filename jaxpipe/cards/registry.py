@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from jaxpipe.card import Card
 from jaxpipe.cards import bagel_mot, cosmos3, digit_scorer, flux, flux_t2i, multi_expert, unified, wan, wan_i2v, wan_t2v
+from jaxpipe.cards import ltx2_two_stage
+from jaxpipe.cards import wan22_moe
 from jaxpipe.cards.family import Family
 from jaxpipe.program import Program
 
@@ -19,6 +21,8 @@ BUNDLED: tuple[Family, ...] = (
     flux_t2i.FAMILY,
     wan_i2v.FAMILY,
     wan_t2v.FAMILY,
+    ltx2_two_stage.FAMILY,
+    wan22_moe.FAMILY,
     unified.FAMILY,
     multi_expert.FAMILY,
     digit_scorer.FAMILY,
