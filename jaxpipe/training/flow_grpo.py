@@ -5,9 +5,15 @@ sampling with capture on (the rollout, ``training.rollout``); the images are sco
 function; group advantages ``A = clip((r - mean_group) / (std_group + 1e-4), ±adv_clip)`` weight
 a clipped PPO loss on every captured step's log-prob, plus ``β ·`` a KL to a frozen reference
 denoiser. Gradients flow through the denoiser(s) the program's denoise loop binds; the rest of
-the card stays frozen. ``rollout`` and ``update`` are separate jitted functions so the C2
-identity (recomputed log-probs == captured, ratio == 1) can be checked between them; ``step``
-is both fused into one jitted function. A rollout may feed several updates (``minibatches`` ×
+the card stays frozen. A loop binding several experts routed by noise level (``wan22-moe``)
+trains only the experts the SDE window routes to (``FlowGRPO.trained_experts``, read off the static
+schedule, window and router by ``rollout.window_experts``): a window wholly above the boundary
+trains the high-noise expert alone and leaves the low-noise one frozen (out of the optimiser state
+and the reference, bit-identical after a step), so a publish moves only the trained expert's version.
+
+``rollout`` and ``update`` are separate jitted functions so the C2 identity (recomputed log-probs
+== captured, ratio == 1) can be checked between them; ``step`` is both fused into one jitted
+function. A rollout may feed several updates (``minibatches`` ×
 ``inner_epochs``, each on a ``timestep_fraction`` of the captured steps: ``training.ppo``); the
 default, 1 × 1 on every step, is one update at the rollout weights.
 
@@ -129,7 +135,8 @@ class FlowGRPOConfig:
 
 
 class FlowGRPOState(NamedTuple):
-    """Trainable DiT params, the frozen rest of the card, the frozen reference DiT, optimiser state, step."""
+    """Trainable params (the trained experts), the frozen rest of the card, the frozen reference copy of the
+    trained experts, optimiser state, step."""
 
     params: nnx.State
     frozen: nnx.State
@@ -285,8 +292,8 @@ class FlowGRPO:
 
     A batch is ``{"ids": (P, L) int32, "labels": {term: (P,) int32}}``; each prompt is sampled
     ``group_size`` times. ``reward_fn`` scores images, e.g. ``scorer_reward(scorer_card)``. The card
-    renders through its family's program (or ``program``), which must run one denoise loop; its
-    bound denoiser(s) train.
+    renders through its family's program (or ``program``), which must run one denoise loop; of its
+    bound denoisers (``denoisers``) those some SDE-window step routes to train (``trained_experts``).
     """
 
     def __init__(self, card: Card, reward_fn: RewardFn, config: FlowGRPOConfig = FlowGRPOConfig(), *, program=None):
@@ -300,7 +307,8 @@ class FlowGRPO:
         self.loop = rollout.denoise_loop(card, self.program)
         self.denoisers = self.loop.binds
         self.sampling = config.sampling_on(self.loop.config)
-        self._graphdef, params, self._frozen, self._rest = split_trainable(card, self.denoisers)
+        self._trained = rollout.window_experts(self.loop, self.sampling)
+        self._graphdef, params, self._frozen, self._rest = split_trainable(card, self._trained)
         self._params = master_weights(params)
         self.tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
         self.rollout = jax.jit(self._rollout)
@@ -308,12 +316,19 @@ class FlowGRPO:
         self._step = jax.jit(self.step_fn)
 
     @property
+    def trained_experts(self) -> tuple[str, ...]:
+        """The bound denoisers this method trains: those some step of the SDE window routes to (all of
+        ``denoisers`` for a one-expert loop). The others are frozen: not in ``params``, the reference
+        or the optimiser state."""
+        return self._trained
+
+    @property
     def transformer(self) -> str:
         """The (first) denoiser component that trains."""
-        return self.denoisers[0]
+        return self._trained[0]
 
     def init(self, key: jax.Array | None = None) -> FlowGRPOState:
-        """Start from the card's weights; the reference is a frozen copy of the denoiser(s)."""
+        """Start from the card's weights; the reference is a frozen copy of the trained denoiser(s)."""
         del key
         params, frozen = jax.tree.map(jnp.array, (self._params, self._frozen))
         reference = jax.tree.map(jnp.array, self._params)

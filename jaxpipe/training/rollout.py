@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpipe import precision
 from jaxpipe.card import Card, LoopSpec
@@ -29,6 +30,7 @@ __all__ = [
     "Generated",
     "RewardFn",
     "denoise_loop",
+    "window_experts",
     "text_slots",
     "run",
     "generated",
@@ -62,6 +64,21 @@ def denoise_loop(card: Card, program: Program) -> LoopSpec:
             "trains a program with exactly one"
         )
     return loops[0]
+
+
+def window_experts(loop: LoopSpec, sampling: denoise.DenoiseConfig) -> tuple[str, ...]:
+    """The denoisers ``loop`` binds that some captured step (the SDE window) routes to under ``sampling``,
+    in binding order: the only experts a loss on the captured steps reaches.
+
+    Computed from the static policy alone (steps, shift, σ₀, window, router): the router is applied
+    to the window's sigmas. A σ within float32 rounding of a routing boundary counts for the experts
+    on both sides, since the traced step may compute it a rounding away from this host-side schedule.
+    """
+    lo, hi = sampling.captured_steps
+    sigmas = np.asarray(denoise.schedule(sampling), np.float32)[lo:hi]
+    probes = np.concatenate([sigmas * np.float32(1 - 1e-6), sigmas, sigmas * np.float32(1 + 1e-6)])
+    used = set(np.asarray(sampling.router(jnp.asarray(probes, jnp.float32))).tolist())
+    return tuple(name for i, name in enumerate(loop.binds) if i in used)
 
 
 def text_slots(program: Program, ids: jax.Array, keys: jax.Array, refine: jax.Array | None = None) -> dict[str, jax.Array]:

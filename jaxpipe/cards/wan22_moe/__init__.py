@@ -3,7 +3,7 @@
 
 from jaxpipe.cards import generator
 from jaxpipe.cards.family import Family
-from jaxpipe.cards.wan22_moe.card import EXPERTS, LOOP_ID, MODEL_ID, Config, build
+from jaxpipe.cards.wan22_moe.card import EXPERTS, LOOP_ID, MODEL_ID, Config, build, spec
 from jaxpipe.cards.wan22_moe.program import program
 
 FAMILY = Family(
@@ -15,4 +15,4 @@ FAMILY = Family(
     flow=generator.TextFlow(denoiser=EXPERTS[0]),
 )
 
-__all__ = ["EXPERTS", "FAMILY", "LOOP_ID", "MODEL_ID", "Config", "build", "program"]
+__all__ = ["EXPERTS", "FAMILY", "LOOP_ID", "MODEL_ID", "Config", "build", "program", "spec"]

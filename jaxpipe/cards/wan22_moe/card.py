@@ -85,7 +85,7 @@ class Config:
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A ``wan22-moe`` card with freshly initialised components (deterministic in ``seed``; the two
     experts draw different initial weights)."""
-    from jaxpipe.nn import Autoencoder, DiT, TextEncoder, Tokenizer
+    from jaxpipe.nn import Autoencoder, DiT, TextEncoder
 
     rngs = nnx.Rngs(seed)
     components = {
@@ -94,7 +94,15 @@ def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID)
         "transformer_low": DiT(config.dit, rngs=rngs),
         "vae": Autoencoder(config.vae, rngs=rngs),
     }
-    spec = CardSpec(
+    return Card(components, spec(config, model_id))
+
+
+def spec(config: Config, model_id: str = MODEL_ID) -> CardSpec:
+    """The static half of a ``wan22-moe`` card: one ``t2v_denoise`` loop binding both experts, routed by
+    ``config.boundary``."""
+    from jaxpipe.nn import Tokenizer
+
+    return CardSpec(
         model_id=model_id,
         family="wan22_moe",
         loops=(LoopSpec(LOOP_ID, "denoise", EXPERTS, config.loop_config, latent_shape=config.latent_shape),),
@@ -104,4 +112,3 @@ def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID)
         tokenizer=Tokenizer(config.vocabulary),
         config=config,
     )
-    return Card(components, spec)
