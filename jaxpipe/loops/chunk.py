@@ -1,0 +1,306 @@
+"""The chunk rollout loop: causal video generated chunk by chunk over a KV cache (DESIGN §7, the
+``chunk_rollout`` loop kind).
+
+The loop drives a block-causal denoiser (``jaxpipe.nn.CausalDiT``): ``velocity(x, sigma,
+ChunkCond)`` of the current chunk given the cache, and ``write(x, ChunkCond, rows)``, which
+stores a finished chunk's clean K/V. Per chunk it runs a short Euler schedule from fresh noise;
+after the chunk's last step the clean chunk is written into the video and the cache, and the
+next chunk starts. One ``step`` is one denoise step of one chunk, so a request takes
+``chunks × num_steps`` steps and its chunks stream through the engine's ``on_step`` as they
+finish (``Driver.latents`` is the video so far).
+
+State is an explicit pytree holding everything per request: the video latents (an optional
+clean prefix, then the generated chunks; unfinished chunks are zero), the current chunk's
+latents, the per-request sigma schedule of one chunk, the chunk and step counters, the PRNG
+key, the text conditioning (and its unconditional half for guidance) and the KV cache. Chunk
+``c``'s noise is drawn from ``fold_in(key, c)``, so a request's bits do not depend on its
+batch-mates or on who drives the loop. Guidance composes as in the denoise loop
+(``policies.guidance``); the unconditional forward reads the same cache (the past is given,
+guidance steers the current chunk).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpipe import samplers
+from jaxpipe.loops import policies
+from jaxpipe.nn.causal_dit import ChunkCache, ChunkCond, init_cache
+
+__all__ = ["ChunkConfig", "ChunkState", "Driver", "DRIVER", "init", "step", "run", "schedule"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkConfig:
+    """Static sampling policy of a chunk rollout.
+
+    num_steps: Euler steps per chunk; shift: flow-shift of each chunk's schedule; guidance: CFG
+    scale (1 = one forward); chunks: chunks generated per request; chunk_frames: frames per
+    chunk; window: chunks the cache keeps (``None``: every chunk, prefix included); sampler:
+    only ``"ode"`` (a chunk rollout has no SDE/RL path yet).
+    """
+
+    num_steps: int = 4
+    shift: float = 1.0
+    guidance: float = 1.0
+    chunks: int = 4
+    chunk_frames: int = 2
+    window: int | None = None
+    sampler: str = "ode"
+
+    def __post_init__(self):
+        for name in ("num_steps", "chunks", "chunk_frames"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"ChunkConfig.{name} must be a positive int (got {value!r})")
+            object.__setattr__(self, name, int(value))
+        if self.window is not None:
+            if isinstance(self.window, bool) or not isinstance(self.window, (int, np.integer)) or self.window < 1:
+                raise ValueError(f"ChunkConfig.window must be None (keep every chunk) or an int >= 1 (got {self.window!r})")
+            object.__setattr__(self, "window", int(self.window))
+        if not math.isfinite(self.shift) or not self.shift > 0:
+            raise ValueError(f"ChunkConfig.shift must be a finite number > 0 (got {self.shift})")
+        if not math.isfinite(self.guidance) or self.guidance < 0:
+            raise ValueError(f"ChunkConfig.guidance must be a finite number >= 0 (got {self.guidance})")
+        if self.sampler != "ode":
+            raise ValueError(f"a chunk rollout samples with the ODE only (sampler='ode'); got {self.sampler!r}")
+
+    @property
+    def guide(self) -> policies.Unguided | policies.CFG:
+        return policies.guidance(self.guidance)
+
+    @property
+    def frames(self) -> int:
+        """Frames generated per request."""
+        return self.chunks * self.chunk_frames
+
+    def replace(self, **changes) -> "ChunkConfig":
+        return dataclasses.replace(self, **changes)
+
+
+class ChunkState(NamedTuple):
+    """Everything per request (leading axis ``B`` on every leaf).
+
+    video ``(B, P + chunks·F, h, w, C)``: the clean prefix (``P`` frames), then the generated
+    chunks (zeros until finished); x ``(B, F, h, w, C)``: the current chunk; sigmas ``(B, N+1)``:
+    one chunk's schedule; chunk ``(B,)`` int32: generated chunks finished; end ``(B,)`` int32:
+    chunks to generate (``chunk == end``: done); step ``(B,)`` int32: step within the chunk;
+    key ``(B,)`` PRNG keys; cond / uncond: the text ``DiTCond`` (uncond ``None`` without
+    guidance); cache: the ``ChunkCache`` of the finished chunks.
+    """
+
+    video: jax.Array
+    x: jax.Array
+    sigmas: jax.Array
+    chunk: jax.Array
+    end: jax.Array
+    step: jax.Array
+    key: jax.Array
+    cond: Any
+    uncond: Any
+    cache: ChunkCache
+
+
+def schedule(config: ChunkConfig) -> jax.Array:
+    """One chunk's sigmas ``(num_steps + 1,)`` from 1 down to 0."""
+    return samplers.flow_sigmas(config.num_steps, config.shift)
+
+
+def _one(models):
+    models = tuple(models) if isinstance(models, (tuple, list)) else (models,)
+    if len(models) != 1:
+        raise ValueError(f"a chunk_rollout loop drives one causal denoiser (got {len(models)})")
+    return models[0]
+
+
+def _noise(keys: jax.Array, chunk: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Chunk ``chunk[i]``'s starting noise of request ``i``: ``normal(fold_in(keys[i], chunk[i]))``."""
+    return jax.vmap(lambda k, c: jax.random.normal(jax.random.fold_in(k, c), shape, jnp.float32))(keys, chunk)
+
+
+def _conds(state: ChunkState) -> tuple[ChunkCond, ChunkCond | None]:
+    cond = ChunkCond(state.cond.context, state.cond.context_mask, state.cache)
+    uncond = None if state.uncond is None else ChunkCond(state.uncond.context, state.uncond.context_mask, state.cache)
+    return cond, uncond
+
+
+def init(
+    model,
+    keys: jax.Array,
+    latent_shape: Sequence[int],
+    cond: Any,
+    config: ChunkConfig,
+    uncond: Any = None,
+    prefix: jax.Array | None = None,
+) -> ChunkState:
+    """Start ``B = len(keys)`` requests generating ``config.chunks`` chunks of ``latent_shape[1:]`` frames.
+
+    ``cond`` / ``uncond``: text conditioning (``DiTCond``-like: ``context``, ``context_mask``, leading
+    axis ``B``; ``uncond`` required when the config guides). ``prefix`` ``(B, P, h, w, C)``: clean
+    latents to continue (``P`` a multiple of ``chunk_frames``), prefilled into the cache chunk by
+    chunk; generated positions continue after it. The cache keeps ``window`` chunks (default all).
+    """
+    keys = jnp.asarray(keys)
+    if not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) or keys.ndim != 1:
+        raise ValueError(f"keys must be a (B,) array of typed PRNG keys (jax.random.key), got {keys.dtype}{keys.shape}")
+    b, f = keys.shape[0], config.chunk_frames
+    frame = tuple(latent_shape)[1:]
+    if len(frame) != 3:
+        raise ValueError(f"latent_shape must be (T, h, w, C) (got {tuple(latent_shape)})")
+    chex.assert_tree_shape_prefix(cond, (b,))
+    if config.guide.needs_uncond and uncond is None:
+        raise ValueError(f"guidance={config.guidance} needs the unconditional input (uncond)")
+    if prefix is None:
+        prefix = jnp.zeros((b, 0) + frame, jnp.float32)
+    prefix = jnp.asarray(prefix, jnp.float32)
+    if prefix.shape[0] != b or prefix.shape[2:] != frame or prefix.shape[1] % f:
+        raise ValueError(
+            f"prefix must be (B={b}, P, {', '.join(map(str, frame))}) latents with P a multiple of chunk_frames={f} "
+            f"(got {prefix.shape})"
+        )
+    before = prefix.shape[1] // f
+    total = before + config.chunks
+    cfg = model.cfg
+    tokens = f * (frame[0] // cfg.patch_size) * (frame[1] // cfg.patch_size)
+    cache = init_cache(cfg, b, min(config.window or total, total), tokens)
+    for c in range(before):  # prefill: every prefix chunk, clean, as if it had been generated
+        cache = model.write(prefix[:, c * f : (c + 1) * f], ChunkCond(cond.context, cond.context_mask, cache))
+    video = jnp.concatenate([prefix, jnp.zeros((b, config.frames) + frame, jnp.float32)], axis=1)
+    zeros = jnp.zeros((b,), jnp.int32)
+    sigmas = jnp.broadcast_to(schedule(config), (b, config.num_steps + 1))
+    return ChunkState(
+        video=video,
+        x=_noise(keys, zeros, (f,) + frame),
+        sigmas=sigmas,
+        chunk=zeros,
+        end=jnp.full((b,), config.chunks, jnp.int32),
+        step=zeros,
+        key=keys,
+        cond=cond,
+        uncond=uncond,
+        cache=cache,
+    )
+
+
+def step(models, state: ChunkState, config: ChunkConfig) -> ChunkState:
+    """One Euler step of every unfinished request's current chunk.
+
+    A request whose chunk takes its last step writes the clean chunk into its video and its
+    cache (one extra σ = 0 forward, run only when some row finishes a chunk) and starts the next
+    chunk from fresh noise. Finished rows (``chunk == end``) are left unchanged.
+    """
+    model = _one(models)
+    num_steps = state.sigmas.shape[1] - 1
+    active = state.chunk < state.end
+    idx = jnp.minimum(state.step, num_steps - 1)
+    sigma = jnp.take_along_axis(state.sigmas, idx[:, None], axis=1)[:, 0]
+    sigma_next = jnp.take_along_axis(state.sigmas, idx[:, None] + 1, axis=1)[:, 0]
+    cond, uncond = _conds(state)
+    v = config.guide(model.velocity, state.x, sigma, cond, uncond)
+    rows = lambda m, a: m.reshape(m.shape + (1,) * (a.ndim - 1))
+    x = jnp.where(rows(active, state.x), samplers.euler_step(state.x, v, sigma, sigma_next), state.x)
+    finishing = active & (state.step + 1 >= num_steps)
+
+    def finish(cache: ChunkCache) -> ChunkCache:
+        return model.write(x, cond._replace(cache=cache), finishing)
+
+    cache = jax.lax.cond(jnp.any(finishing), finish, lambda c: c, state.cache)
+    # The chunk's absolute frame: prefix chunks plus generated ones, i.e. what the cache had written.
+    at = state.cache.written * x.shape[1]
+    put = jax.vmap(lambda video, chunk, t: jax.lax.dynamic_update_slice_in_dim(video, chunk, t, 0))
+    video = jnp.where(rows(finishing, state.video), put(state.video, x, at), state.video)
+    chunk = state.chunk + finishing.astype(jnp.int32)
+    fresh = _noise(state.key, chunk, x.shape[1:])
+    x = jnp.where(rows(finishing & (chunk < state.end), x), fresh, x)
+    new_step = jnp.where(finishing, 0, state.step + active.astype(jnp.int32))
+    return state._replace(video=video, x=x, chunk=chunk, step=new_step, cache=cache)
+
+
+def run(models, state: ChunkState, config: ChunkConfig, *, capture: bool = False) -> tuple[ChunkState, None]:
+    """Every remaining step (``chunks × num_steps``) as one fused ``lax.scan``: ``(final state, None)``."""
+    if capture:
+        raise ValueError("a chunk_rollout loop records no trajectory (capture=True is not supported: no RL on it yet)")
+    num_steps = state.sigmas.shape[1] - 1
+    if num_steps != config.num_steps:
+        raise ValueError(f"state has {num_steps} steps per chunk but config.num_steps is {config.num_steps}")
+    state, _ = jax.lax.scan(lambda s, _: (step(models, s, config), None), state, length=config.chunks * num_steps)
+    return state, None
+
+
+# --------------------------------------------------------------------------------------------
+# The driver: how the engine steps and batches chunk rollouts
+# --------------------------------------------------------------------------------------------
+
+_NO_SCHEDULE = np.zeros((0,), np.float32)
+_NO_SCHEDULE.flags.writeable = False
+
+
+class Driver:
+    """Drives ``chunk_rollout`` loops over the one causal denoiser the loop binds.
+
+    A request takes ``chunks × num_steps`` steps. Every row carries its own chunk and step
+    counters, cache and noise keys, so rows at different chunks and steps share a batch; configs
+    batch together only when equal (``batch_key`` is the whole ``ChunkConfig``), and the engine
+    groups rows whose state shapes agree (same prefix length and window). ``latents`` is the
+    video so far ``(B, P + chunks·F, h, w, C)``: finished chunks filled, the rest zero.
+    """
+
+    kind = "chunk_rollout"
+
+    def check(self, loop) -> None:
+        if not isinstance(loop.config, ChunkConfig):
+            raise ValueError(f"a chunk_rollout loop's config must be a ChunkConfig (got {type(loop.config).__name__})")
+        if len(loop.binds) != 1:
+            raise ValueError(f"a chunk_rollout loop drives one causal denoiser; it binds {list(loop.binds)}")
+        if loop.latent_shape is None or len(loop.latent_shape) != 4:
+            raise ValueError(f"a chunk_rollout loop needs latent_shape (T, h, w, C) (got {loop.latent_shape})")
+        if loop.latent_shape[0] % loop.config.chunk_frames:
+            raise ValueError(
+                f"chunk_frames={loop.config.chunk_frames} does not divide the loop's {loop.latent_shape[0]} frames"
+            )
+
+    def step(self, models, state: ChunkState, config: ChunkConfig) -> ChunkState:
+        return step(models, state, config)
+
+    def run(self, models, state: ChunkState, config: ChunkConfig, *, capture: bool = False):
+        return run(models, state, config, capture=capture)
+
+    def num_steps(self, config: ChunkConfig) -> int:
+        return config.chunks * config.num_steps
+
+    def batch_key(self, config: ChunkConfig) -> Hashable:
+        return config
+
+    def batch_config(self, config: ChunkConfig, width: int) -> ChunkConfig:
+        del width  # every member has the same config (batch_key), hence the same step count
+        return config
+
+    def schedule(self, config: ChunkConfig, width: int) -> np.ndarray:
+        del config, width
+        return _NO_SCHEDULE
+
+    def with_schedule(self, state: ChunkState, schedule: jax.Array) -> ChunkState:
+        del schedule
+        return state
+
+    def deactivate(self, state: ChunkState, rows: jax.Array) -> ChunkState:
+        return state._replace(chunk=jnp.where(rows, state.end, state.chunk))
+
+    def empty(self, state: ChunkState, capacity: int) -> ChunkState:
+        """``capacity`` inert rows shaped like one row of ``state`` (``chunk == end == 0``: done)."""
+        rows = jax.tree.map(lambda a: jnp.zeros((capacity,) + a.shape[1:], a.dtype), state._replace(key=None))
+        return rows._replace(key=jax.random.split(jax.random.key(0), capacity))  # never read: the rows are done
+
+    def latents(self, state: ChunkState) -> jax.Array:
+        return state.video
+
+
+DRIVER = Driver()
