@@ -66,6 +66,21 @@ def loop_steps(card: Card) -> dict[str, int]:
     return counts
 
 
+def real_videos_row(scorer: Card, samples: int, seed: int = 0) -> dict:
+    """The ceiling: the same measures on real videos (held-out digits moved as captioned, like the training data)."""
+    from jaxpipe.cards import digit_scorer
+
+    images, labels = digits.load_images("heldout")
+    pick = np.random.default_rng(seed).permutation(len(images))[:samples]
+    data = digits.make_videos(images[pick], labels[pick], seed=seed)
+    videos = (np.asarray(data.video) + 1.0) / 2.0
+    read = lambda t: np.asarray(digit_scorer.predict(scorer, data.video[:, t])["digit"])
+    centroids = quality.ink_centroids(videos)
+    moved = quality.moves_as_told(centroids[:, -1] - centroids[:, 0], np.asarray(data.motion))
+    return {"motion_accuracy": float(np.mean(moved)), "first_frame_digit_accuracy": float(np.mean(read(0) == data.digit)),
+            "last_frame_digit_accuracy": float(np.mean(read(-1) == data.digit))}
+
+
 def prompts(n: int, seed: int = 1) -> list[str]:
     rng = np.random.default_rng(seed)
     return [digits.caption(int(d), motion=int(m)) for d, m in zip(rng.integers(0, 10, n), rng.integers(0, 5, n))]
@@ -92,6 +107,10 @@ def table(rows: dict[str, dict], args) -> str:
     head = ("| card | loop steps per video | motion as prompted | digit, first frame | digit, last frame "
             "| ms / video | params (all / one step's denoiser) |\n|---|---|---:|---:|---:|---:|---:|")
     lines = [head]
+    if "real" in rows:
+        r = rows.pop("real")
+        lines.append(f"| real videos (held-out digits moved as captioned) | – | {100 * r['motion_accuracy']:.0f}% "
+                     f"| {100 * r['first_frame_digit_accuracy']:.0f}% | {100 * r['last_frame_digit_accuracy']:.0f}% | – | – |")
     for model_id, r in rows.items():
         q = r["quality"]["full"] if r["quality"] else {}
         pct = lambda k: f"{100 * q[k]:.0f}%" if k in q else "–"
@@ -130,6 +149,8 @@ def main() -> None:
         }
     for model_id, (compile_s, ms) in time_per_video(cards, args.render, args.repeats).items():
         rows[model_id].update(ms=ms, first_s=compile_s)
+    if args.samples:
+        rows = {"real": real_videos_row(scorer, max(args.samples, 300)), **rows}
     body = table(rows, args)
     print(body)
     if args.quick:

@@ -20,7 +20,7 @@ from jaxpipe.generate import generate
 from jaxpipe.progress import progress_bar
 from jaxpipe.stopping import Stopped
 
-__all__ = ["t2i_quality", "i2v_quality", "t2v_quality", "understanding_quality", "thinking_quality", "ink_centroids", "MOTION_THRESHOLD_PX",
+__all__ = ["t2i_quality", "i2v_quality", "t2v_quality", "understanding_quality", "thinking_quality", "ink_centroids", "moves_as_told", "MOTION_THRESHOLD_PX",
            "FIRST_FRAME_TOLERANCE"]
 
 MOTION_THRESHOLD_PX = 1.0
@@ -99,7 +99,9 @@ def ink_centroids(video: np.ndarray) -> np.ndarray:
     return np.stack([rows, cols], axis=-1)
 
 
-def _moves_as_told(displacement: np.ndarray, motion: np.ndarray) -> np.ndarray:
+def moves_as_told(displacement: np.ndarray, motion: np.ndarray) -> np.ndarray:
+    """``(N,)`` bool: centroid ``displacement`` ``(N, 2)`` (dy, dx in px) moved as ``motion`` ``(N,)`` (indices of
+    ``digits.MOTION_NAMES``) says: more than ``MOTION_THRESHOLD_PX`` that way, or less than it for ``still``."""
     dy, dx = displacement[:, 0], displacement[:, 1]
     t = MOTION_THRESHOLD_PX
     checks = {
@@ -136,7 +138,7 @@ def i2v_quality(
             lambda s: generate(i2v, prompts[s], image=first[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
                                num_steps=num_steps, guidance=guidance)["video"], len(prompts), batch, bar, should_stop)
     centroids = ink_centroids(videos)
-    ok = _moves_as_told(centroids[:, -1] - centroids[:, 0], reference.motion)
+    ok = moves_as_told(centroids[:, -1] - centroids[:, 0], reference.motion)
     frame_error = np.abs(videos[:, 0] - first).mean(axis=(1, 2, 3))
     ideal = (reference.video + 1.0) / 2.0
     extra = {}
@@ -307,7 +309,7 @@ def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, 
             if reasons:
                 result["examples"] = texts[:5]
             if mode == "full":
-                ok = _moves_as_told(centroids[:, -1] - centroids[:, 0], motion)
+                ok = moves_as_told(centroids[:, -1] - centroids[:, 0], motion)
                 result["motion_accuracy"] = float(np.mean(ok))
                 result["motion_accuracy_by_direction"] = {
                     name: float(np.mean(ok[motion == m])) for m, name in enumerate(digits.MOTION_NAMES) if np.any(motion == m)}
@@ -315,7 +317,7 @@ def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, 
                 said = np.array([digits.parse_caption(t)["motion"] if _parses(t) else None for t in texts], dtype=object)
                 named = np.array([m is not None for m in said])
                 told = np.where(named, [m if m is not None else 0 for m in said], 0).astype(int)
-                follows = _moves_as_told(centroids[:, -1] - centroids[:, 0], told) & named
+                follows = moves_as_told(centroids[:, -1] - centroids[:, 0], told) & named
                 result.update(reasoned_a_motion=float(np.mean(named)), follows_its_reasoning=float(np.mean(follows)))
             out[mode] = result
     return out
