@@ -14,6 +14,7 @@ from jaxpipe.card import Card
 from jaxpipe.cards import digit_scorer, flux, flux_t2i, generator, multi_expert, registry, unified, wan, wan_i2v, wan_t2v
 from jaxpipe.cards import ltx2_two_stage  # noqa: F401  (the two-stage one-DiT family)
 from jaxpipe.cards import wan22_moe  # noqa: F401  (the σ-routed two-expert family)
+from jaxpipe.cards import wan_causal  # noqa: F401  (the chunked causal video family)
 from jaxpipe.cards.checkpoint import load_card, save_card
 from jaxpipe.cards.family import Family, FlowData
 from jaxpipe.cards.registry import family, family_of, stacked_components

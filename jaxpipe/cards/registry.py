@@ -12,6 +12,7 @@ from jaxpipe.card import Card
 from jaxpipe.cards import bagel_mot, cosmos3, digit_scorer, flux, flux_t2i, multi_expert, unified, wan, wan_i2v, wan_t2v
 from jaxpipe.cards import ltx2_two_stage
 from jaxpipe.cards import wan22_moe
+from jaxpipe.cards import wan_causal
 from jaxpipe.cards.family import Family
 from jaxpipe.program import Program
 
@@ -23,6 +24,7 @@ BUNDLED: tuple[Family, ...] = (
     wan_t2v.FAMILY,
     ltx2_two_stage.FAMILY,
     wan22_moe.FAMILY,
+    wan_causal.FAMILY,
     unified.FAMILY,
     multi_expert.FAMILY,
     digit_scorer.FAMILY,

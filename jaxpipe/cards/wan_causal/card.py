@@ -1,0 +1,95 @@
+"""The ``wan-causal`` card: text -> a video generated chunk by chunk (causal, streamable, extendable).
+
+Components: the text encoder, a block-causal DiT (``jaxpipe.nn.CausalDiT``: ``DiT``'s parameters,
+so it starts from ``wan-t2v``'s) and the frame-wise autoencoder. The one loop, ``causal_rollout``
+(kind ``chunk_rollout``), denoises ``frames / chunk_frames`` chunks in turn, each conditioned on
+the cached K/V of the finished ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from flax import nnx
+
+from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.cards import generator
+from jaxpipe.data import VOCABULARY
+from jaxpipe.loops.chunk import ChunkConfig
+from jaxpipe.nn import AutoencoderConfig, DiTConfig, TextEncoderConfig
+
+MODEL_ID = "wan-causal"
+LOOP_ID = "causal_rollout"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything that shapes a ``wan-causal`` card; the defaults are CPU-test sized.
+
+    ``frames`` is the default video length, generated as ``sampling.chunks`` chunks of
+    ``sampling.chunk_frames`` frames (so ``chunks · chunk_frames == frames``).
+    """
+
+    image_size: int = 16
+    frames: int = 8
+    text: TextEncoderConfig = TextEncoderConfig(vocab_size=len(VOCABULARY) + 2)
+    dit: DiTConfig = DiTConfig()
+    vae: AutoencoderConfig = AutoencoderConfig()
+    sampling: ChunkConfig = ChunkConfig()
+    vocabulary: tuple[str, ...] = VOCABULARY
+
+    def __post_init__(self):
+        generator.check_config(self)
+        if self.dit.frame_cond:
+            raise ValueError("wan-causal conditions on earlier chunks, not on a first frame (dit.frame_cond=False)")
+        if isinstance(self.frames, bool) or not isinstance(self.frames, int) or self.frames < 1:
+            raise ValueError(f"frames must be a positive int (got {self.frames!r})")
+        f = self.sampling.chunk_frames
+        if self.frames % f:
+            raise ValueError(f"sampling.chunk_frames={f} does not divide frames={self.frames}: a video is whole chunks")
+        if self.sampling.chunks * f != self.frames:
+            raise ValueError(
+                f"sampling.chunks ({self.sampling.chunks}) · chunk_frames ({f}) must equal frames ({self.frames}); "
+                f"use chunks={self.frames // f}"
+            )
+
+    @classmethod
+    def bundled(cls) -> "Config":
+        """The bundled card: ``wan-t2v``'s sizes (it starts from that card's weights), 4 chunks of 2 frames,
+        every chunk kept in the cache, guidance 2 like ``wan-t2v``."""
+        return cls(
+            text=dataclasses.replace(cls.text, dim=64),
+            dit=DiTConfig(dim=96, depth=4, heads=4, text_dim=64),
+            sampling=ChunkConfig(num_steps=8, guidance=2.0, chunks=4, chunk_frames=2),
+        )
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        """Per-request latent shape ``(T, h, w, C)`` of the default video."""
+        side = self.image_size // self.vae.downsample
+        return (self.frames, side, side, self.vae.latent_channels)
+
+
+def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
+    """A ``wan-causal`` card with freshly initialised components (deterministic in ``seed``)."""
+    from jaxpipe.nn import Autoencoder, TextEncoder, Tokenizer
+    from jaxpipe.nn.causal_dit import CausalDiT
+
+    rngs = nnx.Rngs(seed)
+    # Same construction order as generator.build, so a seed gives wan-t2v's initial weights too.
+    components = {
+        "text_encoder": TextEncoder(config.text, rngs=rngs),
+        "transformer": CausalDiT(config.dit, rngs=rngs),
+        "vae": Autoencoder(config.vae, rngs=rngs),
+    }
+    spec = CardSpec(
+        model_id=model_id,
+        family="wan_causal",
+        loops=(LoopSpec(LOOP_ID, "chunk_rollout", ("transformer",), config.sampling, latent_shape=config.latent_shape),),
+        recipe=(LOOP_ID,),
+        parity=("C0", "C1", "C3"),
+        capabilities=("t2v",),
+        tokenizer=Tokenizer(config.vocabulary),
+        config=config,
+    )
+    return Card(components, spec)
