@@ -157,7 +157,8 @@ class Rollout(NamedTuple):
 def scorer_reward_parts(scorer: Card, terms: tuple[str, ...] = ("digit",)):
     """Like ``scorer_reward`` but returns the parts: ``reward(images, labels) -> {term: (B,)}``, the
     ``digit-scorer``'s probability of each term's label (0 where the label is -1). Per-term parts give
-    per-expert credit in N-way RL."""
+    per-expert credit in N-way RL. Videos ``(B, T, H, W, C)`` are scored frame by frame, each term
+    averaged over the frames."""
     unknown = [t for t in terms if t not in REWARD_TERMS]
     if unknown or not terms:
         raise ValueError(f"unknown reward term(s) {unknown or list(terms)}; choose from {REWARD_TERMS}")
@@ -166,7 +167,10 @@ def scorer_reward_parts(scorer: Card, terms: tuple[str, ...] = ("digit",)):
         missing = [t for t in terms if t not in labels]
         if missing:
             raise ValueError(f"the batch has no labels for reward term(s) {missing} (labels: {sorted(labels)})")
-        probs = digit_scorer.score(scorer, images * 2.0 - 1.0)
+        frames = images.shape[1] if images.ndim == 5 else 1
+        flat = images.reshape((-1, *images.shape[-3:]))
+        probs = {k: jnp.mean(p.reshape(-1, frames, p.shape[-1]), axis=1)
+                 for k, p in digit_scorer.score(scorer, flat * 2.0 - 1.0).items()}
         parts = {}
         for term in terms:
             label = jnp.asarray(labels[term])
@@ -305,6 +309,7 @@ class FlowGRPO:
         self.program = registry.default_program(card) if program is None else program
         self.program.check(card)
         self.loop = rollout.denoise_loop(card, self.program)
+        self.artifact = rollout.rendered_artifact(self.program)  # what reward_fn scores: "image" or "video"
         self.denoisers = self.loop.binds
         self.sampling = config.sampling_on(self.loop.config)
         self._trained = rollout.window_experts(self.loop, self.sampling)
@@ -351,7 +356,7 @@ class FlowGRPO:
         keys = jax.random.split(key, ids.shape[0])
         settings = loop_settings(**{self.loop.id: self.sampling})
         run = rollout.run(card, self.program, settings, rollout.text_slots(self.program, ids, keys), capture=(self.loop.id,))
-        generated = rollout.generated(run, self.loop.id)
+        generated = rollout.generated(run, self.loop.id, self.artifact)
         rewards, advantages = rollout.score(self.reward_fn, generated.images, labels, cfg.group_size, cfg.adv_clip)
         return Rollout(generated, rewards, advantages)
 

@@ -31,6 +31,7 @@ __all__ = [
     "RewardFn",
     "denoise_loop",
     "window_experts",
+    "rendered_artifact",
     "text_slots",
     "run",
     "generated",
@@ -43,12 +44,14 @@ __all__ = [
 ]
 
 RewardFn = Callable[[jax.Array, Mapping[str, jax.Array]], jax.Array]
-"""``reward(images (B, H, W, C) in [0, 1], labels {term: (B,) int}) -> (B,)`` rewards."""
+"""``reward(images (B, H, W, C) in [0, 1], labels {term: (B,) int}) -> (B,)`` rewards (a video program's
+reward gets videos ``(B, T, H, W, C)``)."""
 
 
 class Generated(NamedTuple):
-    """A rendered batch: ``images`` ``(B, H, W, C)`` in [0, 1], the conditioning its denoise loop used
-    (the family's ``cond`` pytree), and the captured steps (``Transition`` fields ``(S, B, ...)``)."""
+    """A rendered batch: ``images`` ``(B, H, W, C)`` in [0, 1] (videos ``(B, T, H, W, C)`` for a video
+    program), the conditioning its denoise loop used (the family's ``cond`` pytree), and the captured
+    steps (``Transition`` fields ``(S, B, ...)``)."""
 
     images: jax.Array
     cond: Any
@@ -70,15 +73,23 @@ def window_experts(loop: LoopSpec, sampling: denoise.DenoiseConfig) -> tuple[str
     """The denoisers ``loop`` binds that some captured step (the SDE window) routes to under ``sampling``,
     in binding order: the only experts a loss on the captured steps reaches.
 
-    Computed from the static policy alone (steps, shift, σ₀, window, router): the router is applied
-    to the window's sigmas. A σ within float32 rounding of a routing boundary counts for the experts
-    on both sides, since the traced step may compute it a rounding away from this host-side schedule.
+    Computed from the static policy alone (steps, shift, σ₀, window, router): the router applied to
+    the sigmas of the window's steps, ``schedule(sampling)[i:j]`` (float32, as the loop computes them).
     """
     lo, hi = sampling.captured_steps
-    sigmas = np.asarray(denoise.schedule(sampling), np.float32)[lo:hi]
-    probes = np.concatenate([sigmas * np.float32(1 - 1e-6), sigmas, sigmas * np.float32(1 + 1e-6)])
-    used = set(np.asarray(sampling.router(jnp.asarray(probes, jnp.float32))).tolist())
+    sigmas = denoise.schedule(sampling)[lo:hi]
+    used = set(np.asarray(sampling.router(sigmas)).tolist())
     return tuple(name for i, name in enumerate(loop.binds) if i in used)
+
+
+def rendered_artifact(program: Program) -> str:
+    """What ``program`` renders for a reward to score: ``"image"`` ``(B, H, W, C)`` or, for a video
+    program, ``"video"`` ``(B, T, H, W, C)``."""
+    names = dict(program.outputs)
+    for name in ("image", "video"):
+        if name in names:
+            return name
+    raise ValueError(f"program {program.name!r} renders neither an image nor a video (outputs: {sorted(names)})")
 
 
 def text_slots(program: Program, ids: jax.Array, keys: jax.Array, refine: jax.Array | None = None) -> dict[str, jax.Array]:

@@ -1,0 +1,166 @@
+"""The wan22-moe card: two DiT experts switched by σ in one denoise loop, served with parity, RL on the windowed expert.
+
+A tiny random card (2 frames, DiT dim 32, depth 1) with boundary 0.5 and 4 steps: σ = 1, 0.75, 0.5,
+0.25, so steps 0-2 run ``transformer_high`` (the boundary belongs to it) and step 3
+``transformer_low``.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import perturbed
+from flax import nnx
+
+import jaxpipe as jp
+from jaxpipe import parity
+from jaxpipe.card import Card
+from jaxpipe.cards import generator, wan22_moe, wan_t2v
+from jaxpipe.engine import Engine
+from jaxpipe.loops import denoise, policies
+from jaxpipe.nn import DiTConfig, DiTCond
+from jaxpipe.training import weight_sync
+from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+
+MODEL = wan22_moe.MODEL_ID
+LOOP = wan22_moe.LOOP_ID
+CONFIG = wan22_moe.Config(frames=2, dit=DiTConfig(dim=32, depth=1, heads=2), sampling=denoise.DenoiseConfig(num_steps=4))
+
+step = jax.jit(denoise.step, static_argnames="config")
+
+
+def leaves_equal(a, b) -> bool:
+    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def with_router(card: Card, router) -> Card:
+    loop = card.spec.loop(LOOP)
+    loop = dataclasses.replace(loop, config=loop.config.replace(router=router))
+    return Card(card.components, dataclasses.replace(card.spec, loops=(loop,)))
+
+
+@pytest.fixture(scope="module")
+def card():
+    built = wan22_moe.build(CONFIG, seed=3)
+    return built.replace(
+        transformer_high=perturbed(built["transformer_high"], seed=4), transformer_low=perturbed(built["transformer_low"], seed=5)
+    )
+
+
+@pytest.fixture(scope="module")
+def cond(card):
+    ids = generator.tokenize(card, ["seven moving right", "one still"])
+    return DiTCond(card["text_encoder"](ids), ids != 0, None)
+
+
+def drive(card, state, expected):
+    """Step ``state`` through its schedule with the card's routed loop; each step must equal the step of
+    the expert ``expected(sigma)`` names alone. Returns the expert names used."""
+    config = card.spec.loop(LOOP).config
+    single = config.replace(router=policies.Single())
+    used = []
+    for i in range(state.sigmas.shape[1] - 1):
+        name = expected(float(state.sigmas[0, i]))
+        routed, record = step(card.bound(LOOP), state, config=config)
+        alone, alone_record = step((card[name],), state, config=single)
+        np.testing.assert_array_equal(routed.x, alone.x)
+        np.testing.assert_array_equal(record.sample, alone_record.sample)
+        other = next(n for n in wan22_moe.EXPERTS if n != name)
+        assert float(jnp.abs(step((card[other],), state, config=single)[0].x - routed.x).max()) > 1e-4  # they differ
+        used.append(name)
+        state = routed
+    return used
+
+
+def test_the_boundary_switches_experts_inside_one_compiled_step(card, cond):
+    keys = generator.request_keys([0, 1])
+    by_boundary = lambda sigma: "transformer_high" if sigma >= 0.5 else "transformer_low"
+    crossing = denoise.init(keys, CONFIG.latent_shape, cond, CONFIG.loop_config)
+    assert drive(card, crossing, by_boundary) == ["transformer_high"] * 3 + ["transformer_low"]
+
+    above = denoise.init(keys, CONFIG.latent_shape, cond, CONFIG.loop_config.replace(shift=4.0))  # σ = 1, .92, .8, .57
+    assert drive(card, above, by_boundary) == ["transformer_high"] * 4
+
+    x0 = jax.random.normal(jax.random.key(7), (2, *CONFIG.latent_shape))
+    below = denoise.init_from_latents(keys, x0, cond, CONFIG.loop_config.replace(start_sigma=0.4))  # σ = .4, .3, .2, .1
+    assert drive(card, below, by_boundary) == ["transformer_low"] * 4
+    assert step._cache_size() == 2  # one routed step for every schedule and both experts, one single-expert step
+
+
+def test_a_constant_router_equals_that_expert_as_a_one_expert_card(card):
+    spec = nnx.eval_shape(lambda: wan_t2v.build(wan_t2v.Config(frames=2, dit=CONFIG.dit, sampling=CONFIG.sampling))).spec
+    prompts, seeds = ["seven moving right", "two moving up"], [0, 1]
+    routed = jp.generate(card, prompts, seed=seeds)["video"]
+    for index, name in enumerate(wan22_moe.EXPERTS):
+        one = Card({"text_encoder": card["text_encoder"], "transformer": card[name], "vae": card["vae"]}, spec)
+        fixed = jp.generate(with_router(card, policies.Fixed(index, 2)), prompts, seed=seeds)["video"]
+        np.testing.assert_array_equal(fixed, jp.generate(one, prompts, seed=seeds)["video"])
+        assert float(jnp.abs(fixed - routed).max()) > 1e-4  # routing by σ uses both experts
+
+
+def test_serial_equals_interleaved_bit_for_bit(card):
+    engine = Engine()
+    engine.register(card)
+    requests = [jp.Request(MODEL, prompt=p, seed=s, num_steps=n) for p, s, n in [("seven moving up", 0, 4), ("one", 1, 3)]]
+    report = parity.interleave_gate(engine, requests)
+    assert report.passed and report.max_abs_diff == 0.0, report
+
+
+def test_a_boundary_outside_0_1_is_refused():
+    for bad in (0.0, 1.0, -0.2, 1.5, float("nan"), True):
+        with pytest.raises(ValueError, match=r"boundary .* must be in \(0, 1\)"):
+            dataclasses.replace(CONFIG, boundary=bad)
+    with pytest.raises(ValueError, match="sampling.router must be left as policies.Single"):
+        dataclasses.replace(CONFIG, sampling=denoise.DenoiseConfig(router=policies.Fixed(0, 2)))
+    assert dataclasses.replace(CONFIG, boundary=0.8).loop_config.router == policies.SigmaBoundary(0.8)
+
+
+# ------------------------------------------------------------------------------------------ RL on the MoE
+def reward(images, labels):
+    return jnp.mean(images, axis=(1, 2, 3, 4))
+
+
+RL = FlowGRPOConfig(group_size=2, num_steps=4, sde_window=(0, 2), learning_rate=1e-3)  # σ = 1, 0.75: high only
+
+
+@pytest.mark.parametrize(
+    "window, trained",
+    [((0, 2), ("transformer_high",)), ((3, 4), ("transformer_low",)), ((2, 4), wan22_moe.EXPERTS), (None, wan22_moe.EXPERTS)],
+)
+def test_flow_grpo_trains_the_experts_its_window_routes_to(card, window, trained):
+    method = FlowGRPO(card, reward, dataclasses.replace(RL, sde_window=window))
+    assert method.denoisers == wan22_moe.EXPERTS and method.trained_experts == trained
+    assert sorted(method.init().params) == sorted(trained) and method.transformer == trained[0]
+
+
+@pytest.fixture(scope="module")
+def rl_step(card):
+    method = FlowGRPO(card, reward, RL)
+    state = method.init()
+    ids = generator.tokenize(card, ["seven moving right", "one moving left"])
+    new, metrics = method.step(state, {"ids": ids, "labels": {}}, jax.random.key(0))
+    return method, state, new, metrics
+
+
+def test_a_window_above_the_boundary_updates_only_the_high_expert(card, rl_step):
+    method, state, new, metrics = rl_step
+    assert float(metrics["skipped"]) == 0.0 and float(metrics["reward_std"]) > 0.0
+    trained = method.card(new)
+    assert not leaves_equal(nnx.state(trained["transformer_high"]), nnx.state(card["transformer_high"]))
+    for name in ("transformer_low", "text_encoder", "vae"):  # frozen: bit-identical after the step
+        assert leaves_equal(nnx.state(trained[name]), nnx.state(card[name])), name
+    assert "transformer_low" not in new.params and "transformer_low" not in new.reference
+
+
+def test_publishing_the_step_bumps_only_the_trained_experts_version(card, rl_step):
+    method, _, new, _ = rl_step
+    engine = Engine()
+    engine.register(card)
+    before = engine.versions(MODEL)
+    assert set(before) == {"text_encoder", "transformer_high", "transformer_low", "vae"}
+    after = weight_sync.publish(engine, method.card(new))
+    assert after == {**before, "transformer_high": before["transformer_high"] + 1}
+    assert engine.versions(MODEL) == after
+    assert weight_sync.publish(engine, method.card(new)) == after  # nothing differs now: no version moves
