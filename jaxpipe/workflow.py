@@ -37,6 +37,7 @@ __all__ = [
     "record_stage",
     "t2i_i2v",
     "t2i_i2v_extended",
+    "t2v_continue",
     "bundled",
 ]
 
@@ -298,6 +299,42 @@ def t2i_i2v_extended(base: str = "image_video.t2i_i2v", workflow_id: str = "imag
     )
 
 
+def _continue(state: Mapping[str, Any]) -> Request:
+    inputs = {"video": state["t2v:video"]}
+    if state.get("chunks") is not None:
+        inputs["chunks"] = state["chunks"]
+    return Request("wan-causal", prompt=state["prompt"], inputs=inputs, **{**_settings(state), "seed": (state["seed"] + 1) % (MAX_SEED + 1)})
+
+
+def _continued_outputs(state: Mapping[str, Any]) -> dict[str, Any]:
+    import jax.numpy as jnp
+
+    first = state["t2v:video"]
+    return {"video": jnp.concatenate([first, state["more:video"][first.shape[0] :]], axis=0)}
+
+
+def _check_video_prompt(request: Request) -> None:
+    if request.prompt is None:
+        raise ValueError("video.t2v_continue needs a prompt, e.g. prompt='seven moving right'")
+
+
+def t2v_continue(t2v: str = "wan-t2v", causal: str = "wan-causal", workflow_id: str = "video.t2v_continue") -> Workflow:
+    """Video continuation: ``t2v`` renders a video from the prompt, then ``causal`` extends it by more chunks
+    conditioned on all of its frames (prefilled into its chunk KV cache). ``inputs={"chunks": n}`` sets
+    how many (default the causal card's). Artifacts: ``"video"`` ``(T + n·F, H, W, C)`` in [0, 1] (the
+    first video's frames exactly, then the new ones), plus ``"t2v:video"``, ``"more:video"`` ...
+    """
+    first = (lambda s: Request(t2v, prompt=s["prompt"], **_settings(s)))
+    more = _continue if causal == "wan-causal" else (lambda s: _continue(s).replace(model=causal))
+    return Workflow(
+        id=workflow_id,
+        stages=(Stage("t2v", t2v, first), Stage("more", causal, more)),
+        outputs=_continued_outputs,
+        check=_check_video_prompt,
+        description=f"text -> video ({t2v}), then continued chunk by chunk ({causal})",
+    )
+
+
 def bundled() -> tuple[Workflow, ...]:
     """The workflows ``Engine.default()`` registers (those whose cards are bundled)."""
-    return (t2i_i2v(), t2i_i2v_extended())
+    return (t2i_i2v(), t2i_i2v_extended(), t2v_continue())

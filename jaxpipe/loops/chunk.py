@@ -44,7 +44,8 @@ class ChunkConfig:
 
     num_steps: Euler steps per chunk; shift: flow-shift of each chunk's schedule; guidance: CFG
     scale (1 = one forward); chunks: chunks generated per request; chunk_frames: frames per
-    chunk; window: chunks the cache keeps (``None``: every chunk, prefix included); sampler:
+    chunk; window: finished chunks the cache keeps, i.e. how many earlier chunks a chunk sees
+    (``None``: every one, prefix included); sampler:
     only ``"ode"`` (a chunk rollout has no SDE/RL path yet).
     """
 
@@ -170,7 +171,8 @@ def init(
     total = before + config.chunks
     cfg = model.cfg
     tokens = f * (frame[0] // cfg.patch_size) * (frame[1] // cfg.patch_size)
-    cache = init_cache(cfg, b, min(config.window or total, total), tokens)
+    # the last chunk is never written, so total - 1 slots hold every earlier chunk
+    cache = init_cache(cfg, b, max(1, min(config.window or total, total - 1)), tokens)
     for c in range(before):  # prefill: every prefix chunk, clean, as if it had been generated
         cache = model.write(prefix[:, c * f : (c + 1) * f], ChunkCond(cond.context, cond.context_mask, cache))
     video = jnp.concatenate([prefix, jnp.zeros((b, config.frames) + frame, jnp.float32)], axis=1)

@@ -4,8 +4,8 @@
 bidirectional DiT's weights) but runs them differently:
 
 * frames are grouped in chunks of ``F`` frames; self-attention is **block-causal** (a token of
-  chunk ``c`` sees the tokens of chunks ``c - window < c' <= c``, all of them when ``window`` is
-  ``None``);
+  chunk ``c`` sees the tokens of its own chunk and of the ``window`` chunks before it,
+  ``c - window <= c' <= c``; of every earlier chunk when ``window`` is ``None``);
 * the noise level is **per chunk**: each token is modulated (adaLN) by its own chunk's σ, so one
   forward mixes clean past chunks (σ = 0) with a noisy current chunk (diffusion forcing);
 * positions are **absolute frame indices** (``frame_offset`` + t), so a video can continue past
@@ -99,11 +99,11 @@ def frame_positions(frames: jax.Array, rows: int, cols: int, dim: int) -> jax.Ar
 
 def block_causal_mask(chunks: int, tokens_per_chunk: int, window: int | None = None) -> jax.Array:
     """``(L, L)`` bool, ``L = chunks·tokens_per_chunk``: query chunk ``c`` sees key chunks ``c' <= c``
-    (and ``c' > c - window`` when ``window`` is given)."""
+    (and ``c' >= c - window`` when ``window``, the earlier chunks it sees, is given)."""
     chunk = jnp.arange(chunks * tokens_per_chunk) // tokens_per_chunk
     seen = chunk[None, :] <= chunk[:, None]
     if window is not None:
-        seen &= chunk[None, :] > chunk[:, None] - window
+        seen &= chunk[None, :] >= chunk[:, None] - window
     return seen
 
 
@@ -193,7 +193,8 @@ class CausalDiT(DiT):
         """The full block-causal forward: velocity ``(B, T, H, W, C)`` float32 of latents ``x`` whose chunk
         ``c`` (frames ``[c·F, (c+1)·F)``, ``F = chunk_frames``) is at noise level ``sigma[:, c]``
         (``sigma`` ``(B, T/F)``, or ``(B,)`` / scalar for every chunk); frame ``t`` sits at absolute
-        position ``frame_offset + t``; ``window``: how many chunks (itself included) a chunk sees."""
+        position ``frame_offset + t``; ``window``: how many earlier chunks a chunk sees (``None``: all),
+        as a cache of ``window`` chunks gives it."""
         self._check(x, context)
         b, t, hh, ww, _ = x.shape
         if chunk_frames < 1 or t % chunk_frames:
