@@ -1,0 +1,200 @@
+"""``wan-causal`` (chunked causal video over a KV cache) against the bidirectional ``wan-t2v``.
+
+In one process, at each card's default sampling (``wan-causal``: 4 chunks of 2 frames, 8 Euler steps
+per chunk; ``wan-t2v``: 8 steps over all 8 frames; guidance 2 for both):
+
+* **quality** (``jaxpipe.quality.t2v_quality``, judged by ``digit-scorer``): on ``--samples`` prompts
+  naming a digit and a motion, how often the ink centroid moves as told and how often the scorer reads
+  the prompted digit in the first and the last frame (the same prompts and seeds for both cards);
+* **continuation** (``video.t2v_continue``'s two stages, on a shorter prefix): ``wan-t2v`` renders 8
+  frames, ``wan-causal`` is given the first 4 and generates 2 chunks after them: how often the new
+  frames keep moving as told (centroid of frame 7 vs frame 3) and show the digit in the last frame;
+* **time per video vs chunk count**: the bundled weights run as 1, 2, 4 and 8 chunks of an 8-frame
+  video (8 steps per chunk; only the 4-chunk setting is what the card was trained for, the others
+  are timing only), median ms per video of one ``jp.generate`` call of ``--render`` prompts;
+* **the cache speed-up**: the same rollout with the cache vs recomputing every finished chunk at
+  every step (the full block-causal forward over chunks ``0..c``, clean past at σ = 0), and the max
+  difference of the two videos' latents at guidance 1 (where they compute the same thing).
+
+    python benchmarks/causal.py              # prints markdown tables and writes --json
+    python benchmarks/causal.py --quick      # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxpipe as jp
+from jaxpipe import quality, samplers
+from jaxpipe.card import Card
+from jaxpipe.cards import digit_scorer, generator
+from jaxpipe.data import digits
+from jaxpipe.loops import chunk as chunk_loop
+from jaxpipe.loops import policies
+from jaxpipe.nn import DiTCond
+
+
+def with_chunks(card: Card, chunk_frames: int) -> Card:
+    """``card`` generating its 8 frames as chunks of ``chunk_frames`` (same weights)."""
+    loop = card.spec.loops[0]
+    sampling = loop.config.replace(chunk_frames=chunk_frames, chunks=loop.latent_shape[0] // chunk_frames)
+    config = dataclasses.replace(card.spec.config, sampling=sampling)
+    spec = dataclasses.replace(card.spec, loops=(dataclasses.replace(loop, config=sampling),), config=config,
+                               model_id=f"{card.model_id}-f{chunk_frames}")
+    return Card(card.components, spec)
+
+
+def prompts(n: int, seed: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    digit, motion = rng.integers(0, 10, n), rng.integers(0, len(digits.MOTION_NAMES), n)
+    return [digits.caption(int(d), motion=int(m)) for d, m in zip(digit, motion)], digit, motion
+
+
+def timed(fn, repeats: int) -> float:
+    """Median wall ms of ``fn()`` (called once first to compile)."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(times)
+
+
+def continuation(t2v: Card, causal: Card, scorer: Card, samples: int, keep: int = 4, chunks: int = 2) -> dict:
+    """``wan-t2v`` renders 8 frames; ``wan-causal`` is given the first ``keep`` and generates ``chunks`` more
+    chunks after them (the digits world's motions span 8 frames: further out, the digit would leave
+    the frame). Judged on the new frames: the centroid moves as told from the last given frame to the
+    last frame, and the scorer reads the prompted digit in the last frame."""
+    texts, digit, motion = prompts(samples, seed=2)
+    videos = []
+    for i, text in enumerate(texts):
+        first = np.asarray(jp.generate(t2v, text, seed=i)["video"][0])
+        videos.append(np.asarray(jp.generate(causal, text, seed=i + 1, inputs={"video": first[:keep], "chunks": chunks})["video"][0]))
+    videos = np.stack(videos)
+    centroids = quality.ink_centroids(videos)
+    last = np.asarray(digit_scorer.predict(scorer, jnp.asarray(videos[:, -1]) * 2.0 - 1.0)["digit"])
+    return {"samples": samples, "given_frames": keep, "frames_added": int(videos.shape[1] - keep),
+            "motion_accuracy": float(np.mean(quality.moves_as_told(centroids[:, -1] - centroids[:, keep - 1], motion))),
+            "last_frame_digit_accuracy": float(np.mean(last == digit))}
+
+
+def recompute_rollout(dit, keys, cond: DiTCond, uncond: DiTCond | None, config: chunk_loop.ChunkConfig, shape):
+    """The chunk rollout without a cache: every step of chunk ``c`` runs the full block-causal forward over
+    chunks ``0..c`` (finished ones clean, σ = 0) and keeps the last chunk's velocity. Latents ``(B, T, h, w, C)``."""
+    f, b = config.chunk_frames, keys.shape[0]
+    sigmas = chunk_loop.schedule(config)
+    video = jnp.zeros((b, 0) + tuple(shape[1:]), jnp.float32)
+    for c in range(config.chunks):
+        x = chunk_loop._noise(keys, jnp.full((b,), c, jnp.int32), (f,) + tuple(shape[1:]))
+
+        def velocity(x, sigma, text, video=video, c=c):
+            past = jnp.concatenate([video] * (x.shape[0] // b), axis=0)  # guidance stacks cond and uncond rows
+            full = jnp.concatenate([past, x], axis=1)
+            sig = jnp.concatenate([jnp.zeros((x.shape[0], c)), sigma[:, None]], axis=1)
+            return dit(full, sig, text.context, text.context_mask, chunk_frames=f)[:, -f:]
+
+        def body(i, x):
+            sigma = jnp.full((b,), sigmas[i])
+            v = policies.guidance(config.guidance)(velocity, x, sigma, cond, uncond)
+            return samplers.euler_step(x, v, sigma, jnp.full((b,), sigmas[i + 1]))
+
+        video = jnp.concatenate([video, jax.lax.fori_loop(0, config.num_steps, body, x)], axis=1)
+    return video
+
+
+def cache_speedup(card: Card, render: int, repeats: int) -> dict:
+    """ms per video of the cached rollout vs recomputing the finished chunks, and their max latent difference."""
+    texts, _, _ = prompts(render, seed=3)
+    ids = jnp.asarray(card.spec.tokenizer.encode(texts, card["text_encoder"].cfg.max_len))
+    keys = generator.request_keys(list(range(render)))
+    loop = card.spec.loops[0]
+    out = {}
+    for guidance in (loop.config.guidance, 1.0):
+        config = loop.config.replace(guidance=guidance)
+
+        def conds(card):
+            cond = DiTCond(card["text_encoder"](ids), ids != 0)
+            null = jnp.zeros_like(ids)
+            return cond, DiTCond(card["text_encoder"](null), null != 0) if config.guide.needs_uncond else None
+
+        @jax.jit
+        def cached(card):
+            cond, uncond = conds(card)
+            state = chunk_loop.init(card["transformer"], keys, loop.latent_shape, cond, config, uncond)
+            return chunk_loop.run((card["transformer"],), state, config)[0].video
+
+        @jax.jit
+        def recomputed(card):
+            cond, uncond = conds(card)
+            return recompute_rollout(card["transformer"], keys, cond, uncond, config, loop.latent_shape)
+
+        if guidance == 1.0:
+            out["max_abs_diff_guidance_1"] = float(jnp.abs(cached(card) - recomputed(card)).max())
+        else:
+            out["cached_ms_per_video"] = timed(lambda: cached(card), repeats) / render
+            out["recomputed_ms_per_video"] = timed(lambda: recomputed(card), repeats) / render
+    out["speedup"] = out["recomputed_ms_per_video"] / out["cached_ms_per_video"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--continue-samples", type=int, default=50)
+    parser.add_argument("--render", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default="/tmp/causal_benchmark.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.samples, args.continue_samples, args.render, args.repeats = 4, 2, 2, 1
+    load = os.getloadavg()[0]
+    causal, t2v, scorer = jp.cards.load("wan-causal"), jp.cards.load("wan-t2v"), jp.cards.load("digit-scorer")
+    report: dict = {"samples": args.samples, "render": args.render, "repeats": args.repeats}
+
+    report["quality"] = {name: quality.t2v_quality(card, scorer, samples=args.samples, progress=True)["full"]
+                         for name, card in (("wan-t2v", t2v), ("wan-causal", causal))}
+    report["continuation"] = continuation(t2v, causal, scorer, args.continue_samples)
+    texts, _, _ = prompts(args.render, seed=1)
+    seeds = list(range(args.render))
+    report["ms_per_video"] = {"wan-t2v": timed(lambda: jp.generate(t2v, texts, seed=seeds)["video"], args.repeats) / args.render}
+    for f in (8, 4, 2, 1):
+        card = with_chunks(causal, f)
+        report["ms_per_video"][f"wan-causal, {8 // f} chunk(s) of {f}"] = (
+            timed(lambda card=card: jp.generate(card, texts, seed=seeds)["video"], args.repeats) / args.render)
+    report["cache"] = cache_speedup(causal, args.render, args.repeats)
+
+    q = report["quality"]
+    lines = ["| card | motion as prompted | digit, first frame | digit, last frame |", "|---|---:|---:|---:|"]
+    for name, r in q.items():
+        lines.append(f"| `{name}` | {100 * r['motion_accuracy']:.0f}% | {100 * r['first_frame_digit_accuracy']:.0f}% "
+                     f"| {100 * r['last_frame_digit_accuracy']:.0f}% |")
+    c = report["continuation"]
+    lines += ["", f"continuation ({c['given_frames']} given + {c['frames_added']} new frames, {c['samples']} prompts): motion as prompted "
+              f"{100 * c['motion_accuracy']:.0f}%, digit in the last frame {100 * c['last_frame_digit_accuracy']:.0f}%",
+              "", "| setting | ms / video |", "|---|---:|"]
+    lines += [f"| {name} | {ms:.1f} |" for name, ms in report["ms_per_video"].items()]
+    k = report["cache"]
+    lines += ["", f"cache: {k['cached_ms_per_video']:.1f} ms/video cached vs {k['recomputed_ms_per_video']:.1f} recomputing "
+              f"finished chunks ({k['speedup']:.2f}x); max |cached - recomputed| latents at guidance 1: "
+              f"{k['max_abs_diff_guidance_1']:.2e}"]
+    print("\n".join(lines))
+    print(f"samples {args.samples} (seed 0), time: median of {args.repeats} x {args.render} prompts; "
+          f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    if not args.quick:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
