@@ -164,3 +164,17 @@ def test_publishing_the_step_bumps_only_the_trained_experts_version(card, rl_ste
     assert after == {**before, "transformer_high": before["transformer_high"] + 1}
     assert engine.versions(MODEL) == after
     assert weight_sync.publish(engine, method.card(new)) == after  # nothing differs now: no version moves
+
+
+# ------------------------------------------------------------------------------------------ the bundled card
+needs_bundled = pytest.mark.skipif(not {"wan-t2v", MODEL} <= set(jp.cards.available()), reason="bundled cards missing")
+
+
+@needs_bundled
+def test_the_bundled_card_shares_wan_t2v_text_and_vae_and_trained_both_experts():
+    moe, single = jp.cards.load(MODEL), jp.cards.load("wan-t2v")
+    assert moe.spec.loop(LOOP).config.router == policies.SigmaBoundary(0.5) and moe.spec.loop(LOOP).config.guidance == 2.0
+    for name in ("text_encoder", "vae"):
+        assert leaves_equal(nnx.state(moe[name]), nnx.state(single[name])), name
+    high, low, start = (nnx.state(m, nnx.Param) for m in (moe["transformer_high"], moe["transformer_low"], single["transformer"]))
+    assert not leaves_equal(high, low) and not leaves_equal(high, start) and not leaves_equal(low, start)
