@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import perturbed
+from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import parity, workflow
@@ -91,6 +92,9 @@ def test_window_slides_the_oldest_chunk_out(card, inputs):
     np.testing.assert_allclose(cached, windowed[:, -F:], atol=1e-5)
     everything = _full(dit, x, sigma, context, mask, None)
     assert float(jnp.abs(windowed[:, -F:] - everything[:, -F:]).max()) > 1e-4  # chunk 0 is really gone
+    # a one-chunk video keeps no slots: writing only moves the position of the next chunk
+    empty = init_cache(dit.cfg, 2, 0, TOKENS)
+    np.testing.assert_array_equal(dit.write(x[:, :F], ChunkCond(context, mask, empty)).written, [1, 1])
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +184,25 @@ def test_bad_input_is_refused(card):
         jp.generate(card, "seven", image=np.zeros((16, 16, 1), np.float32))
     with pytest.raises(ValueError, match="positive int"):
         jp.generate(card, "seven", inputs={"chunks": 0})
+
+
+BUNDLED = {"wan-causal", "wan-t2v"} <= set(jp.cards.available())
+
+
+@pytest.mark.skipif(not BUNDLED, reason="bundled cards missing")
+def test_bundled_card_shares_wan_t2v_components():
+    causal, t2v = jp.cards.load("wan-causal"), jp.cards.load("wan-t2v")
+    assert type(causal["transformer"]).__name__ == "CausalDiT"
+    assert causal.spec.loops[0].kind == "chunk_rollout" and causal.spec.config.sampling.chunks == 4
+    for name in ("text_encoder", "vae"):  # stored once, in wan-t2v (save_card base=)
+        for mine, base in zip(jax.tree.leaves(nnx.state(causal[name])), jax.tree.leaves(nnx.state(t2v[name])), strict=True):
+            np.testing.assert_array_equal(mine, base)
+
+
+@pytest.mark.slow  # quality of the bundled card (benchmarks/causal.py measures it on more prompts)
+@pytest.mark.skipif(not BUNDLED, reason="bundled cards missing")
+def test_bundled_card_moves_as_told():
+    from jaxpipe import quality
+
+    report = quality.t2v_quality(jp.cards.load("wan-causal"), jp.cards.load("digit-scorer"), samples=40)["full"]
+    assert report["motion_accuracy"] >= 0.6 and report["first_frame_digit_accuracy"] >= 0.6, report

@@ -171,8 +171,8 @@ def init(
     total = before + config.chunks
     cfg = model.cfg
     tokens = f * (frame[0] // cfg.patch_size) * (frame[1] // cfg.patch_size)
-    # the last chunk is never written, so total - 1 slots hold every earlier chunk
-    cache = init_cache(cfg, b, max(1, min(config.window or total, total - 1)), tokens)
+    # a chunk sees at most total - 1 earlier ones, so that many slots hold every one (none for a 1-chunk video)
+    cache = init_cache(cfg, b, min(config.window or total, total - 1), tokens)
     for c in range(before):  # prefill: every prefix chunk, clean, as if it had been generated
         cache = model.write(prefix[:, c * f : (c + 1) * f], ChunkCond(cond.context, cond.context_mask, cache))
     video = jnp.concatenate([prefix, jnp.zeros((b, config.frames) + frame, jnp.float32)], axis=1)

@@ -55,8 +55,9 @@ class ChunkCache(NamedTuple):
         return self.valid.shape[1]
 
     @property
-    def tokens_per_chunk(self) -> int:
-        return self.k[0].shape[1] // self.window
+    def tokens_per_chunk(self) -> int | None:
+        """Tokens per cached chunk (``None`` for a slab of no slots)."""
+        return self.k[0].shape[1] // self.window if self.window else None
 
 
 class ChunkCond(NamedTuple):
@@ -70,9 +71,10 @@ class ChunkCond(NamedTuple):
 
 
 def init_cache(cfg: DiTConfig, batch: int, window: int, tokens_per_chunk: int) -> ChunkCache:
-    """An empty cache for ``batch`` rows keeping ``window`` chunks of ``tokens_per_chunk`` tokens."""
-    if window < 1:
-        raise ValueError(f"the cache window must be >= 1 chunk (got {window})")
+    """An empty cache for ``batch`` rows keeping ``window`` chunks of ``tokens_per_chunk`` tokens (``window = 0``:
+    no slots, for a video of one chunk, which has no past to keep)."""
+    if window < 0:
+        raise ValueError(f"the cache window must be >= 0 chunks (got {window})")
     head_dim = cfg.dim // cfg.heads
     slab = jnp.zeros((batch, window * tokens_per_chunk, cfg.heads, head_dim), compute_dtype(cfg.dtype))
     return ChunkCache(
@@ -220,7 +222,7 @@ class CausalDiT(DiT):
         frames = cache.written[:, None] * f + jnp.arange(f)
         h = self._embed(x, frames)
         tpc = h.shape[1]
-        if cache.tokens_per_chunk != tpc:
+        if cache.window and cache.tokens_per_chunk != tpc:
             raise ValueError(f"the cache holds chunks of {cache.tokens_per_chunk} tokens; this chunk has {tpc}")
         memory_mask = jnp.repeat(cache.valid, tpc, axis=1)  # (B, window·tpc)
         mask = jnp.concatenate([memory_mask, jnp.ones((b, tpc), bool)], axis=1)
@@ -240,6 +242,8 @@ class CausalDiT(DiT):
         cache = cond.cache
         b = x.shape[0]
         rows = jnp.ones((b,), bool) if rows is None else rows
+        if not cache.window:  # nothing is kept: only the count (the next chunk's position) moves
+            return cache._replace(written=cache.written + rows.astype(jnp.int32))
         _, kvs = self.chunk_forward(x, jnp.zeros((b,), jnp.float32), cond)
         slot = cache.written % cache.window
         start = slot * cache.tokens_per_chunk
