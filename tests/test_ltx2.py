@@ -74,10 +74,13 @@ def test_steps_per_stage_are_honoured_by_the_engine(engine):
     assert [e for e in events if e[0] == ltx2.REFINE_LOOP] == [(ltx2.REFINE_LOOP, i, 3) for i in range(1, 4)]
 
 
-def test_serial_equals_interleaved_bit_for_bit(engine):
+def test_serial_equals_interleaved_bit_for_bit_and_batched_within_c3(engine):
     requests = [request(seed=0, base=2, refine=2, prompt="seven moving up"), request(seed=1, base=3, refine=1, prompt="one")]
     report = parity.interleave_gate(engine, requests)
     assert report.passed and report.max_abs_diff == 0.0, report
+    # batched: the rows share each stage's step while at different steps of it (and one waits at the hand-off)
+    report = parity.batch_invariance(engine, requests)
+    assert report.passed, report
 
 
 # ------------------------------------------------------------------------------------------ STG

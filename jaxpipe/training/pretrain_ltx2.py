@@ -8,8 +8,9 @@ card: ``save_card(..., base="wan-t2v")``). Data: the same captioned moving-digit
 average-pooled 2×2 (``ltx2_two_stage.pool_latents``: ``(T, 8, 8, 4) -> (T, 4, 4, 4)``). Then
 
 1. the one DiT (starting from ``wan-t2v``'s) is fine-tuned by flow matching (``Finetune``) on both
-   resolutions, alternating a full-resolution batch and a pooled batch, so one network serves
-   both loops;
+   resolutions, one full-resolution batch then ``base_per_full`` pooled batches in turn, so one
+   network serves both loops (the full resolution is what ``wan-t2v`` already knows; the pooled
+   one is new);
 2. the upsampler learns pooled -> full latents by regression, its input noise-augmented (the
    base stage's samples are not exactly pooled latents).
 
@@ -55,8 +56,9 @@ class PretrainConfig:
     """What the run does; the defaults are the bundled card's settings."""
 
     seed: int = 0
-    steps: int = 1000
+    steps: int = 1200
     upsampler_steps: int = 1000
+    base_per_full: int = 2
     batch_size: int = 16
     base_batch_size: int = 32
     learning_rate: float = 3e-4
@@ -65,7 +67,7 @@ class PretrainConfig:
     copies: int = 4
 
     def __post_init__(self):
-        for name in ("steps", "upsampler_steps", "batch_size", "base_batch_size", "copies"):
+        for name in ("steps", "upsampler_steps", "batch_size", "base_batch_size", "copies", "base_per_full"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"PretrainConfig.{name} must be > 0 (got {getattr(self, name)})")
         if self.upsampler_noise < 0:
@@ -144,8 +146,8 @@ def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig()
     start = time.perf_counter()
     method = Finetune(card, FinetuneConfig(learning_rate=cfg.learning_rate, warmup_steps=min(50, cfg.steps // 10),
                                            total_steps=cfg.steps, trainable=("transformer",)))
-    batches = alternate(array_batches(arrays, cfg.batch_size, seed=cfg.seed + 1),
-                        array_batches(pooled, cfg.base_batch_size, seed=cfg.seed + 2))
+    base_batches = array_batches(pooled, cfg.base_batch_size, seed=cfg.seed + 2)
+    batches = alternate(array_batches(arrays, cfg.batch_size, seed=cfg.seed + 1), *[base_batches] * cfg.base_per_full)
     state, history = fit(method.step, method.init(), batches, steps=cfg.steps, key=jax.random.key(cfg.seed + 1),
                          metrics_path=None if out is None else out / "metrics.jsonl", desc="ltx2 transformer")
     card = method.card(state)
@@ -164,7 +166,9 @@ def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig()
     if out is not None:
         save_card(card, out, base=START_FROM, base_components=SHARED)
         heldout = encode_dataset(card, _videos("heldout", cfg.seed, 1))["latents"]
-        full, half = history[0::2], history[1::2]  # alternate(): even steps full resolution, odd steps pooled
+        cycle = 1 + cfg.base_per_full  # alternate(): step i is full resolution when i % cycle == 0, pooled otherwise
+        full = [h for i, h in enumerate(history) if i % cycle == 0]
+        half = [h for i, h in enumerate(history) if i % cycle]
         report = {
             "model_id": ltx2_two_stage.MODEL_ID, "settings": config_to_dict(cfg), "start_from": START_FROM,
             "shared_components": list(SHARED), "base_data": "full-resolution VAE latents average-pooled 2x2",

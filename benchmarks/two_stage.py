@@ -1,0 +1,133 @@
+"""The two-stage ``ltx2-two-stage`` against the single-stage ``wan-t2v`` at matched DiT FLOPs, plus ablations.
+
+Per setting, judged by ``jaxpipe.quality.t2v_quality`` (``digit-scorer``) on ``--samples`` prompts naming a
+digit and a motion: motion accuracy (the ink centroid moves > 1 px as told; ``still``: < 1 px), first- and
+last-frame digit accuracy; **DiT GFLOPs per video** (XLA's cost analysis of one velocity call per loop,
+times the forwards per step that guidance needs, times the steps); and **time per video** (median wall
+ms of one compiled ``jp.generate`` call of ``--render`` prompts, divided by the prompts).
+
+Settings: ``wan-t2v`` at its default 8 steps and at the step count whose DiT FLOPs match the two-stage
+card's default; ``ltx2-two-stage`` at its defaults, without STG, and with nearest-neighbour instead of
+the learned upsampler.
+
+    python benchmarks/two_stage.py               # full run (200 samples); prints a markdown table
+    python benchmarks/two_stage.py --samples 40  # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxpipe as jp
+from jaxpipe import quality
+from jaxpipe.card import Card
+from jaxpipe.cards import ltx2_two_stage
+from jaxpipe.loops import denoise
+from jaxpipe.nn import DiTCond
+
+
+def forwards_per_step(config: denoise.DenoiseConfig) -> int:
+    """Rows of the DiT call one step of a loop makes per request (1; 2 with CFG; +1 with STG)."""
+    return 1 + int(config.guide.needs_uncond) + int(config.stg > 0)
+
+
+def dit_flops(card: Card, loop_id: str) -> float:
+    """XLA-counted FLOPs of one single-row velocity call of the DiT ``loop_id`` binds, at its latent shape."""
+    loop = card.spec.loop(loop_id)
+    dit = card[loop.binds[0]]
+    x = jnp.zeros((1, *loop.latent_shape), jnp.float32)
+    cond = DiTCond(jnp.zeros((1, card["text_encoder"].cfg.max_len, dit.cfg.text_dim)), jnp.ones((1, card["text_encoder"].cfg.max_len), bool))
+    compiled = jax.jit(lambda m, x, c: m.velocity(x, jnp.ones((1,)), c)).lower(dit, x, cond).compile()
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    return float(analysis["flops"])
+
+
+def video_gflops(card: Card, steps: dict[str, int]) -> float:
+    """DiT GFLOPs of one video: per loop, steps × forwards per step × one forward's FLOPs."""
+    return sum(n * forwards_per_step(card.spec.loop(l).config) * dit_flops(card, l) for l, n in steps.items()) / 1e9
+
+
+def with_loop(card: Card, loop_id: str, **changes) -> Card:
+    """The card with ``loop_id``'s default config changed (e.g. ``stg=0``)."""
+    loops = tuple(dataclasses.replace(l, config=l.config.replace(**changes)) if l.id == loop_id else l for l in card.spec.loops)
+    return Card(card.components, dataclasses.replace(card.spec, loops=loops))
+
+
+def nearest_upsampler(card: Card) -> Card:
+    """The card with its learned upsampler replaced by nearest-neighbour upsampling (a fresh upsampler is exactly that)."""
+    fresh = jp.cards.build(ltx2_two_stage.MODEL_ID, seed=0, config=card.spec.config)["upsampler"]
+    return card.replace(upsampler=fresh)
+
+
+def time_per_video(card: Card, prompts: list[str], num_steps: int | None, repeats: int) -> float:
+    """Median wall ms of one compiled ``jp.generate`` call of ``prompts``, per prompt."""
+    run = lambda: jax.block_until_ready(jp.generate(card, prompts, seed=0, num_steps=num_steps)["video"])
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return 1000.0 * statistics.median(times) / len(prompts)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--render", type=int, default=16, help="prompts per timed generate call")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args(argv)
+
+    scorer, wan, ltx = jp.cards.load("digit-scorer"), jp.cards.load("wan-t2v"), jp.cards.load(ltx2_two_stage.MODEL_ID)
+    base, refine = (ltx.spec.loop(l).config for l in (ltx2_two_stage.BASE_LOOP, ltx2_two_stage.REFINE_LOOP))
+    ltx_gflops = video_gflops(ltx, {ltx2_two_stage.BASE_LOOP: base.num_steps, ltx2_two_stage.REFINE_LOOP: refine.num_steps})
+    wan_loop = wan.spec.recipe[0]
+    per_step = video_gflops(wan, {wan_loop: 1})
+    matched = max(1, round(ltx_gflops / per_step))
+    settings = [
+        ("wan-t2v (default)", wan, None, {wan_loop: wan.spec.loop(wan_loop).config.num_steps}),
+        ("wan-t2v (matched FLOPs)", wan, matched, {wan_loop: matched}),
+        ("ltx2-two-stage (default)", ltx, None, None),
+        ("ltx2-two-stage, no STG", with_loop(ltx, ltx2_two_stage.BASE_LOOP, stg=0.0), None, None),
+        ("ltx2-two-stage, nearest upsampler", nearest_upsampler(ltx), None, None),
+    ]
+    prompts = [f"{w} moving right" for w in ("zero", "one", "two", "three", "four", "five", "six", "seven")] * 4
+    rows = []
+    for name, card, num_steps, steps in settings:
+        steps = steps or {ltx2_two_stage.BASE_LOOP: base.num_steps, ltx2_two_stage.REFINE_LOOP: refine.num_steps}
+        report = quality.t2v_quality(card, scorer, samples=args.samples, seed=0, num_steps=num_steps)
+        full = report["full"]
+        rows.append({
+            "setting": name,
+            "steps": " + ".join(str(n) for n in steps.values()),
+            "dit_gflops_per_video": video_gflops(card, steps),
+            "motion_accuracy": full["motion_accuracy"],
+            "first_frame_digit_accuracy": full["first_frame_digit_accuracy"],
+            "last_frame_digit_accuracy": full["last_frame_digit_accuracy"],
+            "ms_per_video": time_per_video(card, prompts[: args.render], num_steps, args.repeats),
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{args.samples} prompts per row, seed 0; jax {jax.__version__} on {jax.default_backend()}\n")
+    print("| setting | steps | DiT GFLOPs / video | motion acc. | first-frame digit | last-frame digit | ms / video |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['setting']} | {r['steps']} | {r['dit_gflops_per_video']:.2f} | {r['motion_accuracy']:.2f} | "
+              f"{r['first_frame_digit_accuracy']:.2f} | {r['last_frame_digit_accuracy']:.2f} | {r['ms_per_video']:.1f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()
