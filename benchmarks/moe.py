@@ -14,6 +14,7 @@ high-noise or only the low-noise expert for every step), to show what each exper
 
     python benchmarks/moe.py                 # prints a markdown table and writes --json
     python benchmarks/moe.py --quick         # smoke test
+    python benchmarks/moe.py --samples 0 --repeats 20   # time per video only
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def time_per_video(cards: dict[str, Card], render: int, repeats: int) -> dict[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--samples", type=int, default=200, help="quality prompts per card (0: time only)")
     parser.add_argument("--render", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--experts", action="store_true", help="also each expert alone (constant router)")
@@ -88,15 +89,16 @@ def main() -> None:
     scorer = jp.cards.load("digit-scorer")
     rows = {}
     for name, card in cards.items():
-        q = quality.t2v_quality(card, scorer, samples=args.samples, progress=True)["full"]
+        q = quality.t2v_quality(card, scorer, samples=args.samples, progress=True)["full"] if args.samples else {}
         rows[name] = {**q, "params": card.num_params(), "step_params": step_params(card)}
     for name, ms in time_per_video(cards, args.render, args.repeats).items():
         rows[name]["ms_per_video"] = ms
     lines = ["| card | motion as prompted | digit, first frame | digit, last frame | ms / video | params (all / per step) |",
              "|---|---:|---:|---:|---:|---:|"]
+    pct = lambda r, k: f"{100 * r[k]:.0f}%" if k in r else "–"
     for name, r in rows.items():
-        lines.append(f"| `{name}` | {100 * r['motion_accuracy']:.0f}% | {100 * r['first_frame_digit_accuracy']:.0f}% "
-                     f"| {100 * r['last_frame_digit_accuracy']:.0f}% | {r['ms_per_video']:.1f} "
+        lines.append(f"| `{name}` | {pct(r, 'motion_accuracy')} | {pct(r, 'first_frame_digit_accuracy')} "
+                     f"| {pct(r, 'last_frame_digit_accuracy')} | {r['ms_per_video']:.1f} "
                      f"| {r['params'] / 1e6:.2f} M / {r['step_params'] / 1e6:.2f} M |")
     print("\n".join(lines))
     print(f"samples {args.samples} (seed 0), time: median of {args.repeats} x {args.render} prompts; "
