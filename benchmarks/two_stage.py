@@ -4,7 +4,8 @@ Per setting, judged by ``jaxpipe.quality.t2v_quality`` (``digit-scorer``) on ``-
 digit and a motion: motion accuracy (the ink centroid moves > 1 px as told; ``still``: < 1 px), first- and
 last-frame digit accuracy; **DiT GFLOPs per video** (XLA's cost analysis of one velocity call per loop,
 times the forwards per step that guidance needs, times the steps); and **time per video** (median wall
-ms of one compiled ``jp.generate`` call of ``--render`` prompts, divided by the prompts).
+ms of one compiled ``jp.generate`` call of ``--render`` prompts, divided by the prompts; the settings take
+turns in each repeat).
 
 Settings: ``wan-t2v`` at its default 8 steps and at the step count whose DiT FLOPs match the two-stage
 card's default; ``ltx2-two-stage`` at its defaults, without STG, and with nearest-neighbour instead of
@@ -68,23 +69,26 @@ def nearest_upsampler(card: Card) -> Card:
     return card.replace(upsampler=fresh)
 
 
-def time_per_video(card: Card, prompts: list[str], num_steps: int | None, repeats: int) -> float:
-    """Median wall ms of one compiled ``jp.generate`` call of ``prompts``, per prompt."""
-    run = lambda: jax.block_until_ready(jp.generate(card, prompts, seed=0, num_steps=num_steps)["video"])
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def times_per_video(settings: list[tuple[Card, int | None]], prompts: list[str], repeats: int) -> list[float]:
+    """Per setting ``(card, num_steps)``: median wall ms of one compiled ``jp.generate`` call of ``prompts``, per
+    prompt. Every setting is compiled first, then the settings take turns in each repeat (load drifts hit all alike)."""
+    runs = [lambda c=c, n=n: jax.block_until_ready(jp.generate(c, prompts, seed=0, num_steps=n)["video"]) for c, n in settings]
+    for run in runs:
         run()
-        times.append(time.perf_counter() - start)
-    return 1000.0 * statistics.median(times) / len(prompts)
+    times = [[] for _ in runs]
+    for _ in range(repeats):
+        for run, out in zip(runs, times):
+            start = time.perf_counter()
+            run()
+            out.append(time.perf_counter() - start)
+    return [1000.0 * statistics.median(t) / len(prompts) for t in times]
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--render", type=int, default=16, help="prompts per timed generate call")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
 
@@ -114,9 +118,11 @@ def main(argv=None) -> None:
             "motion_accuracy": full["motion_accuracy"],
             "first_frame_digit_accuracy": full["first_frame_digit_accuracy"],
             "last_frame_digit_accuracy": full["last_frame_digit_accuracy"],
-            "ms_per_video": time_per_video(card, prompts[: args.render], num_steps, args.repeats),
         })
         print(json.dumps(rows[-1]), flush=True)
+    timed = times_per_video([(card, num_steps) for _, card, num_steps, _ in settings], prompts[: args.render], args.repeats)
+    for row, ms in zip(rows, timed):
+        row["ms_per_video"] = ms
     print(f"\n{args.samples} prompts per row, seed 0; jax {jax.__version__} on {jax.default_backend()}\n")
     print("| setting | steps | DiT GFLOPs / video | motion acc. | first-frame digit | last-frame digit | ms / video |")
     print("|---|---|---|---|---|---|---|")

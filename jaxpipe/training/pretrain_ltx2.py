@@ -56,7 +56,7 @@ class PretrainConfig:
     """What the run does; the defaults are the bundled card's settings."""
 
     seed: int = 0
-    steps: int = 1200
+    steps: int = 1600
     upsampler_steps: int = 1000
     base_per_full: int = 2
     batch_size: int = 16
