@@ -90,18 +90,28 @@ def continuation(t2v: Card, causal: Card, scorer: Card, samples: int, keep: int 
     """``wan-t2v`` renders 8 frames; ``wan-causal`` is given the first ``keep`` and generates ``chunks`` more
     chunks after them (the digits world's motions span 8 frames: further out, the digit would leave
     the frame). Judged on the new frames: the centroid moves as told from the last given frame to the
-    last frame, and the scorer reads the prompted digit in the last frame."""
+    last frame, the scorer reads the prompted digit in the last frame, and the same digit as in the last
+    given frame (the identity is carried over, whatever wan-t2v drew); the same judged on wan-t2v's own
+    frames (``"wan-t2v alone"``) for reference."""
     texts, digit, motion = prompts(samples, seed=2)
-    videos = []
+    videos, references = [], []
     for i, text in enumerate(texts):
         first = np.asarray(jp.generate(t2v, text, seed=i)["video"][0])
+        references.append(first)
         videos.append(np.asarray(jp.generate(causal, text, seed=i + 1, inputs={"video": first[:keep], "chunks": chunks})["video"][0]))
+    read = lambda frames: np.asarray(digit_scorer.predict(scorer, jnp.asarray(frames) * 2.0 - 1.0)["digit"])
+
+    def judge(videos: np.ndarray) -> dict:
+        centroids = quality.ink_centroids(videos)
+        last, given = read(videos[:, -1]), read(videos[:, keep - 1])
+        return {"motion_accuracy": float(np.mean(quality.moves_as_told(centroids[:, -1] - centroids[:, keep - 1], motion))),
+                "last_frame_digit_accuracy": float(np.mean(last == digit)),
+                "given_frame_digit_accuracy": float(np.mean(given == digit)),
+                "keeps_given_digit": float(np.mean(last == given))}
+
     videos = np.stack(videos)
-    centroids = quality.ink_centroids(videos)
-    last = np.asarray(digit_scorer.predict(scorer, jnp.asarray(videos[:, -1]) * 2.0 - 1.0)["digit"])
     return {"samples": samples, "given_frames": keep, "frames_added": int(videos.shape[1] - keep),
-            "motion_accuracy": float(np.mean(quality.moves_as_told(centroids[:, -1] - centroids[:, keep - 1], motion))),
-            "last_frame_digit_accuracy": float(np.mean(last == digit))}
+            **judge(videos), "wan-t2v alone": judge(np.stack(references)[:, : videos.shape[1]])}
 
 
 def recompute_rollout(dit, keys, cond: DiTCond, uncond: DiTCond | None, config: chunk_loop.ChunkConfig, shape):
@@ -211,7 +221,11 @@ def main() -> None:
         c = report["continuation"]
         lines += ["", f"continuation ({c['given_frames']} given + {c['frames_added']} new frames, {c['samples']} prompts): "
                   f"motion as prompted {100 * c['motion_accuracy']:.0f}%, digit in the last frame "
-                  f"{100 * c['last_frame_digit_accuracy']:.0f}%", ""]
+                  f"{100 * c['last_frame_digit_accuracy']:.0f}% (last given frame: {100 * c['given_frame_digit_accuracy']:.0f}%), "
+                  f"the scorer reads the same digit in the last given and the last new frame {100 * c['keeps_given_digit']:.0f}%; "
+                  f"wan-t2v's own frames on the same prompts and seeds: motion {100 * c['wan-t2v alone']['motion_accuracy']:.0f}%, "
+                  f"digit in frame {c['given_frames'] + c['frames_added']} {100 * c['wan-t2v alone']['last_frame_digit_accuracy']:.0f}%, "
+                  f"same digit as in frame {c['given_frames']} {100 * c['wan-t2v alone']['keeps_given_digit']:.0f}%", ""]
     lines += ["| setting | ms / video |", "|---|---:|"]
     lines += [f"| {name} | {ms:.1f} |" for name, ms in report["ms_per_video"].items()]
     if "cache" in report:
