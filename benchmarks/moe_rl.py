@@ -6,7 +6,7 @@ averaged over the video's frames. Reports the reward curve, the quality of the c
 after (``quality.t2v_quality`` at the card's default sampling), that the low-noise expert is
 bit-identical after training, and the versions a publish into an engine gives each expert.
 
-    python benchmarks/moe_rl.py --steps 40
+    python benchmarks/moe_rl.py --steps 80
 """
 
 from __future__ import annotations
@@ -43,14 +43,16 @@ def same(a, b) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step (each sampled group-size times)")
-    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--beta", type=float, default=0.04, help="KL weight to the reference expert")
     parser.add_argument("--samples", type=int, default=200, help="quality prompts before and after")
     parser.add_argument("--json", default="/tmp/moe_rl.json")
     args = parser.parse_args()
     card, scorer = jp.cards.load("wan22-moe"), jp.cards.load("digit-scorer")
-    config = FlowGRPOConfig(group_size=4, num_steps=8, sde_window=(0, 3), learning_rate=args.learning_rate)
+    config = FlowGRPOConfig(group_size=4, num_steps=8, sde_window=(0, 3), learning_rate=args.learning_rate,
+                            beta=args.beta)
     method = FlowGRPO(card, scorer_reward(scorer, ("digit",)), config)
     print("trained experts:", method.trained_experts)
     before = quality.t2v_quality(card, scorer, samples=args.samples)["full"]
@@ -74,7 +76,7 @@ def main() -> None:
         "high_expert_changed": not same(trained["transformer_high"], card["transformer_high"]),
         "reward_first_quarter": float(np.mean(rewards[:k])), "reward_last_quarter": float(np.mean(rewards[-k:])),
         "rewards": rewards, "train_s": train_s, "steps": args.steps, "prompts_per_step": args.prompts,
-        "group_size": config.group_size, "learning_rate": args.learning_rate,
+        "group_size": config.group_size, "learning_rate": args.learning_rate, "beta": args.beta,
         "versions_before": versions_before, "versions_after": versions_after,
         "quality_before": {k2: v for k2, v in before.items() if k2 != "motion_accuracy_by_direction"},
         "quality_after": {k2: v for k2, v in after.items() if k2 != "motion_accuracy_by_direction"},
