@@ -128,6 +128,10 @@ def test_stg_composes_with_cfg_in_one_batched_call(dit_inputs):
     v_c, v_u = forward(dit, x, sigma, cond), forward(dit, x, sigma, uncond)
     v_p = forward(dit, x, sigma, cond.skipping((0,)))
     np.testing.assert_allclose(guided, v_c + (cfg - 1) * (v_c - v_u) + stg * (v_c - v_p), atol=1e-5)
+    alone = denoise.DenoiseConfig(stg=stg, stg_blocks=(0,)).guide  # STG without CFG: two forwards, no uncond
+    calls.clear()
+    np.testing.assert_allclose(jax.jit(lambda d, *a: alone(velocity, *a))(dit, x, sigma, cond), v_c + stg * (v_c - v_p), atol=1e-5)
+    assert calls == [4] and not alone.needs_uncond
     # stg == 0 keeps exactly today's policies (CFG through samplers.cfg_combine)
     assert denoise.DenoiseConfig(guidance=cfg).guide == policies.CFG(cfg)
     assert denoise.DenoiseConfig(stg=0.0, stg_blocks=(1,)).guide == policies.Unguided()

@@ -3,7 +3,8 @@
 Patchify -> timestep + pooled-text conditioning -> adaLN-zero blocks (self-attention over
 latent tokens, cross-attention to text, MLP) -> adaLN final layer -> unpatchify. An optional
 first-frame input conditions image-to-video generation: its latent is concatenated to every
-frame's tokens, with a flag channel marking frame 0.
+frame's tokens, with a flag channel marking frame 0. Per-row ``skip_blocks`` drop chosen blocks'
+self-attention residual: the perturbed forward of spatio-temporal guidance (``policies.STG``).
 """
 
 from __future__ import annotations
