@@ -192,7 +192,7 @@ def _start_noise(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Check a loop's start; ``(noise (B, *latent_shape), per-step keys (B,), sigmas (B, N+1))``.
 
-    The noise is drawn from the first half of each request key's split, the step keys are the second.
+    Each request key splits in two: the first draws the starting noise, the second is the step key.
     """
     keys = jnp.asarray(keys)
     if not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) or keys.ndim != 1:
