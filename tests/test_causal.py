@@ -157,6 +157,7 @@ def test_chunks_stream_through_on_step(engine):
 def test_continuation_prefills_the_given_video(card, engine):
     t2v = jp.cards.build("wan-t2v", seed=3, config=jp.cards.wan_t2v.Config(dit=DIT))
     engine.register(t2v.replace(transformer=perturbed(t2v["transformer"], seed=5)))
+    assert "video.t2v_continue" in [w.id for w in workflow.bundled()]  # Engine.default() serves it with its cards
     engine.register_workflow(workflow.t2v_continue())
     out = engine.run(jp.Request("video.t2v_continue", prompt="seven moving right", num_steps=2, inputs={"chunks": 2}))
     assert out["video"].shape == (12, 16, 16, 1) and out["more:latents"].shape == (12, 8, 8, 4)
