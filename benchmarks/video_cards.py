@@ -170,7 +170,7 @@ def main() -> None:
         *[f"| {k} | {v} |" for k, v in info.items()],
         "",
     ]
-    write_section(RESULTS, SECTION, "\n".join(header) + body + "\n")
+    write_section(RESULTS, SECTION, "\n".join(header) + "\n" + body + "\n")
 
 
 if __name__ == "__main__":

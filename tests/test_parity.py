@@ -66,6 +66,9 @@ def test_same_seed_and_structure(engine):
 # for flux-t2i at guidance 2), so both engine modes drive the same jitted step.
 
 MOT_CARDS = ("bagel-mot", "cosmos3")
+VIDEO_CARDS = ("wan-t2v", "ltx2-two-stage", "wan22-moe", "wan-causal")
+"""Checked here for C1 (both stages of ltx2-two-stage, every chunk of wan-causal); their fused paths are
+checked against the engine on small cards in their own test files."""
 BUNDLED = {"flux-t2i", "wan-i2v", "unified"} <= set(jp.cards.available())
 
 
@@ -90,6 +93,10 @@ def bundled():
     # the MoT cards: one resident transformer stepped by an AR loop and a denoise loop in one run
     if "bagel-mot" in engine.models():  # cosmos3 is the same family's structure with shared routing (test_cosmos3.py)
         requests.append(jp.Request("bagel-mot", prompt="four", seed=6, num_steps=3))
+    # the video cards at their default step counts (per stage / per chunk), and the continuation workflow
+    requests += [jp.Request(m, prompt="five moving left", seed=7 + i) for i, m in enumerate(VIDEO_CARDS) if m in engine.models()]
+    if "video.t2v_continue" in engine.models():
+        requests.append(jp.Request("video.t2v_continue", prompt="six moving down", seed=11, num_steps=2))
     return engine, requests, engine.run_many(requests, mode="serial")
 
 
@@ -107,7 +114,7 @@ def test_the_fused_path_is_a_c3_fast_path_on_the_bundled_cards(bundled):
     engine, requests, serial = bundled
     worst = 0.0
     for request, out in zip(requests, serial):
-        if request.model not in engine.cards() or request.model in MOT_CARDS:
+        if request.model not in engine.cards() or request.model in MOT_CARDS + VIDEO_CARDS:
             continue  # the MoT cards' C1 is checked above; their fused path would cost two more compiles here
         fused = jp.generate(engine.card(request.model), request.prompt, seed=request.seed, num_steps=request.num_steps,
                             guidance=request.guidance, image=request.image)
