@@ -20,8 +20,8 @@ from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.loops import denoise
-from jaxpipe.nn import DiTCond
-from jaxpipe.program import Bound, ComponentNode, settings
+from jaxpipe.nn import DiTCond, DiTConfig
+from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, settings
 from jaxpipe.request import Request
 
 __all__ = [
@@ -38,6 +38,9 @@ __all__ = [
     "decode_video",
     "loop_config",
     "bind_text",
+    "text_to_video_program",
+    "bundled_sizes",
+    "video_latent_shape",
     "TextFlow",
     "TEXT_FLOW",
 ]
@@ -62,6 +65,20 @@ def check_config(config) -> None:
     factor = config.vae.downsample * config.dit.patch_size
     if config.image_size % factor:
         raise ValueError(f"image_size ({config.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})")
+
+
+def bundled_sizes(config_cls, **changes):
+    """A bundled generator ``Config``: ``flux-t2i``'s bundled text encoder (dim 64) and DiT (dim 96, depth 4,
+    4 heads) — the size every bundled digits-world generator shares, so the video cards can start from
+    ``flux-t2i`` / ``wan-t2v`` weights — plus ``changes`` (changes to the DiT's config go in ``dit_changes``)."""
+    dit = DiTConfig(dim=96, depth=4, heads=4, text_dim=64, **changes.pop("dit_changes", {}))
+    return config_cls(text=dataclasses.replace(config_cls.text, dim=64), dit=dit, **changes)
+
+
+def video_latent_shape(config) -> tuple[int, int, int, int]:
+    """Per-request latent shape ``(T, h, w, C)`` of a video generator config (``frames``, ``image_size``, ``vae``)."""
+    side = config.image_size // config.vae.downsample
+    return (config.frames, side, side, config.vae.latent_channels)
 
 
 def build(config, *, seed: int, model_id: str, family: str, loop_id: str, capability: str) -> Card:
@@ -185,6 +202,35 @@ def bind_text(card: Card, request: Request, loop_id: str) -> Bound:
     config = loop_config(card, loop_id, request)
     slots = {"ids": ids, "null_ids": np.zeros_like(ids), "key": request_keys([request.seed])}
     return Bound(slots=slots, settings=settings(**{loop_id: config}), artifacts={"text": request.prompt})
+
+
+def text_to_video_program(model_id: str, loop_id: str) -> Program:
+    """The program of a text-to-video card with one denoise loop (``wan-t2v``, ``wan22-moe``): encode text
+    (cached) -> ``loop_id`` -> decode every frame.
+
+    Request: ``prompt`` (required), ``seed``, ``num_steps``, ``guidance``; no image. Artifacts:
+    ``"video"`` ``(T, H, W, C)`` in [0, 1], ``"latents"`` ``(T, h, w, C)`` and ``"text"`` (the prompt).
+    """
+
+    def bind(card: Card, request: Request) -> Bound:
+        if request.image is not None:
+            raise ValueError(
+                f"{card.model_id!r} renders text to a video and takes no image (got image={request.image.shape}); "
+                "animate a first frame with 'wan-i2v'"
+            )
+        return bind_text(card, request, loop_id)
+
+    return Program(
+        name=model_id,
+        inputs=("ids", "null_ids", "key"),
+        nodes=(
+            *text_nodes(),
+            LoopNode(loop_id, start_denoise(), reads=DENOISE_READS, writes=("latents",)),
+            ComponentNode("decode", decode_video, reads=("latents",), writes=("video",), component="vae"),
+        ),
+        outputs=(("video", "video"), ("latents", "latents")),
+        bind=bind,
+    )
 
 
 # ------------------------------------------------------------------------------------------ fine-tuning

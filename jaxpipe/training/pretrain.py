@@ -158,16 +158,29 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
     return card
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Pretrain a bundled generator card on the digits world.")
-    parser.add_argument("model_id", choices=["flux-t2i", *VIDEO_CARDS])
+def settings_parser(settings_cls, description: str) -> argparse.ArgumentParser:
+    """A pretraining command line: ``--out`` and one ``--flag`` per field of the frozen settings dataclass
+    ``settings_cls`` (its defaults; booleans as ``--flag`` / ``--no-flag``)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True, help="directory to write the card to")
-    defaults = PretrainConfig()
-    for field in dataclasses.fields(PretrainConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
+    defaults = settings_cls()
+    for field in dataclasses.fields(settings_cls):
+        default = getattr(defaults, field.name)
+        kind = {"action": argparse.BooleanOptionalAction} if isinstance(default, bool) else {"type": type(default)}
+        parser.add_argument(f"--{field.name.replace('_', '-')}", default=default, **kind)
+    return parser
+
+
+def parse_settings(parser: argparse.ArgumentParser, settings_cls, argv=None):
+    """``(args, settings)``: the parsed command line and the ``settings_cls`` its flags describe."""
     args = parser.parse_args(argv)
-    cfg = PretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainConfig)})
+    return args, settings_cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(settings_cls)})
+
+
+def main(argv=None) -> None:
+    parser = settings_parser(PretrainConfig, "Pretrain a bundled generator card on the digits world.")
+    parser.add_argument("model_id", choices=["flux-t2i", *VIDEO_CARDS])
+    args, cfg = parse_settings(parser, PretrainConfig, argv)
     pretrain_generator(args.model_id, args.out, cfg)
     print(f"wrote {args.out}")
 

@@ -16,7 +16,6 @@ DiT is stored), ``metrics.jsonl`` and ``pretrain.json``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -36,7 +35,7 @@ from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.nn.causal_dit import CausalDiT
 from jaxpipe.training.finetune import guarded_update, make_optimizer
 from jaxpipe.training.fit import fit
-from jaxpipe.training.pretrain import PretrainConfig, array_batches, encode_dataset, generator_data
+from jaxpipe.training.pretrain import PretrainConfig, array_batches, encode_dataset, generator_data, parse_settings, settings_parser
 
 BASE = "wan-t2v"
 SHARED = ("text_encoder", "vae")
@@ -180,14 +179,8 @@ def pretrain_causal(out: str | Path | None, cfg: CausalPretrainConfig = CausalPr
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Pretrain the bundled wan-causal card from wan-t2v (diffusion forcing).")
-    parser.add_argument("--out", required=True, help="directory to write the card to")
-    defaults = CausalPretrainConfig()
-    for field in dataclasses.fields(CausalPretrainConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
-    args = parser.parse_args(argv)
-    cfg = CausalPretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(CausalPretrainConfig)})
+    parser = settings_parser(CausalPretrainConfig, "Pretrain the bundled wan-causal card from wan-t2v (diffusion forcing).")
+    args, cfg = parse_settings(parser, CausalPretrainConfig, argv)
     pretrain_causal(args.out, cfg)
     print(f"wrote {args.out}")
 

@@ -17,7 +17,6 @@ reproduces the same weights; writes ``metrics.jsonl`` (one line per step) and ``
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -39,6 +38,7 @@ from jaxpipe.data import digits
 from jaxpipe.data.words import DIGIT_WORDS
 from jaxpipe.nn import RefinerLM, Tokenizer
 from jaxpipe.training.finetune import guarded_update, make_optimizer
+from jaxpipe.training.pretrain import parse_settings, settings_parser
 from jaxpipe.training.fit import fit
 
 __all__ = [
@@ -234,15 +234,9 @@ def pretrain_lm(out: str | Path | None, cfg: LMPretrainConfig = LMPretrainConfig
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Pretrain the bundled unified card's refiner LM on digits-world captions.")
-    parser.add_argument("--out", required=True, help="directory to write the card to")
+    parser = settings_parser(LMPretrainConfig, "Pretrain the bundled unified card's refiner LM on digits-world captions.")
     parser.add_argument("--base", default=BASE, help="bundled card providing the text encoder, DiT and autoencoder")
-    defaults = LMPretrainConfig()
-    for field in dataclasses.fields(LMPretrainConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
-    args = parser.parse_args(argv)
-    cfg = LMPretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(LMPretrainConfig)})
+    args, cfg = parse_settings(parser, LMPretrainConfig, argv)
     pretrain_lm(args.out, cfg, base=args.base)
     print(f"wrote {args.out}")
 

@@ -21,7 +21,6 @@ final losses and the upsampler's held-out error against nearest-neighbour upsamp
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -42,7 +41,7 @@ from jaxpipe.data import digits
 from jaxpipe.nn import LatentUpsampler
 from jaxpipe.training.finetune import Finetune, FinetuneConfig, make_optimizer
 from jaxpipe.training.fit import fit
-from jaxpipe.training.pretrain import array_batches, encode_dataset
+from jaxpipe.training.pretrain import array_batches, encode_dataset, parse_settings, settings_parser
 
 __all__ = ["PretrainConfig", "UpsamplerTrainer", "alternate", "pretrain_ltx2", "main"]
 
@@ -183,14 +182,9 @@ def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig()
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Pretrain the bundled ltx2-two-stage card from the bundled wan-t2v.")
-    parser.add_argument("--out", required=True, help="directory to write the card to")
-    defaults = PretrainConfig()
-    for field in dataclasses.fields(PretrainConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
-    args = parser.parse_args(argv)
-    pretrain_ltx2(args.out, PretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainConfig)}))
+    parser = settings_parser(PretrainConfig, "Pretrain the bundled ltx2-two-stage card from the bundled wan-t2v.")
+    args, cfg = parse_settings(parser, PretrainConfig, argv)
+    pretrain_ltx2(args.out, cfg)
     print(f"wrote {args.out}")
 
 

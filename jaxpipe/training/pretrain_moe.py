@@ -16,7 +16,6 @@ Writes the card (``save_card``), ``metrics.jsonl`` (one line per step) and ``pre
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -35,7 +34,7 @@ from jaxpipe.data import digits
 from jaxpipe.loops import denoise
 from jaxpipe.training.finetune import Finetune, FinetuneConfig
 from jaxpipe.training.fit import fit
-from jaxpipe.training.pretrain import array_batches, encode_dataset
+from jaxpipe.training.pretrain import array_batches, encode_dataset, parse_settings, settings_parser
 
 __all__ = ["MoEPretrainConfig", "from_single", "heldout_loss", "pretrain_moe"]
 
@@ -151,14 +150,8 @@ def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainCon
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Pretrain the wan22-moe card's two experts from the bundled wan-t2v.")
-    parser.add_argument("--out", required=True, help="directory to write the card to")
-    defaults = MoEPretrainConfig()
-    for field in dataclasses.fields(MoEPretrainConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
-    args = parser.parse_args(argv)
-    cfg = MoEPretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MoEPretrainConfig)})
+    parser = settings_parser(MoEPretrainConfig, "Pretrain the wan22-moe card's two experts from the bundled wan-t2v.")
+    args, cfg = parse_settings(parser, MoEPretrainConfig, argv)
     pretrain_moe(args.out, cfg)
     print(f"wrote {args.out}")
 

@@ -21,7 +21,6 @@ reference to its base card), ``metrics.jsonl`` and ``pretrain.json``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -43,7 +42,7 @@ from jaxpipe.data import digits
 from jaxpipe.nn.mot import MoT
 from jaxpipe.training.finetune import guarded_update, make_optimizer
 from jaxpipe.training.fit import fit
-from jaxpipe.training.pretrain import array_batches
+from jaxpipe.training.pretrain import array_batches, parse_settings, settings_parser
 
 __all__ = ["MoTPretrainConfig", "MoTTrainer", "caption_ids", "pretrain_mot"]
 
@@ -222,15 +221,9 @@ def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainCon
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Pretrain a Mixture-of-Transformers card on the digits world.")
-    parser.add_argument("--out", required=True, help="directory to write the card to")
+    parser = settings_parser(MoTPretrainConfig, "Pretrain a Mixture-of-Transformers card on the digits world.")
     parser.add_argument("--model-id", default=bagel_mot.MODEL_ID)
-    defaults = MoTPretrainConfig()
-    for field in dataclasses.fields(MoTPretrainConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
-    args = parser.parse_args(argv)
-    cfg = MoTPretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MoTPretrainConfig)})
+    args, cfg = parse_settings(parser, MoTPretrainConfig, argv)
     pretrain_mot(args.out, cfg, model_id=args.model_id)
     print(f"wrote {args.out}")
 

@@ -94,9 +94,8 @@ class Config:
         """The bundled pretrained card: ``wan-t2v``'s bundled text encoder, DiT and autoencoder sizes (it
         starts from that card's weights); base 8 steps with CFG 2 + STG 0.3 on block 1, refine 4 steps
         from σ₀ = 0.7 with CFG 2 (chosen on the digit-scorer's accuracy, see ``benchmarks/two_stage.py``)."""
-        return cls(
-            text=dataclasses.replace(cls.text, dim=64),
-            dit=DiTConfig(dim=96, depth=4, heads=4, text_dim=64),
+        return generator.bundled_sizes(
+            cls,
             upsampler=LatentUpsamplerConfig(width=32, depth=2),
             base_sampling=denoise.DenoiseConfig(num_steps=8, guidance=2.0, stg=0.3, stg_blocks=(1,)),
             refine_sampling=denoise.DenoiseConfig(num_steps=4, guidance=2.0, start_sigma=0.7),
@@ -105,8 +104,7 @@ class Config:
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         """Per-request full-resolution latent shape ``(T, h, w, C)`` (the refine stage's and the decoder's)."""
-        side = self.image_size // self.vae.downsample
-        return (self.frames, side, side, self.vae.latent_channels)
+        return generator.video_latent_shape(self)
 
     @property
     def base_latent_shape(self) -> tuple[int, int, int, int]:

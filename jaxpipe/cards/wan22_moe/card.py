@@ -64,17 +64,12 @@ class Config:
     def bundled(cls) -> "Config":
         """The bundled pretrained card: ``wan-t2v``'s bundled sizes (both experts start from its DiT),
         guidance 2 like ``wan-t2v``, the hand-over at σ = 0.5."""
-        return cls(
-            text=dataclasses.replace(cls.text, dim=64),
-            dit=DiTConfig(dim=96, depth=4, heads=4, text_dim=64),
-            sampling=denoise.DenoiseConfig(guidance=2.0),
-        )
+        return generator.bundled_sizes(cls, sampling=denoise.DenoiseConfig(guidance=2.0))
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         """Per-request latent shape ``(T, h, w, C)``."""
-        side = self.image_size // self.vae.downsample
-        return (self.frames, side, side, self.vae.latent_channels)
+        return generator.video_latent_shape(self)
 
     @property
     def loop_config(self) -> denoise.DenoiseConfig:

@@ -57,17 +57,12 @@ class Config:
     def bundled(cls) -> "Config":
         """The bundled card: ``wan-t2v``'s sizes (it starts from that card's weights), 4 chunks of 2 frames,
         every chunk kept in the cache, guidance 2 like ``wan-t2v``."""
-        return cls(
-            text=dataclasses.replace(cls.text, dim=64),
-            dit=DiTConfig(dim=96, depth=4, heads=4, text_dim=64),
-            sampling=ChunkConfig(num_steps=8, guidance=2.0, chunks=4, chunk_frames=2),
-        )
+        return generator.bundled_sizes(cls, sampling=ChunkConfig(num_steps=8, guidance=2.0, chunks=4, chunk_frames=2))
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         """Per-request latent shape ``(T, h, w, C)`` of the default video."""
-        side = self.image_size // self.vae.downsample
-        return (self.frames, side, side, self.vae.latent_channels)
+        return generator.video_latent_shape(self)
 
 
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:

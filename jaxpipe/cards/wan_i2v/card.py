@@ -41,16 +41,12 @@ class Config:
     @classmethod
     def bundled(cls) -> "Config":
         """The bundled pretrained card: the flux-t2i bundled sizes (a tiny DiT moves the digit but loses its shape)."""
-        return cls(
-            text=dataclasses.replace(cls.text, dim=64),
-            dit=DiTConfig(dim=96, depth=4, heads=4, text_dim=64, frame_cond=True),
-        )
+        return generator.bundled_sizes(cls, dit_changes={"frame_cond": True})
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         """Per-request latent shape ``(T, h, w, C)``."""
-        side = self.image_size // self.vae.downsample
-        return (self.frames, side, side, self.vae.latent_channels)
+        return generator.video_latent_shape(self)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

@@ -42,17 +42,12 @@ class Config:
     def bundled(cls) -> "Config":
         """The bundled pretrained card: the ``flux-t2i`` bundled sizes (it starts from that card's weights),
         served with guidance 2 like ``flux-t2i``."""
-        return cls(
-            text=dataclasses.replace(cls.text, dim=64),
-            dit=DiTConfig(dim=96, depth=4, heads=4, text_dim=64),
-            sampling=denoise.DenoiseConfig(guidance=2.0),
-        )
+        return generator.bundled_sizes(cls, sampling=denoise.DenoiseConfig(guidance=2.0))
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         """Per-request latent shape ``(T, h, w, C)``."""
-        side = self.image_size // self.vae.downsample
-        return (self.frames, side, side, self.vae.latent_channels)
+        return generator.video_latent_shape(self)
 
 
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
