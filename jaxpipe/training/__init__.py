@@ -9,6 +9,7 @@ from importlib import import_module
 _LAZY = {
     "FlowGRPO": "jaxpipe.training.flow_grpo",
     "FlowGRPOConfig": "jaxpipe.training.flow_grpo",
+    "DiffusionNFT": "jaxpipe.training.nft", "DiffusionNFTConfig": "jaxpipe.training.nft",
     "UnifiedRL": "jaxpipe.training.unified_rl",
     "UnifiedRLConfig": "jaxpipe.training.unified_rl",
     "JointMultiExpertRL": "jaxpipe.training.joint_rl",
