@@ -9,7 +9,7 @@ import pytest
 
 from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig, ema_decay, nft_loss, optimality_weight
 
-CONFIG = DiffusionNFTConfig(group_size=2, num_steps=3, learning_rate=3e-3, beta=0.7, ema_start=0.0, ema_end=0.5,
+CONFIG = DiffusionNFTConfig(group_size=4, num_steps=3, learning_rate=1e-3, beta=0.7, ema_start=0.0, ema_end=0.5,
                             ema_ramp_steps=4)
 
 
@@ -87,6 +87,28 @@ def test_reconstructed_sample_equals_the_rollout_bit_for_bit(method, rollout, t2
     assert not bool(jnp.array_equal(moved, ro.latents))  # the check can fail: other weights, other sample
 
 
+def test_update_moves_the_velocity_toward_high_reward_samples(method, rollout):
+    """At the update's own (σ, ε): Σ_i A_i ⟨v_new − v_old, (ε − x0_i) − v_old⟩ > 0, i.e. the velocity
+    moves toward the flow-matching targets of high-advantage samples and away from low-advantage ones,
+    and the update lowers the NFT loss."""
+    state, ro = rollout
+    key = jax.random.key(1)
+    new, metrics = method.update(state, ro, key)
+    x0 = ro.latents
+    k_sigma, k_noise = jax.random.split(key)  # the draws DiffusionNFT.loss makes from the update key
+    sigma = method._sigmas(k_sigma, x0.shape[0])
+    noise = jax.random.normal(k_noise, x0.shape)
+    s = sigma.reshape((-1,) + (1,) * (x0.ndim - 1))
+    x_sigma, target = (1 - s) * x0 + s * noise, noise - x0
+    cond = ro.cond
+    v_old = method.components(state.params, state.frozen)[method.transformer](x_sigma, sigma, cond.context, cond.context_mask)
+    v_new = method.components(new.params, new.frozen)[method.transformer](x_sigma, sigma, cond.context, cond.context_mask)
+    per_row = jnp.sum((v_new - v_old) * (target - v_old), axis=tuple(range(1, x0.ndim)))
+    assert float(jnp.sum(ro.advantages * per_row)) > 0
+    after, _ = jax.jit(method.loss)(new.params, state, ro, key)
+    assert float(after) < float(metrics["loss"])
+
+
 def test_constant_reward_leaves_the_weights_bit_identical(method, rollout):
     state, ro = rollout
     rewards = jnp.ones_like(ro.rewards)
@@ -109,17 +131,18 @@ def test_non_finite_step_is_skipped(method, rollout):
 
 
 def test_a_few_steps_raise_the_reward(method, rollout, t2i_card):
-    """Brightness reward: after a few rollout + update rounds the current policy renders brighter
+    """Brightness reward: after six steps the current policy renders brighter
     images from held-out keys than the starting one."""
     state, _ = rollout
     eval_key = jax.random.key(99)
     before = float(jnp.mean(method.render(state.params, state.frozen, batch(t2i_card), eval_key)[0]))
     key = jax.random.key(10)
-    for _ in range(4):
-        key, k_ro, k_up = jax.random.split(key, 3)
-        ro = method.rollout(state, batch(t2i_card), k_ro)
-        state, metrics = method.update(state, ro, k_up)
+    rewards = []
+    for _ in range(6):
+        key, k = jax.random.split(key)
+        state, metrics = method.step(state, batch(t2i_card), k)  # the fused rollout + update
         assert float(metrics["skipped"]) == 0.0
+        rewards.append(float(metrics["reward_mean"]))
     after = float(jnp.mean(method.render(state.params, state.frozen, batch(t2i_card), eval_key)[0]))
-    assert after > before + 1e-3, (before, after)
-    assert 0.0 < float(metrics["ema_decay"]) < 0.5 and not leaves_equal(state.old, state.params)
+    assert after > before + 0.01, (before, after, rewards)  # measured: 0.547 -> 0.581 (a dark reward: -> 0.504)
+    assert float(metrics["ema_decay"]) == 0.5 and not leaves_equal(state.old, state.params)
