@@ -8,6 +8,7 @@ Both pytest-xdist workers and the subprocesses the tests start share it.
 import os
 
 import jax
+import jax.numpy as jnp
 import pytest
 from flax import nnx
 
@@ -22,6 +23,23 @@ os.environ["JAXPIPE_CACHE_DIR"] = str(compilation.enable_cache())
 # a level the caller chose wins. Every comparison in a test runs under the same flags.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+
+
+def leaves_equal(a, b) -> bool:
+    """The two pytrees have the same number of leaves, each of the same dtype and bit for bit the same values."""
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(x.dtype == y.dtype and bool(jnp.array_equal(x, y)) for x, y in zip(la, lb))
+
+
+def brightness_reward(images, labels):
+    """Mean brightness of images in [0, 1]: a reward whose direction the RL tests can check."""
+    return jnp.mean(images, axis=(1, 2, 3))
+
+
+def rl_batch(card):
+    """Two prompts with their digit labels, as the RL methods take them."""
+    ids = jnp.asarray(card.spec.tokenizer.encode(["seven thick", "one thin"], 8))
+    return {"ids": ids, "labels": {"digit": jnp.array([7, 1])}}
 
 
 def perturbed(module_or_card, seed: int = 0, scale: float = 0.05):

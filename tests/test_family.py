@@ -15,6 +15,7 @@ import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe.training.finetune import Finetune, FinetuneConfig
 from jaxpipe.training.fit import fit
+from conftest import leaves_equal
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +23,6 @@ def family():
     jp.cards.register_family(toy.FAMILY)
     yield toy.FAMILY
     jp.cards.unregister_family(toy.FAMILY.name)
-
-
-def leaves_equal(a, b) -> bool:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(bool(jnp.array_equal(x, y)) for x, y in zip(la, lb))
 
 
 def requests(n=3):

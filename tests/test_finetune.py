@@ -10,6 +10,7 @@ from jaxpipe.data import digits
 from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
 from jaxpipe.training.finetune import Finetune, FinetuneConfig
 from jaxpipe.training.fit import fit
+from conftest import leaves_equal
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +19,6 @@ def image_batch():
     data = digits.augment(images[:32], labels[:32], seed=0)
     tok = jp.cards.build("flux-t2i").spec.tokenizer
     return {"image": jnp.asarray(data.image), "ids": jnp.asarray(tok.encode(list(data.caption), 8))}
-
-
-def leaves_equal(a, b):
-    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def test_flow_matching_loss_falls_and_frozen_parts_stay(image_batch):

@@ -10,25 +10,13 @@ import pytest
 import jaxpipe as jp
 from jaxpipe import samplers
 from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward
+from conftest import brightness_reward, leaves_equal, rl_batch
 
 CONFIG = FlowGRPOConfig(group_size=2, num_steps=3, sde_window=(0, 2), learning_rate=1e-4)
 
 
-def brightness_reward(images, labels):
-    return jnp.mean(images, axis=(1, 2, 3))
-
-
 def constant_reward(images, labels):
     return jnp.ones(images.shape[0])
-
-
-def batch(card):
-    ids = jnp.asarray(card.spec.tokenizer.encode(["seven thick", "one thin"], 8))
-    return {"ids": ids, "labels": {"digit": jnp.array([7, 1])}}
-
-
-def leaves_equal(a, b):
-    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +27,7 @@ def method(t2i_card):
 @pytest.fixture(scope="module")
 def rollout(method, t2i_card):
     state = method.init()
-    return state, method.rollout(state, batch(t2i_card), jax.random.key(0))
+    return state, method.rollout(state, rl_batch(t2i_card), jax.random.key(0))
 
 
 def test_recomputed_log_probs_equal_the_captured_ones(method, rollout):
@@ -73,7 +61,7 @@ def test_update_moves_the_velocity_toward_the_ml_velocity(method, rollout):
 def test_constant_reward_is_a_no_op(t2i_card):
     method = FlowGRPO(t2i_card, constant_reward, CONFIG)
     state = method.init()
-    new, metrics = method.step(state, batch(t2i_card), jax.random.key(1))
+    new, metrics = method.step(state, rl_batch(t2i_card), jax.random.key(1))
     assert float(jnp.abs(metrics["reward_std"])) == 0.0
     assert leaves_equal(new.params, state.params)  # zero advantage and params == reference: nothing moves
 
@@ -82,7 +70,7 @@ def test_constant_reward_is_a_no_op(t2i_card):
 def test_non_finite_reward_skips_the_update(t2i_card):
     method = FlowGRPO(t2i_card, lambda im, lab: jnp.full(im.shape[0], jnp.nan), CONFIG)
     state = method.init()
-    new, metrics = method.step(state, batch(t2i_card), jax.random.key(2))
+    new, metrics = method.step(state, rl_batch(t2i_card), jax.random.key(2))
     assert float(metrics["skipped"]) == 1.0
     assert leaves_equal(new.params, state.params) and int(new.step) == 1
 

@@ -14,13 +14,9 @@ from jaxpipe.training.flow_grpo import scorer_reward_parts
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 
-from conftest import perturbed
+from conftest import leaves_equal, perturbed
 
 SMALL = dict(group_size=3, skip=1, num_steps=2, sde_window=(0, 1), lm_learning_rate=1e-3)
-
-
-def leaves_equal(a, b):
-    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def parts_reward(images, labels):

@@ -21,6 +21,7 @@ from jaxpipe.data.digits import ATTRIBUTE_WORDS
 from jaxpipe.engine import Engine, EngineError, UnknownComponentError
 from jaxpipe.nn import LMConfig, RefinerLM
 from jaxpipe.training import weight_sync
+from conftest import leaves_equal
 
 MODEL = multi_expert.MODEL_ID
 N = 3
@@ -36,11 +37,6 @@ def served_by_a_fresh_engine(card, prompt, seed):
     engine = Engine()
     engine.register(card)
     return engine.run(jp.Request(MODEL, prompt=prompt, seed=seed, num_steps=2))["image"]
-
-
-def leaves_equal(a, b) -> bool:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(la, lb))
 
 
 def with_expert(card, i, lm):

@@ -13,7 +13,7 @@ from jaxpipe.training import rollout
 from jaxpipe.training.flow_grpo import scorer_reward
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig, refine_rows
 
-from conftest import perturbed
+from conftest import leaves_equal, perturbed
 
 CONFIG = UnifiedRLConfig(group_size=3, skip=1, num_steps=3, sde_window=(0, 2), lm_learning_rate=1e-3)
 
@@ -22,10 +22,6 @@ def brightness_reward(images, labels):
     """Mean brightness, scaled and offset per prompt (scale 0 = a constant reward, offset nan = non-finite):
     one reward function, so every test shares one compiled step."""
     return labels["scale"] * jnp.mean(images, axis=(1, 2, 3)) + labels["offset"]
-
-
-def leaves_equal(a, b):
-    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def batch(card, prompts=("seven", "one thin"), scale=1.0, offset=0.0):

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import perturbed
+from conftest import leaves_equal, perturbed
 from flax import nnx
 
 import jaxpipe as jp
@@ -29,10 +29,6 @@ LOOP = wan22_moe.LOOP_ID
 CONFIG = wan22_moe.Config(frames=2, dit=DiTConfig(dim=32, depth=1, heads=2), sampling=denoise.DenoiseConfig(num_steps=4))
 
 step = jax.jit(denoise.step, static_argnames="config")
-
-
-def leaves_equal(a, b) -> bool:
-    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def with_router(card: Card, router) -> Card:

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import perturbed
+from conftest import leaves_equal, perturbed
 
 import jaxpipe as jp
 from jaxpipe import parity
@@ -49,10 +49,6 @@ def new_card(t2i_card, new_transformer):
 
 def t2i(seed, steps=2):
     return jp.Request("flux-t2i", prompt="seven thick", seed=seed, num_steps=steps)
-
-
-def leaves_equal(a, b):
-    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 
 def assert_same(a, b, names, tolerance=0.0):
