@@ -93,8 +93,11 @@ def bundled():
     # the MoT cards: one resident transformer stepped by an AR loop and a denoise loop in one run
     if "bagel-mot" in engine.models():  # cosmos3 is the same family's structure with shared routing (test_cosmos3.py)
         requests.append(jp.Request("bagel-mot", prompt="four", seed=6, num_steps=3))
-    # the video cards at their default step counts (per stage / per chunk), and the continuation workflow
-    requests += [jp.Request(m, prompt="five moving left", seed=7 + i) for i, m in enumerate(VIDEO_CARDS) if m in engine.models()]
+    # the video cards at their bundled sizes (ltx2: both stages; wan-causal: all 4 chunks), 2 steps per stage /
+    # chunk to keep the run short (C1 is about each step's bits, not their number); and the continuation workflow
+    requests += [jp.Request(m, prompt="five moving left", seed=7 + i, num_steps=2,
+                            inputs={"refine_steps": 2} if m == "ltx2-two-stage" else {})
+                 for i, m in enumerate(VIDEO_CARDS) if m in engine.models()]
     if "video.t2v_continue" in engine.models():
         requests.append(jp.Request("video.t2v_continue", prompt="six moving down", seed=11, num_steps=2))
     return engine, requests, engine.run_many(requests, mode="serial")
