@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxpipe.loops.unpadded import SameConfigBatching
 
 __all__ = [
     "Decoder",
@@ -343,7 +344,7 @@ def _one(models) -> Decoder:
     return models[0]
 
 
-class Driver:
+class Driver(SameConfigBatching):
     """Drives ``ar_decode`` loops over the one decoder the loop binds.
 
     A request takes ``max_new_tokens`` steps (a request that emits ``<eos>`` earlier is done and
@@ -372,21 +373,6 @@ class Driver:
     def num_steps(self, config: ARConfig) -> int:
         return config.max_new_tokens
 
-    def batch_key(self, config: ARConfig) -> Hashable:
-        return config
-
-    def batch_config(self, config: ARConfig, width: int) -> ARConfig:
-        del width  # every member has the same config (batch_key), hence the same step count
-        return config
-
-    def schedule(self, config: ARConfig, width: int) -> np.ndarray:
-        del config, width
-        return _NO_SCHEDULE
-
-    def with_schedule(self, state: ARState, schedule: jax.Array) -> ARState:
-        del schedule
-        return state
-
     def deactivate(self, state: ARState, rows: jax.Array) -> ARState:
         return state._replace(done=state.done | rows)
 
@@ -400,7 +386,5 @@ class Driver:
         return state.tokens
 
 
-_NO_SCHEDULE = np.zeros((0,), np.float32)
-_NO_SCHEDULE.flags.writeable = False
 
 DRIVER = Driver()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import chex
@@ -33,6 +33,7 @@ import numpy as np
 
 from jaxpipe import samplers
 from jaxpipe.loops import policies
+from jaxpipe.loops.unpadded import SameConfigBatching
 from jaxpipe.nn.causal_dit import ChunkCache, ChunkCond, init_cache
 
 __all__ = ["ChunkConfig", "ChunkState", "Driver", "DRIVER", "init", "step", "run", "schedule"]
@@ -241,11 +242,9 @@ def run(models, state: ChunkState, config: ChunkConfig, *, capture: bool = False
 # The driver: how the engine steps and batches chunk rollouts
 # --------------------------------------------------------------------------------------------
 
-_NO_SCHEDULE = np.zeros((0,), np.float32)
-_NO_SCHEDULE.flags.writeable = False
 
 
-class Driver:
+class Driver(SameConfigBatching):
     """Drives ``chunk_rollout`` loops over the one causal denoiser the loop binds.
 
     A request takes ``chunks × num_steps`` steps. Every row carries its own chunk and step
@@ -277,21 +276,6 @@ class Driver:
 
     def num_steps(self, config: ChunkConfig) -> int:
         return config.chunks * config.num_steps
-
-    def batch_key(self, config: ChunkConfig) -> Hashable:
-        return config
-
-    def batch_config(self, config: ChunkConfig, width: int) -> ChunkConfig:
-        del width  # every member has the same config (batch_key), hence the same step count
-        return config
-
-    def schedule(self, config: ChunkConfig, width: int) -> np.ndarray:
-        del config, width
-        return _NO_SCHEDULE
-
-    def with_schedule(self, state: ChunkState, schedule: jax.Array) -> ChunkState:
-        del schedule
-        return state
 
     def deactivate(self, state: ChunkState, rows: jax.Array) -> ChunkState:
         return state._replace(chunk=jnp.where(rows, state.end, state.chunk))
