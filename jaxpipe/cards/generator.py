@@ -81,23 +81,36 @@ def video_latent_shape(config) -> tuple[int, int, int, int]:
     return (config.frames, side, side, config.vae.latent_channels)
 
 
-def build(config, *, seed: int, model_id: str, family: str, loop_id: str, capability: str) -> Card:
-    """A text-conditioned generator card (text encoder, DiT, autoencoder; one denoise loop of the
-    config's ``latent_shape`` and ``sampling``) from a family config."""
+def build(
+    config,
+    *,
+    seed: int,
+    model_id: str,
+    family: str,
+    loop_id: str,
+    capability: str,
+    denoiser: type | None = None,
+    kind: str = "denoise",
+    parity: tuple[str, ...] = ("C0", "C1", "C2", "C3"),
+) -> Card:
+    """A text-conditioned generator card (text encoder, denoiser, autoencoder, built in that order; one
+    loop of ``kind`` with the config's ``latent_shape`` and ``sampling``) from a family config.
+    ``denoiser``: the network class built from ``config.dit`` (default ``DiT``; ``CausalDiT`` for
+    ``wan-causal``, whose same construction order gives the same initial weights for a seed)."""
     from jaxpipe.nn import Autoencoder, DiT, TextEncoder, Tokenizer
 
     rngs = nnx.Rngs(seed)
     components = {
         "text_encoder": TextEncoder(config.text, rngs=rngs),
-        "transformer": DiT(config.dit, rngs=rngs),
+        "transformer": (DiT if denoiser is None else denoiser)(config.dit, rngs=rngs),
         "vae": Autoencoder(config.vae, rngs=rngs),
     }
     spec = CardSpec(
         model_id=model_id,
         family=family,
-        loops=(LoopSpec(loop_id, "denoise", ("transformer",), config.sampling, latent_shape=config.latent_shape),),
+        loops=(LoopSpec(loop_id, kind, ("transformer",), config.sampling, latent_shape=config.latent_shape),),
         recipe=(loop_id,),
-        parity=("C0", "C1", "C2", "C3"),
+        parity=parity,
         capabilities=(capability,),
         tokenizer=Tokenizer(config.vocabulary),
         config=config,

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from flax import nnx
 
-from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.card import Card
 from jaxpipe.cards import generator
 from jaxpipe.data import VOCABULARY
 from jaxpipe.loops.chunk import ChunkConfig
@@ -66,25 +65,9 @@ class Config:
 
 
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A ``wan-causal`` card with freshly initialised components (deterministic in ``seed``)."""
-    from jaxpipe.nn import Autoencoder, TextEncoder, Tokenizer
+    """A ``wan-causal`` card with freshly initialised components (deterministic in ``seed``; the same
+    initial weights as ``wan-t2v`` for a seed)."""
     from jaxpipe.nn.causal_dit import CausalDiT
 
-    rngs = nnx.Rngs(seed)
-    # Same construction order as generator.build, so a seed gives wan-t2v's initial weights too.
-    components = {
-        "text_encoder": TextEncoder(config.text, rngs=rngs),
-        "transformer": CausalDiT(config.dit, rngs=rngs),
-        "vae": Autoencoder(config.vae, rngs=rngs),
-    }
-    spec = CardSpec(
-        model_id=model_id,
-        family="wan_causal",
-        loops=(LoopSpec(LOOP_ID, "chunk_rollout", ("transformer",), config.sampling, latent_shape=config.latent_shape),),
-        recipe=(LOOP_ID,),
-        parity=("C0", "C1", "C3"),
-        capabilities=("t2v",),
-        tokenizer=Tokenizer(config.vocabulary),
-        config=config,
-    )
-    return Card(components, spec)
+    return generator.build(config, seed=seed, model_id=model_id, family="wan_causal", loop_id=LOOP_ID, capability="t2v",
+                           denoiser=CausalDiT, kind="chunk_rollout", parity=("C0", "C1", "C3"))
