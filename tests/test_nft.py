@@ -134,3 +134,25 @@ def test_a_few_steps_raise_the_reward(method, rollout, t2i_card):
     after = float(jnp.mean(method.render(state.params, state.frozen, rl_batch(t2i_card), eval_key)[0]))
     assert after > before + 0.01, (before, after, rewards)  # measured: 0.547 -> 0.581 (a dark reward: -> 0.504)
     assert float(metrics["ema_decay"]) == 0.5 and not leaves_equal(state.old, state.params)
+
+
+def test_the_old_policy_is_served_as_a_role_with_its_own_versions(method, rollout, t2i_card):
+    """weight_sync.track / sync: the trained card and NFT's old policy published in one call,
+    each versioned on its own; the engine's ``flux-t2i@old`` holds exactly the old policy."""
+    from jaxpipe.engine import Engine
+    from jaxpipe.training import weight_sync
+
+    state, ro = rollout
+    engine = Engine()
+    engine.register(t2i_card)
+    assert weight_sync.track(engine, method) == {"old": "flux-t2i@old"}
+    same = weight_sync.sync(engine, method, state)  # old == params == the card: nothing moves
+    assert same == {"flux-t2i": {"text_encoder": 0, "transformer": 0, "vae": 0}, "flux-t2i@old": same["flux-t2i"]}
+    for key in (1, 2):  # d(0) = 0, d(1) = 0.125: after two updates the old policy lags the trained one
+        state, _ = method.update(state, ro, jax.random.key(key))
+    versions = weight_sync.sync(engine, method, state)
+    assert versions["flux-t2i"]["transformer"] == 1 and versions["flux-t2i@old"]["transformer"] == 1
+    assert versions["flux-t2i@old"]["text_encoder"] == 0
+    assert leaves_equal(engine.card("flux-t2i@old")["transformer"], method.old_card(state)["transformer"])
+    assert leaves_equal(engine.card("flux-t2i")["transformer"], method.card(state)["transformer"])
+    assert not leaves_equal(engine.card("flux-t2i@old")["transformer"], engine.card("flux-t2i")["transformer"])

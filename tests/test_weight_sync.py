@@ -254,3 +254,36 @@ def test_a_deferred_publish_applies_when_the_run_ends_early(t2i_card, new_card, 
         assert all(o.cancelled for o in outs)
     assert engine.versions("flux-t2i") == NEW and engine.pending_publishes() == {}
     assert_same(engine.run(t2i(0)), make_engine(new_card).run(t2i(0)), ["image"])
+
+
+def test_a_role_tracks_its_scope_with_its_own_versions_and_follows_the_card_outside_it(t2i_card, new_card, new_transformer):
+    engine = make_engine(t2i_card)
+    assert engine.add_role("flux-t2i", "old", "transformer") == "flux-t2i@old"
+    assert engine.roles("flux-t2i") == {"old": ("transformer",)} and engine.versions("flux-t2i@old") == OLD
+    # the role's scoped transformer moves alone; the card serves its own weights
+    assert weight_sync.publish(engine, new_card, role="old") == NEW
+    assert engine.versions("flux-t2i") == OLD
+    card, role = engine.run_many([t2i(0), jp.Request("flux-t2i@old", prompt="seven thick", seed=0, num_steps=2)])
+    fresh = make_engine(new_card).run(t2i(0))
+    assert parity.compare([role], [fresh]).passed and not parity.compare([card], [fresh]).passed
+    # nothing changed inside the scope: nothing published, no version moves
+    assert weight_sync.publish(engine, new_card, role="old") == NEW
+    with pytest.raises(EngineError, match="outside role 'flux-t2i@old'"):
+        engine.publish("flux-t2i@old", {"text_encoder": t2i_card["text_encoder"]})
+    # a publish to the card reaches the role outside its scope only, with the card's version
+    text = perturbed(t2i_card["text_encoder"], seed=3)
+    engine.publish("flux-t2i", {"text_encoder": text, "transformer": new_transformer})
+    assert engine.versions("flux-t2i") == {"text_encoder": 1, "transformer": 1, "vae": 0}
+    assert engine.versions("flux-t2i@old") == {"text_encoder": 1, "transformer": 1, "vae": 0}
+    assert leaves_equal(engine.card("flux-t2i@old")["text_encoder"], text)
+    with pytest.raises(EngineError, match="no role 'ema'"):
+        weight_sync.publish(engine, new_card, role="ema")
+    with pytest.raises(EngineError, match="already served"):
+        engine.add_role("flux-t2i", "old", "transformer")
+    with pytest.raises(UnknownComponentError, match="unet"):
+        engine.add_role("flux-t2i", "ema", "unet")
+    with pytest.raises(EngineError, match="itself a role"):
+        engine.add_role("flux-t2i@old", "ema", "transformer")
+    engine.unregister("test.twice")
+    engine.unregister("flux-t2i")
+    assert not engine.serves("flux-t2i@old")

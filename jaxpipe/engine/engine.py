@@ -42,6 +42,13 @@ started wait until the card has drained, then the swap applies and they start on
 weights; other cards keep running. The training side calls it through
 ``jaxpipe.training.weight_sync.publish`` (the engine never imports training).
 
+Roles: ``add_role(model_id, role, components)`` serves a tracked copy of some of a card's
+components (an EMA or a trainer's old policy, say) as its own card ``"<model_id>@<role>"``. A role
+is published to like any card, but only within its scope, and its scoped components keep their
+own weight versions; the components outside its scope follow the card (a publish of the card's
+text encoder reaches its roles too, each draining on its own). Requests to ``"flux-t2i@old"``
+render with the role's weights.
+
 Stacked experts: a component stored stacked on a leading expert axis (declared by its card
 family, see ``jaxpipe.cards.registry.stacked_components``; e.g. the ``multi-expert`` card's ``refiners``)
 is versioned per expert (``refiner_0``, ``refiner_1``, ...): ``publish(model_id, {"refiner_2":
@@ -63,16 +70,18 @@ from typing import Any
 from jaxpipe.cache import CacheKey, FeatureCache, content_hash
 from jaxpipe.card import Card
 from jaxpipe.engine import batch as ops
-from jaxpipe.engine.errors import EngineError
+from jaxpipe.engine.errors import EngineError, UnknownComponentError
 from jaxpipe.engine.publish import Publish, Resident, checked, stacked
 from jaxpipe.engine.scheduler import Scheduler, StepEvent
 from jaxpipe.program import Bound, Program, config_of
 from jaxpipe.request import Output, Request
 from jaxpipe.workflow import Workflow, WorkflowRegistry
 
-__all__ = ["Engine", "MODES"]
+__all__ = ["Engine", "MODES", "ROLE_SEP"]
 
 MODES = ("serial", "interleaved", "batched")
+ROLE_SEP = "@"
+"""Separates a card's id from a role's name in the role's served id (``"flux-t2i@old"``)."""
 
 
 class Engine:
@@ -93,6 +102,7 @@ class Engine:
         self._busy = False
         self._lock = threading.RLock()  # guards _busy and _swaps: publish may come from another thread
         self._swaps: list[tuple[str, Publish]] = []  # deferred publishes, in order
+        self._roles: dict[str, dict[str, str]] = {}  # card id -> {role name: the role's served id}
         self._compiled: set = set()  # (batched group layout, capacity) pairs already compiled
         self._wanted: set = set()  # (batched group layout, capacity) pairs a group wanted to shrink to
 
@@ -143,8 +153,51 @@ class Engine:
         versions = {name: (old.versions.get(name, -1) + 1 if old else 0) for name in names}
         resident = Resident.of(card, program, versions, experts)
         if old is not None:
+            if old.base is not None:
+                raise EngineError(f"{model_id!r} is a role of {old.base!r}: publish to it, or remove it with unregister")
             self.cache.invalidate(model_id)
+            self._drop_roles(model_id)
         self._cards[model_id] = resident
+
+    def add_role(self, model_id: str, role: str, components: str | Sequence[str]) -> str:
+        """Serve a role of resident card ``model_id``: a copy of its ``components`` (e.g. the
+        transformer of a trainer's old policy or EMA) tracked on its own, as the card
+        ``"<model_id>@<role>"`` (returned). The role starts as the card's current weights; its
+        scoped components start at version 0 and move only when published to the role; the
+        components outside its scope mirror the card's publishes (their versions follow the
+        card's). Raises ``EngineError`` for a role of a role, a taken name or an unknown component.
+        """
+        self._idle("add_role")
+        base = self._resident(model_id)
+        if base.base is not None:
+            raise EngineError(f"{model_id!r} is itself a role of {base.base!r}; add the role to {base.base!r}")
+        if not isinstance(role, str) or not role or ROLE_SEP in role:
+            raise ValueError(f"a role is a non-empty name without {ROLE_SEP!r} (got {role!r})")
+        names = (components,) if isinstance(components, str) else tuple(components)
+        unknown = sorted(str(n) for n in names if n not in base.card.components)
+        if not names or unknown:
+            raise UnknownComponentError(
+                f"add_role: card {model_id!r} has no component(s) {unknown or '(none given)'}; it has {sorted(base.card.components)}"
+            )
+        role_id = f"{model_id}{ROLE_SEP}{role}"
+        if self.serves(role_id):
+            raise EngineError(f"{role_id!r} is already served (remove it with unregister first)")
+        scope = tuple(dict.fromkeys(names))
+        owned = {n for c in scope for n in base.experts.get(c, (c,))}
+        versions = {n: 0 if n in owned else v for n, v in base.versions.items()}
+        self._cards[role_id] = Resident.of(base.card.with_id(role_id), base.program, versions, base.experts, model_id, scope)
+        self._roles.setdefault(model_id, {})[role] = role_id
+        return role_id
+
+    def roles(self, model_id: str) -> dict[str, tuple[str, ...]]:
+        """The roles of resident card ``model_id``: role name -> the components it tracks (``{}``: none)."""
+        self._resident(model_id)
+        return {role: self._cards[rid].scope for role, rid in self._roles.get(model_id, {}).items()}
+
+    def _drop_roles(self, model_id: str) -> None:
+        for role_id in self._roles.pop(model_id, {}).values():
+            del self._cards[role_id]
+            self.cache.invalidate(role_id)
 
     def register_workflow(self, workflow: Workflow, *, replace: bool = False) -> None:
         """Serve ``workflow`` under its dotted id. Rejects (``WorkflowError``, nothing changed) an id that
@@ -153,15 +206,18 @@ class Engine:
         self._workflows.add(workflow, self._cards, replace=replace)
 
     def unregister(self, model_id: str) -> None:
-        """Stop serving a card or workflow (refused while a registered workflow requires it)."""
+        """Stop serving a card (and its roles), a role, or a workflow (refused while a registered workflow requires it)."""
         self._idle("unregister")
         self._lookup(model_id)
-        users = self._workflows.dependents(model_id)
+        users = [u for m in (model_id, *self._roles.get(model_id, {}).values()) for u in self._workflows.dependents(m)]
         if users:
             raise EngineError(f"cannot unregister {model_id!r}: workflows {users} require it")
         if model_id in self._cards:
-            del self._cards[model_id]
+            resident = self._cards.pop(model_id)
             self.cache.invalidate(model_id)
+            if resident.base is not None:
+                self._roles[resident.base] = {r: i for r, i in self._roles[resident.base].items() if i != model_id}
+            self._drop_roles(model_id)
         else:
             self._workflows.remove(model_id)
 
@@ -233,19 +289,34 @@ class Engine:
         Until the swap, ``versions`` and ``card`` report the old ones and ``pending_publishes``
         lists it; swaps still pending when ``run_many`` returns (or raises) apply then.
 
+        A role (``add_role``) takes only components within its scope; a publish to a card also
+        publishes its components outside each role's scope to that role (drained on its own).
+
         Returns the card's versions after this publish: the new ones, or, when deferred, the ones
         the swap will produce (counting earlier pending publishes of the card).
         """
         with self._lock:
             resident = self._resident(model_id)
             update = checked(resident, components)
-            if not self._busy:
-                if update.bumps:
-                    self._swap(model_id, update)
-                return dict(self._cards[model_id].versions)
-            if update.bumps:
-                self._swaps.append((model_id, update))
-            return self._projected(model_id)
+            if resident.base is not None:
+                outside = sorted(set(update.bumps) - resident.scoped(update.bumps))
+                if outside:
+                    raise EngineError(
+                        f"publish: {outside} are outside role {model_id!r}'s scope {list(resident.scope)}; "
+                        f"publish them to {resident.base!r} (its roles follow)"
+                    )
+            updates = [(model_id, update)] if update.bumps else []
+            for role_id in self._roles.get(model_id, {}).values():
+                role = self._cards[role_id]
+                mirrored = {n: m for n, m in components.items() if not role.scoped((n,))}
+                if mirrored:
+                    updates.append((role_id, checked(role, mirrored)))
+            for target, part in updates:
+                if self._busy:
+                    self._swaps.append((target, part))
+                else:
+                    self._swap(target, part)
+            return self._projected(model_id) if self._busy else dict(self._cards[model_id].versions)
 
     def pending_publishes(self) -> dict[str, dict[str, int]]:
         """Publishes deferred until their card drains (only while ``run_many`` is in flight):
@@ -265,7 +336,7 @@ class Engine:
         card = update.apply(resident.card)
         versions = {n: v + (n in update.bumps) for n, v in resident.versions.items()}
         self.cache.invalidate(model_id, update.touched)
-        self._cards[model_id] = Resident.of(card, resident.program, versions, resident.experts)
+        self._cards[model_id] = Resident.of(card, resident.program, versions, resident.experts, resident.base, resident.scope)
 
     def _apply_swaps(self, in_flight: Callable[[str], bool] = lambda model_id: False) -> None:
         """Apply the deferred publishes, in publish order, of every card not ``in_flight``."""

@@ -36,11 +36,21 @@ class Resident:
     leaves: list
     versions: dict[str, int]
     experts: dict[str, tuple[str, ...]]
+    base: str | None = None
+    scope: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, card: Card, program: Program, versions: dict[str, int], experts: dict[str, tuple[str, ...]]) -> "Resident":
+    def of(cls, card: Card, program: Program, versions: dict[str, int], experts: dict[str, tuple[str, ...]],
+           base: str | None = None, scope: tuple[str, ...] = ()) -> "Resident":
+        """A resident card; ``base`` / ``scope``: for a role (``Engine.add_role``), the card it is a
+        role of and the components it tracks on its own."""
         leaves, treedef = jax.tree.flatten(card)
-        return cls(card, program, treedef, leaves, versions, experts)
+        return cls(card, program, treedef, leaves, versions, experts, base, scope)
+
+    def scoped(self, names) -> set[str]:
+        """The versioned names among ``names`` (components or experts) inside this role's scope."""
+        owners = self.owners()
+        return {n for n in names if n in self.scope or (n in owners and owners[n][0] in self.scope)}
 
     def version(self, component: str) -> int:
         """The weight version keying ``component``'s cache entries (a stacked one: its experts' sum,

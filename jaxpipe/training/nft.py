@@ -224,6 +224,18 @@ class DiffusionNFT:
         """The card with the old policy's denoiser weights (the one the rollouts sample)."""
         return Card(self.components(state.old, state.frozen), self.spec)
 
+    @property
+    def roles(self) -> dict[str, tuple[str, ...]]:
+        """The weight copies this trainer keeps besides the trained card (``weight_sync.track``):
+        ``"old"``, the old policy's denoiser(s)."""
+        return {"old": tuple(self.denoisers)}
+
+    def role_card(self, state: NFTState, role: str) -> Card:
+        """The card with ``role``'s weights (``"old"``: ``old_card``)."""
+        if role != "old":
+            raise KeyError(f"DiffusionNFT keeps the role 'old' only (got {role!r})")
+        return self.old_card(state)
+
     def _models(self, params: nnx.State, frozen: nnx.State) -> tuple:
         comps = self.components(params, frozen)
         return tuple(comps[name] for name in self.denoisers)

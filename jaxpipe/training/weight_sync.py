@@ -14,25 +14,35 @@ Stacked experts (``Engine.experts``, e.g. the ``multi-expert`` card's ``refiners
 and published slice by slice under their own names (``refiner_2``), so only the experts that
 changed get new versions.
 
+Roles: a trainer that keeps another copy of some components (``DiffusionNFT``'s old policy, an
+EMA) declares them as ``method.roles`` (role name -> components) and ``method.role_card(state,
+role)``. ``track`` serves each as a role of the card (``Engine.add_role``: ``"flux-t2i@old"``, with
+its own versions, scoped to those components) and ``sync`` publishes the trained card and every
+role's copy in one call, each only where its weights changed.
+
 The engine never imports this module (DESIGN §3); it depends only on the engine's public API.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxpipe.card import Card
-from jaxpipe.engine import Engine, UnknownComponentError
+from jaxpipe.engine import Engine, EngineError, UnknownComponentError
+from jaxpipe.engine.engine import ROLE_SEP
 
-__all__ = ["publish", "changed_components"]
+__all__ = ["publish", "changed_components", "track", "sync"]
 
 
-def publish(engine: Engine, card: Card, components: str | Iterable[str] | None = None) -> dict[str, int]:
-    """Publish ``card``'s ``components`` into ``engine``'s resident card of the same model id.
+def publish(engine: Engine, card: Card, components: str | Iterable[str] | None = None, *, role: str | None = None) -> dict[str, int]:
+    """Publish ``card``'s ``components`` into ``engine``'s resident card of the same model id
+    (``role``: into that role of it, ``"<model_id>@<role>"``; by default only the changed
+    components within the role's scope).
 
     Arguments:
       engine: the serving engine; the card's model id must be registered there.
@@ -52,6 +62,16 @@ def publish(engine: Engine, card: Card, components: str | Iterable[str] | None =
     """
     if not isinstance(card, Card):
         raise TypeError(f"publish takes a trained Card, e.g. method.card(state) (got {type(card).__name__})")
+    if role is not None:
+        roles = engine.roles(card.model_id)
+        if role not in roles:
+            raise EngineError(f"card {card.model_id!r} has no role {role!r} in this engine (its roles: {sorted(roles)}); add it with track")
+        scope = roles[role]
+        card = card.with_id(f"{card.model_id}{ROLE_SEP}{role}")
+        if components is None:
+            experts = engine.experts(card.model_id)
+            inside = {n for c in scope for n in (c, *experts.get(c, ()))}
+            components = [n for n in changed_components(engine, card) if n in inside]
     owners = _owners(engine, card)
     if components is None:
         names = changed_components(engine, card)
@@ -64,6 +84,35 @@ def publish(engine: Engine, card: Card, components: str | Iterable[str] | None =
                 f"publish: card {card.model_id!r} has no component(s) {unknown}; it has {sorted(card.components)}{experts}"
             )
     return engine.publish(card.model_id, {name: _part(card, name, owners) for name in names})
+
+
+def track(engine: Engine, method: Any, state: Any | None = None) -> dict[str, str]:
+    """Serve each of ``method.roles`` (role name -> components) as a role of the method's card in
+    ``engine`` (which must serve that card): role name -> its served id. Roles already served keep
+    their weights and versions; with ``state``, ``sync`` follows."""
+    model_id = method.spec.model_id
+    have = engine.roles(model_id)
+    served = {}
+    for role, components in method.roles.items():
+        if role in have:
+            if tuple(have[role]) != tuple(components):
+                raise EngineError(f"role {role!r} of {model_id!r} tracks {list(have[role])}, not {list(components)}")
+            served[role] = f"{model_id}{ROLE_SEP}{role}"
+        else:
+            served[role] = engine.add_role(model_id, role, components)
+    if state is not None:
+        sync(engine, method, state)
+    return served
+
+
+def sync(engine: Engine, method: Any, state: Any) -> dict[str, dict[str, int]]:
+    """Publish ``method.card(state)`` and each role's copy (``method.role_card(state, role)``) where
+    their weights changed: served id -> its versions after the publish."""
+    card = method.card(state)
+    out = {card.model_id: publish(engine, card)}
+    for role in method.roles:
+        out[f"{card.model_id}{ROLE_SEP}{role}"] = publish(engine, method.role_card(state, role), role=role)
+    return out
 
 
 def _owners(engine: Engine, card: Card) -> dict[str, tuple[str, int]]:
