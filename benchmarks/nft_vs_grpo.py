@@ -1,0 +1,351 @@
+"""DiffusionNFT vs FlowGRPO on ``flux-t2i`` (issue 16): the same rollouts, and the same wall time.
+
+Both methods train the bundled ``flux-t2i`` card from the ``digit-scorer`` reward (digit, stroke,
+position, brightness probabilities, summed) on full compositional prompts, P = 4 prompts × K = 4
+samples per step (one rollout), the same prompt stream and step keys (``fold_in(key(seed), i)``, as
+``jaxpipe train``). FlowGRPO runs with the README's settings (SDE on denoising steps 0–3 of 8, lr
+1e-4, β 0.04, clip 1e-3); DiffusionNFT renders its rollouts with the 8-step ODE (no log-probs) and
+takes one flow-matching regression per rollout.
+
+* **Equal rollouts**: both train ``--steps`` steps; the train reward per step is kept, and every
+  ``--every`` steps the card is judged on the same held-out prompts and noise (200 full prompts and
+  200 plain digits at guidance 1, ``quality.t2i_quality``; diversity over 10 prompts × 6 seeds).
+* **Equal wall time**: each method's warm seconds per step is measured in this process, the two
+  interleaved step by step (compiles timed separately); NFT then gets FlowGRPO's training time for
+  ``--steps`` steps, i.e. ``floor(steps · s_grpo / s_nft)`` steps, and is judged there.
+
+    python benchmarks/nft_vs_grpo.py                  # seeds 0 and 1 (~10 min on 2 shared cores): RESULTS.md + PNG
+    python benchmarks/nft_vs_grpo.py --quick          # smoke test: 4 steps, tiny evaluation, prints only
+    python benchmarks/nft_vs_grpo.py --sweep --steps 150  # NFT settings (lr / β / EMA), one seed: prints only
+    python benchmarks/nft_vs_grpo.py --replot FILE    # the table and plot again from a run's raw results
+
+The raw results (per-step rewards and times, every evaluation) go to ``out/benchmarks/nft_vs_grpo.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
+from report import RESULTS, machine_info, write_section
+
+import jaxpipe as jp
+from jaxpipe import quality
+from jaxpipe.card import Card
+from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward
+from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig
+from jaxpipe.training.runs.evaluation import EvalSettings, diversity
+from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
+
+SECTION = "nft_vs_grpo"
+HERE = pathlib.Path(__file__).resolve().parent
+PLOT = HERE / "nft_vs_grpo.png"
+RAW = HERE.parent / "out" / "benchmarks" / "nft_vs_grpo.json"
+PROMPTS_PER_STEP, GROUP, NUM_STEPS = 4, 4, 8
+GRPO = FlowGRPOConfig(group_size=GROUP, num_steps=NUM_STEPS, sde_window=(0, 4), beta=0.04, learning_rate=1e-4)
+"""FlowGRPO as the README's FlowGRPO section and ``jaxpipe train flow-grpo`` run it."""
+SWEEP = (
+    {"learning_rate": 1e-4, "beta": 1.0, "ema_end": 0.5},
+    {"learning_rate": 3e-4, "beta": 1.0, "ema_end": 0.5},
+    {"learning_rate": 1e-3, "beta": 1.0, "ema_end": 0.5},
+    {"learning_rate": 3e-4, "beta": 0.1, "ema_end": 0.5},
+    {"learning_rate": 3e-4, "beta": 1.0, "ema_end": 0.9},
+    {"learning_rate": 3e-4, "beta": 1.0, "ema_end": 0.0},
+)
+"""The ``--sweep`` grid of NFT settings (the rest as ``nft_config``)."""
+
+
+def nft_config(learning_rate: float, beta: float, ema_end: float, ema_ramp_steps: int = 100) -> DiffusionNFTConfig:
+    """DiffusionNFT on the same P, K and 8-step schedule as FlowGRPO (ODE rollouts, guidance 1)."""
+    return DiffusionNFTConfig(group_size=GROUP, num_steps=NUM_STEPS, learning_rate=learning_rate, beta=beta, ema_end=ema_end,
+                              ema_ramp_steps=ema_ramp_steps)
+
+
+def judge(card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings) -> dict:
+    """Held-out quality at guidance 1 (the README's yardsticks): all attributes right on full prompts,
+    digit accuracy on plain-digit prompts, diversity; the same prompts and noise for every card."""
+    start = time.perf_counter()
+    q = quality.t2i_quality(card, scorer, samples=settings.samples, seed=settings.seed, num_steps=NUM_STEPS, guidance=1.0,
+                            batch=settings.batch)
+    return {
+        "all_right": q["all_attributes_correct"],
+        "digit_accuracy": q["digit_accuracy"],
+        "attribute_accuracy": q["attribute_accuracy"],
+        "diversity": diversity(card, spec, settings, num_steps=NUM_STEPS),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _timed_step(method, state, batch, key) -> tuple:
+    start = time.perf_counter()
+    state, metrics = method.step(state, batch, key)
+    jax.block_until_ready(metrics)
+    return state, metrics, time.perf_counter() - start
+
+
+def step_costs(methods: dict, batches: Iterator[dict], seed: int, rounds: int) -> dict:
+    """Per method: the first call's seconds (compile + one step) and ``rounds`` warm step times, the
+    methods interleaved step by step so that both see the same load. Throwaway states and keys."""
+    key = jax.random.fold_in(jax.random.key(seed), 2**30)  # not a training step's key
+    states = {name: m.init(jax.random.key(seed)) for name, m in methods.items()}
+    out = {name: {"first_call_s": 0.0, "times": []} for name in methods}
+    for r in range(rounds + 1):
+        batch = next(batches)
+        for name, method in methods.items():
+            states[name], _, seconds = _timed_step(method, states[name], batch, jax.random.fold_in(key, r))
+            if r == 0:
+                out[name]["first_call_s"] = seconds
+            else:
+                out[name]["times"].append(seconds)
+    for record in out.values():
+        record["step_s"] = float(np.median(record["times"]))
+    return out
+
+
+def train(method, batches: Iterator[dict], steps: int, seed: int, checkpoints: set[int],
+          evaluate: Callable[[Card], dict] | None) -> dict:
+    """``steps`` steps from the card (key ``i`` = ``fold_in(key(seed), i)``): per-step train reward and
+    wall time (evaluations excluded), and ``evaluate(card)`` after every step in ``checkpoints``."""
+    state, key = method.init(jax.random.key(seed)), jax.random.key(seed)
+    rewards, times, evals = [], [], {}
+    for i in range(steps):
+        state, metrics, seconds = _timed_step(method, state, next(batches), jax.random.fold_in(key, i))
+        rewards.append(float(metrics["reward_mean"]))
+        times.append(seconds)
+        if i + 1 in checkpoints and evaluate is not None:
+            evals[str(i + 1)] = evaluate(method.card(state))
+    return {"rewards": rewards, "times": times, "evals": evals}
+
+
+def measure(args) -> dict:
+    """Every seed: timing, FlowGRPO for ``steps``, NFT for max(steps, equal-wall steps), with evaluations."""
+    flux, scorer = jp.cards.load("flux-t2i"), jp.cards.load("digit-scorer")
+    spec = PromptSpec()
+    reward = scorer_reward(scorer, spec.terms)
+    nft = nft_config(args.nft_lr, args.nft_beta, args.nft_ema_end, args.nft_ema_ramp)
+    methods = {"FlowGRPO": FlowGRPO(flux, reward, GRPO), "NFT": DiffusionNFT(flux, reward, nft)}
+    settings = EvalSettings(samples=8 if args.quick else 200, diversity_prompts=2 if args.quick else 10,
+                            diversity_seeds=2 if args.quick else 6)
+    evaluate = lambda card: judge(card, scorer, spec, settings)
+    steps, every = (4, 2) if args.quick else (args.steps, args.every)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    print("judging the bundled card ...", flush=True)
+    base = evaluate(flux)
+    results = {}
+    for seed in seeds:
+        cost = step_costs(methods, prompt_batches(flux, spec, PROMPTS_PER_STEP, 10_000 + seed), seed, 2 if args.quick else args.rounds)
+        wall_steps = int(steps * cost["FlowGRPO"]["step_s"] / cost["NFT"]["step_s"])
+        wall_steps = max(1, min(wall_steps, args.max_wall_factor * steps))
+        print(f"seed {seed}: s/step FlowGRPO {cost['FlowGRPO']['step_s']:.3f}, NFT {cost['NFT']['step_s']:.3f}; "
+              f"NFT gets {wall_steps} steps in FlowGRPO's {steps}", flush=True)
+        checkpoints = set(range(every, steps + 1, every)) | {steps}
+        runs_ = {}
+        for name, method in methods.items():
+            total = max(steps, wall_steps) if name == "NFT" else steps
+            marks = checkpoints | ({wall_steps} if name == "NFT" else set())
+            print(f"seed {seed}: {name}, {total} steps ...", flush=True)
+            runs_[name] = train(method, prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), total, seed, marks, evaluate)
+        results[str(seed)] = {"cost": cost, "wall_steps": wall_steps, "runs": runs_}
+    header = [
+        (
+            "`python benchmarks/nft_vs_grpo.py`: `flux-t2i`, digit-scorer reward (digit + stroke + position + "
+            f"brightness), full compositional prompts, P = {PROMPTS_PER_STEP} prompts × K = {GROUP} samples per step "
+            f"(one rollout), 8 denoising steps, the same prompt stream and step keys for both methods, training seeds "
+            f"{', '.join(map(str, seeds))}. FlowGRPO: SDE on steps 0–3 of 8, lr 1e-4, β (KL) 0.04, clip 1e-3 (the "
+            f"README's). DiffusionNFT: ODE rollouts, lr {nft.learning_rate:g}, β {nft.beta:g}, adv clip {nft.adv_clip:g}, "
+            f"EMA decay {nft.ema_start:g} → {nft.ema_end:g} over {nft.ema_ramp_steps} steps, σ uniform on "
+            f"[{nft.sigma_min:g}, {nft.sigma_max:g}]. Judged on {settings.samples} held-out full prompts (all right) and "
+            f"plain digits (digit accuracy) at guidance 1, eval seed {settings.seed}; diversity over "
+            f"{settings.diversity_prompts} prompts × {settings.diversity_seeds} seeds. Train s: sum of the warm step "
+            "times (compiles and evaluations excluded). Equal wall time: NFT's steps = floor(steps · s/step FlowGRPO / "
+            "s/step NFT), medians of interleaved warm steps in this process."
+        ),
+        "",
+        *[f"- {k}: {v}" for k, v in machine_info().items()],
+        f"- load average (1 min) before / after: {load:.2f} / {os.getloadavg()[0]:.2f}",
+        f"- whole benchmark: {time.perf_counter() - start:.0f} s",
+    ]
+    return {"steps": steps, "every": every, "header": header, "base": base, "results": results,
+            "nft": {"learning_rate": nft.learning_rate, "beta": nft.beta, "ema_end": nft.ema_end}}
+
+
+def moving(values, window: int) -> np.ndarray:
+    """Trailing moving mean (shorter windows at the start), same length as ``values``."""
+    values = np.asarray(values, np.float64)
+    c = np.cumsum(np.insert(values, 0, 0.0))
+    n = np.minimum(np.arange(1, len(values) + 1), window)
+    return (c[1:] - c[np.arange(1, len(values) + 1) - n]) / n
+
+
+def _mean_over_seeds(raw: dict, name: str, field: str, n: int) -> np.ndarray:
+    return np.mean([r["runs"][name][field][:n] for r in raw["results"].values()], axis=0)
+
+
+def plot(raw: dict, path: pathlib.Path) -> None:
+    """Reward (moving mean 20, mean over seeds) vs rollouts and vs warm training seconds; all right at checkpoints."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    seeds = list(raw["results"])
+    for name, color in (("FlowGRPO", "tab:blue"), ("NFT", "tab:orange")):
+        n = min(len(r["runs"][name]["rewards"]) for r in raw["results"].values())
+        reward = moving(_mean_over_seeds(raw, name, "rewards", n), 20)
+        wall = np.cumsum(_mean_over_seeds(raw, name, "times", n))
+        label = "DiffusionNFT" if name == "NFT" else name
+        axes[0].plot(np.arange(1, n + 1), reward, color=color, label=label)
+        axes[1].plot(wall, reward, color=color, label=label)
+        marks = sorted({int(s) for r in raw["results"].values() for s in r["runs"][name]["evals"]})
+        marks = [m for m in marks if all(str(m) in r["runs"][name]["evals"] for r in raw["results"].values())]
+        right = [np.mean([r["runs"][name]["evals"][str(m)]["all_right"] for r in raw["results"].values()]) for m in marks]
+        axes[2].plot([0] + marks, 100 * np.array([raw["base"]["all_right"]] + right), marker="o", color=color, label=label)
+    grpo_budget = np.mean([sum(r["runs"]["FlowGRPO"]["times"]) for r in raw["results"].values()])
+    axes[1].axvline(grpo_budget, color="gray", ls=":", lw=1, label="FlowGRPO's budget")
+    axes[0].set(title="train reward (moving mean 20) vs rollouts", xlabel="rollouts (steps of P·K = 16 samples)", ylabel="reward")
+    axes[1].set(title="train reward vs training wall time", xlabel="seconds (warm steps, compiles excluded)")
+    axes[2].set(title="held-out all attributes right, %", xlabel="rollouts (steps)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"DiffusionNFT vs FlowGRPO on flux-t2i, mean over seed(s) {', '.join(seeds)}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _cell(values: list[float], fmt: Callable[[float], str]) -> str:
+    """The mean over seeds, and each seed's value when there are several."""
+    text = fmt(float(np.mean(values)))
+    return text if len(values) == 1 else f"{text} ({' / '.join(fmt(v) for v in values)})"
+
+
+def table(raw: dict) -> list[str]:
+    """The summary table (base, FlowGRPO, NFT at equal rollouts, NFT at equal wall time) and the checkpoint table."""
+    steps, results, base = raw["steps"], list(raw["results"].values()), raw["base"]
+    pct = lambda v: f"{100 * v:.1f}%"
+    f3 = lambda v: f"{v:.3f}"
+
+    def final_reward(rewards: list[float], n: int) -> float:
+        return float(np.mean(rewards[n - max(1, n // 10) : n]))
+
+    def row(label: str, name: str, ns: list[int]) -> str:
+        evals = [r["runs"][name]["evals"][str(n)] for r, n in zip(results, ns)]
+        wall = [sum(r["runs"][name]["times"][:n]) for r, n in zip(results, ns)]
+        rew = [final_reward(r["runs"][name]["rewards"], n) for r, n in zip(results, ns)]
+        div = [e["diversity"] for e in evals]
+        return (
+            f"| {label} | {_cell(ns, lambda v: f'{v:.0f}')} | {_cell([n * PROMPTS_PER_STEP * GROUP for n in ns], lambda v: f'{v:.0f}')} | "
+            f"{_cell(wall, lambda v: f'{v:.1f}')} | {_cell([e['all_right'] for e in evals], pct)} | "
+            f"{_cell([e['digit_accuracy'] for e in evals], pct)} | {_cell(div, f3)} ({100 * (np.mean(div) / base['diversity'] - 1):+.1f}%) | "
+            f"{_cell(rew, f3)} |"
+        )
+
+    lines = [
+        "| run | steps (rollouts) | samples | train s | all right, full prompts | digit accuracy, plain prompts | "
+        "diversity (change) | final train reward (last 10% of steps) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| base `flux-t2i` | 0 | 0 | 0 | {pct(base['all_right'])} | {pct(base['digit_accuracy'])} | {base['diversity']:.3f} | "
+        f"{_cell([float(np.mean(r['runs']['FlowGRPO']['rewards'][: max(1, steps // 10)])) for r in results], f3)} (first 10%) |",
+        row("FlowGRPO", "FlowGRPO", [steps] * len(results)),
+        row("DiffusionNFT, equal rollouts", "NFT", [steps] * len(results)),
+        row("DiffusionNFT, equal wall time", "NFT", [r["wall_steps"] for r in results]),
+    ]
+    cost = lambda name, field: _cell([r["cost"][name][field] for r in results], f3)
+    lines += [
+        "",
+        "| method | warm s / step (median, interleaved) | first call s (compile + 1 step) |",
+        "|---|---:|---:|",
+        f"| FlowGRPO | {cost('FlowGRPO', 'step_s')} | {cost('FlowGRPO', 'first_call_s')} |",
+        f"| DiffusionNFT | {cost('NFT', 'step_s')} | {cost('NFT', 'first_call_s')} |",
+    ]
+    marks = sorted({int(m) for r in results for m in r["runs"]["FlowGRPO"]["evals"]})
+    head = " | ".join(f"{m}" for m in marks)
+    lines += ["", f"| held-out all right / digit accuracy after … steps | 0 | {head} |", "|---|" + "---:|" * (len(marks) + 1)]
+    for label, name in (("FlowGRPO", "FlowGRPO"), ("DiffusionNFT", "NFT")):
+        cells = [
+            f"{100 * np.mean([r['runs'][name]['evals'][str(m)]['all_right'] for r in results]):.1f} / "
+            f"{100 * np.mean([r['runs'][name]['evals'][str(m)]['digit_accuracy'] for r in results]):.1f}%"
+            for m in marks
+        ]
+        base_cell = f"{100 * base['all_right']:.1f} / {100 * base['digit_accuracy']:.1f}%"
+        lines.append(f"| {label} | {base_cell} | {' | '.join(cells)} |")
+    return lines
+
+
+def sweep(args) -> None:
+    """NFT alone over ``SWEEP`` for ``--steps`` steps, one seed: train reward first / last 10%, held-out all
+    right, digit accuracy and diversity (100 prompts, 6 × 6 diversity). Prints a table."""
+    flux, scorer = jp.cards.load("flux-t2i"), jp.cards.load("digit-scorer")
+    spec = PromptSpec()
+    reward = scorer_reward(scorer, spec.terms)
+    settings = EvalSettings(samples=8 if args.quick else 100, diversity_prompts=2 if args.quick else 6,
+                            diversity_seeds=2 if args.quick else 6)
+    steps = 4 if args.quick else args.steps
+    base = judge(flux, scorer, spec, settings)
+    print(f"base: all right {100 * base['all_right']:.1f}%, digit {100 * base['digit_accuracy']:.1f}%, diversity {base['diversity']:.3f}")
+    print("| lr | β | EMA end | reward first → last 10% | all right | digit accuracy | diversity | s / step |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|")
+    for point in SWEEP[:1] if args.quick else SWEEP:
+        method = DiffusionNFT(flux, reward, nft_config(**point))
+        out = train(method, prompt_batches(flux, spec, PROMPTS_PER_STEP, 0), steps, 0, {steps},
+                    lambda card: judge(card, scorer, spec, settings))
+        e, r, n = out["evals"][str(steps)], out["rewards"], max(1, steps // 10)
+        print(
+            f"| {point['learning_rate']:g} | {point['beta']:g} | {point['ema_end']:g} | {np.mean(r[:n]):.3f} → {np.mean(r[-n:]):.3f} | "
+            f"{100 * e['all_right']:.1f}% | {100 * e['digit_accuracy']:.1f}% | {e['diversity']:.3f} | {np.median(out['times'][1:] or out['times']):.3f} |",
+            flush=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke test: 4 steps, tiny evaluation, prints only")
+    parser.add_argument("--steps", type=int, default=300, help="steps (rollouts) of each method at equal rollouts")
+    parser.add_argument("--every", type=int, default=100, help="steps between held-out evaluations")
+    parser.add_argument("--seeds", default="0,1", help="training seeds (prompt stream and step keys), comma-separated")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved warm steps per method for the s/step timing")
+    parser.add_argument("--max-wall-factor", type=int, default=3, help="cap NFT's equal-wall steps at this × --steps")
+    parser.add_argument("--nft-lr", type=float, default=3e-4)
+    parser.add_argument("--nft-beta", type=float, default=1.0)
+    parser.add_argument("--nft-ema-end", type=float, default=0.5)
+    parser.add_argument("--nft-ema-ramp", type=int, default=100)
+    parser.add_argument("--sweep", action="store_true", help="only the NFT settings sweep (prints a table)")
+    parser.add_argument("--raw", type=pathlib.Path, default=RAW, help="where the raw results are written")
+    parser.add_argument("--replot", type=pathlib.Path, help="only rebuild the table and plot from this raw results file")
+    args = parser.parse_args()
+    if args.sweep:
+        return sweep(args)
+    if args.replot:
+        raw = json.loads(args.replot.read_text())
+    else:
+        raw = measure(args)
+        if not args.quick:
+            args.raw.parent.mkdir(parents=True, exist_ok=True)
+            args.raw.write_text(json.dumps(raw))
+    body = "\n".join([f"## {SECTION}", "", *raw["header"], "", *table(raw), "", f"![NFT vs FlowGRPO]({PLOT.name})"])
+    print(body)
+    path = pathlib.Path(tempfile.mkdtemp()) / PLOT.name if args.quick else PLOT  # a smoke test draws, but not over the plot
+    plot(raw, path)
+    if args.quick:
+        print(f"\nplot in {path}")
+    else:
+        write_section(RESULTS, SECTION, body)
+        print(f"\nwrote the {SECTION} section of {RESULTS} and {PLOT}")
+
+
+if __name__ == "__main__":
+    main()
