@@ -205,22 +205,14 @@ def _flag(default, *names: str, help: str):
 
 @dataclasses.dataclass
 class RunFlags:
-    """Every RL command: run length, output, batch shape, the generator's RL settings, reward, evaluation."""
+    """Every training command: run length, output, batch shape, learning rate, reward, evaluation."""
 
-    steps: int = _flag(..., "--steps", help="RL steps (one rollout + one update each).")
+    steps: int = _flag(..., "--steps", help="Training steps (one rollout + one update each).")
     out: Path = _flag(..., "--out", "-o", help="Output directory: metrics.jsonl, *.png, report.json and the trained card.")
     prompts_per_step: int = _flag(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
     group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K >= 2): the group of the group-relative advantage.")
     num_steps: int = _flag(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation.")
-    sde_window: str = _flag("0,4", "--sde-window", help="START,STOP: denoise steps sampled with the SDE and trained (ODE elsewhere); 'all' = every step.")
-    noise_level: float = _flag(0.7, "--noise-level", help="SDE noise level (eta).")
     lr: float = _flag(1e-4, "--lr", help="Generator (DiT) learning rate.")
-    beta: float = _flag(0.04, "--beta", help="Generator KL weight to the frozen reference DiT.")
-    kl: str = _flag("exact", "--kl", help="Generator KL convention: exact (Gaussian KL of the SDE step) or flowgrpo (the official code's: exact x |dt|).")
-    clip_eps: float = _flag(1e-3, "--clip-eps", help="Generator PPO ratio clip.")
-    minibatches: int = _flag(1, "--minibatches", help="Updates per epoch over each rollout: its P·K rows split into this many shuffled minibatches.")
-    inner_epochs: int = _flag(1, "--inner-epochs", help="Passes over each rollout's minibatches (updates per rollout = minibatches × inner epochs).")
-    timestep_fraction: float = _flag(1.0, "--timestep-fraction", help="Fraction (0, 1] of the captured denoising steps each minibatch trains on, drawn per sample.")
     terms: str = _flag("digit,stroke,position,brightness", "--terms", help="Reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
     seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
     run_eval: bool = _flag(True, "--eval/--no-eval", help="Judge the card before and after (GenEval-style accuracy, diversity).")
@@ -233,14 +225,6 @@ class RunFlags:
     resume: bool = _flag(False, "--resume", help="Continue the run in --out from its last checkpoint (same settings).")
     overwrite: bool = _flag(False, "--overwrite", help="Replace the run in a non-empty --out instead of refusing.")
 
-    def generator(self) -> dict:
-        """The generator's RL settings, as config keywords."""
-        return dict(
-            group_size=self.group_size, num_steps=self.num_steps, noise_level=self.noise_level,
-            sde_window=_window(self.sde_window), clip_eps=self.clip_eps, beta=self.beta, learning_rate=self.lr, kl=self.kl,
-            minibatches=self.minibatches, inner_epochs=self.inner_epochs, timestep_fraction=self.timestep_fraction,
-        )
-
     def evaluation(self):
         from jaxpipe.training.runs import EvalSettings
 
@@ -249,6 +233,28 @@ class RunFlags:
         return EvalSettings(
             samples=self.eval_samples, diversity_prompts=self.diversity_prompts, diversity_seeds=self.diversity_seeds,
             seed=self.eval_seed,
+        )
+
+
+@dataclasses.dataclass
+class PolicyFlags:
+    """The policy-gradient commands (FlowGRPO and the methods built on it): SDE rollouts, PPO, KL."""
+
+    sde_window: str = _flag("0,4", "--sde-window", help="START,STOP: denoise steps sampled with the SDE and trained (ODE elsewhere); 'all' = every step.")
+    noise_level: float = _flag(0.7, "--noise-level", help="SDE noise level (eta).")
+    beta: float = _flag(0.04, "--beta", help="Generator KL weight to the frozen reference DiT.")
+    kl: str = _flag("exact", "--kl", help="Generator KL convention: exact (Gaussian KL of the SDE step) or flowgrpo (the official code's: exact x |dt|).")
+    clip_eps: float = _flag(1e-3, "--clip-eps", help="Generator PPO ratio clip.")
+    minibatches: int = _flag(1, "--minibatches", help="Updates per epoch over each rollout: its P·K rows split into this many shuffled minibatches.")
+    inner_epochs: int = _flag(1, "--inner-epochs", help="Passes over each rollout's minibatches (updates per rollout = minibatches × inner epochs).")
+    timestep_fraction: float = _flag(1.0, "--timestep-fraction", help="Fraction (0, 1] of the captured denoising steps each minibatch trains on, drawn per sample.")
+
+    def generator(self, run: RunFlags) -> dict:
+        """The generator's RL settings, as config keywords."""
+        return dict(
+            group_size=run.group_size, num_steps=run.num_steps, noise_level=self.noise_level,
+            sde_window=_window(self.sde_window), clip_eps=self.clip_eps, beta=self.beta, learning_rate=run.lr, kl=self.kl,
+            minibatches=self.minibatches, inner_epochs=self.inner_epochs, timestep_fraction=self.timestep_fraction,
         )
 
 
@@ -334,7 +340,9 @@ def _train(flags: RunFlags, model: str, make_config, build_run) -> None:
         _fail("--resume continues the run in --out and --overwrite replaces it: pass one of them")
     try:
         config = make_config()
-        config[1].schedule.check_rows(flags.prompts_per_step * flags.group_size)
+        schedule = getattr(config[1], "schedule", None)  # the PPO minibatch schedule, where the method has one
+        if schedule is not None:
+            schedule.check_rows(flags.prompts_per_step * flags.group_size)
         evaluation = flags.evaluation()
     except ValueError as err:
         _fail(str(err))
@@ -368,9 +376,10 @@ def _train(flags: RunFlags, model: str, make_config, build_run) -> None:
 
 
 @train_app.command("flow-grpo")
-@_with(RunFlags)
+@_with(RunFlags, PolicyFlags)
 def train_flow_grpo(
     runflags: RunFlags,
+    policyflags: PolicyFlags,
     mention: float = typer.Option(1.0, "--mention", help="Probability that a prompt names each rewarded attribute (1 = full compositional prompts)."),
     model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id or a card directory."),
 ) -> None:
@@ -382,16 +391,50 @@ def train_flow_grpo(
 
     def config():
         spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention)
-        return spec, FlowGRPOConfig(**flags.generator())
+        return spec, FlowGRPOConfig(**policyflags.generator(flags))
 
     _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.flow_grpo_run(
         card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
 
 
+@train_app.command("nft")
+@_with(RunFlags)
+def train_nft(
+    runflags: RunFlags,
+    beta: float = typer.Option(1.0, "--beta", help="NFT step beta in (0, 1]: the implicit policies v± = v_old ± beta·(v_θ − v_old)."),
+    adv_clip: float = typer.Option(2.0, "--adv-clip", help="Advantage clip; r = 0.5 + 0.5·A/adv_clip is the optimality weight."),
+    ema_start: float = typer.Option(0.0, "--ema-start", help="The old policy's EMA decay at the first update (0: on-policy)."),
+    ema_end: float = typer.Option(0.5, "--ema-end", help="The old policy's EMA decay after the ramp."),
+    ema_ramp: int = typer.Option(100, "--ema-ramp", help="Updates over which the decay ramps linearly from --ema-start to --ema-end."),
+    sampler: str = typer.Option("ode", "--sampler", help="The rollout's sampler: ode (no log-probs needed) or sde."),
+    guidance: float = typer.Option(1.0, "--guidance", help="CFG scale of the rollouts."),
+    sigma_sampling: str = typer.Option("uniform", "--sigma-sampling", help="How the update re-noises clean samples: uniform or logit_normal."),
+    mention: float = typer.Option(1.0, "--mention", help="Probability that a prompt names each rewarded attribute (1 = full compositional prompts)."),
+    model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id or a card directory."),
+) -> None:
+    """DiffusionNFT on a text-to-image card: likelihood-free RL on the forward process, digit-scorer reward."""
+    from jaxpipe.training import runs
+    from jaxpipe.training.nft import DiffusionNFTConfig
+
+    flags = runflags
+
+    def config():
+        spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention)
+        return spec, DiffusionNFTConfig(
+            beta=beta, group_size=flags.group_size, learning_rate=flags.lr, adv_clip=adv_clip, ema_start=ema_start,
+            ema_end=ema_end, ema_ramp_steps=ema_ramp, sampler=sampler, num_steps=flags.num_steps, guidance=guidance,
+            sigma_sampling=sigma_sampling,
+        )
+
+    _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.nft_run(
+        card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
+
+
 @train_app.command("unified")
-@_with(RunFlags, RefinerFlags)
+@_with(RunFlags, PolicyFlags, RefinerFlags)
 def train_unified(
     runflags: RunFlags,
+    policyflags: PolicyFlags,
     refinerflags: RefinerFlags,
     mention: float = typer.Option(0.5, "--mention", help="Probability that a prompt names each rewarded attribute."),
     prefer: str = typer.Option("", "--prefer", help="Preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick,brightness=bright."),
@@ -405,16 +448,17 @@ def train_unified(
 
     def config():
         spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
-        return spec, UnifiedRLConfig(**flags.generator(), **refinerflags.refiner())
+        return spec, UnifiedRLConfig(**policyflags.generator(flags), **refinerflags.refiner())
 
     _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.unified_run(
         card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
 
 
 @train_app.command("mot")
-@_with(RunFlags)
+@_with(RunFlags, PolicyFlags)
 def train_mot(
     runflags: RunFlags,
+    policyflags: PolicyFlags,
     skip: int = typer.Option(1, "--skip", help="Samples per group rendered without thinking (0 <= skip < K)."),
     token_weight: float = typer.Option(1.0, "--token-weight", help="Weight of the thinking (token policy-gradient) part of the one summed loss."),
     lm_beta: float = typer.Option(0.01, "--lm-beta", help="k3-KL weight of the thoughts to the frozen reference."),
@@ -430,16 +474,17 @@ def train_mot(
 
     def config():
         spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
-        return spec, MoTRLConfig(**flags.generator(), skip=skip, token_weight=token_weight, lm_beta=lm_beta)
+        return spec, MoTRLConfig(**policyflags.generator(flags), skip=skip, token_weight=token_weight, lm_beta=lm_beta)
 
     _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.mot_run(
         card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
 
 
 @train_app.command("joint")
-@_with(RunFlags, RefinerFlags)
+@_with(RunFlags, PolicyFlags, RefinerFlags)
 def train_joint(
     runflags: RunFlags,
+    policyflags: PolicyFlags,
     refinerflags: RefinerFlags,
     refiners: int = typer.Option(3, "--refiners", "-N", help="Refiner experts (each owns one attribute slot: stroke, position, brightness, cycling)."),
     credit: str = typer.Option("per_expert", "--credit", help="shared (one advantage for every refiner) or per_expert (each refiner's own reward term)."),
@@ -457,7 +502,7 @@ def train_joint(
 
     def config():
         spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
-        return spec, JointRLConfig(**flags.generator(), **refinerflags.refiner(), credit=credit, expert_map=expert_map)
+        return spec, JointRLConfig(**policyflags.generator(flags), **refinerflags.refiner(), credit=credit, expert_map=expert_map)
 
     def build(base, scorer, cfg, evaluation):
         card = multi_expert.from_unified(base, refiners)

@@ -1,4 +1,4 @@
-"""`jaxpipe train unified | joint`: tiny runs write metrics, curves, a report and a loadable card; bad flags fail
+"""`jaxpipe train unified | joint | nft`: tiny runs write metrics, curves, a report and a loadable card; bad flags fail
 clearly. (`train flow-grpo`'s outputs are checked in test_stop_resume.py, with its stop and resume.)"""
 
 import json
@@ -54,6 +54,23 @@ def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_genera
 
 
 @needs_cards
+def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_encoder(tmp_path):
+    out = tmp_path / "nft"
+    tiny = [a for a in TINY if a not in ("--sde-window", "0,1")]
+    result = runner.invoke(app, ["train", "nft", "--out", str(out), "--no-eval", "--beta", "0.5", "--ema-ramp", "0", *tiny])
+    assert result.exit_code == 0, result.output
+    rows = read_metrics(out)
+    assert all(0.0 <= row["r_mean"] <= 1.0 and row["ema_decay"] == 0.5 and row["skipped"] == 0.0 for row in rows)
+    for png in ("reward.png", "loss.png", "old_policy.png"):
+        assert Image.open(out / png).format == "PNG"
+    report = json.loads((out / "report.json").read_text())
+    assert report["method"] == "nft" and report["settings"]["config"]["beta"] == 0.5
+    trained, base = jp.cards.load(out), jp.cards.load("flux-t2i")
+    assert same(trained["text_encoder"], base["text_encoder"]) and not same(trained["transformer"], base["transformer"])
+    jp.Engine().register(trained)
+
+
+@needs_cards
 @pytest.mark.slow  # the tour notebook runs `train joint` and shows its per-expert curves by default
 def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(tmp_path):
     out = tmp_path / "joint"
@@ -99,6 +116,8 @@ def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(t
         (["mot", "-K", "2", "--skip", "2"], "at least one sample per group must think"),
         (["mot", "--minibatches", "5"], "minibatches=5 must divide the rollout's 16 rows"),
         (["mot", "--token-weight", "-1"], "token_weight and lm_beta must be >= 0"),
+        (["nft", "--beta", "0"], "beta must be in (0, 1]"),
+        (["nft", "--sigma-sampling", "beta"], "sigma_sampling must be one of"),
     ],
 )
 def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):

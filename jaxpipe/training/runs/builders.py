@@ -2,8 +2,8 @@
 
 A ``Run`` bundles a trainer (``init``, jitted ``step``, ``card(state)``), an endless stream of
 prompt batches, a before/after evaluation and the curves to draw; ``reports.execute`` trains it.
-``flow_grpo_run``, ``unified_run`` and ``joint_run`` build the three runs; another method needs
-only its own builder.
+``flow_grpo_run``, ``nft_run``, ``unified_run``, ``joint_run`` and ``mot_run`` build the RL runs;
+another method needs only its own builder.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from jaxpipe.cards.checkpoint import config_to_dict
 from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward, scorer_reward_parts
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 from jaxpipe.training.mot_rl import MoTRLConfig, SharedMoTRL
+from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig
 from jaxpipe.training.runs.evaluation import EvalSettings, generator_quality, refinement_quality
 from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 
-__all__ = ["Run", "flow_grpo_run", "unified_run", "joint_run", "mot_run"]
+__all__ = ["Run", "flow_grpo_run", "nft_run", "unified_run", "joint_run", "mot_run"]
 
 
 @dataclasses.dataclass
@@ -34,7 +35,7 @@ class Run:
     evaluate: ``(card, should_stop=None) -> quality dict`` (with ``"diversity"``; raises ``Stopped`` between
     batches once ``should_stop()`` is true), or None to skip evaluation;
     curves: PNG file name -> metric keys drawn in it; headline: ``(before, after) -> numbers`` for
-    the report's summary.
+    the report's summary; summary_keys: the metrics whose first and last steps the report compares.
     """
 
     name: str
@@ -44,6 +45,7 @@ class Run:
     evaluate: Callable[..., dict] | None = None
     curves: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: {"reward.png": ("reward_mean",)})
     headline: Callable[[dict, dict], dict] | None = None
+    summary_keys: tuple[str, ...] = ("reward_mean", "reward_refined", "reward_original")
 
 
 def _change(before: dict, after: dict, *path: str) -> dict:
@@ -85,31 +87,60 @@ def flow_grpo_run(
     evaluation: EvalSettings | None = EvalSettings(),
 ) -> Run:
     """FlowGRPO on a text-to-image card (e.g. ``flux-t2i``) with the ``digit-scorer`` reward over ``prompts.terms``."""
-    if "refine" in registry.default_program(card).inputs:
-        raise ValueError(
-            f"flow-grpo trains a text-to-image card; {card.model_id!r} refines its prompts first (use `train unified`)"
-        )
+    _check_text_to_image(card, "flow-grpo")
     method = FlowGRPO(card, scorer_reward(scorer, prompts.terms), config)
-    evaluate = None
-    if evaluation is not None:
-        evaluate = lambda c, stop=None: generator_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps, should_stop=stop)
-
-    def headline(before: dict, after: dict) -> dict:
-        return {
-            "all_attributes_correct": _change(before, after, "all_attributes_correct"),
-            "digit_accuracy_plain_prompts": _change(before, after, "digit_accuracy"),
-            "run_prompts_all_right": _change(before, after, "run_prompts", "all_right"),
-        }
-
     return Run(
         name="flow-grpo",
         method=method,
         batches=prompt_batches(card, prompts, prompts_per_step, seed),
         settings=_settings(card, config, prompts, prompts_per_step, evaluation),
-        evaluate=evaluate,
+        evaluate=_generator_evaluation(scorer, prompts, evaluation, config.num_steps),
         curves={"reward.png": ("reward_mean",), "kl.png": ("kl",)},
-        headline=headline,
+        headline=_generator_headline,
     )
+
+
+def nft_run(
+    card: Card,
+    scorer: Card,
+    config: DiffusionNFTConfig,
+    prompts: PromptSpec = PromptSpec(),
+    *,
+    prompts_per_step: int = 4,
+    seed: int = 0,
+    evaluation: EvalSettings | None = EvalSettings(),
+) -> Run:
+    """DiffusionNFT on a text-to-image card with the ``digit-scorer`` reward; judged as ``flow_grpo_run``."""
+    _check_text_to_image(card, "nft")
+    method = DiffusionNFT(card, scorer_reward(scorer, prompts.terms), config)
+    return Run(
+        name="nft",
+        method=method,
+        batches=prompt_batches(card, prompts, prompts_per_step, seed),
+        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
+        evaluate=_generator_evaluation(scorer, prompts, evaluation, config.num_steps),
+        curves={"reward.png": ("reward_mean",), "loss.png": ("loss_pos", "loss_neg"), "old_policy.png": ("ema_decay", "r_mean")},
+        headline=_generator_headline,
+    )
+
+
+def _check_text_to_image(card: Card, command: str) -> None:
+    if "refine" in registry.default_program(card).inputs:
+        raise ValueError(f"{command} trains a text-to-image card; {card.model_id!r} refines its prompts first (use `train unified`)")
+
+
+def _generator_evaluation(scorer: Card, prompts: PromptSpec, evaluation: EvalSettings | None, num_steps: int):
+    if evaluation is None:
+        return None
+    return lambda c, stop=None: generator_quality(c, scorer, prompts, evaluation, num_steps=num_steps, should_stop=stop)
+
+
+def _generator_headline(before: dict, after: dict) -> dict:
+    return {
+        "all_attributes_correct": _change(before, after, "all_attributes_correct"),
+        "digit_accuracy_plain_prompts": _change(before, after, "digit_accuracy"),
+        "run_prompts_all_right": _change(before, after, "run_prompts", "all_right"),
+    }
 
 
 REFINEMENT_CURVES = {

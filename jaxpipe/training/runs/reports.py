@@ -28,10 +28,10 @@ from jaxpipe.training.runs.evaluation import DIVERSITY_COLLAPSE
 __all__ = ["OUTPUTS", "TIMING", "execute", "summary_lines"]
 
 
-def _reward_summary(history: list[dict]) -> dict:
+def _reward_summary(history: list[dict], keys: tuple[str, ...]) -> dict:
     n = max(1, len(history) // 10)
     out = {"window": n}
-    for key in ("reward_mean", "reward_refined", "reward_original"):
+    for key in keys:
         values = np.array([row[key] for row in history if key in row], np.float64)
         if len(values):
             out[key] = {"first": float(np.mean(values[:n])), "last": float(np.mean(values[-n:]))}
@@ -90,7 +90,7 @@ def _report(out: Path, run: Run, steps: int, seed: int, history: list[dict], tra
         "settings": run.settings,
         "train_seconds": train_seconds,
         "seconds_per_step": train_seconds / max(len(history), 1),
-        "rewards": _reward_summary(history) if history else {},
+        "rewards": _reward_summary(history, run.summary_keys) if history else {},
         "skipped_updates": int(sum(row.get("skipped", 0.0) > 0 for row in history)),
         "curves": curves,
         "metrics": str(out / "metrics.jsonl"),
