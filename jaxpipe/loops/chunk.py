@@ -17,6 +17,11 @@ key, the text conditioning (and its unconditional half for guidance) and the KV 
 batch-mates or on who drives the loop. Guidance composes as in the denoise loop
 (``policies.guidance``); the unconditional forward reads the same cache (the past is given,
 guidance steers the current chunk).
+
+``train_run`` is the same rollout as a pure, differentiable function for training on the
+model's own rollouts (self-forcing): the same noise, schedule, guidance and cache writes, so
+its video equals ``run``'s to float tolerance, with gradient only through each chunk's last
+denoising step (the earlier steps and every cache write are stop-gradient).
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import nnx
+
 from jaxpipe import samplers
 from jaxpipe.loops import policies
 from jaxpipe.loops.unpadded import SameConfigBatching
 from jaxpipe.nn.causal_dit import ChunkCache, ChunkCond, init_cache
 
-__all__ = ["ChunkConfig", "ChunkState", "Driver", "DRIVER", "init", "step", "run", "schedule"]
+__all__ = ["ChunkConfig", "ChunkState", "ChunkTrace", "Driver", "DRIVER", "init", "step", "run", "train_run", "schedule"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +243,65 @@ def run(models, state: ChunkState, config: ChunkConfig, *, capture: bool = False
         raise ValueError(f"state has {num_steps} steps per chunk but config.num_steps is {config.num_steps}")
     state, _ = jax.lax.scan(lambda s, _: (step(models, s, config), None), state, length=config.chunks * num_steps)
     return state, None
+
+
+class ChunkTrace(NamedTuple):
+    """What each chunk's differentiable last step saw (leading axis ``chunks``, then ``B``): its input
+    ``x`` ``(chunks, B, F, h, w, C)``, its noise level ``sigma`` ``(chunks, B)`` and the cache it
+    attended to (``ChunkCache`` leaves ``(chunks, B, ...)``); all stop-gradient."""
+
+    x: jax.Array
+    sigma: jax.Array
+    cache: ChunkCache
+
+
+def _stop_gradient_module(model):
+    """A copy of the nnx ``model`` whose every variable is ``stop_gradient``-ed (same values)."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(jax.lax.stop_gradient, state))
+
+
+def train_run(model, state: ChunkState, config: ChunkConfig) -> tuple[jax.Array, ChunkTrace]:
+    """The whole rollout from a fresh ``init`` state as a pure function differentiable in ``model``:
+    ``(video (B, P + chunks·F, h, w, C), ChunkTrace)``.
+
+    It computes what ``run`` computes (same per-chunk noise ``fold_in(key, c)``, schedule, guidance,
+    cache writes), chunk by chunk as one ``lax.scan`` over chunks. Gradient reaches ``model`` only
+    through each chunk's LAST denoising step (the one giving its clean latents): the earlier steps run
+    on a stop-gradient copy of the weights and their output is stop-gradient, and the cache is written
+    from the stop-gradient clean chunk by that copy too, so later chunks see earlier ones as
+    constants (no gradient through the cache). Every chunk exits at its last step (the video is the
+    served one), unlike the paper's random exit step.
+    """
+    model = _one(model)
+    num_steps = state.sigmas.shape[1] - 1
+    if num_steps != config.num_steps:
+        raise ValueError(f"state has {num_steps} steps per chunk but config.num_steps is {config.num_steps}")
+    frozen = _stop_gradient_module(model)
+    b, f = state.x.shape[:2]
+    sigmas = jax.lax.stop_gradient(state.sigmas)
+    put = jax.vmap(lambda video, chunk, t: jax.lax.dynamic_update_slice_in_dim(video, chunk, t, 0))
+
+    def one_chunk(carry, c):
+        video, x, cache = carry
+        cond, uncond = _conds(state._replace(cache=cache))
+
+        def no_grad_step(x, i):
+            v = config.guide(frozen.velocity, x, sigmas[:, i], cond, uncond)
+            return samplers.euler_step(x, v, sigmas[:, i], sigmas[:, i + 1]), None
+
+        x, _ = jax.lax.scan(no_grad_step, x, jnp.arange(num_steps - 1))
+        x = jax.lax.stop_gradient(x)
+        sigma = sigmas[:, num_steps - 1]
+        v = config.guide(model.velocity, x, sigma, cond, uncond)
+        clean = samplers.euler_step(x, v, sigma, sigmas[:, num_steps])
+        written = frozen.write(jax.lax.stop_gradient(clean), cond)
+        video = put(video, clean, cache.written * f)
+        fresh = _noise(state.key, jnp.full((b,), c + 1, jnp.int32), x.shape[1:])
+        return (video, fresh, written), ChunkTrace(x, sigma, cache)
+
+    (video, _, _), trace = jax.lax.scan(one_chunk, (state.video, state.x, state.cache), jnp.arange(config.chunks))
+    return video, trace
 
 
 # --------------------------------------------------------------------------------------------

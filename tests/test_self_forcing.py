@@ -1,0 +1,153 @@
+"""SelfForcing: the training rollout is the served rollout, where its gradient flows, the direction of an
+update, the two finite guards, the non-causal refusal (tiny random causal student and bidirectional teacher)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import leaves_equal, perturbed, rl_batch
+from flax import nnx
+
+import jaxpipe as jp
+from jaxpipe import samplers
+from jaxpipe.cards import wan_causal, wan_t2v
+from jaxpipe.cards.checkpoint import save_card
+from jaxpipe.loops import chunk
+from jaxpipe.nn import DiTConfig
+from jaxpipe.nn.causal_dit import ChunkCond
+from jaxpipe.training.self_forcing import (LOSS_KEY, SelfForcing, SelfForcingConfig, dmd_gradient, dmd_surrogate)
+
+DIT = DiTConfig(dim=32, depth=2, heads=2)
+# the student guides (CFG 2) so the rollout's unconditional half is covered; so does the teacher
+CONFIG = SelfForcingConfig(learning_rate=1e-3, critic_learning_rate=1e-3, critic_steps=2, num_steps=2, guidance=2.0,
+                           real_guidance=2.0)
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    card = jp.cards.build("wan-t2v", seed=5, config=wan_t2v.Config(dit=DIT))
+    return card.replace(transformer=perturbed(card["transformer"], seed=6))
+
+
+@pytest.fixture(scope="module")
+def method(teacher):
+    card = jp.cards.build("wan-causal", seed=3, config=wan_causal.Config(dit=DIT))
+    return SelfForcing(card.replace(transformer=perturbed(card["transformer"], seed=4)), teacher, CONFIG)
+
+
+@pytest.fixture(scope="module")
+def batch(method):
+    return rl_batch(method.card(method.init()))
+
+
+def test_training_rollout_is_the_served_rollout(method, batch):
+    """Same keys => the differentiable training rollout renders the video the card's program serves."""
+    state = method.init()
+    trained = method.render(state, batch, jax.random.key(0))
+    served = method.serve(state, batch, jax.random.key(0))
+    assert trained.shape == served["latents"].shape == (2, 8, 8, 8, 4) and served["video"].shape == (2, 8, 16, 16, 1)
+    np.testing.assert_allclose(trained, served["latents"], atol=1e-5)
+    assert float(jnp.abs(trained[0] - trained[1]).max()) > 1e-2  # rows differ (prompt and key)
+    assert float(jnp.abs(trained[:, -2:]).max()) > 1e-2  # the last chunk was generated too
+    other = method.render(state, batch, jax.random.key(1))
+    assert float(jnp.abs(other - trained).max()) > 1e-2  # the check can fail: other keys, other video
+
+
+def test_gradient_flows_only_through_each_chunks_last_step(method, batch):
+    """d⟨w, video⟩/dθ equals the sum over chunks of the last step alone, its input and cache held constant."""
+    state = method.init()
+    ids, keys = method._rows(batch, jax.random.key(0))
+    w = jax.random.normal(jax.random.key(9), (2, 8, 8, 8, 4))
+
+    @jax.jit
+    def both(params):
+        full = jax.grad(lambda p: jnp.sum(w * method.rollout_video(p, state.frozen, ids, keys)[0]))(params)
+        _, trace = method.rollout_video(params, state.frozen, ids, keys)
+        start = method._start(method.components(params, state.frozen), ids, keys)
+
+        def last_steps(p):
+            model = method.components(p, state.frozen)[method.denoiser]
+            total = 0.0
+            for c in range(method.sampling.chunks):
+                cache = jax.tree.map(lambda a: a[c], trace.cache)
+                cond = ChunkCond(start.cond.context, start.cond.context_mask, cache)
+                uncond = ChunkCond(start.uncond.context, start.uncond.context_mask, cache)
+                v = method.sampling.guide(model.velocity, trace.x[c], trace.sigma[c], cond, uncond)
+                clean = samplers.euler_step(trace.x[c], v, trace.sigma[c], jnp.zeros_like(trace.sigma[c]))
+                total += jnp.sum(w[:, 2 * c : 2 * c + 2] * clean)
+            return total
+
+        return full, jax.grad(last_steps)(params)
+
+    full, reference = both(state.params)
+    flat, ref = jax.tree.leaves(full), jax.tree.leaves(reference)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in flat)
+    assert float(optax_norm(full)) > 1e-3
+    for g, r in zip(flat, ref, strict=True):
+        np.testing.assert_allclose(g, r, rtol=2e-4, atol=2e-5 * float(jnp.abs(r).max() + 1e-6))
+
+
+def optax_norm(tree):
+    return jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(tree)))
+
+
+def test_surrogate_gradient_is_g():
+    x = jax.random.normal(jax.random.key(0), (2, 3, 4))
+    real, fake = x + 0.5, x - 0.25
+    g = dmd_gradient(x, real, fake)
+    np.testing.assert_allclose(g, jnp.full_like(x, -0.75 / 0.5), rtol=1e-6)  # (fake − real) / mean|x − real|
+    np.testing.assert_allclose(jax.grad(lambda y: dmd_surrogate(y, g))(x), g / x.size, rtol=1e-6)
+
+
+def test_step_moves_the_video_toward_the_teacher(method, batch):
+    """One student update moves its own (same-key) video against g = fake − real: ⟨Δvideo, g⟩ < 0."""
+    state, key = method.init(), jax.random.key(2)
+    new, metrics = method.step(state, batch, key)
+    assert float(metrics["skipped"]) == 0.0 and float(metrics["critic_skipped"]) == 0.0
+    assert all(np.isfinite(float(v)) for v in metrics.values()) and int(new.step) == 1
+    assert not leaves_equal(new.params, state.params) and not leaves_equal(new.critic, state.critic)
+    assert leaves_equal(new.teacher, state.teacher) and leaves_equal(new.frozen, state.frozen)
+    before, after = method.render(state, batch, key), method.render(new, batch, key)
+    ids, _ = method._rows(batch, key)
+    real, fake = jax.jit(method.scores)(state, before, ids, jax.random.fold_in(key, LOSS_KEY))
+    g = dmd_gradient(before, real, fake)
+    assert float(jnp.mean(jnp.abs(g))) > 1e-2
+    moved = float(jnp.sum((after - before) * g))
+    assert moved < 0, moved
+    # the returned card serves what it trained: its program renders the trained rollout
+    np.testing.assert_allclose(method.serve(new, batch, key)["latents"], after, atol=1e-5)
+
+
+def test_non_finite_steps_skip_each_optimiser(method, batch):
+    state = method.init()
+    poison = lambda tree, name: jax.tree_util.tree_map_with_path(
+        lambda path, a: a * jnp.inf if name in jax.tree_util.keystr(path) else a, tree)
+    # an infinite teacher DiT: the student's gradient is not finite (skipped); the critic still learns
+    bad_teacher = state._replace(teacher=poison(state.teacher, "'transformer'"))
+    new, metrics = method.step(bad_teacher, batch, jax.random.key(3))
+    assert float(metrics["skipped"]) == 1.0 and float(metrics["critic_skipped"]) == 0.0
+    assert leaves_equal(new.params, state.params) and leaves_equal(new.opt_state, state.opt_state)
+    assert not leaves_equal(new.critic, state.critic) and int(new.step) == 1
+    # an infinite critic: every critic update is skipped, and the student's too (the fake score is not finite)
+    bad_critic = state._replace(critic=poison(state.critic, "proj_out"))
+    new, metrics = method.step(bad_critic, batch, jax.random.key(3))
+    assert float(metrics["critic_skipped"]) == CONFIG.critic_steps and float(metrics["skipped"]) == 1.0
+    assert leaves_equal(new.params, state.params)
+    for a, b in zip(jax.tree.leaves(new.critic), jax.tree.leaves(bad_critic.critic), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_non_causal_cards_and_bad_configs_are_refused(teacher, t2i_card, method, tmp_path):
+    for card in (teacher, t2i_card):
+        with pytest.raises(ValueError, match="chunk_rollout"):
+            SelfForcing(card, teacher, CONFIG)
+    with pytest.raises(ValueError, match="critic_steps"):
+        SelfForcingConfig(critic_steps=0)
+    with pytest.raises(ValueError, match="sigma_min"):
+        SelfForcingConfig(sigma_min=0.0)
+    # the trained card saves and loads as a causal card with the trained sampling
+    trained = method.card(method.init())
+    loaded = jp.cards.load(save_card(trained, tmp_path / "sf"))
+    assert loaded.spec.loops[0].kind == "chunk_rollout" and loaded.spec.loops[0].config == method.sampling
+    assert isinstance(loaded.spec.loops[0].config, chunk.ChunkConfig)
+    assert leaves_equal(nnx.state(loaded["transformer"], nnx.Param), nnx.state(trained["transformer"], nnx.Param))
