@@ -55,20 +55,37 @@ PROMPTS_PER_STEP, GROUP, NUM_STEPS = 4, 4, 8
 GRPO = FlowGRPOConfig(group_size=GROUP, num_steps=NUM_STEPS, sde_window=(0, 4), beta=0.04, learning_rate=1e-4)
 """FlowGRPO as the README's FlowGRPO section and ``jaxpipe train flow-grpo`` run it."""
 SWEEP = (
+    {"learning_rate": 3e-5, "beta": 1.0, "ema_end": 0.5},
+    {"learning_rate": 5e-5, "beta": 1.0, "ema_end": 0.5},
     {"learning_rate": 1e-4, "beta": 1.0, "ema_end": 0.5},
     {"learning_rate": 3e-4, "beta": 1.0, "ema_end": 0.5},
     {"learning_rate": 1e-3, "beta": 1.0, "ema_end": 0.5},
     {"learning_rate": 3e-4, "beta": 0.1, "ema_end": 0.5},
-    {"learning_rate": 3e-4, "beta": 1.0, "ema_end": 0.9},
+    {"learning_rate": 1e-4, "beta": 1.0, "ema_end": 0.0},
+    {"learning_rate": 1e-4, "beta": 1.0, "ema_end": 0.9},
     {"learning_rate": 3e-4, "beta": 1.0, "ema_end": 0.0},
+    {"learning_rate": 3e-4, "beta": 1.0, "ema_end": 0.9},
+    {"learning_rate": 1e-4, "beta": 1.0, "ema_end": 0.5, "adv_clip": 5.0},
 )
 """The ``--sweep`` grid of NFT settings (the rest as ``nft_config``)."""
 
 
-def nft_config(learning_rate: float, beta: float, ema_end: float, ema_ramp_steps: int = 100) -> DiffusionNFTConfig:
+def nft_config(learning_rate: float, beta: float, ema_end: float, adv_clip: float = 2.0, ema_ramp_steps: int = 100) -> DiffusionNFTConfig:
     """DiffusionNFT on the same P, K and 8-step schedule as FlowGRPO (ODE rollouts, guidance 1)."""
     return DiffusionNFTConfig(group_size=GROUP, num_steps=NUM_STEPS, learning_rate=learning_rate, beta=beta, ema_end=ema_end,
-                              ema_ramp_steps=ema_ramp_steps)
+                              adv_clip=adv_clip, ema_ramp_steps=ema_ramp_steps)
+
+
+def parse_grid(text: str) -> tuple[dict, ...]:
+    """``"lr,beta,ema_end[,adv_clip];..."`` -> ``nft_config`` keyword sets."""
+    names = ("learning_rate", "beta", "ema_end", "adv_clip")
+    points = []
+    for part in filter(None, text.split(";")):
+        values = [float(v) for v in part.split(",")]
+        if not 3 <= len(values) <= 4:
+            raise ValueError(f"a grid point is lr,beta,ema_end[,adv_clip] (got {part!r})")
+        points.append(dict(zip(names, values)))
+    return tuple(points)
 
 
 def judge(card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings) -> dict:
@@ -132,7 +149,7 @@ def measure(args) -> dict:
     flux, scorer = jp.cards.load("flux-t2i"), jp.cards.load("digit-scorer")
     spec = PromptSpec()
     reward = scorer_reward(scorer, spec.terms)
-    nft = nft_config(args.nft_lr, args.nft_beta, args.nft_ema_end, args.nft_ema_ramp)
+    nft = nft_config(args.nft_lr, args.nft_beta, args.nft_ema_end, args.nft_adv_clip, args.nft_ema_ramp)
     methods = {"FlowGRPO": FlowGRPO(flux, reward, GRPO), "NFT": DiffusionNFT(flux, reward, nft)}
     settings = EvalSettings(samples=8 if args.quick else 200, diversity_prompts=2 if args.quick else 10,
                             diversity_seeds=2 if args.quick else 6)
@@ -150,11 +167,10 @@ def measure(args) -> dict:
         wall_steps = max(1, min(wall_steps, args.max_wall_factor * steps))
         print(f"seed {seed}: s/step FlowGRPO {cost['FlowGRPO']['step_s']:.3f}, NFT {cost['NFT']['step_s']:.3f}; "
               f"NFT gets {wall_steps} steps in FlowGRPO's {steps}", flush=True)
-        checkpoints = set(range(every, steps + 1, every)) | {steps}
         runs_ = {}
         for name, method in methods.items():
             total = max(steps, wall_steps) if name == "NFT" else steps
-            marks = checkpoints | ({wall_steps} if name == "NFT" else set())
+            marks = set(range(every, total + 1, every)) | {steps} | ({wall_steps} if name == "NFT" else set())
             print(f"seed {seed}: {name}, {total} steps ...", flush=True)
             runs_[name] = train(method, prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), total, seed, marks, evaluate)
         results[str(seed)] = {"cost": cost, "wall_steps": wall_steps, "runs": runs_}
@@ -193,6 +209,12 @@ def _mean_over_seeds(raw: dict, name: str, field: str, n: int) -> np.ndarray:
     return np.mean([r["runs"][name][field][:n] for r in raw["results"].values()], axis=0)
 
 
+def checkpoints(raw: dict, name: str) -> list[int]:
+    """The regular (every ``--every`` steps) evaluations of method ``name`` that every seed has."""
+    found = [{int(s) for s in r["runs"][name]["evals"]} for r in raw["results"].values()]
+    return sorted(m for m in set.intersection(*found) if m % raw["every"] == 0)
+
+
 def plot(raw: dict, path: pathlib.Path) -> None:
     """Reward (moving mean 20, mean over seeds) vs rollouts and vs warm training seconds; all right at checkpoints."""
     import matplotlib
@@ -209,8 +231,7 @@ def plot(raw: dict, path: pathlib.Path) -> None:
         label = "DiffusionNFT" if name == "NFT" else name
         axes[0].plot(np.arange(1, n + 1), reward, color=color, label=label)
         axes[1].plot(wall, reward, color=color, label=label)
-        marks = sorted({int(s) for r in raw["results"].values() for s in r["runs"][name]["evals"]})
-        marks = [m for m in marks if all(str(m) in r["runs"][name]["evals"] for r in raw["results"].values())]
+        marks = checkpoints(raw, name)
         right = [np.mean([r["runs"][name]["evals"][str(m)]["all_right"] for r in raw["results"].values()]) for m in marks]
         axes[2].plot([0] + marks, 100 * np.array([raw["base"]["all_right"]] + right), marker="o", color=color, label=label)
     grpo_budget = np.mean([sum(r["runs"]["FlowGRPO"]["times"]) for r in raw["results"].values()])
@@ -242,6 +263,9 @@ def table(raw: dict) -> list[str]:
     def final_reward(rewards: list[float], n: int) -> float:
         return float(np.mean(rewards[n - max(1, n // 10) : n]))
 
+    def first_reward(name: str) -> str:
+        return f3(float(np.mean([r["runs"][name]["rewards"][: max(1, steps // 10)] for r in results])))
+
     def row(label: str, name: str, ns: list[int]) -> str:
         evals = [r["runs"][name]["evals"][str(n)] for r, n in zip(results, ns)]
         wall = [sum(r["runs"][name]["times"][:n]) for r, n in zip(results, ns)]
@@ -259,29 +283,32 @@ def table(raw: dict) -> list[str]:
         "diversity (change) | final train reward (last 10% of steps) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
         f"| base `flux-t2i` | 0 | 0 | 0 | {pct(base['all_right'])} | {pct(base['digit_accuracy'])} | {base['diversity']:.3f} | "
-        f"{_cell([float(np.mean(r['runs']['FlowGRPO']['rewards'][: max(1, steps // 10)])) for r in results], f3)} (first 10%) |",
+        f"first 10%: FlowGRPO {first_reward('FlowGRPO')}, NFT {first_reward('NFT')} |",
         row("FlowGRPO", "FlowGRPO", [steps] * len(results)),
         row("DiffusionNFT, equal rollouts", "NFT", [steps] * len(results)),
         row("DiffusionNFT, equal wall time", "NFT", [r["wall_steps"] for r in results]),
     ]
-    cost = lambda name, field: _cell([r["cost"][name][field] for r in results], f3)
+    cost = lambda name: _cell([r["cost"][name]["step_s"] for r in results], f3)
     lines += [
         "",
-        "| method | warm s / step (median, interleaved) | first call s (compile + 1 step) |",
+        "| method | warm s / step (median of interleaved steps, per seed) | first call of the process, s (compile + 1 step) |",
         "|---|---:|---:|",
-        f"| FlowGRPO | {cost('FlowGRPO', 'step_s')} | {cost('FlowGRPO', 'first_call_s')} |",
-        f"| DiffusionNFT | {cost('NFT', 'step_s')} | {cost('NFT', 'first_call_s')} |",
+        f"| FlowGRPO | {cost('FlowGRPO')} | {results[0]['cost']['FlowGRPO']['first_call_s']:.1f} |",
+        f"| DiffusionNFT | {cost('NFT')} | {results[0]['cost']['NFT']['first_call_s']:.1f} |",
     ]
-    marks = sorted({int(m) for r in results for m in r["runs"]["FlowGRPO"]["evals"]})
+    marks = checkpoints(raw, "NFT") or checkpoints(raw, "FlowGRPO")
     head = " | ".join(f"{m}" for m in marks)
-    lines += ["", f"| held-out all right / digit accuracy after … steps | 0 | {head} |", "|---|" + "---:|" * (len(marks) + 1)]
+    lines += ["", f"| held-out all right / digit accuracy / diversity after … steps | 0 | {head} |",
+              "|---|" + "---:|" * (len(marks) + 1)]
     for label, name in (("FlowGRPO", "FlowGRPO"), ("DiffusionNFT", "NFT")):
         cells = [
             f"{100 * np.mean([r['runs'][name]['evals'][str(m)]['all_right'] for r in results]):.1f} / "
-            f"{100 * np.mean([r['runs'][name]['evals'][str(m)]['digit_accuracy'] for r in results]):.1f}%"
+            f"{100 * np.mean([r['runs'][name]['evals'][str(m)]['digit_accuracy'] for r in results]):.1f}% / "
+            f"{np.mean([r['runs'][name]['evals'][str(m)]['diversity'] for r in results]):.2f}"
+            if m in checkpoints(raw, name) else "—"
             for m in marks
         ]
-        base_cell = f"{100 * base['all_right']:.1f} / {100 * base['digit_accuracy']:.1f}%"
+        base_cell = f"{100 * base['all_right']:.1f} / {100 * base['digit_accuracy']:.1f}% / {base['diversity']:.2f}"
         lines.append(f"| {label} | {base_cell} | {' | '.join(cells)} |")
     return lines
 
@@ -297,15 +324,16 @@ def sweep(args) -> None:
     steps = 4 if args.quick else args.steps
     base = judge(flux, scorer, spec, settings)
     print(f"base: all right {100 * base['all_right']:.1f}%, digit {100 * base['digit_accuracy']:.1f}%, diversity {base['diversity']:.3f}")
-    print("| lr | β | EMA end | reward first → last 10% | all right | digit accuracy | diversity | s / step |")
-    print("|---:|---:|---:|---|---:|---:|---:|---:|")
-    for point in SWEEP[:1] if args.quick else SWEEP:
+    print("| lr | β | EMA end | adv clip | reward first → last 10% | all right | digit accuracy | diversity | s / step |")
+    print("|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    grid = parse_grid(args.grid) if args.grid else SWEEP
+    for point in grid[:1] if args.quick else grid:
         method = DiffusionNFT(flux, reward, nft_config(**point))
         out = train(method, prompt_batches(flux, spec, PROMPTS_PER_STEP, 0), steps, 0, {steps},
                     lambda card: judge(card, scorer, spec, settings))
         e, r, n = out["evals"][str(steps)], out["rewards"], max(1, steps // 10)
         print(
-            f"| {point['learning_rate']:g} | {point['beta']:g} | {point['ema_end']:g} | {np.mean(r[:n]):.3f} → {np.mean(r[-n:]):.3f} | "
+            f"| {point['learning_rate']:g} | {point['beta']:g} | {point['ema_end']:g} | {point.get('adv_clip', 2.0):g} | {np.mean(r[:n]):.3f} → {np.mean(r[-n:]):.3f} | "
             f"{100 * e['all_right']:.1f}% | {100 * e['digit_accuracy']:.1f}% | {e['diversity']:.3f} | {np.median(out['times'][1:] or out['times']):.3f} |",
             flush=True,
         )
@@ -319,10 +347,12 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1", help="training seeds (prompt stream and step keys), comma-separated")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved warm steps per method for the s/step timing")
     parser.add_argument("--max-wall-factor", type=int, default=3, help="cap NFT's equal-wall steps at this × --steps")
-    parser.add_argument("--nft-lr", type=float, default=3e-4)
+    parser.add_argument("--nft-lr", type=float, default=1e-4)
     parser.add_argument("--nft-beta", type=float, default=1.0)
     parser.add_argument("--nft-ema-end", type=float, default=0.5)
     parser.add_argument("--nft-ema-ramp", type=int, default=100)
+    parser.add_argument("--nft-adv-clip", type=float, default=2.0)
+    parser.add_argument("--grid", help="--sweep's points, 'lr,beta,ema_end[,adv_clip];...' (default: SWEEP)")
     parser.add_argument("--sweep", action="store_true", help="only the NFT settings sweep (prints a table)")
     parser.add_argument("--raw", type=pathlib.Path, default=RAW, help="where the raw results are written")
     parser.add_argument("--replot", type=pathlib.Path, help="only rebuild the table and plot from this raw results file")
