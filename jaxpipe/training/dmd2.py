@@ -32,8 +32,9 @@ The student update at a re-noised sample ``x_t = (1−t)·x̂0 + t·ε`` (``t ~ 
 
 so ``∂L/∂x̂0_b = g_b / B`` (each row's gradient is exactly its ``g``, averaged over the batch like any
 per-sample loss) and ``∇_θ L = (1/B)·Σ_b (∂x̂0_b/∂θ)ᵀ g_b``: descending moves ``x̂0`` toward the
-teacher's denoising of its own noisy version and away from the critic's (``g ∝ s_real − s_fake``
-in score form, up to the positive factor ``(1−t)/t²``). The parameter gradient is the pull-back of
+teacher's denoising of its own noisy version and away from the critic's. In score form
+(``s(x_t) = −(x_t − (1−t)·x̂0)/t²``) the unnormalised ``g`` is ``t²/(1−t)·(s_fake − s_real)``: per
+sample, a positive multiple of DMD's ``∇ KL(p_student ‖ p_teacher)`` integrand at ``x_t``. The parameter gradient is the pull-back of
 ``∂L/∂x̂0`` through the student's forward (``jax.vjp``: one student forward serves the critic's
 samples and the update).
 
