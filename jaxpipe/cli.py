@@ -210,8 +210,7 @@ class RunFlags:
     steps: int = _flag(..., "--steps", help="Training steps (one rollout + one update each).")
     out: Path = _flag(..., "--out", "-o", help="Output directory: metrics.jsonl, *.png, report.json and the trained card.")
     prompts_per_step: int = _flag(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
-    group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K >= 2): the group of the group-relative advantage.")
-    num_steps: int = _flag(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation.")
+    group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K; RL: the group of the group-relative advantage, K >= 2).")
     lr: float = _flag(1e-4, "--lr", help="Generator (DiT) learning rate.")
     terms: str = _flag("digit,stroke,position,brightness", "--terms", help="Reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
     seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
@@ -240,6 +239,7 @@ class RunFlags:
 class PolicyFlags:
     """The policy-gradient commands (FlowGRPO and the methods built on it): SDE rollouts, PPO, KL."""
 
+    num_steps: int = _flag(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation.")
     sde_window: str = _flag("0,4", "--sde-window", help="START,STOP: denoise steps sampled with the SDE and trained (ODE elsewhere); 'all' = every step.")
     noise_level: float = _flag(0.7, "--noise-level", help="SDE noise level (eta).")
     beta: float = _flag(0.04, "--beta", help="Generator KL weight to the frozen reference DiT.")
@@ -252,7 +252,7 @@ class PolicyFlags:
     def generator(self, run: RunFlags) -> dict:
         """The generator's RL settings, as config keywords."""
         return dict(
-            group_size=run.group_size, num_steps=run.num_steps, noise_level=self.noise_level,
+            group_size=run.group_size, num_steps=self.num_steps, noise_level=self.noise_level,
             sde_window=_window(self.sde_window), clip_eps=self.clip_eps, beta=self.beta, learning_rate=run.lr, kl=self.kl,
             minibatches=self.minibatches, inner_epochs=self.inner_epochs, timestep_fraction=self.timestep_fraction,
         )
@@ -401,6 +401,7 @@ def train_flow_grpo(
 @_with(RunFlags)
 def train_nft(
     runflags: RunFlags,
+    num_steps: int = typer.Option(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation."),
     beta: float = typer.Option(1.0, "--beta", help="NFT step beta in (0, 1]: the implicit policies v± = v_old ± beta·(v_θ − v_old)."),
     adv_clip: float = typer.Option(2.0, "--adv-clip", help="Advantage clip; r = 0.5 + 0.5·A/adv_clip is the optimality weight."),
     ema_start: float = typer.Option(0.0, "--ema-start", help="The old policy's EMA decay at the first update (0: on-policy)."),
@@ -422,11 +423,39 @@ def train_nft(
         spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention)
         return spec, DiffusionNFTConfig(
             beta=beta, group_size=flags.group_size, learning_rate=flags.lr, adv_clip=adv_clip, ema_start=ema_start,
-            ema_end=ema_end, ema_ramp_steps=ema_ramp, sampler=sampler, num_steps=flags.num_steps, guidance=guidance,
+            ema_end=ema_end, ema_ramp_steps=ema_ramp, sampler=sampler, num_steps=num_steps, guidance=guidance,
             sigma_sampling=sigma_sampling,
         )
 
     _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.nft_run(
+        card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
+
+
+@train_app.command("dmd2")
+@_with(RunFlags)
+def train_dmd2(
+    runflags: RunFlags,
+    student_steps: int = typer.Option(2, "--student-steps", help="The student's sampling steps (1 or 2; at most the teacher's)."),
+    critic_updates: int = typer.Option(5, "--critic-updates", help="Fake-score critic updates per student update."),
+    critic_lr: float = typer.Option(2e-4, "--critic-lr", help="The critic's learning rate (--lr is the student's)."),
+    guidance: typing.Optional[float] = typer.Option(None, "--guidance", help="The teacher's (real score's) CFG scale (default: the teacher card's)."),
+    mention: float = typer.Option(0.5, "--mention", help="Probability that a training prompt names each attribute."),
+    model: str = typer.Option("flux-t2i", "--model", help="Text-to-image teacher card: a bundled id or a card directory."),
+) -> None:
+    """DMD2: distil a text-to-image card into a 1-2 step student (its card is served like any other)."""
+    from jaxpipe.training import runs
+    from jaxpipe.training.dmd2 import DMD2Config
+
+    flags = runflags
+
+    def config():
+        spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention)
+        return spec, DMD2Config(
+            student_steps=student_steps, guidance=guidance, critic_updates=critic_updates, samples_per_prompt=flags.group_size,
+            student_lr=flags.lr, critic_lr=critic_lr,
+        )
+
+    _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.dmd2_run(
         card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
 
 

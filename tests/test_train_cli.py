@@ -71,6 +71,26 @@ def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_enco
 
 
 @needs_cards
+def test_train_dmd2_writes_its_curves_and_a_few_step_student_card(tmp_path):
+    out = tmp_path / "turbo"
+    result = runner.invoke(app, ["train", "dmd2", "--out", str(out), "--no-eval", "--steps", "2", "-P", "2", "-K", "1",
+                                 "--student-steps", "1", "--critic-updates", "2", "--guidance", "3"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1] and all(math.isfinite(row["dm_loss"]) for row in rows)
+    for png in ("losses.png", "gaps.png"):
+        assert Image.open(out / png).format == "PNG"
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["config"]["guidance"] == 3.0 and "dm_loss" in report["rewards"]
+    student, teacher = jp.cards.load(out), jp.cards.load("flux-t2i")
+    assert student.spec.config.sampling.num_steps == 1 and student.spec.config.sampling.guidance == 1.0
+    assert same(student["text_encoder"], teacher["text_encoder"]) and not same(student["transformer"], teacher["transformer"])
+    engine = jp.Engine()
+    engine.register(student)
+    assert engine.run(jp.Request(student.model_id, prompt="seven thick"))["image"].shape == (16, 16, 1)
+
+
+@needs_cards
 @pytest.mark.slow  # the tour notebook runs `train joint` and shows its per-expert curves by default
 def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(tmp_path):
     out = tmp_path / "joint"
@@ -134,10 +154,11 @@ def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):
 @needs_cards
 @pytest.mark.parametrize(
     "command, model, message", [("unified", "flux-t2i", "needs a card with a refiner LM"), ("flow-grpo", "unified", "use `train unified`"),
-                                ("mot", "unified", "needs a Mixture-of-Transformers card")]
+                                ("mot", "unified", "needs a Mixture-of-Transformers card"),
+                                ("dmd2 --student-steps 9", "flux-t2i", "exceeds the teacher's 8 sampling steps")]
 )
 def test_the_wrong_card_fails_clearly(command, model, message, tmp_path):
-    result = runner.invoke(app, ["train", command, "--steps", "2", "--out", str(tmp_path / "x"), "--model", model])
+    result = runner.invoke(app, ["train", *command.split(), "--steps", "2", "--out", str(tmp_path / "x"), "--model", model])
     assert result.exit_code == 2 and message in result.output, result.output
 
 

@@ -2,8 +2,8 @@
 
 A ``Run`` bundles a trainer (``init``, jitted ``step``, ``card(state)``), an endless stream of
 prompt batches, a before/after evaluation and the curves to draw; ``reports.execute`` trains it.
-``flow_grpo_run``, ``nft_run``, ``unified_run``, ``joint_run`` and ``mot_run`` build the RL runs;
-another method needs only its own builder.
+``flow_grpo_run``, ``nft_run``, ``unified_run``, ``joint_run`` and ``mot_run`` build the RL runs,
+``dmd2_run`` a distillation; another method needs only its own builder.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from jaxpipe.card import Card
 from jaxpipe.cards import multi_expert, registry
 from jaxpipe.cards.checkpoint import config_to_dict
+from jaxpipe.training.dmd2 import DMD2, DMD2Config
 from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward, scorer_reward_parts
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 from jaxpipe.training.mot_rl import MoTRLConfig, SharedMoTRL
@@ -23,7 +24,7 @@ from jaxpipe.training.runs.evaluation import EvalSettings, generator_quality, re
 from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 
-__all__ = ["Run", "flow_grpo_run", "nft_run", "unified_run", "joint_run", "mot_run"]
+__all__ = ["Run", "flow_grpo_run", "nft_run", "dmd2_run", "unified_run", "joint_run", "mot_run"]
 
 
 @dataclasses.dataclass
@@ -121,6 +122,32 @@ def nft_run(
         evaluate=_generator_evaluation(scorer, prompts, evaluation, config.num_steps),
         curves={"reward.png": ("reward_mean",), "loss.png": ("loss_pos", "loss_neg"), "old_policy.png": ("ema_decay", "r_mean")},
         headline=_generator_headline,
+    )
+
+
+def dmd2_run(
+    card: Card,
+    scorer: Card,
+    config: DMD2Config,
+    prompts: PromptSpec = PromptSpec(mention=0.5),
+    *,
+    prompts_per_step: int = 4,
+    seed: int = 0,
+    evaluation: EvalSettings | None = EvalSettings(),
+) -> Run:
+    """DMD2: distil text-to-image ``card`` (the teacher) into a ``config.student_steps``-step student on
+    ``prompts``; the scorer only judges (the student before training is the teacher at the student's steps)."""
+    _check_text_to_image(card, "dmd2")
+    method = DMD2(card, config)
+    return Run(
+        name=f"dmd2 ({config.student_steps}-step student)",
+        method=method,
+        batches=prompt_batches(card, prompts, prompts_per_step, seed),
+        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
+        evaluate=_generator_evaluation(scorer, prompts, evaluation, config.student_steps),
+        curves={"losses.png": ("dm_loss", "critic_loss"), "gaps.png": ("real_gap", "fake_real_gap")},
+        headline=_generator_headline,
+        summary_keys=("dm_loss", "critic_loss", "real_gap", "fake_real_gap"),
     )
 
 
