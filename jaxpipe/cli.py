@@ -211,7 +211,7 @@ class RunFlags:
     out: Path = _flag(..., "--out", "-o", help="Output directory: metrics.jsonl, *.png, report.json and the trained card.")
     prompts_per_step: int = _flag(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
     group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K; RL: the group of the group-relative advantage, K >= 2).")
-    lr: float = _flag(1e-4, "--lr", help="Generator (DiT) learning rate.")
+    lr: typing.Optional[float] = _flag(None, "--lr", help="Learning rate of the trained generator / student (default: the method's; 1e-4 for RL and DMD2, 1e-5 for self-forcing).")
     terms: str = _flag("digit,stroke,position,brightness", "--terms", help="Reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
     seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
     run_eval: bool = _flag(True, "--eval/--no-eval", help="Judge the card before and after (GenEval-style accuracy, diversity).")
@@ -223,6 +223,10 @@ class RunFlags:
     save_every: int = _flag(50, "--save-every", help="Checkpoint the training state every N steps (and always on a stop).")
     resume: bool = _flag(False, "--resume", help="Continue the run in --out from its last checkpoint (same settings).")
     overwrite: bool = _flag(False, "--overwrite", help="Replace the run in a non-empty --out instead of refusing.")
+
+    def rate(self, name: str = "learning_rate") -> dict:
+        """``{name: --lr}`` when the flag is given (else ``{}``: the method's config default applies)."""
+        return {} if self.lr is None else {name: self.lr}
 
     def evaluation(self):
         from jaxpipe.training.runs import EvalSettings
@@ -253,7 +257,7 @@ class PolicyFlags:
         """The generator's RL settings, as config keywords."""
         return dict(
             group_size=run.group_size, num_steps=self.num_steps, noise_level=self.noise_level,
-            sde_window=_window(self.sde_window), clip_eps=self.clip_eps, beta=self.beta, learning_rate=run.lr, kl=self.kl,
+            sde_window=_window(self.sde_window), clip_eps=self.clip_eps, beta=self.beta, **run.rate(), kl=self.kl,
             minibatches=self.minibatches, inner_epochs=self.inner_epochs, timestep_fraction=self.timestep_fraction,
         )
 
@@ -422,7 +426,7 @@ def train_nft(
     def config():
         spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention)
         return spec, DiffusionNFTConfig(
-            beta=beta, group_size=flags.group_size, learning_rate=flags.lr, adv_clip=adv_clip, ema_start=ema_start,
+            beta=beta, group_size=flags.group_size, **flags.rate(), adv_clip=adv_clip, ema_start=ema_start,
             ema_end=ema_end, ema_ramp_steps=ema_ramp, sampler=sampler, num_steps=num_steps, guidance=guidance,
             sigma_sampling=sigma_sampling,
         )
@@ -452,11 +456,39 @@ def train_dmd2(
         spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention)
         return spec, DMD2Config(
             student_steps=student_steps, guidance=guidance, critic_updates=critic_updates, samples_per_prompt=flags.group_size,
-            student_lr=flags.lr, critic_lr=critic_lr,
+            **flags.rate("student_lr"), critic_lr=critic_lr,
         )
 
     _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.dmd2_run(
         card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
+
+
+@train_app.command("self-forcing")
+@_with(RunFlags)
+def train_self_forcing(
+    runflags: RunFlags,
+    teacher: str = typer.Option("wan-t2v", "--teacher", help="Bidirectional text-to-video teacher (the real score): a bundled id or a card directory."),
+    critic_steps: int = typer.Option(4, "--critic-steps", help="Fake-score critic updates per student update."),
+    critic_lr: float = typer.Option(1e-4, "--critic-lr", help="The critic's learning rate (--lr is the student's)."),
+    num_steps: typing.Optional[int] = typer.Option(None, "--num-steps", help="Denoising steps per chunk, in training and in the card it returns (default: the card's)."),
+    model: str = typer.Option("wan-causal", "--model", help="Causal (chunk_rollout) card to train: a bundled id or a card directory."),
+) -> None:
+    """SelfForcing: a causal video card trained on its own chunked rollouts against a bidirectional teacher."""
+    from jaxpipe.training import runs
+    from jaxpipe.training.self_forcing import SelfForcingConfig
+
+    flags = runflags
+
+    def config():
+        return None, SelfForcingConfig(critic_steps=critic_steps, critic_learning_rate=critic_lr, num_steps=num_steps,
+                                       samples_per_prompt=flags.group_size, **flags.rate())
+
+    def build(card, scorer, cfg, evaluation):
+        (real,) = _load(teacher)
+        return runs.self_forcing_run(card, real, scorer, cfg[1], prompts_per_step=flags.prompts_per_step, seed=flags.seed,
+                                     evaluation=evaluation)
+
+    _train(flags, model, config, build)
 
 
 @train_app.command("unified")

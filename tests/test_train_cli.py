@@ -155,7 +155,8 @@ def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):
 @pytest.mark.parametrize(
     "command, model, message", [("unified", "flux-t2i", "needs a card with a refiner LM"), ("flow-grpo", "unified", "use `train unified`"),
                                 ("mot", "unified", "needs a Mixture-of-Transformers card"),
-                                ("dmd2 --student-steps 9", "flux-t2i", "exceeds the teacher's 8 sampling steps")]
+                                ("dmd2 --student-steps 9", "flux-t2i", "exceeds the teacher's 8 sampling steps"),
+                                ("self-forcing", "wan-t2v", "SelfForcing trains a causal card")]
 )
 def test_the_wrong_card_fails_clearly(command, model, message, tmp_path):
     result = runner.invoke(app, ["train", *command.split(), "--steps", "2", "--out", str(tmp_path / "x"), "--model", model])

@@ -3,7 +3,7 @@
 A ``Run`` bundles a trainer (``init``, jitted ``step``, ``card(state)``), an endless stream of
 prompt batches, a before/after evaluation and the curves to draw; ``reports.execute`` trains it.
 ``flow_grpo_run``, ``nft_run``, ``unified_run``, ``joint_run`` and ``mot_run`` build the RL runs,
-``dmd2_run`` a distillation; another method needs only its own builder.
+``dmd2_run`` and ``self_forcing_run`` distillations; another method needs only its own builder.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward, 
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 from jaxpipe.training.mot_rl import MoTRLConfig, SharedMoTRL
 from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig
-from jaxpipe.training.runs.evaluation import EvalSettings, generator_quality, refinement_quality
-from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
+from jaxpipe.training.self_forcing import SelfForcing, SelfForcingConfig
+from jaxpipe.training.runs.evaluation import EvalSettings, generator_quality, refinement_quality, video_quality
+from jaxpipe.training.runs.prompts import PromptSpec, motion_batches, prompt_batches
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 
-__all__ = ["Run", "flow_grpo_run", "nft_run", "dmd2_run", "unified_run", "joint_run", "mot_run"]
+__all__ = ["Run", "flow_grpo_run", "nft_run", "dmd2_run", "self_forcing_run", "unified_run", "joint_run", "mot_run"]
 
 
 @dataclasses.dataclass
@@ -148,6 +149,43 @@ def dmd2_run(
         curves={"losses.png": ("dm_loss", "critic_loss"), "gaps.png": ("real_gap", "fake_real_gap")},
         headline=_generator_headline,
         summary_keys=("dm_loss", "critic_loss", "real_gap", "fake_real_gap"),
+    )
+
+
+def self_forcing_run(
+    card: Card,
+    teacher: Card,
+    scorer: Card,
+    config: SelfForcingConfig,
+    *,
+    prompts_per_step: int = 4,
+    seed: int = 0,
+    evaluation: EvalSettings | None = EvalSettings(samples=100),
+) -> Run:
+    """SelfForcing: causal ``card`` (``wan-causal``) trained on its own chunked rollouts against the
+    bidirectional ``teacher`` (``wan-t2v``) on digit-and-motion prompts; judged by ``video_quality``."""
+    method = SelfForcing(card, teacher, config)
+    evaluate = None
+    if evaluation is not None:
+        evaluate = lambda c, stop=None: video_quality(c, scorer, evaluation, should_stop=stop)
+
+    def headline(before: dict, after: dict) -> dict:
+        return {
+            "motion_accuracy": _change(before, after, "full", "motion_accuracy"),
+            "first_frame_digit_accuracy": _change(before, after, "full", "first_frame_digit_accuracy"),
+            "last_frame_digit_accuracy": _change(before, after, "full", "last_frame_digit_accuracy"),
+        }
+
+    return Run(
+        name="self-forcing",
+        method=method,
+        batches=motion_batches(card, prompts_per_step, seed),
+        settings={**_settings(card, config, PromptSpec(), prompts_per_step, evaluation, teacher=teacher.model_id),
+                  "prompts": "digit-and-motion captions"},
+        evaluate=evaluate,
+        curves={"losses.png": ("loss", "critic_loss"), "grad_norm.png": ("grad_norm", "critic_grad_norm")},
+        headline=headline,
+        summary_keys=("loss", "critic_loss"),
     )
 
 

@@ -24,7 +24,8 @@ from jaxpipe.stopping import Stopped
 from jaxpipe.training.flow_grpo import scorer_reward
 from jaxpipe.training.runs.prompts import Prompts, PromptSpec, sample_prompts
 
-__all__ = ["DIVERSITY_COLLAPSE", "EvalSettings", "serve", "judge", "diversity", "generator_quality", "refinement_quality"]
+__all__ = ["DIVERSITY_COLLAPSE", "EvalSettings", "serve", "judge", "diversity", "generator_quality", "refinement_quality",
+           "video_quality"]
 
 DIVERSITY_COLLAPSE = 0.30
 """A relative drop in sample diversity larger than this is collapse: the run failed."""
@@ -112,10 +113,39 @@ def diversity(card: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps
     batch = [c for c in prompts for _ in range(seeds_per)]
     images, _ = serve(card, batch, _eval_seeds(settings.seed, len(batch), 500_000), num_steps=num_steps, batch=settings.batch,
                       should_stop=should_stop)
-    images = images.reshape(len(prompts), seeds_per, -1).astype(np.float64)
-    dist = np.linalg.norm(images[:, :, None] - images[:, None, :], axis=-1)
-    iu = np.triu_indices(seeds_per, k=1)
+    return _spread(images, len(prompts), seeds_per)
+
+
+def _spread(samples: np.ndarray, prompts: int, seeds: int) -> float:
+    """Mean pairwise L2 distance between the ``seeds`` samples of each of ``prompts`` prompts (rows prompt-major)."""
+    flat = samples.reshape(prompts, seeds, -1).astype(np.float64)
+    dist = np.linalg.norm(flat[:, :, None] - flat[:, None, :], axis=-1)
+    iu = np.triu_indices(seeds, k=1)
     return float(dist[:, iu[0], iu[1]].mean())
+
+
+def video_quality(card: Card, scorer: Card, settings: EvalSettings, *, should_stop=None) -> dict:
+    """A text-to-video card at its own default steps and guidance: ``quality.t2v_quality`` (motion as told,
+    the digit in the first and last frame) on ``settings.samples`` prompts, and the diversity of its videos
+    over seeds (as ``diversity``, on digit-and-motion captions)."""
+    start = time.perf_counter()
+    out = quality.t2v_quality(card, scorer, samples=settings.samples, seed=settings.seed, batch=settings.batch,
+                              should_stop=should_stop)
+    rng = np.random.default_rng([settings.seed, 2])
+    n, seeds = settings.diversity_prompts, settings.diversity_seeds
+    captions = [digits.caption(int(d), motion=int(m))
+                for d, m in zip(rng.integers(0, 10, n), rng.integers(0, len(digits.MOTION_NAMES), n))]
+    batch = [c for c in captions for _ in range(seeds)]
+    noise = _eval_seeds(settings.seed, len(batch), 500_000)
+    videos = []
+    for begin in range(0, len(batch), settings.batch):
+        if should_stop is not None and should_stop():
+            raise Stopped()
+        end = begin + settings.batch
+        videos.append(np.asarray(generate(card, batch[begin:end], seed=noise[begin:end])["video"]))
+    out["diversity"] = _spread(np.concatenate(videos), n, seeds)
+    out["eval_seconds"] = time.perf_counter() - start
+    return out
 
 
 def generator_quality(

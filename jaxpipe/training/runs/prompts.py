@@ -19,7 +19,7 @@ from jaxpipe.card import Card
 from jaxpipe.data import digits
 from jaxpipe.training.flow_grpo import REWARD_TERMS
 
-__all__ = ["PromptSpec", "Prompts", "parse_terms", "parse_preferences", "sample_prompts", "prompt_batches"]
+__all__ = ["PromptSpec", "Prompts", "parse_terms", "parse_preferences", "sample_prompts", "prompt_batches", "motion_batches"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,3 +139,18 @@ def prompt_batches(card: Card, spec: PromptSpec, prompts_per_step: int, seed: in
         p = sample_prompts(spec, prompts_per_step, rng)
         ids = jnp.asarray(card.spec.tokenizer.encode(list(p.captions), width))
         yield {"ids": ids, "labels": {k: jnp.asarray(v) for k, v in p.labels.items()}}
+
+
+def motion_batches(card: Card, prompts_per_step: int, seed: int) -> Iterator[dict]:
+    """Endless text-to-video batches ``{"ids": (P, L) int32, "labels": {"digit", "motion": (P,) int32}}``
+    of captions naming a digit and a motion (``"seven moving right"``), uniformly drawn."""
+    if prompts_per_step < 1:
+        raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step})")
+    rng = np.random.default_rng(seed)
+    width = card["text_encoder"].cfg.max_len
+    while True:
+        digit = rng.integers(0, 10, prompts_per_step)
+        motion = rng.integers(0, len(digits.MOTION_NAMES), prompts_per_step)
+        captions = [digits.caption(int(d), motion=int(m)) for d, m in zip(digit, motion)]
+        ids = jnp.asarray(card.spec.tokenizer.encode(captions, width))
+        yield {"ids": ids, "labels": {"digit": jnp.asarray(digit, jnp.int32), "motion": jnp.asarray(motion, jnp.int32)}}
