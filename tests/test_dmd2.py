@@ -22,6 +22,12 @@ def method(t2i_card):
 
 
 @pytest.fixture(scope="module")
+def jitted(method):
+    """The student's clean estimate and DMD2's gradient, compiled once for the tests that recompute them."""
+    return jax.jit(method.student_x0), jax.jit(method.dm_terms)
+
+
+@pytest.fixture(scope="module")
 def rollout(method, t2i_card):
     state = method.init()
     return state, method.rollout(state, rl_batch(t2i_card), jax.random.key(0))
@@ -63,17 +69,18 @@ def test_student_card_is_a_few_step_card(method, rollout):
     assert ro.x.shape == (16, *card.spec.loops[0].latent_shape) and bool(jnp.all(ro.sigma == 1.0))
 
 
-def test_update_moves_the_student_against_the_dm_gradient(method, rollout):
+def test_update_moves_the_student_against_the_dm_gradient(method, rollout, jitted):
     """At the update's own re-noising: ⟨x̂0_new − x̂0_old, g⟩ < 0 (a flipped sign makes it > 0)."""
     state, ro = rollout
+    student_x0, dm_terms = jitted
     key = jax.random.key(1)
     new, metrics = method.update(state, ro, key)
     assert float(metrics["skipped"]) == 0.0 and float(metrics["critic_skipped"]) == 0.0
     assert not leaves_equal(new.critic, state.critic) and leaves_equal(new.teacher, state.teacher)
-    x0_old = method.student_x0(state.student, state.frozen, ro)
-    x0_new = method.student_x0(new.student, new.frozen, ro)
+    x0_old = student_x0(state.student, state.frozen, ro)
+    x0_new = student_x0(new.student, new.frozen, ro)
     _, k_dm = jax.random.split(key)  # the draws DMD2._update makes; the critic is the updated one
-    g, _ = method.dm_terms(state.teacher, new.critic, state.frozen, x0_old, ro, k_dm)
+    g, _ = dm_terms(state.teacher, new.critic, state.frozen, x0_old, ro, k_dm)
     np.testing.assert_allclose(float(metrics["dm_loss"]), float(0.5 * jnp.mean(jnp.sum(g**2, axis=(1, 2, 3, 4)))), rtol=1e-4)
     assert float(jnp.sum(g * (x0_new - x0_old))) < 0
 
@@ -88,7 +95,7 @@ def test_non_finite_step_is_skipped(method, rollout):
                         (state.student, state.critic, state.student_opt, state.critic_opt))
 
 
-def test_a_few_steps_move_the_student_toward_the_teacher(method, rollout, t2i_card):
+def test_a_few_steps_move_the_student_toward_the_teacher(method, rollout, jitted, t2i_card):
     """Summed over prompts, the squared distance between the per-prompt mean latent of the student's 1-step
     samples and of the teacher's 8-step guidance-2 samples falls (measured: 275 -> 150-170 after 5-8 updates;
     about 100 of it is the 8-sample estimates' own noise)."""
@@ -96,7 +103,7 @@ def test_a_few_steps_move_the_student_toward_the_teacher(method, rollout, t2i_ca
     batch, k = rl_batch(t2i_card), CONFIG.samples_per_prompt
     teacher = np.asarray(jp.generate(t2i_card, ["seven thick"] * k + ["one thin"] * k, seed=list(range(2 * k)),
                                      guidance=2.0)["latents"]).reshape(2, k, -1)
-    sample = jax.jit(method.student_x0)  # one step from σ = 1: the student's sample
+    sample = jitted[0]  # one step from σ = 1: the student's sample
 
     def distance(state):
         ro = method.rollout(state, batch, jax.random.key(99))
