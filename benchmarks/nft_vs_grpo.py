@@ -10,9 +10,10 @@ takes one flow-matching regression per rollout.
 * **Equal rollouts**: both train ``--steps`` steps; the train reward per step is kept, and every
   ``--every`` steps the card is judged on the same held-out prompts and noise (200 full prompts and
   200 plain digits at guidance 1, ``quality.t2i_quality``; diversity over 10 prompts × 6 seeds).
-* **Equal wall time**: each method's warm seconds per step is measured in this process, the two
-  interleaved step by step (compiles timed separately); NFT then gets FlowGRPO's training time for
-  ``--steps`` steps, i.e. ``floor(steps · s_grpo / s_nft)`` steps, and is judged there.
+* **Equal wall time**: NFT trains on past ``--steps`` until its summed warm step time passes
+  FlowGRPO's for ``--steps`` steps (same seed, same process), and is judged at the last step within
+  it. Each method's warm seconds per step is also measured with the two interleaved step by step
+  (throwaway states; the first call, i.e. the compile, timed separately).
 
     python benchmarks/nft_vs_grpo.py                  # seeds 0 and 1 (~10 min on 2 shared cores): RESULTS.md + PNG
     python benchmarks/nft_vs_grpo.py --quick          # smoke test: 4 steps, tiny evaluation, prints only
@@ -130,22 +131,39 @@ def step_costs(methods: dict, batches: Iterator[dict], seed: int, rounds: int) -
 
 
 def train(method, batches: Iterator[dict], steps: int, seed: int, checkpoints: set[int],
-          evaluate: Callable[[Card], dict] | None) -> dict:
+          evaluate: Callable[[Card], dict] | None, *, budget: float | None = None, max_steps: int = 0) -> dict:
     """``steps`` steps from the card (key ``i`` = ``fold_in(key(seed), i)``): per-step train reward and
-    wall time (evaluations excluded), and ``evaluate(card)`` after every step in ``checkpoints``."""
+    wall time (evaluations excluded), and ``evaluate(card)`` after every step in ``checkpoints``.
+
+    With a ``budget`` (seconds), training also goes on (up to ``max_steps``) until the summed step time
+    passes it; ``budget_steps``, the last step count within it, is judged too."""
     state, key = method.init(jax.random.key(seed)), jax.random.key(seed)
     rewards, times, evals = [], [], {}
-    for i in range(steps):
+    spent, budget_steps = 0.0, None
+    i = 0
+    while i < steps or (budget is not None and budget_steps is None and i < max_steps):
+        previous = state
         state, metrics, seconds = _timed_step(method, state, next(batches), jax.random.fold_in(key, i))
+        if budget is not None and budget_steps is None and spent + seconds > budget:
+            budget_steps = i  # `previous` is the state after i steps, the last within the budget
+            if evaluate is not None and str(i) not in evals:
+                evals[str(i)] = evaluate(method.card(previous))
+        spent += seconds
         rewards.append(float(metrics["reward_mean"]))
         times.append(seconds)
-        if i + 1 in checkpoints and evaluate is not None:
-            evals[str(i + 1)] = evaluate(method.card(state))
-    return {"rewards": rewards, "times": times, "evals": evals}
+        i += 1
+        if i in checkpoints and evaluate is not None:
+            evals[str(i)] = evaluate(method.card(state))
+    if budget is not None and budget_steps is None:  # max_steps reached first
+        budget_steps = i
+        if evaluate is not None and str(i) not in evals:
+            evals[str(i)] = evaluate(method.card(state))
+    return {"rewards": rewards, "times": times, "evals": evals, "budget_steps": budget_steps}
 
 
 def measure(args) -> dict:
-    """Every seed: timing, FlowGRPO for ``steps``, NFT for max(steps, equal-wall steps), with evaluations."""
+    """Every seed: interleaved step timing, FlowGRPO for ``steps``, NFT for ``steps`` and on to FlowGRPO's
+    train seconds, judged every ``every`` steps and at the equal-wall point."""
     flux, scorer = jp.cards.load("flux-t2i"), jp.cards.load("digit-scorer")
     spec = PromptSpec()
     reward = scorer_reward(scorer, spec.terms)
@@ -163,17 +181,17 @@ def measure(args) -> dict:
     results = {}
     for seed in seeds:
         cost = step_costs(methods, prompt_batches(flux, spec, PROMPTS_PER_STEP, 10_000 + seed), seed, 2 if args.quick else args.rounds)
-        wall_steps = int(steps * cost["FlowGRPO"]["step_s"] / cost["NFT"]["step_s"])
-        wall_steps = max(1, min(wall_steps, args.max_wall_factor * steps))
-        print(f"seed {seed}: s/step FlowGRPO {cost['FlowGRPO']['step_s']:.3f}, NFT {cost['NFT']['step_s']:.3f}; "
-              f"NFT gets {wall_steps} steps in FlowGRPO's {steps}", flush=True)
-        runs_ = {}
-        for name, method in methods.items():
-            total = max(steps, wall_steps) if name == "NFT" else steps
-            marks = set(range(every, total + 1, every)) | {steps} | ({wall_steps} if name == "NFT" else set())
-            print(f"seed {seed}: {name}, {total} steps ...", flush=True)
-            runs_[name] = train(method, prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), total, seed, marks, evaluate)
-        results[str(seed)] = {"cost": cost, "wall_steps": wall_steps, "runs": runs_}
+        print(f"seed {seed}: s/step FlowGRPO {cost['FlowGRPO']['step_s']:.3f}, NFT {cost['NFT']['step_s']:.3f}", flush=True)
+        marks = set(range(every, steps + 1, every)) | {steps}
+        print(f"seed {seed}: FlowGRPO, {steps} steps ...", flush=True)
+        grpo = train(methods["FlowGRPO"], prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), steps, seed, marks, evaluate)
+        budget, cap = sum(grpo["times"]), args.max_wall_factor * steps
+        print(f"seed {seed}: NFT, {steps} steps and on to FlowGRPO's {budget:.1f} s ...", flush=True)
+        nft_run = train(methods["NFT"], prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), steps, seed,
+                        set(range(every, cap + 1, every)) | {steps}, evaluate, budget=budget, max_steps=cap)
+        wall_steps = nft_run["budget_steps"]
+        print(f"seed {seed}: NFT did {wall_steps} steps in FlowGRPO's {budget:.1f} s", flush=True)
+        results[str(seed)] = {"cost": cost, "wall_steps": wall_steps, "runs": {"FlowGRPO": grpo, "NFT": nft_run}}
     header = [
         (
             "`python benchmarks/nft_vs_grpo.py`: `flux-t2i`, digit-scorer reward (digit + stroke + position + "
@@ -185,8 +203,9 @@ def measure(args) -> dict:
             f"[{nft.sigma_min:g}, {nft.sigma_max:g}]. Judged on {settings.samples} held-out full prompts (all right) and "
             f"plain digits (digit accuracy) at guidance 1, eval seed {settings.seed}; diversity over "
             f"{settings.diversity_prompts} prompts × {settings.diversity_seeds} seeds. Train s: sum of the warm step "
-            "times (compiles and evaluations excluded). Equal wall time: NFT's steps = floor(steps · s/step FlowGRPO / "
-            "s/step NFT), medians of interleaved warm steps in this process."
+            "times (compiles and evaluations excluded). Equal wall time: NFT trains on until its summed step time "
+            "passes FlowGRPO's train s for the same seed (same process, one after the other), judged at the last step "
+            "within it. Warm s / step: medians of steps of the two methods interleaved one by one (throwaway states)."
         ),
         "",
         *[f"- {k}: {v}" for k, v in machine_info().items()],
@@ -272,7 +291,7 @@ def table(raw: dict) -> list[str]:
         rew = [final_reward(r["runs"][name]["rewards"], n) for r, n in zip(results, ns)]
         div = [e["diversity"] for e in evals]
         return (
-            f"| {label} | {_cell(ns, lambda v: f'{v:.0f}')} | {_cell([n * PROMPTS_PER_STEP * GROUP for n in ns], lambda v: f'{v:.0f}')} | "
+            f"| {label} | {_cell(ns, lambda v: f'{v:g}')} | {_cell([n * PROMPTS_PER_STEP * GROUP for n in ns], lambda v: f'{v:g}')} | "
             f"{_cell(wall, lambda v: f'{v:.1f}')} | {_cell([e['all_right'] for e in evals], pct)} | "
             f"{_cell([e['digit_accuracy'] for e in evals], pct)} | {_cell(div, f3)} ({100 * (np.mean(div) / base['diversity'] - 1):+.1f}%) | "
             f"{_cell(rew, f3)} |"
@@ -296,7 +315,7 @@ def table(raw: dict) -> list[str]:
         f"| FlowGRPO | {cost('FlowGRPO')} | {results[0]['cost']['FlowGRPO']['first_call_s']:.1f} |",
         f"| DiffusionNFT | {cost('NFT')} | {results[0]['cost']['NFT']['first_call_s']:.1f} |",
     ]
-    marks = checkpoints(raw, "NFT") or checkpoints(raw, "FlowGRPO")
+    marks = [m for m in checkpoints(raw, "NFT") if m % max(raw["every"], 100) == 0 or m == steps]  # a readable width
     head = " | ".join(f"{m}" for m in marks)
     lines += ["", f"| held-out all right / digit accuracy / diversity after … steps | 0 | {head} |",
               "|---|" + "---:|" * (len(marks) + 1)]
@@ -343,10 +362,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke test: 4 steps, tiny evaluation, prints only")
     parser.add_argument("--steps", type=int, default=300, help="steps (rollouts) of each method at equal rollouts")
-    parser.add_argument("--every", type=int, default=100, help="steps between held-out evaluations")
+    parser.add_argument("--every", type=int, default=50, help="steps between held-out evaluations")
     parser.add_argument("--seeds", default="0,1", help="training seeds (prompt stream and step keys), comma-separated")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved warm steps per method for the s/step timing")
-    parser.add_argument("--max-wall-factor", type=int, default=3, help="cap NFT's equal-wall steps at this × --steps")
+    parser.add_argument("--max-wall-factor", type=int, default=3, help="cap NFT's steps at this × --steps")
     parser.add_argument("--nft-lr", type=float, default=1e-4)
     parser.add_argument("--nft-beta", type=float, default=1.0)
     parser.add_argument("--nft-ema-end", type=float, default=0.5)
