@@ -127,11 +127,13 @@ class DMD2State(NamedTuple):
 
 
 class StudentRollout(NamedTuple):
-    """Backward-simulated student inputs (B = P·K rows): the rendered images, each row's chosen step's
-    input ``x`` ``(B, *latent)`` at noise level ``sigma`` ``(B,)`` (``step`` ``(B,)`` int32), the
-    conditioning and its unconditional counterpart (the empty prompt, for the teacher's CFG)."""
+    """Backward-simulated student inputs (B = P·K rows): the rendered images and their clean latents
+    ``(B, *latent)``, each row's chosen step's input ``x`` ``(B, *latent)`` at noise level ``sigma``
+    ``(B,)`` (``step`` ``(B,)`` int32), the conditioning and its unconditional counterpart (the empty
+    prompt, for the teacher's CFG)."""
 
     images: jax.Array
+    latents: jax.Array
     x: jax.Array
     sigma: jax.Array
     step: jax.Array
@@ -251,7 +253,7 @@ class DMD2:
         x, sigma = trajectory.x[step, rows], trajectory.sigma[step, rows]
         null = generator.encode_null(card, {"null_ids": jnp.zeros_like(ids)})
         uncond = final.cond._replace(context=null["uncond_context"], context_mask=null["uncond_mask"])
-        return StudentRollout(run.artifacts[self.artifact], x, sigma, step, final.cond, uncond)
+        return StudentRollout(run.artifacts[self.artifact], final.x, x, sigma, step, final.cond, uncond)
 
     def student_x0(self, params: nnx.State, frozen: nnx.State, ro: StudentRollout) -> jax.Array:
         """The student's clean estimate ``x̂0 = x − σ·v_θ(x, σ, c)`` ``(B, *latent)`` at each row's step."""
