@@ -10,6 +10,7 @@ _LAZY = {
     "FlowGRPO": "jaxpipe.training.flow_grpo",
     "FlowGRPOConfig": "jaxpipe.training.flow_grpo",
     "DiffusionNFT": "jaxpipe.training.nft", "DiffusionNFTConfig": "jaxpipe.training.nft",
+    "SelfForcing": "jaxpipe.training.self_forcing", "SelfForcingConfig": "jaxpipe.training.self_forcing",
     "DMD2": "jaxpipe.training.dmd2", "DMD2Config": "jaxpipe.training.dmd2",
     "UnifiedRL": "jaxpipe.training.unified_rl",
     "UnifiedRLConfig": "jaxpipe.training.unified_rl",
