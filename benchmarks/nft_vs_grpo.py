@@ -10,10 +10,10 @@ takes one flow-matching regression per rollout.
 * **Equal rollouts**: both train ``--steps`` steps; the train reward per step is kept, and every
   ``--every`` steps the card is judged on the same held-out prompts and noise (200 full prompts and
   200 plain digits at guidance 1, ``quality.t2i_quality``; diversity over 10 prompts × 6 seeds).
-* **Equal wall time**: NFT trains on past ``--steps`` until its summed warm step time passes
-  FlowGRPO's for ``--steps`` steps (same seed, same process), and is judged at the last step within
-  it. Each method's warm seconds per step is also measured with the two interleaved step by step
-  (throwaway states; the first call, i.e. the compile, timed separately).
+* **Equal wall time**: the two runs of a seed are raced on one clock (the one that has spent less
+  warm step time steps next, so load from other jobs on a shared machine hits both alike); NFT is
+  judged when its summed step time reaches FlowGRPO's for ``--steps`` steps. The first call (the
+  compile) is timed separately, on throwaway states, with a few warm steps interleaved one by one.
 
     python benchmarks/nft_vs_grpo.py                  # seeds 0 and 1 (~10 min on 2 shared cores): RESULTS.md + PNG
     python benchmarks/nft_vs_grpo.py --quick          # smoke test: 4 steps, tiny evaluation, prints only
@@ -130,40 +130,62 @@ def step_costs(methods: dict, batches: Iterator[dict], seed: int, rounds: int) -
     return out
 
 
-def train(method, batches: Iterator[dict], steps: int, seed: int, checkpoints: set[int],
-          evaluate: Callable[[Card], dict] | None, *, budget: float | None = None, max_steps: int = 0) -> dict:
-    """``steps`` steps from the card (key ``i`` = ``fold_in(key(seed), i)``): per-step train reward and
-    wall time (evaluations excluded), and ``evaluate(card)`` after every step in ``checkpoints``.
+class Runner:
+    """One method's training run, advanced a step at a time: key ``i`` = ``fold_in(key(seed), i)``; per-step
+    train reward and warm seconds (evaluations excluded); ``evaluate(card)`` every ``every`` steps."""
 
-    With a ``budget`` (seconds), training also goes on (up to ``max_steps``) until the summed step time
-    passes it; ``budget_steps``, the last step count within it, is judged too."""
-    state, key = method.init(jax.random.key(seed)), jax.random.key(seed)
-    rewards, times, evals = [], [], {}
-    spent, budget_steps = 0.0, None
-    i = 0
-    while i < steps or (budget is not None and budget_steps is None and i < max_steps):
-        previous = state
-        state, metrics, seconds = _timed_step(method, state, next(batches), jax.random.fold_in(key, i))
-        if budget is not None and budget_steps is None and spent + seconds > budget:
-            budget_steps = i  # `previous` is the state after i steps, the last within the budget
-            if evaluate is not None and str(i) not in evals:
-                evals[str(i)] = evaluate(method.card(previous))
-        spent += seconds
-        rewards.append(float(metrics["reward_mean"]))
-        times.append(seconds)
-        i += 1
-        if i in checkpoints and evaluate is not None:
-            evals[str(i)] = evaluate(method.card(state))
-    if budget is not None and budget_steps is None:  # max_steps reached first
-        budget_steps = i
-        if evaluate is not None and str(i) not in evals:
-            evals[str(i)] = evaluate(method.card(state))
-    return {"rewards": rewards, "times": times, "evals": evals, "budget_steps": budget_steps}
+    def __init__(self, method, batches: Iterator[dict], seed: int, every: int, evaluate: Callable[[Card], dict] | None):
+        self.method, self.batches, self.every, self.evaluate = method, batches, every, evaluate
+        self.state, self.key = method.init(jax.random.key(seed)), jax.random.key(seed)
+        self.steps, self.spent = 0, 0.0
+        self.rewards, self.times, self.evals = [], [], {}
+
+    def step(self) -> None:
+        self.state, metrics, seconds = _timed_step(self.method, self.state, next(self.batches),
+                                                   jax.random.fold_in(self.key, self.steps))
+        self.steps, self.spent = self.steps + 1, self.spent + seconds
+        self.rewards.append(float(metrics["reward_mean"]))
+        self.times.append(seconds)
+        if self.steps % self.every == 0:
+            self.judge()
+
+    def judge(self) -> None:
+        """Evaluate the card as trained so far (once per step count)."""
+        if self.evaluate is not None and str(self.steps) not in self.evals:
+            self.evals[str(self.steps)] = self.evaluate(self.method.card(self.state))
+
+    def record(self) -> dict:
+        return {"rewards": self.rewards, "times": self.times, "evals": self.evals}
+
+
+def train(method, batches: Iterator[dict], steps: int, seed: int, evaluate: Callable[[Card], dict] | None) -> dict:
+    """``steps`` steps of one method, judged after the last: ``Runner.record()``."""
+    runner = Runner(method, batches, seed, steps, evaluate)
+    for _ in range(steps):
+        runner.step()
+    return runner.record()
+
+
+def race(grpo: Runner, nft: Runner, steps: int) -> int:
+    """Both runs advanced on one clock: whichever has spent less warm step time steps next, so both see the
+    same machine load at the same moments. FlowGRPO stops at ``steps``; NFT steps on until its time passes
+    FlowGRPO's (overshoot under one NFT step) — the equal-wall point, judged, returned — then on to ``steps``."""
+    while grpo.steps < steps:
+        (nft if nft.spent < grpo.spent else grpo).step()
+    grpo.judge()
+    while nft.spent < grpo.spent:
+        nft.step()
+    wall_steps = nft.steps
+    nft.judge()
+    while nft.steps < steps:
+        nft.step()
+    nft.judge()
+    return wall_steps
 
 
 def measure(args) -> dict:
-    """Every seed: interleaved step timing, FlowGRPO for ``steps``, NFT for ``steps`` and on to FlowGRPO's
-    train seconds, judged every ``every`` steps and at the equal-wall point."""
+    """Every seed: compile and interleaved step timing, then FlowGRPO for ``steps`` raced against NFT on one
+    clock (``race``), judged every ``every`` steps and at the equal-wall point."""
     flux, scorer = jp.cards.load("flux-t2i"), jp.cards.load("digit-scorer")
     spec = PromptSpec()
     reward = scorer_reward(scorer, spec.terms)
@@ -182,16 +204,12 @@ def measure(args) -> dict:
     for seed in seeds:
         cost = step_costs(methods, prompt_batches(flux, spec, PROMPTS_PER_STEP, 10_000 + seed), seed, 2 if args.quick else args.rounds)
         print(f"seed {seed}: s/step FlowGRPO {cost['FlowGRPO']['step_s']:.3f}, NFT {cost['NFT']['step_s']:.3f}", flush=True)
-        marks = set(range(every, steps + 1, every)) | {steps}
-        print(f"seed {seed}: FlowGRPO, {steps} steps ...", flush=True)
-        grpo = train(methods["FlowGRPO"], prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), steps, seed, marks, evaluate)
-        budget, cap = sum(grpo["times"]), args.max_wall_factor * steps
-        print(f"seed {seed}: NFT, {steps} steps and on to FlowGRPO's {budget:.1f} s ...", flush=True)
-        nft_run = train(methods["NFT"], prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), steps, seed,
-                        set(range(every, cap + 1, every)) | {steps}, evaluate, budget=budget, max_steps=cap)
-        wall_steps = nft_run["budget_steps"]
-        print(f"seed {seed}: NFT did {wall_steps} steps in FlowGRPO's {budget:.1f} s", flush=True)
-        results[str(seed)] = {"cost": cost, "wall_steps": wall_steps, "runs": {"FlowGRPO": grpo, "NFT": nft_run}}
+        print(f"seed {seed}: FlowGRPO {steps} steps and NFT in the same time, raced ...", flush=True)
+        grpo, nft_run = (Runner(methods[name], prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), seed, every, evaluate)
+                         for name in ("FlowGRPO", "NFT"))
+        wall_steps = race(grpo, nft_run, steps)
+        print(f"seed {seed}: NFT did {wall_steps} steps in FlowGRPO's {grpo.spent:.1f} s", flush=True)
+        results[str(seed)] = {"cost": cost, "wall_steps": wall_steps, "runs": {"FlowGRPO": grpo.record(), "NFT": nft_run.record()}}
     header = [
         (
             "`python benchmarks/nft_vs_grpo.py`: `flux-t2i`, digit-scorer reward (digit + stroke + position + "
@@ -203,9 +221,10 @@ def measure(args) -> dict:
             f"[{nft.sigma_min:g}, {nft.sigma_max:g}]. Judged on {settings.samples} held-out full prompts (all right) and "
             f"plain digits (digit accuracy) at guidance 1, eval seed {settings.seed}; diversity over "
             f"{settings.diversity_prompts} prompts × {settings.diversity_seeds} seeds. Train s: sum of the warm step "
-            "times (compiles and evaluations excluded). Equal wall time: NFT trains on until its summed step time "
-            "passes FlowGRPO's train s for the same seed (same process, one after the other), judged at the last step "
-            "within it. Warm s / step: medians of steps of the two methods interleaved one by one (throwaway states)."
+            "times (compiles and evaluations excluded). The two runs of a seed are raced on one clock (whichever has "
+            "spent less step time steps next, so load from other jobs hits both alike); equal wall time: NFT's step "
+            "count when its summed step time first reaches FlowGRPO's for all its steps. Warm s / step: medians of "
+            "the runs' own steps, and of steps interleaved one by one before them (throwaway states)."
         ),
         "",
         *[f"- {k}: {v}" for k, v in machine_info().items()],
@@ -308,12 +327,14 @@ def table(raw: dict) -> list[str]:
         row("DiffusionNFT, equal wall time", "NFT", [r["wall_steps"] for r in results]),
     ]
     cost = lambda name: _cell([r["cost"][name]["step_s"] for r in results], f3)
+    in_run = lambda name: _cell([float(np.median(r["runs"][name]["times"])) for r in results], f3)
     lines += [
         "",
-        "| method | warm s / step (median of interleaved steps, per seed) | first call of the process, s (compile + 1 step) |",
-        "|---|---:|---:|",
-        f"| FlowGRPO | {cost('FlowGRPO')} | {results[0]['cost']['FlowGRPO']['first_call_s']:.1f} |",
-        f"| DiffusionNFT | {cost('NFT')} | {results[0]['cost']['NFT']['first_call_s']:.1f} |",
+        "| method | warm s / step, median in the run | warm s / step, median of interleaved steps | first call of the "
+        "process, s (compile + 1 step) |",
+        "|---|---:|---:|---:|",
+        f"| FlowGRPO | {in_run('FlowGRPO')} | {cost('FlowGRPO')} | {results[0]['cost']['FlowGRPO']['first_call_s']:.1f} |",
+        f"| DiffusionNFT | {in_run('NFT')} | {cost('NFT')} | {results[0]['cost']['NFT']['first_call_s']:.1f} |",
     ]
     marks = [m for m in checkpoints(raw, "NFT") if m % max(raw["every"], 100) == 0 or m == steps]  # a readable width
     head = " | ".join(f"{m}" for m in marks)
@@ -348,7 +369,7 @@ def sweep(args) -> None:
     grid = parse_grid(args.grid) if args.grid else SWEEP
     for point in grid[:1] if args.quick else grid:
         method = DiffusionNFT(flux, reward, nft_config(**point))
-        out = train(method, prompt_batches(flux, spec, PROMPTS_PER_STEP, 0), steps, 0, {steps},
+        out = train(method, prompt_batches(flux, spec, PROMPTS_PER_STEP, 0), steps, 0,
                     lambda card: judge(card, scorer, spec, settings))
         e, r, n = out["evals"][str(steps)], out["rewards"], max(1, steps // 10)
         print(
@@ -364,8 +385,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="steps (rollouts) of each method at equal rollouts")
     parser.add_argument("--every", type=int, default=50, help="steps between held-out evaluations")
     parser.add_argument("--seeds", default="0,1", help="training seeds (prompt stream and step keys), comma-separated")
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved warm steps per method for the s/step timing")
-    parser.add_argument("--max-wall-factor", type=int, default=3, help="cap NFT's steps at this × --steps")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved warm steps per method for the s/step timing")
     parser.add_argument("--nft-lr", type=float, default=1e-4)
     parser.add_argument("--nft-beta", type=float, default=1.0)
     parser.add_argument("--nft-ema-end", type=float, default=0.5)
