@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--critic-learning-rate", type=float, default=4e-4)
     parser.add_argument("--critic-steps", type=int, default=4)
+    parser.add_argument("--warmup-steps", type=int, default=None, help="critic-only steps first (50; --quick 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="/tmp/selfforcing/wan-causal-sf", help="where the trained card is saved")
     parser.add_argument("--json", default="/tmp/selfforcing/self_forcing.json")
@@ -148,7 +149,8 @@ def main() -> None:
 
     causal, teacher, scorer = jp.cards.load("wan-causal"), jp.cards.load("wan-t2v"), jp.cards.load("digit-scorer")
     config = SelfForcingConfig(learning_rate=args.learning_rate, critic_learning_rate=args.critic_learning_rate,
-                               critic_steps=args.critic_steps)
+                               critic_steps=args.critic_steps,
+                               warmup_steps=(5 if args.quick else 50) if args.warmup_steps is None else args.warmup_steps)
     t0 = time.perf_counter()
     before = evaluate(causal, scorer, samples, drift_samples, args.long_chunks)
     eval_s = time.perf_counter() - t0
@@ -171,7 +173,7 @@ def main() -> None:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
     body = (f"`python benchmarks/self_forcing.py{' --quick' if args.quick else ''}`: {done} SelfForcing steps "
-            f"({args.prompts} prompts each, {config.critic_steps} critic updates per step, lr {config.learning_rate:g} / "
+            f"({args.prompts} prompts each, {config.critic_steps} critic updates per step, the first {config.warmup_steps} critic-only, lr {config.learning_rate:g} / "
             f"critic {config.critic_learning_rate:g}) in {train_s:.0f} s from the bundled wan-causal against wan-t2v "
             f"(guidance 2); t2v_quality on {samples} prompts, drift on {drift_samples} videos of {args.long_chunks} "
             f"chunks ({2 * args.long_chunks} frames; trained on 4 chunks = 8 frames). The training rollout equals the "

@@ -22,8 +22,8 @@ CHUNKS = 2  # of 2 frames: a 4-frame video (8x8 latents), the smallest with a ca
 # the teacher guides (CFG 2, so g != 0 while the critic is still its copy); the student samples with one forward to
 # keep the compiles small (its guided rollout is checked against the served one on the bundled card by
 # benchmarks/self_forcing.py)
-CONFIG = SelfForcingConfig(learning_rate=1e-3, critic_learning_rate=1e-3, critic_steps=2, num_steps=2, guidance=1.0,
-                           real_guidance=2.0)
+CONFIG = SelfForcingConfig(learning_rate=1e-3, critic_learning_rate=1e-3, critic_steps=2, warmup_steps=1, num_steps=2,
+                           guidance=1.0, real_guidance=2.0)
 
 
 def leaves_equal(a, b) -> bool:
@@ -112,11 +112,16 @@ def test_surrogate_gradient_is_g():
 
 
 def test_step_moves_the_video_toward_the_teacher(method, batch):
-    """One student update moves its own (same-key) video against g = fake − real: ⟨Δvideo, g⟩ < 0."""
-    state, key = method.init(), jax.random.key(2)
+    """After a critic-only warm-up step, one student update moves its own (same-key) video against
+    g = fake − real: ⟨Δvideo, g⟩ < 0."""
+    start = method.init()
+    state, metrics = method.step(start, batch, jax.random.key(1))  # warm-up: the critic alone moves
+    assert float(metrics["student_updated"]) == 0.0 and float(metrics["skipped"]) == 0.0
+    assert leaves_equal(state.params, start.params) and not leaves_equal(state.critic, start.critic)
+    key = jax.random.key(2)
     new, metrics = method.step(state, batch, key)
-    assert float(metrics["skipped"]) == 0.0 and float(metrics["critic_skipped"]) == 0.0
-    assert all(np.isfinite(float(v)) for v in metrics.values()) and int(new.step) == 1
+    assert float(metrics["student_updated"]) == 1.0 and float(metrics["critic_skipped"]) == 0.0
+    assert all(np.isfinite(float(v)) for v in metrics.values()) and int(new.step) == 2
     assert not leaves_equal(new.params, state.params) and not leaves_equal(new.critic, state.critic)
     assert leaves_equal(new.teacher, state.teacher) and leaves_equal(new.frozen, state.frozen)
     before, after = method.render(state, batch, key), method.render(new, batch, key)
@@ -131,15 +136,16 @@ def test_step_moves_the_video_toward_the_teacher(method, batch):
 
 
 def test_non_finite_steps_skip_each_optimiser(method, batch):
-    state = method.init()
+    state = method.init()._replace(step=jnp.asarray(CONFIG.warmup_steps, jnp.int32))  # past the warm-up
     poison = lambda tree, name: jax.tree_util.tree_map_with_path(
         lambda path, a: a * jnp.inf if name in jax.tree_util.keystr(path) else a, tree)
     # an infinite teacher DiT: the student's gradient is not finite (skipped); the critic still learns
     bad_teacher = state._replace(teacher=poison(state.teacher, "'transformer'"))
     new, metrics = method.step(bad_teacher, batch, jax.random.key(3))
     assert float(metrics["skipped"]) == 1.0 and float(metrics["critic_skipped"]) == 0.0
+    assert float(metrics["student_updated"]) == 0.0
     assert leaves_equal(new.params, state.params) and leaves_equal(new.opt_state, state.opt_state)
-    assert not leaves_equal(new.critic, state.critic) and int(new.step) == 1
+    assert not leaves_equal(new.critic, state.critic) and int(new.step) == state.step + 1
     # an infinite critic: every critic update is skipped, and the student's too (the fake score is not finite)
     bad_critic = state._replace(critic=poison(state.critic, "proj_out"))
     new, metrics = method.step(bad_critic, batch, jax.random.key(3))
@@ -155,6 +161,8 @@ def test_non_causal_cards_and_bad_configs_are_refused(teacher, t2i_card, method,
             SelfForcing(card, teacher, CONFIG)
     with pytest.raises(ValueError, match="critic_steps"):
         SelfForcingConfig(critic_steps=0)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        SelfForcingConfig(warmup_steps=-1)
     with pytest.raises(ValueError, match="sigma_min"):
         SelfForcingConfig(sigma_min=0.0)
     # the trained card saves and loads as a causal card with the trained sampling

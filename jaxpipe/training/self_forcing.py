@@ -23,7 +23,8 @@ One ``step`` on a batch of P prompts (each rendered ``samples_per_prompt`` times
    ``(σ, ε)`` each (all on this step's videos: one rollout per step, not one per critic update).
 
 Two Adam optimisers (student, critic), each with global-norm clipping; a non-finite loss or
-gradient skips that optimiser's update (``guarded_update``), the other still updates. The text
+gradient skips that optimiser's update (``guarded_update``), the other still updates. The first
+``warmup_steps`` steps update the critic only (metric ``student_updated``). The text
 encoder and autoencoder stay frozen; the student conditions on its own text encoder, the teacher
 and critic on the teacher's (same prompt ids: the vocabularies must agree).
 """
@@ -64,7 +65,8 @@ class SelfForcingConfig:
     """Settings of a self-forcing run (hashable: static under ``jit``).
 
     learning_rate / critic_learning_rate: the two Adam rates (``adam_b1``, ``adam_b2`` shared);
-    critic_steps: critic updates per student update; grad_clip: global-norm clip of each;
+    critic_steps: critic updates per student update; warmup_steps: first steps that update only the critic
+    (the fake score starts as the teacher's copy; DMD2 trains it ahead of the generator); grad_clip: global-norm clip of each;
     samples_per_prompt: rollouts per prompt; num_steps / guidance: the student's per-chunk steps and
     CFG scale in training AND in the card it returns (``None``: the card's own); real_guidance: the
     teacher's CFG scale (``None``: the teacher's default); sigma_min / sigma_max: the re-noising range.
@@ -73,6 +75,7 @@ class SelfForcingConfig:
     learning_rate: float = 1e-5
     critic_learning_rate: float = 1e-4
     critic_steps: int = 4
+    warmup_steps: int = 0
     grad_clip: float = 1.0
     adam_b1: float = 0.0
     adam_b2: float = 0.999
@@ -90,6 +93,8 @@ class SelfForcingConfig:
                 raise ValueError(f"{name} must be a finite number > 0 (got {value})")
         if not (0.0 <= self.adam_b1 < 1.0 and 0.0 <= self.adam_b2 < 1.0):
             raise ValueError(f"adam_b1 and adam_b2 must be in [0, 1) (got {self.adam_b1}, {self.adam_b2})")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an int >= 0 (got {self.warmup_steps!r})")
         for name in ("critic_steps", "samples_per_prompt"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -311,8 +316,9 @@ class SelfForcing:
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        apply = finite & (state.step >= self.config.warmup_steps)  # warm-up: the critic alone learns
         new = state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
-        state = guarded_update(finite, new, state)._replace(step=state.step + 1)
+        state = guarded_update(apply, new, state)._replace(step=state.step + 1)
         video = jax.lax.stop_gradient(video)
 
         def critic_update(carry, i):
@@ -329,6 +335,7 @@ class SelfForcing:
             critic_update, (state.critic, state.critic_opt_state), jnp.arange(self.config.critic_steps))
         state = state._replace(critic=critic, critic_opt_state=critic_opt)
         return state, {**metrics, "grad_norm": grad_norm, "skipped": 1.0 - finite.astype(jnp.float32),
+                       "student_updated": apply.astype(jnp.float32),
                        "critic_loss": jnp.mean(c_loss), "critic_grad_norm": jnp.mean(c_norm),
                        "critic_skipped": jnp.sum(c_skip), "video_abs": jnp.mean(jnp.abs(video))}
 
