@@ -166,20 +166,24 @@ def train(method, batches: Iterator[dict], steps: int, seed: int, evaluate: Call
     return runner.record()
 
 
-def race(grpo: Runner, nft: Runner, steps: int) -> int:
-    """Both runs advanced on one clock: whichever has spent less warm step time steps next, so both see the
-    same machine load at the same moments. FlowGRPO stops at ``steps``; NFT steps on until its time passes
-    FlowGRPO's (overshoot under one NFT step) — the equal-wall point, judged, returned — then on to ``steps``."""
+def race(grpo: Runner, nfts: dict[str, Runner], steps: int) -> dict[str, int]:
+    """All runs advanced on one clock: whichever has spent the least warm step time steps next, so all see
+    the same machine load at the same moments. FlowGRPO stops at ``steps``; each NFT run steps on until
+    its time passes FlowGRPO's (overshoot under one step) — its equal-wall step count, judged and
+    returned per run — then on to ``steps`` if it is not there yet."""
+    runners = [grpo, *nfts.values()]
     while grpo.steps < steps:
-        (nft if nft.spent < grpo.spent else grpo).step()
+        min(runners, key=lambda r: r.spent).step()
     grpo.judge()
-    while nft.spent < grpo.spent:
-        nft.step()
-    wall_steps = nft.steps
-    nft.judge()
-    while nft.steps < steps:
-        nft.step()
-    nft.judge()
+    wall_steps = {}
+    for name, nft in nfts.items():
+        while nft.spent < grpo.spent:
+            nft.step()
+        wall_steps[name] = nft.steps
+        nft.judge()
+        while nft.steps < steps:
+            nft.step()
+        nft.judge()
     return wall_steps
 
 
@@ -189,8 +193,10 @@ def measure(args) -> dict:
     flux, scorer = jp.cards.load("flux-t2i"), jp.cards.load("digit-scorer")
     spec = PromptSpec()
     reward = scorer_reward(scorer, spec.terms)
-    nft = nft_config(args.nft_lr, args.nft_beta, args.nft_ema_end, args.nft_adv_clip, args.nft_ema_ramp)
-    methods = {"FlowGRPO": FlowGRPO(flux, reward, GRPO), "NFT": DiffusionNFT(flux, reward, nft)}
+    lrs = [float(v) for v in args.nft_lr.split(",")]
+    configs = {f"NFT lr {np.format_float_scientific(lr, trim='-', exp_digits=1)}": nft_config(lr, args.nft_beta, args.nft_ema_end, args.nft_adv_clip, args.nft_ema_ramp) for lr in lrs}
+    nft = next(iter(configs.values()))
+    methods = {"FlowGRPO": FlowGRPO(flux, reward, GRPO), **{name: DiffusionNFT(flux, reward, c) for name, c in configs.items()}}
     settings = EvalSettings(samples=8 if args.quick else 200, diversity_prompts=2 if args.quick else 10,
                             diversity_seeds=2 if args.quick else 6)
     evaluate = lambda card: judge(card, scorer, spec, settings)
@@ -203,26 +209,26 @@ def measure(args) -> dict:
     results = {}
     for seed in seeds:
         cost = step_costs(methods, prompt_batches(flux, spec, PROMPTS_PER_STEP, 10_000 + seed), seed, 2 if args.quick else args.rounds)
-        print(f"seed {seed}: s/step FlowGRPO {cost['FlowGRPO']['step_s']:.3f}, NFT {cost['NFT']['step_s']:.3f}", flush=True)
+        print(f"seed {seed}: s/step " + ", ".join(f"{name} {c['step_s']:.3f}" for name, c in cost.items()), flush=True)
         print(f"seed {seed}: FlowGRPO {steps} steps and NFT in the same time, raced ...", flush=True)
-        grpo, nft_run = (Runner(methods[name], prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), seed, every, evaluate)
-                         for name in ("FlowGRPO", "NFT"))
-        wall_steps = race(grpo, nft_run, steps)
-        print(f"seed {seed}: NFT did {wall_steps} steps in FlowGRPO's {grpo.spent:.1f} s", flush=True)
-        results[str(seed)] = {"cost": cost, "wall_steps": wall_steps, "runs": {"FlowGRPO": grpo.record(), "NFT": nft_run.record()}}
+        runners = {name: Runner(m, prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), seed, every, evaluate)
+                   for name, m in methods.items()}
+        wall_steps = race(runners["FlowGRPO"], {name: runners[name] for name in configs}, steps)
+        print(f"seed {seed}: steps in FlowGRPO's {runners['FlowGRPO'].spent:.1f} s: {wall_steps}", flush=True)
+        results[str(seed)] = {"cost": cost, "wall_steps": wall_steps, "runs": {name: r.record() for name, r in runners.items()}}
     header = [
         (
             "`python benchmarks/nft_vs_grpo.py`: `flux-t2i`, digit-scorer reward (digit + stroke + position + "
             f"brightness), full compositional prompts, P = {PROMPTS_PER_STEP} prompts × K = {GROUP} samples per step "
             f"(one rollout), 8 denoising steps, the same prompt stream and step keys for both methods, training seeds "
             f"{', '.join(map(str, seeds))}. FlowGRPO: SDE on steps 0–3 of 8, lr 1e-4, β (KL) 0.04, clip 1e-3 (the "
-            f"README's). DiffusionNFT: ODE rollouts, lr {nft.learning_rate:g}, β {nft.beta:g}, adv clip {nft.adv_clip:g}, "
+            f"README's). DiffusionNFT: ODE rollouts, lr {' and '.join(f'{lr:g}' for lr in lrs)} (one run each), β {nft.beta:g}, adv clip {nft.adv_clip:g}, "
             f"EMA decay {nft.ema_start:g} → {nft.ema_end:g} over {nft.ema_ramp_steps} steps, σ uniform on "
             f"[{nft.sigma_min:g}, {nft.sigma_max:g}]. Judged on {settings.samples} held-out full prompts (all right) and "
             f"plain digits (digit accuracy) at guidance 1, eval seed {settings.seed}; diversity over "
             f"{settings.diversity_prompts} prompts × {settings.diversity_seeds} seeds. Train s: sum of the warm step "
-            "times (compiles and evaluations excluded). The two runs of a seed are raced on one clock (whichever has "
-            "spent less step time steps next, so load from other jobs hits both alike); equal wall time: NFT's step "
+            "times (compiles and evaluations excluded). The runs of a seed are raced on one clock (whichever has "
+            "spent the least step time steps next, so load from other jobs hits all alike); equal wall time: NFT's step "
             "count when its summed step time first reaches FlowGRPO's for all its steps. Warm s / step: medians of "
             "the runs' own steps, and of steps interleaved one by one before them (throwaway states)."
         ),
@@ -231,8 +237,18 @@ def measure(args) -> dict:
         f"- load average (1 min) before / after: {load:.2f} / {os.getloadavg()[0]:.2f}",
         f"- whole benchmark: {time.perf_counter() - start:.0f} s",
     ]
-    return {"steps": steps, "every": every, "header": header, "base": base, "results": results,
-            "nft": {"learning_rate": nft.learning_rate, "beta": nft.beta, "ema_end": nft.ema_end}}
+    return {"steps": steps, "every": every, "header": header, "base": base, "results": results, "nft_runs": list(configs)}
+
+
+def nft_runs(raw: dict) -> list[str]:
+    """The NFT runs' names (a raw file from before several NFT runs has one, ``"NFT"``)."""
+    return raw.get("nft_runs", ["NFT"])
+
+
+def wall_steps(result: dict, name: str) -> int:
+    """NFT run ``name``'s equal-wall step count in one seed's result."""
+    wall = result["wall_steps"]
+    return wall if isinstance(wall, int) else wall[name]
 
 
 def moving(values, window: int) -> np.ndarray:
@@ -262,11 +278,11 @@ def plot(raw: dict, path: pathlib.Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     seeds = list(raw["results"])
-    for name, color in (("FlowGRPO", "tab:blue"), ("NFT", "tab:orange")):
+    for name, color in zip(["FlowGRPO", *nft_runs(raw)], ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")):
         n = min(len(r["runs"][name]["rewards"]) for r in raw["results"].values())
         reward = moving(_mean_over_seeds(raw, name, "rewards", n), 20)
         wall = np.cumsum(_mean_over_seeds(raw, name, "times", n))
-        label = "DiffusionNFT" if name == "NFT" else name
+        label = name.replace("NFT", "DiffusionNFT")
         axes[0].plot(np.arange(1, n + 1), reward, color=color, label=label)
         axes[1].plot(wall, reward, color=color, label=label)
         marks = checkpoints(raw, name)
@@ -294,7 +310,7 @@ def _cell(values: list[float], fmt: Callable[[float], str]) -> str:
 
 def table(raw: dict) -> list[str]:
     """The summary table (base, FlowGRPO, NFT at equal rollouts, NFT at equal wall time) and the checkpoint table."""
-    steps, results, base = raw["steps"], list(raw["results"].values()), raw["base"]
+    steps, results, base, names = raw["steps"], list(raw["results"].values()), raw["base"], nft_runs(raw)
     pct = lambda v: f"{100 * v:.1f}%"
     f3 = lambda v: f"{v:.3f}"
 
@@ -321,11 +337,13 @@ def table(raw: dict) -> list[str]:
         "diversity (change) | final train reward (last 10% of steps) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
         f"| base `flux-t2i` | 0 | 0 | 0 | {pct(base['all_right'])} | {pct(base['digit_accuracy'])} | {base['diversity']:.3f} | "
-        f"first 10%: FlowGRPO {first_reward('FlowGRPO')}, NFT {first_reward('NFT')} |",
+        f"first 10%: {', '.join(f'{name} {first_reward(name)}' for name in ['FlowGRPO', *names])} |",
         row("FlowGRPO", "FlowGRPO", [steps] * len(results)),
-        row("DiffusionNFT, equal rollouts", "NFT", [steps] * len(results)),
-        row("DiffusionNFT, equal wall time", "NFT", [r["wall_steps"] for r in results]),
     ]
+    for name in names:
+        label = name.replace("NFT", "DiffusionNFT")
+        lines += [row(f"{label}, equal rollouts", name, [steps] * len(results)),
+                  row(f"{label}, equal wall time", name, [wall_steps(r, name) for r in results])]
     cost = lambda name: _cell([r["cost"][name]["step_s"] for r in results], f3)
     in_run = lambda name: _cell([float(np.median(r["runs"][name]["times"])) for r in results], f3)
     lines += [
@@ -333,14 +351,15 @@ def table(raw: dict) -> list[str]:
         "| method | warm s / step, median in the run | warm s / step, median of interleaved steps | first call of the "
         "process, s (compile + 1 step) |",
         "|---|---:|---:|---:|",
-        f"| FlowGRPO | {in_run('FlowGRPO')} | {cost('FlowGRPO')} | {results[0]['cost']['FlowGRPO']['first_call_s']:.1f} |",
-        f"| DiffusionNFT | {in_run('NFT')} | {cost('NFT')} | {results[0]['cost']['NFT']['first_call_s']:.1f} |",
     ]
-    marks = [m for m in checkpoints(raw, "NFT") if m % max(raw["every"], 100) == 0 or m == steps]  # a readable width
+    lines += [f"| {name.replace('NFT', 'DiffusionNFT')} | {in_run(name)} | {cost(name)} | {results[0]['cost'][name]['first_call_s']:.1f} |"
+              for name in ["FlowGRPO", *names]]
+    marks = [m for m in checkpoints(raw, names[0]) if m % max(raw["every"], 100) == 0 or m == steps]  # a readable width
     head = " | ".join(f"{m}" for m in marks)
     lines += ["", f"| held-out all right / digit accuracy / diversity after … steps | 0 | {head} |",
               "|---|" + "---:|" * (len(marks) + 1)]
-    for label, name in (("FlowGRPO", "FlowGRPO"), ("DiffusionNFT", "NFT")):
+    for name in ["FlowGRPO", *names]:
+        label = name.replace("NFT", "DiffusionNFT")
         cells = [
             f"{100 * np.mean([r['runs'][name]['evals'][str(m)]['all_right'] for r in results]):.1f} / "
             f"{100 * np.mean([r['runs'][name]['evals'][str(m)]['digit_accuracy'] for r in results]):.1f}% / "
@@ -386,7 +405,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=50, help="steps between held-out evaluations")
     parser.add_argument("--seeds", default="0,1", help="training seeds (prompt stream and step keys), comma-separated")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved warm steps per method for the s/step timing")
-    parser.add_argument("--nft-lr", type=float, default=1e-4)
+    parser.add_argument("--nft-lr", default="1e-4,5e-5", help="NFT learning rate(s), comma-separated: one NFT run each")
     parser.add_argument("--nft-beta", type=float, default=1.0)
     parser.add_argument("--nft-ema-end", type=float, default=0.5)
     parser.add_argument("--nft-ema-ramp", type=int, default=100)
