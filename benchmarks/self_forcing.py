@@ -172,7 +172,7 @@ def main() -> None:
               "history": history}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
-    body = (f"`python benchmarks/self_forcing.py{' --quick' if args.quick else ''}`: {done} SelfForcing steps "
+    body = (f"## self_forcing\n\n`python benchmarks/self_forcing.py{' --quick' if args.quick else ''}`: {done} SelfForcing steps "
             f"({args.prompts} prompts each, {config.critic_steps} critic updates per step, the first {config.warmup_steps} critic-only, lr {config.learning_rate:g} / "
             f"critic {config.critic_learning_rate:g}) in {train_s:.0f} s from the bundled wan-causal against wan-t2v "
             f"(guidance 2); t2v_quality on {samples} prompts, drift on {drift_samples} videos of {args.long_chunks} "
