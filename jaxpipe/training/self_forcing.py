@@ -112,8 +112,8 @@ class SelfForcingConfig:
 
 class SelfForcingState(NamedTuple):
     """The student's trainable params (its causal DiT), the frozen rest of the student card, the
-    critic's params (the fake score), the teacher's params (frozen; carried so they are not compiled
-    in as constants), both optimiser states, step (student updates so far)."""
+    critic's params (the fake score), the teacher's text encoder and DiT params (frozen; carried so
+    they are not compiled in as constants), both optimiser states, step (steps so far, warm-up included)."""
 
     params: nnx.State
     frozen: nnx.State
@@ -197,7 +197,10 @@ class SelfForcing:
         self.spec = with_sampling(card, self.loop_id, self.sampling).spec
         self._graphdef, params, self._frozen, self._rest = split_trainable(card, (self.denoiser,))
         self._params = params
-        self._t_graphdef, self._teacher, self._t_rest = nnx.split(teacher.components, nnx.Param, ...)
+        if not teacher.has("text_encoder"):
+            raise ValueError(f"the teacher {teacher.model_id!r} must read text with a text_encoder component")
+        used = {name: teacher[name] for name in ("text_encoder", self._teacher_denoiser)}  # not its autoencoder
+        self._t_graphdef, self._teacher, self._t_rest = nnx.split(used, nnx.Param, ...)
         self._critic_graphdef, self._critic, self._critic_rest = nnx.split(teacher[t_loop.binds[0]], nnx.Param, ...)
         adam = lambda lr: optax.chain(optax.clip_by_global_norm(config.grad_clip),
                                       optax.adam(lr, b1=config.adam_b1, b2=config.adam_b2))
