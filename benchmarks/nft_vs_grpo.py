@@ -222,7 +222,7 @@ def measure(args) -> dict:
             f"brightness), full compositional prompts, P = {PROMPTS_PER_STEP} prompts × K = {GROUP} samples per step "
             f"(one rollout), 8 denoising steps, the same prompt stream and step keys for both methods, training seeds "
             f"{', '.join(map(str, seeds))}. FlowGRPO: SDE on steps 0–3 of 8, lr 1e-4, β (KL) 0.04, clip 1e-3 (the "
-            f"README's). DiffusionNFT: ODE rollouts, lr {' and '.join(f'{lr:g}' for lr in lrs)} (one run each), β {nft.beta:g}, adv clip {nft.adv_clip:g}, "
+            f"README's). DiffusionNFT: ODE rollouts, lr {' and '.join(name.split()[-1] for name in configs)} (one run each), β {nft.beta:g}, adv clip {nft.adv_clip:g}, "
             f"EMA decay {nft.ema_start:g} → {nft.ema_end:g} over {nft.ema_ramp_steps} steps, σ uniform on "
             f"[{nft.sigma_min:g}, {nft.sigma_max:g}]. Judged on {settings.samples} held-out full prompts (all right) and "
             f"plain digits (digit accuracy) at guidance 1, eval seed {settings.seed}; diversity over "
