@@ -5,17 +5,17 @@ position, brightness probabilities, summed) on full compositional prompts, P = 4
 samples per step (one rollout), the same prompt stream and step keys (``fold_in(key(seed), i)``, as
 ``jaxpipe train``). FlowGRPO runs with the README's settings (SDE on denoising steps 0–3 of 8, lr
 1e-4, β 0.04, clip 1e-3); DiffusionNFT renders its rollouts with the 8-step ODE (no log-probs) and
-takes one flow-matching regression per rollout.
+takes one flow-matching regression per rollout, one run per ``--nft-lr`` (1e-4 and 5e-5 by default).
 
 * **Equal rollouts**: both train ``--steps`` steps; the train reward per step is kept, and every
   ``--every`` steps the card is judged on the same held-out prompts and noise (200 full prompts and
   200 plain digits at guidance 1, ``quality.t2i_quality``; diversity over 10 prompts × 6 seeds).
-* **Equal wall time**: the two runs of a seed are raced on one clock (the one that has spent less
-  warm step time steps next, so load from other jobs on a shared machine hits both alike); NFT is
-  judged when its summed step time reaches FlowGRPO's for ``--steps`` steps. The first call (the
+* **Equal wall time**: the runs of a seed are raced on one clock (the one that has spent the least
+  warm step time steps next, so load from other jobs on a shared machine hits all alike); each NFT
+  run is judged when its summed step time reaches FlowGRPO's for ``--steps`` steps. The first call (the
   compile) is timed separately, on throwaway states, with a few warm steps interleaved one by one.
 
-    python benchmarks/nft_vs_grpo.py                  # seeds 0 and 1 (~10 min on 2 shared cores): RESULTS.md + PNG
+    python benchmarks/nft_vs_grpo.py                  # seeds 0 and 1 (~7.5 min on 2 shared cores): RESULTS.md + PNG
     python benchmarks/nft_vs_grpo.py --quick          # smoke test: 4 steps, tiny evaluation, prints only
     python benchmarks/nft_vs_grpo.py --sweep --steps 150  # NFT settings (lr / β / EMA), one seed: prints only
     python benchmarks/nft_vs_grpo.py --replot FILE    # the table and plot again from a run's raw results
