@@ -72,8 +72,8 @@ class SelfForcingConfig:
     teacher's CFG scale (``None``: the teacher's default); sigma_min / sigma_max: the re-noising range.
     """
 
-    learning_rate: float = 1e-5
-    critic_learning_rate: float = 1e-4
+    learning_rate: float = 2e-5  # the rates of the benchmarked run (benchmarks/self_forcing.py)
+    critic_learning_rate: float = 2e-4
     critic_steps: int = 4
     warmup_steps: int = 0
     grad_clip: float = 1.0
