@@ -211,7 +211,7 @@ class RunFlags:
     out: Path = _flag(..., "--out", "-o", help="Output directory: metrics.jsonl, *.png, report.json and the trained card.")
     prompts_per_step: int = _flag(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
     group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K; RL: the group of the group-relative advantage, K >= 2).")
-    lr: typing.Optional[float] = _flag(None, "--lr", help="Learning rate of the trained generator / student (default: the method's; 1e-4 for RL and DMD2, 1e-5 for self-forcing).")
+    lr: typing.Optional[float] = _flag(None, "--lr", help="Learning rate of the trained generator / student (default: the method's; 1e-4 for RL and DMD2, 2e-5 for self-forcing).")
     terms: str = _flag("digit,stroke,position,brightness", "--terms", help="Reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
     seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
     run_eval: bool = _flag(True, "--eval/--no-eval", help="Judge the card before and after (GenEval-style accuracy, diversity).")
@@ -468,8 +468,9 @@ def train_dmd2(
 def train_self_forcing(
     runflags: RunFlags,
     teacher: str = typer.Option("wan-t2v", "--teacher", help="Bidirectional text-to-video teacher (the real score): a bundled id or a card directory."),
-    critic_steps: int = typer.Option(4, "--critic-steps", help="Fake-score critic updates per student update."),
-    critic_lr: float = typer.Option(1e-4, "--critic-lr", help="The critic's learning rate (--lr is the student's)."),
+    critic_steps: typing.Optional[int] = typer.Option(None, "--critic-steps", help="Fake-score critic updates per student update (default: SelfForcingConfig's)."),
+    critic_lr: typing.Optional[float] = typer.Option(None, "--critic-lr", help="The critic's learning rate; --lr is the student's (defaults: SelfForcingConfig's)."),
+    warmup_steps: typing.Optional[int] = typer.Option(None, "--warmup-steps", help="First steps that train only the critic (default: SelfForcingConfig's)."),
     num_steps: typing.Optional[int] = typer.Option(None, "--num-steps", help="Denoising steps per chunk, in training and in the card it returns (default: the card's)."),
     model: str = typer.Option("wan-causal", "--model", help="Causal (chunk_rollout) card to train: a bundled id or a card directory."),
 ) -> None:
@@ -480,8 +481,9 @@ def train_self_forcing(
     flags = runflags
 
     def config():
-        return None, SelfForcingConfig(critic_steps=critic_steps, critic_learning_rate=critic_lr, num_steps=num_steps,
-                                       samples_per_prompt=flags.group_size, **flags.rate())
+        given = {"critic_steps": critic_steps, "critic_learning_rate": critic_lr, "warmup_steps": warmup_steps}
+        return None, SelfForcingConfig(num_steps=num_steps, samples_per_prompt=flags.group_size, **flags.rate(),
+                                       **{k: v for k, v in given.items() if v is not None})
 
     def build(card, scorer, cfg, evaluation):
         (real,) = _load(teacher)
