@@ -1,6 +1,8 @@
 """SelfForcing: the training rollout is the served rollout, where its gradient flows, the direction of an
 update, the two finite guards, the non-causal refusal (tiny random causal student and bidirectional teacher)."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,8 @@ from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.loops import chunk
 from jaxpipe.nn import DiTConfig
 from jaxpipe.nn.causal_dit import ChunkCond
-from jaxpipe.training.self_forcing import (LOSS_KEY, SelfForcing, SelfForcingConfig, dmd_gradient, dmd_surrogate)
+from jaxpipe.training.dmd2 import dm_gradient
+from jaxpipe.training.self_forcing import LOSS_KEY, SelfForcing, SelfForcingConfig
 
 DIT = DiTConfig(dim=32, depth=1, heads=2)
 CHUNKS = 2  # of 2 frames: a 4-frame video (8x8 latents), the smallest with a cache to fill and read
@@ -103,14 +106,6 @@ def optax_norm(tree):
     return jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(tree)))
 
 
-def test_surrogate_gradient_is_g():
-    x = jax.random.normal(jax.random.key(0), (2, 3, 4))
-    real, fake = x + 0.5, x - 0.25
-    g = dmd_gradient(x, real, fake)
-    np.testing.assert_allclose(g, jnp.full_like(x, -0.75 / 0.5), rtol=1e-6)  # (fake − real) / mean|x − real|
-    np.testing.assert_allclose(jax.grad(lambda y: dmd_surrogate(y, g))(x), g / x.size, rtol=1e-6)
-
-
 def test_step_moves_the_video_toward_the_teacher(method, batch):
     """After a critic-only warm-up step, one student update moves its own (same-key) video against
     g = fake − real: ⟨Δvideo, g⟩ < 0."""
@@ -127,7 +122,7 @@ def test_step_moves_the_video_toward_the_teacher(method, batch):
     before, after = method.render(state, batch, key), method.render(new, batch, key)
     ids, _ = method._rows(batch, key)
     real, fake = jax.jit(method.scores)(state, before, ids, jax.random.fold_in(key, LOSS_KEY))
-    g = dmd_gradient(before, real, fake)
+    g = dm_gradient(before, real, fake)
     assert float(jnp.mean(jnp.abs(g))) > 1e-2
     moved = float(jnp.sum((after - before) * g))
     assert moved < 0, moved
@@ -171,3 +166,26 @@ def test_non_causal_cards_and_bad_configs_are_refused(teacher, t2i_card, method,
     assert loaded.spec.loops[0].kind == "chunk_rollout" and loaded.spec.loops[0].config == method.sampling
     assert isinstance(loaded.spec.loops[0].config, chunk.ChunkConfig)
     assert leaves_equal(nnx.state(loaded["transformer"], nnx.Param), nnx.state(trained["transformer"], nnx.Param))
+
+
+def test_train_self_forcing_on_the_cli_writes_its_run_and_a_loadable_causal_card(method, teacher, tmp_path):
+    """`jaxpipe train self-forcing` on card directories (the tiny student and teacher): metrics, curves,
+    report and the trained causal card (the same settings as CONFIG, so the same compiled step)."""
+    from typer.testing import CliRunner
+
+    from jaxpipe.cli import app
+
+    student = save_card(method.card(method.init()), tmp_path / "student")
+    real = save_card(teacher, tmp_path / "teacher")
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "train", "self-forcing", "--model", str(student), "--teacher", str(real), "--out", str(out), "--no-eval",
+        "--steps", "2", "-P", "2", "-K", "1", "--num-steps", "2", "--critic-steps", "2", "--warmup-steps", "1",
+        "--lr", "1e-3", "--critic-lr", "1e-3"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["student_updated"] for r in rows] == [0.0, 1.0] and all(np.isfinite(r["critic_loss"]) for r in rows)
+    assert (out / "losses.png").is_file() and json.loads((out / "report.json").read_text())["method"] == "self-forcing"
+    trained = jp.cards.load(out)
+    assert trained.spec.loops[0].kind == "chunk_rollout"
+    assert not leaves_equal(nnx.state(trained["transformer"], nnx.Param), nnx.state(jp.cards.load(student)["transformer"], nnx.Param))

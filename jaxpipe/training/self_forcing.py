@@ -18,6 +18,8 @@ One ``step`` on a batch of P prompts (each rendered ``samples_per_prompt`` times
        g = (x0_fake − x0_real) / mean_row(|x̂ − x0_real|)
        L = 0.5 · mean((x̂ − sg(x̂ − g))²)          (∇_x̂ L = g / numel: x̂ moves toward the real score)
 
+   (``dmd2.dm_gradient`` and ``dmd2.dm_surrogate`` divided by the elements per video: the same terms as DMD2.)
+
 3. **Critic.** Then ``critic_steps`` updates of the fake score (a copy of the teacher's DiT at
    init) by flow matching on the student's videos, ``mean((v_fake(x_σ) − (ε − x̂))²)`` with fresh
    ``(σ, ε)`` each (all on this step's videos: one rollout per step, not one per critic update).
@@ -48,10 +50,11 @@ from jaxpipe.nn import DiTCond
 from jaxpipe.program import Program
 from jaxpipe.program import settings as loop_settings
 from jaxpipe.training import rollout
+from jaxpipe.training.dmd2 import dm_gradient, dm_surrogate
 from jaxpipe.training.finetune import guarded_update, split_trainable
 from jaxpipe.training.flow_grpo import check_batch
 
-__all__ = ["SelfForcingConfig", "SelfForcingState", "SelfForcing", "dmd_gradient", "dmd_surrogate", "causal_loop",
+__all__ = ["SelfForcingConfig", "SelfForcingState", "SelfForcing", "causal_loop",
            "with_sampling"]
 
 LOSS_KEY = 1_000_003
@@ -143,20 +146,6 @@ def with_sampling(card: Card, loop_id: str, sampling: chunk.ChunkConfig) -> Card
     loops = tuple(dataclasses.replace(l, config=sampling) if l.id == loop_id else l for l in card.spec.loops)
     spec = dataclasses.replace(card.spec, loops=loops, config=dataclasses.replace(card.spec.config, sampling=sampling))
     return Card(card.components, spec)
-
-
-def dmd_gradient(x: jax.Array, x0_real: jax.Array, x0_fake: jax.Array) -> jax.Array:
-    """DMD2's normalised distribution-matching gradient ``(x0_fake − x0_real) / mean_row(|x − x0_real|)``
-    for ``(B, ...)`` arrays (a stop-gradient constant; the mean is over each row's elements)."""
-    axes = tuple(range(1, x.ndim))
-    scale = jnp.mean(jnp.abs(x - x0_real), axis=axes, keepdims=True)
-    return jax.lax.stop_gradient((x0_fake - x0_real) / jnp.maximum(scale, 1e-6))
-
-
-def dmd_surrogate(x: jax.Array, g: jax.Array) -> jax.Array:
-    """``0.5 · mean((x − sg(x − g))²)``: a scalar whose gradient in ``x`` is ``g / x.size``."""
-    target = jax.lax.stop_gradient(x - g)
-    return 0.5 * jnp.mean((x - target) ** 2)
 
 
 class SelfForcing:
@@ -298,8 +287,9 @@ class SelfForcing:
         """The distribution-matching surrogate of ``params``' own rollout: ``(loss, (video, metrics))``."""
         video, _ = self.rollout_video(params, state.frozen, ids, keys)
         x0_real, x0_fake = self.scores(state, video, ids, key)
-        g = dmd_gradient(jax.lax.stop_gradient(video), x0_real, x0_fake)
-        loss = dmd_surrogate(video, g)
+        g = dm_gradient(video, x0_real, x0_fake)
+        # averaged over the video's elements too (DMD2's image loss sums them): the scale the benchmarked rates were set at
+        loss = dm_surrogate(video, g) / math.prod(video.shape[1:])
         return loss, (video, {"loss": loss, "dmd_grad_abs": jnp.mean(jnp.abs(g))})
 
     def critic_loss(self, critic: nnx.State, state: SelfForcingState, video: jax.Array, ids: jax.Array, key: jax.Array):
