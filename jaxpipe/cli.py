@@ -379,6 +379,18 @@ def _train(flags: RunFlags, model: str, make_config, build_run) -> None:
         raise typer.Exit(code=FAILED_EXIT)
 
 
+def _train_generator(flags: RunFlags, model: str, mention: float, make_config, builder) -> None:
+    """``_train`` for a text-to-image method: prompts over ``--terms`` naming each with probability
+    ``mention``, the method's config ``make_config()``, its run ``builder`` (e.g. ``runs.nft_run``)."""
+    from jaxpipe.training import runs
+
+    def config():
+        return runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention), make_config()
+
+    _train(flags, model, config, lambda card, scorer, cfg, evaluation: builder(
+        card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
+
+
 @train_app.command("flow-grpo")
 @_with(RunFlags, PolicyFlags)
 def train_flow_grpo(
@@ -391,14 +403,7 @@ def train_flow_grpo(
     from jaxpipe.training import runs
     from jaxpipe.training.flow_grpo import FlowGRPOConfig
 
-    flags = runflags
-
-    def config():
-        spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention)
-        return spec, FlowGRPOConfig(**policyflags.generator(flags))
-
-    _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.flow_grpo_run(
-        card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
+    _train_generator(runflags, model, mention, lambda: FlowGRPOConfig(**policyflags.generator(runflags)), runs.flow_grpo_run)
 
 
 @train_app.command("nft")
@@ -421,18 +426,14 @@ def train_nft(
     from jaxpipe.training import runs
     from jaxpipe.training.nft import DiffusionNFTConfig
 
-    flags = runflags
-
     def config():
-        spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention)
-        return spec, DiffusionNFTConfig(
-            beta=beta, group_size=flags.group_size, **flags.rate(), adv_clip=adv_clip, ema_start=ema_start,
+        return DiffusionNFTConfig(
+            beta=beta, group_size=runflags.group_size, **runflags.rate(), adv_clip=adv_clip, ema_start=ema_start,
             ema_end=ema_end, ema_ramp_steps=ema_ramp, sampler=sampler, num_steps=num_steps, guidance=guidance,
             sigma_sampling=sigma_sampling,
         )
 
-    _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.nft_run(
-        card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
+    _train_generator(runflags, model, mention, config, runs.nft_run)
 
 
 @train_app.command("dmd2")
@@ -450,17 +451,10 @@ def train_dmd2(
     from jaxpipe.training import runs
     from jaxpipe.training.dmd2 import DMD2Config
 
-    flags = runflags
-
-    def config():
-        spec = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention)
-        return spec, DMD2Config(
-            student_steps=student_steps, guidance=guidance, critic_updates=critic_updates, samples_per_prompt=flags.group_size,
-            **flags.rate("student_lr"), critic_lr=critic_lr,
-        )
-
-    _train(flags, model, config, lambda card, scorer, cfg, evaluation: runs.dmd2_run(
-        card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation))
+    _train_generator(runflags, model, mention, lambda: DMD2Config(
+        student_steps=student_steps, guidance=guidance, critic_updates=critic_updates, samples_per_prompt=runflags.group_size,
+        **runflags.rate("student_lr"), critic_lr=critic_lr,
+    ), runs.dmd2_run)
 
 
 @train_app.command("self-forcing")

@@ -90,15 +90,9 @@ def flow_grpo_run(
 ) -> Run:
     """FlowGRPO on a text-to-image card (e.g. ``flux-t2i``) with the ``digit-scorer`` reward over ``prompts.terms``."""
     _check_text_to_image(card, "flow-grpo")
-    method = FlowGRPO(card, scorer_reward(scorer, prompts.terms), config)
-    return Run(
-        name="flow-grpo",
-        method=method,
-        batches=prompt_batches(card, prompts, prompts_per_step, seed),
-        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
-        evaluate=_generator_evaluation(scorer, prompts, evaluation, config.num_steps),
-        curves={"reward.png": ("reward_mean",), "kl.png": ("kl",)},
-        headline=_generator_headline,
+    return _generator_run(
+        "flow-grpo", FlowGRPO(card, scorer_reward(scorer, prompts.terms), config), card, scorer, config, prompts,
+        prompts_per_step, seed, evaluation, config.num_steps, {"reward.png": ("reward_mean",), "kl.png": ("kl",)},
     )
 
 
@@ -114,15 +108,10 @@ def nft_run(
 ) -> Run:
     """DiffusionNFT on a text-to-image card with the ``digit-scorer`` reward; judged as ``flow_grpo_run``."""
     _check_text_to_image(card, "nft")
-    method = DiffusionNFT(card, scorer_reward(scorer, prompts.terms), config)
-    return Run(
-        name="nft",
-        method=method,
-        batches=prompt_batches(card, prompts, prompts_per_step, seed),
-        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
-        evaluate=_generator_evaluation(scorer, prompts, evaluation, config.num_steps),
-        curves={"reward.png": ("reward_mean",), "loss.png": ("loss_pos", "loss_neg"), "old_policy.png": ("ema_decay", "r_mean")},
-        headline=_generator_headline,
+    return _generator_run(
+        "nft", DiffusionNFT(card, scorer_reward(scorer, prompts.terms), config), card, scorer, config, prompts,
+        prompts_per_step, seed, evaluation, config.num_steps,
+        {"reward.png": ("reward_mean",), "loss.png": ("loss_pos", "loss_neg"), "old_policy.png": ("ema_decay", "r_mean")},
     )
 
 
@@ -139,15 +128,10 @@ def dmd2_run(
     """DMD2: distil text-to-image ``card`` (the teacher) into a ``config.student_steps``-step student on
     ``prompts``; the scorer only judges (the student before training is the teacher at the student's steps)."""
     _check_text_to_image(card, "dmd2")
-    method = DMD2(card, config)
-    return Run(
-        name=f"dmd2 ({config.student_steps}-step student)",
-        method=method,
-        batches=prompt_batches(card, prompts, prompts_per_step, seed),
-        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
-        evaluate=_generator_evaluation(scorer, prompts, evaluation, config.student_steps),
-        curves={"losses.png": ("dm_loss", "critic_loss"), "gaps.png": ("real_gap", "fake_real_gap")},
-        headline=_generator_headline,
+    return _generator_run(
+        f"dmd2 ({config.student_steps}-step student)", DMD2(card, config), card, scorer, config, prompts, prompts_per_step,
+        seed, evaluation, config.student_steps,
+        {"losses.png": ("dm_loss", "critic_loss"), "gaps.png": ("real_gap", "fake_real_gap")},
         summary_keys=("dm_loss", "critic_loss", "real_gap", "fake_real_gap"),
     )
 
@@ -186,6 +170,21 @@ def self_forcing_run(
         curves={"losses.png": ("loss", "critic_loss"), "grad_norm.png": ("grad_norm", "critic_grad_norm")},
         headline=headline,
         summary_keys=("loss", "critic_loss"),
+    )
+
+
+def _generator_run(name: str, method, card: Card, scorer: Card, config, prompts: PromptSpec, prompts_per_step: int, seed: int,
+                   evaluation: EvalSettings | None, num_steps: int, curves: dict, **extra) -> Run:
+    """A text-to-image method's ``Run``: ``prompts`` batches, judged by ``generator_quality`` at ``num_steps``."""
+    return Run(
+        name=name,
+        method=method,
+        batches=prompt_batches(card, prompts, prompts_per_step, seed),
+        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
+        evaluate=_generator_evaluation(scorer, prompts, evaluation, num_steps),
+        curves=curves,
+        headline=_generator_headline,
+        **extra,
     )
 
 
