@@ -575,10 +575,11 @@ def list_cards() -> None:
     import importlib
 
     from jaxpipe import cards
+    from jaxpipe.cards.checkpoint import abstract_card
 
     rows = [("id", "family", "parameters", "loops", "does")]
     for model_id in cards.available():
-        card = cards.load(model_id)
+        card = abstract_card(cards.ASSETS / model_id)  # from its config alone: no weights read
         loops = ", ".join(f"{loop.id} ({loop.kind})" for loop in card.spec.loops)
         package = importlib.import_module(f"jaxpipe.cards.{card.spec.family}")
         what = (package.__doc__ or "").strip().splitlines()[0].split(": ", 1)[-1].rstrip(".").replace("``", "")

@@ -314,9 +314,10 @@ def test_engine_refuses_a_prompt_too_long_to_refine(engine, tiny):
 
 
 @needs_bundled
-def test_default_engine_serves_the_bundled_card():
-    engine = jp.Engine.default()
-    assert "unified" in engine.models() and engine.program("unified") is unified.program()
+def test_the_engine_serves_the_bundled_card():
+    engine = jp.Engine()  # Engine.default() serves it too: test_parity's bundled run
+    engine.register(jp.cards.load("unified"))
+    assert engine.program("unified") is unified.program()
     out = engine.run(jp.Request("unified", prompt="seven", seed=3, num_steps=2, guidance=1.0))
     refined = _text(engine.card("unified"), out["refined"])
     assert refined.startswith("seven") and _canonical(refined), refined

@@ -34,7 +34,7 @@ from safetensors.numpy import load_file, save_file
 from jaxpipe.card import Card
 from jaxpipe.cards import registry
 
-__all__ = ["save_card", "load_card", "config_to_dict", "config_from_dict"]
+__all__ = ["save_card", "load_card", "abstract_card", "config_to_dict", "config_from_dict"]
 
 FORMAT = "jaxpipe.card/1"
 CONFIG_FILE = "config.json"
@@ -198,9 +198,14 @@ def save_card(
     return directory
 
 
-def load_card(directory: str | os.PathLike) -> Card:
-    """Load a card written by ``save_card`` (taking its base components from its base card, if any)."""
-    directory = Path(directory)
+def abstract_card(directory: str | os.PathLike) -> Card:
+    """The card a ``save_card`` directory holds, built abstractly from its config alone (leaves are
+    ``jax.ShapeDtypeStruct``; no weights read): its spec, loops and parameter count, cheaply."""
+    return _read_config(Path(directory))[2]
+
+
+def _read_config(directory: Path):
+    """``(meta, family, abstract card)`` of a checkpoint directory, with clear errors for a damaged one."""
     if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{directory} is not a card checkpoint (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
     try:
@@ -217,6 +222,13 @@ def load_card(directory: str | os.PathLike) -> Card:
         abstract = nnx.eval_shape(lambda: family.build(config, seed=0, model_id=meta["model_id"]))
     except (TypeError, ValueError) as err:
         raise ValueError(f"{directory / CONFIG_FILE}: its {meta['family']} config does not load: {err}") from None
+    return meta, family, abstract
+
+
+def load_card(directory: str | os.PathLike) -> Card:
+    """Load a card written by ``save_card`` (taking its base components from its base card, if any)."""
+    directory = Path(directory)
+    meta, family, abstract = _read_config(directory)
     graphdef, state = nnx.split(abstract.components)
     try:
         stored = load_file(str(directory / WEIGHTS_FILE))
