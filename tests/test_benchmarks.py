@@ -96,6 +96,7 @@ def test_joint_rl_quick_smoke(tmp_path):
     assert "| 1 × 2 (2) | 1 |" in text and "| 1 × 2 (2) | 2 |" in text
 
 
+@pytest.mark.slow  # ~18 s; run it before spending device time (the script only runs on device sessions)
 def test_device_quick_smoke(tmp_path):
     """``device.py`` on the CPU in fresh processes compiling at XLA optimisation level 0. With no time left every
     section is recorded as skipped for the budget; ``--quick --sections flux`` runs the FLUX section end to end

@@ -118,6 +118,7 @@ def test_non_finite_step_is_skipped(method, rollout):
     assert leaves_equal((new.params, new.old, new.opt_state), (state.params, state.old, state.opt_state))
 
 
+@pytest.mark.slow  # the update's direction is tested above; this checks the fused step learns over six
 def test_a_few_steps_raise_the_reward(method, rollout, t2i_card):
     """Brightness reward: after six steps the current policy renders brighter
     images from held-out keys than the starting one."""

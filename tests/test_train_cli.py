@@ -11,6 +11,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 import jaxpipe as jp
+from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.cli import app
 from jaxpipe.data import digits
 from jaxpipe.training import runs as rl_runs
@@ -54,10 +55,11 @@ def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_genera
 
 
 @needs_cards
-def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_encoder(tmp_path):
-    out = tmp_path / "nft"
+def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_encoder(tmp_path, t2i_card):
+    out, base = tmp_path / "nft", save_card(t2i_card, tmp_path / "tiny")  # a tiny card directory: small compiles
     tiny = [a for a in TINY if a not in ("--sde-window", "0,1")]
-    result = runner.invoke(app, ["train", "nft", "--out", str(out), "--no-eval", "--beta", "0.5", "--ema-ramp", "0", *tiny])
+    result = runner.invoke(app, ["train", "nft", "--out", str(out), "--model", str(base), "--no-eval", "--beta", "0.5",
+                                 "--ema-ramp", "0", *tiny])
     assert result.exit_code == 0, result.output
     rows = read_metrics(out)
     assert all(0.0 <= row["r_mean"] <= 1.0 and row["ema_decay"] == 0.5 and row["skipped"] == 0.0 for row in rows)
@@ -65,16 +67,16 @@ def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_enco
         assert Image.open(out / png).format == "PNG"
     report = json.loads((out / "report.json").read_text())
     assert report["method"] == "nft" and report["settings"]["config"]["beta"] == 0.5
-    trained, base = jp.cards.load(out), jp.cards.load("flux-t2i")
+    trained, base = jp.cards.load(out), jp.cards.load(base)
     assert same(trained["text_encoder"], base["text_encoder"]) and not same(trained["transformer"], base["transformer"])
     jp.Engine().register(trained)
 
 
 @needs_cards
-def test_train_dmd2_writes_its_curves_and_a_few_step_student_card(tmp_path):
-    out = tmp_path / "turbo"
-    result = runner.invoke(app, ["train", "dmd2", "--out", str(out), "--no-eval", "--steps", "2", "-P", "2", "-K", "1",
-                                 "--student-steps", "1", "--critic-updates", "2", "--guidance", "3"])
+def test_train_dmd2_writes_its_curves_and_a_few_step_student_card(tmp_path, t2i_card):
+    out, base = tmp_path / "turbo", save_card(t2i_card, tmp_path / "tiny")  # a tiny teacher directory: small compiles
+    result = runner.invoke(app, ["train", "dmd2", "--out", str(out), "--model", str(base), "--no-eval", "--steps", "2",
+                                 "-P", "2", "-K", "1", "--student-steps", "1", "--critic-updates", "2", "--guidance", "3"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 1] and all(math.isfinite(row["dm_loss"]) for row in rows)
@@ -82,7 +84,7 @@ def test_train_dmd2_writes_its_curves_and_a_few_step_student_card(tmp_path):
         assert Image.open(out / png).format == "PNG"
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["config"]["guidance"] == 3.0 and "dm_loss" in report["rewards"]
-    student, teacher = jp.cards.load(out), jp.cards.load("flux-t2i")
+    student, teacher = jp.cards.load(out), jp.cards.load(base)
     assert student.spec.config.sampling.num_steps == 1 and student.spec.config.sampling.guidance == 1.0
     assert same(student["text_encoder"], teacher["text_encoder"]) and not same(student["transformer"], teacher["transformer"])
     engine = jp.Engine()
