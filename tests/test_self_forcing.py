@@ -168,6 +168,23 @@ def test_non_causal_cards_and_bad_configs_are_refused(teacher, t2i_card, method,
     assert leaves_equal(nnx.state(loaded["transformer"], nnx.Param), nnx.state(trained["transformer"], nnx.Param))
 
 
+def test_the_cli_run_trains_on_digit_and_motion_prompts(method, teacher):
+    """What `jaxpipe train self-forcing` builds (runs.self_forcing_run): the trainer, its prompt stream
+    (digit-and-motion captions in the student's vocabulary) and curves; the run itself is -m slow below."""
+    from jaxpipe.data import digits
+    from jaxpipe.training import runs
+
+    card = method.card(method.init())
+    run = runs.self_forcing_run(card, teacher, jp.cards.build("digit-scorer", seed=0), CONFIG, prompts_per_step=3, seed=1)
+    assert run.name == "self-forcing" and isinstance(run.method, SelfForcing) and "losses.png" in run.curves
+    batch = next(run.batches)
+    assert batch["ids"].shape == (3, card["text_encoder"].cfg.max_len) and set(batch["labels"]) == {"digit", "motion"}
+    caption = digits.caption(int(batch["labels"]["digit"][0]), motion=int(batch["labels"]["motion"][0]))
+    np.testing.assert_array_equal(batch["ids"][:1], card.spec.tokenizer.encode([caption], batch["ids"].shape[1]))
+    assert run.settings["teacher"] == teacher.model_id
+
+
+@pytest.mark.slow  # ~17 s: a second compile of the step (the CLI builds its own trainer); the run's parts are tested above
 def test_train_self_forcing_on_the_cli_writes_its_run_and_a_loadable_causal_card(method, teacher, tmp_path):
     """`jaxpipe train self-forcing` on card directories (the tiny student and teacher): metrics, curves,
     report and the trained causal card (the same settings as CONFIG, so the same compiled step)."""
