@@ -3,9 +3,9 @@ single-process check (``scripts/eight_devices.py``): a ``JointMultiExpertRL`` st
 ``expert``, generator by FSDP rules), a ``FlowGRPO`` step (DiT by FSDP + tensor-parallel rules) and the forward + backward of
 the digits DiT, a FLUX-shaped and a Wan-shaped transformer, each equal to one device, with the params
 placed as the rules say. Two more processes × 4 devices (``scripts/two_process.py``) run the same two
-steps through ``jax.distributed`` on loopback and must reproduce the 8-device numbers. The two processes
-and the FLUX- / Wan-shaped networks run with ``-m slow`` (~1.5 min more of compiles; run it when touching
-``distributed.py``). The rule logic
+steps through ``jax.distributed`` on loopback and must reproduce the 8-device numbers. The suite runs the
+FlowGRPO step and the digits DiT on 8 devices; the joint step, the FLUX- / Wan-shaped networks and the two
+processes run with ``-m slow`` (~2 min of compiles; run it when touching ``distributed.py``). The rule logic
 itself is checked here on abstract meshes and shapes (no devices, no compile)."""
 
 import contextlib
@@ -47,18 +47,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def eight_devices(tmp_path: Path, networks: tuple[str, ...] = ("dit",)) -> dict:
-    """The 8-device run (every single-process check; of the networks' forward + backward, ``networks``: the
-    FLUX- and Wan-shaped ones only in the slow test), checked; it leaves ``reference.npz`` in ``tmp_path``."""
-    extra = ["--all-networks"] if set(networks) - {"dit"} else []
+def eight_devices(tmp_path: Path, full: bool = False) -> dict:
+    """The 8-device run, checked: the FlowGRPO step and the digits DiT; ``full`` (the slow test) also the
+    JointMultiExpertRL step and the FLUX- / Wan-shaped networks, and leaves ``reference.npz`` in ``tmp_path``."""
     done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "eight_devices.py"), str(tmp_path), *extra], env=cpu_env(8), capture_output=True,
-        text=True, timeout=900, check=False,
+        [sys.executable, str(SCRIPTS / "eight_devices.py"), str(tmp_path), *(["--all"] if full else [])], env=cpu_env(8),
+        capture_output=True, text=True, timeout=900, check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = last_json(done.stdout)
-    check_joint_step(report["joint"])
+    if full:
+        check_joint_step(report["joint"])
     check_flow_grpo_step(report["flow"])
+    networks = ("dit", "flux", "wan") if full else ("dit",)
     assert sorted(report["networks"]) == sorted(networks)
     for name in networks:
         check_forward_backward(name, report["networks"][name])
@@ -70,11 +71,11 @@ def test_sharded_runs_match_one_device(tmp_path):
     eight_devices(tmp_path)
 
 
-@pytest.mark.slow  # ~1.5 min: two more processes, and the FLUX- and Wan-shaped networks; the suite runs the rest
+@pytest.mark.slow  # ~2 min: the joint step, the FLUX- and Wan-shaped networks and two more processes
 def test_two_processes_match_eight_devices(tmp_path):
     """ONE test, so pytest-xdist cannot split the expensive runs over two workers: the 8-device run, then the
     two processes, which must reproduce its numbers."""
-    eight_devices(tmp_path, ("dit", "flux", "wan"))
+    eight_devices(tmp_path, full=True)
     check_two_processes(tmp_path, np.load(tmp_path / "reference.npz"))
 
 

@@ -55,6 +55,23 @@ def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_genera
 
 
 @needs_cards
+def test_the_nft_and_dmd2_runs_judge_their_cards_and_draw_their_curves(t2i_card):
+    """What `train nft` / `train dmd2` build (their full CLI runs below are -m slow: two more compiled steps;
+    the CLI path they share, `_train` and `runs.execute`, runs in the suite with flow-grpo and unified)."""
+    from jaxpipe.training.dmd2 import DMD2, DMD2Config
+    from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig
+
+    scorer = jp.cards.load("digit-scorer")
+    nft = rl_runs.nft_run(t2i_card, scorer, DiffusionNFTConfig(num_steps=3), prompts_per_step=2)
+    assert isinstance(nft.method, DiffusionNFT) and {"reward.png", "loss.png", "old_policy.png"} <= set(nft.curves)
+    dmd = rl_runs.dmd2_run(t2i_card, scorer, DMD2Config(student_steps=2), prompts_per_step=2)
+    assert isinstance(dmd.method, DMD2) and dmd.name == "dmd2 (2-step student)" and "dm_loss" in dmd.summary_keys
+    assert next(dmd.batches)["ids"].shape[0] == 2 and dmd.settings["config"]["student_steps"] == 2
+    assert dmd.method.card(dmd.method.init()).spec.config.sampling.num_steps == 2
+
+
+@needs_cards
+@pytest.mark.slow  # ~10 s (a compiled NFT step); the run's parts are tested above and in test_nft
 def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_encoder(tmp_path, t2i_card):
     out, base = tmp_path / "nft", save_card(t2i_card, tmp_path / "tiny")  # a tiny card directory: small compiles
     tiny = [a for a in TINY if a not in ("--sde-window", "0,1")]
@@ -73,6 +90,7 @@ def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_enco
 
 
 @needs_cards
+@pytest.mark.slow  # ~18 s (a compiled DMD2 step); the run's parts are tested above and in test_dmd2
 def test_train_dmd2_writes_its_curves_and_a_few_step_student_card(tmp_path, t2i_card):
     out, base = tmp_path / "turbo", save_card(t2i_card, tmp_path / "tiny")  # a tiny teacher directory: small compiles
     result = runner.invoke(app, ["train", "dmd2", "--out", str(out), "--model", str(base), "--no-eval", "--steps", "2",
