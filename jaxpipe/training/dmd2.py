@@ -61,7 +61,7 @@ from jaxpipe.cards import generator, registry
 from jaxpipe.loops import denoise
 from jaxpipe.program import settings as loop_settings
 from jaxpipe.training import rollout
-from jaxpipe.training.finetune import guarded_update, split_trainable
+from jaxpipe.training.finetune import guarded_steps, guarded_update, split_trainable
 from jaxpipe.training.flow_grpo import check_batch, master_weights
 
 __all__ = ["DMD2Config", "DMD2State", "StudentRollout", "DMD2", "dm_gradient", "dm_surrogate", "student_spec"]
@@ -277,17 +277,9 @@ class DMD2:
     def _critic_updates(self, state: DMD2State, x0: jax.Array, cond: Any, key: jax.Array):
         """``critic_updates`` guarded critic steps on the same samples, fresh ``(t, ε)`` each:
         ``(critic, critic_opt, losses (U,), skipped (U,))``."""
-
-        def one(carry, k):
-            critic, opt = carry
-            loss, grads = jax.value_and_grad(self.critic_loss)(critic, state.frozen, x0, cond, k)
-            updates, new_opt = self.critic_tx.update(grads, opt, critic)
-            finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
-            new = guarded_update(finite, (optax.apply_updates(critic, updates), new_opt), (critic, opt))
-            return new, (loss, 1.0 - finite.astype(jnp.float32))
-
         keys = jax.random.split(key, self.config.critic_updates)
-        (critic, opt), (losses, skipped) = jax.lax.scan(one, (state.critic, state.critic_opt), keys)
+        loss = lambda critic, k: self.critic_loss(critic, state.frozen, x0, cond, k)
+        critic, opt, losses, _, skipped = guarded_steps(loss, self.critic_tx, state.critic, state.critic_opt, keys)
         return critic, opt, losses, skipped
 
     def dm_terms(self, teacher: nnx.State, critic: nnx.State, frozen: nnx.State, x0: jax.Array, ro: StudentRollout,

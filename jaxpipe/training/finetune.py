@@ -82,6 +82,25 @@ def guarded_update(finite: jax.Array, new, old):
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
+def guarded_steps(loss_fn, tx: optax.GradientTransformation, params, opt_state, keys: jax.Array):
+    """One optimiser step of ``loss_fn(params, key) -> scalar`` per key of ``keys`` (K,), as a ``lax.scan``;
+    a step whose loss or gradient is not finite leaves params and optimiser state unchanged (a critic's
+    several updates per student update). Returns ``(params, opt_state, losses (K,), grad_norms (K,),
+    skipped (K,) float)``."""
+
+    def one(carry, key):
+        p, opt = carry
+        loss, grads = jax.value_and_grad(loss_fn)(p, key)
+        updates, new_opt = tx.update(grads, opt, p)
+        norm = optax.tree.norm(grads)
+        ok = jnp.isfinite(loss) & jnp.isfinite(norm)
+        carry = guarded_update(ok, (optax.apply_updates(p, updates), new_opt), (p, opt))
+        return carry, (loss, norm, 1.0 - ok.astype(jnp.float32))
+
+    (params, opt_state), (losses, norms, skipped) = jax.lax.scan(one, (params, opt_state), keys)
+    return params, opt_state, losses, norms, skipped
+
+
 class Finetune:
     """Flow-matching finetuning of a card's denoise loop: ``init(key)``, jitted ``step``, ``card(state)``.
 

@@ -51,7 +51,7 @@ from jaxpipe.program import Program
 from jaxpipe.program import settings as loop_settings
 from jaxpipe.training import rollout
 from jaxpipe.training.dmd2 import dm_gradient, dm_surrogate
-from jaxpipe.training.finetune import guarded_update, split_trainable
+from jaxpipe.training.finetune import guarded_steps, guarded_update, split_trainable
 from jaxpipe.training.flow_grpo import check_batch
 
 __all__ = ["SelfForcingConfig", "SelfForcingState", "SelfForcing", "causal_loop",
@@ -313,19 +313,11 @@ class SelfForcing:
         new = state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
         state = guarded_update(apply, new, state)._replace(step=state.step + 1)
         video = jax.lax.stop_gradient(video)
-
-        def critic_update(carry, i):
-            critic, critic_opt = carry
-            k = jax.random.fold_in(jax.random.fold_in(key, CRITIC_KEY), i)
-            c_loss, c_grads = jax.value_and_grad(self.critic_loss)(critic, state, video, ids, k)
-            c_updates, c_opt = self.critic_tx.update(c_grads, critic_opt, critic)
-            c_norm = optax.tree.norm(c_grads)
-            ok = jnp.isfinite(c_loss) & jnp.isfinite(c_norm)
-            carry = guarded_update(ok, (optax.apply_updates(critic, c_updates), c_opt), (critic, critic_opt))
-            return carry, (c_loss, c_norm, 1.0 - ok.astype(jnp.float32))
-
-        (critic, critic_opt), (c_loss, c_norm, c_skip) = jax.lax.scan(
-            critic_update, (state.critic, state.critic_opt_state), jnp.arange(self.config.critic_steps))
+        critic_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+            jax.random.fold_in(key, CRITIC_KEY), jnp.arange(self.config.critic_steps))
+        fake_score_loss = lambda critic, k: self.critic_loss(critic, state, video, ids, k)
+        critic, critic_opt, c_loss, c_norm, c_skip = guarded_steps(
+            fake_score_loss, self.critic_tx, state.critic, state.critic_opt_state, critic_keys)
         state = state._replace(critic=critic, critic_opt_state=critic_opt)
         return state, {**metrics, "grad_norm": grad_norm, "skipped": 1.0 - finite.astype(jnp.float32),
                        "student_updated": apply.astype(jnp.float32),
