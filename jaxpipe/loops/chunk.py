@@ -35,7 +35,6 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from flax import nnx
 
 from jaxpipe import samplers

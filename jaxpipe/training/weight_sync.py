@@ -69,8 +69,8 @@ def publish(engine: Engine, card: Card, components: str | Iterable[str] | None =
         scope = roles[role]
         card = card.with_id(f"{card.model_id}{ROLE_SEP}{role}")
         if components is None:
-            experts = engine.experts(card.model_id)
-            inside = {n for c in scope for n in (c, *experts.get(c, ()))}
+            stacked = engine.experts(card.model_id)
+            inside = {n for c in scope for n in (c, *stacked.get(c, ()))}
             components = [n for n in changed_components(engine, card) if n in inside]
     owners = _owners(engine, card)
     if components is None:
