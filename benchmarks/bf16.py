@@ -10,7 +10,7 @@ sampler, log-probs and outputs float32), side by side in one process:
 * **final difference**: the same prompts and seeds rendered with the card's default sampling (steps,
   guidance, and for ``unified`` its refiner at temperature 1) in both dtypes: mean and max ``|Δ|`` of the
   pixels in [0, 1] (``unified``: also how many refined prompts differ);
-* **quality** (C4, ``jaxpipe.quality``): digit accuracy and all-attributes-right on 200 prompts
+* **quality** (C4, ``jaxpipe.digits.quality``): digit accuracy and all-attributes-right on 200 prompts
   (t2i cards), motion accuracy and last-frame digit accuracy on 100 videos (``wan-i2v``);
 * **time**: median wall ms of one denoiser call at a serving batch (``B`` rows), float32 and bfloat16
   interleaved; and of the whole default sampling call; plus, for ``flux-t2i``, one ``FlowGRPO.step``
@@ -35,9 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxpipe as jp
-from jaxpipe import precision, quality
+from jaxpipe import precision
+from jaxpipe.digits import quality
 from jaxpipe.card import Card
-from jaxpipe.data import digits
+from jaxpipe.digits import data as digits
 from jaxpipe.nn import DiTCond
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
@@ -58,7 +59,7 @@ def velocity_inputs(card: Card, rows: int, seed: int = 0) -> dict:
     """Real held-out digits as noisy latents at ``SIGMAS`` (cycled), their captions' ids, the first frame (i2v)."""
     images, labels = digits.load_images("heldout")
     pick = np.random.default_rng(seed).permutation(len(images))[:rows]
-    video = card.spec.family == "wan_i2v"
+    video = card.spec.family == "toy_i2v"
     if video:
         data = digits.make_videos(images[pick], labels[pick], seed=seed, frames=card.spec.config.frames)
         x0 = jax.jit(lambda vae, v: vae.encode_video(v))(card["vae"], jnp.asarray(data.video))
@@ -89,7 +90,7 @@ def render(card: Card, prompts: list[str], first: np.ndarray | None) -> dict:
 def final_difference(cards: dict[str, Card], n: int) -> dict:
     images, labels = digits.load_images("heldout")
     pick = np.random.default_rng(1).permutation(len(images))[:n]
-    is_video = cards["float32"].spec.family == "wan_i2v"
+    is_video = cards["float32"].spec.family == "toy_i2v"
     if is_video:
         data = digits.make_videos(images[pick], labels[pick], seed=1, frames=cards["float32"].spec.config.frames)
         prompts, first = list(data.caption), (data.video[:, 0] + 1.0) / 2.0
@@ -110,7 +111,7 @@ def final_difference(cards: dict[str, Card], n: int) -> dict:
 def timings(cards: dict[str, Card], inputs: dict, n_render: int, repeats: int) -> dict:
     """Median wall ms of a denoiser call and of a default sampling call, f32 and bf16 interleaved."""
     first = None
-    if cards["float32"].spec.family == "wan_i2v":
+    if cards["float32"].spec.family == "toy_i2v":
         first = np.full((n_render,) + cards["float32"].spec.config.image_shape, 0.5, np.float32)
     prompts = [digits.caption(i % 10) for i in range(n_render)]
     compile_ms = {}
@@ -156,7 +157,7 @@ def rl_step_times(card: Card, scorer: Card, prompts: int, group: int, repeats: i
 
 
 def card_quality(card: Card, scorer: Card, samples: int) -> dict:
-    if card.spec.family == "wan_i2v":
+    if card.spec.family == "toy_i2v":
         q = quality.i2v_quality(card, scorer, samples=max(samples // 2, 1))
         return {"motion accuracy": q["motion_accuracy"], "last-frame digit accuracy": q["last_frame_digit_accuracy"],
                 "samples": q["samples"]}
@@ -257,7 +258,7 @@ def main() -> None:
         f"Velocity error: the denoiser on {args.rows} real held-out digits (float32-encoded latents noised at σ = 1 … 1/8, "
         "their own captions through each card's own text encoder): max |Δv| / max |v| and mean |Δv| / mean |v|. "
         f"Final difference: {args.final} prompts and seeds rendered with the card's default sampling in both dtypes "
-        "(pixels in [0, 1]). Quality: `jaxpipe.quality` (t2i: digit accuracy on plain prompts and all attributes "
+        "(pixels in [0, 1]). Quality: `jaxpipe.digits.quality` (t2i: digit accuracy on plain prompts and all attributes "
         f"right on full prompts, {args.samples} prompts; wan-i2v: motion and last-frame digit accuracy, "
         f"{max(args.samples // 2, 1)} videos). Time: medians of {args.repeats} interleaved repeats of one denoiser "
         f"call on the {args.rows} rows and of one default sampling call of {args.render} prompts."),

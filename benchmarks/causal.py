@@ -3,7 +3,7 @@
 In one process, at each card's default sampling (``wan-causal``: 4 chunks of 2 frames, 8 Euler steps
 per chunk; ``wan-t2v``: 8 steps over all 8 frames; guidance 2 for both):
 
-* **quality** (``jaxpipe.quality.t2v_quality``, judged by ``digit-scorer``): on ``--samples`` prompts
+* **quality** (``jaxpipe.digits.quality.t2v_quality``, judged by ``digit-scorer``): on ``--samples`` prompts
   naming a digit and a motion, how often the ink centroid moves as told and how often the scorer reads
   the prompted digit in the first and the last frame (the same prompts and seeds for both cards);
 * **continuation** (``video.t2v_continue``'s two stages, on a shorter prefix): ``wan-t2v`` renders 8
@@ -34,10 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxpipe as jp
-from jaxpipe import quality, samplers
+from jaxpipe import samplers
+from jaxpipe.digits import quality
 from jaxpipe.card import Card
-from jaxpipe.cards import digit_scorer, generator
-from jaxpipe.data import digits
+from jaxpipe.cards import generator
+from jaxpipe.digits import digit_scorer
+from jaxpipe.digits import data as digits
 from jaxpipe.loops import chunk as chunk_loop
 from jaxpipe.loops import policies
 from jaxpipe.nn import DiTCond

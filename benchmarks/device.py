@@ -73,6 +73,8 @@ from tqdm import tqdm
 from jaxpipe.loops import denoise
 from jaxpipe.nn import hf
 from jaxpipe.nn.flux import FluxCond, FluxConfig, FluxTransformer, image_ids
+from jaxpipe.digits import cards as digit_cards
+import jaxpipe as jp
 
 SECTION = "device"
 SECTIONS = ("flux", "experts", "engine", "attention")
@@ -576,7 +578,7 @@ def section_experts(args, budget: Budget, sec: dict, save, reserve: float) -> No
     """vmap vs lax.map vs a Python loop for the N refiner updates, checked equal, timed in interleaved rounds."""
     import joint_rl as jr
 
-    from jaxpipe.cards import multi_expert
+    from jaxpipe.cards import toy_multi_expert
     from jaxpipe.training.joint_rl import map_experts, resolve_expert_map
 
     ns = QUICK_EXPERTS if args.quick else EXPERTS
@@ -586,7 +588,7 @@ def section_experts(args, budget: Budget, sec: dict, save, reserve: float) -> No
                     "auto": auto, "backend": jax.default_backend(), "devices": jax.device_count()}
     # One card with the most experts and one rollout; N experts = the first N of its stacked refiners (every
     # expert has the same shapes, and expert_update does not depend on N): one rollout compile instead of five.
-    card = multi_expert.build(jr.make_config(max(ns), bundled=not args.quick))
+    card = jp.cards.build("multi-expert", config=jr.make_config(max(ns), bundled=not args.quick))
     sec["setup"]["about"] = jr.describe(card)
     method = jr.make_method(card, group, 2)  # denoise steps of the rollout only; the update's cost does not see them
     state, batch = method.init(), jr.make_batch(card, prompts)
@@ -665,14 +667,14 @@ def section_engine(args, budget: Budget, sec: dict, save, reserve: float) -> Non
     import engine as eng
 
     import jaxpipe as jp
-    from jaxpipe.cards import flux_t2i
+    from jaxpipe.cards import toy_t2i
 
     if args.quick:
         card, source = eng._perturbed(jp.cards.build("flux-t2i"), 1), "random weights, test size"
     elif "flux-t2i" in jp.cards.available():
         card, source = jp.cards.load("flux-t2i"), "bundled checkpoint"
     else:
-        card, source = eng._perturbed(jp.cards.build("flux-t2i", config=flux_t2i.Config.bundled()), 1), "random, bundled size"
+        card, source = eng._perturbed(jp.cards.build("flux-t2i", config=digit_cards.bundled_config("flux-t2i")), 1), "random, bundled size"
     sec["setup"] = {"card": "flux-t2i", "source": source, "about": eng.describe(card), "step_counts": list(eng.STEPS)}
     engine = jp.Engine(max_batch=64)
     engine.register(card)

@@ -27,8 +27,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling 
 from report import RESULTS, machine_info, write_section
 
 import jaxpipe as jp
-from jaxpipe import quality
-from jaxpipe.data import digits
+from jaxpipe.digits import quality
+from jaxpipe.digits import data as digits
 
 SECTION = "distill"
 

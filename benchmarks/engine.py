@@ -52,14 +52,15 @@ import numpy as np
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe.cards import flux_t2i, generator
-from jaxpipe.data import DIGIT_WORDS, POSITIONS, STROKES
+from jaxpipe.cards import toy_t2i, generator
+from jaxpipe.digits import DIGIT_WORDS, POSITIONS, STROKES
 from jaxpipe.engine import batch as engine_ops
 from jaxpipe.loops import denoise
 from jaxpipe.nn import DiTCond
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
 from report import RESULTS, machine_info, write_section  # noqa: E402
+from jaxpipe.digits import cards as digit_cards
 
 SECTION = "engine"
 SIZES = (1, 4, 16, 64)
@@ -90,7 +91,7 @@ def bench_cards() -> dict[str, tuple[jp.Card, str]]:
         card = jp.cards.load("flux-t2i")
         source = "bundled checkpoint"
     else:
-        card = _perturbed(jp.cards.build("flux-t2i", config=flux_t2i.Config.bundled()), 1)
+        card = _perturbed(jp.cards.build("flux-t2i", config=digit_cards.bundled_config("flux-t2i")), 1)
         source = "random weights of the bundled size (no checkpoint yet)"
     out["flux-t2i (bundled)"] = (card, source)
     out["flux-t2i (tiny)"] = (_perturbed(jp.cards.build("flux-t2i"), 1), "random weights, test size")
@@ -98,8 +99,8 @@ def bench_cards() -> dict[str, tuple[jp.Card, str]]:
 
 
 def describe(card: jp.Card) -> str:
-    dit, sampling = card.spec.config.dit, card.spec.loop(flux_t2i.LOOP_ID).config
-    tokens = np.prod(card.spec.loop(flux_t2i.LOOP_ID).latent_shape[:3]) // dit.patch_size**2
+    dit, sampling = card.spec.config.dit, card.spec.loop(toy_t2i.LOOP_ID).config
+    tokens = np.prod(card.spec.loop(toy_t2i.LOOP_ID).latent_shape[:3]) // dit.patch_size**2
     return (
         f"DiT dim={dit.dim}, depth={dit.depth}, heads={dit.heads}, {tokens} latent tokens, "
         f"guidance {sampling.guidance:g} ({'2 DiT rows per request' if sampling.guidance != 1 else '1 DiT row per request'}), "
@@ -182,13 +183,13 @@ def measure(engine: jp.Engine, n: int, repeats: int, budget_s: float) -> dict:
 
 def step_scaling(card: jp.Card, sizes=(1, 4, 16, 64), steps: int = 8) -> dict[int, float]:
     """ms per request-step of a fused ``steps``-step batched denoise at each batch size (best of 5)."""
-    loop = card.spec.loop(flux_t2i.LOOP_ID)
+    loop = card.spec.loop(toy_t2i.LOOP_ID)
     config = loop.config
     leaves, treedef = jax.tree.flatten(card)
 
     @jax.jit
     def run(leaves, state):
-        models = jax.tree.unflatten(treedef, leaves).bound(flux_t2i.LOOP_ID)
+        models = jax.tree.unflatten(treedef, leaves).bound(toy_t2i.LOOP_ID)
         return jax.lax.fori_loop(0, steps, lambda _, s: denoise.step(models, s, config)[0], state)
 
     encode = lambda ids: DiTCond(card["text_encoder"](ids), ids != 0)

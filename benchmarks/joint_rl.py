@@ -54,12 +54,14 @@ import numpy as np
 from flax import nnx
 
 from jaxpipe.card import Card
-from jaxpipe.cards import generator, multi_expert, unified
-from jaxpipe.data import digits
+from jaxpipe.cards import generator, toy_multi_expert, toy_unified
+from jaxpipe.digits import data as digits
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
 from report import RESULTS, machine_info, write_section  # noqa: E402
+from jaxpipe.digits import cards as digit_cards
+import jaxpipe as jp
 
 SECTION = "joint_rl"
 EXPERTS = (1, 2, 4, 8, 16)
@@ -87,14 +89,14 @@ GPU_FACTOR = 2.0  # GPU: t_vmap(8) <= 2 · t_vmap(1)
 # --------------------------------------------------------------------------------------------
 
 
-def make_config(num_refiners: int, *, bundled: bool = True) -> multi_expert.Config:
+def make_config(num_refiners: int, *, bundled: bool = True) -> toy_multi_expert.Config:
     """A ``multi-expert`` config with ``num_refiners`` refiners, the bundled (or test) sizes and room for
     the composed prompt: ``text.max_len = TEXT_LEN``, ``lm.max_len = LM_LEN``, slots cycling."""
-    base = unified.Config.bundled() if bundled else unified.Config()
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(unified.Config) if f.name != "refine"}
+    base = digit_cards.bundled_config("unified") if bundled else digit_cards.config("unified")
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(toy_unified.Config) if f.name != "refine"}
     fields["text"] = dataclasses.replace(base.text, max_len=TEXT_LEN)
     fields["lm"] = dataclasses.replace(base.lm, max_len=LM_LEN)
-    return multi_expert.Config(**fields, num_refiners=num_refiners)
+    return digit_cards.config("multi-expert", **fields, num_refiners=num_refiners)
 
 
 def reward_parts(images: jax.Array, labels) -> dict[str, jax.Array]:
@@ -372,7 +374,7 @@ def targets(rows: list[Row], backend: str) -> list[str]:
 def describe(card: Card) -> str:
     cfg = card.spec.config
     lm, dit = cfg.lm, cfg.dit
-    stacked = nnx.state(card[multi_expert.COMPONENT], nnx.Param)
+    stacked = nnx.state(card[toy_multi_expert.COMPONENT], nnx.Param)
     per_expert = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(stacked))
     return (
         f"Refiner LM per expert: dim={lm.dim}, depth={lm.depth}, heads={lm.heads}, max_len={lm.max_len}, "
@@ -428,7 +430,7 @@ def run(quick: bool, joint: bool, experts: tuple[int, ...] | None = None) -> tup
     budget, least, most = (1.0, 1, 2) if quick else (TIMING_BUDGET_S, MIN_ROUNDS, MAX_ROUNDS)
     cases, about = [], ""
     for n in experts:
-        card = multi_expert.build(make_config(n, bundled=not quick))
+        card = jp.cards.build("multi-expert", config=make_config(n, bundled=not quick))
         about = describe(card)
         for prompts, group in sizes:
             case = prepare_case(

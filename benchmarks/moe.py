@@ -2,7 +2,7 @@
 
 Per card, at its default sampling (8 steps, guidance 2), in one process:
 
-* **quality** (``jaxpipe.quality.t2v_quality``, judged by ``digit-scorer``): on ``--samples`` prompts naming
+* **quality** (``jaxpipe.digits.quality.t2v_quality``, judged by ``digit-scorer``): on ``--samples`` prompts naming
   a digit and a motion, how often the ink centroid moves as told and how often the scorer reads the
   prompted digit in the first and the last frame (the same prompts and seeds for every card);
 * **time per video**: median wall ms of one ``jp.generate`` call of ``--render`` prompts, divided by the
@@ -31,9 +31,9 @@ import numpy as np
 from flax import nnx
 
 import jaxpipe as jp
-from jaxpipe import quality
+from jaxpipe.digits import quality
 from jaxpipe.card import Card
-from jaxpipe.data import digits
+from jaxpipe.digits import data as digits
 from jaxpipe.loops import policies
 
 

@@ -21,11 +21,12 @@ import numpy as np
 from flax import nnx
 
 import jaxpipe as jp
-from jaxpipe import quality
+from jaxpipe.digits import quality
 from jaxpipe.cards import generator
-from jaxpipe.data.captions import MOTION_NAMES, caption
+from jaxpipe.digits.captions import MOTION_NAMES, caption
 from jaxpipe.training import weight_sync
-from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward
+from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+from jaxpipe.digits.rewards import scorer_reward
 
 
 def batches(card, prompts: int, seed: int):

@@ -9,7 +9,7 @@
 - ``cosmos3``: text -> video motion and digit accuracy, with and without reasoning a motion;
 - parameter counts (shared vs expert) per policy.
 
-    python -m jaxpipe.training.pretrain_mot --routing shared --model-id bagel-mot-shared --out out/cards/bagel-mot-shared
+    python -m jaxpipe.digits.pretrain.mot --routing shared --model-id bagel-mot-shared --out out/cards/bagel-mot-shared
     python benchmarks/mot.py [--shared out/cards/bagel-mot-shared] [--samples 200]
 
 Writes the ``mot`` section of RESULTS.md and prints it.
@@ -30,8 +30,8 @@ from report import RESULTS, machine_info, write_section
 from flax import nnx
 
 import jaxpipe as jp
-from jaxpipe import quality
-from jaxpipe.cards import bagel_mot
+from jaxpipe.digits import quality
+from jaxpipe.cards import toy_mot
 from jaxpipe.nn.mot import MoT, Routing
 
 SECTION = "mot"
@@ -43,7 +43,7 @@ def pct(x: float) -> str:
 
 def card_rows(card, scorer, samples: int) -> dict:
     """Every bagel-style measure of one card."""
-    default = card.spec.loop(bagel_mot.IMAGE_LOOP).config.guidance
+    default = card.spec.loop(toy_mot.IMAGE_LOOP).config.guidance
     out = {"t2i_g1": quality.t2i_quality(card, scorer, samples=samples, guidance=1.0)}
     if default != 1.0:
         out["t2i_default"] = quality.t2i_quality(card, scorer, samples=samples)

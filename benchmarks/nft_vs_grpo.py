@@ -41,12 +41,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling 
 from report import RESULTS, machine_info, write_section
 
 import jaxpipe as jp
-from jaxpipe import quality
+from jaxpipe.digits import quality
 from jaxpipe.card import Card
-from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward
+from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+from jaxpipe.digits.rewards import scorer_reward
 from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig
-from jaxpipe.training.runs.evaluation import EvalSettings, diversity
-from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
+from jaxpipe.digits.evaluation import EvalSettings, diversity
+from jaxpipe.digits.prompts import PromptSpec, prompt_batches
 
 SECTION = "nft_vs_grpo"
 HERE = pathlib.Path(__file__).resolve().parent

@@ -52,15 +52,17 @@ from flax import nnx
 import jaxpipe as jp
 from jaxpipe import program as programs
 from jaxpipe.card import Card
-from jaxpipe.cards import generator, unified
-from jaxpipe.data import digits
+from jaxpipe.cards import generator, toy_unified
+from jaxpipe.digits import data as digits
 from jaxpipe.loops import ar, denoise
 from jaxpipe.training import rollout
-from jaxpipe.training.flow_grpo import REWARD_TERMS, FlowGRPO, FlowGRPOConfig, Rollout, scorer_reward
+from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, Rollout
+from jaxpipe.digits.rewards import REWARD_TERMS, scorer_reward
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig, UnifiedRollout, refine_rows, restrict
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
 from report import RESULTS, machine_info, write_section  # noqa: E402
+from jaxpipe.digits import cards as digit_cards
 
 SECTION = "rl_step"
 SIZES = ((4, 4), (1, 4))  # (prompts P, group size K)
@@ -86,7 +88,7 @@ def load_cards() -> tuple[Card, Card, Card, str]:
     try:
         return t2i, jp.cards.load("unified"), scorer, "the bundled checkpoints"
     except (ValueError, OSError, KeyError) as err:
-        fresh = unified.build(unified.Config.bundled())
+        fresh = jp.cards.build("unified", config=digit_cards.bundled_config("unified"))
         card = fresh.replace(**{k: t2i[k] for k in ("text_encoder", "transformer", "vae")})
         return t2i, card, scorer, f"bundled flux-t2i; unified = its components + a fresh bundled-size refiner LM ({err})"
 
@@ -194,7 +196,7 @@ class DrivenUnifiedRL(DrivenProgram):
     def __init__(self, method: UnifiedRL):
         if not method.config.joint:
             raise ValueError("the driven baseline covers joint UnifiedRL (SDE rollout with capture)")
-        super().__init__(method, programs.settings(**{unified.REFINE_LOOP: method.ar_config, unified.DENOISE_LOOP: method.sampling}))
+        super().__init__(method, programs.settings(**{toy_unified.REFINE_LOOP: method.ar_config, toy_unified.DENOISE_LOOP: method.sampling}))
         self.sampling = method.sampling
         card = method.card(method.init())
         self._token = jitted_step(card["llm"], ar.step, method.ar_config)
@@ -214,8 +216,8 @@ class DrivenUnifiedRL(DrivenProgram):
         m, cfg = self.method, self.method.config
         run = self.execution(state, slots, captures)
         refined = run.slots["refine"]  # the program input: refine_rows(K, skip, B)
-        refinement = restrict(rollout.refinement(run, unified.REFINE_LOOP), refined)
-        generated = rollout.generated(run, unified.DENOISE_LOOP)
+        refinement = restrict(rollout.refinement(run, toy_unified.REFINE_LOOP), refined)
+        generated = rollout.generated(run, toy_unified.DENOISE_LOOP)
         rewards, advantages = rollout.score(m.reward_fn, generated.images, labels, cfg.group_size, cfg.adv_clip)
         return UnifiedRollout(refinement, refined, run.slots["refined"], generated, rewards, advantages)
 
@@ -226,7 +228,7 @@ class DrivenUnifiedRL(DrivenProgram):
         slots, start = self._middle(state, slots, lm_final)
         gen = state.generator["transformer"]
         final, trajectory = drive(self._denoise, gen, start, self.sampling.num_steps, self.sampling.captured_steps)
-        captures = {unified.REFINE_LOOP: (lm_final, records), unified.DENOISE_LOOP: (final, trajectory)}
+        captures = {toy_unified.REFINE_LOOP: (lm_final, records), toy_unified.DENOISE_LOOP: (final, trajectory)}
         return self._finish(state, slots, captures, labels)
 
 
@@ -374,7 +376,7 @@ def describe(t2i: Card, uni: Card, source: str) -> str:
     return (
         f"Cards: {source}. flux-t2i: DiT dim={dit.dim}, depth={dit.depth}, {t2i.num_params() / 1e6:.2f} M parameters "
         f"in the card. unified: the same generator + refiner LM dim={lm.dim}, depth={lm.depth}, "
-        f"{uni.spec.loop(unified.REFINE_LOOP).config.max_new_tokens} new tokens per refinement, "
+        f"{uni.spec.loop(toy_unified.REFINE_LOOP).config.max_new_tokens} new tokens per refinement, "
         f"{uni.num_params() / 1e6:.2f} M parameters in the card."
     )
 

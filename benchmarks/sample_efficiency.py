@@ -33,7 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling 
 from report import RESULTS, machine_info, write_section
 
 import jaxpipe as jp
-from jaxpipe.training import runs
+from jaxpipe.digits import runs
 from jaxpipe.training.flow_grpo import FlowGRPOConfig
 from jaxpipe.training.unified_rl import UnifiedRLConfig
 

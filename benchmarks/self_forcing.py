@@ -34,11 +34,11 @@ import jax
 import numpy as np
 
 import jaxpipe as jp
-from jaxpipe import quality
+from jaxpipe.digits import quality
 from jaxpipe.card import Card
-from jaxpipe.cards import digit_scorer
+from jaxpipe.digits import digit_scorer
 from jaxpipe.cards.checkpoint import save_card
-from jaxpipe.data import digits
+from jaxpipe.digits import data as digits
 from jaxpipe.training.self_forcing import SelfForcing, SelfForcingConfig
 
 WINDOW = 8  # frames per drift window: the length the card was trained on

@@ -1,6 +1,6 @@
 """The two-stage ``ltx2-two-stage`` against the single-stage ``wan-t2v`` at matched DiT FLOPs, plus ablations.
 
-Per setting, judged by ``jaxpipe.quality.t2v_quality`` (``digit-scorer``) on ``--samples`` prompts naming a
+Per setting, judged by ``jaxpipe.digits.quality.t2v_quality`` (``digit-scorer``) on ``--samples`` prompts naming a
 digit and a motion: motion accuracy (the ink centroid moves > 1 px as told; ``still``: < 1 px), first- and
 last-frame digit accuracy; **DiT GFLOPs per video** (XLA's cost analysis of one velocity call per loop,
 times the forwards per step that guidance needs, times the steps); and **time per video** (median wall
@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxpipe as jp
-from jaxpipe import quality
+from jaxpipe.digits import quality
 from jaxpipe.card import Card
-from jaxpipe.cards import ltx2_two_stage
+from jaxpipe.cards import toy_two_stage
 from jaxpipe.loops import denoise
 from jaxpipe.nn import DiTCond
 
@@ -65,7 +65,7 @@ def with_loop(card: Card, loop_id: str, **changes) -> Card:
 
 def nearest_upsampler(card: Card) -> Card:
     """The card with its learned upsampler replaced by nearest-neighbour upsampling (a fresh upsampler is exactly that)."""
-    fresh = jp.cards.build(ltx2_two_stage.MODEL_ID, seed=0, config=card.spec.config)["upsampler"]
+    fresh = jp.cards.build("ltx2-two-stage", seed=0, config=card.spec.config)["upsampler"]
     return card.replace(upsampler=fresh)
 
 
@@ -92,9 +92,9 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
 
-    scorer, wan, ltx = jp.cards.load("digit-scorer"), jp.cards.load("wan-t2v"), jp.cards.load(ltx2_two_stage.MODEL_ID)
-    base, refine = (ltx.spec.loop(l).config for l in (ltx2_two_stage.BASE_LOOP, ltx2_two_stage.REFINE_LOOP))
-    ltx_gflops = video_gflops(ltx, {ltx2_two_stage.BASE_LOOP: base.num_steps, ltx2_two_stage.REFINE_LOOP: refine.num_steps})
+    scorer, wan, ltx = jp.cards.load("digit-scorer"), jp.cards.load("wan-t2v"), jp.cards.load("ltx2-two-stage")
+    base, refine = (ltx.spec.loop(l).config for l in (toy_two_stage.BASE_LOOP, toy_two_stage.REFINE_LOOP))
+    ltx_gflops = video_gflops(ltx, {toy_two_stage.BASE_LOOP: base.num_steps, toy_two_stage.REFINE_LOOP: refine.num_steps})
     wan_loop = wan.spec.recipe[0]
     per_step = video_gflops(wan, {wan_loop: 1})
     matched = max(1, round(ltx_gflops / per_step))
@@ -102,13 +102,13 @@ def main(argv=None) -> None:
         ("wan-t2v (default)", wan, None, {wan_loop: wan.spec.loop(wan_loop).config.num_steps}),
         ("wan-t2v (matched FLOPs)", wan, matched, {wan_loop: matched}),
         ("ltx2-two-stage (default)", ltx, None, None),
-        ("ltx2-two-stage, no STG", with_loop(ltx, ltx2_two_stage.BASE_LOOP, stg=0.0), None, None),
+        ("ltx2-two-stage, no STG", with_loop(ltx, toy_two_stage.BASE_LOOP, stg=0.0), None, None),
         ("ltx2-two-stage, nearest upsampler", nearest_upsampler(ltx), None, None),
     ]
     prompts = [f"{w} moving right" for w in ("zero", "one", "two", "three", "four", "five", "six", "seven")] * 4
     rows = []
     for name, card, num_steps, steps in settings:
-        steps = steps or {ltx2_two_stage.BASE_LOOP: base.num_steps, ltx2_two_stage.REFINE_LOOP: refine.num_steps}
+        steps = steps or {toy_two_stage.BASE_LOOP: base.num_steps, toy_two_stage.REFINE_LOOP: refine.num_steps}
         report = quality.t2v_quality(card, scorer, samples=args.samples, seed=0, num_steps=num_steps)
         full = report["full"]
         rows.append({

@@ -3,7 +3,7 @@
 
 Per card:
 
-* **quality** (C4, ``jaxpipe.quality.t2v_quality``, judged by ``digit-scorer``): on ``--samples`` prompts
+* **quality** (C4, ``jaxpipe.digits.quality.t2v_quality``, judged by ``digit-scorer``): on ``--samples`` prompts
   naming a digit and a motion (``"seven moving right"``), how often the ink centroid moves as told
   (> 1 px that way; ``still``: < 1 px) and how often the scorer reads the prompted digit in the first and
   in the last frame; at each card's default sampling (steps per stage, guidance);
@@ -31,9 +31,9 @@ import numpy as np
 from flax import nnx
 
 import jaxpipe as jp
-from jaxpipe import quality
+from jaxpipe.digits import quality
 from jaxpipe.card import Card
-from jaxpipe.data import digits
+from jaxpipe.digits import data as digits
 from jaxpipe.engine import Engine
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
@@ -68,7 +68,7 @@ def loop_steps(card: Card) -> dict[str, int]:
 
 def real_videos_row(scorer: Card, samples: int, seed: int = 0) -> dict:
     """The ceiling: the same measures on real videos (held-out digits moved as captioned, like the training data)."""
-    from jaxpipe.cards import digit_scorer
+    from jaxpipe.digits import digit_scorer
 
     images, labels = digits.load_images("heldout")
     pick = np.random.default_rng(seed).permutation(len(images))[:samples]
@@ -161,7 +161,7 @@ def main() -> None:
         "## video_cards",
         "",
         ("**Text-to-video cards side by side.** `python benchmarks/video_cards.py`: each bundled card at its "
-         f"default sampling. Quality: `jaxpipe.quality.t2v_quality` on {args.samples} prompts naming a digit and a "
+         f"default sampling. Quality: `jaxpipe.digits.quality.t2v_quality` on {args.samples} prompts naming a digit and a "
          "motion (seed 0), judged by `digit-scorer`. Time: median of "
          f"{args.repeats} repeats of one `jp.generate` call of {args.render} prompts, per video, the cards interleaved "
          "in each repeat. Loop steps: the engine's `on_step` events of one request."),

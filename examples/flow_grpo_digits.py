@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 
 import jaxpipe as jp
-from jaxpipe.training import runs as rl_runs
+from jaxpipe.digits import runs as rl_runs
 from jaxpipe.training.flow_grpo import FlowGRPOConfig
 
 

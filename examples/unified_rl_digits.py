@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 
 import jaxpipe as jp
-from jaxpipe.training import runs as rl_runs
+from jaxpipe.digits import runs as rl_runs
 from jaxpipe.training.unified_rl import UnifiedRLConfig
 
 

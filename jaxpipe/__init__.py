@@ -1,6 +1,6 @@
 """jaxpipe: multi-model generative pipelines and their joint RL post-training, in JAX."""
 
-from jaxpipe import cards, data, loops, nn, samplers
+from jaxpipe import cards, loops, nn, samplers
 from jaxpipe.card import Card, CardSpec, CardValidationError, LoopSpec
 from jaxpipe.request import Output, Request
 from jaxpipe.program import Program
@@ -12,6 +12,6 @@ from jaxpipe import cache, parity
 __version__ = "0.1.0"
 
 __all__ = [
-    "Card", "CardSpec", "CardValidationError", "LoopSpec", "cards", "data", "loops", "nn", "samplers",
+    "Card", "CardSpec", "CardValidationError", "LoopSpec", "cards", "loops", "nn", "samplers",
     "Engine", "Output", "Program", "Request", "Stage", "Workflow", "cache", "generate", "parity",
 ]

@@ -74,8 +74,8 @@ def generate(
     """Render PROMPT as an image with the text-to-image card, then animate it with the image-to-video card."""
     import jax
 
-    from jaxpipe import Engine, Request, workflow
-    from jaxpipe.data import split_prompt
+    from jaxpipe import Engine, Request
+    from jaxpipe.digits import split_prompt, workflows
     from jaxpipe.io import save_gif, save_png
 
     video = out.suffix.lower() == ".gif"
@@ -95,7 +95,7 @@ def generate(
         for card in loaded:
             engine.register(card)
         if video:
-            flow = workflow.t2i_i2v(t2i=loaded[0].model_id, i2v=loaded[1].model_id)
+            flow = workflows.t2i_i2v(t2i=loaded[0].model_id, i2v=loaded[1].model_id)
             engine.register_workflow(flow)
             request = Request(flow.id, prompt=prompt, seed=seed, num_steps=steps, guidance=guidance)
         else:
@@ -166,7 +166,7 @@ def evaluate(
     """Measure C4 quality: scorer-judged digit and attribute accuracy, I2V motion and first-frame fidelity."""
     import json
 
-    from jaxpipe import quality
+    from jaxpipe.digits import quality
     from jaxpipe.stopping import Stopped, Stopper, exit_code
 
     if samples <= 0:
@@ -229,7 +229,7 @@ class RunFlags:
         return {} if self.lr is None else {name: self.lr}
 
     def evaluation(self):
-        from jaxpipe.training.runs import EvalSettings
+        from jaxpipe.digits.evaluation import EvalSettings
 
         if not self.run_eval:
             return None
@@ -334,7 +334,7 @@ def _train(flags: RunFlags, model: str, make_config, build_run) -> None:
     import jax
 
     from jaxpipe.stopping import Stopper, exit_code
-    from jaxpipe.training import runs
+    from jaxpipe.training.runs import execute
 
     if flags.steps <= 0:
         _fail(f"--steps must be a positive integer (got {flags.steps})")
@@ -363,7 +363,7 @@ def _train(flags: RunFlags, model: str, make_config, build_run) -> None:
             _fail(str(err))
         typer.echo(f"{run.name}: {flags.steps} steps -> {out} (JAX on {jax.default_backend()})")
         try:
-            report = runs.execute(
+            report = execute(
                 run, steps=flags.steps, out=out, seed=flags.seed, log=typer.echo, save_every=flags.save_every,
                 resume=flags.resume, overwrite=flags.overwrite, should_stop=stop,
             )
@@ -382,7 +382,7 @@ def _train(flags: RunFlags, model: str, make_config, build_run) -> None:
 def _train_generator(flags: RunFlags, model: str, mention: float, make_config, builder) -> None:
     """``_train`` for a text-to-image method: prompts over ``--terms`` naming each with probability
     ``mention``, the method's config ``make_config()``, its run ``builder`` (e.g. ``runs.nft_run``)."""
-    from jaxpipe.training import runs
+    from jaxpipe.digits import runs
 
     def config():
         return runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention), make_config()
@@ -400,7 +400,7 @@ def train_flow_grpo(
     model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id or a card directory."),
 ) -> None:
     """FlowGRPO on a text-to-image card, rewarded by the digit-scorer (full compositional prompts by default)."""
-    from jaxpipe.training import runs
+    from jaxpipe.digits import runs
     from jaxpipe.training.flow_grpo import FlowGRPOConfig
 
     _train_generator(runflags, model, mention, lambda: FlowGRPOConfig(**policyflags.generator(runflags)), runs.flow_grpo_run)
@@ -423,7 +423,7 @@ def train_nft(
     model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id or a card directory."),
 ) -> None:
     """DiffusionNFT on a text-to-image card: likelihood-free RL on the forward process, digit-scorer reward."""
-    from jaxpipe.training import runs
+    from jaxpipe.digits import runs
     from jaxpipe.training.nft import DiffusionNFTConfig
 
     def config():
@@ -448,7 +448,7 @@ def train_dmd2(
     model: str = typer.Option("flux-t2i", "--model", help="Text-to-image teacher card: a bundled id or a card directory."),
 ) -> None:
     """DMD2: distil a text-to-image card into a 1-2 step student (its card is served like any other)."""
-    from jaxpipe.training import runs
+    from jaxpipe.digits import runs
     from jaxpipe.training.dmd2 import DMD2Config
 
     _train_generator(runflags, model, mention, lambda: DMD2Config(
@@ -469,7 +469,7 @@ def train_self_forcing(
     model: str = typer.Option("wan-causal", "--model", help="Causal (chunk_rollout) card to train: a bundled id or a card directory."),
 ) -> None:
     """SelfForcing: a causal video card trained on its own chunked rollouts against a bidirectional teacher."""
-    from jaxpipe.training import runs
+    from jaxpipe.digits import runs
     from jaxpipe.training.self_forcing import SelfForcingConfig
 
     flags = runflags
@@ -498,7 +498,7 @@ def train_unified(
     model: str = typer.Option("unified", "--model", help="Unified card to train: a bundled id or a card directory."),
 ) -> None:
     """UnifiedRL: the refiner LM and the generator trained from one reward (--prompt-only: the LM alone)."""
-    from jaxpipe.training import runs
+    from jaxpipe.digits import runs
     from jaxpipe.training.unified_rl import UnifiedRLConfig
 
     flags = runflags
@@ -524,7 +524,7 @@ def train_mot(
     model: str = typer.Option("bagel-mot", "--model", help="Mixture-of-Transformers card to train: a bundled id or a card directory."),
 ) -> None:
     """RL on shared weights: one MoT transformer thinks and generates; one summed update, one optimiser."""
-    from jaxpipe.training import runs
+    from jaxpipe.digits import runs
     from jaxpipe.training.mot_rl import MoTRLConfig
 
     flags = runflags
@@ -551,8 +551,8 @@ def train_joint(
     model: str = typer.Option("unified", "--model", help="Unified card whose LM initialises every refiner (bundled id or directory)."),
 ) -> None:
     """JointMultiExpertRL: N refiner experts (one vmapped update) and the generator from one reward."""
-    from jaxpipe.cards import multi_expert
-    from jaxpipe.training import runs
+    from jaxpipe.digits import cards as digit_cards
+    from jaxpipe.digits import runs
     from jaxpipe.training.joint_rl import JointRLConfig
 
     flags = runflags
@@ -562,7 +562,7 @@ def train_joint(
         return spec, JointRLConfig(**policyflags.generator(flags), **refinerflags.refiner(), credit=credit, expert_map=expert_map)
 
     def build(base, scorer, cfg, evaluation):
-        card = multi_expert.from_unified(base, refiners)
+        card = digit_cards.multi_expert(base, refiners)
         return runs.joint_run(card, scorer, cfg[1], cfg[0], prompts_per_step=flags.prompts_per_step, seed=flags.seed,
                               evaluation=evaluation)
 
@@ -579,9 +579,9 @@ def list_cards() -> None:
 
     rows = [("id", "family", "parameters", "loops", "does")]
     for model_id in cards.available():
-        card = abstract_card(cards.ASSETS / model_id)  # from its config alone: no weights read
+        card = abstract_card(cards.path(model_id))  # from its config alone: no weights read
         loops = ", ".join(f"{loop.id} ({loop.kind})" for loop in card.spec.loops)
-        package = importlib.import_module(f"jaxpipe.cards.{card.spec.family}")
+        package = importlib.import_module(cards.family(card.spec.family).build.__module__.rsplit(".", 1)[0])
         what = (package.__doc__ or "").strip().splitlines()[0].split(": ", 1)[-1].rstrip(".").replace("``", "")
         rows.append((model_id, card.spec.family, f"{card.num_params():,}", loops, what))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]

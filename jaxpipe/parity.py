@@ -13,7 +13,7 @@ The ladder names what "consistent" means, level by level:
   a batch of 16 is rounded differently from the same request alone. Rows never mix (each
   request's noise comes from its own key, its sigmas are its own), so the difference is rounding
   only;
-* **C4 quality**: measured reward / accuracy (``jaxpipe.quality``).
+* **C4 quality**: measured reward / accuracy (``jaxpipe.digits.quality``).
 
 ``TOLERANCE`` (C3) is the max abs difference of any artifact allowed between batched and serial
 runs: **1e-4**. Measured on CPU (jax 0.10.2, 2 cores) with the bundled cards, batches of 16-64

@@ -20,6 +20,7 @@ __all__ = [
     "SDECoefficients",
     "flow_sigmas",
     "shift_sigmas",
+    "noised",
     "euler_step",
     "sde_coefficients",
     "sde_step",
@@ -101,6 +102,14 @@ def flow_sigmas(num_steps: int, shift: float = 1.0) -> jax.Array:
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps <= 0:
         raise ValueError(f"num_steps must be a positive int (got {num_steps!r})")
     return shift_sigmas(jnp.linspace(1.0, 0.0, num_steps + 1, dtype=jnp.float32), shift)
+
+
+def noised(x0: jax.Array, eps: jax.Array, sigma) -> jax.Array:
+    """The forward process ``x_σ = (1 - σ)·x0 + σ·ε`` for clean ``x0`` and noise ``eps`` ``(B, ...)`` at a
+    scalar or per-example ``(B,)`` ``sigma`` (computed in the inputs' dtype)."""
+    sigma = jnp.asarray(sigma)
+    s = sigma.reshape(sigma.shape + (1,) * (x0.ndim - sigma.ndim))
+    return (1.0 - s) * x0 + s * eps
 
 
 def euler_step(x: jax.Array, v: jax.Array, sigma, sigma_next) -> jax.Array:

@@ -26,6 +26,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 import jax
 import numpy as np
+from jaxpipe.digits import cards as digit_cards
 
 DATA = Path(__file__).resolve().parent / "data" / "behaviour.json"
 RL_STEPS = 8
@@ -58,8 +59,9 @@ def _scorer():
 def flow_grpo(**changes):
     def case():
         import jaxpipe as jp
-        from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward
-        from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
+        from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+        from jaxpipe.digits.rewards import scorer_reward
+        from jaxpipe.digits.prompts import PromptSpec, prompt_batches
 
         card = jp.cards.load(changes.pop("model", "flux-t2i"))
         spec = PromptSpec()
@@ -72,8 +74,9 @@ def flow_grpo(**changes):
 
 def flow_grpo_moe():
     import jaxpipe as jp
-    from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward
-    from jaxpipe.training.runs.prompts import motion_batches
+    from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+    from jaxpipe.digits.rewards import scorer_reward
+    from jaxpipe.digits.prompts import motion_batches
 
     card = jp.cards.load("wan22-moe")
     method = FlowGRPO(card, scorer_reward(_scorer(), ("digit",)), FlowGRPOConfig(group_size=2, num_steps=4, sde_window=(0, 2)))
@@ -83,8 +86,8 @@ def flow_grpo_moe():
 def unified(**changes):
     def case():
         import jaxpipe as jp
-        from jaxpipe.training.flow_grpo import scorer_reward
-        from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
+        from jaxpipe.digits.rewards import scorer_reward
+        from jaxpipe.digits.prompts import PromptSpec, prompt_batches
         from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 
         card = jp.cards.load("unified")
@@ -98,12 +101,12 @@ def unified(**changes):
 def joint(**changes):
     def case():
         import jaxpipe as jp
-        from jaxpipe.cards import multi_expert
-        from jaxpipe.training.flow_grpo import scorer_reward_parts
+        from jaxpipe.cards import toy_multi_expert
+        from jaxpipe.digits.rewards import scorer_reward_parts
         from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
-        from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
+        from jaxpipe.digits.prompts import PromptSpec, prompt_batches
 
-        card = multi_expert.from_unified(jp.cards.load("unified"), 3)
+        card = digit_cards.multi_expert(jp.cards.load("unified"), 3)
         spec = PromptSpec(mention=0.0, prefer=(("stroke", 1), ("position", 2), ("brightness", 0)))
         config = JointRLConfig(**{"group_size": 2, "skip": 1, "num_steps": 4, "sde_window": (0, 2), **changes})
         method = JointMultiExpertRL(card, scorer_reward_parts(_scorer(), spec.terms), config)
@@ -114,9 +117,9 @@ def joint(**changes):
 
 def mot():
     import jaxpipe as jp
-    from jaxpipe.training.flow_grpo import scorer_reward
+    from jaxpipe.digits.rewards import scorer_reward
     from jaxpipe.training.mot_rl import MoTRLConfig, SharedMoTRL
-    from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
+    from jaxpipe.digits.prompts import PromptSpec, prompt_batches
 
     card = jp.cards.load("bagel-mot")
     spec = PromptSpec(mention=0.5)
@@ -126,9 +129,9 @@ def mot():
 
 def nft():
     import jaxpipe as jp
-    from jaxpipe.training.flow_grpo import scorer_reward
+    from jaxpipe.digits.rewards import scorer_reward
     from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig
-    from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
+    from jaxpipe.digits.prompts import PromptSpec, prompt_batches
 
     card = jp.cards.load("flux-t2i")
     spec = PromptSpec()
@@ -139,7 +142,7 @@ def nft():
 def dmd2():
     import jaxpipe as jp
     from jaxpipe.training.dmd2 import DMD2, DMD2Config
-    from jaxpipe.training.runs.prompts import PromptSpec, prompt_batches
+    from jaxpipe.digits.prompts import PromptSpec, prompt_batches
 
     card = jp.cards.load("flux-t2i")
     config = DMD2Config(student_steps=2, critic_updates=2, samples_per_prompt=2, critic_lr=2e-4)
@@ -148,7 +151,7 @@ def dmd2():
 
 def self_forcing():
     import jaxpipe as jp
-    from jaxpipe.training.runs.prompts import motion_batches
+    from jaxpipe.digits.prompts import motion_batches
     from jaxpipe.training.self_forcing import SelfForcing, SelfForcingConfig
 
     card, teacher = jp.cards.load("wan-causal"), jp.cards.load("wan-t2v")
@@ -159,7 +162,7 @@ def self_forcing():
 # ------------------------------------------------------------------------------------------ pretraining
 def pretrain_generator(model_id: str):
     def case():
-        from jaxpipe.training.pretrain import PretrainConfig, pretrain_generator
+        from jaxpipe.digits.pretrain.generators import PretrainConfig, pretrain_generator
 
         cfg = PretrainConfig(autoencoder_steps=PRETRAIN_STEPS, steps=PRETRAIN_STEPS, batch_size=16, video_batch_size=4, copies=1)
         with tempfile.TemporaryDirectory() as out:
@@ -173,7 +176,7 @@ def pretrain_generator(model_id: str):
 
 
 def pretrain_lm():
-    from jaxpipe.training.pretrain_lm import LMPretrainConfig, pretrain_lm
+    from jaxpipe.digits.pretrain.lm import LMPretrainConfig, pretrain_lm
 
     with tempfile.TemporaryDirectory() as out:
         pretrain_lm(out, LMPretrainConfig(steps=PRETRAIN_STEPS, batch_size=16), progress=False)
@@ -182,7 +185,7 @@ def pretrain_lm():
 
 def pretrain_mot(model_id: str):
     def case():
-        from jaxpipe.training.pretrain_mot import MoTPretrainConfig, pretrain_mot
+        from jaxpipe.digits.pretrain.mot import MoTPretrainConfig, pretrain_mot
 
         cfg = MoTPretrainConfig(steps=PRETRAIN_STEPS, batch_size=8, video_batch_size=2, copies=1)
         with tempfile.TemporaryDirectory() as out:
@@ -193,7 +196,7 @@ def pretrain_mot(model_id: str):
 
 
 def pretrain_moe():
-    from jaxpipe.training.pretrain_moe import MoEPretrainConfig, pretrain_moe
+    from jaxpipe.digits.pretrain.moe import MoEPretrainConfig, pretrain_moe
 
     with tempfile.TemporaryDirectory() as out:
         pretrain_moe(out, MoEPretrainConfig(steps=PRETRAIN_STEPS, batch_size=4, copies=1, eval_videos=4))
@@ -201,7 +204,7 @@ def pretrain_moe():
 
 
 def pretrain_causal():
-    from jaxpipe.training.pretrain_causal import CausalPretrainConfig, pretrain_causal
+    from jaxpipe.digits.pretrain.causal import CausalPretrainConfig, pretrain_causal
 
     with tempfile.TemporaryDirectory() as out:
         pretrain_causal(out, CausalPretrainConfig(steps=PRETRAIN_STEPS, batch_size=4, copies=1))
@@ -209,7 +212,7 @@ def pretrain_causal():
 
 
 def pretrain_ltx2():
-    from jaxpipe.training.pretrain_ltx2 import PretrainConfig, pretrain_ltx2
+    from jaxpipe.digits.pretrain.ltx2 import PretrainConfig, pretrain_ltx2
 
     cfg = PretrainConfig(steps=PRETRAIN_STEPS, upsampler_steps=PRETRAIN_STEPS, batch_size=4, base_batch_size=4, copies=1)
     with tempfile.TemporaryDirectory() as out:
@@ -218,8 +221,8 @@ def pretrain_ltx2():
 
 
 def pretrain_scorer():
-    """The first steps of ``python -m jaxpipe.training.scorer`` (its init, data, batch order and keys)."""
-    from jaxpipe.training import scorer
+    """The first steps of ``python -m jaxpipe.digits.pretrain.scorer`` (its init, data, batch order and keys)."""
+    from jaxpipe.digits.pretrain import scorer
     from jaxpipe.training.fit import fit
 
     config = scorer.ScorerTrainConfig(steps=PRETRAIN_STEPS, batch_size=16, copies=1)
@@ -231,7 +234,7 @@ def pretrain_scorer():
 
 
 def distill_turbo():
-    from jaxpipe.training.distill import distill
+    from jaxpipe.digits.pretrain.distill import distill
 
     _, log = distill("flux-t2i-turbo", PRETRAIN_STEPS, prompts=4, log_every=0)
     return log["final"]
@@ -255,11 +258,11 @@ def _digest(out) -> str:
 def bundled_outputs():
     """Digests of the engine's serial outputs (and ``jp.generate``'s) for the bundled cards and workflows."""
     import jaxpipe as jp
-    from jaxpipe.cards import multi_expert
-    from jaxpipe.data import digits
+    from jaxpipe.cards import toy_multi_expert
+    from jaxpipe.digits import data as digits
 
     engine = jp.Engine.default()
-    engine.register(multi_expert.from_unified(engine.card("unified"), 3))
+    engine.register(digit_cards.multi_expert(engine.card("unified"), 3))
     image = (digits.load_images("heldout")[0][0] + 1.0) / 2.0
     requests = [
         jp.Request("flux-t2i", prompt="seven thick", seed=0),
@@ -282,7 +285,7 @@ def bundled_outputs():
     for model, prompt in (("flux-t2i", "seven thick"), ("unified", "three"), ("wan-t2v", "five moving left")):
         rows[f"generate {model} {prompt!r}"] = _digest(dict(jp.generate(engine.card(model), [prompt], seed=0, num_steps=2)))
     scorer = engine.card("digit-scorer")
-    from jaxpipe.cards import digit_scorer
+    from jaxpipe.digits import digit_scorer
 
     probs = digit_scorer.score(scorer, jax.numpy.asarray(digits.load_images("heldout")[0][:8]))
     rows["digit-scorer heldout[:8]"] = _digest(probs)

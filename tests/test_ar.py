@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpipe.data.words import VOCABULARY
+from jaxpipe.digits.words import VOCABULARY
 from jaxpipe.loops import ar
 from jaxpipe.loops.ar import ARConfig
 from jaxpipe.nn.lm import LMConfig, RefinerLM

@@ -80,9 +80,9 @@ def test_damaged_checkpoints_name_the_file(tmp_path, t2i_card):
     (path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
         jp.cards.load(path)
-    (path / "config.json").write_text(json.dumps({"format": "jaxpipe.card/1", "family": "flux_t2i", "model_id": "x",
+    (path / "config.json").write_text(json.dumps({"format": "jaxpipe.card/1", "family": "toy_t2i", "model_id": "x",
                                                   "config": {"dit": {"depth": "four"}}}))
-    with pytest.raises(ValueError, match=r"config.json: its flux_t2i config does not load"):
+    with pytest.raises(ValueError, match=r"config.json: its toy_t2i config does not load"):
         jp.cards.load(path)
 
 
@@ -125,4 +125,4 @@ def test_cards_prints_a_table():
     header, *rows = result.output.strip().splitlines()
     assert header.split()[:4] == ["id", "family", "parameters", "loops"]
     flux = next(row for row in rows if row.startswith("flux-t2i "))
-    assert "flux_t2i" in flux and "t2i_denoise (denoise)" in flux and "text-to-image" in flux
+    assert "toy_t2i" in flux and "t2i_denoise (denoise)" in flux and "text-to-image" in flux

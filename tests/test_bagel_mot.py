@@ -9,16 +9,17 @@ from conftest import perturbed
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe.cards import bagel_mot
+from jaxpipe.cards import toy_mot
 from jaxpipe.engine import Engine
+from jaxpipe.digits import cards as digit_cards
 
 UNDERSTAND_ID = "bagel-mot:understand"
 
 
 @pytest.fixture(scope="module")
 def card():
-    base = bagel_mot.Config()
-    card = bagel_mot.build(dataclasses.replace(base, mot=dataclasses.replace(base.mot, depth=1)), seed=0)  # one layer: compiles fast
+    base = digit_cards.config("bagel-mot")
+    card = jp.cards.build("bagel-mot", config=dataclasses.replace(base, mot=dataclasses.replace(base.mot, depth=1)), seed=0)  # one layer: compiles fast
     return card.replace(transformer=perturbed(card["transformer"], seed=3))
 
 
@@ -26,7 +27,7 @@ def card():
 def engine(card):
     engine = Engine(max_batch=4)
     engine.register(card)
-    engine.register(card, bagel_mot.understand(), model_id=UNDERSTAND_ID)
+    engine.register(card, toy_mot.understand(), model_id=UNDERSTAND_ID)
     return engine
 
 
@@ -38,7 +39,7 @@ def test_one_module_is_bound_to_both_loop_kinds(card):
     loops = {loop.id: loop for loop in card.spec.loops}
     assert {loop.kind for loop in loops.values()} == {"ar_decode", "denoise"}
     assert all(loop.binds == ("transformer",) for loop in loops.values())
-    assert card.bound(bagel_mot.THINK_LOOP)[0] is card.bound(bagel_mot.IMAGE_LOOP)[0] is card["transformer"]
+    assert card.bound(toy_mot.THINK_LOOP)[0] is card.bound(toy_mot.IMAGE_LOOP)[0] is card["transformer"]
 
 
 def test_think_then_generate(card):
@@ -54,11 +55,11 @@ def test_think_then_generate(card):
 
 @pytest.mark.slow  # the engine test serves understanding requests; test_pretrained measures the bundled card's captions
 def test_understanding_reads_the_image(card):
-    out = jp.generate(card, ["", ""], image=np.stack([image(1.0), image(0.2)]), program=bagel_mot.understand())
+    out = jp.generate(card, ["", ""], image=np.stack([image(1.0), image(0.2)]), program=toy_mot.understand())
     assert out["caption"].shape[0] == 2 and all(isinstance(t, str) for t in out["caption_text"])
     mot = card["transformer"]
     latents = card["vae"].encode(jnp.stack([image(1.0), image(0.2)]) * 2 - 1)[:, None]
-    ids = jnp.full((2, 1), bagel_mot.eos_id(card))
+    ids = jnp.full((2, 1), toy_mot.eos_id(card))
     logits = mot.understand(ids, ids != 0, latents)
     assert float(jnp.abs(logits[0] - logits[1]).max()) > 1e-3, "the caption's first word depends on the image"
 
@@ -88,8 +89,8 @@ def test_serial_equals_interleaved_with_ar_and_denoise_requests_mixed(engine):
     ticks = {}
     for tick, loop in calls:
         ticks.setdefault(tick, set()).add(loop)
-    ar_loops = {bagel_mot.THINK_LOOP, bagel_mot.UNDERSTAND_LOOP}
-    assert any(bagel_mot.IMAGE_LOOP in loops and loops & ar_loops for loops in ticks.values()), \
+    ar_loops = {toy_mot.THINK_LOOP, toy_mot.UNDERSTAND_LOOP}
+    assert any(toy_mot.IMAGE_LOOP in loops and loops & ar_loops for loops in ticks.values()), \
         "AR and denoise steps ran in the same tick, as separate groups"
 
 
@@ -110,10 +111,10 @@ def test_publishing_the_transformer_drops_exactly_its_cache_entries(engine, card
 
 def test_bad_input_gets_clear_errors(card):
     with pytest.raises(ValueError, match=r"understanding reads an image of shape \(16, 16, 1\)"):
-        jp.generate(card, [""], image=np.zeros((8, 8, 1), np.float32), program=bagel_mot.understand())
+        jp.generate(card, [""], image=np.zeros((8, 8, 1), np.float32), program=toy_mot.understand())
     with pytest.raises(ValueError, match="at most max_prompt_words = 4"):
         jp.generate(card, "seven thick left bright dim")
     with pytest.raises(ValueError, match="takes no image here"):
         jp.generate(card, "seven", image=image(1.0))
     with pytest.raises(ValueError, match="unknown routing policy 'mixed'"):
-        bagel_mot.Config.bundled("mixed")
+        digit_cards.bundled_config("bagel-mot", "mixed")

@@ -12,11 +12,13 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import parity, workflow
-from jaxpipe.cards import generator, wan_causal
+from jaxpipe.cards import generator, toy_causal
 from jaxpipe.engine import Engine
 from jaxpipe.loops import chunk
 from jaxpipe.nn import DiTCond, DiTConfig
 from jaxpipe.nn.causal_dit import ChunkCond, init_cache
+from jaxpipe.digits import cards as digit_cards
+from jaxpipe.digits import workflows
 
 F = 2  # frames per chunk
 DIT = DiTConfig(dim=32, depth=2, heads=2)
@@ -25,7 +27,7 @@ TOKENS = F * 4 * 4  # 8x8 latents, patch 2
 
 @pytest.fixture(scope="module")
 def card():
-    built = jp.cards.build("wan-causal", seed=3, config=wan_causal.Config(dit=DIT))
+    built = jp.cards.build("wan-causal", seed=3, config=digit_cards.config("wan-causal", dit=DIT))
     return built.replace(transformer=perturbed(built["transformer"], seed=4))
 
 
@@ -155,10 +157,10 @@ def test_chunks_stream_through_on_step(engine):
 
 
 def test_continuation_prefills_the_given_video(card, engine):
-    t2v = jp.cards.build("wan-t2v", seed=3, config=jp.cards.wan_t2v.Config(dit=DIT))
+    t2v = jp.cards.build("wan-t2v", seed=3, config=digit_cards.config("wan-t2v", dit=DIT))
     engine.register(t2v.replace(transformer=perturbed(t2v["transformer"], seed=5)))
     assert "video.t2v_continue" in [w.id for w in workflow.bundled()]  # Engine.default() serves it with its cards
-    engine.register_workflow(workflow.t2v_continue())
+    engine.register_workflow(workflows.t2v_continue())
     out = engine.run(jp.Request("video.t2v_continue", prompt="seven moving right", num_steps=2, inputs={"chunks": 2}))
     assert out["video"].shape == (12, 16, 16, 1) and out["more:latents"].shape == (12, 8, 8, 4)
     np.testing.assert_array_equal(out["video"][:8], out["t2v:video"])
@@ -170,11 +172,11 @@ def test_continuation_prefills_the_given_video(card, engine):
 
 def test_bad_input_is_refused(card):
     with pytest.raises(ValueError, match="does not divide frames=8"):
-        wan_causal.Config(sampling=chunk.ChunkConfig(chunk_frames=3))
+        digit_cards.config("wan-causal", sampling=chunk.ChunkConfig(chunk_frames=3))
     with pytest.raises(ValueError, match="window must be None"):
         chunk.ChunkConfig(window=0)
     with pytest.raises(ValueError, match="chunks"):
-        dataclasses.replace(wan_causal.Config(), frames=6)
+        dataclasses.replace(digit_cards.config("wan-causal"), frames=6)
     with pytest.raises(ValueError, match="ODE only"):
         chunk.ChunkConfig(sampler="sde")
     with pytest.raises(ValueError, match="capture=True is not supported"):
@@ -203,7 +205,7 @@ def test_bundled_card_shares_wan_t2v_components():
 @pytest.mark.slow  # quality of the bundled card (benchmarks/causal.py measures it on more prompts)
 @pytest.mark.skipif(not BUNDLED, reason="bundled cards missing")
 def test_bundled_card_matches_the_bidirectional_card():
-    from jaxpipe import quality
+    from jaxpipe.digits import quality
 
     scorer = jp.cards.load("digit-scorer")
     causal, t2v = (quality.t2v_quality(jp.cards.load(m), scorer, samples=40)["full"] for m in ("wan-causal", "wan-t2v"))

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import jaxpipe as jp
 from jaxpipe.cli import app
+from jaxpipe.digits import workflows
 
 runner = CliRunner()
 pytestmark = pytest.mark.skipif(
@@ -37,7 +38,7 @@ def test_generate_is_the_workflow_served_by_an_engine(tmp_path):
     engine = jp.Engine()
     engine.register(jp.cards.load("flux-t2i"))
     engine.register(jp.cards.load("wan-i2v"))
-    engine.register_workflow(jp.workflow.t2i_i2v())
+    engine.register_workflow(workflows.t2i_i2v())
     served = engine.run(jp.Request("image_video.t2i_i2v", prompt="two bright moving up", seed=3, num_steps=2))
     assert Path(save_gif(served["video"], tmp_path / "engine.gif")).read_bytes() == out.read_bytes()
     assert Path(save_png(served["image"], tmp_path / "engine.png")).read_bytes() == out.with_suffix(".png").read_bytes()

@@ -8,15 +8,16 @@ from conftest import perturbed
 
 import jaxpipe as jp
 from jaxpipe.card import Card, CardValidationError, LoopSpec
-from jaxpipe.cards import cosmos3
+from jaxpipe.cards import toy_mot_video
 from jaxpipe.cards.checkpoint import load_card, save_card
+from jaxpipe.digits import cards as digit_cards
 
 
 @pytest.fixture(scope="module")
 def card():
-    base = cosmos3.Config()
+    base = digit_cards.config("cosmos3")
     config = dataclasses.replace(base, reason=base.reason.replace(max_new_tokens=1, temperature=0.0))
-    card = cosmos3.build(config, seed=0)
+    card = jp.cards.build("cosmos3", config=config, seed=0)
     return card.replace(transformer=perturbed(card["transformer"], seed=5))
 
 
@@ -41,6 +42,6 @@ def test_an_optional_component_is_declared_validated_and_not_loaded(card, tmp_pa
     save_card(card, tmp_path / "c")
     loaded = load_card(tmp_path / "c")
     assert not loaded.has("sound_decoder") and sorted(loaded.components) == ["transformer", "vae"]
-    loop = LoopSpec("speak", "ar_decode", ("sound_decoder",), card.spec.loop(cosmos3.REASON_LOOP).config)
+    loop = LoopSpec("speak", "ar_decode", ("sound_decoder",), card.spec.loop(toy_mot_video.REASON_LOOP).config)
     with pytest.raises(CardValidationError, match="binds optional component"):
         Card(card.components, dataclasses.replace(card.spec, loops=card.spec.loops + (loop,)))

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from jaxpipe.data import VOCABULARY, digits
-from jaxpipe.data.digits import (
+from jaxpipe.digits import VOCABULARY
+from jaxpipe.digits import data as digits
+from jaxpipe.digits.data import (
     DIM_INK,
     MOTION_NAMES,
     ImageDataset,
@@ -408,7 +409,7 @@ def test_take_selects_aligned_rows(sample):
 
 
 def test_split_prompt_gives_each_stage_its_words():
-    from jaxpipe.data import split_prompt
+    from jaxpipe.digits import split_prompt
 
     assert split_prompt("seven thick moving right") == ("seven thick left", "seven moving right")
     assert split_prompt("seven thick moving left") == ("seven thick right", "seven moving left")

@@ -77,7 +77,7 @@ def test_registry_errors_name_the_problem(family):
     with pytest.raises(ValueError, match="unknown card family 'nope'"):
         jp.cards.family("nope")
     clash = jp.cards.Family(name="other", config=toy.Config, build=toy.build, programs={"p": toy.program}, model_id="flux-t2i")
-    with pytest.raises(ValueError, match="already built by family 'flux_t2i'"):
+    with pytest.raises(ValueError, match="already built by family 'toy_t2i'"):
         jp.cards.register_family(clash)
     with pytest.raises(ValueError, match="names no program"):
         jp.cards.Family(name="x", config=toy.Config, build=toy.build, programs={})

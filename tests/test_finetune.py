@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxpipe as jp
-from jaxpipe.data import digits
+from jaxpipe.digits import data as digits
 from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
 from jaxpipe.training.finetune import Finetune, FinetuneConfig
 from jaxpipe.training.fit import fit

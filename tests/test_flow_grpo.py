@@ -9,7 +9,8 @@ import pytest
 
 import jaxpipe as jp
 from jaxpipe import samplers
-from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, scorer_reward
+from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+from jaxpipe.digits.rewards import scorer_reward
 from conftest import brightness_reward, leaves_equal, rl_batch
 
 CONFIG = FlowGRPOConfig(group_size=2, num_steps=3, sde_window=(0, 2), learning_rate=1e-4)

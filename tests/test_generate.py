@@ -12,6 +12,7 @@ from PIL import Image
 import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe.io import save_gif, save_grid, save_png
+from jaxpipe.digits import workflows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,7 @@ def test_one_return_shape_for_every_family(t2i_card, i2v_card):
     engine = jp.Engine(max_batch=4)
     engine.register(t2i_card)
     engine.register(i2v_card)
-    engine.register_workflow(jp.workflow.t2i_i2v())
+    engine.register_workflow(workflows.t2i_i2v())
     flow = jp.generate("image_video.t2i_i2v", ["seven thick moving right"], num_steps=2, engine=engine)
     assert flow["video"].shape == (1, 8, 16, 16, 1) and flow["t2i:text"] == ["seven thick left"]
     # the workflow runs on the engine's step-driven path, the card call on the fused one: C3 apart

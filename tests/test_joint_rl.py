@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 import jaxpipe as jp
-from jaxpipe.cards import multi_expert, unified
-from jaxpipe.data import DIGIT_WORDS
-from jaxpipe.training.flow_grpo import scorer_reward_parts
+from jaxpipe.cards import toy_multi_expert, toy_unified
+from jaxpipe.digits import DIGIT_WORDS
+from jaxpipe.digits.rewards import scorer_reward_parts
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 
 from conftest import leaves_equal, perturbed
+from jaxpipe.digits import cards as digit_cards
 
 SMALL = dict(group_size=3, skip=1, num_steps=2, sde_window=(0, 1), lm_learning_rate=1e-3)
 
@@ -25,7 +26,7 @@ def parts_reward(images, labels):
 
 
 def tiny_unified():
-    card = unified.build(seed=5)
+    card = jp.cards.build("unified", seed=5)
     return card.replace(transformer=perturbed(card["transformer"], seed=6), llm=perturbed(card["llm"], seed=7, scale=0.2))
 
 
@@ -35,7 +36,7 @@ def prompts(card, words=("seven", "one")):
 
 def test_vmapped_update_equals_updating_each_expert_separately():
     base = tiny_unified()
-    card = multi_expert.from_unified(base, 4)  # N = 4 (slots cycle: stroke, position, brightness, stroke)
+    card = digit_cards.multi_expert(base, 4)  # N = 4 (slots cycle: stroke, position, brightness, stroke)
     card = card.replace(refiners=perturbed(card["refiners"], seed=8, scale=0.2))  # experts differ
     # lr 1e-4: Adam's first step is ±lr·sign(g) where |g| ~ eps, so a float-reordering difference in a
     # near-zero gradient shows up as up to ~lr·1e-3 in the weights; at 1e-4 that stays under 1e-6
@@ -89,13 +90,13 @@ def test_vmapped_update_equals_updating_each_expert_separately():
     # slot restriction held in the rollout: refiner 1 (position) only said position words or <eos>
     tok = card.spec.tokenizer
     said = set(np.asarray(ro.refinements.tokens[1][np.asarray(ro.refinements.mask[1])]).tolist())
-    assert said <= {tok.words.index(w) for w in ("left", "center", "right")} | {unified.eos_id(card)}
+    assert said <= {tok.words.index(w) for w in ("left", "center", "right")} | {toy_unified.eos_id(card)}
 
 
 @pytest.mark.slow  # the vmapped N-way update is checked against the per-expert loop below, by default
 def test_one_expert_reproduces_unified_rl():
     base = tiny_unified()
-    card = multi_expert.from_unified(base, 1, slots=None, refine=base.spec.config.refine)
+    card = digit_cards.multi_expert(base, 1, slots=None, refine=base.spec.config.refine)
     reward_parts = lambda im, lab: {"bright": jnp.mean(im, axis=(1, 2, 3))}
     joint = JointMultiExpertRL(card, reward_parts, JointRLConfig(**SMALL))
     single = UnifiedRL(base, lambda im, lab: jnp.mean(im, axis=(1, 2, 3)), UnifiedRLConfig(**SMALL))
@@ -116,10 +117,10 @@ def test_bad_configs():
         JointRLConfig(group_size=2, skip=2)
     assert JointRLConfig(joint=False).joint is False and JointRLConfig().joint is True
     with pytest.raises(ValueError, match="num_refiners"):
-        multi_expert.Config(num_refiners=0)
+        digit_cards.config("multi-expert", num_refiners=0)
     with pytest.raises(ValueError, match="no room"):
-        multi_expert.Config(num_refiners=8)
-    card = multi_expert.from_unified(tiny_unified(), 2, slots=None)
+        digit_cards.config("multi-expert", num_refiners=8)
+    card = digit_cards.multi_expert(tiny_unified(), 2, slots=None)
     with pytest.raises(ValueError, match="per_expert"):
         JointMultiExpertRL(card, parts_reward, JointRLConfig(credit="per_expert"))
     with pytest.raises(ValueError, match="multi-expert"):
@@ -131,7 +132,7 @@ PREFER = {"stroke": ("thick", 1), "position": ("right", 2), "brightness": ("dim"
 
 @pytest.fixture(scope="module")
 def bundled():
-    return multi_expert.from_unified(jp.cards.load("unified"), 3), jp.cards.load("digit-scorer")
+    return digit_cards.multi_expert(jp.cards.load("unified"), 3), jp.cards.load("digit-scorer")
 
 
 def preferred_rates(method, card, state):
@@ -140,7 +141,7 @@ def preferred_rates(method, card, state):
     ro = method.rollout(state, digits_batch(card, 10_000, 16), jax.random.key(10_000))
     r = ro.refinements
     rates = []
-    for i, slot in enumerate(multi_expert.Config.slots):
+    for i, slot in enumerate(toy_multi_expert.Config.slots):
         said = jnp.any((r.tokens[i] == tok.words.index(PREFER[slot][0])) & r.mask[i], axis=1)
         rates.append(float(jnp.mean(said[ro.refined])))
     return np.array(rates)

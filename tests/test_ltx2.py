@@ -12,8 +12,9 @@ from conftest import perturbed
 
 import jaxpipe as jp
 from jaxpipe import parity, program as programs
-from jaxpipe.cards import ltx2_two_stage as ltx2
-from jaxpipe.cards.ltx2_two_stage.program import REFINE_STREAM
+from jaxpipe.cards import toy_two_stage as ltx2
+from jaxpipe.digits import cards as digit_cards
+from jaxpipe.cards.toy_two_stage.program import REFINE_STREAM
 from jaxpipe.loops import denoise, policies
 from jaxpipe.nn import DiTCond, LatentUpsamplerConfig
 
@@ -22,7 +23,7 @@ PROMPT = "seven moving right"
 
 @pytest.fixture(scope="module")
 def card():
-    built = jp.cards.build(ltx2.MODEL_ID, seed=3)
+    built = jp.cards.build("ltx2-two-stage", seed=3)
     return built.replace(transformer=perturbed(built["transformer"], seed=4), upsampler=perturbed(built["upsampler"], seed=5))
 
 
@@ -34,7 +35,7 @@ def engine(card):
 
 
 def request(seed=0, base=8, refine=3, prompt=PROMPT):
-    return jp.Request(ltx2.MODEL_ID, prompt=prompt, seed=seed, num_steps=base, inputs={"refine_steps": refine})
+    return jp.Request("ltx2-two-stage", prompt=prompt, seed=seed, num_steps=base, inputs={"refine_steps": refine})
 
 
 # ------------------------------------------------------------------------------------------ the two stages
@@ -166,9 +167,9 @@ def test_a_partial_schedule_is_the_same_in_the_engine_driver_and_the_fused_loop(
 # ------------------------------------------------------------------------------------------ bad input
 def test_bad_input_is_refused(card):
     with pytest.raises(ValueError, match="upsampler of the wrong scale"):
-        ltx2.Config(upsampler=LatentUpsamplerConfig(scale=3))
+        digit_cards.config("ltx2-two-stage", upsampler=LatentUpsamplerConfig(scale=3))
     with pytest.raises(ValueError, match=r"start_sigma .* must be in \(0, 1\)"):
-        ltx2.Config(refine_sampling=denoise.DenoiseConfig(start_sigma=1.0))
+        digit_cards.config("ltx2-two-stage", refine_sampling=denoise.DenoiseConfig(start_sigma=1.0))
     for bad in (0.0, 1.5, float("nan")):
         with pytest.raises(ValueError, match=r"start_sigma .* must be in \(0, 1\]"):
             denoise.DenoiseConfig(start_sigma=bad)
@@ -179,26 +180,26 @@ def test_bad_input_is_refused(card):
     with pytest.raises(ValueError, match="stg .* must be a finite number >= 0"):
         denoise.DenoiseConfig(stg=-1.0, stg_blocks=(0,))
     with pytest.raises(ValueError, match=r"stg_blocks \[5\] name blocks the DiT lacks"):
-        ltx2.Config(base_sampling=denoise.DenoiseConfig(stg=1.0, stg_blocks=(5,)))
+        digit_cards.config("ltx2-two-stage", base_sampling=denoise.DenoiseConfig(stg=1.0, stg_blocks=(5,)))
     with pytest.raises(ValueError, match="latent sizes not divisible"):
-        dataclasses.replace(ltx2.Config(), image_size=20)
+        dataclasses.replace(digit_cards.config("ltx2-two-stage"), image_size=20)
     with pytest.raises(ValueError, match="use init_from_latents"):
         denoise.init(jax.random.split(jax.random.key(0), 1), (2,), {"c": jnp.zeros((1,))}, denoise.DenoiseConfig(start_sigma=0.5))
     with pytest.raises(ValueError, match=r"inputs\['refine_steps'\] .* must be a positive int"):
         ltx2.program().bind(card, request(refine=0))
     with pytest.raises(ValueError, match="takes no image"):
-        ltx2.program().bind(card, jp.Request(ltx2.MODEL_ID, prompt="seven", image=np.zeros((16, 16, 1), np.float32)))
+        ltx2.program().bind(card, jp.Request("ltx2-two-stage", prompt="seven", image=np.zeros((16, 16, 1), np.float32)))
 
 
 # ------------------------------------------------------------------------------------------ the bundled card
 @pytest.mark.skipif("ltx2-two-stage" not in jp.cards.available(), reason="bundled card missing")
 def test_the_bundled_card_shares_wan_t2v_components_and_upsamples_better_than_nearest():
-    bundled, base = jp.cards.load(ltx2.MODEL_ID), jp.cards.load("wan-t2v")
+    bundled, base = jp.cards.load("ltx2-two-stage"), jp.cards.load("wan-t2v")
     for name in ("text_encoder", "vae"):
         same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), jax.tree.leaves(bundled[name]), jax.tree.leaves(base[name]))
         assert all(same), name
     assert bundled["upsampler"].cfg.scale == ltx2.RATIO
-    from jaxpipe.data import digits
+    from jaxpipe.digits import data as digits
 
     images, labels = digits.load_images("heldout")
     video = digits.make_videos(images[:32], labels[:32], seed=0).video
@@ -214,8 +215,8 @@ def test_the_bundled_card_shares_wan_t2v_components_and_upsamples_better_than_ne
 def test_the_bundled_card_matches_wan_t2v_at_fewer_dit_flops():
     """The README's table in small (``benchmarks/two_stage.py`` measures it in full): motion 1.00 and digit
     accuracy 0.56 / 0.47 (first / last frame) at 200 prompts, like ``wan-t2v`` at matched FLOPs."""
-    from jaxpipe import quality
+    from jaxpipe.digits import quality
 
-    report = quality.t2v_quality(jp.cards.load(ltx2.MODEL_ID), jp.cards.load("digit-scorer"), samples=200, seed=0)["full"]
+    report = quality.t2v_quality(jp.cards.load("ltx2-two-stage"), jp.cards.load("digit-scorer"), samples=200, seed=0)["full"]
     assert report["motion_accuracy"] > 0.9, report
     assert report["first_frame_digit_accuracy"] > 0.45 and report["last_frame_digit_accuracy"] > 0.38, report

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from conftest import perturbed
 
-from jaxpipe.cards import bagel_mot
+from jaxpipe.cards import toy_mot
 from jaxpipe.nn.mot import Routing
 from jaxpipe.training import rollout
 from jaxpipe.training.mot_rl import MoTRLConfig, SharedMoTRL, role_cosines
+from jaxpipe.digits import cards as digit_cards
+import jaxpipe as jp
 
 CONFIG = MoTRLConfig(group_size=2, skip=1, num_steps=3, sde_window=(0, 2), token_weight=0.5)
 
@@ -22,8 +24,8 @@ def brightness(images, labels):
 
 
 def method(routing="modality", config=CONFIG):
-    base = bagel_mot.Config()
-    card = bagel_mot.build(dataclasses.replace(base, mot=dataclasses.replace(base.mot, routing=routing, depth=1)), seed=1)
+    base = digit_cards.config("bagel-mot")
+    card = jp.cards.build("bagel-mot", config=dataclasses.replace(base, mot=dataclasses.replace(base.mot, routing=routing, depth=1)), seed=1)
     card = card.replace(transformer=perturbed(card["transformer"], seed=4))
     return SharedMoTRL(card, brightness, config)
 

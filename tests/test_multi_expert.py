@@ -16,14 +16,15 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe.cards import generator, load_card, multi_expert, save_card
-from jaxpipe.data.digits import ATTRIBUTE_WORDS
+from jaxpipe.cards import generator, load_card, toy_multi_expert, save_card
+from jaxpipe.digits.data import ATTRIBUTE_WORDS
 from jaxpipe.engine import Engine, EngineError, UnknownComponentError
 from jaxpipe.nn import LMConfig, RefinerLM
 from jaxpipe.training import weight_sync
 from conftest import leaves_equal
+from jaxpipe.digits import cards as digit_cards
 
-MODEL = multi_expert.MODEL_ID
+MODEL = "multi-expert"
 N = 3
 V0 = {"text_encoder": 0, "refiner_0": 0, "refiner_1": 0, "refiner_2": 0, "transformer": 0, "vae": 0}
 
@@ -41,13 +42,13 @@ def served_by_a_fresh_engine(card, prompt, seed):
 
 def with_expert(card, i, lm):
     """``card`` with refiner ``i`` replaced by ``lm``."""
-    lms = [lm if j == i else multi_expert.expert(card, j) for j in range(card.spec.config.num_refiners)]
-    return card.replace(refiners=multi_expert.stack(lms))
+    lms = [lm if j == i else toy_multi_expert.expert(card, j) for j in range(card.spec.config.num_refiners)]
+    return card.replace(refiners=toy_multi_expert.stack(lms))
 
 
 @pytest.fixture(scope="module")
 def built():
-    return jp.cards.build(MODEL, config=multi_expert.Config(num_refiners=N))
+    return jp.cards.build(MODEL, config=digit_cards.config("multi-expert", num_refiners=N))
 
 
 def noisy(module, seed, scale=0.05):
@@ -80,10 +81,10 @@ def request(prompt="seven", seed=0, steps=2):
 
 @pytest.mark.parametrize("n", [1, 3, 4])
 def test_builds_for_any_number_of_refiners(built, n):
-    card = built if n == N else nnx.eval_shape(lambda: jp.cards.build(MODEL, config=multi_expert.Config(num_refiners=n)))
+    card = built if n == N else nnx.eval_shape(lambda: jp.cards.build(MODEL, config=digit_cards.config("multi-expert", num_refiners=n)))
     assert set(card.components) == {"text_encoder", "refiners", "transformer", "vae"}
-    assert multi_expert.expert_names(card) == tuple(f"refiner_{i}" for i in range(n))
-    assert jp.cards.stacked_components(card) == {"refiners": multi_expert.expert_names(card)}
+    assert toy_multi_expert.expert_names(card) == tuple(f"refiner_{i}" for i in range(n))
+    assert jp.cards.stacked_components(card) == {"refiners": toy_multi_expert.expert_names(card)}
     assert all(x.shape[0] == n for x in jax.tree.leaves(card["refiners"]))
     assert card.spec.recipe == ("refine", "denoise") and card.spec.loop("refine").binds == ("refiners",)
     assert card.spec.config.max_prompt_words == card.spec.config.text.max_len - n
@@ -91,14 +92,9 @@ def test_builds_for_any_number_of_refiners(built, n):
 
 def test_constructs_abstractly_at_a_large_size():
     # wide rather than deep: tracing cost grows with the number of parameters, not their size
-    base = multi_expert.Config.bundled(num_refiners=1)
-    config = multi_expert.Config.bundled(
-        num_refiners=8,
-        text=dataclasses.replace(base.text, max_len=32),
-        lm=LMConfig(vocab_size=base.lm.vocab_size, dim=4096, depth=2, heads=32, max_len=64),
-        dit=dataclasses.replace(base.dit, dim=2048, heads=16),
-    )
-    card = nnx.eval_shape(lambda: multi_expert.build(config))
+    base = digit_cards.bundled_config("multi-expert", num_refiners=1)
+    config = digit_cards.bundled_config("multi-expert", num_refiners=8, text=dataclasses.replace(base.text, max_len=32), lm=LMConfig(vocab_size=base.lm.vocab_size, dim=4096, depth=2, heads=32, max_len=64), dit=dataclasses.replace(base.dit, dim=2048, heads=16))
+    card = nnx.eval_shape(lambda: jp.cards.build("multi-expert", config=config))
     assert card["refiners"].blocks[0].mlp.fc1.kernel.shape == (8, 4096, 16384)
     assert card.num_params() > 8 * 2 * 12 * 4096**2  # eight 2-layer LMs of width 4096 (~400M each)
 
@@ -106,11 +102,11 @@ def test_constructs_abstractly_at_a_large_size():
 def test_expert_is_the_unstacked_lm(built):
     config = built.spec.config
     for i in range(N):
-        assert leaves_equal(multi_expert.expert(built, i), RefinerLM(config.lm, rngs=nnx.Rngs(1 + i)))
-    assert not leaves_equal(multi_expert.expert(built, 0), multi_expert.expert(built, 1))
-    assert leaves_equal(multi_expert.stack([multi_expert.expert(built, i) for i in range(N)]), built["refiners"])
+        assert leaves_equal(toy_multi_expert.expert(built, i), RefinerLM(config.lm, rngs=nnx.Rngs(1 + i)))
+    assert not leaves_equal(toy_multi_expert.expert(built, 0), toy_multi_expert.expert(built, 1))
+    assert leaves_equal(toy_multi_expert.stack([toy_multi_expert.expert(built, i) for i in range(N)]), built["refiners"])
     with pytest.raises(IndexError, match="out of range for 3"):
-        multi_expert.expert(built, N)
+        toy_multi_expert.expert(built, N)
 
 
 def test_compose_orders_by_expert_and_drops_eos():
@@ -124,9 +120,9 @@ def test_compose_orders_by_expert_and_drops_eos():
     ])
     prompt_lengths = jnp.array([[2, 1]] * 3)
     generated = (jnp.arange(4) >= prompt_lengths[..., None]) & (tokens != 0)
-    out = multi_expert.compose(ids, tokens, generated, eos, 7)
+    out = toy_multi_expert.compose(ids, tokens, generated, eos, 7)
     np.testing.assert_array_equal(out, [[5, 6, 1, 4, 2, 0, 0], [7, 1, 2, 3, 0, 0, 0]])
-    assert multi_expert.compose(ids, tokens, generated, eos, 3).shape == (2, 3)
+    assert toy_multi_expert.compose(ids, tokens, generated, eos, 3).shape == (2, 3)
 
 
 def test_each_refiner_says_only_its_slot(card):
@@ -134,9 +130,9 @@ def test_each_refiner_says_only_its_slot(card):
     ids = generator.tokenize(card, ["seven"] * 32)
     keys = jax.random.split(jax.random.key(0), 32)
     settings = (("refine", card.spec.loop("refine").config.replace(temperature=2.0)),)
-    node = next(n for n in multi_expert.program().nodes if n.name == "refine")
+    node = next(n for n in toy_multi_expert.program().nodes if n.name == "refine")
     out = jax.jit(lambda c, i, k: node(c, {"ids": i, "key": k}, settings))(card, ids, keys)
-    refinements = multi_expert.expert_major(out["refinements"])
+    refinements = toy_multi_expert.expert_major(out["refinements"])
     assert refinements.tokens.shape == (N, 32, 16) and refinements.log_prob.shape == (N, 32, 16)
     words = card.spec.tokenizer.words
     emitted = np.asarray(refinements.tokens)[:, :, 1]  # one new token after the one-word prompt
@@ -182,15 +178,15 @@ def test_versions_per_expert_and_the_text_encoder_cache_survives(engine, card):
     engine.run(request())
     assert (engine.cache.stats().misses, engine.cache.stats().hits) == (4, 4)  # the second run hits all four
 
-    lm = noisy(multi_expert.expert(card, 1), 3, 1e-3)  # moves the weights, not the words
+    lm = noisy(toy_multi_expert.expert(card, 1), 3, 1e-3)  # moves the weights, not the words
     assert engine.publish(MODEL, {"refiner_1": lm}) == {**V0, "refiner_1": 1}
     assert engine.versions(MODEL) == {**V0, "refiner_1": 1}
     assert [k for k in engine.cache.keys() if k.component == "text_encoder"] == [k for k in keys if k.component == "text_encoder"]
     assert not [k for k in engine.cache.keys() if k.component == "refiners"]  # only the refiners' entries went
     served = engine.card(MODEL)
-    assert leaves_equal(multi_expert.expert(served, 1), lm)
+    assert leaves_equal(toy_multi_expert.expert(served, 1), lm)
     for i in (0, 2):  # the other slices are untouched
-        assert leaves_equal(multi_expert.expert(served, i), multi_expert.expert(card, i))
+        assert leaves_equal(toy_multi_expert.expert(served, i), toy_multi_expert.expert(card, i))
     assert all(served[n] is card[n] for n in ("text_encoder", "transformer", "vae"))
 
     stats = engine.cache.stats()
@@ -208,7 +204,7 @@ def test_versions_per_expert_and_the_text_encoder_cache_survives(engine, card):
 
 
 def test_publish_an_expert_during_a_run_drains_then_swaps(engine, card):
-    lm = noisy(multi_expert.expert(card, 2), 4, 0.5)
+    lm = noisy(toy_multi_expert.expert(card, 2), 4, 0.5)
     new_card = with_expert(card, 2, lm)
     seen = {}
 
@@ -216,7 +212,7 @@ def test_publish_an_expert_during_a_run_drains_then_swaps(engine, card):
         if event.index == 0 and event.step == 1:
             seen["returned"] = engine.publish(MODEL, {"refiner_2": lm})
             seen["versions"] = engine.versions(MODEL)
-            seen["pending"] = leaves_equal(multi_expert.expert(engine.card(MODEL, pending=True), 2), lm)
+            seen["pending"] = leaves_equal(toy_multi_expert.expert(engine.card(MODEL, pending=True), 2), lm)
 
     outs = engine.run_many([request("seven", 0), request("seven", 1)], "serial", on_step=on_step)
     assert seen == {"returned": {**V0, "refiner_2": 1}, "versions": V0, "pending": True}
@@ -228,13 +224,13 @@ def test_publish_an_expert_during_a_run_drains_then_swaps(engine, card):
 def test_weight_sync_publishes_only_the_changed_experts(engine, card):
     assert weight_sync.changed_components(engine, card) == ()
     assert weight_sync.publish(engine, card) == V0
-    trained = with_expert(card, 2, noisy(multi_expert.expert(card, 2), 5))
+    trained = with_expert(card, 2, noisy(toy_multi_expert.expert(card, 2), 5))
     assert weight_sync.changed_components(engine, trained) == ("refiner_2",)
     assert weight_sync.publish(engine, trained) == {**V0, "refiner_2": 1}
     assert weight_sync.publish(engine, trained) == {**V0, "refiner_2": 1}  # already served: no second bump
     assert leaves_equal(engine.card(MODEL)["refiners"], trained["refiners"])
 
-    both = with_expert(trained, 0, noisy(multi_expert.expert(card, 0), 6))
+    both = with_expert(trained, 0, noisy(toy_multi_expert.expert(card, 0), 6))
     both = both.replace(transformer=noisy(card["transformer"], 7))
     assert weight_sync.changed_components(engine, both) == ("refiner_0", "transformer")
     assert weight_sync.publish(engine, both) == {**V0, "refiner_0": 1, "refiner_2": 1, "transformer": 1}
@@ -247,10 +243,10 @@ def test_weight_sync_publishes_only_the_changed_experts(engine, card):
 def test_bad_publish_raises_and_changes_nothing(engine, card):
     engine.run(request())
     before = engine.versions(MODEL), engine.card(MODEL).components, engine.cache.keys()
-    lm = multi_expert.expert(card, 1)
+    lm = toy_multi_expert.expert(card, 1)
     leaves, treedef = jax.tree.flatten(lm)
     wrong_shape = jax.tree.unflatten(treedef, [leaves[0][..., :-1], *leaves[1:]])
-    four = multi_expert.stack([lm] * 4)
+    four = toy_multi_expert.stack([lm] * 4)
 
     with pytest.raises(UnknownComponentError, match=r"\['refiner_7'\].*stacked 'refiners' has experts \['refiner_0', 'refiner_1', 'refiner_2'\]"):
         engine.publish(MODEL, {"refiner_7": lm})
@@ -272,7 +268,7 @@ def test_bad_publish_raises_and_changes_nothing(engine, card):
 
 
 def test_register_rejects_a_stacked_component_of_the_wrong_size(card):
-    bad = jp.Card({**card.components, "refiners": multi_expert.stack([multi_expert.expert(card, 0)] * 2)}, card.spec)
+    bad = jp.Card({**card.components, "refiners": toy_multi_expert.stack([toy_multi_expert.expert(card, 0)] * 2)}, card.spec)
     engine = Engine()
     with pytest.raises(EngineError, match="3 experts, but leaves of shape \\(2,"):
         engine.register(bad)

@@ -7,7 +7,7 @@ import pytest
 from conftest import perturbed
 from flax import nnx
 
-from jaxpipe.data import VOCABULARY
+from jaxpipe.digits import VOCABULARY
 from jaxpipe.nn import Autoencoder, AutoencoderConfig, DiT, DiTConfig, TextEncoder, TextEncoderConfig, Tokenizer
 
 TOK = Tokenizer(VOCABULARY)

@@ -6,6 +6,7 @@ import pytest
 import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe.engine import Engine
+from jaxpipe.digits import cards as digit_cards
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +77,11 @@ BUNDLED = {"flux-t2i", "wan-i2v", "unified"} <= set(jp.cards.available())
 def bundled():
     if not BUNDLED:
         pytest.skip("bundled cards missing")
-    from jaxpipe.cards import multi_expert
-    from jaxpipe.data import digits
+    from jaxpipe.cards import toy_multi_expert
+    from jaxpipe.digits import data as digits
 
     engine = Engine.default()
-    engine.register(multi_expert.from_unified(engine.card("unified"), 3))
+    engine.register(digit_cards.multi_expert(engine.card("unified"), 3))
     image = (digits.load_images("heldout")[0][0] + 1.0) / 2.0
     requests = [
         jp.Request("flux-t2i", prompt="seven thick", seed=0),  # the card's defaults: guidance 2, 8 steps

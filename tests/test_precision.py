@@ -15,8 +15,8 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import precision
-from jaxpipe.cards import multi_expert
-from jaxpipe.data import digits
+from jaxpipe.cards import toy_multi_expert
+from jaxpipe.digits import data as digits
 from jaxpipe.loops import ar
 from jaxpipe.nn import DiTCond
 from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
@@ -26,6 +26,7 @@ from jaxpipe.training.joint_rl import (
     map_experts,
     resolve_expert_map,
 )
+from jaxpipe.digits import cards as digit_cards
 
 PROMPTS = ["seven thick", "one thin left", "three bright", "nine right dim"]
 
@@ -105,10 +106,10 @@ def test_bad_names_error_clearly(flux):
 
 def test_lax_map_over_experts_equals_vmap():
     """One refiner update step at N = 3: the ``lax.map`` policy gives the vmap's params, Adam states, losses."""
-    card = multi_expert.from_unified(jp.cards.load("unified"), 3)
+    card = digit_cards.multi_expert(jp.cards.load("unified"), 3)
     config = JointRLConfig(joint=False, lm_learning_rate=1e-4, lm_clip_eps=100.0, lm_beta=0.0)  # a wide clip: every row learns
     method = JointMultiExpertRL(card, lambda im, lab: jnp.mean(im, axis=(1, 2, 3)), config)
-    params = nnx.State({multi_expert.COMPONENT: nnx.state(card[multi_expert.COMPONENT], nnx.Param)})
+    params = nnx.State({toy_multi_expert.COMPONENT: nnx.state(card[toy_multi_expert.COMPONENT], nnx.Param)})
     prompt = np.asarray(card.spec.tokenizer.encode(["seven", "one", "three", "nine"], 8))
     advantages = jax.random.normal(jax.random.key(1), (3, 4))
 

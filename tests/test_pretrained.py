@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jaxpipe as jp
-from jaxpipe import quality
+from jaxpipe.digits import quality
 
 BUNDLED = {"flux-t2i", "wan-i2v", "digit-scorer"}
 pytestmark = pytest.mark.skipif(not BUNDLED <= set(jp.cards.available()), reason="bundled cards missing")

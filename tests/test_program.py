@@ -8,7 +8,7 @@ import pytest
 import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe import program as P
-from jaxpipe.cards import flux_t2i, generator, wan_i2v
+from jaxpipe.cards import toy_t2i, generator, toy_i2v
 from jaxpipe.loops import denoise
 from jaxpipe.program import ComponentNode, LoopNode, Program, ProgramError
 
@@ -22,13 +22,13 @@ def _bind(card, request):
 
 
 def test_card_programs_declare_their_nodes():
-    prog = flux_t2i.program()
-    assert prog is flux_t2i.program()  # built once: it is a static argument of jitted functions
+    prog = toy_t2i.program()
+    assert prog is toy_t2i.program()  # built once: it is a static argument of jitted functions
     assert [n.name for n in prog.nodes] == ["encode_text", "encode_null", "t2i_denoise", "decode"]
     assert dict(prog.outputs) == {"image": "image", "latents": "latents"}
     assert [n.name for n in prog.cached_nodes] == ["encode_text", "encode_null"]
     assert [n.loop for n in prog.loops] == ["t2i_denoise"]
-    assert [n.name for n in wan_i2v.program().nodes] == ["encode_text", "encode_null", "encode_image", "i2v_denoise", "decode"]
+    assert [n.name for n in toy_i2v.program().nodes] == ["encode_text", "encode_null", "encode_image", "i2v_denoise", "decode"]
 
 
 def test_reading_a_slot_nobody_writes_is_an_error_naming_it():
@@ -46,9 +46,9 @@ def test_reading_a_slot_nobody_writes_is_an_error_naming_it():
 
 
 def test_a_program_is_checked_against_its_card(t2i_card):
-    flux_t2i.program().check(t2i_card)
+    toy_t2i.program().check(t2i_card)
     with pytest.raises(ProgramError, match="declares no loop 't2i_denoise'"):
-        flux_t2i.program().check(jp.cards.build("wan-i2v"))
+        toy_t2i.program().check(jp.cards.build("wan-i2v"))
     custom = Program(
         "custom", ("a",), (ComponentNode("n", _identity, reads=("a",), writes=("b",), component="unet"),), (("b", "b"),), _bind
     )
@@ -59,7 +59,7 @@ def test_a_program_is_checked_against_its_card(t2i_card):
 def test_fused_path_and_the_split_the_engine_drives(t2i_card):
     """The split (enter -> the driver's jitted step -> enter) is the engine's path; the fused path
     (one jitted function, the loop as a scan) agrees with it within the C3 tolerance."""
-    prog = flux_t2i.program()
+    prog = toy_t2i.program()
     bound = prog.bind(t2i_card, jp.Request("flux-t2i", prompt="three thin", seed=4, num_steps=3))
     fused = prog.run(t2i_card, bound)
     enter = jax.jit(P.enter, static_argnums=(0, 1, 2))  # each piece jitted, as the engine runs them
@@ -76,7 +76,7 @@ def test_fused_path_and_the_split_the_engine_drives(t2i_card):
 
 
 def test_execute_with_capture_returns_every_loops_trajectory(t2i_card):
-    prog = flux_t2i.program()
+    prog = toy_t2i.program()
     bound = prog.bind(t2i_card, jp.Request("flux-t2i", prompt="three thin", seed=4, num_steps=3))
     sde = P.settings(t2i_denoise=denoise.DenoiseConfig(num_steps=3, sampler="sde", sde_window=(0, 2)))
     slots = P.concat_rows([bound.slots])
@@ -91,7 +91,7 @@ def test_execute_with_capture_returns_every_loops_trajectory(t2i_card):
 
 
 def test_generate_is_the_program_on_a_batch(t2i_card):
-    prog = flux_t2i.program()
+    prog = toy_t2i.program()
     bounds = [prog.bind(t2i_card, jp.Request("flux-t2i", prompt=p, seed=s, num_steps=2)) for p, s in [("one", 0), ("two", 1)]]
     out = jp.generate(t2i_card, ["one", "two"], num_steps=2)
     np.testing.assert_array_equal(prog.run(t2i_card, bounds)["image"], out["image"])
@@ -102,16 +102,16 @@ def test_generate_is_the_program_on_a_batch(t2i_card):
 
 def test_binding_validates_the_request(t2i_card):
     with pytest.raises(ValueError, match="needs prompt"):
-        flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i"))
+        toy_t2i.program().bind(t2i_card, jp.Request("flux-t2i"))
     with pytest.raises(ValueError, match="takes no image"):
-        flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i", prompt="one", image=jnp.zeros((16, 16, 1))))
-    bound = flux_t2i.program().bind(t2i_card, jp.Request("flux-t2i", prompt="one", seed=3, guidance=2.0))
+        toy_t2i.program().bind(t2i_card, jp.Request("flux-t2i", prompt="one", image=jnp.zeros((16, 16, 1))))
+    bound = toy_t2i.program().bind(t2i_card, jp.Request("flux-t2i", prompt="one", seed=3, guidance=2.0))
     assert jax.random.key_data(bound.slots["key"]).tolist() == jax.random.key_data(jax.random.key(3))[None].tolist()
     assert bound.artifacts == {"text": "one"}
     assert dict(bound.settings)["t2i_denoise"].guidance == 2.0
     wan = jp.cards.build("wan-i2v")
     with pytest.raises(ValueError, match=r"image must have shape \(16, 16, 1\)"):
-        wan_i2v.program().bind(wan, jp.Request("wan-i2v", prompt="one still", image=np.zeros((16, 16, 3))))
+        toy_i2v.program().bind(wan, jp.Request("wan-i2v", prompt="one still", image=np.zeros((16, 16, 3))))
 
 
 def test_request_and_output_types():

@@ -9,11 +9,11 @@ import pytest
 from flax import nnx
 
 import jaxpipe as jp
-from jaxpipe.cards import digit_scorer
+from jaxpipe.digits import digit_scorer
 from jaxpipe.cards import load_card, save_card
-from jaxpipe.data import digits
-from jaxpipe.nn.reward import HEADS, DigitScorer, ScorerConfig
-from jaxpipe.training import scorer as training
+from jaxpipe.digits import data as digits
+from jaxpipe.digits.digit_scorer.network import HEADS, DigitScorer, ScorerConfig
+from jaxpipe.digits.pretrain import scorer as training
 
 TARGETS = {"digit": 0.95, "stroke": 0.95, "position": 0.95, "brightness": 0.95}
 
@@ -61,11 +61,11 @@ def test_bundled_card_generalises_to_the_generators_digits(card, unseen):
 
 
 def test_bundled_metrics_report_the_targets():
-    report = json.loads((jp.cards.ASSETS / "digit-scorer" / "metrics.json").read_text())
+    report = json.loads((jp.cards.path("digit-scorer") / "metrics.json").read_text())
     for name, target in TARGETS.items():
         assert report["accuracy"]["train_split"][name] >= target, report["accuracy"]
     assert report["skipped_steps"] == 0
-    assert (jp.cards.ASSETS / "digit-scorer" / "weights.safetensors").stat().st_size < 1_000_000
+    assert (jp.cards.path("digit-scorer") / "weights.safetensors").stat().st_size < 1_000_000
 
 
 _score = jax.jit(digit_scorer.score)

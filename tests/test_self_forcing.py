@@ -12,13 +12,14 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import samplers
-from jaxpipe.cards import wan_causal, wan_t2v
+from jaxpipe.cards import toy_causal, toy_t2v
 from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.loops import chunk
 from jaxpipe.nn import DiTConfig
 from jaxpipe.nn.causal_dit import ChunkCond
 from jaxpipe.training.dmd2 import dm_gradient
 from jaxpipe.training.self_forcing import LOSS_KEY, SelfForcing, SelfForcingConfig
+from jaxpipe.digits import cards as digit_cards
 
 DIT = DiTConfig(dim=32, depth=1, heads=2)
 CHUNKS = 2  # of 2 frames: a 4-frame video (8x8 latents), the smallest with a cache to fill and read
@@ -37,13 +38,13 @@ def leaves_equal(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def teacher():
-    card = jp.cards.build("wan-t2v", seed=5, config=wan_t2v.Config(dit=DIT, frames=2 * CHUNKS))
+    card = jp.cards.build("wan-t2v", seed=5, config=digit_cards.config("wan-t2v", dit=DIT, frames=2 * CHUNKS))
     return card.replace(transformer=perturbed(card["transformer"], seed=6))
 
 
 @pytest.fixture(scope="module")
 def method(teacher):
-    config = wan_causal.Config(dit=DIT, frames=2 * CHUNKS, sampling=chunk.ChunkConfig(chunks=CHUNKS))
+    config = digit_cards.config("wan-causal", dit=DIT, frames=2 * CHUNKS, sampling=chunk.ChunkConfig(chunks=CHUNKS))
     card = jp.cards.build("wan-causal", seed=3, config=config)
     return SelfForcing(card.replace(transformer=perturbed(card["transformer"], seed=4)), teacher, CONFIG)
 
@@ -171,8 +172,8 @@ def test_non_causal_cards_and_bad_configs_are_refused(teacher, t2i_card, method,
 def test_the_cli_run_trains_on_digit_and_motion_prompts(method, teacher):
     """What `jaxpipe train self-forcing` builds (runs.self_forcing_run): the trainer, its prompt stream
     (digit-and-motion captions in the student's vocabulary) and curves; the run itself is -m slow below."""
-    from jaxpipe.data import digits
-    from jaxpipe.training import runs
+    from jaxpipe.digits import data as digits
+    from jaxpipe.digits import runs
 
     card = method.card(method.init())
     run = runs.self_forcing_run(card, teacher, jp.cards.build("digit-scorer", seed=0), CONFIG, prompts_per_step=3, seed=1)

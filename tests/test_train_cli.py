@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 import jaxpipe as jp
 from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.cli import app
-from jaxpipe.data import digits
-from jaxpipe.training import runs as rl_runs
+from jaxpipe.digits import data as digits
+from jaxpipe.digits import runs as rl_runs
 
 runner = CliRunner()
 needs_cards = pytest.mark.skipif(

@@ -18,11 +18,12 @@ from flax import nnx
 import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe.card import Card
-from jaxpipe.cards import flux_t2i, load_card, save_card, unified
-from jaxpipe.data import digits
+from jaxpipe.cards import toy_t2i, load_card, save_card, toy_unified
+from jaxpipe.digits import data as digits
 from jaxpipe.loops import ar, registry
 from jaxpipe.nn import DiTConfig, LMConfig
-from jaxpipe.training import pretrain_lm
+from jaxpipe.digits.pretrain import lm as pretrain_lm
+from jaxpipe.digits import cards as digit_cards
 
 BUNDLED = "unified" in jp.cards.available()
 needs_bundled = pytest.mark.skipif(not BUNDLED, reason="bundled unified card missing")
@@ -34,11 +35,11 @@ def _leaves_equal(a, b) -> bool:
     return len(la) == len(lb) and all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(la, lb))
 
 
-def random_card(config, seed: int = 0, family=unified) -> Card:
+def random_card(config, seed: int = 0, family=toy_unified, model_id: str = "unified") -> Card:
     """A card of ``config`` with random weights drawn by NumPy: built abstractly, so no per-parameter
     eager init (seconds on a busy CPU). Kernels ``N(0, 1/fan_in)``, norm scales and latent std
     ``1 + N(0, 0.1²)``, other vectors ``N(0, 0.05²)``: every component computes something."""
-    abstract = nnx.eval_shape(lambda: family.build(config, seed=0))
+    abstract = nnx.eval_shape(lambda: family.build(config, seed=0, model_id=model_id))
     graphdef, state = nnx.split(abstract.components)
     rng = np.random.default_rng(seed)
     paths, treedef = jax.tree_util.tree_flatten_with_path(state)
@@ -58,7 +59,7 @@ def random_card(config, seed: int = 0, family=unified) -> Card:
 @pytest.fixture(scope="module")
 def tiny():
     """A default-size (tiny) unified card with random weights."""
-    return random_card(unified.Config(), seed=0)
+    return random_card(digit_cards.config("unified"), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_card_builds_with_its_loops(tiny):
     assert spec.recipe == ("refine", "denoise")
     refine = spec.loop("refine")
     assert refine.kind == "ar_decode" and refine.binds == ("llm",)
-    assert refine.config.eos_id == unified.eos_id(tiny) == spec.tokenizer.vocab_size == 23
+    assert refine.config.eos_id == toy_unified.eos_id(tiny) == spec.tokenizer.vocab_size == 23
     assert tiny["llm"].cfg.vocab_size == 24
     assert spec.config.max_prompt_words == spec.config.text.max_len - refine.config.max_new_tokens
     assert "unified" in jp.cards.buildable()
@@ -83,19 +84,19 @@ def test_card_builds_with_its_loops(tiny):
 
 def test_config_validation_names_the_problem():
     with pytest.raises(ValueError, match=r"lm.vocab_size must be the tokenizer's 23 words \+ <eos> = 24"):
-        unified.Config(lm=LMConfig(vocab_size=23))
+        digit_cards.config("unified", lm=LMConfig(vocab_size=23))
     with pytest.raises(ValueError, match="refine.eos_id must be the LM's <eos> id 23"):
-        unified.Config(refine=ar.ARConfig(max_new_tokens=3, eos_id=5))
+        digit_cards.config("unified", refine=ar.ARConfig(max_new_tokens=3, eos_id=5))
     with pytest.raises(ValueError, match="must leave room for a prompt"):
-        unified.Config(refine=ar.ARConfig(max_new_tokens=8, eos_id=23))
+        digit_cards.config("unified", refine=ar.ARConfig(max_new_tokens=8, eos_id=23))
     with pytest.raises(ValueError, match=r"lm.max_len \(4\) must be >= text.max_len \(8\)"):
-        unified.Config(lm=LMConfig(vocab_size=24, max_len=4))
+        digit_cards.config("unified", lm=LMConfig(vocab_size=24, max_len=4))
 
 
 def test_refined_ids_maps_eos_to_pad_and_fits_the_width():
     tokens = jnp.asarray([[9, 12, 23, 0, 0, 0], [9, 12, 14, 17, 0, 0]])
-    np.testing.assert_array_equal(unified.refined_ids(tokens, 23, 4), [[9, 12, 0, 0], [9, 12, 14, 17]])
-    np.testing.assert_array_equal(unified.refined_ids(tokens[:, :3], 23, 5), [[9, 12, 0, 0, 0], [9, 12, 14, 0, 0]])
+    np.testing.assert_array_equal(toy_unified.refined_ids(tokens, 23, 4), [[9, 12, 0, 0], [9, 12, 14, 17]])
+    np.testing.assert_array_equal(toy_unified.refined_ids(tokens[:, :3], 23, 5), [[9, 12, 0, 0, 0], [9, 12, 14, 0, 0]])
 
 
 # ------------------------------------------------------------------------------------------ the pretrained LM
@@ -108,7 +109,7 @@ def _text(card, ids) -> str:
 @functools.partial(jax.jit, static_argnums=(3,))
 def _refine_jit(card, ids, keys, config):
     final, _ = ar.run(card["llm"], ar.init(card["llm"], ids, keys, config), config)
-    return unified.refined_ids(final.tokens, unified.eos_id(card), ids.shape[1])
+    return toy_unified.refined_ids(final.tokens, toy_unified.eos_id(card), ids.shape[1])
 
 
 def _refine(card, prompts, seeds, temperature):
@@ -156,9 +157,9 @@ def test_pretrained_lm_ends_full_prompts_and_continues_seven(bundled):
 
 @needs_bundled
 def test_bundled_card_stores_only_its_llm(bundled):
-    meta = json.loads((jp.cards.ASSETS / "unified" / "config.json").read_text())
+    meta = json.loads((jp.cards.path("unified") / "config.json").read_text())
     assert meta["base"] == "flux-t2i" and meta["base_components"] == list(GENERATOR)
-    assert (jp.cards.ASSETS / "unified" / "weights.safetensors").stat().st_size < 1_000_000
+    assert (jp.cards.path("unified") / "weights.safetensors").stat().st_size < 1_000_000
     flux = jp.cards.load("flux-t2i")
     for name in GENERATOR:
         assert _leaves_equal(bundled[name], flux[name]), name
@@ -175,7 +176,7 @@ def test_base_round_trip_is_bit_for_bit(bundled, tmp_path):
 
 
 def test_base_errors_are_clear(tiny, tmp_path):
-    generator = random_card(flux_t2i.Config(), seed=5, family=flux_t2i)
+    generator = random_card(digit_cards.config("flux-t2i"), seed=5, family=toy_t2i, model_id="flux-t2i")
     save_card(generator, tmp_path / "base")
     card = tiny.replace(**{n: generator[n] for n in GENERATOR})
     save_card(card, tmp_path / "card", base=str(tmp_path / "base"), base_components=GENERATOR)
@@ -193,12 +194,12 @@ def test_base_errors_are_clear(tiny, tmp_path):
     assert not (tmp_path / "x").exists()  # nothing written on an error
 
     # Same shapes, new weights: loads, with a warning.
-    save_card(random_card(flux_t2i.Config(), seed=6, family=flux_t2i), tmp_path / "base")
+    save_card(random_card(digit_cards.config("flux-t2i"), seed=6, family=toy_t2i, model_id="flux-t2i"), tmp_path / "base")
     with pytest.warns(UserWarning, match="not the weights this card was saved with"):
         load_card(tmp_path / "card")
     # Other shapes: a clear error naming the tensor and where it came from.
-    wider = flux_t2i.Config(dit=DiTConfig(dim=32))
-    save_card(random_card(wider, seed=6, family=flux_t2i), tmp_path / "base")
+    wider = digit_cards.config("flux-t2i", dit=DiTConfig(dim=32))
+    save_card(random_card(wider, seed=6, family=toy_t2i, model_id="flux-t2i"), tmp_path / "base")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match=r"transformer/.* \(from the base card .*\) has shape"):
@@ -214,7 +215,7 @@ def test_base_errors_are_clear(tiny, tmp_path):
 
 
 def test_program_declares_its_nodes():
-    prog = unified.program()
+    prog = toy_unified.program()
     assert [n.name for n in prog.nodes] == ["encode_null", "refine", "refined", "encode_refined", "denoise", "decode"]
     assert [n.loop for n in prog.loops] == ["refine", "denoise"]
     assert [n.name for n in prog.cached_nodes] == ["encode_null"]  # the refined prompt is known only after refine
@@ -317,7 +318,7 @@ def test_engine_refuses_a_prompt_too_long_to_refine(engine, tiny):
 def test_the_engine_serves_the_bundled_card():
     engine = jp.Engine()  # Engine.default() serves it too: test_parity's bundled run
     engine.register(jp.cards.load("unified"))
-    assert engine.program("unified") is unified.program()
+    assert engine.program("unified") is toy_unified.program()
     out = engine.run(jp.Request("unified", prompt="seven", seed=3, num_steps=2, guidance=1.0))
     refined = _text(engine.card("unified"), out["refined"])
     assert refined.startswith("seven") and _canonical(refined), refined

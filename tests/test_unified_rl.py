@@ -7,10 +7,10 @@ import pytest
 
 import jaxpipe as jp
 from jaxpipe import samplers
-from jaxpipe.cards import unified
-from jaxpipe.data import DIGIT_WORDS
+from jaxpipe.cards import toy_unified
+from jaxpipe.digits import DIGIT_WORDS
 from jaxpipe.training import rollout
-from jaxpipe.training.flow_grpo import scorer_reward
+from jaxpipe.digits.rewards import scorer_reward
 from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig, refine_rows
 
 from conftest import leaves_equal, perturbed
@@ -32,7 +32,7 @@ def batch(card, prompts=("seven", "one thin"), scale=1.0, offset=0.0):
 
 @pytest.fixture(scope="module")
 def card():
-    c = unified.build(seed=3)
+    c = jp.cards.build("unified", seed=3)
     return c.replace(transformer=perturbed(c["transformer"], seed=4))
 
 
@@ -54,7 +54,7 @@ def test_rollout_layout(rolled, card):
     original = batch(card)["ids"]
     np.testing.assert_array_equal(ro.text_ids[2], original[0])
     np.testing.assert_array_equal(ro.text_ids[5], original[1])
-    eos = unified.eos_id(card)
+    eos = toy_unified.eos_id(card)
     assert not bool(jnp.any(ro.text_ids == eos))  # <eos> never reaches the text encoder
     # a refined row renders its own LM continuation of its prompt
     n = int(jnp.sum(original[0] != 0))

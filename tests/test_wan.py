@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import jaxpipe as jp
-from jaxpipe.cards import wan_i2v
+from jaxpipe.cards import toy_i2v
+from jaxpipe.digits import cards as digit_cards
 
 
 def frame(value):
@@ -38,4 +39,4 @@ def test_bad_images_are_rejected_with_the_expected_shape(i2v_card):
     with pytest.raises(ValueError, match="animates a first frame"):
         animate(i2v_card, "seven still", None)
     with pytest.raises(ValueError, match="frame_cond"):
-        wan_i2v.Config(dit=jp.nn.DiTConfig())
+        digit_cards.config("wan-i2v", dit=jp.nn.DiTConfig())

@@ -17,16 +17,17 @@ from flax import nnx
 import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe.card import Card
-from jaxpipe.cards import generator, wan22_moe, wan_t2v
+from jaxpipe.cards import generator, toy_sigma_moe, toy_t2v
 from jaxpipe.engine import Engine
 from jaxpipe.loops import denoise, policies
 from jaxpipe.nn import DiTConfig, DiTCond
 from jaxpipe.training import weight_sync
 from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+from jaxpipe.digits import cards as digit_cards
 
-MODEL = wan22_moe.MODEL_ID
-LOOP = wan22_moe.LOOP_ID
-CONFIG = wan22_moe.Config(frames=2, dit=DiTConfig(dim=32, depth=1, heads=2), sampling=denoise.DenoiseConfig(num_steps=4))
+MODEL = "wan22-moe"
+LOOP = toy_sigma_moe.LOOP_ID
+CONFIG = digit_cards.config("wan22-moe", frames=2, dit=DiTConfig(dim=32, depth=1, heads=2), sampling=denoise.DenoiseConfig(num_steps=4))
 
 step = jax.jit(denoise.step, static_argnames="config")
 
@@ -39,7 +40,7 @@ def with_router(card: Card, router) -> Card:
 
 @pytest.fixture(scope="module")
 def card():
-    built = wan22_moe.build(CONFIG, seed=3)
+    built = jp.cards.build("wan22-moe", config=CONFIG, seed=3)
     return built.replace(
         transformer_high=perturbed(built["transformer_high"], seed=4), transformer_low=perturbed(built["transformer_low"], seed=5)
     )
@@ -63,7 +64,7 @@ def drive(card, state, expected, step=step):
         alone, alone_record = step((card[name],), state, config=single)
         np.testing.assert_array_equal(routed.x, alone.x)
         np.testing.assert_array_equal(record.sample, alone_record.sample)
-        other = next(n for n in wan22_moe.EXPERTS if n != name)
+        other = next(n for n in toy_sigma_moe.EXPERTS if n != name)
         assert float(jnp.abs(step((card[other],), state, config=single)[0].x - routed.x).max()) > 1e-4  # they differ
         used.append(name)
         state = routed
@@ -91,7 +92,7 @@ def test_the_boundary_switches_experts_inside_one_compiled_step(card, cond):
 def test_a_constant_router_equals_that_expert_as_a_one_expert_card(card):
     """``Fixed(1)``: the low-noise expert on every step, even at σ = 1, is the ``wan-t2v`` card of that DiT
     (``Fixed(0)`` is checked on the toy family in test_routing)."""
-    spec = nnx.eval_shape(lambda: wan_t2v.build(wan_t2v.Config(frames=2, dit=CONFIG.dit, sampling=CONFIG.sampling))).spec
+    spec = nnx.eval_shape(lambda: jp.cards.build("wan-t2v", config=digit_cards.config("wan-t2v", frames=2, dit=CONFIG.dit, sampling=CONFIG.sampling))).spec
     one = Card({"text_encoder": card["text_encoder"], "transformer": card["transformer_low"], "vae": card["vae"]}, spec)
     prompts, seeds = ["seven moving right", "two moving up"], [0, 1]
     fixed = jp.generate(with_router(card, policies.Fixed(1, 2)), prompts, seed=seeds)["video"]
@@ -125,11 +126,11 @@ RL = FlowGRPOConfig(group_size=2, num_steps=4, sde_window=(0, 2), learning_rate=
 
 @pytest.mark.parametrize(
     "window, trained",
-    [((0, 2), ("transformer_high",)), ((3, 4), ("transformer_low",)), ((2, 4), wan22_moe.EXPERTS), (None, wan22_moe.EXPERTS)],
+    [((0, 2), ("transformer_high",)), ((3, 4), ("transformer_low",)), ((2, 4), toy_sigma_moe.EXPERTS), (None, toy_sigma_moe.EXPERTS)],
 )
 def test_flow_grpo_trains_the_experts_its_window_routes_to(card, window, trained):
     method = FlowGRPO(card, reward, dataclasses.replace(RL, sde_window=window))
-    assert method.denoisers == wan22_moe.EXPERTS and method.trained_experts == trained
+    assert method.denoisers == toy_sigma_moe.EXPERTS and method.trained_experts == trained
     assert sorted(method.init().params) == sorted(trained) and method.transformer == trained[0]
 
 

@@ -9,9 +9,10 @@ from conftest import perturbed
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe.cards import wan_t2v
+from jaxpipe.cards import toy_t2v
 from jaxpipe.engine import Engine
 from jaxpipe.nn import DiTConfig
+from jaxpipe.digits import cards as digit_cards
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,6 @@ def test_bad_input_is_refused(card):
     with pytest.raises(ValueError, match="takes no image"):
         jp.generate(card, "seven", image=np.zeros((16, 16, 1), np.float32))
     with pytest.raises(ValueError, match="frame_cond=False"):
-        wan_t2v.Config(dit=DiTConfig(frame_cond=True))
-    with pytest.raises(ValueError, match="frames must be >= 1"):
-        dataclasses.replace(wan_t2v.Config(), frames=0)
+        digit_cards.config("wan-t2v", dit=DiTConfig(frame_cond=True))
+    with pytest.raises(ValueError, match="frames must be an int >= 1"):
+        dataclasses.replace(digit_cards.config("wan-t2v"), frames=0)

@@ -8,6 +8,7 @@ import jaxpipe as jp
 from jaxpipe import parity, workflow
 from jaxpipe.engine import Engine
 from jaxpipe.workflow import Stage, Workflow, WorkflowError
+from jaxpipe.digits import workflows
 
 
 @pytest.fixture()
@@ -15,7 +16,7 @@ def engine(t2i_card, i2v_card):
     engine = Engine(max_batch=4)
     engine.register(t2i_card)
     engine.register(i2v_card)
-    engine.register_workflow(workflow.t2i_i2v())
+    engine.register_workflow(workflows.t2i_i2v())
     return engine
 
 
@@ -91,7 +92,7 @@ def test_workflow_modes_agree(engine):
 
 
 def test_nested_workflow_extends_the_video(engine):
-    engine.register_workflow(workflow.t2i_i2v_extended())
+    engine.register_workflow(workflows.t2i_i2v_extended())
     out = engine.run(job(model="image_video.t2i_i2v_extended"))
     base = engine.run(job())
     assert out["video"].shape == (15, 16, 16, 1)
@@ -122,15 +123,15 @@ def test_registration_rejects_missing_requirements_cycles_and_collisions(engine,
     with pytest.raises(WorkflowError, match=r"forms a cycle: test.a -> test.b -> test.a"):
         engine.register_workflow(Workflow("test.a", (Stage("b", "test.b", lambda s: None),)), replace=True)
     with pytest.raises(WorkflowError, match="already registered"):
-        engine.register_workflow(workflow.t2i_i2v())
+        engine.register_workflow(workflows.t2i_i2v())
     with pytest.raises(WorkflowError, match="dotted and namespaced"):
         Workflow("t2i_i2v", (Stage("t2i", "flux-t2i", lambda s: None),))
-    dotted_card = jp.cards.flux_t2i.build(model_id="image_video.card")
+    dotted_card = jp.cards.build("flux-t2i").with_id("image_video.card")
     engine.register(dotted_card)
     with pytest.raises(WorkflowError, match="collides with a registered card"):
         engine.register_workflow(Workflow("image_video.card", (Stage("t2i", "flux-t2i", lambda s: None),)))
     with pytest.raises(Exception, match="collides with a registered workflow"):
-        engine.register(jp.cards.flux_t2i.build(model_id="test.a"))
+        engine.register(jp.cards.build("flux-t2i").with_id("test.a"))
     with pytest.raises(Exception, match="workflows .* require it"):
         engine.unregister("flux-t2i")
     assert engine.models() == sorted(before + ["image_video.card", "test.a", "test.b"])

@@ -1,8 +1,14 @@
-"""Cards and card families. ``load(id)`` gives a bundled pretrained card; ``build(id)`` a freshly initialised one.
+"""Cards and card families. ``load(id)`` gives a pretrained card; ``build(id)`` a freshly initialised one.
 
 A family is one folder (``jaxpipe/cards/<family>/``: its ``Config``, ``build`` and program) plus
 one line in ``jaxpipe.cards.registry``; ``register_family`` adds one from outside the package.
+Card ids belong to worlds, which register them (``register_card``: family, config, bundled
+checkpoint folder); the bundled world ``jaxpipe.digits`` ships ``flux-t2i``, ``wan-i2v``, ...
 Checkpoints (``save_card`` / ``load_card``) live here too: they rebuild a card through its family.
+
+The toy families (``toy_t2i``, ``toy_i2v``, ...) are small networks of every topology jaxpipe
+runs, sized by their configs and speaking a world's vocabulary; ``flux`` and ``wan`` are the real
+FLUX.1 and Wan architectures, loaded from diffusers folders.
 """
 
 from __future__ import annotations
@@ -11,36 +17,31 @@ import os
 from pathlib import Path
 
 from jaxpipe.card import Card
-from jaxpipe.cards import digit_scorer, flux, flux_t2i, generator, multi_expert, registry, unified, wan, wan_i2v, wan_t2v
-from jaxpipe.cards import ltx2_two_stage  # noqa: F401  (the two-stage one-DiT family)
-from jaxpipe.cards import wan22_moe  # noqa: F401  (the σ-routed two-expert family)
-from jaxpipe.cards import wan_causal  # noqa: F401  (the chunked causal video family)
+from jaxpipe.cards import flux, generator, registry, toy_i2v, toy_multi_expert, toy_t2i, toy_t2v, toy_unified, wan
+from jaxpipe.cards import toy_causal, toy_mot, toy_mot_video, toy_sigma_moe, toy_two_stage  # noqa: F401
 from jaxpipe.cards.checkpoint import load_card, save_card
 from jaxpipe.cards.family import Family, FlowData
-from jaxpipe.cards.registry import family, family_of, stacked_components
+from jaxpipe.cards.registry import CardEntry, buildable, card_entry, family, family_of, register_card, stacked_components
 from jaxpipe.cards.registry import register as register_family
 from jaxpipe.cards.registry import unregister as unregister_family
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-"""Where the bundled pretrained cards live (one folder per card id)."""
-
-
-def buildable() -> list[str]:
-    """Ids of the cards jaxpipe can build from scratch (each registered family's ``model_id``)."""
-    return sorted(f.model_id for f in registry.FAMILIES.values() if f.model_id)
+from jaxpipe.cards.registry import unregister_card
 
 
 def available() -> list[str]:
     """Ids of the bundled pretrained cards (``load(id)`` works for each)."""
-    if not ASSETS.is_dir():
-        return []
-    return sorted(p.name for p in ASSETS.iterdir() if (p / "config.json").is_file())
+    registry.card_entry("")  # the bundled worlds register their cards on first use
+    return sorted(e.model_id for e in registry.CARDS.values() if e.bundled)
 
 
 def build(model_id: str, *, seed: int = 0, config=None) -> Card:
     """A freshly initialised card ``model_id`` (deterministic in ``seed``), with an optional family ``Config``."""
+    entry = registry.card_entry(model_id)
     f = registry.by_model_id(model_id)
-    return f.build(f.config() if config is None else config, seed=seed, model_id=model_id)
+    if config is None:
+        if entry is not None and entry.config is None:
+            raise ValueError(f"card {model_id!r} is registered without a config to build it from; pass config=")
+        config = entry.config() if entry is not None else f.config()
+    return f.build(config, seed=seed, model_id=model_id)
 
 
 def load(model_id_or_path: str | os.PathLike, **kwargs) -> Card:
@@ -49,8 +50,9 @@ def load(model_id_or_path: str | os.PathLike, **kwargs) -> Card:
     loaded by the family that reads its pipeline class (``kwargs`` go to that loader, e.g.
     ``dtype="bfloat16"``, ``height=512``)."""
     name = os.fspath(model_id_or_path)
-    if name in available():
-        return load_card(ASSETS / name)
+    entry = registry.card_entry(name)
+    if entry is not None and entry.bundled:
+        return load_card(entry.path)
     if (Path(name) / "model_index.json").is_file():
         from jaxpipe.cards.diffusers_pipeline import read_pipeline
 
@@ -65,8 +67,17 @@ def load(model_id_or_path: str | os.PathLike, **kwargs) -> Card:
     )
 
 
+def path(model_id: str) -> Path:
+    """The checkpoint folder of bundled card ``model_id`` (KeyError listing the bundled ids otherwise)."""
+    entry = registry.card_entry(model_id)
+    if entry is None or not entry.bundled:
+        raise KeyError(f"{model_id!r} is not a bundled card; bundled: {available()}")
+    return entry.path
+
+
 __all__ = [
-    "ASSETS", "Family", "FlowData", "available", "build", "buildable", "digit_scorer", "family", "family_of", "flux", "flux_t2i",
-    "generator", "load", "load_card", "multi_expert", "register_family", "registry", "save_card", "stacked_components",
-    "unified", "unregister_family", "wan", "wan_i2v", "wan_t2v",
+    "Card", "CardEntry", "Family", "FlowData", "available", "build", "buildable", "card_entry", "family", "family_of",
+    "flux", "generator", "load", "load_card", "path", "register_card", "register_family", "registry", "save_card",
+    "stacked_components", "toy_causal", "toy_i2v", "toy_mot", "toy_mot_video", "toy_multi_expert", "toy_sigma_moe",
+    "toy_t2i", "toy_t2v", "toy_two_stage", "toy_unified", "unregister_card", "unregister_family", "wan",
 ]

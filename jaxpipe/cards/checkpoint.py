@@ -174,9 +174,8 @@ def save_card(
             raise ValueError(
                 f"base_components must name distinct components of {card.model_id!r} ({sorted(card.components)}); got {list(names)}"
             )
-        from jaxpipe.cards import ASSETS, available  # the package's own helpers, loaded by now
-
-        base_dir = ASSETS / base if base in available() else Path(os.fspath(base))
+        entry = registry.card_entry(base)
+        base_dir = entry.path if entry is not None and entry.bundled else Path(os.fspath(base))
         if base_dir.resolve() == directory.resolve():
             raise ValueError(f"a card cannot be its own base ({base!r} is {directory})")
         shared = _base_arrays(_load_base(base, directory), names, base, directory)

@@ -1,5 +1,5 @@
-"""What every text-conditioned generator family shares (``flux_t2i``, ``wan_i2v``, ``unified``,
-``multi_expert``): a text encoder, a ``DiT`` denoiser and an autoencoder.
+"""What every text-conditioned generator family shares (``toy_t2i``, ``toy_i2v``, ``unified``,
+``toy_multi_expert``): a text encoder, a ``DiT`` denoiser and an autoencoder.
 
 Config checks and the card builder; the program pieces (cached text-encoding nodes, the denoise
 loop's start, decode nodes, request binding); and the ``FlowData`` hooks ``Finetune`` trains
@@ -20,12 +20,15 @@ from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.loops import denoise
-from jaxpipe.nn import DiTCond, DiTConfig
+from jaxpipe.nn import AutoencoderConfig, DiTCond, DiTConfig, TextEncoderConfig
 from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, settings
 from jaxpipe.request import Request
 
 __all__ = [
-    "check_config",
+    "TextGeneratorConfig",
+    "VideoGeneratorConfig",
+    "vocab_size",
+    "fill",
     "build",
     "tokenize",
     "to_unit",
@@ -39,8 +42,6 @@ __all__ = [
     "loop_config",
     "bind_text",
     "text_to_video_program",
-    "bundled_sizes",
-    "video_latent_shape",
     "TextFlow",
     "TEXT_FLOW",
 ]
@@ -49,36 +50,76 @@ Slots = dict[str, Any]
 
 
 # ------------------------------------------------------------------------------------------ cards
-def check_config(config) -> None:
-    """Check that a generator family config's text encoder, DiT, autoencoder and vocabulary fit together."""
+def vocab_size(vocabulary: Sequence[str]) -> int:
+    """Ids of a word tokenizer over ``vocabulary``: its words plus ``<pad>`` and ``<unk>``."""
     from jaxpipe.nn import Tokenizer
 
-    if config.dit.text_dim != config.text.dim:
-        raise ValueError(f"dit.text_dim ({config.dit.text_dim}) must equal text.dim ({config.text.dim})")
-    if config.dit.latent_channels != config.vae.latent_channels:
-        raise ValueError(
-            f"dit.latent_channels ({config.dit.latent_channels}) must equal vae.latent_channels ({config.vae.latent_channels})"
-        )
-    vocab_size = Tokenizer(config.vocabulary).vocab_size
-    if config.text.vocab_size != vocab_size:
-        raise ValueError(f"text.vocab_size must be {vocab_size} for this vocabulary (got {config.text.vocab_size})")
-    factor = config.vae.downsample * config.dit.patch_size
-    if config.image_size % factor:
-        raise ValueError(f"image_size ({config.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})")
+    return Tokenizer(tuple(vocabulary)).vocab_size
 
 
-def bundled_sizes(config_cls, **changes):
-    """A bundled generator ``Config``: ``flux-t2i``'s bundled text encoder (dim 64) and DiT (dim 96, depth 4,
-    4 heads) — the size every bundled digits-world generator shares, so the video cards can start from
-    ``flux-t2i`` / ``wan-t2v`` weights — plus ``changes`` (changes to the DiT's config go in ``dit_changes``)."""
-    dit = DiTConfig(dim=96, depth=4, heads=4, text_dim=64, **changes.pop("dit_changes", {}))
-    return config_cls(text=dataclasses.replace(config_cls.text, dim=64), dit=dit, **changes)
+def fill(config, **defaults: Callable[[], Any]) -> None:
+    """Set each field of the frozen ``config`` that is ``None`` to ``defaults[name]()`` (in ``__post_init__``:
+    the sizes a config derives from its vocabulary when they are not given)."""
+    for name, make in defaults.items():
+        if getattr(config, name) is None:
+            object.__setattr__(config, name, make())
 
 
-def video_latent_shape(config) -> tuple[int, int, int, int]:
-    """Per-request latent shape ``(T, h, w, C)`` of a video generator config (``frames``, ``image_size``, ``vae``)."""
-    side = config.image_size // config.vae.downsample
-    return (config.frames, side, side, config.vae.latent_channels)
+@dataclasses.dataclass(frozen=True)
+class TextGeneratorConfig:
+    """What every toy text-conditioned generator config holds: its ``vocabulary`` (required: a card
+    speaks a world's words, e.g. ``jaxpipe.digits.VOCABULARY``), ``image_size``, the text encoder
+    (``None``: the default encoder for the vocabulary), the DiT and the autoencoder. Families add
+    their loops' settings; ``__post_init__`` checks that the parts fit together."""
+
+    vocabulary: tuple[str, ...] = dataclasses.field(kw_only=True)
+    image_size: int = 16
+    text: TextEncoderConfig | None = None
+    dit: DiTConfig = DiTConfig()
+    vae: AutoencoderConfig = AutoencoderConfig()
+
+    def __post_init__(self):
+        object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
+        if not self.vocabulary:
+            raise ValueError("a text-conditioned card needs a vocabulary (its world's words)")
+        fill(self, text=lambda: TextEncoderConfig(vocab_size=vocab_size(self.vocabulary)))
+        if self.dit.text_dim != self.text.dim:
+            raise ValueError(f"dit.text_dim ({self.dit.text_dim}) must equal text.dim ({self.text.dim})")
+        if self.dit.latent_channels != self.vae.latent_channels:
+            raise ValueError(
+                f"dit.latent_channels ({self.dit.latent_channels}) must equal vae.latent_channels ({self.vae.latent_channels})"
+            )
+        if self.text.vocab_size != vocab_size(self.vocabulary):
+            raise ValueError(f"text.vocab_size must be {vocab_size(self.vocabulary)} for this vocabulary (got {self.text.vocab_size})")
+        factor = self.vae.downsample * self.dit.patch_size
+        if self.image_size % factor:
+            raise ValueError(f"image_size ({self.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})")
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoGeneratorConfig(TextGeneratorConfig):
+    """A ``TextGeneratorConfig`` of a video card: ``frames`` per video (at least ``MIN_FRAMES``); a
+    text-to-video DiT takes no first frame unless the family says so (``FRAME_COND``)."""
+
+    frames: int = 8
+
+    MIN_FRAMES = 1
+    FRAME_COND = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.frames, bool) or not isinstance(self.frames, int) or self.frames < self.MIN_FRAMES:
+            raise ValueError(f"frames must be an int >= {self.MIN_FRAMES} (got {self.frames!r})")
+        if self.dit.frame_cond != self.FRAME_COND:
+            if self.FRAME_COND:
+                raise ValueError("an image-to-video card needs a DiT with first-frame conditioning (dit.frame_cond=True)")
+            raise ValueError("this card generates every frame from text: its DiT takes no first frame (dit.frame_cond=False)")
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        """Per-request latent shape ``(T, h, w, C)``."""
+        side = self.image_size // self.vae.downsample
+        return (self.frames, side, side, self.vae.latent_channels)
 
 
 def build(

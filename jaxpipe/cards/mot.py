@@ -1,4 +1,4 @@
-"""What every Mixture-of-Transformers family shares (``bagel_mot``, ``cosmos3``): program pieces over
+"""What every Mixture-of-Transformers family shares (``toy_mot``, ``cosmos3``): program pieces over
 one ``transformer`` (a ``jaxpipe.nn.mot.MoT``) bound to an AR loop and a denoise loop.
 
 The prompt is prefilled once (a cached node, versioned with the ``transformer``); the AR loop

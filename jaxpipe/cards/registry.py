@@ -1,41 +1,93 @@
-"""The family registry: family name -> ``Family`` (config, build, programs, stacked components).
+"""The family registry (family name -> ``Family``) and the card registry (card id -> ``CardEntry``).
 
 Adding a card family to jaxpipe is one folder (``jaxpipe/cards/<family>/``, defining ``FAMILY``)
 plus one line in ``BUNDLED`` below; from outside the package, ``register(family)``. Everything
 that needs to know a family — checkpoints, the engine's default program, per-expert versions,
 ``Finetune``, ``jp.cards.build`` — looks it up here.
+
+Card ids (``"flux-t2i"``) belong to worlds: a world (``jaxpipe.digits``) registers the cards it
+ships with ``register_card`` — the family that builds each, the config ``jp.cards.build(id)``
+uses, and the folder ``jp.cards.load(id)`` reads. The bundled worlds register on first use
+(``jaxpipe.worlds``); the core never imports a world.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 from jaxpipe.card import Card
-from jaxpipe.cards import bagel_mot, cosmos3, digit_scorer, flux, flux_t2i, multi_expert, unified, wan, wan_i2v, wan_t2v
-from jaxpipe.cards import ltx2_two_stage
-from jaxpipe.cards import wan22_moe
-from jaxpipe.cards import wan_causal
+from jaxpipe.cards import flux, toy_causal, toy_i2v, toy_mot, toy_mot_video, toy_multi_expert, toy_sigma_moe, toy_t2i
+from jaxpipe.cards import toy_t2v, toy_two_stage, toy_unified, wan
 from jaxpipe.cards.family import Family
 from jaxpipe.program import Program
 
-__all__ = ["BUNDLED", "FAMILIES", "register", "unregister", "family", "family_of", "by_model_id", "by_pipeline", "default_program", "stacked_components"]
+__all__ = [
+    "BUNDLED", "FAMILIES", "CARDS", "CardEntry", "register", "unregister", "register_card", "unregister_card", "family",
+    "family_of", "by_model_id", "by_pipeline", "card_entry", "default_program", "stacked_components",
+]
 
 BUNDLED: tuple[Family, ...] = (
-    flux_t2i.FAMILY,
-    wan_i2v.FAMILY,
-    wan_t2v.FAMILY,
-    ltx2_two_stage.FAMILY,
-    wan22_moe.FAMILY,
-    wan_causal.FAMILY,
-    unified.FAMILY,
-    multi_expert.FAMILY,
-    digit_scorer.FAMILY,
-    bagel_mot.FAMILY,
-    cosmos3.FAMILY,
+    toy_t2i.FAMILY,
+    toy_i2v.FAMILY,
+    toy_t2v.FAMILY,
+    toy_two_stage.FAMILY,
+    toy_sigma_moe.FAMILY,
+    toy_causal.FAMILY,
+    toy_unified.FAMILY,
+    toy_multi_expert.FAMILY,
+    toy_mot.FAMILY,
+    toy_mot_video.FAMILY,
     flux.FAMILY,
     wan.FAMILY,
 )
-"""The families jaxpipe ships, one line each."""
+"""The families jaxpipe's core ships, one line each (a world registers its own)."""
 
 FAMILIES: dict[str, Family] = {f.name: f for f in BUNDLED}
+
+RENAMED: dict[str, str] = {
+    "flux_t2i": "toy_t2i", "wan_i2v": "toy_i2v", "wan_t2v": "toy_t2v", "ltx2_two_stage": "toy_two_stage",
+    "wan22_moe": "toy_sigma_moe", "wan_causal": "toy_causal", "unified": "toy_unified", "multi_expert": "toy_multi_expert",
+    "bagel_mot": "toy_mot", "cosmos3": "toy_mot_video",
+}
+"""Family names of jaxpipe 0.1's toy families (named after the real models they mimic) -> their names now;
+checkpoints saved under an old name still load, with a ``DeprecationWarning`` (until the next release)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CardEntry:
+    """A card id a world ships or builds.
+
+    Arguments:
+      model_id: the card's id.
+      family: the name of the family that builds it.
+      config: ``() -> Config``, the family config ``jp.cards.build(model_id)`` builds (``None``: not buildable).
+      path: the folder of its pretrained checkpoint (``save_card``'s layout), if it is bundled.
+    """
+
+    model_id: str
+    family: str
+    config: Callable[[], Any] | None = None
+    path: Path | None = None
+
+    @property
+    def bundled(self) -> bool:
+        """Whether a pretrained checkpoint ships with it (``jp.cards.load(model_id)`` works)."""
+        return self.path is not None and (self.path / "config.json").is_file()
+
+
+CARDS: dict[str, CardEntry] = {}
+"""Card id -> ``CardEntry``, filled by the worlds (``register_card``)."""
+
+
+def _worlds() -> None:
+    from jaxpipe import worlds  # the registry sits below the worlds: they register into it on first use
+
+    worlds.load()
 
 
 def register(new: Family, *, replace: bool = False) -> Family:
@@ -45,6 +97,9 @@ def register(new: Family, *, replace: bool = False) -> Family:
     if new.name in FAMILIES and not replace:
         raise ValueError(f"family {new.name!r} is already registered (pass replace=True)")
     clash = [f.name for f in FAMILIES.values() if f.name != new.name and new.model_id and f.model_id == new.model_id]
+    if new.model_id and not clash:
+        entry = card_entry(new.model_id)
+        clash = [entry.family] if entry is not None and entry.family != new.name else []
     if clash:
         raise ValueError(f"family {new.name!r}: model id {new.model_id!r} is already built by family {clash[0]!r}")
     FAMILIES[new.name] = new
@@ -52,13 +107,55 @@ def register(new: Family, *, replace: bool = False) -> Family:
 
 
 def unregister(name: str) -> None:
-    """Remove family ``name`` (KeyError if unknown)."""
+    """Remove family ``name`` (ValueError if unknown)."""
     family(name)
     del FAMILIES[name]
 
 
+def register_card(
+    model_id: str,
+    family_name: str,
+    *,
+    config: Callable[[], Any] | None = None,
+    path: str | os.PathLike | None = None,
+    replace: bool = False,
+) -> CardEntry:
+    """Register card id ``model_id``, built by family ``family_name`` from ``config()`` and/or loaded from
+    the checkpoint folder ``path``; returns its entry. A second registration of the same id is an
+    error unless it is identical or ``replace=True``."""
+    if not isinstance(model_id, str) or not model_id:
+        raise ValueError(f"a card id must be a non-empty string (got {model_id!r})")
+    if config is None and path is None:
+        raise ValueError(f"card {model_id!r}: give a config to build it from, a checkpoint path, or both")
+    entry = CardEntry(model_id, family_name, config, None if path is None else Path(path))
+    old = CARDS.get(model_id)
+    if old is not None and old != entry and not replace:
+        raise ValueError(f"card id {model_id!r} is already registered (family {old.family!r}); pass replace=True")
+    CARDS[model_id] = entry
+    return entry
+
+
+def unregister_card(model_id: str) -> None:
+    """Remove card id ``model_id`` (KeyError if unknown)."""
+    if model_id not in CARDS:
+        raise KeyError(f"no card {model_id!r} is registered; registered: {sorted(CARDS)}")
+    del CARDS[model_id]
+
+
+def card_entry(model_id: str) -> CardEntry | None:
+    """The registered entry of card id ``model_id`` (after the bundled worlds register), or ``None``."""
+    _worlds()
+    return CARDS.get(model_id)
+
+
 def family(name: str) -> Family:
     """The registered family ``name`` (ValueError listing the families otherwise)."""
+    if name in RENAMED and name not in FAMILIES:
+        warnings.warn(f"card family {name!r} is now {RENAMED[name]!r}; re-save the checkpoint to use the new name",
+                      DeprecationWarning, stacklevel=2)
+        name = RENAMED[name]
+    if name not in FAMILIES:
+        _worlds()
     if name not in FAMILIES:
         raise ValueError(f"unknown card family {name!r}; known families: {sorted(FAMILIES)}")
     return FAMILIES[name]
@@ -70,11 +167,22 @@ def family_of(card: Card) -> Family:
 
 
 def by_model_id(model_id: str) -> Family:
-    """The family whose ``build`` gives card ``model_id`` by default (KeyError listing them otherwise)."""
+    """The family whose ``build`` gives card ``model_id`` (a registered card id, or a family's own
+    ``model_id``); KeyError listing the buildable ids otherwise."""
+    entry = card_entry(model_id)
+    if entry is not None:
+        return family(entry.family)
     for f in FAMILIES.values():
         if f.model_id == model_id:
             return f
-    raise KeyError(f"unknown card {model_id!r}; buildable cards: {sorted(f.model_id for f in FAMILIES.values() if f.model_id)}")
+    raise KeyError(f"unknown card {model_id!r}; buildable cards: {buildable()}")
+
+
+def buildable() -> list[str]:
+    """Ids of the cards that can be built from scratch (registered with a config, or a family's own id)."""
+    _worlds()
+    ids = {e.model_id for e in CARDS.values() if e.config is not None}
+    return sorted(ids | {f.model_id for f in FAMILIES.values() if f.model_id})
 
 
 def by_pipeline(class_name: str) -> Family:
@@ -95,6 +203,8 @@ def stacked_components(card: Card) -> dict[str, tuple[str, ...]]:
     """The components of ``card`` stored stacked on a leading expert axis, each mapped to its experts'
     names in axis order (``{"refiners": ("refiner_0", ...)}`` for ``multi-expert``); ``{}`` when none
     (or when the card's family is not registered)."""
+    if card.spec.family not in FAMILIES:
+        _worlds()
     f = FAMILIES.get(card.spec.family)
     if f is None or f.stacked is None:
         return {}

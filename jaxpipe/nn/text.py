@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Sequence
 
 import chex
@@ -11,10 +12,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpipe.data.words import unknown_words
 from jaxpipe.nn.layers import MLP, Attention, compute_dtype
 
 PAD, UNK = "<pad>", "<unk>"
+
+
+def unknown_words(words, vocabulary) -> str:
+    """``'rigth' (did you mean 'right'?), 'purpel'``: every unknown word, with its closest known words."""
+    parts = []
+    for word in dict.fromkeys(words):
+        close = difflib.get_close_matches(word, vocabulary, n=2, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        parts.append(f"{word!r}{hint}")
+    return ", ".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)

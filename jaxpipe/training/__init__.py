@@ -1,6 +1,6 @@
 """Training: every method is ``init(key) -> state`` and a jitted ``step(state, batch, key) -> (state, metrics)``.
 
-Submodules are imported on first use (``from jaxpipe.training import ScorerTrainer`` works), so
+Submodules are imported on first use (``from jaxpipe.training import FlowGRPO`` works), so
 importing this package stays cheap and ``python -m jaxpipe.training.<module>`` runs cleanly.
 """
 
@@ -20,8 +20,6 @@ _LAZY = {
     "FinetuneConfig": "jaxpipe.training.finetune",
     "AutoencoderTrainer": "jaxpipe.training.autoencoder",
     "AutoencoderTrainConfig": "jaxpipe.training.autoencoder",
-    "ScorerTrainer": "jaxpipe.training.scorer",
-    "ScorerTrainConfig": "jaxpipe.training.scorer",
     "group_advantages": "jaxpipe.training.losses",
     "ppo_clip_loss": "jaxpipe.training.losses",
     "flow_grpo_kl": "jaxpipe.training.losses",
@@ -29,8 +27,6 @@ _LAZY = {
     "token_pg_loss": "jaxpipe.training.losses",
     "k3_kl": "jaxpipe.training.losses",
     "token_loss": "jaxpipe.training.losses",
-    "scorer_reward": "jaxpipe.training.flow_grpo",
-    "scorer_reward_parts": "jaxpipe.training.flow_grpo",
 }
 
 

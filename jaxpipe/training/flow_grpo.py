@@ -47,7 +47,7 @@ import optax
 from flax import nnx
 
 from jaxpipe.card import Card
-from jaxpipe.cards import digit_scorer, registry
+from jaxpipe.cards import registry
 from jaxpipe.loops import denoise
 from jaxpipe.precision import check_dtype, with_dtype
 from jaxpipe.program import settings as loop_settings
@@ -63,9 +63,6 @@ __all__ = [
     "generator_loss",
     "generator_update",
     "generator_minibatch_update",
-    "scorer_reward",
-    "scorer_reward_parts",
-    "REWARD_TERMS",
     "master_weights",
 ]
 
@@ -73,9 +70,6 @@ KL_CONVENTIONS = ("exact", "flowgrpo")
 
 UPDATE_KEY = 1_000_003
 """``fold_in(step key, UPDATE_KEY)`` orders a step's minibatches (the rollout uses the step key itself)."""
-
-REWARD_TERMS = ("digit", "stroke", "position", "brightness")
-"""Reward terms a ``digit-scorer`` reward can sum: the scorer's probability of the prompted label."""
 
 RewardFn = rollout.RewardFn
 
@@ -152,48 +146,6 @@ class Rollout(NamedTuple):
     generated: rollout.Generated
     rewards: jax.Array
     advantages: jax.Array
-
-
-def scorer_reward_parts(scorer: Card, terms: tuple[str, ...] = ("digit",)):
-    """Like ``scorer_reward`` but returns the parts: ``reward(images, labels) -> {term: (B,)}``, the
-    ``digit-scorer``'s probability of each term's label (0 where the label is -1). Per-term parts give
-    per-expert credit in N-way RL. Videos ``(B, T, H, W, C)`` are scored frame by frame, each term
-    averaged over the frames."""
-    unknown = [t for t in terms if t not in REWARD_TERMS]
-    if unknown or not terms:
-        raise ValueError(f"unknown reward term(s) {unknown or list(terms)}; choose from {REWARD_TERMS}")
-
-    def reward(images: jax.Array, labels: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        missing = [t for t in terms if t not in labels]
-        if missing:
-            raise ValueError(f"the batch has no labels for reward term(s) {missing} (labels: {sorted(labels)})")
-        frames = images.shape[1] if images.ndim == 5 else 1
-        flat = images.reshape((-1, *images.shape[-3:]))
-        probs = {k: jnp.mean(p.reshape(-1, frames, p.shape[-1]), axis=1)
-                 for k, p in digit_scorer.score(scorer, flat * 2.0 - 1.0).items()}
-        parts = {}
-        for term in terms:
-            label = jnp.asarray(labels[term])
-            picked = jnp.take_along_axis(probs[term], jnp.maximum(label, 0)[:, None], axis=1)[:, 0]
-            parts[term] = jnp.where(label >= 0, picked, 0.0)
-        return parts
-
-    return reward
-
-
-def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> RewardFn:
-    """A reward that sums the ``digit-scorer``'s probability of each prompted label over ``terms``.
-
-    A label of -1 means "not prompted" and contributes nothing. A label the prompt does not name
-    (e.g. ``stroke = thick`` for the prompt ``"seven"``) is a *preference*: the reward then
-    prefers images with that attribute, which is what a prompt refiner learns to ask for.
-    """
-    parts = scorer_reward_parts(scorer, terms)
-
-    def reward(images: jax.Array, labels: Mapping[str, jax.Array]) -> jax.Array:
-        return sum(parts(images, labels).values())
-
-    return reward
 
 
 def generator_loss(
@@ -295,7 +247,7 @@ class FlowGRPO:
     """FlowGRPO on a text-to-image card: ``init(key)``, jitted ``rollout``/``update`` and ``step``.
 
     A batch is ``{"ids": (P, L) int32, "labels": {term: (P,) int32}}``; each prompt is sampled
-    ``group_size`` times. ``reward_fn`` scores images, e.g. ``scorer_reward(scorer_card)``. The card
+    ``group_size`` times. ``reward_fn`` scores images, e.g. the digits world's ``jaxpipe.digits.rewards.scorer_reward(scorer_card)``. The card
     renders through its family's program (or ``program``), which must run one denoise loop; of its
     bound denoisers (``denoisers``) those some SDE-window step routes to train (``trained_experts``).
     """

@@ -42,7 +42,7 @@ from flax import nnx
 
 from jaxpipe.card import Card
 from jaxpipe.loops import ar
-from jaxpipe.cards import multi_expert, registry
+from jaxpipe.cards import toy_multi_expert, registry
 from jaxpipe.nn import MaskedLM
 from jaxpipe.program import settings as loop_settings
 from jaxpipe.training import losses, ppo, rollout
@@ -148,7 +148,7 @@ class JointMultiExpertRL:
     """
 
     def __init__(self, card: Card, reward_fn, config: JointRLConfig = JointRLConfig()):
-        if multi_expert.COMPONENT not in card.components:
+        if toy_multi_expert.COMPONENT not in card.components:
             raise ValueError(f"JointMultiExpertRL needs a 'multi-expert' card (stacked 'refiners'); {card.model_id!r} has {sorted(card.components)}")
         self.config = config
         self.spec = card.spec
@@ -156,8 +156,8 @@ class JointMultiExpertRL:
         self.program = registry.default_program(card)
         self.num_refiners = card.spec.config.num_refiners
         self.max_prompt_words = card.spec.config.max_prompt_words
-        self.ar_config = card.spec.loop(multi_expert.REFINE_LOOP).config.replace(temperature=1.0)
-        self.sampling = config.sampling_on(card.spec.loop(multi_expert.DENOISE_LOOP).config)
+        self.ar_config = card.spec.loop(toy_multi_expert.REFINE_LOOP).config.replace(temperature=1.0)
+        self.sampling = config.sampling_on(card.spec.loop(toy_multi_expert.DENOISE_LOOP).config)
         self.allowed = jnp.asarray(card.spec.config.allowed_tokens())
         self.expert_map = resolve_expert_map(config.expert_map)
         self.expert_terms = config.expert_terms or tuple(card.spec.config.slot(i) for i in range(self.num_refiners))
@@ -167,11 +167,11 @@ class JointMultiExpertRL:
                     f"per_expert credit needs one reward term per refiner ({self.num_refiners}); got {self.expert_terms} "
                     "(pass expert_terms, or give the card slots)"
                 )
-        lm = card[multi_expert.COMPONENT]
+        lm = card[toy_multi_expert.COMPONENT]
         self._lm_graphdef = nnx.graphdef(lm)
-        trainable = (multi_expert.COMPONENT, "transformer") if config.joint else (multi_expert.COMPONENT,)
+        trainable = (toy_multi_expert.COMPONENT, "transformer") if config.joint else (toy_multi_expert.COMPONENT,)
         self._graphdef, params, frozen, self._rest = split_trainable(card, trainable)
-        self._refiners = nnx.State({multi_expert.COMPONENT: params[multi_expert.COMPONENT]})
+        self._refiners = nnx.State({toy_multi_expert.COMPONENT: params[toy_multi_expert.COMPONENT]})
         self._generator = nnx.State({"transformer": (params if config.joint else frozen)["transformer"]})
         self._frozen = nnx.State({k: frozen[k] for k in frozen if k != "transformer"})
         self.refiner_tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.lm_learning_rate))
@@ -208,7 +208,7 @@ class JointMultiExpertRL:
 
     def _expert(self, params: nnx.State, allowed: jax.Array):
         """Refiner params of ONE expert (no expert axis) as a slot-restricted LM."""
-        return MaskedLM(nnx.merge(self._lm_graphdef, params[multi_expert.COMPONENT]), allowed)
+        return MaskedLM(nnx.merge(self._lm_graphdef, params[toy_multi_expert.COMPONENT]), allowed)
 
     def _generator_of(self, refiners: nnx.State, frozen: nnx.State):
         return lambda generator: (self.components(refiners, generator, frozen)["transformer"],)
@@ -222,12 +222,12 @@ class JointMultiExpertRL:
         rows = ids.shape[0]
         refined = refine_rows(cfg.group_size, cfg.skip, rows)
         slots = rollout.text_slots(self.program, ids, jax.random.split(key, rows), refined)
-        settings = loop_settings(**{multi_expert.REFINE_LOOP: self.ar_config, multi_expert.DENOISE_LOOP: self.sampling})
-        captured = (multi_expert.DENOISE_LOOP,) if cfg.joint else ()
+        settings = loop_settings(**{toy_multi_expert.REFINE_LOOP: self.ar_config, toy_multi_expert.DENOISE_LOOP: self.sampling})
+        captured = (toy_multi_expert.DENOISE_LOOP,) if cfg.joint else ()
         run = rollout.run(card, self.program, settings, slots, capture=captured)
-        refinements = restrict(multi_expert.expert_major(run.slots["refinements"]), refined[None, :])
+        refinements = restrict(toy_multi_expert.expert_major(run.slots["refinements"]), refined[None, :])
         images = run.artifacts["image"]
-        generated = rollout.generated(run, multi_expert.DENOISE_LOOP) if cfg.joint else rollout.Generated(images, None, None)
+        generated = rollout.generated(run, toy_multi_expert.DENOISE_LOOP) if cfg.joint else rollout.Generated(images, None, None)
         parts = self.reward_fn(images, labels)
         if isinstance(parts, Mapping):
             rewards = sum(jnp.asarray(p, jnp.float32) for p in parts.values())
@@ -273,7 +273,7 @@ class JointMultiExpertRL:
             finite = jnp.all(jnp.isfinite(values)) & jnp.all(jnp.isfinite(grad_norms))
             metrics = {f"lm_{k}": jnp.mean(v) for k, v in lm_metrics.items()}
             metrics["lm_grad_norm"] = jnp.mean(grad_norms)
-            metrics.update({f"{multi_expert.EXPERT_PREFIX}{i}_loss": values[i] for i in range(self.num_refiners)})
+            metrics.update({f"{toy_multi_expert.EXPERT_PREFIX}{i}_loss": values[i] for i in range(self.num_refiners)})
             if cfg.joint:
                 generator, generator_opt, value, gen_metrics, grad_norm = generator_minibatch_update(
                     self.generator_tx, generator_of, generator, state.generator_reference, generator_opt, ro.generated,
@@ -291,7 +291,7 @@ class JointMultiExpertRL:
                              step=state.step + 1)
         new = guarded_update(finite, new, state._replace(step=state.step + 1))
         for i in range(self.num_refiners):
-            metrics[f"{multi_expert.EXPERT_PREFIX}{i}_advantage_std"] = jnp.std(ro.expert_advantages[i])
+            metrics[f"{toy_multi_expert.EXPERT_PREFIX}{i}_advantage_std"] = jnp.std(ro.expert_advantages[i])
         return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
 
     def step_fn(self, state: JointRLState, batch: Mapping[str, Any], key: jax.Array) -> tuple[JointRLState, dict]:

@@ -29,7 +29,7 @@ import optax
 from flax import nnx
 
 from jaxpipe.card import Card
-from jaxpipe.cards import bagel_mot, registry
+from jaxpipe.cards import toy_mot, registry
 from jaxpipe.loops import ar
 from jaxpipe.nn.mot import TEXT, MoT, MoTCond
 from jaxpipe.program import settings as loop_settings
@@ -171,13 +171,13 @@ class SharedMoTRL:
     """
 
     def __init__(self, card: Card, reward_fn: RewardFn, config: MoTRLConfig = MoTRLConfig()):
-        if card.spec.family != "bagel_mot":
-            raise ValueError(f"SharedMoTRL trains a MoT card (family 'bagel_mot'); {card.model_id!r} is {card.spec.family!r}")
+        if card.spec.family != "toy_mot":
+            raise ValueError(f"SharedMoTRL trains a MoT card (family 'toy_mot'); {card.model_id!r} is {card.spec.family!r}")
         self.config, self.spec, self.reward_fn = config, card.spec, reward_fn
         self.program = registry.family_of(card).program("think_t2i")
         self.max_prompt_words = card.spec.config.max_prompt_words
-        self.ar_config = card.spec.loop(bagel_mot.THINK_LOOP).config.replace(temperature=1.0)
-        self.sampling = config.generator.sampling_on(card.spec.loop(bagel_mot.IMAGE_LOOP).config)
+        self.ar_config = card.spec.loop(toy_mot.THINK_LOOP).config.replace(temperature=1.0)
+        self.sampling = config.generator.sampling_on(card.spec.loop(toy_mot.IMAGE_LOOP).config)
         self._graphdef, params, frozen, self._rest = split_trainable(card, ("transformer",))
         self._params, self._frozen = params, frozen
         self._role = gradient_roles(card["transformer"].cfg)
@@ -210,12 +210,12 @@ class SharedMoTRL:
         rows = ids.shape[0]
         think = refine_rows(cfg.group_size, cfg.skip, rows)
         slots = {"ids": ids, "key": jax.random.split(key, rows), "think": think}
-        settings = loop_settings(**{bagel_mot.THINK_LOOP: self.ar_config, bagel_mot.IMAGE_LOOP: self.sampling})
-        run = rollout.run(card, self.program, settings, slots, capture=(bagel_mot.THINK_LOOP, bagel_mot.IMAGE_LOOP))
-        thought = restrict(rollout.refinement(run, bagel_mot.THINK_LOOP), think)
+        settings = loop_settings(**{toy_mot.THINK_LOOP: self.ar_config, toy_mot.IMAGE_LOOP: self.sampling})
+        run = rollout.run(card, self.program, settings, slots, capture=(toy_mot.THINK_LOOP, toy_mot.IMAGE_LOOP))
+        thought = restrict(rollout.refinement(run, toy_mot.THINK_LOOP), think)
         prompt_length = jnp.sum(ids != 0, axis=1).astype(jnp.int32)
         text_length = jnp.where(think, thought.length, prompt_length)
-        generated = rollout.generated(run, bagel_mot.IMAGE_LOOP)
+        generated = rollout.generated(run, toy_mot.IMAGE_LOOP)
         rewards, advantages = rollout.score(self.reward_fn, generated.images, labels, cfg.group_size, cfg.adv_clip)
         return MoTRollout(thought, think, thought.tokens, text_length, generated, rewards, advantages)
 

@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxpipe.loops import denoise
+from jaxpipe.training import rollout
 
-__all__ = ["Schedule", "minibatch_rows", "run", "summarize", "subsample_steps", "PER_UPDATE"]
+__all__ = ["Schedule", "minibatch", "minibatch_rows", "run", "summarize", "subsample", "subsample_steps", "PER_UPDATE"]
 
 PER_UPDATE = ("clip_frac", "ratio_mean", "approx_kl")
 """Metrics also reported per update (``<name>_u<i>``) when a rollout feeds several."""
@@ -131,3 +132,20 @@ def subsample_steps(trajectory: denoise.Transition, key: jax.Array, kept: int) -
         return jnp.take_along_axis(field, index, axis=0)
 
     return jax.tree.map(take, trajectory)
+
+
+def subsample(generated, key: jax.Array | None, schedule: Schedule):
+    """A rendered batch (``rollout.Generated``) on a random ``timestep_fraction`` of each row's captured
+    steps (``key``), or as it is at fraction 1."""
+    if schedule.timestep_fraction < 1.0:
+        kept = schedule.steps_kept(generated.trajectory.log_prob.shape[0])
+        generated = generated._replace(trajectory=subsample_steps(generated.trajectory, key, kept))
+    return generated
+
+
+def minibatch(generated, advantages: jax.Array, rows: jax.Array | None, key: jax.Array | None, schedule: Schedule):
+    """``(generated, advantages)`` of one minibatch: the rendered batch's ``rows`` (``None``: all, in order)
+    on ``subsample``'s captured steps."""
+    if rows is not None:
+        generated, advantages = rollout.take_rows(generated, rows), advantages[rows]
+    return subsample(generated, key, schedule), advantages

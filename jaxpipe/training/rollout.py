@@ -12,6 +12,8 @@ prompt ``p``.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -20,13 +22,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpipe import precision
+from jaxpipe import precision, rewards
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.loops import ar, denoise
 from jaxpipe.program import Execution, Program, Settings, execute
+from jaxpipe.prompts import Prompts
 from jaxpipe.training import losses
 
 __all__ = [
+    "Group",
+    "Sampling",
+    "Render",
+    "Scored",
+    "render",
+    "score_rollout",
+    "reward_metrics",
+    "advantages",
+    "artifacts_of",
     "Generated",
     "RewardFn",
     "denoise_loop",
@@ -46,6 +58,109 @@ __all__ = [
 RewardFn = Callable[[jax.Array, Mapping[str, jax.Array]], jax.Array]
 """``reward(images (B, H, W, C) in [0, 1], labels {term: (B,) int}) -> (B,)`` rewards (a video program's
 reward gets videos ``(B, T, H, W, C)``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """How many samples a rollout renders per prompt (``size``, K) and the clip of their group-relative
+    advantages ``clip((r - mean_g) / (std_g + 1e-4), ±adv_clip)`` (unused by methods without a reward)."""
+
+    size: int = 4
+    adv_clip: float = 5.0
+
+    def __post_init__(self):
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"group size (samples per prompt, K) must be an int >= 1 (got {self.size!r})")
+        if not (isinstance(self.adv_clip, (int, float)) and math.isfinite(self.adv_clip) and self.adv_clip > 0):
+            raise ValueError(f"adv_clip must be a finite number > 0 (got {self.adv_clip!r})")
+
+    def check_relative(self) -> None:
+        """A clear error unless the group can give group-relative advantages (K >= 2)."""
+        if self.size < 2:
+            raise ValueError(f"group size (K) must be >= 2 for group-relative advantages (got {self.size})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """A rollout's denoise policy, laid over the card's own loop config (which keeps its schedule shift,
+    router, ...): ``num_steps`` (``None``: the card's), ``sampler`` (``"ode"`` | ``"sde"``), the SDE's
+    ``noise_level`` and ``sde_window`` (``(i, j)``: SDE on steps ``[i, j)`` only; ``None``: every step),
+    ``guidance`` (``None``: the card's)."""
+
+    num_steps: int | None = 8
+    sampler: str = "ode"
+    noise_level: float = 0.7
+    sde_window: tuple[int, int] | None = None
+    guidance: float | None = 1.0
+
+    def __post_init__(self):
+        if self.sde_window is not None:
+            object.__setattr__(self, "sde_window", tuple(self.sde_window))
+        self.on(denoise.DenoiseConfig())  # validates every field on a default loop
+
+    def on(self, loop: Any) -> Any:
+        """``loop`` (a card loop's config: ``DenoiseConfig``, ``ChunkConfig`` ...) with this policy's fields
+        it has; ``num_steps`` / ``guidance`` of ``None`` keep the loop's."""
+        fields = {f.name for f in dataclasses.fields(loop)}
+        changes = {"num_steps": self.num_steps, "sampler": self.sampler, "noise_level": self.noise_level,
+                   "sde_window": self.sde_window, "guidance": self.guidance}
+        changes = {k: v for k, v in changes.items() if k in fields and not (v is None and k in ("num_steps", "guidance"))}
+        return dataclasses.replace(loop, **changes)
+
+
+class Render(NamedTuple):
+    """A batch rendered by the card's program with capture: the ``execution`` (artifacts, captured loops,
+    slots) and the prompts of its ``B = P·K`` rows (row ``p·K + k`` is sample k of prompt p)."""
+
+    execution: Execution
+    prompts: Prompts
+
+
+def render(
+    card: Card, program: Program, settings: Settings, prompts: Prompts, key: jax.Array, *, group_size: int,
+    capture: tuple[str, ...] = (), rewrite: jax.Array | None = None,
+) -> Render:
+    """The program on ``prompts`` repeated ``group_size`` times (row keys ``split(key, B)``), capturing the
+    loops in ``capture``; ``rewrite`` ``(B,)``: the rows a refining / thinking program rewrites (default all)."""
+    rows = prompts.repeat(group_size)
+    keys = jax.random.split(key, rows.ids.shape[0])
+    slots = text_slots(program, rows.ids, keys, rewrite)
+    return Render(execute(program, settings, card, slots, capture=capture), rows)
+
+
+class Scored(NamedTuple):
+    """A rendered batch's rewards ``(B,)`` (float32; the sum of ``parts`` when the reward names them),
+    their ``parts`` ``{name: (B,)}`` and the group advantages ``(B,)``."""
+
+    rewards: jax.Array
+    parts: dict[str, jax.Array]
+    advantages: jax.Array
+
+
+def artifacts_of(execution: Execution, program: Program) -> dict[str, jax.Array]:
+    """The rendered artifacts a reward scores: the program's outputs (``"image"`` or ``"video"``, ``"latents"``)."""
+    return {name: execution.artifacts[name] for name, _ in program.outputs if name in execution.artifacts}
+
+
+def score_rollout(reward: rewards.Reward, artifacts: Mapping[str, jax.Array], prompts: Prompts, group: Group) -> Scored:
+    """The rewards of a rendered batch and their group advantages (``group.size`` rows per prompt)."""
+    total, parts = rewards.score(reward, artifacts, prompts)
+    return Scored(total, parts, advantages(total, group))
+
+
+def reward_metrics(rewards: jax.Array, parts: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """A rollout's ``reward_mean`` and ``reward_std`` over its ``(B,)`` rewards, and ``reward_<part>``, each part's mean."""
+    return {"reward_mean": jnp.mean(rewards), "reward_std": jnp.std(rewards),
+            **{f"reward_{name}": jnp.mean(part) for name, part in parts.items()}}
+
+
+def advantages(values: jax.Array, group: Group) -> jax.Array:
+    """``(B,)`` group-relative advantages of ``values`` ``(B,)`` in groups of ``group.size`` consecutive rows."""
+    return losses.group_advantages(values.reshape(-1, group.size), adv_clip=group.adv_clip).reshape(-1)
+
+
+REWRITE_INPUTS = ("refine", "think")
+"""Program inputs that say which rows rewrite their prompt before rendering (a refiner LM, a thinking MoT)."""
 
 
 class Generated(NamedTuple):
@@ -94,10 +209,12 @@ def rendered_artifact(program: Program) -> str:
 
 def text_slots(program: Program, ids: jax.Array, keys: jax.Array, refine: jax.Array | None = None) -> dict[str, jax.Array]:
     """The input slots of a text-prompted program for a batch: ``ids`` ``(B, L)``, the empty prompt,
-    per-row ``keys`` ``(B,)`` and, for a program that refines prompts, ``refine`` ``(B,)`` bool."""
+    per-row ``keys`` ``(B,)`` and, for a program that rewrites its prompt first (its ``refine`` or
+    ``think`` input), ``refine`` ``(B,)`` bool: the rows it rewrites (default all)."""
     slots = {"ids": ids, "null_ids": jnp.zeros_like(ids), "key": keys}
-    if "refine" in program.inputs:
-        slots["refine"] = jnp.ones(ids.shape[:1], bool) if refine is None else refine
+    for flag in REWRITE_INPUTS:
+        if flag in program.inputs:
+            slots[flag] = jnp.ones(ids.shape[:1], bool) if refine is None else refine
     missing = sorted(set(program.inputs) - set(slots))
     if missing:
         raise ValueError(f"program {program.name!r} needs inputs {missing} that a text rollout does not provide")

@@ -29,7 +29,7 @@ import optax
 from flax import nnx
 
 from jaxpipe.card import Card
-from jaxpipe.cards import registry, unified
+from jaxpipe.cards import registry, toy_unified
 from jaxpipe.loops import ar, denoise
 from jaxpipe.program import settings as loop_settings
 from jaxpipe.training import losses, ppo, rollout
@@ -209,8 +209,8 @@ class UnifiedRL:
         self.program = registry.default_program(card)
         self.max_prompt_words = card.spec.config.max_prompt_words
         # on-policy token gradients need the untempered policy's own samples
-        self.ar_config = card.spec.loop(unified.REFINE_LOOP).config.replace(temperature=1.0)
-        self.sampling = config.sampling_on(card.spec.loop(unified.DENOISE_LOOP).config)
+        self.ar_config = card.spec.loop(toy_unified.REFINE_LOOP).config.replace(temperature=1.0)
+        self.sampling = config.sampling_on(card.spec.loop(toy_unified.DENOISE_LOOP).config)
         trainable = ("llm", "transformer") if config.joint else ("llm",)
         self._graphdef, params, frozen, self._rest = split_trainable(card, trainable)
         self._lm_graphdef = nnx.graphdef(card["llm"])
@@ -263,12 +263,12 @@ class UnifiedRL:
         rows = ids.shape[0]
         refined = refine_rows(cfg.group_size, cfg.skip, rows)
         slots = rollout.text_slots(self.program, ids, jax.random.split(key, rows), refined)
-        settings = loop_settings(**{unified.REFINE_LOOP: self.ar_config, unified.DENOISE_LOOP: self.sampling})
-        captured = (unified.REFINE_LOOP, unified.DENOISE_LOOP) if cfg.joint else (unified.REFINE_LOOP,)
+        settings = loop_settings(**{toy_unified.REFINE_LOOP: self.ar_config, toy_unified.DENOISE_LOOP: self.sampling})
+        captured = (toy_unified.REFINE_LOOP, toy_unified.DENOISE_LOOP) if cfg.joint else (toy_unified.REFINE_LOOP,)
         run = rollout.run(card, self.program, settings, slots, capture=captured)
-        refinement = restrict(rollout.refinement(run, unified.REFINE_LOOP), refined)
+        refinement = restrict(rollout.refinement(run, toy_unified.REFINE_LOOP), refined)
         images = run.artifacts["image"]
-        generated = rollout.generated(run, unified.DENOISE_LOOP) if cfg.joint else rollout.Generated(images, None, None)
+        generated = rollout.generated(run, toy_unified.DENOISE_LOOP) if cfg.joint else rollout.Generated(images, None, None)
         rewards, advantages = rollout.score(self.reward_fn, images, labels, cfg.group_size, cfg.adv_clip)
         return UnifiedRollout(refinement, refined, run.slots["refined"], generated, rewards, advantages)
 

@@ -10,10 +10,12 @@ import numpy as np
 from flax import nnx
 
 from jaxpipe import distributed
-from jaxpipe.cards import flux_t2i, multi_expert, unified
+from jaxpipe.cards import toy_t2i, toy_multi_expert, toy_unified
 from jaxpipe.nn import DiTConfig, dit
 from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
 from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
+from jaxpipe.digits import cards as digit_cards
+import jaxpipe as jp
 
 JOINT_MESH = {"data": 2, "expert": 4}
 FLOW_MESH = {"data": 2, "expert": 1, "model": 4}
@@ -44,7 +46,7 @@ def random_weights(factory, seed: int):
 
 def joint():
     """N = 4 ``JointMultiExpertRL`` on a ``multi-expert`` card from the ``unified`` one, its batch (P = 2)."""
-    card = random_weights(lambda: multi_expert.from_unified(unified.build(), 4), seed=5)
+    card = random_weights(lambda: digit_cards.multi_expert(jp.cards.build("unified"), 4), seed=5)
     reward = lambda im, lab: {"stroke": jnp.mean(im, axis=(1, 2, 3)), "position": jnp.mean(im[:, :, 8:], axis=(1, 2, 3))}
     # small learning rates: Adam's first step is lr·g/(|g|+eps), so near-zero gradients that differ by float
     # reordering (mesh vs one device) move a weight by up to ~lr; the moments compare the gradients directly
@@ -59,7 +61,7 @@ def joint():
 
 def flow():
     """FlowGRPO on a one-block ``flux-t2i`` card, its batch (P = 2)."""
-    card = random_weights(lambda: flux_t2i.build(flux_t2i.Config(dit=DiTConfig(depth=1))), seed=1)
+    card = random_weights(lambda: jp.cards.build("flux-t2i", config=digit_cards.config("flux-t2i", dit=DiTConfig(depth=1))), seed=1)
     config = FlowGRPOConfig(group_size=2, num_steps=2, sde_window=(0, 1), learning_rate=1e-5)
     method = FlowGRPO(card, lambda im, lab: jnp.mean(im, axis=(1, 2, 3)), config)
     batch = {"ids": np.asarray(card.spec.tokenizer.encode(["seven thick", "one thin"], 8)), "labels": {"digit": np.array([7, 1])}}

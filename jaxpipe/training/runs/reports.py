@@ -22,10 +22,9 @@ from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.io import plot_curves
 from jaxpipe.stopping import Stopped
 from jaxpipe.training.fit import fit, read_metrics
-from jaxpipe.training.runs.builders import Run
-from jaxpipe.training.runs.evaluation import DIVERSITY_COLLAPSE
+from jaxpipe.training.runs.run import Run
 
-__all__ = ["OUTPUTS", "TIMING", "execute", "summary_lines"]
+__all__ = ["DIVERSITY_COLLAPSE", "OUTPUTS", "TIMING", "execute", "summary_lines"]
 
 
 def _reward_summary(history: list[dict], keys: tuple[str, ...]) -> dict:
@@ -37,6 +36,9 @@ def _reward_summary(history: list[dict], keys: tuple[str, ...]) -> dict:
             out[key] = {"first": float(np.mean(values[:n])), "last": float(np.mean(values[-n:]))}
     return out
 
+
+DIVERSITY_COLLAPSE = 0.30
+"""A relative drop in sample diversity larger than this is collapse (reward hacking): the run failed."""
 
 OUTPUTS = ("metrics.jsonl", "report.json", "before.json", "progress.json", "config.json", "weights.safetensors", "checkpoints")
 """What a run writes into its folder (plus its curve PNGs)."""

@@ -1,0 +1,51 @@
+"""The ``wan-causal`` card: text -> a video generated chunk by chunk (causal, streamable, extendable).
+
+Components: the text encoder, a block-causal DiT (``jaxpipe.nn.CausalDiT``: ``DiT``'s parameters,
+so it starts from ``wan-t2v``'s) and the frame-wise autoencoder. The one loop, ``causal_rollout``
+(kind ``chunk_rollout``), denoises ``frames / chunk_frames`` chunks in turn, each conditioned on
+the cached K/V of the finished ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+from jaxpipe.card import Card
+from jaxpipe.cards import generator
+from jaxpipe.loops.chunk import ChunkConfig
+
+MODEL_ID = "toy-causal"
+LOOP_ID = "causal_rollout"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(generator.VideoGeneratorConfig):
+    """Everything that shapes a chunked causal video card (``vocabulary`` required); the defaults are CPU-test sized.
+
+    ``frames`` is the default video length, generated as ``sampling.chunks`` chunks of
+    ``sampling.chunk_frames`` frames (so ``chunks · chunk_frames == frames``).
+    """
+
+    sampling: ChunkConfig = ChunkConfig()
+
+    def __post_init__(self):
+        super().__post_init__()
+        f = self.sampling.chunk_frames
+        if self.frames % f:
+            raise ValueError(f"sampling.chunk_frames={f} does not divide frames={self.frames}: a video is whole chunks")
+        if self.sampling.chunks * f != self.frames:
+            raise ValueError(
+                f"sampling.chunks ({self.sampling.chunks}) · chunk_frames ({f}) must equal frames ({self.frames}); "
+                f"use chunks={self.frames // f}"
+            )
+
+
+
+def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
+    """A ``wan-causal`` card with freshly initialised components (deterministic in ``seed``; the same
+    initial weights as ``wan-t2v`` for a seed)."""
+    from jaxpipe.nn.causal_dit import CausalDiT
+
+    return generator.build(config, seed=seed, model_id=model_id, family="toy_causal", loop_id=LOOP_ID, capability="t2v",
+                           denoiser=CausalDiT, kind="chunk_rollout", parity=("C0", "C1", "C3"))

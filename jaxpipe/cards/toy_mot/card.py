@@ -1,0 +1,112 @@
+"""The ``bagel-mot`` card: ONE Mixture-of-Transformers that thinks, generates and understands (DESIGN §8).
+
+Components: ``transformer`` (a ``MoT``, modality routing: an understanding expert for text tokens,
+a generation expert for image tokens, joint attention) and ``vae``. Three loops bind the same
+``transformer``:
+
+- ``generate_text`` (``ar_decode``): the MoT continues the prompt with "thought" tokens — in the
+  digits world it completes a partial prompt into a full caption (digit, stroke, position,
+  brightness) and ends it with ``<eos>``;
+- ``generate_image`` (``denoise``): image latent tokens denoised by the same module, attending to
+  the prompt + thought tokens through the text K/V the AR loop left in its cache;
+- ``understand`` (``ar_decode``): an image's latent tokens in the cache as context, the caption
+  decoded after a ``<bos>`` (the ``<eos>`` id doubles as it: "a text begins").
+
+The MoT speaks the card's tokenizer plus ``<eos>`` (id ``tokenizer.vocab_size``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from flax import nnx
+
+from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.cards import generator
+from jaxpipe.cards.mot import eos_id
+from jaxpipe.loops import ar, denoise
+from jaxpipe.nn import Autoencoder, AutoencoderConfig, Tokenizer
+from jaxpipe.nn.mot import MoT, MoTConfig
+
+__all__ = ["IMAGE_LOOP", "MODEL_ID", "THINK_LOOP", "UNDERSTAND_LOOP", "Config", "build", "eos_id"]
+
+MODEL_ID = "toy-mot"
+THINK_LOOP = "generate_text"
+IMAGE_LOOP = "generate_image"
+UNDERSTAND_LOOP = "understand"
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything that shapes a MoT card (``vocabulary`` required); the defaults are CPU-test sized.
+
+    ``mot`` (``None``: the default MoT for the vocabulary); ``think``: the thinking policy (``eos_id``
+    the MoT's last id); ``caption``: the understanding policy (greedy by default); ``sampling``: the
+    image loop's. A prompt has at most
+    ``mot.max_text - think.max_new_tokens`` words (``max_prompt_words``).
+    """
+
+    vocabulary: tuple[str, ...] = dataclasses.field(kw_only=True)
+    image_size: int = 16
+    vae: AutoencoderConfig = AutoencoderConfig()
+    mot: MoTConfig | None = None
+    think: ar.ARConfig | None = None
+    caption: ar.ARConfig | None = None
+    sampling: denoise.DenoiseConfig = denoise.DenoiseConfig()
+
+    def __post_init__(self):
+        object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
+        vocab = Tokenizer(self.vocabulary).vocab_size
+        generator.fill(
+            self,
+            mot=lambda: MoTConfig(vocab_size=vocab + 1, max_text=8, latent_size=8, time_embed_dim=64),
+            think=lambda: ar.ARConfig(max_new_tokens=4, temperature=1.0, eos_id=vocab),
+            caption=lambda: ar.ARConfig(max_new_tokens=5, temperature=0.0, eos_id=vocab),
+        )
+        if self.mot.vocab_size != vocab + 1:
+            raise ValueError(f"mot.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.mot.vocab_size})")
+        for name in ("think", "caption"):
+            if getattr(self, name).eos_id != vocab:
+                raise ValueError(f"{name}.eos_id must be the MoT's <eos> id {vocab} (got {getattr(self, name).eos_id})")
+        if self.think.max_new_tokens >= self.mot.max_text:
+            raise ValueError(f"think.max_new_tokens ({self.think.max_new_tokens}) must leave room for a prompt in "
+                             f"mot.max_text ({self.mot.max_text})")
+        if 1 + self.caption.max_new_tokens > self.mot.max_text:
+            raise ValueError(f"<bos> + caption.max_new_tokens ({self.caption.max_new_tokens}) exceeds mot.max_text ({self.mot.max_text})")
+        side = self.image_size // self.vae.downsample
+        if self.image_size % self.vae.downsample or self.mot.latent_size != side:
+            raise ValueError(f"mot.latent_size must be image_size / vae.downsample = {self.image_size}/{self.vae.downsample} "
+                             f"(got {self.mot.latent_size})")
+        if self.mot.latent_channels != self.vae.latent_channels:
+            raise ValueError(f"mot.latent_channels ({self.mot.latent_channels}) must equal vae.latent_channels "
+                             f"({self.vae.latent_channels})")
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        return self.mot.latent_shape
+
+    @property
+    def max_prompt_words(self) -> int:
+        return self.mot.max_text - self.think.max_new_tokens
+
+
+def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
+    """A MoT card with freshly initialised components (deterministic in ``seed``)."""
+    rngs = nnx.Rngs(seed)
+    components = {"transformer": MoT(config.mot, rngs=rngs), "vae": Autoencoder(config.vae, rngs=rngs)}
+    loops = (
+        LoopSpec(THINK_LOOP, "ar_decode", ("transformer",), config.think),
+        LoopSpec(IMAGE_LOOP, "denoise", ("transformer",), config.sampling, latent_shape=config.latent_shape),
+        LoopSpec(UNDERSTAND_LOOP, "ar_decode", ("transformer",), config.caption),
+    )
+    spec = CardSpec(
+        model_id=model_id,
+        family="toy_mot",
+        loops=loops,
+        recipe=(THINK_LOOP, IMAGE_LOOP),
+        parity=("C0", "C1", "C2", "C3"),
+        capabilities=("t2i", "think", "understand"),
+        tokenizer=Tokenizer(config.vocabulary),
+        config=config,
+    )
+    return Card(components, spec)
+

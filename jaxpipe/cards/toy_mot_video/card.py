@@ -1,0 +1,94 @@
+"""The ``cosmos3`` card: one shared transformer reasons, then denoises a video (DESIGN §8).
+
+The same MoT family as ``bagel-mot`` with ``"shared"`` routing (one parameter set for every
+token, as Cosmos3). Two loops bind the one ``transformer``: ``reason`` (``ar_decode``) rewrites
+the prompt into a complete caption (in the digits world: the digit and its motion, e.g.
+``"seven"`` -> ``"seven moving right"``), and ``generate_video`` (``denoise``) renders an 8-frame
+video conditioned on the **reasoned** caption alone (its text K/V replace the prompt's). The
+card declares an optional ``sound_decoder`` it does not ship: the card validates and loads
+without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from flax import nnx
+
+from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.cards import generator
+from jaxpipe.cards.mot import eos_id
+from jaxpipe.loops import ar, denoise
+from jaxpipe.nn import Autoencoder, AutoencoderConfig, Tokenizer
+from jaxpipe.nn.mot import MoT, MoTConfig
+
+__all__ = ["MODEL_ID", "REASON_LOOP", "VIDEO_LOOP", "OPTIONAL", "Config", "build", "eos_id"]
+
+MODEL_ID = "toy-mot-video"
+REASON_LOOP = "reason"
+VIDEO_LOOP = "generate_video"
+OPTIONAL = ("sound_decoder",)
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything that shapes a reason-then-video MoT card (``vocabulary`` required; ``mot`` and ``reason``
+    ``None``: the defaults for the vocabulary); the defaults are CPU-test sized. A prompt has at most
+    ``mot.max_text - reason.max_new_tokens`` words."""
+
+    vocabulary: tuple[str, ...] = dataclasses.field(kw_only=True)
+    image_size: int = 16
+    vae: AutoencoderConfig = AutoencoderConfig()
+    mot: MoTConfig | None = None
+    reason: ar.ARConfig | None = None
+    sampling: denoise.DenoiseConfig = denoise.DenoiseConfig()
+
+    def __post_init__(self):
+        object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
+        vocab = Tokenizer(self.vocabulary).vocab_size
+        generator.fill(
+            self,
+            mot=lambda: MoTConfig(vocab_size=vocab + 1, max_text=8, latent_size=8, frames=8, time_embed_dim=64, routing="shared"),
+            reason=lambda: ar.ARConfig(max_new_tokens=4, temperature=1.0, eos_id=vocab),
+        )
+        if self.mot.vocab_size != vocab + 1:
+            raise ValueError(f"mot.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.mot.vocab_size})")
+        if self.reason.eos_id != vocab:
+            raise ValueError(f"reason.eos_id must be the MoT's <eos> id {vocab} (got {self.reason.eos_id})")
+        if self.reason.max_new_tokens >= self.mot.max_text:
+            raise ValueError(f"reason.max_new_tokens ({self.reason.max_new_tokens}) must leave room for a prompt in "
+                             f"mot.max_text ({self.mot.max_text})")
+        if self.mot.frames < 2:
+            raise ValueError(f"a video needs mot.frames >= 2 (got {self.mot.frames})")
+        if self.mot.latent_size * self.vae.downsample != self.image_size or self.mot.latent_channels != self.vae.latent_channels:
+            raise ValueError("mot.latent_size / latent_channels must match image_size / vae.downsample and vae.latent_channels")
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        return self.mot.latent_shape
+
+    @property
+    def max_prompt_words(self) -> int:
+        return self.mot.max_text - self.reason.max_new_tokens
+
+
+def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
+    """A reason-then-video MoT card with freshly initialised components (deterministic in ``seed``); its optional
+    ``sound_decoder`` is declared, not built."""
+    rngs = nnx.Rngs(seed)
+    components = {"transformer": MoT(config.mot, rngs=rngs), "vae": Autoencoder(config.vae, rngs=rngs)}
+    loops = (
+        LoopSpec(REASON_LOOP, "ar_decode", ("transformer",), config.reason),
+        LoopSpec(VIDEO_LOOP, "denoise", ("transformer",), config.sampling, latent_shape=config.latent_shape),
+    )
+    spec = CardSpec(
+        model_id=model_id,
+        family="toy_mot_video",
+        loops=loops,
+        recipe=(REASON_LOOP, VIDEO_LOOP),
+        parity=("C0", "C1", "C2", "C3"),
+        capabilities=("t2v", "reason"),
+        tokenizer=Tokenizer(config.vocabulary),
+        config=config,
+        optional=OPTIONAL,
+    )
+    return Card(components, spec)

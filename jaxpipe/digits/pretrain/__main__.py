@@ -1,0 +1,3 @@
+from jaxpipe.digits.pretrain import main
+
+main()

@@ -1,0 +1,246 @@
+"""Reproducible pretraining of the bundled ``unified`` card's refiner LM on digits-world captions.
+
+    python -m jaxpipe.digits.pretrain.lm --out jaxpipe/digits/assets/unified
+
+The LM learns the caption grammar of the digits world (DESIGN §9): a digit word, then each of
+stroke / position / brightness independently with probability ``p_attribute`` (its word uniform),
+in the canonical order, then ``<eos>``. Next-token cross-entropy on every position after the
+digit word, padding masked. Given ``"seven"`` it continues with a spread of attribute words and
+stops; given a full prompt (``"seven thick left bright"``) it emits ``<eos>``. RL later teaches
+it which words the reward prefers.
+
+The card is the bundled ``flux-t2i`` generator (text encoder, DiT, autoencoder; not stored again:
+``save_card(..., base="flux-t2i")``) plus the trained ``llm``. Fixed seeds, so the same machine
+reproduces the same weights; writes ``metrics.jsonl`` (one line per step) and ``pretrain.json``
+(settings, final loss, the LM's next-token distributions, timings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxpipe import cards
+from jaxpipe.card import Card
+from jaxpipe.cards import toy_unified
+from jaxpipe.cards.checkpoint import config_to_dict, save_card
+from jaxpipe.digits import cards as digit_cards
+from jaxpipe.digits import data as digits
+from jaxpipe.digits.words import DIGIT_WORDS
+from jaxpipe.nn import RefinerLM, Tokenizer
+from jaxpipe.training.finetune import guarded_update, make_optimizer
+from jaxpipe.digits.pretrain.generators import parse_settings, settings_parser
+from jaxpipe.training.fit import fit
+
+__all__ = [
+    "BASE",
+    "BASE_COMPONENTS",
+    "LMPretrainConfig",
+    "LMTrainer",
+    "lm_batches",
+    "next_token_loss",
+    "next_token_probs",
+    "pretrain_lm",
+    "refinement_captions",
+    "sequences",
+]
+
+BASE = "flux-t2i"
+"""The bundled card whose generator the ``unified`` card shares (and does not store again)."""
+BASE_COMPONENTS = ("text_encoder", "transformer", "vae")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMPretrainConfig:
+    """What an LM pretraining run does; the defaults are the bundled card's settings."""
+
+    seed: int = 0
+    steps: int = 1200
+    batch_size: int = 128
+    learning_rate: float = 3e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    p_attribute: float = 0.5
+
+    def __post_init__(self):
+        if not 0.0 <= self.p_attribute <= 1.0:
+            raise ValueError(f"p_attribute must be in [0, 1] (got {self.p_attribute})")
+        if self.steps <= 0 or self.batch_size <= 0:
+            raise ValueError(f"steps and batch_size must be positive (got {self.steps}, {self.batch_size})")
+
+
+# -------------------------------------------------------------------------------------------- data
+
+
+def refinement_captions(n: int, rng: np.random.Generator, p_attribute: float = 0.5) -> list[str]:
+    """``n`` captions: a uniform digit word, then each attribute (stroke, position, brightness) present
+    with probability ``p_attribute``, its word uniform, in the canonical ``digits.caption`` order."""
+    digit = rng.integers(0, len(DIGIT_WORDS), n)
+    values = {}
+    for name in digits.ATTRIBUTES:
+        present = rng.random(n) < p_attribute
+        word = rng.integers(0, len(digits.ATTRIBUTE_WORDS[name]), n)
+        values[name] = [int(w) if p else None for p, w in zip(present, word)]
+    return [digits.caption(int(digit[i]), *(values[a][i] for a in digits.ATTRIBUTES)) for i in range(n)]
+
+
+def sequences(tokenizer: Tokenizer, captions: Sequence[str], width: int) -> np.ndarray:
+    """LM training rows ``(B, width)`` int32: the caption's ids, ``<eos>`` (id ``tokenizer.vocab_size``),
+    then ``<pad>`` (0)."""
+    ids = tokenizer.encode(list(captions), width)
+    lengths = (ids != 0).sum(axis=1)
+    if int(lengths.max(initial=0)) >= width:
+        raise ValueError(f"a caption of {int(lengths.max())} words leaves no room for <eos> in width {width}")
+    ids[np.arange(len(ids)), lengths] = tokenizer.vocab_size
+    return ids
+
+
+def lm_batches(tokenizer: Tokenizer, cfg: LMPretrainConfig, width: int) -> Iterator[dict[str, jax.Array]]:
+    """Endless batches ``{"ids": (batch_size, width)}``; batch ``i`` draws from ``default_rng([seed, i])``."""
+    i = 0
+    while True:
+        rng = np.random.default_rng([cfg.seed, i])
+        yield {"ids": jnp.asarray(sequences(tokenizer, refinement_captions(cfg.batch_size, rng, cfg.p_attribute), width))}
+        i += 1
+
+
+# -------------------------------------------------------------------------------------------- loss
+
+
+def next_token_loss(model: RefinerLM, ids: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Mean next-token cross-entropy of right-padded ``ids`` ``(B, L)`` over every non-pad target
+    after the first token: ``(loss, {"loss", "accuracy"})``. Pure, differentiable in ``model``."""
+    mask = ids != 0
+    logits = model(ids, mask)[:, :-1]
+    targets, weights = ids[:, 1:], mask[:, 1:].astype(jnp.float32)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    count = jnp.maximum(weights.sum(), 1.0)
+    loss = jnp.sum(nll * weights) / count
+    accuracy = jnp.sum((jnp.argmax(logits, -1) == targets) * weights) / count
+    return loss, {"loss": loss, "accuracy": accuracy}
+
+
+class LMTrainState(NamedTuple):
+    params: nnx.State
+    opt_state: Any
+    step: jax.Array
+
+
+class LMTrainer:
+    """``init(key)``, jitted ``step(state, {"ids": (B, L)}, key)``, ``model(state)``: next-token training."""
+
+    def __init__(self, model: RefinerLM, cfg: LMPretrainConfig = LMPretrainConfig()):
+        self.cfg = cfg
+        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+        self.tx = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, cfg.weight_decay, cfg.grad_clip)
+        self.step = jax.jit(self._step, donate_argnums=0)
+
+    def init(self, key: jax.Array | None = None) -> LMTrainState:
+        del key
+        params = jax.tree.map(jnp.array, self._params)
+        return LMTrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
+
+    def loss(self, params, batch) -> tuple[jax.Array, dict]:
+        return next_token_loss(nnx.merge(self._graphdef, params, self._rest), batch["ids"])
+
+    def _step(self, state: LMTrainState, batch: dict, key: jax.Array):
+        del key
+        (loss, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(state.params, batch)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        new = LMTrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
+        finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
+        new = guarded_update(finite, new, state._replace(step=state.step + 1))
+        return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
+
+    def model(self, state: LMTrainState) -> RefinerLM:
+        return nnx.merge(self._graphdef, state.params, self._rest)
+
+
+# -------------------------------------------------------------------------------------------- evaluation
+
+
+@jax.jit
+def _next_token_probs(llm: RefinerLM, ids: jax.Array) -> jax.Array:
+    lengths = jnp.sum(ids != 0, axis=1)
+    logits = llm(ids, ids != 0)
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    return jax.nn.softmax(last, axis=-1)
+
+
+def next_token_probs(card: Card, prompts: Sequence[str]) -> np.ndarray:
+    """``(B, V)`` the card's LM's next-token distribution after each prompt (id ``V - 1`` is ``<eos>``)."""
+    ids = jnp.asarray(card.spec.tokenizer.encode(list(prompts), card["text_encoder"].cfg.max_len))
+    return np.asarray(_next_token_probs(card["llm"], ids))
+
+
+def _report(card: Card) -> dict:
+    words = card.spec.tokenizer.words + ("<eos>",)
+    after_seven = next_token_probs(card, ["seven"])[0]
+    full = [digits.caption(d, s, p, b) for d in range(10) for s in (0, 1) for p in (0, 1, 2) for b in (0, 1)]
+    eos_full = next_token_probs(card, full)[:, -1]
+    return {
+        "next_after_seven": {words[i]: round(float(after_seven[i]), 4) for i in np.argsort(-after_seven) if after_seven[i] > 0.005},
+        "p_eos_full_prompt_mean": float(eos_full.mean()),
+        "p_eos_full_prompt_min": float(eos_full.min()),
+    }
+
+
+# -------------------------------------------------------------------------------------------- the card
+
+
+def pretrain_lm(out: str | Path | None, cfg: LMPretrainConfig = LMPretrainConfig(), *, base: str = BASE,
+                progress: bool = True) -> Card:
+    """Train the refiner LM of a ``unified`` card whose generator is the bundled ``base`` card;
+    save it to ``out`` (the generator by reference to ``base``)."""
+    out = None if out is None else Path(out)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    start = time.perf_counter()
+    generator = cards.load(base)
+    card = toy_unified.build(digit_cards.bundled_config("unified"), seed=cfg.seed, model_id="unified")
+    card = card.replace(**{name: generator[name] for name in BASE_COMPONENTS})
+    trainer = LMTrainer(card["llm"], cfg)
+    width = card["text_encoder"].cfg.max_len
+    state, history = fit(
+        trainer.step,
+        trainer.init(),
+        lm_batches(card.spec.tokenizer, cfg, width),
+        steps=cfg.steps,
+        key=jax.random.key(cfg.seed),
+        metrics_path=None if out is None else out / "metrics.jsonl",
+        desc="refiner-lm",
+        progress=progress,
+    )
+    card = card.replace(llm=trainer.model(state))
+    seconds = time.perf_counter() - start
+    if out is not None:
+        save_card(card, out, base=base, base_components=BASE_COMPONENTS)
+        final = float(np.mean([h["loss"] for h in history[-100:]]))
+        report = {"model_id": card.model_id, "base": base, "settings": config_to_dict(cfg), "final_loss": final,
+                  **_report(card), "train_s": seconds, "jax": jax.__version__, "backend": jax.default_backend()}
+        (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
+    return card
+
+
+def main(argv=None) -> None:
+    parser = settings_parser(LMPretrainConfig, "Pretrain the bundled unified card's refiner LM on digits-world captions.")
+    parser.add_argument("--base", default=BASE, help="bundled card providing the text encoder, DiT and autoencoder")
+    args, cfg = parse_settings(parser, LMPretrainConfig, argv)
+    pretrain_lm(args.out, cfg, base=args.base)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

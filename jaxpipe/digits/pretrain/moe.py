@@ -1,0 +1,163 @@
+"""Reproducible pretraining of the bundled ``wan22-moe`` card: two σ-routed experts from ``wan-t2v``.
+
+    python -m jaxpipe.digits.pretrain.moe --out jaxpipe/digits/assets/wan22-moe
+
+Both experts start as copies of the bundled ``wan-t2v`` DiT; its text encoder and autoencoder are
+taken as they are (frozen, and not stored again: the card is saved with ``base="wan-t2v"``). One
+``Finetune`` run then trains the two experts through the card's own router: each training example
+draws its σ, the loop's ``SigmaBoundary`` sends it to the high-noise expert (σ >= boundary) or the
+low-noise one, so each expert only ever sees — and specialises on — its own σ range. Fixed seeds,
+the same moving-digit videos as ``wan-t2v``'s recipe.
+
+Writes the card (``save_card``), ``metrics.jsonl`` (one line per step) and ``pretrain.json``
+(settings, timings, and the held-out flow-matching loss above and below the boundary of
+``wan-t2v`` and of the trained experts, on the same noise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpipe import cards
+from jaxpipe.card import Card
+from jaxpipe.cards import generator, toy_sigma_moe
+from jaxpipe.cards.checkpoint import config_to_dict, save_card
+from jaxpipe.digits import data as digits
+from jaxpipe.loops import denoise
+from jaxpipe.training.finetune import Finetune, FinetuneConfig
+from jaxpipe.training.fit import fit
+from jaxpipe.digits.pretrain.generators import array_batches, encode_dataset, parse_settings, settings_parser
+
+__all__ = ["MoEPretrainConfig", "from_single", "heldout_loss", "pretrain_moe"]
+
+MODEL_ID = "wan22-moe"
+"""The card this recipe trains."""
+
+BASE = "wan-t2v"
+SHARED = ("text_encoder", "vae")
+"""The components taken from ``BASE`` unchanged (and stored only there)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEPretrainConfig:
+    """What the ``wan22-moe`` run does; the defaults are the bundled card's settings."""
+
+    seed: int = 0
+    steps: int = 450
+    batch_size: int = 16
+    learning_rate: float = 3e-4
+    warmup_steps: int = 30
+    copies: int = 8
+    boundary: float = 0.5
+    eval_videos: int = 64
+
+
+def from_single(single: Card, boundary: float) -> Card:
+    """A ``wan22-moe`` card whose two experts are copies of ``single``'s ``transformer`` (a ``wan-t2v``
+    card) and whose text encoder, autoencoder and sampling are ``single``'s."""
+    base = single.spec.config
+    config = toy_sigma_moe.Config(
+        image_size=base.image_size, frames=base.frames, text=base.text, dit=base.dit, vae=base.vae,
+        sampling=base.sampling, boundary=boundary, vocabulary=base.vocabulary,
+    )
+    # Two distinct modules: one module under two names would be one set of weights to nnx.split.
+    return Card(
+        {
+            "text_encoder": single["text_encoder"],
+            "transformer_high": nnx.clone(single["transformer"]),
+            "transformer_low": nnx.clone(single["transformer"]),
+            "vae": single["vae"],
+        },
+        toy_sigma_moe.spec(config),
+    )
+
+
+def heldout_loss(card: Card, latents: jax.Array, ids: jax.Array, sigmas: np.ndarray, seed: int) -> np.ndarray:
+    """``(len(sigmas),)`` flow-matching loss ``mean((v - (ε - x0))²)`` of the card's denoise loop (its
+    router, no guidance) on clean ``latents`` ``(N, T, h, w, C)`` captioned by ``ids`` ``(N, L)``, at
+    each fixed σ with noise drawn from ``seed`` (the same noise for every card)."""
+    loop = card.spec.loops[0]
+    config = loop.config.replace(guidance=1.0)
+
+    @jax.jit
+    def at(components, sigma, key):
+        models = tuple(components[name] for name in loop.binds)
+        cond = generator.TextFlow(loop.binds[0]).cond(components, {"ids": ids}, jnp.ones(ids.shape[:1], bool), latents)
+        noise = jax.random.normal(key, latents.shape)
+        s = jnp.full(latents.shape[:1], sigma)
+        x = (1.0 - sigma) * latents + sigma * noise
+        v = denoise.velocity(models, x, s, cond, config)
+        return jnp.mean((v - (noise - latents)) ** 2)
+
+    keys = jax.random.split(jax.random.key(seed), len(sigmas))
+    return np.array([float(at(card.components, jnp.float32(s), k)) for s, k in zip(sigmas, keys)])
+
+
+def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainConfig()) -> Card:
+    """Train both experts of a ``wan22-moe`` card from the bundled ``wan-t2v``; save it to ``out``."""
+    out = None if out is None else Path(out)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    single = cards.load(BASE)
+    card = from_single(single, cfg.boundary)
+
+    images, labels = digits.load_images("train")
+    data = digits.concat([digits.make_videos(images, labels, seed=cfg.seed + i) for i in range(cfg.copies)])
+    arrays = encode_dataset(card, data)
+    held_images, held_labels = digits.load_images("heldout")
+    held = encode_dataset(card, digits.make_videos(held_images[: cfg.eval_videos], held_labels[: cfg.eval_videos],
+                                                   seed=cfg.seed + 1000))
+    held = {k: jnp.asarray(v) for k, v in held.items()}
+
+    start = time.perf_counter()
+    method = Finetune(card, FinetuneConfig(
+        learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
+        trainable=toy_sigma_moe.EXPERTS,
+    ))
+    state, history = fit(
+        method.step,
+        method.init(),
+        array_batches(arrays, cfg.batch_size, seed=cfg.seed + 1),
+        steps=cfg.steps,
+        key=jax.random.key(cfg.seed + 1),
+        metrics_path=None if out is None else out / "metrics.jsonl",
+        desc="wan22-moe",
+    )
+    train_s = time.perf_counter() - start
+    card = method.card(state)
+
+    sigmas = (np.arange(16, dtype=np.float32) + 0.5) / 16  # midpoints of 16 equal σ bins
+    above = sigmas >= cfg.boundary
+    losses = {name: heldout_loss(c, held["latents"], held["ids"], sigmas, cfg.seed + 2)
+              for name, c in ((BASE, single), ("wan22-moe", card))}
+    report_loss = {name: {"above_boundary": float(l[above].mean()), "below_boundary": float(l[~above].mean()),
+                          "by_sigma": [round(float(x), 5) for x in l]} for name, l in losses.items()}
+    if out is not None:
+        save_card(card, out, base=BASE, base_components=SHARED)
+        report = {"model_id": MODEL_ID, "settings": config_to_dict(cfg), "start_from": BASE,
+                  "final_loss": float(np.mean([h["loss"] for h in history[-100:]])), "train_s": train_s,
+                  "heldout_sigmas": [float(s) for s in sigmas], "heldout_loss": report_loss,
+                  "jax": jax.__version__, "backend": jax.default_backend()}
+        (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "by_sigma"} for k, v in report_loss.items()}))
+    return card
+
+
+def main(argv=None) -> None:
+    parser = settings_parser(MoEPretrainConfig, "Pretrain the wan22-moe card's two experts from the bundled wan-t2v.")
+    args, cfg = parse_settings(parser, MoEPretrainConfig, argv)
+    pretrain_moe(args.out, cfg)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

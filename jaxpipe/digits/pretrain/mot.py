@@ -1,0 +1,232 @@
+"""Reproducible pretraining of a Mixture-of-Transformers card on the digits world (``bagel-mot``).
+
+    python -m jaxpipe.digits.pretrain.mot --out jaxpipe/digits/assets/bagel-mot
+    python -m jaxpipe.digits.pretrain.mot --model-id cosmos3 --steps 3000 --out jaxpipe/digits/assets/cosmos3
+
+The MoT learns its jobs at once, one summed loss per batch of captioned digits (latents by the
+bundled ``flux-t2i`` autoencoder for ``bagel-mot``, ``wan-i2v``'s for the video card ``cosmos3``,
+which the card shares):
+
+- **generation** (flow matching on the image tokens of the packed sequence) conditioned on the
+  caption + ``<eos>`` (a finished thought), a prefix of it (a partial prompt, what the card sees
+  without thinking) or nothing (so the card supports guidance);
+- **thinking** (next-token loss on those text tokens): completing a prefix into a caption, then
+  ``<eos>``;
+- **understanding** (``bagel-mot``: next-token loss on ``<bos>`` caption ``<eos>`` with the clean
+  image's tokens as context).
+
+Fixed seeds: the same machine reproduces the same weights. Writes the card (the autoencoder by
+reference to its base card), ``metrics.jsonl`` and ``pretrain.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxpipe import cards
+from jaxpipe.card import Card
+from jaxpipe.cards import generator, toy_mot, toy_mot_video
+from jaxpipe.cards.checkpoint import config_to_dict, save_card
+from jaxpipe.cards.mot import eos_id
+from jaxpipe.digits import cards as digit_cards
+from jaxpipe.digits import data as digits
+from jaxpipe.nn.mot import MoT
+from jaxpipe.training.finetune import guarded_update, make_optimizer
+from jaxpipe.training.fit import fit
+from jaxpipe.digits.pretrain.generators import array_batches, parse_settings, settings_parser
+
+__all__ = ["MoTPretrainConfig", "MoTTrainer", "caption_ids", "pretrain_mot"]
+
+BASE_COMPONENTS = ("vae",)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoTPretrainConfig:
+    """What a MoT pretraining run does; the defaults are the bundled card's settings."""
+
+    seed: int = 0
+    steps: int = 4000
+    batch_size: int = 64
+    video_batch_size: int = 16
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    copies: int = 8
+    p_full: float = 0.5
+    p_empty: float = 0.1
+    text_weight: float = 1.0
+    routing: str = "modality"
+
+    def __post_init__(self):
+        if not (0 <= self.p_full and 0 <= self.p_empty and self.p_full + self.p_empty <= 1):
+            raise ValueError(f"p_full and p_empty must be >= 0 with p_full + p_empty <= 1 (got {self.p_full}, {self.p_empty})")
+
+
+class MoTTrainState(NamedTuple):
+    params: nnx.State
+    opt_state: Any
+    step: jax.Array
+
+
+def _next_token_loss(logits: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Mean cross-entropy and accuracy of ``logits[:, t]`` predicting ``ids[:, t + 1]`` over non-pad targets."""
+    targets, mask = ids[:, 1:], (ids[:, 1:] != 0).astype(jnp.float32)
+    log_probs = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    right = (jnp.argmax(logits[:, :-1], axis=-1) == targets).astype(jnp.float32)
+    count = jnp.maximum(mask.sum(), 1.0)
+    return (nll * mask).sum() / count, (right * mask).sum() / count
+
+
+def generation_text(words: jax.Array, eos: int, width: int, key: jax.Array, cfg: MoTPretrainConfig) -> jax.Array:
+    """Per row, the text the image is generated from ``(B, width)``: the caption ``words`` ``(B, W)``
+    (right-padded) + ``<eos>`` (probability ``p_full``), nothing (``p_empty``) or a random non-empty
+    prefix of the words."""
+    b, n = words.shape
+    k_kind, k_len = jax.random.split(key)
+    u = jax.random.uniform(k_kind, (b,))
+    count = jnp.sum(words != 0, axis=1)
+    cut = jnp.floor(jax.random.uniform(k_len, (b,)) * count).astype(jnp.int32) + 1  # 1..count
+    pos = jnp.arange(width)[None, :]
+    padded = jnp.pad(words, ((0, 0), (0, width - n)))
+    full = jnp.where(pos == count[:, None], eos, padded)
+    prefix = jnp.where(pos < cut[:, None], padded, 0)
+    text = jnp.where((u < cfg.p_full)[:, None], full, prefix)
+    return jnp.where((u >= 1.0 - cfg.p_empty)[:, None], 0, text)
+
+
+def caption_ids(words: jax.Array, eos: int) -> jax.Array:
+    """``<bos>`` (= ``<eos>``) + caption words ``(B, W)`` + ``<eos>``: an understanding target ``(B, W + 2)``."""
+    b = words.shape[0]
+    marker = jnp.full((b, 1), eos, words.dtype)
+    padded = jnp.concatenate([marker, words, jnp.zeros((b, 1), words.dtype)], axis=1)
+    end = jnp.sum(words != 0, axis=1) + 1
+    return jnp.where(jnp.arange(padded.shape[1])[None, :] == end[:, None], eos, padded)
+
+
+class MoTTrainer:
+    """``init()``, jitted ``step(state, {"latents", "words"}, key)``, ``model(state)``: the summed MoT loss."""
+
+    def __init__(self, model: MoT, eos: int, cfg: MoTPretrainConfig = MoTPretrainConfig(), *, understand: bool = True):
+        self.cfg, self.eos, self.understand = cfg, eos, understand
+        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+        self.tx = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, cfg.weight_decay, cfg.grad_clip)
+        self.step = jax.jit(self._step, donate_argnums=0)
+
+    def init(self) -> MoTTrainState:
+        params = jax.tree.map(jnp.array, self._params)
+        return MoTTrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
+
+    def loss(self, params, batch, key) -> tuple[jax.Array, dict]:
+        """Flow matching + thinking + understanding (pure; differentiable in ``params``)."""
+        mot = nnx.merge(self._graphdef, params, self._rest)
+        x0, words = batch["latents"], batch["words"]
+        b = x0.shape[0]
+        k_text, k_sigma, k_noise = jax.random.split(key, 3)
+        text = generation_text(words, self.eos, mot.cfg.max_text, k_text, self.cfg)
+        sigma = jax.nn.sigmoid(jax.random.normal(k_sigma, (b,)))
+        noise = jax.random.normal(k_noise, x0.shape)
+        s = sigma.reshape((b,) + (1,) * (x0.ndim - 1))
+        logits, v = mot.forward(text, text != 0, (1.0 - s) * x0 + s * noise, sigma)
+        flow = jnp.mean((v - (noise - x0)) ** 2)
+        think, think_acc = _next_token_loss(logits, text)
+        if self.understand:
+            caption = caption_ids(words, self.eos)
+            understand, understand_acc = _next_token_loss(mot.understand(caption, caption != 0, x0), caption)
+        else:
+            understand = understand_acc = jnp.zeros(())
+        loss = flow + self.cfg.text_weight * (think + understand)
+        return loss, {"loss": loss, "flow": flow, "think": think, "think_acc": think_acc, "understand": understand,
+                      "understand_acc": understand_acc}
+
+    def _step(self, state: MoTTrainState, batch: dict, key: jax.Array):
+        (loss, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(state.params, batch, key)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        new = MoTTrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
+        finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
+        new = guarded_update(finite, new, state._replace(step=state.step + 1))
+        return new, {**metrics, "grad_norm": optax.tree.norm(grads), "skipped": 1.0 - finite.astype(jnp.float32)}
+
+    def model(self, state: MoTTrainState) -> MoT:
+        return nnx.merge(self._graphdef, state.params, self._rest)
+
+
+def training_arrays(card: Card, cfg: MoTPretrainConfig, chunk: int = 256) -> dict[str, np.ndarray]:
+    """``{"latents": (N, T, h, w, C), "words": (N, W)}``: train-split digits encoded once by the card's
+    autoencoder — full-caption images (``bagel-mot``; W = 4) or captioned moving-digit videos
+    (``cosmos3``; ``"seven moving right"``, W = 3)."""
+    images, labels = digits.load_images("train")
+    if card.spec.family == toy_mot_video.FAMILY.name:
+        data = digits.concat([digits.make_videos(images, labels, seed=cfg.seed + i) for i in range(cfg.copies)])
+        pixels, field, width = data.video, "video", 3
+    else:
+        data = digits.augment(images, labels, seed=cfg.seed, copies=cfg.copies)
+        pixels, field, width = data.image, "image", 4
+    encode = jax.jit(lambda vae, x: generator.TEXT_FLOW.latents({"vae": vae}, {field: x}))
+    latents = np.concatenate([np.asarray(encode(card["vae"], jnp.asarray(pixels[i : i + chunk])))
+                              for i in range(0, len(pixels), chunk)])
+    return {"latents": latents, "words": card.spec.tokenizer.encode(list(data.caption), width)}
+
+
+BASES = {"bagel-mot": "flux-t2i", "cosmos3": "wan-i2v"}
+"""The bundled card whose autoencoder each MoT card shares."""
+
+
+def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainConfig(), *, model_id: str = "bagel-mot",
+                 progress: bool = True) -> Card:
+    """Train a MoT card (``bagel-mot`` with ``cfg.routing``, or ``cosmos3``) on its bundled base card's
+    autoencoder; save it to ``out`` (the autoencoder by reference)."""
+    out = None if out is None else Path(out)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    start = time.perf_counter()
+    video = model_id == "cosmos3"
+    config = digit_cards.bundled_config("cosmos3") if video else digit_cards.bundled_config("bagel-mot", cfg.routing)
+    card = (toy_mot_video if video else toy_mot).build(config, seed=cfg.seed, model_id=model_id)
+    base = BASES["cosmos3" if video else "bagel-mot"]
+    card = card.replace(**{name: cards.load(base)[name] for name in BASE_COMPONENTS})
+    trainer = MoTTrainer(card["transformer"], eos_id(card), cfg, understand=not video)
+    state, history = fit(
+        trainer.step,
+        trainer.init(),
+        array_batches(training_arrays(card, cfg), cfg.video_batch_size if video else cfg.batch_size, seed=cfg.seed + 1),
+        steps=cfg.steps,
+        key=jax.random.key(cfg.seed + 1),
+        metrics_path=None if out is None else out / "metrics.jsonl",
+        desc=model_id,
+        progress=progress,
+    )
+    card = card.replace(transformer=trainer.model(state))
+    if out is not None:
+        save_card(card, out, base=base, base_components=BASE_COMPONENTS)
+        last = history[-100:]
+        final = {name: float(np.mean([h[name] for h in last])) for name in ("loss", "flow", "think", "understand")}
+        report = {"model_id": model_id, "base": base, "settings": config_to_dict(cfg), "final": final,
+                  "params": card["transformer"].param_counts(), "train_s": time.perf_counter() - start,
+                  "jax": jax.__version__, "backend": jax.default_backend()}
+        (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
+    return card
+
+
+def main(argv=None) -> None:
+    parser = settings_parser(MoTPretrainConfig, "Pretrain a Mixture-of-Transformers card on the digits world.")
+    parser.add_argument("--model-id", default="bagel-mot", help="bagel-mot (or another id: a bagel-mot-shaped card under that id) or cosmos3")
+    args, cfg = parse_settings(parser, MoTPretrainConfig, argv)
+    pretrain_mot(args.out, cfg, model_id=args.model_id)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Prompt distributions of the digits-world RL runs (DESIGN §9): which prompts a run draws and what the reward scores.
+
+A prompt is a random digit plus, for each rewarded attribute, its word with probability
+``mention``. A rewarded attribute the prompt leaves out is labelled with its preferred value from
+``prefer`` when there is one (a preference a refiner LM can learn to ask for), else -1 (not
+rewarded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxpipe.card import Card
+from jaxpipe.prompts import Prompts
+from jaxpipe.digits import data as digits
+from jaxpipe.digits.rewards import REWARD_TERMS
+
+__all__ = ["PromptSpec", "Captions", "TEXT_WIDTH", "parse_terms", "parse_preferences", "sample_prompts", "prompt_batches", "motion_batches"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSpec:
+    """Which prompts a run draws and which labels the reward scores.
+
+    terms: reward terms (``REWARD_TERMS``; must include ``"digit"``: every prompt names one).
+    mention: probability that a prompt names each rewarded attribute (1 = full compositional prompts).
+    prefer: ``(attribute, label)`` pairs: the label rewarded when the prompt leaves that attribute out.
+    """
+
+    terms: tuple[str, ...] = REWARD_TERMS
+    mention: float = 1.0
+    prefer: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self):
+        unknown = [t for t in self.terms if t not in REWARD_TERMS]
+        if unknown or not self.terms:
+            raise ValueError(f"unknown reward term(s) {unknown or list(self.terms)}; choose from {', '.join(REWARD_TERMS)}")
+        if len(set(self.terms)) != len(self.terms):
+            raise ValueError(f"reward terms are named twice: {list(self.terms)}")
+        if "digit" not in self.terms:
+            raise ValueError("the reward terms must include digit (every prompt names a digit)")
+        if not 0.0 <= self.mention <= 1.0:
+            raise ValueError(f"mention is a probability in [0, 1] (got {self.mention})")
+        seen = set()
+        for name, label in self.prefer:
+            if name not in digits.ATTRIBUTES:
+                raise ValueError(f"cannot prefer {name!r}: preferences are over {', '.join(digits.ATTRIBUTES)}")
+            if name in seen:
+                raise ValueError(f"{name} is preferred twice")
+            seen.add(name)
+            words = digits.ATTRIBUTE_WORDS[name]
+            if not 0 <= int(label) < len(words):
+                raise ValueError(f"preferred {name} must be one of {', '.join(words)} (got label {label})")
+            if name not in self.terms:
+                raise ValueError(f"preferring a {name} needs {name} among the reward terms (terms: {', '.join(self.terms)})")
+        if self.prefer and self.mention >= 1.0:
+            raise ValueError("a preference applies only to prompts that leave the attribute out; with mention 1 every prompt names it")
+
+    @property
+    def preferences(self) -> dict[str, int]:
+        return {name: int(label) for name, label in self.prefer}
+
+    @property
+    def max_words(self) -> int:
+        """The longest prompt this spec draws (digit + every rewarded attribute)."""
+        return 1 + sum(a in self.terms for a in digits.ATTRIBUTES) if self.mention > 0 else 1
+
+    def describe(self) -> dict:
+        prefer = {name: digits.ATTRIBUTE_WORDS[name][label] for name, label in self.prefer}
+        return {"terms": list(self.terms), "mention": self.mention, "prefer": prefer}
+
+
+def parse_terms(text: str) -> tuple[str, ...]:
+    """``"digit,stroke"`` -> ``("digit", "stroke")`` (validated by ``PromptSpec``)."""
+    terms = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [t for t in terms if t not in REWARD_TERMS]
+    if unknown or not terms:
+        raise ValueError(f"unknown reward term(s) {unknown or [text]}; choose from {', '.join(REWARD_TERMS)}")
+    return terms
+
+
+def parse_preferences(text: str) -> tuple[tuple[str, int], ...]:
+    """``"stroke=thick,brightness=bright"`` -> ``(("stroke", 1), ("brightness", 1))``; ``""`` -> ``()``."""
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        name, sep, word = (s.strip() for s in item.partition("="))
+        if not sep or name not in digits.ATTRIBUTE_WORDS:
+            raise ValueError(f"a preference is ATTRIBUTE=WORD with ATTRIBUTE one of {', '.join(digits.ATTRIBUTES)} (got {item!r})")
+        words = digits.ATTRIBUTE_WORDS[name]
+        if word not in words:
+            raise ValueError(f"preferred {name} must be one of {', '.join(words)} (got {word!r})")
+        out.append((name, words.index(word)))
+    return tuple(out)
+
+
+class Captions(NamedTuple):
+    """``n`` prompts: captions, rewarded labels ``{term: (n,) int32}`` (-1 = not rewarded) and
+    ``named`` ``{attribute: (n,) bool}`` (the caption names it)."""
+
+    captions: list[str]
+    labels: dict[str, np.ndarray]
+    named: dict[str, np.ndarray]
+
+
+def sample_prompts(spec: PromptSpec, n: int, rng: np.random.Generator) -> Captions:
+    """Draw ``n`` prompts of ``spec`` (uniform digit and attribute values)."""
+    labels = {"digit": rng.integers(0, 10, n).astype(np.int32)}
+    named = {}
+    preferences = spec.preferences
+    for name in digits.ATTRIBUTES:
+        value = rng.integers(0, len(digits.ATTRIBUTE_WORDS[name]), n)
+        mentioned = rng.random(n) < spec.mention
+        if name not in spec.terms:
+            named[name] = np.zeros(n, bool)
+            continue
+        named[name] = mentioned
+        labels[name] = np.where(mentioned, value, preferences.get(name, -1)).astype(np.int32)
+    captions = [
+        digits.caption(int(labels["digit"][i]), *(int(labels[a][i]) if named[a][i] else None for a in digits.ATTRIBUTES))
+        for i in range(n)
+    ]
+    return Captions(captions, labels, named)
+
+
+TEXT_WIDTH = 64
+"""Bytes of a digits prompt's text row (``Prompts.text``): longer than any caption, fixed so a run compiles once."""
+
+
+def prompt_batches(card: Card, spec: PromptSpec, prompts_per_step: int, seed: int) -> Iterator[Prompts]:
+    """Endless RL batches of ``spec``'s prompts: ``Prompts`` of P captions, their ids for ``card`` and
+    ``metadata`` = the rewarded labels ``{term: (P,) int32}``."""
+    if prompts_per_step < 1:
+        raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step})")
+    rng = np.random.default_rng(seed)
+    while True:
+        p = sample_prompts(spec, prompts_per_step, rng)
+        yield Prompts.from_texts(card, p.captions, p.labels, width=TEXT_WIDTH)
+
+
+def motion_batches(card: Card, prompts_per_step: int, seed: int) -> Iterator[Prompts]:
+    """Endless text-to-video batches of captions naming a digit and a motion (``"seven moving right"``),
+    uniformly drawn: ``Prompts`` with metadata ``{"digit", "motion": (P,) int32}``."""
+    if prompts_per_step < 1:
+        raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step})")
+    rng = np.random.default_rng(seed)
+    while True:
+        digit = rng.integers(0, 10, prompts_per_step)
+        motion = rng.integers(0, len(digits.MOTION_NAMES), prompts_per_step)
+        captions = [digits.caption(int(d), motion=int(m)) for d, m in zip(digit, motion)]
+        labels = {"digit": digit.astype(np.int32), "motion": motion.astype(np.int32)}
+        yield Prompts.from_texts(card, captions, labels, width=TEXT_WIDTH)

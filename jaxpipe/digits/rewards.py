@@ -1,0 +1,59 @@
+"""The digits world's rewards: the ``digit-scorer``'s probability of each prompted label.
+
+``scorer_reward(scorer, terms)`` returns one part per term (per-expert credit in N-way RL); the
+reward is their sum. A label of -1 means "not prompted" and contributes nothing; a label the
+prompt does not name (``stroke = thick`` for the prompt ``"seven"``) is a *preference*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from jaxpipe.card import Card
+from jaxpipe.digits import digit_scorer
+from jaxpipe.prompts import Prompts
+from jaxpipe.rewards import Reward
+
+__all__ = ["REWARD_TERMS", "scorer_reward"]
+
+REWARD_TERMS = ("digit", "stroke", "position", "brightness")
+"""Reward terms a ``digit-scorer`` reward can sum: the scorer's probability of the prompted label."""
+
+
+def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> Reward:
+    """The ``digit-scorer``'s reward: ``reward(artifacts, prompts) -> {term: (B,)}``, per term the scorer's
+    probability of the label the prompt's metadata gives (``prompts.metadata[term]``; 0 where it is -1),
+    the total being their sum (``jaxpipe.rewards.score``).
+
+    A label the prompt does not name (``stroke = thick`` for the prompt ``"seven"``) is a *preference*:
+    the reward then prefers images with that attribute, which is what a prompt refiner learns to ask
+    for. Per-term parts give per-expert credit in N-way RL. Videos (``artifacts["video"]``,
+    ``(B, T, H, W, C)``) are scored frame by frame, each term averaged over the frames; images are
+    ``artifacts["image"]`` ``(B, H, W, C)`` in [0, 1].
+    """
+    unknown = [t for t in terms if t not in REWARD_TERMS]
+    if unknown or not terms:
+        raise ValueError(f"unknown reward term(s) {unknown or list(terms)}; choose from {REWARD_TERMS}")
+
+    def reward(artifacts: Mapping[str, jax.Array], prompts: Prompts) -> dict[str, jax.Array]:
+        labels = prompts.metadata
+        missing = [t for t in terms if t not in labels]
+        if missing:
+            raise ValueError(f"the prompts carry no labels for reward term(s) {missing} (metadata: {sorted(labels)})")
+        images = artifacts["video"] if "video" in artifacts else artifacts["image"]
+        frames = images.shape[1] if images.ndim == 5 else 1
+        flat = images.reshape((-1, *images.shape[-3:]))
+        probs = {k: jnp.mean(p.reshape(-1, frames, p.shape[-1]), axis=1)
+                 for k, p in digit_scorer.score(scorer, flat * 2.0 - 1.0).items()}
+        parts = {}
+        for term in terms:
+            label = jnp.asarray(labels[term])
+            picked = jnp.take_along_axis(probs[term], jnp.maximum(label, 0)[:, None], axis=1)[:, 0]
+            parts[term] = jnp.where(label >= 0, picked, 0.0)
+        return parts
+
+    reward.__name__ = reward.__qualname__ = f"scorer_reward({', '.join(terms)})"
+    return reward

@@ -1,0 +1,207 @@
+"""Bring your own reward: ``reward(artifacts, prompts) -> (B,)``, scored inside the RL trainers' jitted step.
+
+``artifacts`` maps the program's rendered outputs to arrays with B rows (``{"image": (B, H, W, C)}``
+in [0, 1], ``{"video": (B, T, H, W, C)}``, maybe ``"latents"``); ``prompts`` is the batch's
+``jaxpipe.prompts.Prompts``, already repeated to the same B rows (row ``p·K + j`` is sample ``j``
+of prompt ``p``). A reward is one of two kinds.
+
+A **JAX reward** is a plain function, traced inside the step (``prompts`` holds arrays there). It
+returns ``(B,)`` or named parts ``{name: (B,)}`` whose sum is the reward (trainers log each part)::
+
+    def brightness(artifacts, prompts):
+        return jnp.mean(artifacts["image"], axis=(1, 2, 3))
+
+A **host reward** is plain Python (a PyTorch reward model, an OCR library, an HTTP reward server),
+marked with ``@host``: it gets NumPy artifacts and the prompts as a ``list[str]`` with
+``.metadata``, returns B numbers, and runs through ``jax.pure_callback``, so the step stays one
+``jax.jit``::
+
+    @jaxpipe.rewards.host
+    def says_the_word(artifacts, prompts):
+        words = ocr(artifacts["image"])                 # NumPy (B, H, W, C)
+        return [float(p in w) for p, w in zip(prompts, words)]
+
+``combine`` weighs several rewards into named parts, ``score`` calls a reward once and checks it,
+and ``load("module:function")`` / ``load("path/to/file.py:function")`` finds one for a
+``--reward`` flag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import math
+import numbers
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Union
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpipe.prompts import Prompts
+from jaxpipe.rewards.hosted import VMAP_METHODS, HostPrompts, HostReward, host
+
+__all__ = ["Reward", "HostPrompts", "HostReward", "VMAP_METHODS", "host", "combine", "score", "load"]
+
+Reward = Callable[[Mapping[str, Any], Prompts], Union[jax.Array, Mapping[str, jax.Array]]]
+"""``reward(artifacts, prompts) -> (B,)`` or ``{part: (B,)}``."""
+
+
+def _name(reward: Any) -> str:
+    return getattr(reward, "__qualname__", None) or getattr(reward, "__name__", None) or repr(reward)
+
+
+def _rows(artifacts: Mapping[str, Any], prompts: Prompts | None) -> int:
+    """B: the rows every artifact (and the prompts) share (ValueError naming the mismatch)."""
+    rows = {jax.tree_util.keystr(path): np.shape(leaf)[0] if np.ndim(leaf) else None
+            for path, leaf in jax.tree_util.tree_flatten_with_path(dict(artifacts))[0]}
+    if prompts is not None:
+        rows["prompts"] = len(prompts)
+    if not rows:
+        raise ValueError("score needs artifacts (or prompts) to know the batch size B")
+    if len(set(rows.values())) != 1 or None in rows.values():
+        hint = " (repeat the prompts to the rendered rows: prompts.repeat(K))" if "prompts" in rows else ""
+        raise ValueError(f"the artifacts and prompts must share one leading batch axis B; got rows {rows}{hint}")
+    return next(iter(rows.values()))
+
+
+def _checked(value: Any, rows: int, what: str) -> jax.Array:
+    value = jnp.asarray(value, jnp.float32)
+    try:
+        chex.assert_shape(value, (rows,))
+    except AssertionError:
+        raise ValueError(
+            f"{what} returned shape {tuple(value.shape)}; a reward gives one value per rendered row, ({rows},)"
+        ) from None
+    return value
+
+
+def score(reward: Reward, artifacts: Mapping[str, Any], prompts: Prompts | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Call ``reward`` once and check it: ``(total (B,) float32, parts {name: (B,) float32})``.
+
+    A reward returning ``(B,)`` has ``parts == {}``; one returning parts has ``total =
+    sum(parts.values())`` in the reward's own order (the sum the trainers take, bit for bit).
+
+    Raises:
+      ValueError: naming the reward (and part) when it returns another shape, no parts, or when
+        the artifacts' and prompts' rows differ.
+    """
+    rows = _rows(artifacts, prompts)
+    out = reward(artifacts, prompts)
+    if isinstance(out, Mapping):
+        if not out:
+            raise ValueError(f"reward {_name(reward)} returned no parts")
+        parts = {name: _checked(value, rows, f"reward {_name(reward)} part {name!r}") for name, value in out.items()}
+        return sum(parts.values()), parts
+    return _checked(out, rows, f"reward {_name(reward)}"), {}
+
+
+def combine(rewards: Mapping[str, Reward], weights: Mapping[str, float] | None = None) -> Reward:
+    """One reward from several: it returns the weighted parts ``{name: weight · reward_name(...)}``.
+
+    A reward that itself returns parts contributes each as ``"<name>/<part>"`` (times its weight).
+    ``score`` of the result sums the parts; trainers log each separately.
+
+    Args:
+      rewards: ``{name: reward}`` (JAX or host rewards), in the order the parts are returned.
+      weights: ``{name: weight}`` finite numbers; a name left out weighs 1.
+
+    Raises:
+      ValueError: no rewards, a name that is not a non-empty string, a weight for an unknown
+        name, a non-finite weight, a reward that is not callable.
+    """
+    rewards = dict(rewards)
+    if not rewards:
+        raise ValueError("combine needs at least one reward")
+    for name, reward in rewards.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"reward names must be non-empty strings (got {name!r})")
+        if not callable(reward):
+            raise ValueError(f"reward {name!r} is not callable (got {type(reward).__name__})")
+    weights = dict(weights or {})
+    unknown = sorted(set(weights) - set(rewards), key=str)
+    if unknown:
+        raise ValueError(f"weights name unknown reward(s) {unknown}; the rewards are {list(rewards)}")
+    for name, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+            raise ValueError(f"weight of {name!r} must be a finite number (got {weight!r})")
+    scale = {name: float(weights.get(name, 1.0)) for name in rewards}
+
+    def combined(artifacts: Mapping[str, Any], prompts: Prompts) -> dict[str, jax.Array]:
+        parts = {}
+        for name, reward in rewards.items():
+            out = reward(artifacts, prompts)
+            named = {f"{name}/{part}": v for part, v in out.items()} if isinstance(out, Mapping) else {name: out}
+            for key, value in named.items():
+                if key in parts:
+                    raise ValueError(f"combine: two rewards give a part named {key!r}; rename one")
+                parts[key] = scale[name] * jnp.asarray(value, jnp.float32)
+        return parts
+
+    label = "combine(" + ", ".join(f"{name}={scale[name]:g}" for name in rewards) + ")"
+    combined.__name__ = combined.__qualname__ = label
+    return combined
+
+
+def _import_file(path: Path, spec: str):
+    if not path.is_file():
+        raise ValueError(f"--reward {spec!r}: no reward file {path}")
+    path = path.resolve()
+    name = f"_jaxpipe_reward_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ValueError(f"--reward {spec!r}: cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _import_module(target: str, spec: str):
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as err:
+        if err.name and (target == err.name or target.startswith(err.name + ".")):
+            raise ValueError(
+                f"--reward {spec!r}: no module named {err.name!r} (is it on PYTHONPATH, or did you mean a .py file?)"
+            ) from None
+        raise
+
+
+def load(spec: str) -> Reward:
+    """The reward named by ``spec``: ``"package.module:function"`` or ``"path/to/file.py:function"``.
+
+    A ``.py`` path (or one with a path separator) is imported as a module of its own, once per
+    file; ``function`` may be dotted (``"module:Class.method"``). It is returned as is: a JAX
+    reward, or a host reward marked with ``@host``.
+
+    Raises:
+      ValueError: a spec without ``":"``, a module or file that is not found, a missing
+        attribute, or one that is not callable.
+    """
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ValueError(f"a reward is named 'package.module:function' or 'path/to/file.py:function' (got {spec!r})")
+    target, _, attribute = spec.rpartition(":")
+    if not target or not attribute:
+        raise ValueError(f"a reward is named 'package.module:function' or 'path/to/file.py:function' (got {spec!r})")
+    is_file = target.endswith(".py") or "/" in target or "\\" in target
+    module = _import_file(Path(target), spec) if is_file else _import_module(target, spec)
+    value = module
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            raise ValueError(f"--reward {spec!r}: {target} has no attribute {attribute!r}")
+        value = getattr(value, part)
+    if not callable(value):
+        raise ValueError(f"--reward {spec!r}: {attribute!r} is a {type(value).__name__}, not a reward function")
+    return value

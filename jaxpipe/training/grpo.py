@@ -1,0 +1,129 @@
+"""The generator half of policy-gradient RL: FlowGRPO's objective and update on a captured denoise trajectory.
+
+``FlowGRPO`` trains a generator with it alone; ``UnifiedRL``, ``JointMultiExpertRL`` and ``SharedMoTRL``
+train their generator with it next to a refiner (``jaxpipe.training.refine``). Per captured SDE step
+``(s, b)`` of a rollout with group advantages ``A`` ``(B,)``:
+
+    ℓ = max(-A·ρ, -A·clip(ρ, 1-ε, 1+ε)) + β · KL(μ_θ ‖ μ_ref),   ρ = exp(logp_θ - logp_rollout)
+
+averaged over the captured steps (``losses.flow_grpo_loss``). The log-probs and SDE means are
+recomputed by teacher-forcing the captured ``(x_t, x_next)`` pairs through the loop's bound
+denoiser(s) (``rollout.generator_stats``), so at the rollout weights ``ρ == 1`` (C2).
+
+KL convention (``FlowGRPOConfig.kl``): ``"exact"`` (default) is the exact Gaussian KL of the SDE
+step, ``mean((μθ − μref)²) / (2σ_eff²)``; ``"flowgrpo"`` is the official FlowGRPO code's
+``mean((μθ − μref)²) / (2·std_dev_t²)`` with ``std_dev_t = σ_eff / sqrt(|Δt|)``, i.e. exact · |Δt|.
+A β ported from an official config therefore pulls ``1/|Δt|`` times harder under ``"exact"``
+(10× at 10 uniform steps); divide it by that, or set ``kl="flowgrpo"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+
+from jaxpipe.loops import denoise
+from jaxpipe.precision import check_dtype
+from jaxpipe.training import losses, ppo, rollout, update
+from jaxpipe.training.optim import Optimizer
+from jaxpipe.training.rollout import Group, Sampling
+
+__all__ = ["FlowGRPOConfig", "KL_CONVENTIONS", "generator_loss", "generator_update"]
+
+KL_CONVENTIONS = ("exact", "flowgrpo")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowGRPOConfig:
+    """Settings of FlowGRPO on a generator (hashable: static under ``jit``).
+
+    Arguments:
+      group: K samples per prompt and the advantage clip (K >= 2).
+      sampling: the rollout's denoise policy: the SDE (``sampler="sde"``), its steps, noise level and
+        window, at guidance 1 (so the recomputed log-probs are the captured ones).
+      clip_eps: the PPO ratio clip ε, > 0.
+      beta: the KL weight β to the frozen reference denoiser, >= 0.
+      kl: the KL convention, ``"exact"`` or ``"flowgrpo"`` (module docstring).
+      ppo: updates per rollout (minibatches × inner epochs on a timestep fraction; ``training.ppo``).
+      optimizer: the generator's optimiser (clipped Adam, lr 1e-4 by default).
+      dtype: the networks' compute dtype (``"float32"`` | ``"bfloat16"``; ``None``: the card's own);
+        the trainable params and Adam stay float32 either way (``jaxpipe.precision``).
+    """
+
+    group: Group = Group()
+    sampling: Sampling = Sampling(sampler="sde")
+    clip_eps: float = 1e-3
+    beta: float = 0.004
+    kl: str = "exact"
+    ppo: ppo.Schedule = ppo.Schedule()
+    optimizer: Optimizer = Optimizer(1e-4)
+    dtype: str | None = None
+
+    def __post_init__(self):
+        self.group.check_relative()
+        if self.sampling.sampler != "sde" or self.sampling.guidance != 1.0:
+            raise ValueError(
+                "FlowGRPO rolls out with the SDE at guidance 1 (its log-probs must be recomputable): "
+                f"sampling needs sampler='sde', guidance=1.0 (got {self.sampling.sampler!r}, {self.sampling.guidance})"
+            )
+        if not (math.isfinite(self.clip_eps) and self.clip_eps > 0):
+            raise ValueError(f"clip_eps must be > 0 (got {self.clip_eps})")
+        if not (math.isfinite(self.beta) and self.beta >= 0):
+            raise ValueError(f"beta (the KL weight) must be >= 0 (got {self.beta})")
+        if self.kl not in KL_CONVENTIONS:
+            raise ValueError(f"kl must be one of {KL_CONVENTIONS} (got {self.kl!r})")
+        if self.dtype is not None:
+            check_dtype(self.dtype, "dtype")
+
+
+def generator_loss(
+    models, reference, generated: rollout.Generated, advantages: jax.Array, config: FlowGRPOConfig,
+    sampling: denoise.DenoiseConfig, reference_generated: rollout.Generated | None = None,
+) -> tuple[jax.Array, dict]:
+    """Clipped PPO on every captured SDE step of ``generated`` under ``models`` (the loop's bound
+    denoiser(s)) plus ``β ·`` the KL to ``reference``: ``(scalar, metrics)``. ``sampling``: the rollout's
+    loop policy; ``reference_generated``: the batch as the reference conditions on it (default
+    ``generated``; a MoT recomputes its text conditioning under each weight set). Differentiable in
+    ``models``; ``advantages`` ``(B,)``."""
+    log_prob, mean = rollout.generator_stats(models, generated, sampling)
+    if config.beta > 0:
+        ref_batch = generated if reference_generated is None else reference_generated
+        _, mean_ref = rollout.generator_stats(reference, ref_batch, sampling)
+        mean_ref = jax.lax.stop_gradient(mean_ref)
+    else:
+        mean_ref = jax.lax.stop_gradient(mean)
+    traj = generated.trajectory
+    return losses.flow_grpo_loss(
+        log_prob, traj.log_prob, advantages, mean, mean_ref, traj.std, clip_eps=config.clip_eps, beta=config.beta,
+        kl=config.kl, dt=traj.sigma_next - traj.sigma,
+    )
+
+
+def generator_update(
+    tx: optax.GradientTransformation,
+    models_of: Callable[[nnx.State], tuple],
+    params: nnx.State,
+    reference: nnx.State,
+    opt_state: Any,
+    generated: rollout.Generated,
+    advantages: jax.Array,
+    rows: jax.Array | None,
+    key: jax.Array | None,
+    config: FlowGRPOConfig,
+    sampling: denoise.DenoiseConfig,
+) -> update.Step:
+    """One guarded optimiser step of the generator on one minibatch of a captured rollout: its ``rows``
+    (``None``: all, in order) and, when ``config.ppo.timestep_fraction < 1``, a random subset of each
+    row's captured steps (``key``). ``models_of(params)`` builds the denoiser(s) the loop binds."""
+    generated, advantages = ppo.minibatch(generated, advantages, rows, key, config.ppo)
+
+    def loss(p):
+        return generator_loss(models_of(p), models_of(reference), generated, advantages, config, sampling)
+
+    return update.step(loss, tx, params, opt_state)

@@ -1,0 +1,145 @@
+"""``FlowGRPO``: group-relative policy optimisation of a text-to-image (or -video) card's denoiser.
+
+One ``step``: each of P prompts is rendered K times by the card's own program under SDE sampling
+with capture on (``rollout.render``); the reward scores the rendered artifacts against the prompts
+(``jaxpipe.rewards``), group advantages weight FlowGRPO's clipped PPO loss on every captured step
+plus ``β ·`` a KL to a frozen reference denoiser (``training.grpo``). Gradients flow through the
+denoiser(s) the program's denoise loop binds; the rest of the card stays frozen. A loop binding
+several experts routed by noise level (``wan22-moe``) trains only the experts the SDE window
+routes to (``trained_experts``, read off the static schedule, window and router by
+``rollout.window_experts``): the others stay out of the optimiser state and the reference, so a
+publish moves only the trained expert's version.
+
+``rollout`` and ``update`` are separate jitted functions so the C2 identity (recomputed log-probs
+== captured, ratio == 1) can be checked between them; ``step`` is both fused into one jitted
+function. A rollout may feed several updates (``config.ppo``: minibatches × inner epochs, each on a
+timestep fraction; ``training.ppo``); the default, 1 × 1 on every step, is one update at the
+rollout weights.
+
+Precision (``FlowGRPOConfig.dtype``): ``"bfloat16"`` runs the card's networks in bfloat16
+(``precision.with_dtype``) while the sampler, log-probs, losses and advantages stay float32, as
+FlowGRPO does; the trainable params are float32 master weights (Adam too), cast down in each
+forward, and the log-prob recompute runs the same bfloat16 network, so C2 still holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxpipe.card import Card
+from jaxpipe.cards import registry
+from jaxpipe.precision import with_dtype
+from jaxpipe.program import Program
+from jaxpipe.program import settings as loop_settings
+from jaxpipe.prompts import Prompts
+from jaxpipe.rewards import Reward
+from jaxpipe.training import ppo, rollout, update
+from jaxpipe.training.grpo import FlowGRPOConfig, generator_update
+from jaxpipe.training.parts import Parts
+from jaxpipe.training.trainer import RolloutMethod, TrainState
+
+__all__ = ["FlowGRPO", "FlowGRPOConfig", "Rollout", "GENERATOR"]
+
+GENERATOR = "generator"
+"""The trained part: the denoiser(s) the loop binds that the SDE window reaches."""
+
+
+class Rollout(NamedTuple):
+    """One group rollout (B = P·K rows, row ``p·K + k`` is sample k of prompt p): the rendered batch
+    with its captured SDE steps, rewards ``(B,)``, their parts ``{name: (B,)}`` and group advantages ``(B,)``."""
+
+    generated: rollout.Generated
+    rewards: jax.Array
+    parts: dict[str, jax.Array]
+    advantages: jax.Array
+
+
+class FlowGRPO(RolloutMethod):
+    """FlowGRPO on a text-to-image card: ``init(key)``, jitted ``rollout`` / ``update`` and ``step``.
+
+    A batch is a ``jaxpipe.prompts.Prompts`` of P prompts; each is sampled ``config.group.size``
+    times. ``reward(artifacts, prompts) -> (B,)`` (or its parts) scores the rendered rows
+    (``jaxpipe.rewards``: a JAX function or a ``@host`` one). The card renders through its family's
+    program (or ``program``), which must run one denoise loop.
+    """
+
+    def __init__(self, card: Card, reward: Reward, config: FlowGRPOConfig = FlowGRPOConfig(), *,
+                 program: Program | None = None):
+        if config.dtype is not None:
+            card = with_dtype(card, config.dtype)
+        self.config = config
+        self.spec = card.spec
+        self.reward = reward
+        self.program = registry.default_program(card) if program is None else program
+        self.program.check(card)
+        self.loop = rollout.denoise_loop(card, self.program)
+        self.denoisers = self.loop.binds
+        self.sampling = config.sampling.on(self.loop.config)
+        self._trained = rollout.window_experts(self.loop, self.sampling)
+        self.parts = Parts(card, {GENERATOR: self._trained}, master=True)
+        self.optimizers = {GENERATOR: config.optimizer.make()}
+        self.tx = self.optimizers[GENERATOR]
+        self._jit()
+
+    @property
+    def trained_experts(self) -> tuple[str, ...]:
+        """The bound denoisers this method trains: those some step of the SDE window routes to (all of
+        ``denoisers`` for a one-expert loop). The others are frozen: not in ``params``, the reference
+        or the optimiser state."""
+        return self._trained
+
+    @property
+    def transformer(self) -> str:
+        """The (first) denoiser component that trains."""
+        return self._trained[0]
+
+    def copies(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The frozen reference of the KL term: a copy of the trained denoiser(s)."""
+        return {"reference": params[GENERATOR]}
+
+    def check_batch(self, batch: Prompts) -> None:
+        super().check_batch(batch)
+        self.config.ppo.check_rows(len(batch) * self.config.group.size)
+
+    def models_of(self, frozen: nnx.State) -> Callable[[nnx.State], tuple]:
+        """``params -> the loop's bound denoisers`` under ``frozen`` (the untrained experts among them)."""
+        return lambda params: self.parts.models({GENERATOR: params}, frozen, self.denoisers)
+
+    def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> Rollout:
+        card = Card(self.components(jax.lax.stop_gradient(state.params), state.frozen), self.spec)
+        settings = loop_settings(**{self.loop.id: self.sampling})
+        run = rollout.render(card, self.program, settings, batch, key, group_size=self.config.group.size,
+                             capture=(self.loop.id,))
+        generated = rollout.generated(run.execution, self.loop.id, rollout.rendered_artifact(self.program))
+        scored = rollout.score_rollout(self.reward, rollout.artifacts_of(run.execution, self.program), run.prompts,
+                                       self.config.group)
+        return Rollout(generated, scored.rewards, scored.parts, scored.advantages)
+
+    def step_stats(self, params: nnx.State, frozen: nnx.State, ro: Rollout) -> tuple[jax.Array, jax.Array]:
+        """Per captured step ``(S, B)`` log-probs and ``(S, B, ...)`` SDE means of the rollout's samples
+        under the generator ``params`` (teacher-forced, the trainer's own batching)."""
+        return rollout.generator_stats(self.models_of(frozen)(params), ro.generated, self.sampling)
+
+    def _update(self, state: TrainState, ro: Rollout, key: jax.Array | None = None) -> tuple[TrainState, dict]:
+        """Every update the rollout feeds (``config.ppo``; ``key`` orders the minibatches), each guarded."""
+        models_of = self.models_of(state.frozen)
+
+        def one(carry, rows, k):
+            params, opt_state = carry
+            out = generator_update(self.tx, models_of, params, state.copies["reference"], opt_state, ro.generated,
+                                   ro.advantages, rows, k, self.config, self.sampling)
+            return (out.params, out.opt_state), {**out.aux, "grad_norm": out.grad_norm}, out.finite
+
+        (params, opt_state), metrics, finite = ppo.run(
+            one, (state.params[GENERATOR], state.opt_state[GENERATOR]), key, ro.advantages.shape[0], self.config.ppo
+        )
+        new = state._replace(params={GENERATOR: params}, opt_state={GENERATOR: opt_state}, step=state.step + 1)
+        return new, {**metrics, "skipped": update.skipped(finite)}
+
+    def rollout_metrics(self, ro: Rollout) -> dict[str, jax.Array]:
+        return rollout.reward_metrics(ro.rewards, ro.parts)

@@ -1,0 +1,77 @@
+"""A card split for training: the components each trained part owns, the frozen rest, and the way back to a card.
+
+Every trainer splits its card once (``nnx.split`` into the graph, the parameters and the other
+variables), keeps the parameters of each trained part apart — ``{"generator": {"transformer": ...}}``,
+``{"refiners": ...}``, ``{"student": ..., "critic": ...}`` — and merges them back with the frozen
+parameters whenever a network is needed inside its jitted step, or when ``card(state)`` returns
+the trained card.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxpipe.card import Card, CardSpec
+
+__all__ = ["Parts", "master_weights", "copy"]
+
+
+def master_weights(params: nnx.State) -> nnx.State:
+    """``params`` with every floating leaf in float32: what an optimiser updates whatever the compute
+    dtype (a bfloat16-stored card trains float32 copies; each forward casts them back down)."""
+    return jax.tree.map(lambda a: a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+
+
+def copy(tree: Any) -> Any:
+    """A copy of every array of ``tree`` (a state a jitted step may donate must not alias the card's own arrays)."""
+    return jax.tree.map(jnp.array, tree)
+
+
+class Parts:
+    """``card``'s components split into trained parts and the frozen rest.
+
+    Arguments:
+      card: the card to train.
+      trained: part name -> the components it owns (disjoint; every one the card's), in order.
+      master: keep the trained parameters in float32 (``master_weights``) whatever the card stores.
+
+    ``params`` maps each part to its parameters (``nnx.State`` keyed by component), ``frozen`` holds
+    every other component's; ``components(params, frozen)`` merges them back into modules.
+    """
+
+    def __init__(self, card: Card, trained: Mapping[str, Sequence[str]], *, master: bool = False):
+        owned = [name for names in trained.values() for name in names]
+        missing = sorted(set(owned) - set(card.components))
+        if missing:
+            raise ValueError(f"trainable names component(s) {missing} that card {card.model_id!r} lacks: {sorted(card.components)}")
+        if len(set(owned)) != len(owned):
+            raise ValueError(f"a component may be trained by one part only (got {dict(trained)})")
+        self.spec: CardSpec = card.spec
+        self.trained = {part: tuple(names) for part, names in trained.items()}
+        self.graphdef, params, self.rest = nnx.split(card.components, nnx.Param, ...)
+        self.params = {
+            part: (master_weights if master else (lambda s: s))(nnx.State({k: params[k] for k in params if k in names}))
+            for part, names in self.trained.items()
+        }
+        self.frozen = nnx.State({k: params[k] for k in params if k not in owned})
+
+    def components(self, params: Mapping[str, nnx.State], frozen: nnx.State) -> dict:
+        """The card's components (modules, name -> module) from the parts' ``params`` and ``frozen``."""
+        merged = {}
+        for state in params.values():
+            merged.update(state)
+        return nnx.merge(self.graphdef, nnx.State({**merged, **frozen}), self.rest)
+
+    def card(self, params: Mapping[str, nnx.State], frozen: nnx.State, spec: CardSpec | None = None) -> Card:
+        """The card with the parts' ``params`` (and ``spec``, default the card's own)."""
+        return Card(self.components(params, frozen), self.spec if spec is None else spec)
+
+    def models(self, params: Mapping[str, nnx.State], frozen: nnx.State, names: Sequence[str]) -> tuple:
+        """The modules ``names`` (e.g. the denoisers a loop binds) of ``components(params, frozen)``."""
+        components = self.components(params, frozen)
+        return tuple(components[name] for name in names)

@@ -1,0 +1,170 @@
+"""The one shape every training method has: the ``Trainer`` protocol, its ``TrainState`` and the base class.
+
+A trainer is ``init(key) -> state``, a jitted ``step(state, batch, key) -> (state, metrics)``,
+``card(state) -> Card`` (the trained card, ready to serve), ``roles`` (the other weight copies it
+keeps that can be served beside the card — role name -> components; empty by default) and
+``role_card(state, role)``. ``jaxpipe.training.fit`` runs any trainer; ``weight_sync.sync``
+publishes any trainer's card and roles into an engine.
+
+Every state is a ``TrainState``: the trained parts' parameters and optimiser states (by part:
+``"generator"``, ``"refiners"``, ``"student"``, ``"critic"``, ``"model"`` ...), the card's frozen
+parameters, the copies the method keeps (``"reference"``, the ``"old"`` policy, the ``"teacher"``)
+and the step count. ``Method`` writes the protocol's plumbing once: the split of the card into
+parts (``jaxpipe.training.parts``), the optimisers, ``init``, ``card``, ``role_card`` and the
+jitted ``step`` with its batch check; a method adds its ``step_fn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxpipe import prompts
+from jaxpipe.card import Card, CardSpec
+from jaxpipe.training.parts import Parts, copy
+
+__all__ = ["Trainer", "TrainState", "Method", "RolloutMethod", "UPDATE_KEY"]
+
+UPDATE_KEY = 1_000_003
+"""``fold_in(step key, UPDATE_KEY)`` keys a step's updates (its rollout uses the step key itself)."""
+
+
+class TrainState(NamedTuple):
+    """What a trainer carries from step to step (a pytree).
+
+    Attributes:
+      params: trained part -> its parameters (``nnx.State`` keyed by component).
+      opt_state: trained part -> its optimiser state.
+      frozen: the card's parameters no part trains.
+      copies: name -> a copy of some parameters the method keeps: frozen references, an EMA, a teacher.
+      step: steps taken so far (int32 scalar).
+    """
+
+    params: dict[str, Any]
+    opt_state: dict[str, Any]
+    frozen: Any
+    copies: dict[str, Any]
+    step: jax.Array
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """Every jaxpipe training method (``FlowGRPO``, ``UnifiedRL``, ``JointMultiExpertRL``, ``SharedMoTRL``,
+    ``DiffusionNFT``, ``DMD2``, ``SelfForcing``, ``Finetune`` ...)."""
+
+    roles: Mapping[str, tuple[str, ...]]
+
+    def init(self, key: jax.Array) -> Any:
+        """The starting state."""
+
+    def step(self, state: Any, batch: Any, key: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+        """One jitted training step: ``(new state, metrics)``."""
+
+    def card(self, state: Any) -> Card:
+        """The trained card of ``state``."""
+
+    def role_card(self, state: Any, role: str) -> Card:
+        """The card with role ``role``'s weights."""
+
+
+class Method:
+    """The base of jaxpipe's trainers: a card split into trained ``parts``, one optimiser per part.
+
+    A subclass sets up ``self.parts`` (``Parts``), ``self.optimizers`` (part -> optax transformation)
+    and ``self.spec`` (the trained card's spec), optionally ``copies(params)`` (the copies ``init``
+    makes) and ``roles`` / ``role_params``, then calls ``self._jit()``; it writes ``step_fn(state,
+    batch, key)`` (pure, unjitted) and may extend ``check_batch``.
+    """
+
+    parts: Parts
+    optimizers: dict[str, optax.GradientTransformation]
+    spec: CardSpec
+    roles: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+    stacked: tuple[str, ...] = ()
+    """Parts whose parameters carry a leading expert axis: their optimiser states are ``vmap``-initialised."""
+
+    def _jit(self) -> None:
+        self._step = jax.jit(self.step_fn)
+
+    def copies(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The copies ``init`` keeps besides the trained parameters (default: none)."""
+        del params
+        return {}
+
+    def init(self, key: jax.Array | None = None) -> TrainState:
+        """The card's weights, fresh optimiser states and the method's copies (``key`` is unused: nothing random)."""
+        del key
+        params = copy(self.parts.params)
+        opt_state = {
+            part: (jax.vmap(tx.init) if part in self.stacked else tx.init)(params[part]) for part, tx in self.optimizers.items()
+        }
+        return TrainState(params, opt_state, copy(self.parts.frozen), copy(self.copies(self.parts.params)),
+                          jnp.zeros((), jnp.int32))
+
+    def components(self, params: Mapping[str, Any], frozen: Any) -> dict:
+        """The card's modules from trained ``params`` (part -> state) and ``frozen``."""
+        return self.parts.components(params, frozen)
+
+    def card(self, state: TrainState) -> Card:
+        """The card with the state's trained weights."""
+        return Card(self.components(state.params, state.frozen), self.spec)
+
+    def role_params(self, state: TrainState, role: str) -> dict[str, Any]:
+        """The parameters role ``role`` serves, by trained part (default: the copy named ``role`` in place of
+        the part that trains the same components)."""
+        kept = state.copies[role]
+        for part, names in self.parts.trained.items():
+            if set(kept) == set(names):
+                return {part: kept}
+        raise KeyError(f"role {role!r} holds components {sorted(kept)}, which no trained part owns")
+
+    def role_card(self, state: TrainState, role: str) -> Card:
+        """The card with role ``role``'s weights in place of the trained ones (``roles`` lists the roles)."""
+        if role not in self.roles:
+            raise KeyError(f"{type(self).__name__} keeps no role {role!r}; its roles: {sorted(self.roles) or 'none'}")
+        params = {**state.params, **self.role_params(state, role)}
+        return Card(self.components(params, state.frozen), self.spec)
+
+    def step_fn(self, state: TrainState, batch: Any, key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        """The pure, unjitted step (for custom ``jit`` or sharding)."""
+        raise NotImplementedError
+
+    def check_batch(self, batch: Any) -> None:
+        """A clear error for a batch this method cannot train on (called before the jitted step): by
+        default a ``jaxpipe.prompts.Prompts`` of well-formed arrays."""
+        prompts.check(batch)
+
+    def step(self, state: TrainState, batch: Any, key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        """``step_fn`` as ONE jitted function, after ``check_batch``: ``(state, metrics)``."""
+        self.check_batch(batch)
+        return self._step(state, batch, key)
+
+
+class RolloutMethod(Method):
+    """A method whose step renders a rollout, then updates on it: ``rollout`` and ``update`` are jitted on
+    their own too (so C2, recomputed log-probs == captured, can be checked between them).
+
+    A subclass writes ``_rollout(state, batch, key)``, ``_update(state, rollout, key)`` and
+    ``rollout_metrics(rollout)``; ``step_fn`` runs the three, the update keyed ``fold_in(key, UPDATE_KEY)``.
+    """
+
+    def _jit(self) -> None:
+        super()._jit()
+        self.rollout = jax.jit(self._rollout)
+        self.update = jax.jit(self._update)
+
+    def rollout_metrics(self, rollout: Any) -> dict[str, jax.Array]:
+        """Metrics of the rollout itself (its rewards); none by default."""
+        del rollout
+        return {}
+
+    def step_fn(self, state: TrainState, batch: Any, key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        """The pure, unjitted step (rollout + its updates), for custom ``jit`` or sharding."""
+        ro = self._rollout(state, batch, key)
+        state, metrics = self._update(state, ro, jax.random.fold_in(key, UPDATE_KEY))
+        return state, {**metrics, **self.rollout_metrics(ro)}
