@@ -22,7 +22,7 @@ from jaxpipe.digits import digit_scorer
 from jaxpipe.digits import data as digits
 from jaxpipe.generate import generate
 from jaxpipe.stopping import Stopped
-from jaxpipe.digits.rewards import scorer_reward
+from jaxpipe.digits.rewards import label_probabilities
 from jaxpipe.digits.prompts import Captions, PromptSpec, sample_prompts
 
 __all__ = ["EvalSettings", "serve", "judge", "diversity", "generator_quality", "refinement_quality",
@@ -88,7 +88,8 @@ def judge(scorer: Card, images: np.ndarray, prompts: Captions) -> dict:
     right = {t: predicted[t] == labels[t] for t in labels}
     rewarded = {t: labels[t] >= 0 for t in labels}
     named = {"digit": np.ones(len(images), bool), **prompts.named}
-    reward = scorer_reward(scorer, tuple(labels))(jnp.asarray(images), {k: jnp.asarray(v) for k, v in labels.items()})
+    reward = sum(label_probabilities(scorer, jnp.asarray(images), {k: jnp.asarray(v) for k, v in labels.items()},
+                                     tuple(labels)).values())
     return {
         "all_right": float(np.mean(np.all([right[t] | ~rewarded[t] for t in labels], axis=0))),
         "prompted_right": float(np.mean(np.all([right[t] | ~named[t] for t in labels], axis=0))),

@@ -17,7 +17,7 @@ from jaxpipe.digits import digit_scorer
 from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 
-__all__ = ["REWARD_TERMS", "scorer_reward"]
+__all__ = ["REWARD_TERMS", "scorer_reward", "label_probabilities"]
 
 REWARD_TERMS = ("digit", "stroke", "position", "brightness")
 """Reward terms a ``digit-scorer`` reward can sum: the scorer's probability of the prompted label."""
@@ -39,21 +39,28 @@ def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> Reward:
         raise ValueError(f"unknown reward term(s) {unknown or list(terms)}; choose from {REWARD_TERMS}")
 
     def reward(artifacts: Mapping[str, jax.Array], prompts: Prompts) -> dict[str, jax.Array]:
-        labels = prompts.metadata
-        missing = [t for t in terms if t not in labels]
-        if missing:
-            raise ValueError(f"the prompts carry no labels for reward term(s) {missing} (metadata: {sorted(labels)})")
         images = artifacts["video"] if "video" in artifacts else artifacts["image"]
-        frames = images.shape[1] if images.ndim == 5 else 1
-        flat = images.reshape((-1, *images.shape[-3:]))
-        probs = {k: jnp.mean(p.reshape(-1, frames, p.shape[-1]), axis=1)
-                 for k, p in digit_scorer.score(scorer, flat * 2.0 - 1.0).items()}
-        parts = {}
-        for term in terms:
-            label = jnp.asarray(labels[term])
-            picked = jnp.take_along_axis(probs[term], jnp.maximum(label, 0)[:, None], axis=1)[:, 0]
-            parts[term] = jnp.where(label >= 0, picked, 0.0)
-        return parts
+        return label_probabilities(scorer, images, prompts.metadata, terms)
 
     reward.__name__ = reward.__qualname__ = f"scorer_reward({', '.join(terms)})"
     return reward
+
+
+def label_probabilities(scorer: Card, images: jax.Array, labels: Mapping[str, jax.Array],
+                        terms: tuple[str, ...]) -> dict[str, jax.Array]:
+    """``{term: (B,)}``: the ``digit-scorer``'s probability of each term's label ``labels[term]`` ``(B,)`` for
+    ``images`` ``(B, H, W, C)`` in [0, 1] (videos ``(B, T, H, W, C)``: averaged over the frames); 0 where the
+    label is -1."""
+    missing = [t for t in terms if t not in labels]
+    if missing:
+        raise ValueError(f"the prompts carry no labels for reward term(s) {missing} (metadata: {sorted(labels)})")
+    frames = images.shape[1] if images.ndim == 5 else 1
+    flat = images.reshape((-1, *images.shape[-3:]))
+    probs = {k: jnp.mean(p.reshape(-1, frames, p.shape[-1]), axis=1)
+             for k, p in digit_scorer.score(scorer, flat * 2.0 - 1.0).items()}
+    parts = {}
+    for term in terms:
+        label = jnp.asarray(labels[term])
+        picked = jnp.take_along_axis(probs[term], jnp.maximum(label, 0)[:, None], axis=1)[:, 0]
+        parts[term] = jnp.where(label >= 0, picked, 0.0)
+    return parts

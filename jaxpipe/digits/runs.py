@@ -17,15 +17,15 @@ from jaxpipe.cards import registry, toy_multi_expert
 from jaxpipe.cards.checkpoint import config_to_dict
 from jaxpipe.digits.evaluation import EvalSettings, generator_quality, refinement_quality, video_quality
 from jaxpipe.digits.prompts import PromptSpec, motion_batches, parse_preferences, parse_terms, prompt_batches
-from jaxpipe.digits.rewards import scorer_reward, scorer_reward_parts
-from jaxpipe.training.dmd2 import DMD2, DMD2Config
-from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
-from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
-from jaxpipe.training.mot_rl import MoTRLConfig, SharedMoTRL
-from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig
+from jaxpipe.digits.rewards import scorer_reward
+from jaxpipe.training.grpo import FlowGRPOConfig
+from jaxpipe.training.methods.dmd2 import DMD2, DMD2Config
+from jaxpipe.training.methods.flow_grpo import FlowGRPO
+from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointRLConfig, UnifiedRL, UnifiedRLConfig
+from jaxpipe.training.methods.mot_rl import MoTRLConfig, SharedMoTRL
+from jaxpipe.training.methods.nft import DiffusionNFT, DiffusionNFTConfig
+from jaxpipe.training.methods.self_forcing import SelfForcing, SelfForcingConfig
 from jaxpipe.training.runs import Run, execute
-from jaxpipe.training.self_forcing import SelfForcing, SelfForcingConfig
-from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig
 
 __all__ = ["EvalSettings", "PromptSpec", "Run", "execute", "parse_preferences", "parse_terms", "prompt_batches", "motion_batches", "flow_grpo_run", "nft_run", "dmd2_run", "self_forcing_run", "unified_run", "joint_run", "mot_run"]
 
@@ -72,7 +72,7 @@ def flow_grpo_run(
     _check_text_to_image(card, "flow-grpo")
     return _generator_run(
         "flow-grpo", FlowGRPO(card, scorer_reward(scorer, prompts.terms), config), card, scorer, config, prompts,
-        prompts_per_step, seed, evaluation, config.num_steps, {"reward.png": ("reward_mean",), "kl.png": ("kl",)},
+        prompts_per_step, seed, evaluation, config.sampling.num_steps, {"reward.png": ("reward_mean",), "kl.png": ("kl",)},
     )
 
 
@@ -90,7 +90,7 @@ def nft_run(
     _check_text_to_image(card, "nft")
     return _generator_run(
         "nft", DiffusionNFT(card, scorer_reward(scorer, prompts.terms), config), card, scorer, config, prompts,
-        prompts_per_step, seed, evaluation, config.num_steps,
+        prompts_per_step, seed, evaluation, config.sampling.num_steps,
         {"reward.png": ("reward_mean",), "loss.png": ("loss_pos", "loss_neg"), "old_policy.png": ("ema_decay", "r_mean")},
     )
 
@@ -230,7 +230,7 @@ def unified_run(
     method = UnifiedRL(card, scorer_reward(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
-        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps, should_stop=stop)
+        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop)
 
     headline = _refinement_headline
 
@@ -263,10 +263,10 @@ def joint_run(
     if toy_multi_expert.COMPONENT not in card.components:
         raise ValueError(f"joint RL needs a multi-expert card (stacked refiners); {card.model_id!r} has none")
     _check_room(card, prompts)
-    method = JointMultiExpertRL(card, scorer_reward_parts(scorer, prompts.terms), config)
+    method = JointMultiExpertRL(card, scorer_reward(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
-        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps, should_stop=stop)
+        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop)
     names = toy_multi_expert.expert_names(card)
 
     def headline(before: dict, after: dict) -> dict:
@@ -318,7 +318,7 @@ def mot_run(
     method = SharedMoTRL(card, scorer_reward(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
-        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.num_steps, should_stop=stop)
+        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop)
     return Run(
         name="mot",
         method=method,

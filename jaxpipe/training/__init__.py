@@ -1,25 +1,41 @@
-"""Training: every method is ``init(key) -> state`` and a jitted ``step(state, batch, key) -> (state, metrics)``.
+"""Training: every method is one ``Trainer`` shape — ``init(key) -> state``, a jitted
+``step(state, batch, key) -> (state, metrics)``, ``card(state)``, ``roles`` / ``role_card`` (``trainer``).
 
-Submodules are imported on first use (``from jaxpipe.training import FlowGRPO`` works), so
-importing this package stays cheap and ``python -m jaxpipe.training.<module>`` runs cleanly.
+The methods (``methods/``): ``Finetune`` (flow matching), ``FlowGRPO``, ``UnifiedRL`` and
+``JointMultiExpertRL`` (refiner LM(s) + generator), ``SharedMoTRL`` (one MoT thinks and generates),
+``DiffusionNFT``, ``DMD2`` and ``SelfForcing``. Each is built from the shared pieces: ``parts`` (the
+card split into trained parts), ``optim`` (``Optimizer``), ``update`` (the guarded optimiser step),
+``rollout`` (rendering a grouped batch through the card's own program, ``Group``, ``Sampling``,
+scoring it with a ``jaxpipe.rewards`` reward), ``grpo`` (the generator's FlowGRPO objective),
+``refine`` (the refiner's token objective), ``distribution_matching`` (DMD2's scores and critic),
+``ppo`` (several updates per rollout), ``noise`` and ``losses``; ``supervised`` trains any module on
+any loss (the pretraining recipes), ``fit`` runs any trainer, ``runs`` executes a whole run.
+
+Names are imported on first use (``from jaxpipe.training import FlowGRPO`` works), so importing
+this package stays cheap.
 """
 
 from importlib import import_module
 
 _LAZY = {
-    "FlowGRPO": "jaxpipe.training.flow_grpo",
-    "FlowGRPOConfig": "jaxpipe.training.flow_grpo",
-    "DiffusionNFT": "jaxpipe.training.nft", "DiffusionNFTConfig": "jaxpipe.training.nft",
-    "SelfForcing": "jaxpipe.training.self_forcing", "SelfForcingConfig": "jaxpipe.training.self_forcing",
-    "DMD2": "jaxpipe.training.dmd2", "DMD2Config": "jaxpipe.training.dmd2",
-    "UnifiedRL": "jaxpipe.training.unified_rl",
-    "UnifiedRLConfig": "jaxpipe.training.unified_rl",
-    "JointMultiExpertRL": "jaxpipe.training.joint_rl",
-    "JointRLConfig": "jaxpipe.training.joint_rl",
-    "Finetune": "jaxpipe.training.finetune",
-    "FinetuneConfig": "jaxpipe.training.finetune",
-    "AutoencoderTrainer": "jaxpipe.training.autoencoder",
-    "AutoencoderTrainConfig": "jaxpipe.training.autoencoder",
+    "Trainer": "jaxpipe.training.trainer", "TrainState": "jaxpipe.training.trainer", "Method": "jaxpipe.training.trainer",
+    "Optimizer": "jaxpipe.training.optim",
+    "Group": "jaxpipe.training.rollout", "Sampling": "jaxpipe.training.rollout",
+    "NoiseLevels": "jaxpipe.training.noise",
+    "Supervised": "jaxpipe.training.supervised",
+    "Finetune": "jaxpipe.training.methods.finetune", "FinetuneConfig": "jaxpipe.training.methods.finetune",
+    "FlowGRPO": "jaxpipe.training.methods.flow_grpo", "FlowGRPOConfig": "jaxpipe.training.grpo",
+    "UnifiedRL": "jaxpipe.training.methods.joint_rl", "UnifiedRLConfig": "jaxpipe.training.methods.joint_rl",
+    "JointMultiExpertRL": "jaxpipe.training.methods.joint_rl", "JointRLConfig": "jaxpipe.training.methods.joint_rl",
+    "RefinerConfig": "jaxpipe.training.refine",
+    "SharedMoTRL": "jaxpipe.training.methods.mot_rl", "MoTRLConfig": "jaxpipe.training.methods.mot_rl",
+    "DiffusionNFT": "jaxpipe.training.methods.nft", "DiffusionNFTConfig": "jaxpipe.training.methods.nft",
+    "EMA": "jaxpipe.training.methods.nft",
+    "DMD2": "jaxpipe.training.methods.dmd2", "DMD2Config": "jaxpipe.training.methods.dmd2",
+    "DistributionMatching": "jaxpipe.training.distribution_matching",
+    "SelfForcing": "jaxpipe.training.methods.self_forcing", "SelfForcingConfig": "jaxpipe.training.methods.self_forcing",
+    "AutoencoderTrainer": "jaxpipe.training.autoencoder", "AutoencoderTrainConfig": "jaxpipe.training.autoencoder",
+    "fit": "jaxpipe.training.fit",
     "group_advantages": "jaxpipe.training.losses",
     "ppo_clip_loss": "jaxpipe.training.losses",
     "flow_grpo_kl": "jaxpipe.training.losses",

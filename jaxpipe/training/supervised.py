@@ -73,6 +73,9 @@ class Supervised:
         """``loss`` of the model with ``params`` (and ``frozen``); pure, differentiable in ``params``."""
         return self.loss_fn(self._merge(params, frozen), batch, key)
 
+    def check_batch(self, batch: Any) -> None:
+        """Nothing to check before the step (its loss reads the batch)."""
+
     def step_fn(self, state: TrainState, batch: Any, key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
         """One guarded optimiser step (pure, unjitted): ``(state, metrics + grad_norm + skipped)``."""
         out = update.step(self.loss, self.tx, state.params[PART], state.opt_state[PART], state.frozen, batch, key)

@@ -20,22 +20,21 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
-from jaxpipe import cards
+from jaxpipe import cards, samplers
 from jaxpipe.card import Card
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import cards as digit_cards
 from jaxpipe.nn.causal_dit import CausalDiT
-from jaxpipe.training.finetune import guarded_update, make_optimizer
+from jaxpipe.training.supervised import Supervised
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.generators import PretrainConfig, array_batches, encode_dataset, generator_data, parse_settings, settings_parser
+from jaxpipe.digits.pretrain.common import array_batches, encode_dataset, parse_settings, recipe_optimizer, settings_parser
+from jaxpipe.digits.pretrain.generators import PretrainConfig, generator_data
 
 MODEL_ID = "wan-causal"
 """The card this recipe trains."""
@@ -68,12 +67,6 @@ class CausalPretrainConfig:
                 raise ValueError(f"{name} must be a probability in [0, 1] (got {getattr(self, name)})")
 
 
-class State(NamedTuple):
-    params: nnx.State
-    opt_state: optax.OptState
-    step: jax.Array
-
-
 def causal_card(base: Card) -> Card:
     """A ``wan-causal`` card (bundled sizes) whose components are ``base``'s: the same text encoder and
     autoencoder, and a ``CausalDiT`` holding ``base``'s DiT weights."""
@@ -103,47 +96,35 @@ def causal_loss(dit: CausalDiT, context, context_mask, x0, key, cfg: CausalPretr
     offset = jax.random.randint(k_offset, (b,), 0, cfg.max_offset // chunk_frames + 1) * chunk_frames
     offset = jnp.where(jax.random.uniform(k_shift, (b,)) < cfg.shift_positions, offset, 0)
     noise = jax.random.normal(k_noise, x0.shape)
-    s = jnp.repeat(sigma, chunk_frames, axis=1)[:, :, None, None, None]
-    v = dit(s * noise + (1.0 - s) * x0, sigma, context, context_mask, chunk_frames=chunk_frames, frame_offset=offset)
+    frames = jnp.repeat(sigma, chunk_frames, axis=1)
+    s = frames[:, :, None, None, None]
+    v = dit(samplers.noised(x0, noise, frames), sigma, context, context_mask, chunk_frames=chunk_frames, frame_offset=offset)
     weight = (s > 0).astype(jnp.float32)
     err = jnp.sum(weight * (v - (noise - x0)) ** 2) / jnp.maximum(jnp.sum(jnp.broadcast_to(weight, x0.shape)), 1.0)
     return err
 
 
-class Trainer:
-    """The DiT of a ``wan-causal`` card trained with ``causal_loss``: ``init()``, jitted ``step``, ``card(state)``."""
+class Trainer(Supervised):
+    """The DiT of a ``wan-causal`` card trained with ``causal_loss`` (its text encoder frozen, the captions
+    dropped with probability ``cond_dropout``): ``init()``, jitted ``step``, ``card(state)``."""
 
     def __init__(self, card: Card, cfg: CausalPretrainConfig):
         self.cfg, self.base = cfg, card
         self.chunk_frames = card.spec.config.sampling.chunk_frames
-        self.graphdef, self.params, self.rest = nnx.split(card["transformer"], nnx.Param, ...)
-        self.tx = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, 1e-4, 1.0)
-        self.step = jax.jit(self._step, donate_argnums=0)
+        models = {"text_encoder": card["text_encoder"], "transformer": card["transformer"]}
+        optimizer = recipe_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, weight_decay=1e-4)
+        super().__init__(models, self.batch_loss, optimizer, frozen=("text_encoder",))
 
-    def init(self, key=None) -> State:
-        del key
-        params = jax.tree.map(jnp.array, self.params)
-        return State(params, self.tx.init(params), jnp.zeros((), jnp.int32))
-
-    def _step(self, state: State, batch, key):
+    def batch_loss(self, models, batch, key: jax.Array) -> tuple[jax.Array, dict]:
         k_drop, k_loss = jax.random.split(key)
         ids = batch["ids"]
         ids = jnp.where((jax.random.uniform(k_drop, (ids.shape[0],)) >= self.cfg.cond_dropout)[:, None], ids, 0)
-        context = self.base["text_encoder"](ids)
+        context = jax.lax.stop_gradient(models["text_encoder"](ids))
+        loss = causal_loss(models["transformer"], context, ids != 0, batch["latents"], k_loss, self.cfg, self.chunk_frames)
+        return loss, {"loss": loss}
 
-        def loss_fn(params):
-            dit = nnx.merge(self.graphdef, params, self.rest)
-            return causal_loss(dit, context, ids != 0, batch["latents"], k_loss, self.cfg, self.chunk_frames)
-
-        loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
-        new = State(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
-        new = guarded_update(finite, new, state._replace(step=state.step + 1))
-        return new, {"loss": loss, "grad_norm": optax.tree.norm(grads), "skipped": 1.0 - finite.astype(jnp.float32)}
-
-    def card(self, state: State) -> Card:
-        return self.base.replace(transformer=nnx.merge(self.graphdef, state.params, self.rest))
+    def card(self, state) -> Card:
+        return self.base.replace(transformer=self.model(state)["transformer"])
 
 
 def pretrain_causal(out: str | Path | None, cfg: CausalPretrainConfig = CausalPretrainConfig()) -> Card:

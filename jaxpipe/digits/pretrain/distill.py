@@ -22,7 +22,9 @@ import numpy as np
 
 from jaxpipe import cards
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
-from jaxpipe.training.dmd2 import DMD2, DMD2Config
+from jaxpipe.training.distribution_matching import DistributionMatching
+from jaxpipe.training.methods.dmd2 import DMD2, DMD2Config
+from jaxpipe.training.optim import Optimizer
 from jaxpipe.digits.prompts import PromptSpec, prompt_batches
 
 __all__ = ["Recipe", "RECIPES", "distill", "main"]
@@ -42,7 +44,10 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "flux-t2i-turbo": Recipe(
         teacher="flux-t2i",
-        config=DMD2Config(student_steps=2, critic_updates=5, student_lr=1e-4, critic_lr=2e-4, model_id="flux-t2i-turbo"),
+        config=DMD2Config(
+            student_steps=2, student=Optimizer(1e-4, b1=0.0),
+            dm=DistributionMatching(critic=Optimizer(2e-4, b1=0.0), critic_steps=5), model_id="flux-t2i-turbo",
+        ),
     ),
 }
 

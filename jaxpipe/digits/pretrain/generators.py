@@ -14,7 +14,6 @@ machine reproduces the same weights — and writes the card with ``save_card`` p
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -26,13 +25,13 @@ import numpy as np
 
 from jaxpipe import cards
 from jaxpipe.card import Card
-from jaxpipe.cards import generator
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
 from jaxpipe.nn import Autoencoder
 from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
-from jaxpipe.training.finetune import Finetune, FinetuneConfig
+from jaxpipe.digits.pretrain.common import array_batches, encode_dataset, finetune_config, parse_settings, settings_parser
+from jaxpipe.training.methods.finetune import Finetune
 from jaxpipe.training.fit import fit
 
 
@@ -68,7 +67,8 @@ def train_autoencoder(model: Autoencoder, cfg: PretrainConfig, out: Path | None)
     """Reconstruction-train ``model`` on augmented train-split digits, then whiten its latents."""
     images, labels = digits.load_images("train")
     data = digits.augment(images, labels, seed=cfg.seed, copies=cfg.copies)
-    trainer = AutoencoderTrainer(model, AutoencoderTrainConfig(total_steps=cfg.autoencoder_steps))
+    optimizer = dataclasses.replace(AutoencoderTrainConfig().optimizer, total_steps=cfg.autoencoder_steps)
+    trainer = AutoencoderTrainer(model, AutoencoderTrainConfig(optimizer=optimizer))
     state, _ = fit(
         trainer.step,
         trainer.init(),
@@ -80,31 +80,6 @@ def train_autoencoder(model: Autoencoder, cfg: PretrainConfig, out: Path | None)
     )
     sample = jnp.asarray(data.image[np.random.default_rng(cfg.seed).permutation(len(data))[:2048]])
     return trainer.model(state).fit_latent_stats(sample)
-
-
-def encode_dataset(card: Card, data, chunk: int = 256) -> dict[str, np.ndarray]:
-    """``{"latents": (N, T, h, w, C), "ids": (N, L)}``: a dataset encoded once by the card's (frozen) autoencoder."""
-    encode = jax.jit(lambda vae, x: generator.TEXT_FLOW.latents({"vae": vae}, x))
-    pixels = data.video if hasattr(data, "video") else data.image
-    name = "video" if hasattr(data, "video") else "image"
-    latents = np.concatenate([np.asarray(encode(card["vae"], {name: jnp.asarray(pixels[i : i + chunk])}))
-                              for i in range(0, len(pixels), chunk)])
-    ids = card.spec.tokenizer.encode(list(data.caption), card["text_encoder"].cfg.max_len)
-    return {"latents": latents, "ids": ids}
-
-
-def array_batches(arrays: dict[str, np.ndarray], batch_size: int, *, seed: int):
-    """Endless shuffled fixed-size batches (as jax arrays) of equally long arrays; epoch ``e`` uses ``(seed, e)``."""
-    n = len(next(iter(arrays.values())))
-    if not 0 < batch_size <= n:
-        raise ValueError(f"batch_size must be in 1..{n} (got {batch_size})")
-    epoch = 0
-    while True:
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-        for i in range(0, n - batch_size + 1, batch_size):
-            idx = order[i : i + batch_size]
-            yield {k: jnp.asarray(v[idx]) for k, v in arrays.items()}
-        epoch += 1
 
 
 def generator_data(model_id: str, cfg: PretrainConfig):
@@ -136,7 +111,7 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
         timings["autoencoder_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    method = Finetune(card, FinetuneConfig(learning_rate=cfg.learning_rate, total_steps=cfg.steps))
+    method = Finetune(card, finetune_config(cfg.learning_rate, cfg.steps))
     arrays = encode_dataset(card, data)
     state, history = fit(
         method.step,
@@ -157,25 +132,6 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
                   "jax": jax.__version__, "backend": jax.default_backend()}
         (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
     return card
-
-
-def settings_parser(settings_cls, description: str) -> argparse.ArgumentParser:
-    """A pretraining command line: ``--out`` and one ``--flag`` per field of the frozen settings dataclass
-    ``settings_cls`` (its defaults; booleans as ``--flag`` / ``--no-flag``)."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--out", required=True, help="directory to write the card to")
-    defaults = settings_cls()
-    for field in dataclasses.fields(settings_cls):
-        default = getattr(defaults, field.name)
-        kind = {"action": argparse.BooleanOptionalAction} if isinstance(default, bool) else {"type": type(default)}
-        parser.add_argument(f"--{field.name.replace('_', '-')}", default=default, **kind)
-    return parser
-
-
-def parse_settings(parser: argparse.ArgumentParser, settings_cls, argv=None):
-    """``(args, settings)``: the parsed command line and the ``settings_cls`` its flags describe."""
-    args = parser.parse_args(argv)
-    return args, settings_cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(settings_cls)})
 
 
 def main(argv=None) -> None:

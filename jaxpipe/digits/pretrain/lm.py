@@ -22,13 +22,11 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
 from jaxpipe import cards
 from jaxpipe.card import Card
@@ -38,8 +36,8 @@ from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
 from jaxpipe.digits.words import DIGIT_WORDS
 from jaxpipe.nn import RefinerLM, Tokenizer
-from jaxpipe.training.finetune import guarded_update, make_optimizer
-from jaxpipe.digits.pretrain.generators import parse_settings, settings_parser
+from jaxpipe.training.supervised import Supervised
+from jaxpipe.digits.pretrain.common import parse_settings, recipe_optimizer, settings_parser
 from jaxpipe.training.fit import fit
 
 __all__ = [
@@ -131,40 +129,14 @@ def next_token_loss(model: RefinerLM, ids: jax.Array) -> tuple[jax.Array, dict[s
     return loss, {"loss": loss, "accuracy": accuracy}
 
 
-class LMTrainState(NamedTuple):
-    params: nnx.State
-    opt_state: Any
-    step: jax.Array
-
-
-class LMTrainer:
+class LMTrainer(Supervised):
     """``init(key)``, jitted ``step(state, {"ids": (B, L)}, key)``, ``model(state)``: next-token training."""
 
     def __init__(self, model: RefinerLM, cfg: LMPretrainConfig = LMPretrainConfig()):
         self.cfg = cfg
-        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
-        self.tx = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, cfg.weight_decay, cfg.grad_clip)
-        self.step = jax.jit(self._step, donate_argnums=0)
-
-    def init(self, key: jax.Array | None = None) -> LMTrainState:
-        del key
-        params = jax.tree.map(jnp.array, self._params)
-        return LMTrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
-
-    def loss(self, params, batch) -> tuple[jax.Array, dict]:
-        return next_token_loss(nnx.merge(self._graphdef, params, self._rest), batch["ids"])
-
-    def _step(self, state: LMTrainState, batch: dict, key: jax.Array):
-        del key
-        (loss, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(state.params, batch)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        new = LMTrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
-        finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
-        new = guarded_update(finite, new, state._replace(step=state.step + 1))
-        return new, {**metrics, "skipped": 1.0 - finite.astype(jnp.float32)}
-
-    def model(self, state: LMTrainState) -> RefinerLM:
-        return nnx.merge(self._graphdef, state.params, self._rest)
+        optimizer = recipe_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, weight_decay=cfg.weight_decay,
+                                     grad_clip=cfg.grad_clip)
+        super().__init__(model, lambda m, batch, key: next_token_loss(m, batch["ids"]), optimizer)
 
 
 # -------------------------------------------------------------------------------------------- evaluation

@@ -30,8 +30,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
 
 from jaxpipe import cards
 from jaxpipe.card import Card
@@ -40,9 +38,11 @@ from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
 from jaxpipe.nn import LatentUpsampler
-from jaxpipe.training.finetune import Finetune, FinetuneConfig, make_optimizer
+from jaxpipe.training.methods.finetune import Finetune
+from jaxpipe.training.optim import Optimizer
+from jaxpipe.training.supervised import Supervised
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.generators import array_batches, encode_dataset, parse_settings, settings_parser
+from jaxpipe.digits.pretrain.common import array_batches, encode_dataset, finetune_config, parse_settings, settings_parser
 
 __all__ = ["PretrainConfig", "UpsamplerTrainer", "alternate", "pretrain_ltx2", "main"]
 
@@ -84,36 +84,26 @@ def alternate(*streams: Iterator) -> Iterator:
             yield next(stream)
 
 
-class UpsamplerTrainer:
-    """Regression of a ``LatentUpsampler``: ``mean((up(pooled + s·ε) - full)²)`` with ``s ~ U(0, noise)`` per
-    example; ``init()``, jitted ``step(state, batch, key)`` over batches ``{"latents": (B, T, h, w, C)}`` of
-    full-resolution latents (pooled inside), ``model(state)``."""
+def upsampler_loss(model: LatentUpsampler, batch, key: jax.Array, noise: float) -> tuple[jax.Array, dict]:
+    """``mean((up(pooled + s·ε) - full)²)`` with ``s ~ U(0, noise)`` per example, on a batch
+    ``{"latents": (B, T, h, w, C)}`` of full-resolution latents (pooled here)."""
+    full = batch["latents"]
+    pooled = toy_two_stage.pool_latents(full)
+    k_scale, k_noise = jax.random.split(key)
+    scale = jax.random.uniform(k_scale, (pooled.shape[0],) + (1,) * (pooled.ndim - 1), maxval=noise)
+    noisy = pooled + scale * jax.random.normal(k_noise, pooled.shape)
+    loss = jnp.mean((model(noisy) - full) ** 2)
+    return loss, {"loss": loss}
+
+
+class UpsamplerTrainer(Supervised):
+    """Regression of a ``LatentUpsampler`` (``upsampler_loss``): ``init()``, jitted ``step(state, batch, key)``,
+    ``model(state)``; warm-up + cosine AdamW."""
 
     def __init__(self, model: LatentUpsampler, *, learning_rate: float, total_steps: int, noise: float):
-        self._graphdef, self._params = nnx.split(model)
-        self.noise = noise
-        self.tx = make_optimizer(learning_rate, min(50, total_steps // 10), total_steps, 1e-4, 1.0)
-        self.step = jax.jit(self._step)
-
-    def init(self):
-        return self._params, self.tx.init(self._params)
-
-    def loss(self, params, batch, key) -> jax.Array:
-        full = batch["latents"]
-        pooled = toy_two_stage.pool_latents(full)
-        k_scale, k_noise = jax.random.split(key)
-        scale = jax.random.uniform(k_scale, (pooled.shape[0],) + (1,) * (pooled.ndim - 1), maxval=self.noise)
-        noisy = pooled + scale * jax.random.normal(k_noise, pooled.shape)
-        return jnp.mean((nnx.merge(self._graphdef, params)(noisy) - full) ** 2)
-
-    def _step(self, state, batch, key):
-        params, opt_state = state
-        loss, grads = jax.value_and_grad(self.loss)(params, batch, key)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
-
-    def model(self, state) -> LatentUpsampler:
-        return nnx.merge(self._graphdef, state[0])
+        optimizer = Optimizer(learning_rate, weight_decay=1e-4, schedule="warmup_cosine",
+                              warmup_steps=min(50, total_steps // 10), total_steps=total_steps)
+        super().__init__(model, lambda m, batch, key: upsampler_loss(m, batch, key, noise), optimizer)
 
 
 def _videos(split: str, seed: int, copies: int):
@@ -147,8 +137,8 @@ def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig()
     timings = {"encode_s": time.perf_counter() - start}
 
     start = time.perf_counter()
-    method = Finetune(card, FinetuneConfig(learning_rate=cfg.learning_rate, warmup_steps=min(50, cfg.steps // 10),
-                                           total_steps=cfg.steps, trainable=("transformer",)))
+    method = Finetune(card, finetune_config(cfg.learning_rate, cfg.steps, warmup_steps=min(50, cfg.steps // 10),
+                                            trainable=("transformer",)))
     base_batches = array_batches(pooled, cfg.base_batch_size, seed=cfg.seed + 2)
     batches = alternate(array_batches(arrays, cfg.batch_size, seed=cfg.seed + 1), *[base_batches] * cfg.base_per_full)
     state, history = fit(method.step, method.init(), batches, steps=cfg.steps, key=jax.random.key(cfg.seed + 1),

@@ -32,9 +32,9 @@ from jaxpipe.cards import generator, toy_sigma_moe
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import data as digits
 from jaxpipe.loops import denoise
-from jaxpipe.training.finetune import Finetune, FinetuneConfig
+from jaxpipe.training.methods.finetune import Finetune
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.generators import array_batches, encode_dataset, parse_settings, settings_parser
+from jaxpipe.digits.pretrain.common import array_batches, encode_dataset, finetune_config, parse_settings, settings_parser
 
 __all__ = ["MoEPretrainConfig", "from_single", "heldout_loss", "pretrain_moe"]
 
@@ -119,10 +119,8 @@ def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainCon
     held = {k: jnp.asarray(v) for k, v in held.items()}
 
     start = time.perf_counter()
-    method = Finetune(card, FinetuneConfig(
-        learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
-        trainable=toy_sigma_moe.EXPERTS,
-    ))
+    method = Finetune(card, finetune_config(cfg.learning_rate, cfg.steps, warmup_steps=cfg.warmup_steps,
+                                            trainable=toy_sigma_moe.EXPERTS))
     state, history = fit(
         method.step,
         method.init(),

@@ -25,15 +25,12 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
 
-from jaxpipe import cards
+from jaxpipe import cards, samplers
 from jaxpipe.card import Card
 from jaxpipe.cards import generator, toy_mot, toy_mot_video
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
@@ -41,9 +38,9 @@ from jaxpipe.cards.mot import eos_id
 from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
 from jaxpipe.nn.mot import MoT
-from jaxpipe.training.finetune import guarded_update, make_optimizer
+from jaxpipe.training.supervised import Supervised
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.generators import array_batches, parse_settings, settings_parser
+from jaxpipe.digits.pretrain.common import array_batches, parse_settings, recipe_optimizer, settings_parser
 
 __all__ = ["MoTPretrainConfig", "MoTTrainer", "caption_ids", "pretrain_mot"]
 
@@ -71,12 +68,6 @@ class MoTPretrainConfig:
     def __post_init__(self):
         if not (0 <= self.p_full and 0 <= self.p_empty and self.p_full + self.p_empty <= 1):
             raise ValueError(f"p_full and p_empty must be >= 0 with p_full + p_empty <= 1 (got {self.p_full}, {self.p_empty})")
-
-
-class MoTTrainState(NamedTuple):
-    params: nnx.State
-    opt_state: Any
-    step: jax.Array
 
 
 def _next_token_loss(logits: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -115,51 +106,35 @@ def caption_ids(words: jax.Array, eos: int) -> jax.Array:
     return jnp.where(jnp.arange(padded.shape[1])[None, :] == end[:, None], eos, padded)
 
 
-class MoTTrainer:
+def mot_loss(mot: MoT, batch, key: jax.Array, eos: int, cfg: MoTPretrainConfig, understand: bool) -> tuple[jax.Array, dict]:
+    """Flow matching + thinking + understanding on a batch ``{"latents", "words"}`` (pure; differentiable in ``mot``)."""
+    x0, words = batch["latents"], batch["words"]
+    b = x0.shape[0]
+    k_text, k_sigma, k_noise = jax.random.split(key, 3)
+    text = generation_text(words, eos, mot.cfg.max_text, k_text, cfg)
+    sigma = jax.nn.sigmoid(jax.random.normal(k_sigma, (b,)))
+    noise = jax.random.normal(k_noise, x0.shape)
+    logits, v = mot.forward(text, text != 0, samplers.noised(x0, noise, sigma), sigma)
+    flow = jnp.mean((v - (noise - x0)) ** 2)
+    think, think_acc = _next_token_loss(logits, text)
+    if understand:
+        caption = caption_ids(words, eos)
+        understanding, understand_acc = _next_token_loss(mot.understand(caption, caption != 0, x0), caption)
+    else:
+        understanding = understand_acc = jnp.zeros(())
+    loss = flow + cfg.text_weight * (think + understanding)
+    return loss, {"loss": loss, "flow": flow, "think": think, "think_acc": think_acc, "understand": understanding,
+                  "understand_acc": understand_acc}
+
+
+class MoTTrainer(Supervised):
     """``init()``, jitted ``step(state, {"latents", "words"}, key)``, ``model(state)``: the summed MoT loss."""
 
     def __init__(self, model: MoT, eos: int, cfg: MoTPretrainConfig = MoTPretrainConfig(), *, understand: bool = True):
         self.cfg, self.eos, self.understand = cfg, eos, understand
-        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
-        self.tx = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, cfg.weight_decay, cfg.grad_clip)
-        self.step = jax.jit(self._step, donate_argnums=0)
-
-    def init(self) -> MoTTrainState:
-        params = jax.tree.map(jnp.array, self._params)
-        return MoTTrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
-
-    def loss(self, params, batch, key) -> tuple[jax.Array, dict]:
-        """Flow matching + thinking + understanding (pure; differentiable in ``params``)."""
-        mot = nnx.merge(self._graphdef, params, self._rest)
-        x0, words = batch["latents"], batch["words"]
-        b = x0.shape[0]
-        k_text, k_sigma, k_noise = jax.random.split(key, 3)
-        text = generation_text(words, self.eos, mot.cfg.max_text, k_text, self.cfg)
-        sigma = jax.nn.sigmoid(jax.random.normal(k_sigma, (b,)))
-        noise = jax.random.normal(k_noise, x0.shape)
-        s = sigma.reshape((b,) + (1,) * (x0.ndim - 1))
-        logits, v = mot.forward(text, text != 0, (1.0 - s) * x0 + s * noise, sigma)
-        flow = jnp.mean((v - (noise - x0)) ** 2)
-        think, think_acc = _next_token_loss(logits, text)
-        if self.understand:
-            caption = caption_ids(words, self.eos)
-            understand, understand_acc = _next_token_loss(mot.understand(caption, caption != 0, x0), caption)
-        else:
-            understand = understand_acc = jnp.zeros(())
-        loss = flow + self.cfg.text_weight * (think + understand)
-        return loss, {"loss": loss, "flow": flow, "think": think, "think_acc": think_acc, "understand": understand,
-                      "understand_acc": understand_acc}
-
-    def _step(self, state: MoTTrainState, batch: dict, key: jax.Array):
-        (loss, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(state.params, batch, key)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        new = MoTTrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
-        finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
-        new = guarded_update(finite, new, state._replace(step=state.step + 1))
-        return new, {**metrics, "grad_norm": optax.tree.norm(grads), "skipped": 1.0 - finite.astype(jnp.float32)}
-
-    def model(self, state: MoTTrainState) -> MoT:
-        return nnx.merge(self._graphdef, state.params, self._rest)
+        optimizer = recipe_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, weight_decay=cfg.weight_decay,
+                                     grad_clip=cfg.grad_clip)
+        super().__init__(model, lambda m, batch, key: mot_loss(m, batch, key, eos, cfg, understand), optimizer)
 
 
 def training_arrays(card: Card, cfg: MoTPretrainConfig, chunk: int = 256) -> dict[str, np.ndarray]:

@@ -24,7 +24,6 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,11 +36,13 @@ from jaxpipe.digits import digit_scorer
 from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.digits import data as digits
 from jaxpipe.digits.digit_scorer.network import HEADS, DigitScorer, ScorerConfig
+from jaxpipe.digits.pretrain.common import recipe_optimizer
+from jaxpipe.training.supervised import PART, Supervised
+from jaxpipe.training.trainer import TrainState
 
 __all__ = [
     "DEFAULT_STEPS",
     "TRAIN_SPLIT",
-    "ScorerState",
     "ScorerTrainConfig",
     "ScorerTrainer",
     "cross_entropy",
@@ -110,16 +111,6 @@ class ScorerTrainConfig:
         return {name: getattr(self, name) for name in names}
 
 
-class ScorerState(NamedTuple):
-    """Scorer parameters, its other variables (none at present), optimiser state, step counter."""
-
-    params: nnx.State
-    rest: nnx.State
-    opt_state: Any
-    step: jax.Array
-
-
-# ------------------------------------------------------------------------------------------------ pure pieces
 def warp(
     images: jax.Array, key: jax.Array, *, rotate: float, zoom: float, shear: float, elastic: float
 ) -> jax.Array:
@@ -209,67 +200,39 @@ def cross_entropy(logits: Mapping[str, jax.Array], batch: Mapping[str, jax.Array
     return total, {"loss": total, **metrics}
 
 
-def make_optimizer(config: ScorerTrainConfig) -> optax.GradientTransformation:
-    """Clipped AdamW with linear warm-up and cosine decay to 5% of the peak rate over ``config.steps``."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0,
-        config.learning_rate,
-        max(config.warmup_steps, 1),
-        max(config.steps, config.warmup_steps + 1),
-        end_value=0.05 * config.learning_rate,
-    )
-    return optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adamw(schedule, weight_decay=config.weight_decay))
-
-
 # ------------------------------------------------------------------------------------------------ trainer
-class ScorerTrainer:
+class ScorerTrainer(Supervised):
     """Supervised training of a ``DigitScorer``: ``init(key) -> state``, jitted ``step(state, batch, key)``.
 
     A batch is ``{"image": (B, 16, 16, 1) in [-1, 1], "digit", "stroke", "position", "brightness": (B,) int}``
     (extra keys are ignored); ``key`` drives the in-step perturbation. ``step`` returns the new state
     and ``{"loss", "loss_<head>", "acc_<head>", "grad_norm", "skipped"}``; a step whose loss or
     gradient is non-finite leaves the weights and optimiser untouched and reports ``skipped = 1``.
+    Clipped AdamW, linear warm-up and cosine decay to 5% of the peak rate over ``config.steps``.
     """
 
     def __init__(self, config: ScorerTrainConfig = ScorerTrainConfig()):
         self.config = config
         abstract = nnx.eval_shape(lambda: DigitScorer(config.scorer, rngs=nnx.Rngs(0)))
-        self.graphdef = nnx.graphdef(abstract)
-        self.tx = make_optimizer(config)
-        self.step = jax.jit(self._step)
+        optimizer = recipe_optimizer(config.learning_rate, config.warmup_steps, config.steps,
+                                     weight_decay=config.weight_decay, grad_clip=config.grad_clip, end_fraction=0.05)
+        super().__init__(abstract, self.batch_loss, optimizer)
 
-    def init(self, key: jax.Array) -> ScorerState:
+    def init(self, key: jax.Array) -> TrainState:
         """A freshly initialised scorer (deterministic in ``key``) and a fresh optimiser."""
-        model = DigitScorer(self.config.scorer, rngs=nnx.Rngs(params=key))
-        _, params, rest = nnx.split(model, nnx.Param, ...)
-        return ScorerState(params, rest, self.tx.init(params), jnp.zeros((), jnp.int32))
+        _, params, _ = nnx.split(DigitScorer(self.config.scorer, rngs=nnx.Rngs(params=key)), nnx.Param, ...)
+        return TrainState({PART: params}, {PART: self.tx.init(params)}, None, {}, jnp.zeros((), jnp.int32))
 
-    def model(self, state: ScorerState) -> DigitScorer:
-        """The scorer with the state's weights."""
-        return nnx.merge(self.graphdef, state.params, state.rest)
-
-    def card(self, state: ScorerState) -> Card:
+    def card(self, state: TrainState) -> Card:
         """A ``digit-scorer`` card with the state's weights."""
         spec = nnx.eval_shape(lambda: digit_scorer.build(digit_scorer.Config(self.config.scorer))).spec
         return Card({digit_scorer.COMPONENT: self.model(state)}, spec)
 
-    def loss(self, params: nnx.State, rest: nnx.State, batch: Mapping[str, jax.Array], key: jax.Array):
-        """``(loss, metrics)`` of one batch after the in-step perturbation (pure; differentiable in ``params``)."""
-        images = perturb(jnp.asarray(batch["image"]), key, **self.config.perturbation())
-        return cross_entropy(nnx.merge(self.graphdef, params, rest)(images), batch)
-
-    def _step(self, state: ScorerState, batch: Mapping[str, jax.Array], key: jax.Array):
+    def batch_loss(self, model: DigitScorer, batch: Mapping[str, jax.Array], key: jax.Array):
+        """``(loss, metrics)`` of one batch after the in-step perturbation (pure; differentiable in the model)."""
         batch = {name: batch[name] for name in ("image", *LABELS)}
-        (loss, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(state.params, state.rest, batch, key)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        params, opt_state = jax.tree.map(
-            lambda new, old: jnp.where(finite, new, old), (params, opt_state), (state.params, state.opt_state)
-        )
-        new = ScorerState(params, state.rest, opt_state, state.step + 1)
-        return new, {**metrics, "grad_norm": grad_norm, "skipped": 1.0 - finite.astype(jnp.float32)}
+        images = perturb(jnp.asarray(batch["image"]), key, **self.config.perturbation())
+        return cross_entropy(model(images), batch)
 
 
 # ------------------------------------------------------------------------------------------------ data and evaluation

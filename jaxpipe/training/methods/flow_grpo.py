@@ -28,7 +28,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxpipe.card import Card

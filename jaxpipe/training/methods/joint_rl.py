@@ -36,7 +36,6 @@ and ~10.8 vs ~17.5 ms per expert in the linear fits; at 4 rows the vmap is ahead
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -143,6 +144,9 @@ def execute(
     (out / "progress.json").write_text(json.dumps(
         {"method": run.name, "seed": seed, "settings": run.settings, "train_seconds": saved.get("train_seconds", 0.0)}, indent=2
     ) + "\n")
+    first = next(run.batches)
+    run.method.check_batch(first)  # a batch the method cannot train on fails now, not after the first evaluation
+    batches = itertools.chain([first], run.batches)
     state = run.method.init(jax.random.key(seed))
     metrics_path = out / "metrics.jsonl"
     if not resume:
@@ -162,7 +166,7 @@ def execute(
             before_path.write_text(json.dumps(before, indent=2) + "\n")
     start = time.perf_counter()
     state, history = fit(
-        run.method.step, state, run.batches, steps=steps, key=jax.random.key(seed), metrics_path=metrics_path,
+        run.method.step, state, batches, steps=steps, key=jax.random.key(seed), metrics_path=metrics_path,
         desc=run.name, progress=progress, checkpoint_dir=out / "checkpoints", save_every=save_every, resume=resume,
         should_stop=should_stop,
     )

@@ -1,0 +1,504 @@
+"""``jaxpipe train <method>``: RL post-training and distillation, on the digits world or on your own card, prompts and reward.
+
+    jaxpipe train flow-grpo --steps N --out DIR                           # the digits world's flux-t2i, digit-scorer reward
+    jaxpipe train flow-grpo --steps N --out DIR --model FLUX_DIR \\
+        --prompts prompts.txt --reward my_rewards:brightness [--reward-weight 1.0]    # your card, prompts and reward
+
+Every command writes ``DIR/metrics.jsonl`` (one JSON object per step), ``DIR/*.png`` (curves),
+``DIR/report.json`` and the trained card (``jp.cards.load(DIR)``). With ``--reward`` (a JAX function
+or a ``@jaxpipe.rewards.host`` one; repeat it to combine several, ``--reward-weight`` each) and
+``--prompts`` (a ``.txt`` file, one prompt per line, or ``.jsonl`` with per-prompt metadata; a
+``--heldout`` fraction held out), the card is judged before and after on the held-out prompts by
+that reward (``jaxpipe.training.runs.heldout``). Without them, the digits world's defaults apply:
+its prompt grammar, the ``digit-scorer``'s reward over ``--terms`` and its evaluation, which puts
+independent judges (analytic readers, a classifier trained apart from the scorer) beside the scorer.
+
+Flags shared by commands are declared once, as fields of a dataclass whose metadata is the typer
+option; ``_with(*groups)`` adds a group's flags to a command's signature and hands the command one
+object per group. A new method is one subcommand: its own flags, its config, a digits run builder
+and how to build it on a user's card.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import shlex
+import sys
+import typing
+from pathlib import Path
+
+import typer
+
+from jaxpipe.cli.common import fail, load
+
+__all__ = ["train_app", "RunFlags", "PolicyFlags", "RefinerFlags", "FAILED_EXIT"]
+
+train_app = typer.Typer(
+    no_args_is_help=True,
+    help="RL post-training and distillation (the digits world by default; --model/--prompts/--reward for your own): "
+    "writes DIR/metrics.jsonl, DIR/*.png, DIR/report.json and the trained card (jp.cards.load(DIR)).",
+)
+
+FAILED_EXIT = 3
+"""``jaxpipe train``'s exit status when the run finished but its verdict is FAILED (mode collapse)."""
+
+
+def _flag(default, *names: str, help: str):
+    return dataclasses.field(default=default, metadata={"option": typer.Option(default, *names, help=help)})
+
+
+@dataclasses.dataclass
+class RunFlags:
+    """Every training command: run length, output, batch shape, learning rate, prompts, reward, evaluation."""
+
+    steps: int = _flag(..., "--steps", help="Training steps (one rollout + one update each).")
+    out: Path = _flag(..., "--out", "-o", help="Output directory: metrics.jsonl, *.png, report.json and the trained card.")
+    prompts_per_step: int = _flag(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
+    group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K; RL: the group of the group-relative advantage, K >= 2).")
+    lr: typing.Optional[float] = _flag(None, "--lr", help="Learning rate of the trained generator / student (default: the method's).")
+    prompts: typing.Optional[Path] = _flag(None, "--prompts", help="Your prompts: a .txt file (one per line) or .jsonl ({\"prompt\": ..., numeric metadata}); default: the digits world's prompt grammar.")
+    heldout: float = _flag(0.1, "--heldout", help="Fraction of --prompts held out to judge the card before and after (split by --seed).")
+    reward: typing.List[str] = _flag([], "--reward", help="Your reward: module:function or path/to/file.py:function, reward(artifacts, prompts) -> (B,), a JAX function or a @jaxpipe.rewards.host one; repeat to combine. Default: the digit-scorer over --terms.")
+    reward_weight: typing.List[float] = _flag([], "--reward-weight", help="The weight of each --reward, in order (default 1 each).")
+    terms: str = _flag("digit,stroke,position,brightness", "--terms", help="Digits reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
+    seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
+    run_eval: bool = _flag(True, "--eval/--no-eval", help="Judge the card before and after (digits: GenEval-style accuracy by the scorer and by independent judges, diversity; --reward: the held-out reward, diversity).")
+    eval_samples: int = _flag(200, "--eval-samples", help="Prompts judged before and after.")
+    diversity_prompts: int = _flag(10, "--diversity-prompts", help="Prompts of the diversity measure.")
+    diversity_seeds: int = _flag(6, "--diversity-seeds", help="Seeds per prompt of the diversity measure (>= 2).")
+    eval_seed: int = _flag(0, "--eval-seed", help="Seed of the evaluation prompts and noise (the same before and after).")
+    scorer: str = _flag("digit-scorer", "--scorer", help="The digits reward model card: a bundled id or a card directory.")
+    save_every: int = _flag(50, "--save-every", help="Checkpoint the training state every N steps (and always on a stop).")
+    resume: bool = _flag(False, "--resume", help="Continue the run in --out from its last checkpoint (same settings).")
+    overwrite: bool = _flag(False, "--overwrite", help="Replace the run in a non-empty --out instead of refusing.")
+
+    @property
+    def custom(self) -> bool:
+        """Whether the run trains on the user's prompts and reward instead of the digits world's."""
+        return bool(self.reward) or self.prompts is not None
+
+    def optimizer(self, default):
+        """``default`` (an ``Optimizer``) at ``--lr`` when the flag is given."""
+        return default if self.lr is None else dataclasses.replace(default, learning_rate=self.lr)
+
+    def group(self, **changes):
+        from jaxpipe.training import Group
+
+        return Group(self.group_size, **changes)
+
+    def user_reward(self):
+        """The ``--reward`` s, combined with their ``--reward-weight`` s (``None`` without ``--reward``)."""
+        from jaxpipe import rewards
+
+        if not self.reward:
+            if self.reward_weight:
+                raise ValueError("--reward-weight needs --reward")
+            return None
+        if self.reward_weight and len(self.reward_weight) != len(self.reward):
+            raise ValueError(f"give one --reward-weight per --reward ({len(self.reward)}), or none (got {len(self.reward_weight)})")
+        loaded = {spec.rpartition(":")[2]: rewards.load(spec) for spec in self.reward}
+        if len(loaded) != len(self.reward):
+            raise ValueError(f"two --reward s share a function name ({self.reward}); rename one")
+        weights = dict(zip(loaded, self.reward_weight)) if self.reward_weight else {}
+        if len(loaded) == 1 and weights in ({}, {next(iter(loaded)): 1.0}):
+            return next(iter(loaded.values()))
+        return rewards.combine(loaded, weights)
+
+    def user_prompts(self):
+        """``(train, heldout)`` ``PromptSet`` s of ``--prompts`` (``heldout`` is ``None`` for a single prompt)."""
+        from jaxpipe import prompts
+
+        if self.prompts is None:
+            raise ValueError("--reward needs --prompts FILE: the prompts your reward scores (one per line, or .jsonl)")
+        everything = prompts.read(self.prompts)
+        if len(everything) < 2 or not self.run_eval:
+            return everything, None
+        return everything.split(self.heldout, seed=self.seed)
+
+    def evaluation(self):
+        """The digits world's before/after evaluation (``None`` with ``--no-eval``)."""
+        from jaxpipe.digits.evaluation import EvalSettings
+
+        if not self.run_eval:
+            return None
+        return EvalSettings(samples=self.eval_samples, diversity_prompts=self.diversity_prompts,
+                            diversity_seeds=self.diversity_seeds, seed=self.eval_seed)
+
+    def held_out(self):
+        """The held-out evaluation of a run on the user's prompts (``None`` with ``--no-eval``)."""
+        from jaxpipe.training.runs.heldout import HeldOut
+
+        if not self.run_eval:
+            return None
+        return HeldOut(samples=self.eval_samples, diversity_prompts=self.diversity_prompts,
+                       diversity_seeds=self.diversity_seeds, seed=self.eval_seed)
+
+
+@dataclasses.dataclass
+class PolicyFlags:
+    """The policy-gradient commands (FlowGRPO and the methods built on it): SDE rollouts, PPO, KL."""
+
+    num_steps: int = _flag(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation.")
+    sde_window: str = _flag("0,4", "--sde-window", help="START,STOP: denoise steps sampled with the SDE and trained (ODE elsewhere); 'all' = every step.")
+    noise_level: float = _flag(0.7, "--noise-level", help="SDE noise level (eta).")
+    beta: float = _flag(0.04, "--beta", help="Generator KL weight to the frozen reference DiT.")
+    kl: str = _flag("exact", "--kl", help="Generator KL convention: exact (Gaussian KL of the SDE step) or flowgrpo (the official code's: exact x |dt|).")
+    clip_eps: float = _flag(1e-3, "--clip-eps", help="Generator PPO ratio clip.")
+    minibatches: int = _flag(1, "--minibatches", help="Updates per epoch over each rollout: its P·K rows split into this many shuffled minibatches.")
+    inner_epochs: int = _flag(1, "--inner-epochs", help="Passes over each rollout's minibatches (updates per rollout = minibatches × inner epochs).")
+    timestep_fraction: float = _flag(1.0, "--timestep-fraction", help="Fraction (0, 1] of the captured denoising steps each minibatch trains on, drawn per sample.")
+
+    def generator(self, run: RunFlags):
+        """The generator's ``FlowGRPOConfig``."""
+        from jaxpipe.training import FlowGRPOConfig, Sampling
+        from jaxpipe.training.ppo import Schedule
+
+        return FlowGRPOConfig(
+            group=run.group(), sampling=Sampling(num_steps=self.num_steps, sampler="sde", noise_level=self.noise_level,
+                                                 sde_window=_window(self.sde_window)),
+            clip_eps=self.clip_eps, beta=self.beta, kl=self.kl,
+            ppo=Schedule(self.minibatches, self.inner_epochs, self.timestep_fraction),
+            optimizer=run.optimizer(FlowGRPOConfig().optimizer),
+        )
+
+
+@dataclasses.dataclass
+class RefinerFlags:
+    """Commands that train refiner LMs next to the generator."""
+
+    skip: int = _flag(1, "--skip", help="Samples per group that keep the original prompt (0 <= skip < K).")
+    prompt_only: bool = _flag(False, "--prompt-only", help="Train only the refiner(s); the generator stays frozen.")
+    lm_lr: float = _flag(1e-3, "--lm-lr", help="Refiner learning rate.")
+    lm_beta: float = _flag(0.01, "--lm-beta", help="Refiner k3-KL weight to its frozen reference.")
+
+    def joint(self, policy: PolicyFlags, run: RunFlags, **changes):
+        """The ``JointRLConfig`` of the refiner and generator flags."""
+        from jaxpipe.training import JointRLConfig, Optimizer, RefinerConfig
+
+        return JointRLConfig(generator=policy.generator(run), refiner=RefinerConfig(skip=self.skip, beta=self.lm_beta),
+                             refiner_optimizer=Optimizer(self.lm_lr), joint=not self.prompt_only, **changes)
+
+
+def _with(*groups: type):
+    """Add the flags of dataclasses ``groups`` to a command; it receives one instance per group (by
+    the group's lowercase name, e.g. ``runflags``) and its own parameters."""
+
+    def wrap(command):
+        names = {g.__name__.lower() for g in groups}
+        hints = typing.get_type_hints(command)
+        own = [
+            p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in inspect.signature(command).parameters.values() if p.name not in names
+        ]
+        shared = []
+        for group in groups:
+            types = typing.get_type_hints(group)
+            shared += [
+                inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.metadata["option"], annotation=types[f.name])
+                for f in dataclasses.fields(group)
+            ]
+
+        def run(**kwargs):
+            packed = {g.__name__.lower(): g(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(g)}) for g in groups}
+            return command(**packed, **kwargs)
+
+        run.__name__, run.__doc__ = command.__name__, command.__doc__
+        run.__signature__ = inspect.Signature([*shared, *own])
+        run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}
+        return run
+
+    return wrap
+
+
+def _window(text: str) -> tuple[int, int] | None:
+    if text.strip().lower() in ("all", "none", ""):
+        return None
+    parts = text.split(",")
+    try:
+        start, stop = (int(p) for p in parts)
+    except ValueError:
+        fail(f"--sde-window must be START,STOP (e.g. 0,4) or 'all' (got {text!r})")
+    return start, stop
+
+
+def _resume_command() -> str:
+    args = ["jaxpipe", *sys.argv[1:]]
+    args = [a for a in args if a != "--overwrite"]
+    return " ".join(shlex.quote(a) for a in args + ([] if "--resume" in args else ["--resume"]))
+
+
+def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *, name: str, needs_reward: bool = True) -> None:
+    """Validate the settings (``make_config()``; ValueError = bad settings), load the cards, build the
+    run and execute it, echoing progress: the digits world's (``digits_run(card, scorer, config,
+    evaluation)``) or, with ``--prompts`` / ``--reward``, the user's (``method(card, reward, config)``,
+    judged on the held-out prompts). SIGINT / SIGTERM stop it after the current step: checkpoint,
+    report and curves so far, exit 130 / 143."""
+    import jax
+
+    from jaxpipe.stopping import Stopper, exit_code
+    from jaxpipe.training.runs import execute
+
+    if flags.steps <= 0:
+        fail(f"--steps must be a positive integer (got {flags.steps})")
+    if flags.save_every <= 0:
+        fail(f"--save-every must be a positive integer (got {flags.save_every})")
+    if flags.resume and flags.overwrite:
+        fail("--resume continues the run in --out and --overwrite replaces it: pass one of them")
+    if flags.custom and method is None:
+        fail(f"train {name} runs on the digits world only (no --prompts / --reward)")
+    try:
+        config = make_config()
+        reward = flags.user_reward()
+        if flags.custom and reward is None and needs_reward:
+            raise ValueError("--prompts needs --reward module:function (the reward the run maximises)")
+        user = flags.user_prompts() if flags.custom else None
+        evaluation = None if flags.custom else flags.evaluation()
+    except (ValueError, FileNotFoundError) as err:
+        fail(str(err))
+    out = Path(flags.out)
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file, not a directory")
+    if not flags.resume and not flags.overwrite and out.is_dir() and any(out.iterdir()):
+        fail(f"{out} is not empty: pass --resume to continue the run in it, or --overwrite to replace it")
+    with Stopper() as stop:
+        try:
+            if flags.custom:
+                from jaxpipe.training.runs.heldout import custom_run
+
+                (card,) = load(model)
+                train, heldout = user
+                run = custom_run(name, method(card, reward, config), card, train, prompts_per_step=flags.prompts_per_step,
+                                 seed=flags.seed, config=config, reward=reward, heldout=heldout,
+                                 evaluation=flags.held_out())
+            else:
+                card, scorer = load(model, flags.scorer)
+                run = digits_run(card, scorer, config, evaluation)
+        except ValueError as err:
+            fail(str(err))
+        typer.echo(f"{run.name}: {flags.steps} steps -> {out} (JAX on {jax.default_backend()})")
+        try:
+            report = execute(
+                run, steps=flags.steps, out=out, seed=flags.seed, log=typer.echo, save_every=flags.save_every,
+                resume=flags.resume, overwrite=flags.overwrite, should_stop=stop,
+            )
+        except ValueError as err:
+            fail(str(err))
+    if report["status"] == "stopped":
+        typer.echo(
+            f"stopped after step {report['completed_steps']} of {report['steps']}: checkpoint, metrics, curves and "
+            f"report.json in {out}\nresume with: {_resume_command()}"
+        )
+        raise typer.Exit(code=exit_code(stop.signum) if stop.signum else 130)
+    if report.get("summary", {}).get("diversity_collapse"):
+        raise typer.Exit(code=FAILED_EXIT)
+
+
+def _digits_prompts(flags: RunFlags, mention: float, prefer: str = ""):
+    from jaxpipe.digits import runs
+
+    return runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
+
+
+@train_app.command("flow-grpo")
+@_with(RunFlags, PolicyFlags)
+def train_flow_grpo(
+    runflags: RunFlags,
+    policyflags: PolicyFlags,
+    mention: float = typer.Option(1.0, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute (1 = full compositional prompts)."),
+    model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."),
+) -> None:
+    """FlowGRPO on a text-to-image card (digits: the digit-scorer reward on full compositional prompts by default)."""
+    from jaxpipe.digits import runs
+    from jaxpipe.training import FlowGRPO
+
+    flags = runflags
+    _train(flags, model, lambda: policyflags.generator(flags),
+           lambda card, scorer, cfg, ev: runs.flow_grpo_run(card, scorer, cfg, _digits_prompts(flags, mention),
+                                                            prompts_per_step=flags.prompts_per_step, seed=flags.seed,
+                                                            evaluation=ev),
+           FlowGRPO, name="flow-grpo")
+
+
+@train_app.command("nft")
+@_with(RunFlags)
+def train_nft(
+    runflags: RunFlags,
+    num_steps: int = typer.Option(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation."),
+    beta: float = typer.Option(1.0, "--beta", help="NFT step beta in (0, 1]: the implicit policies v± = v_old ± beta·(v_θ − v_old)."),
+    adv_clip: float = typer.Option(2.0, "--adv-clip", help="Advantage clip; r = 0.5 + 0.5·A/adv_clip is the optimality weight."),
+    ema_start: float = typer.Option(0.0, "--ema-start", help="The old policy's EMA decay at the first update (0: on-policy)."),
+    ema_end: float = typer.Option(0.5, "--ema-end", help="The old policy's EMA decay after the ramp."),
+    ema_ramp: int = typer.Option(100, "--ema-ramp", help="Updates over which the decay ramps linearly from --ema-start to --ema-end."),
+    sampler: str = typer.Option("ode", "--sampler", help="The rollout's sampler: ode (no log-probs needed) or sde."),
+    guidance: float = typer.Option(1.0, "--guidance", help="CFG scale of the rollouts."),
+    sigma_sampling: str = typer.Option("uniform", "--sigma-sampling", help="How the update re-noises clean samples: uniform or logit_normal."),
+    mention: float = typer.Option(1.0, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."),
+    model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."),
+) -> None:
+    """DiffusionNFT on a text-to-image card: likelihood-free RL on the forward process."""
+    from jaxpipe.digits import runs
+    from jaxpipe.training import EMA, DiffusionNFT, DiffusionNFTConfig, NoiseLevels, Sampling
+
+    flags = runflags
+
+    def config():
+        return DiffusionNFTConfig(
+            group=flags.group(adv_clip=adv_clip), sampling=Sampling(num_steps=num_steps, sampler=sampler, guidance=guidance),
+            beta=beta, ema=EMA(ema_start, ema_end, ema_ramp), noise=NoiseLevels(sigma_sampling),
+            optimizer=flags.optimizer(DiffusionNFTConfig().optimizer),
+        )
+
+    _train(flags, model, config,
+           lambda card, scorer, cfg, ev: runs.nft_run(card, scorer, cfg, _digits_prompts(flags, mention),
+                                                      prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=ev),
+           DiffusionNFT, name="nft")
+
+
+@train_app.command("dmd2")
+@_with(RunFlags)
+def train_dmd2(
+    runflags: RunFlags,
+    student_steps: int = typer.Option(2, "--student-steps", help="The student's sampling steps (1 or 2; at most the teacher's)."),
+    critic_steps: int = typer.Option(5, "--critic-steps", help="Fake-score critic updates per student update."),
+    critic_lr: float = typer.Option(2e-4, "--critic-lr", help="The critic's learning rate (--lr is the student's)."),
+    guidance: typing.Optional[float] = typer.Option(None, "--guidance", help="The teacher's (real score's) CFG scale (default: the teacher card's)."),
+    mention: float = typer.Option(0.5, "--mention", help="Digits prompts: probability that a training prompt names each attribute."),
+    model: str = typer.Option("flux-t2i", "--model", help="Text-to-image teacher card: a bundled id, a card directory or a diffusers folder."),
+) -> None:
+    """DMD2: distil a text-to-image card into a 1-2 step student (its card is served like any other)."""
+    from jaxpipe.digits import runs
+    from jaxpipe.training import DMD2, DMD2Config, DistributionMatching
+
+    flags = runflags
+
+    def config():
+        base = DMD2Config()
+        dm = DistributionMatching(critic=dataclasses.replace(base.dm.critic, learning_rate=critic_lr),
+                                  critic_steps=critic_steps, real_guidance=guidance)
+        return DMD2Config(student_steps=student_steps, group=flags.group(), student=flags.optimizer(base.student), dm=dm)
+
+    _train(flags, model, config,
+           lambda card, scorer, cfg, ev: runs.dmd2_run(card, scorer, cfg, _digits_prompts(flags, mention),
+                                                       prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=ev),
+           lambda card, reward, cfg: DMD2(card, cfg), name=f"dmd2 ({student_steps}-step student)", needs_reward=False)
+
+
+@train_app.command("self-forcing")
+@_with(RunFlags)
+def train_self_forcing(
+    runflags: RunFlags,
+    teacher: str = typer.Option("wan-t2v", "--teacher", help="Bidirectional text-to-video teacher (the real score): a bundled id or a card directory."),
+    critic_steps: typing.Optional[int] = typer.Option(None, "--critic-steps", help="Fake-score critic updates per student update (default: SelfForcingConfig's)."),
+    critic_lr: typing.Optional[float] = typer.Option(None, "--critic-lr", help="The critic's learning rate; --lr is the student's (defaults: SelfForcingConfig's)."),
+    critic_warmup: typing.Optional[int] = typer.Option(None, "--critic-warmup", help="First steps that train only the critic (default: SelfForcingConfig's)."),
+    num_steps: typing.Optional[int] = typer.Option(None, "--num-steps", help="Denoising steps per chunk, in training and in the card it returns (default: the card's)."),
+    model: str = typer.Option("wan-causal", "--model", help="Causal (chunk_rollout) card to train: a bundled id or a card directory."),
+) -> None:
+    """SelfForcing: a causal video card trained on its own chunked rollouts against a bidirectional teacher."""
+    from jaxpipe.digits import runs
+    from jaxpipe.training import Sampling, SelfForcing, SelfForcingConfig
+
+    flags = runflags
+
+    def config():
+        base = SelfForcingConfig()
+        dm = dataclasses.replace(
+            base.dm, critic=base.dm.critic if critic_lr is None else dataclasses.replace(base.dm.critic, learning_rate=critic_lr),
+            critic_steps=base.dm.critic_steps if critic_steps is None else critic_steps)
+        return SelfForcingConfig(student=flags.optimizer(base.student), dm=dm, group=flags.group(),
+                                 critic_warmup=base.critic_warmup if critic_warmup is None else critic_warmup,
+                                 sampling=Sampling(num_steps=num_steps, guidance=None))
+
+    def build(card, scorer, cfg, evaluation):
+        (real,) = load(teacher)
+        return runs.self_forcing_run(card, real, scorer, cfg, prompts_per_step=flags.prompts_per_step, seed=flags.seed,
+                                     evaluation=evaluation)
+
+    def method(card, reward, cfg):
+        (real,) = load(teacher)
+        return SelfForcing(card, real, cfg)
+
+    _train(flags, model, config, build, method, name="self-forcing", needs_reward=False)
+
+
+@train_app.command("unified")
+@_with(RunFlags, PolicyFlags, RefinerFlags)
+def train_unified(
+    runflags: RunFlags,
+    policyflags: PolicyFlags,
+    refinerflags: RefinerFlags,
+    mention: float = typer.Option(0.5, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."),
+    prefer: str = typer.Option("", "--prefer", help="Digits: preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick,brightness=bright."),
+    model: str = typer.Option("unified", "--model", help="Card with a refiner LM to train: a bundled id or a card directory."),
+) -> None:
+    """UnifiedRL: the refiner LM and the generator trained from one reward (--prompt-only: the LM alone)."""
+    from jaxpipe.digits import runs
+    from jaxpipe.training import UnifiedRL
+
+    flags = runflags
+    _train(flags, model, lambda: refinerflags.joint(policyflags, flags),
+           lambda card, scorer, cfg, ev: runs.unified_run(card, scorer, cfg, _digits_prompts(flags, mention, prefer),
+                                                          prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=ev),
+           UnifiedRL, name="unified" if not refinerflags.prompt_only else "unified (prompt-only)")
+
+
+@train_app.command("mot")
+@_with(RunFlags, PolicyFlags)
+def train_mot(
+    runflags: RunFlags,
+    policyflags: PolicyFlags,
+    skip: int = typer.Option(1, "--skip", help="Samples per group rendered without thinking (0 <= skip < K)."),
+    token_weight: float = typer.Option(1.0, "--token-weight", help="Weight of the thinking (token policy-gradient) part of the one summed loss."),
+    lm_beta: float = typer.Option(0.01, "--lm-beta", help="k3-KL weight of the thoughts to the frozen reference."),
+    mention: float = typer.Option(0.5, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."),
+    prefer: str = typer.Option("", "--prefer", help="Digits: preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick."),
+    model: str = typer.Option("bagel-mot", "--model", help="Mixture-of-Transformers card to train: a bundled id or a card directory."),
+) -> None:
+    """RL on shared weights: one MoT transformer thinks and generates; one summed update, one optimiser."""
+    from jaxpipe.digits import runs
+    from jaxpipe.training import MoTRLConfig, RefinerConfig, SharedMoTRL
+
+    flags = runflags
+
+    def config():
+        return MoTRLConfig(generator=policyflags.generator(flags), thinking=RefinerConfig(skip=skip, beta=lm_beta),
+                           token_weight=token_weight)
+
+    _train(flags, model, config,
+           lambda card, scorer, cfg, ev: runs.mot_run(card, scorer, cfg, _digits_prompts(flags, mention, prefer),
+                                                      prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=ev),
+           SharedMoTRL, name="mot")
+
+
+@train_app.command("joint")
+@_with(RunFlags, PolicyFlags, RefinerFlags)
+def train_joint(
+    runflags: RunFlags,
+    policyflags: PolicyFlags,
+    refinerflags: RefinerFlags,
+    refiners: int = typer.Option(3, "--refiners", "-N", help="Refiner experts (digits: each owns one attribute slot: stroke, position, brightness, cycling)."),
+    credit: str = typer.Option("per_expert", "--credit", help="shared (one advantage for every refiner) or per_expert (each refiner's own reward term)."),
+    expert_map: str = typer.Option("auto", "--expert-map", help="How the N refiner updates map over the experts: vmap, map (lax.map) or auto (map on one CPU device, vmap on GPU/TPU)."),
+    mention: float = typer.Option(0.0, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute (0: the refiners choose them all)."),
+    prefer: str = typer.Option("stroke=thick,position=right,brightness=dim", "--prefer", help="Digits: the attribute values the reward prefers when a prompt leaves them out."),
+    model: str = typer.Option("unified", "--model", help="Card with a refiner LM whose LM initialises every refiner (bundled id or directory)."),
+) -> None:
+    """JointMultiExpertRL: N refiner experts (one mapped update) and the generator from one reward."""
+    from jaxpipe.cards import toy_multi_expert
+    from jaxpipe.digits import cards as digit_cards
+    from jaxpipe.digits import runs
+    from jaxpipe.training import JointMultiExpertRL
+
+    flags = runflags
+
+    def build(base, scorer, cfg, evaluation):
+        card = digit_cards.multi_expert(base, refiners)
+        return runs.joint_run(card, scorer, cfg, _digits_prompts(flags, mention, prefer), prompts_per_step=flags.prompts_per_step,
+                              seed=flags.seed, evaluation=evaluation)
+
+    def method(base, reward, cfg):  # the user's card: every refiner may say every word (no slots)
+        return JointMultiExpertRL(toy_multi_expert.from_unified(base, refiners, model_id=base.model_id), reward, cfg)
+
+    _train(flags, model, lambda: refinerflags.joint(policyflags, flags, credit=credit, expert_map=expert_map), build, method,
+           name=f"joint ({refiners} refiners, {credit} credit{'' if not refinerflags.prompt_only else ', prompt-only'})")
