@@ -1,7 +1,7 @@
 """FlowGRPO on the bundled flux-t2i card, rewarded by the digit-scorer (DESIGN §6, §10).
 
 The run ``jaxpipe train flow-grpo`` makes (the command has every flag), written against the library
-(``jaxpipe.training.runs``):
+(``jaxpipe.digits.runs``):
 
     python examples/flow_grpo_digits.py --steps 300 --out out/flow_grpo                 # full prompts
     python examples/flow_grpo_digits.py --steps 300 --mention 0.5 --out out/flow_grpo_mixed
@@ -23,7 +23,7 @@ import argparse
 
 import jaxpipe as jp
 from jaxpipe.digits import runs as rl_runs
-from jaxpipe.training.flow_grpo import FlowGRPOConfig
+from jaxpipe.training import FlowGRPOConfig, Group, Optimizer, Sampling
 
 
 def main() -> None:
@@ -38,7 +38,8 @@ def main() -> None:
 
     card, scorer = jp.cards.load("flux-t2i"), jp.cards.load("digit-scorer")
     config = FlowGRPOConfig(
-        group_size=4, num_steps=args.num_steps, sde_window=(0, min(4, args.num_steps)), beta=0.04, learning_rate=1e-4
+        group=Group(4), sampling=Sampling(num_steps=args.num_steps, sampler="sde", sde_window=(0, min(4, args.num_steps))),
+        beta=0.04, optimizer=Optimizer(1e-4),
     )
     run = rl_runs.flow_grpo_run(
         card, scorer, config, rl_runs.PromptSpec(mention=args.mention), prompts_per_step=4, seed=args.seed,

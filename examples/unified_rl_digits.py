@@ -1,7 +1,7 @@
 """UnifiedRL on the bundled unified card: one reward trains the refiner LM and the generator (DESIGN §6, §10).
 
 The run ``jaxpipe train unified`` makes (the command has every flag), written against the library
-(``jaxpipe.training.runs``):
+(``jaxpipe.digits.runs``):
 
     python examples/unified_rl_digits.py --steps 300 --prefer stroke=thick --out out/unified
     python examples/unified_rl_digits.py --steps 300 --prefer stroke=thick --prompt-only --out out/unified_prompt_only
@@ -24,7 +24,7 @@ import argparse
 
 import jaxpipe as jp
 from jaxpipe.digits import runs as rl_runs
-from jaxpipe.training.unified_rl import UnifiedRLConfig
+from jaxpipe.training import FlowGRPOConfig, Group, RefinerConfig, Sampling, UnifiedRLConfig
 
 
 def main() -> None:
@@ -38,7 +38,8 @@ def main() -> None:
     args = parser.parse_args()
 
     card, scorer = jp.cards.load("unified"), jp.cards.load("digit-scorer")
-    config = UnifiedRLConfig(group_size=4, skip=1, joint=not args.prompt_only, num_steps=8, sde_window=(0, 4))
+    generator = FlowGRPOConfig(group=Group(4), sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)), beta=0.04)
+    config = UnifiedRLConfig(generator=generator, refiner=RefinerConfig(skip=1), joint=not args.prompt_only)
     prompts = rl_runs.PromptSpec(mention=0.5, prefer=rl_runs.parse_preferences(args.prefer))
     run = rl_runs.unified_run(
         card, scorer, config, prompts, prompts_per_step=4, seed=args.seed,

@@ -241,59 +241,48 @@ def opt_state_shardings(mesh: Mesh, opt_state: Any, params: Any, shardings: Any)
 
 
 # ----------------------------------------------------------------------------------- train states
-TRAINED_FIELDS = (("params", "reference", "opt_state"), ("generator", "generator_reference", "generator_opt"))
-"""``(params, frozen reference, optimiser state)`` field names of trainer states whose params follow the
-rules (``FlowGRPOState``, ``FinetuneState``, ``MoTRLState``; the generator of ``JointRLState`` and
-``UnifiedRLState``)."""
-
-STACKED_FIELDS = ("refiners", "refiner_reference", "refiner_opt")
-"""Fields holding stacked experts (leading axis N): split along ``expert``."""
-
-
 def state_sharding(
-    mesh: Mesh, state: Any, table: Table = (), rules: Rules = REPLICATE, *, skip: int = 1,
+    mesh: Mesh, state: Any, table: Table = (), rules: Rules = REPLICATE, *, stacked: tuple[str, ...] = (), skip: int = 1,
     frozen_tables: Mapping[str, Table] | None = None,
 ) -> Any:
-    """Shardings for a trainer's state (a NamedTuple, e.g. ``FlowGRPOState`` or ``JointRLState``), same
-    structure: trained params and their reference by ``table``/``rules`` (``param_shardings``), their
-    optimiser state mirroring them (``opt_state_shardings``), stacked experts along ``expert``, every
-    other field (frozen components, step) replicated. The default (no table) replicates the params.
-    ``skip=1``: a card trainer's params are ``{component: network params}``, and ``table`` (the
-    network's ``LOGICAL_AXES``) matches paths inside the component. ``frozen_tables``: component name ->
-    its network's ``LOGICAL_AXES``, to shard the state's ``frozen`` components (a real card's 4.8 B
-    T5-XXL text encoder) by the same rules instead of replicating them."""
-    if not hasattr(state, "_asdict"):
-        raise TypeError(f"state_sharding expects a trainer's NamedTuple state (got {type(state).__name__})")
-    fields = state._asdict()
+    """Shardings for a trainer's ``TrainState`` (``jaxpipe.training.trainer``), same structure.
+
+    Every trained part's params by ``table``/``rules`` (``param_shardings``; ``skip=1``: a part's params
+    are ``{component: network params}`` and ``table``, the network's ``LOGICAL_AXES``, matches paths
+    inside the component), its optimiser state mirroring them (``opt_state_shardings``); the parts named
+    in ``stacked`` (stacked experts, leading axis N: e.g. ``JointMultiExpertRL.stacked``) along
+    ``expert``, their optimiser states too; each copy (a reference, an EMA, a teacher) as the trained part
+    of its structure (replicated when none has it); ``frozen`` replicated, or by ``frozen_tables``
+    (component name -> its network's ``LOGICAL_AXES``: a real card's 4.8 B T5-XXL text encoder); the
+    step replicated. The default (no table) replicates the params.
+    """
+    if not all(hasattr(state, name) for name in ("params", "opt_state", "frozen", "copies", "step")):
+        raise TypeError(f"state_sharding expects a jaxpipe.training TrainState (got {type(state).__name__})")
     rest = replicated(mesh)
-    out = {name: _tree_of(rest, value) for name, value in fields.items()}
-    if frozen_tables and fields.get("frozen") is not None:
-        frozen = dict(fields["frozen"])
-        out["frozen"] = type(fields["frozen"])({
+    params, opt_state = {}, {}
+    for part, value in state.params.items():
+        if part in stacked:
+            params[part] = _tree_of(expert_sharding(mesh), value)
+            opt_state[part] = _tree_of(expert_sharding(mesh), state.opt_state[part])
+        else:
+            params[part] = param_shardings(mesh, value, table, rules, skip=skip)
+            opt_state[part] = opt_state_shardings(mesh, state.opt_state[part], value, params[part])
+    by_structure = {jax.tree.structure(value): params[part] for part, value in state.params.items()}
+    copies = {name: by_structure.get(jax.tree.structure(value), _tree_of(rest, value)) for name, value in state.copies.items()}
+    frozen = _tree_of(rest, state.frozen)
+    if frozen_tables and state.frozen is not None:
+        frozen = type(state.frozen)({
             name: param_shardings(mesh, value, frozen_tables[name], rules) if name in frozen_tables else _tree_of(rest, value)
-            for name, value in frozen.items()
+            for name, value in dict(state.frozen).items()
         })
-    for name in STACKED_FIELDS:
-        if name in fields:
-            out[name] = _tree_of(expert_sharding(mesh), fields[name])
-    for params_name, reference_name, opt_name in TRAINED_FIELDS:
-        params = fields.get(params_name)
-        if params is None:
-            continue
-        shardings = param_shardings(mesh, params, table, rules, skip=skip)
-        out[params_name] = shardings
-        if fields.get(reference_name) is not None:
-            out[reference_name] = shardings
-        if fields.get(opt_name) is not None:
-            out[opt_name] = opt_state_shardings(mesh, fields[opt_name], params, shardings)
-    return type(state)(**out)
+    return type(state)(params, opt_state, frozen, copies, _tree_of(rest, state.step))
 
 
 def joint_state_sharding(mesh: Mesh, state, table: Table = (), rules: Rules = REPLICATE) -> Any:
-    """Shardings for a ``JointRLState``: stacked refiner params, references and optimiser states along
-    ``expert``; the generator (and its reference and Adam state) by ``table``/``rules`` (default:
-    replicated); everything else replicated. ``state_sharding`` under its historical name."""
-    return state_sharding(mesh, state, table, rules)
+    """Shardings for ``JointMultiExpertRL``'s state: the stacked refiners (params, references, optimiser
+    states) along ``expert``; the generator (and its reference and Adam state) by ``table``/``rules``
+    (default: replicated); everything else replicated."""
+    return state_sharding(mesh, state, table, rules, stacked=("refiner",))
 
 
 # ------------------------------------------------------------------------------------- placement
@@ -373,10 +362,10 @@ def memory_per_device(state_shapes: Any, shardings: Any = None) -> int:
 
 def sharded_step(step: Callable, mesh: Mesh, state, batch, *, shardings: Any = None) -> Callable:
     """``step(state, batch, key) -> (state, metrics)`` jitted over ``mesh``: the state keeps its
-    ``shardings`` in and out (default ``joint_state_sharding(mesh, state)``; for rules, pass
+    ``shardings`` in and out (default ``state_sharding(mesh, state)``, everything replicated; for rules, pass
     ``state_sharding(mesh, state, table, rules)``), the batch is split along ``data``, the key and
     the metrics are replicated. ``step`` is the trainer's unjitted fused step (e.g.
     ``JointMultiExpertRL.step_fn``, ``FlowGRPO.step_fn``)."""
-    state_shardings = joint_state_sharding(mesh, state) if shardings is None else shardings
+    state_shardings = state_sharding(mesh, state) if shardings is None else shardings
     data = _tree_of(batch_sharding(mesh), batch)
     return jax.jit(step, in_shardings=(state_shardings, data, replicated(mesh)), out_shardings=(state_shardings, replicated(mesh)))

@@ -14,6 +14,7 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import compilation
+from jaxpipe.prompts import Prompts
 
 os.environ["JAXPIPE_CACHE_DIR"] = str(compilation.enable_cache())
 
@@ -31,15 +32,14 @@ def leaves_equal(a, b) -> bool:
     return len(la) == len(lb) and all(x.dtype == y.dtype and bool(jnp.array_equal(x, y)) for x, y in zip(la, lb))
 
 
-def brightness_reward(images, labels):
+def brightness_reward(artifacts, prompts):
     """Mean brightness of images in [0, 1]: a reward whose direction the RL tests can check."""
-    return jnp.mean(images, axis=(1, 2, 3))
+    return jnp.mean(artifacts["image"], axis=(1, 2, 3))
 
 
 def rl_batch(card):
-    """Two prompts with their digit labels, as the RL methods take them."""
-    ids = jnp.asarray(card.spec.tokenizer.encode(["seven thick", "one thin"], 8))
-    return {"ids": ids, "labels": {"digit": jnp.array([7, 1])}}
+    """Two prompts with their digit labels (``metadata["digit"]``), as the RL methods take them."""
+    return Prompts.from_texts(card, ["seven thick", "one thin"], {"digit": [7, 1]})
 
 
 def perturbed(module_or_card, seed: int = 0, scale: float = 0.05):

@@ -206,25 +206,28 @@ def test_logical_axes_and_shardings_of_an_abstract_dit_and_its_adam_state():
         distributed.logical_axes(model, ((r"blocks/0/attn/q/kernel", ("embed",)),))
     with pytest.raises(ValueError, match="unknown logical axis"):
         distributed.logical_axes(model, ((r"time_in/kernel", ("embed", "width")),))
-    with pytest.raises(TypeError, match="NamedTuple"):
+    with pytest.raises(TypeError, match="TrainState"):
         distributed.state_sharding(MESH, {"params": params})
 
 
 def test_state_sharding_of_an_abstract_flow_grpo_state():
-    from jaxpipe.training.flow_grpo import FlowGRPOState
+    from jaxpipe.training import TrainState
 
     net = nnx.state(nnx.eval_shape(lambda: dit.DiT(dit.DiTConfig(depth=1), rngs=nnx.Rngs(0))), nnx.Param)
     params, frozen = nnx.State({"transformer": net}), nnx.State({"text": net, "vae": net})
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
-    state = FlowGRPOState(params, frozen, params, jax.eval_shape(tx.init, params), jax.ShapeDtypeStruct((), np.int32))
+    state = TrainState({"generator": params}, {"generator": jax.eval_shape(tx.init, params)}, frozen,
+                       {"reference": params}, jax.ShapeDtypeStruct((), np.int32))
     out = distributed.state_sharding(MESH, state, dit.LOGICAL_AXES, distributed.FSDP_TP, frozen_tables={"text": dit.LOGICAL_AXES})
     q = lambda tree: tree["blocks"][0]["attn"]["q"]["kernel"].get_value().spec
-    assert q(out.params["transformer"]) == P("data", "model") and out.reference is out.params
-    assert out.opt_state[1][0].mu is out.params and out.opt_state[1][0].count.spec == P() and out.step.spec == P()
+    generator = out.params["generator"]
+    assert q(generator["transformer"]) == P("data", "model") and out.copies["reference"] is generator  # the copy as its part
+    adam = out.opt_state["generator"][1][0]
+    assert adam.mu is generator and adam.count.spec == P() and out.step.spec == P()
     assert q(out.frozen["text"]) == P("data", "model") and q(out.frozen["vae"]) == P()  # frozen: only by its own table
     # bytes per device: the FSDP_TP-sharded params a quarter or less of the whole
     whole = distributed.memory_per_device(net)
-    assert distributed.memory_per_device(net, out.params["transformer"]) < whole / 4
+    assert distributed.memory_per_device(net, generator["transformer"]) < whole / 4
 
 
 def test_make_mesh_checks_sizes():

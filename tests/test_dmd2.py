@@ -10,10 +10,12 @@ import pytest
 
 import jaxpipe as jp
 from jaxpipe.engine import Engine
-from jaxpipe.training.dmd2 import DMD2, DMD2Config, dm_gradient, dm_surrogate
+from jaxpipe.training import DMD2, DMD2Config, DistributionMatching, Group, NoiseLevels, Optimizer
+from jaxpipe.training.distribution_matching import clean_estimates, dm_gradient, dm_surrogate
 from conftest import leaves_equal, rl_batch
 
-CONFIG = DMD2Config(student_steps=2, critic_updates=2, guidance=2.0, samples_per_prompt=8, student_lr=1e-3, critic_lr=1e-3)
+CONFIG = DMD2Config(student_steps=2, group=Group(size=8), student=Optimizer(1e-3, b1=0.0),
+                    dm=DistributionMatching(critic=Optimizer(1e-3, b1=0.0), critic_steps=2, real_guidance=2.0))
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,13 @@ def method(t2i_card):
 @pytest.fixture(scope="module")
 def jitted(method):
     """The student's clean estimate and DMD2's gradient, compiled once for the tests that recompute them."""
-    return jax.jit(method.student_x0), jax.jit(method.dm_terms)
+
+    def dm_terms(teacher, critic, frozen, x0, ro, key):  # the real and fake scores at x0 re-noised, as DMD2._update
+        x0_real, x0_fake = clean_estimates((method._model(teacher, frozen),), (method._model(critic, frozen),), x0, key,
+                                           ro.cond, ro.uncond, method.real, method.plain, method.config.dm.noise)
+        return dm_gradient(x0, x0_real, x0_fake)
+
+    return jax.jit(method.student_x0), jax.jit(dm_terms)
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +57,20 @@ def test_gradient_and_surrogate_match_numpy():
 
 
 def test_bad_configs_raise(t2i_card):
-    for bad, match in [(dict(student_steps=0), "student_steps"), (dict(critic_updates=0), "critic_updates"),
-                       (dict(samples_per_prompt=0), "samples_per_prompt"), (dict(student_lr=0.0), "student_lr"),
-                       (dict(critic_lr=-1.0), "critic_lr"), (dict(t_min=0.5, t_max=0.4), "t_min"),
-                       (dict(guidance=-1.0), "guidance"), (dict(adam_b1=1.0), "adam_b1")]:
+    bad_configs = [
+        (lambda: DMD2Config(student_steps=0), "student_steps"),
+        (lambda: DistributionMatching(critic_steps=0), "critic_steps"),
+        (lambda: Group(size=0), "group size"),
+        (lambda: Optimizer(0.0, b1=0.0), "learning_rate"),  # the student's
+        (lambda: DistributionMatching(critic=Optimizer(-1.0)), "learning_rate"),
+        (lambda: NoiseLevels(min=0.5, max=0.4), "min < max"),
+        (lambda: DistributionMatching(noise=NoiseLevels(min=0.0)), "noise.min must be > 0"),
+        (lambda: DistributionMatching(real_guidance=-1.0), "real_guidance"),
+        (lambda: Optimizer(1e-4, b1=1.0), "b1"),
+    ]
+    for make, match in bad_configs:
         with pytest.raises(ValueError, match=match):
-            DMD2Config(**bad)
+            make()
     teacher_steps = t2i_card.spec.loops[0].config.num_steps
     with pytest.raises(ValueError, match="exceeds the teacher's"):
         DMD2(t2i_card, DMD2Config(student_steps=teacher_steps + 1))
@@ -68,11 +84,11 @@ def test_student_card_and_backward_simulation(method, rollout, jitted):
     card = method.card(state)
     sampling = card.spec.loops[0].config
     assert (sampling.num_steps, sampling.guidance) == (2, 1.0) and card.spec.config.sampling == sampling
-    assert card.model_id == "flux-t2i-turbo" and method.real.guidance == 2.0
+    assert card.model_id == "flux-t2i-turbo" and method.real.guidance == 2.0 and method.plain.guidance == 1.0
     assert ro.x.shape == ro.latents.shape == (16, *card.spec.loops[0].latent_shape)
     last = np.asarray(ro.step) == 1
     assert 0 < last.sum() < 16 and np.array_equal(np.asarray(ro.sigma), np.where(last, 0.5, 1.0))
-    x0 = np.asarray(jitted[0](state.student, state.frozen, ro))
+    x0 = np.asarray(jitted[0](state.params["student"], state.frozen, ro))
     np.testing.assert_allclose(x0[last], np.asarray(ro.latents)[last], atol=1e-5)
     assert np.abs(x0[~last] - np.asarray(ro.latents)[~last]).max() > 0.01  # step 0's estimate is not the sample
 
@@ -84,23 +100,25 @@ def test_update_moves_the_student_against_the_dm_gradient(method, rollout, jitte
     key = jax.random.key(1)
     new, metrics = method.update(state, ro, key)
     assert float(metrics["skipped"]) == 0.0 and float(metrics["critic_skipped"]) == 0.0
-    assert not leaves_equal(new.critic, state.critic) and leaves_equal(new.teacher, state.teacher)
-    x0_old = student_x0(state.student, state.frozen, ro)
-    x0_new = student_x0(new.student, new.frozen, ro)
+    assert not leaves_equal(new.params["critic"], state.params["critic"])
+    assert leaves_equal(new.copies["teacher"], state.copies["teacher"])
+    x0_old = student_x0(state.params["student"], state.frozen, ro)
+    x0_new = student_x0(new.params["student"], new.frozen, ro)
     _, k_dm = jax.random.split(key)  # the draws DMD2._update makes; the critic is the updated one
-    g, _ = dm_terms(state.teacher, new.critic, state.frozen, x0_old, ro, k_dm)
+    g = dm_terms(state.copies["teacher"], new.params["critic"], state.frozen, x0_old, ro, k_dm)
     np.testing.assert_allclose(float(metrics["dm_loss"]), float(0.5 * jnp.mean(jnp.sum(g**2, axis=(1, 2, 3, 4)))), rtol=1e-4)
     assert float(jnp.sum(g * (x0_new - x0_old))) < 0
 
 
 def test_non_finite_step_is_skipped(method, rollout):
+    """A NaN input row poisons the student's samples, so every critic step and the student step are
+    non-finite: each is skipped (params and Adam moments kept), and the step counter goes on."""
     state, ro = rollout
     nan = ro._replace(x=ro.x.at[0].set(jnp.nan))
     new, metrics = method.update(state, nan, jax.random.key(3))
-    assert float(metrics["skipped"]) == 1.0 and float(metrics["critic_skipped"]) == CONFIG.critic_updates
+    assert float(metrics["skipped"]) == 1.0 and float(metrics["critic_skipped"]) == CONFIG.dm.critic_steps
     assert int(new.step) == 1
-    assert leaves_equal((new.student, new.critic, new.student_opt, new.critic_opt),
-                        (state.student, state.critic, state.student_opt, state.critic_opt))
+    assert leaves_equal((new.params, new.opt_state, new.copies), (state.params, state.opt_state, state.copies))
 
 
 def test_a_few_steps_move_the_student_toward_the_teacher(method, rollout, t2i_card):
@@ -108,7 +126,7 @@ def test_a_few_steps_move_the_student_toward_the_teacher(method, rollout, t2i_ca
     samples and of the teacher's 8-step guidance-2 samples falls (measured: 264 -> 150-160 after 5-8 updates;
     about 100 of it is the 8-sample estimates' own noise)."""
     state, _ = rollout
-    batch, k = rl_batch(t2i_card), CONFIG.samples_per_prompt
+    batch, k = rl_batch(t2i_card), CONFIG.group.size
     teacher = np.asarray(jp.generate(t2i_card, ["seven thick"] * k + ["one thin"] * k, seed=list(range(2 * k)),
                                      guidance=2.0)["latents"]).reshape(2, k, -1)
 

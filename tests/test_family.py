@@ -13,7 +13,7 @@ import toy_family as toy
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe.training.finetune import Finetune, FinetuneConfig
+from jaxpipe.training import Finetune, FinetuneConfig, Optimizer
 from jaxpipe.training.fit import fit
 from conftest import leaves_equal
 
@@ -48,7 +48,8 @@ def test_register_build_serve_finetune_and_round_trip(family, tmp_path):
         engine.run(jp.Request(toy.MODEL_ID, prompt="seven"))
 
     # fine-tuned by flow matching through the family's FlowData hooks
-    config = FinetuneConfig(learning_rate=1e-2, warmup_steps=5, total_steps=150, trainable=("embed", "denoiser"))
+    optimizer = Optimizer(1e-2, weight_decay=1e-4, schedule="warmup_cosine", warmup_steps=5, total_steps=150)
+    config = FinetuneConfig(optimizer=optimizer, trainable=("embed", "denoiser"))
     method = Finetune(card, config)
     batch, key = toy.data(128), jax.random.key(0)
     state, history = fit(lambda s, b, k: method.step(s, b, key), method.init(), iter([batch] * 150), steps=150,

@@ -8,16 +8,18 @@ import numpy as np
 import pytest
 
 import jaxpipe as jp
-from jaxpipe import samplers
-from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+from jaxpipe import rewards, samplers
 from jaxpipe.digits.rewards import scorer_reward
+from jaxpipe.prompts import Prompts
+from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, Sampling, ppo
 from conftest import brightness_reward, leaves_equal, rl_batch
 
-CONFIG = FlowGRPOConfig(group_size=2, num_steps=3, sde_window=(0, 2), learning_rate=1e-4)
+CONFIG = FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)),
+                        optimizer=Optimizer(1e-4))
 
 
-def constant_reward(images, labels):
-    return jnp.ones(images.shape[0])
+def constant_reward(artifacts, prompts):
+    return jnp.ones(artifacts["image"].shape[0])
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def rollout(method, t2i_card):
 def test_recomputed_log_probs_equal_the_captured_ones(method, rollout):
     """C2, computed the way the trainer computes it (same teacher-forced batching)."""
     state, ro = rollout
-    log_prob, _ = jax.jit(method.step_stats)(state.params, state.frozen, ro)
+    log_prob, _ = jax.jit(method.step_stats)(state.params["generator"], state.frozen, ro)
     assert log_prob.shape == (2, 4)
     np.testing.assert_allclose(jnp.exp(log_prob - ro.generated.trajectory.log_prob), 1.0, atol=1e-5)
     assert float(jnp.abs(ro.advantages).max()) > 0.5
@@ -45,7 +47,7 @@ def test_update_moves_the_velocity_toward_the_ml_velocity(method, rollout):
     new, metrics = method.update(state, ro)
     assert float(metrics["skipped"]) == 0.0
     assert not leaves_equal(new.params, state.params)
-    assert leaves_equal(new.reference, state.reference)
+    assert leaves_equal(new.copies["reference"], state.copies["reference"])
     traj, cond = ro.generated.trajectory, ro.generated.cond
     old_dit = method.components(state.params, state.frozen)[method.transformer]
     new_dit = method.components(new.params, new.frozen)[method.transformer]
@@ -67,62 +69,72 @@ def test_constant_reward_is_a_no_op(t2i_card):
     assert leaves_equal(new.params, state.params)  # zero advantage and params == reference: nothing moves
 
 
-@pytest.mark.slow  # the shared finite guard (finetune.guarded_update) is tested by default in test_finetune.py
+@pytest.mark.slow  # the shared finite guard (training.update) is tested by default in test_finetune.py
 def test_non_finite_reward_skips_the_update(t2i_card):
-    method = FlowGRPO(t2i_card, lambda im, lab: jnp.full(im.shape[0], jnp.nan), CONFIG)
+    method = FlowGRPO(t2i_card, lambda artifacts, prompts: jnp.full(artifacts["image"].shape[0], jnp.nan), CONFIG)
     state = method.init()
     new, metrics = method.step(state, rl_batch(t2i_card), jax.random.key(2))
     assert float(metrics["skipped"]) == 1.0
     assert leaves_equal(new.params, state.params) and int(new.step) == 1
 
 
-def test_scorer_reward_and_bad_configs():
+def test_scorer_reward_and_bad_configs(t2i_card):
     scorer = jp.cards.build("digit-scorer")
     reward = scorer_reward(scorer, ("digit", "stroke"))
     images = jnp.full((3, 16, 16, 1), 0.5)
-    r = reward(images, {"digit": jnp.array([7, 1, 2]), "stroke": jnp.array([1, -1, 0])})
+    prompts = Prompts.from_texts(t2i_card, ["seven thick", "one", "two thin"],
+                                 {"digit": [7, 1, 2], "stroke": [1, -1, 0]})
+    parts = reward({"image": images}, prompts)
+    assert sorted(parts) == ["digit", "stroke"] and bool(jnp.all(parts["stroke"][1] == 0.0))  # -1: not rewarded
+    r = rewards.score(reward, {"image": images}, prompts)[0]
     assert r.shape == (3,) and bool(jnp.all((r >= 0) & (r <= 2)))
+    np.testing.assert_array_equal(r, parts["digit"] + parts["stroke"])  # the total is the parts' sum
     with pytest.raises(ValueError, match="unknown reward term"):
         scorer_reward(scorer, ("sharpness",))
-    with pytest.raises(ValueError, match="group_size"):
-        FlowGRPOConfig(group_size=1)
+    with pytest.raises(ValueError, match="group size"):
+        FlowGRPOConfig(group=Group(1))
     with pytest.raises(ValueError, match="sde_window"):
-        FlowGRPOConfig(num_steps=4, sde_window=(3, 9))
+        FlowGRPOConfig(sampling=Sampling(num_steps=4, sampler="sde", sde_window=(3, 9)))
+    with pytest.raises(ValueError, match="sampler='sde'"):
+        FlowGRPOConfig(sampling=Sampling(sampler="ode"))
 
 
 # ------------------------------------------------------------------------------------------ several updates per rollout
 
 
 def test_one_minibatch_one_epoch_is_the_single_update_bit_for_bit(method, rollout):
-    """The default schedule (1 × 1, every step) is exactly one ``generator_update`` on the whole rollout."""
-    from jaxpipe.training.flow_grpo import generator_update
-
-    from jaxpipe.training.finetune import guarded_update
+    """The default schedule (1 × 1, every step) is exactly one ``grpo.generator_update`` on the whole rollout
+    (no rows, no key), guarded by ``training.update``: same weights, Adam state and metrics."""
+    from jaxpipe.training import update
+    from jaxpipe.training.grpo import generator_update
 
     state, ro = rollout
-    assert CONFIG.schedule.single
+    assert CONFIG.ppo.single
     new, metrics = method.update(state, ro, jax.random.key(3))
 
     @jax.jit
     def before_minibatches(s, ro):  # the update of every step before several updates per rollout existed
-        models_of = lambda p: (method.components(p, s.frozen)[method.transformer],)
-        params, opt_state, loss, metrics, grad_norm = generator_update(
-            method.tx, models_of, s.params, s.reference, s.opt_state, ro.generated, ro.advantages, CONFIG, method.sampling)
-        new = s._replace(params=params, opt_state=opt_state, step=s.step + 1)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        new = guarded_update(finite, new, s._replace(step=s.step + 1))
-        return new, {**metrics, "grad_norm": grad_norm, "skipped": 1.0 - finite.astype(jnp.float32)}
+        def models_of(p):
+            return (method.components({"generator": p}, s.frozen)[method.transformer],)
 
-    old, old_metrics = before_minibatches(state, ro)
+        out = generator_update(method.tx, models_of, s.params["generator"], s.copies["reference"],
+                               s.opt_state["generator"], ro.generated, ro.advantages, None, None, CONFIG, method.sampling)
+        new = s._replace(params={"generator": out.params}, opt_state={"generator": out.opt_state}, step=s.step + 1)
+        return new, {**out.aux, "grad_norm": out.grad_norm, "skipped": update.skipped(out.finite)}, out.loss
+
+    old, old_metrics, loss = before_minibatches(state, ro)
     assert leaves_equal(new, old)
-    assert all(float(metrics[k]) == float(v) for k, v in old_metrics.items()) and "ratio_mean_u0" not in metrics
+    assert set(metrics) == set(old_metrics) and "ratio_mean_u0" not in metrics
+    assert all(float(metrics[k]) == float(v) for k, v in old_metrics.items())
+    assert bool(jnp.isfinite(loss))
 
 
 def test_several_minibatches_move_the_ratio_and_the_clip_binds(t2i_card, rollout):
     """4 rows in 2 minibatches × 2 epochs: the first update is at the rollout weights (ratio 1, C2), the
     later ones are not, and with a large step the clipped objective clips."""
     state, ro = rollout
-    config = dataclasses.replace(CONFIG, minibatches=2, inner_epochs=2, timestep_fraction=0.5, learning_rate=3e-3)
+    config = dataclasses.replace(CONFIG, ppo=ppo.Schedule(minibatches=2, inner_epochs=2, timestep_fraction=0.5),
+                                 optimizer=Optimizer(3e-3))
     method = FlowGRPO(t2i_card, brightness_reward, config)
     new, metrics = method.update(state, ro, jax.random.key(4))
     assert float(metrics["skipped"]) == 0.0 and not leaves_equal(new.params, state.params)
@@ -137,8 +149,6 @@ def test_several_minibatches_move_the_ratio_and_the_clip_binds(t2i_card, rollout
 
 
 def test_minibatches_partition_the_rollout_and_steps_are_drawn_per_row():
-    from jaxpipe.training import ppo
-
     schedule = ppo.Schedule(minibatches=4, inner_epochs=3)
     rows = np.asarray(ppo.minibatch_rows(jax.random.key(0), 16, schedule))
     assert rows.shape == (3, 4, 4)

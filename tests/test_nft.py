@@ -7,11 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig, ema_decay, nft_loss, optimality_weight
+from jaxpipe.training import EMA, DiffusionNFT, DiffusionNFTConfig, Group, NoiseLevels, Optimizer, Sampling, rollout as rollouts
+from jaxpipe.training.methods.nft import ema_decay, nft_loss, optimality_weight
 from conftest import brightness_reward, leaves_equal, rl_batch
 
-CONFIG = DiffusionNFTConfig(group_size=4, num_steps=3, learning_rate=1e-3, beta=0.7, ema_start=0.0, ema_end=0.5,
-                            ema_ramp_steps=4)
+CONFIG = DiffusionNFTConfig(group=Group(4, adv_clip=2.0), sampling=Sampling(num_steps=3), optimizer=Optimizer(1e-3),
+                            beta=0.7, ema=EMA(start=0.0, end=0.5, ramp_steps=4))
 
 
 @pytest.fixture(scope="module")
@@ -47,30 +48,30 @@ def test_loss_and_weights_match_numpy():
 
 
 def test_ema_schedule_and_bad_configs():
-    assert [round(float(ema_decay(CONFIG, jnp.asarray(n))), 6) for n in (0, 2, 4, 9)] == [0.0, 0.25, 0.5, 0.5]
-    assert float(ema_decay(dataclasses.replace(CONFIG, ema_ramp_steps=0), jnp.asarray(0))) == 0.5
+    assert [round(float(ema_decay(CONFIG.ema, jnp.asarray(n))), 6) for n in (0, 2, 4, 9)] == [0.0, 0.25, 0.5, 0.5]
+    assert float(ema_decay(dataclasses.replace(CONFIG.ema, ramp_steps=0), jnp.asarray(0))) == 0.5
     for beta in (0.0, -0.1, 1.5):
         with pytest.raises(ValueError, match=r"beta must be in \(0, 1\]"):
             DiffusionNFTConfig(beta=beta)
-    with pytest.raises(ValueError, match="group_size"):
-        DiffusionNFTConfig(group_size=1)
-    with pytest.raises(ValueError, match="sigma_sampling"):
-        DiffusionNFTConfig(sigma_sampling="beta")
-    with pytest.raises(ValueError, match="ema_start"):
-        DiffusionNFTConfig(ema_end=1.2)
+    with pytest.raises(ValueError, match="group size"):
+        DiffusionNFTConfig(group=Group(1))
+    with pytest.raises(ValueError, match="noise level sampling"):
+        DiffusionNFTConfig(noise=NoiseLevels("beta"))
+    with pytest.raises(ValueError, match="EMA's start and end"):
+        DiffusionNFTConfig(ema=EMA(end=1.2))
 
 
 def test_reconstructed_sample_equals_the_rollout_bit_for_bit(method, rollout, t2i_card):
     """Behavioural C2: old == current, same keys ⇒ the trainer's re-render is the rollout's sample."""
     state, ro = rollout
-    assert leaves_equal(state.params, state.old)
+    assert leaves_equal(state.params["generator"], state.copies["old"])
     again = method.reconstruct(state, rl_batch(t2i_card), jax.random.key(0))
     assert again.shape == ro.latents.shape and bool(jnp.array_equal(again, ro.latents))
     assert float(jnp.abs(ro.advantages).max()) > 0.5
     new, metrics = method.update(state, ro, jax.random.key(1))
     assert float(metrics["skipped"]) == 0.0 and not leaves_equal(new.params, state.params)
     # d(0) = 0: the old policy is the updated one, so C2 holds again at the next rollout
-    assert leaves_equal(new.old, new.params)
+    assert leaves_equal(new.copies["old"], new.params["generator"])
     moved = method.reconstruct(new, rl_batch(t2i_card), jax.random.key(0))
     assert not bool(jnp.array_equal(moved, ro.latents))  # the check can fail: other weights, other sample
 
@@ -84,7 +85,7 @@ def test_update_moves_the_velocity_toward_high_reward_samples(method, rollout):
     new, metrics = method.update(state, ro, key)
     x0 = ro.latents
     k_sigma, k_noise = jax.random.split(key)  # the draws DiffusionNFT.loss makes from the update key
-    sigma = method._sigmas(k_sigma, x0.shape[0])
+    sigma = CONFIG.noise.draw(k_sigma, x0.shape[0])
     noise = jax.random.normal(k_noise, x0.shape)
     s = sigma.reshape((-1,) + (1,) * (x0.ndim - 1))
     x_sigma, target = (1 - s) * x0 + s * noise, noise - x0
@@ -93,21 +94,20 @@ def test_update_moves_the_velocity_toward_high_reward_samples(method, rollout):
     v_new = method.components(new.params, new.frozen)[method.transformer](x_sigma, sigma, cond.context, cond.context_mask)
     per_row = jnp.sum((v_new - v_old) * (target - v_old), axis=tuple(range(1, x0.ndim)))
     assert float(jnp.sum(ro.advantages * per_row)) > 0
-    after, _ = jax.jit(method.loss)(new.params, state, ro, key)
+    after, _ = jax.jit(method.loss)(new.params["generator"], state, ro, key)
     assert float(after) < float(metrics["loss"])
 
 
-def test_constant_reward_leaves_the_weights_bit_identical(method, rollout):
+def test_constant_reward_leaves_the_weights_bit_identical(method, rollout, t2i_card):
     state, ro = rollout
-    rewards = jnp.ones_like(ro.rewards)
-    from jaxpipe.training.rollout import score
-
-    _, adv = score(lambda im, lab: jnp.ones(im.shape[0]), ro.images, {}, CONFIG.group_size, CONFIG.adv_clip)
-    const = ro._replace(rewards=rewards, advantages=adv, weights=optimality_weight(adv, CONFIG.adv_clip))
+    constant = lambda artifacts, prompts: jnp.ones(artifacts["image"].shape[0])
+    scored = rollouts.score_rollout(constant, {"image": ro.images}, rl_batch(t2i_card).repeat(CONFIG.group.size), CONFIG.group)
+    adv = scored.advantages
+    const = ro._replace(rewards=scored.rewards, advantages=adv, weights=optimality_weight(adv, CONFIG.group.adv_clip))
     assert bool(jnp.all(const.weights == 0.5))
     new, metrics = method.update(state, const, jax.random.key(2))
     assert float(metrics["skipped"]) == 0.0 and float(metrics["grad_norm"]) == 0.0
-    assert leaves_equal(new.params, state.params) and leaves_equal(new.old, state.old)
+    assert leaves_equal(new.params, state.params) and leaves_equal(new.copies["old"], state.copies["old"])
 
 
 def test_non_finite_step_is_skipped(method, rollout):
@@ -115,7 +115,7 @@ def test_non_finite_step_is_skipped(method, rollout):
     nan = ro._replace(weights=ro.weights.at[0].set(jnp.nan))
     new, metrics = method.update(state, nan, jax.random.key(3))
     assert float(metrics["skipped"]) == 1.0 and int(new.step) == 1
-    assert leaves_equal((new.params, new.old, new.opt_state), (state.params, state.old, state.opt_state))
+    assert leaves_equal((new.params, new.copies, new.opt_state), (state.params, state.copies, state.opt_state))
 
 
 @pytest.mark.slow  # the update's direction is tested above; this checks the fused step learns over six
@@ -124,7 +124,7 @@ def test_a_few_steps_raise_the_reward(method, rollout, t2i_card):
     images from held-out keys than the starting one."""
     state, _ = rollout
     eval_key = jax.random.key(99)
-    before = float(jnp.mean(method.render(state.params, state.frozen, rl_batch(t2i_card), eval_key)[0]))
+    before = float(jnp.mean(method.render(state.params["generator"], state.frozen, rl_batch(t2i_card), eval_key)[0]))
     key = jax.random.key(10)
     rewards = []
     for _ in range(6):
@@ -132,9 +132,9 @@ def test_a_few_steps_raise_the_reward(method, rollout, t2i_card):
         state, metrics = method.step(state, rl_batch(t2i_card), k)  # the fused rollout + update
         assert float(metrics["skipped"]) == 0.0
         rewards.append(float(metrics["reward_mean"]))
-    after = float(jnp.mean(method.render(state.params, state.frozen, rl_batch(t2i_card), eval_key)[0]))
+    after = float(jnp.mean(method.render(state.params["generator"], state.frozen, rl_batch(t2i_card), eval_key)[0]))
     assert after > before + 0.01, (before, after, rewards)  # measured: 0.547 -> 0.581 (a dark reward: -> 0.504)
-    assert float(metrics["ema_decay"]) == 0.5 and not leaves_equal(state.old, state.params)
+    assert float(metrics["ema_decay"]) == 0.5 and not leaves_equal(state.copies["old"], state.params["generator"])
 
 
 def test_the_old_policy_is_served_as_a_role_with_its_own_versions(method, rollout, t2i_card):

@@ -19,8 +19,9 @@ from jaxpipe.cards import toy_multi_expert
 from jaxpipe.digits import data as digits
 from jaxpipe.loops import ar
 from jaxpipe.nn import DiTCond
-from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
-from jaxpipe.training.joint_rl import (
+from jaxpipe.prompts import Prompts
+from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, RefinerConfig, Sampling
+from jaxpipe.training.methods.joint_rl import (
     JointMultiExpertRL,
     JointRLConfig,
     map_experts,
@@ -42,14 +43,14 @@ def floating_dtypes(tree) -> set:
 
 def test_bfloat16_rollout_log_probs_recompute_exactly(flux):
     """C2 in bfloat16, the way the trainer recomputes (``step_stats``): the same bfloat16 program."""
-    method = FlowGRPO(flux, lambda im, lab: jnp.mean(im, axis=(1, 2, 3)), FlowGRPOConfig(group_size=2, num_steps=2, dtype="bfloat16"))
+    config = FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=2, sampler="sde"), dtype="bfloat16")
+    method = FlowGRPO(flux, lambda artifacts, prompts: jnp.mean(artifacts["image"], axis=(1, 2, 3)), config)
     assert set(precision.network_dtypes(method.spec.config).values()) == {"bfloat16"}
     state = method.init()
     # mixed precision: float32 master weights, reference and Adam moments; the forward casts them down
-    assert floating_dtypes((state.params, state.reference, state.opt_state)) == {jnp.dtype(jnp.float32)}
-    ids = jnp.asarray(flux.spec.tokenizer.encode(PROMPTS[:1], 8))
-    ro = method.rollout(state, {"ids": ids, "labels": {}}, jax.random.key(0))
-    log_prob, mean = jax.jit(method.step_stats)(state.params, state.frozen, ro)
+    assert floating_dtypes((state.params, state.copies["reference"], state.opt_state)) == {jnp.dtype(jnp.float32)}
+    ro = method.rollout(state, Prompts.from_texts(flux, PROMPTS[:1]), jax.random.key(0))
+    log_prob, mean = jax.jit(method.step_stats)(state.params["generator"], state.frozen, ro)
     traj = ro.generated.trajectory
     assert log_prob.dtype == traj.log_prob.dtype == ro.generated.images.dtype == jnp.float32
     np.testing.assert_allclose(jnp.exp(log_prob - traj.log_prob), 1.0, rtol=0, atol=1e-6)
@@ -107,9 +108,11 @@ def test_bad_names_error_clearly(flux):
 def test_lax_map_over_experts_equals_vmap():
     """One refiner update step at N = 3: the ``lax.map`` policy gives the vmap's params, Adam states, losses."""
     card = digit_cards.multi_expert(jp.cards.load("unified"), 3)
-    config = JointRLConfig(joint=False, lm_learning_rate=1e-4, lm_clip_eps=100.0, lm_beta=0.0)  # a wide clip: every row learns
-    method = JointMultiExpertRL(card, lambda im, lab: jnp.mean(im, axis=(1, 2, 3)), config)
-    params = nnx.State({toy_multi_expert.COMPONENT: nnx.state(card[toy_multi_expert.COMPONENT], nnx.Param)})
+    config = JointRLConfig(joint=False, refiner_optimizer=Optimizer(1e-4),
+                           refiner=RefinerConfig(clip_eps=100.0, beta=0.0))  # a wide clip: every row learns
+    method = JointMultiExpertRL(card, lambda artifacts, prompts: jnp.mean(artifacts["image"], axis=(1, 2, 3)), config)
+    params = method.init().params["refiner"]  # the stacked refiners' parameters
+    assert sorted(params) == [toy_multi_expert.COMPONENT]
     prompt = np.asarray(card.spec.tokenizer.encode(["seven", "one", "three", "nine"], 8))
     advantages = jax.random.normal(jax.random.key(1), (3, 4))
 
@@ -123,9 +126,12 @@ def test_lax_map_over_experts_equals_vmap():
         opt = jax.vmap(method.refiner_tx.init)(params)
         return map_experts(method.expert_update, how, params, params, opt, allowed, refinement, advantages)
 
-    (p_v, o_v, loss_v, m_v, g_v), (p_m, o_m, loss_m, m_m, g_m) = (update(how, params, method.allowed, advantages) for how in ("vmap", "map"))
-    assert float(jnp.min(g_v)) > 0.0  # every expert gets a gradient
-    for got, want in zip(jax.tree.leaves((p_m, o_m, loss_m, m_m, g_m)), jax.tree.leaves((p_v, o_v, loss_v, m_v, g_v))):
+    by_vmap, by_map = (update(how, params, method.allowed, advantages) for how in ("vmap", "map"))  # update.Step each
+    assert float(jnp.min(by_vmap.grad_norm)) > 0.0 and bool(jnp.all(by_vmap.finite))  # every expert gets a gradient
+    assert by_vmap.loss.shape == (3,)
+    got_leaves, want_leaves = jax.tree.leaves(by_map), jax.tree.leaves(by_vmap)
+    assert len(got_leaves) == len(want_leaves)
+    for got, want in zip(got_leaves, want_leaves):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # float32 reordering on values up to ~15
-    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(p_v), jax.tree.leaves(params)))
+    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(by_vmap.params), jax.tree.leaves(params)))
     assert moved > 1e-5

@@ -50,8 +50,8 @@ def _tokenizer(words, *, clip: bool, max_length: int):
     )
 
 
-@pytest.fixture(scope="module")
-def flux_folder(tmp_path_factory):
+def flux_pipeline():
+    """A tiny random diffusers ``FluxPipeline`` (every parameter random) with word-level tokenizers over ``WORDS``."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
     torch.manual_seed(0)
@@ -77,12 +77,18 @@ def flux_folder(tmp_path_factory):
     scheduler = FlowMatchEulerDiscreteScheduler(
         shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096
     )
-    pipe = FluxPipeline(
+    return FluxPipeline(
         scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=_tokenizer(WORDS, clip=True, max_length=16),
         text_encoder_2=t5, tokenizer_2=_tokenizer(WORDS, clip=False, max_length=16), transformer=transformer,
     )
+
+
+@pytest.fixture(scope="module")
+def flux_folder(tmp_path_factory):
+    from diffusers import FluxPipeline
+
     folder = tmp_path_factory.mktemp("flux-tiny")
-    pipe.save_pretrained(folder)
+    flux_pipeline().save_pretrained(folder)
     # the reference is the folder as diffusers loads it (an unsaved transformers T5 can differ from its own file)
     return folder, FluxPipeline.from_pretrained(folder)
 
@@ -179,15 +185,17 @@ def test_wan_moe_pipeline_folder_renders_like_diffusers(wan_moe_folder):
 def test_flowgrpo_trains_a_real_flux_card_unchanged():
     """FlowGRPO on a tiny random ``flux`` card (no torch needed): the update's first recompute of the captured
     log-probs is at the rollout weights (ratio 1, C2) and one step moves only the transformer."""
-    from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+    from jaxpipe.prompts import Prompts, encode_text
+    from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, Sampling
 
     card = random_weights(lambda: jp.cards.flux.build(jp.cards.flux.Config(num_steps=2)), seed=0)
-    brightness = lambda images, labels: images.mean(axis=(1, 2, 3))  # a user's reward: any (B, H, W, 3) -> (B,)
-    method = FlowGRPO(card, brightness, FlowGRPOConfig(group_size=2, num_steps=2, learning_rate=1e-3))
+    brightness = lambda artifacts, prompts: artifacts["image"].mean(axis=(1, 2, 3))  # a user's reward: (B, H, W, 3) -> (B,)
+    config = FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=2, sampler="sde"), optimizer=Optimizer(1e-3))
+    method = FlowGRPO(card, brightness, config)
     state = method.init()
-    batch = {"ids": np.ones((1, 32), np.int32)}
+    batch = Prompts(np.ones((1, 32), np.int32), encode_text(["a prompt"], 64), {})  # this card has no tokenizer files: ids given
     rollout = method.rollout(state, batch, jax.random.key(0))
     new, metrics = method.update(state, rollout, jax.random.key(1))
     assert abs(float(metrics["ratio_mean"]) - 1.0) < 1e-5 and float(metrics["skipped"]) == 0.0
     moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), new.params, state.params))
-    assert max(moved) > 0 and set(state.params) == {"transformer"}
+    assert max(moved) > 0 and set(state.params["generator"]) == {"transformer"}

@@ -17,8 +17,9 @@ from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.loops import chunk
 from jaxpipe.nn import DiTConfig
 from jaxpipe.nn.causal_dit import ChunkCond
-from jaxpipe.training.dmd2 import dm_gradient
-from jaxpipe.training.self_forcing import LOSS_KEY, SelfForcing, SelfForcingConfig
+from jaxpipe.training import DistributionMatching, NoiseLevels, Optimizer, Sampling
+from jaxpipe.training.distribution_matching import dm_gradient
+from jaxpipe.training.methods.self_forcing import LOSS_KEY, SelfForcing, SelfForcingConfig
 from jaxpipe.digits import cards as digit_cards
 
 DIT = DiTConfig(dim=32, depth=1, heads=2)
@@ -26,8 +27,9 @@ CHUNKS = 2  # of 2 frames: a 4-frame video (8x8 latents), the smallest with a ca
 # the teacher guides (CFG 2, so g != 0 while the critic is still its copy); the student samples with one forward to
 # keep the compiles small (its guided rollout is checked against the served one on the bundled card by
 # benchmarks/self_forcing.py)
-CONFIG = SelfForcingConfig(learning_rate=1e-3, critic_learning_rate=1e-3, critic_steps=2, warmup_steps=1, num_steps=2,
-                           guidance=1.0, real_guidance=2.0)
+CONFIG = SelfForcingConfig(student=Optimizer(1e-3, b1=0.0),
+                           dm=DistributionMatching(critic=Optimizer(1e-3, b1=0.0), critic_steps=2, real_guidance=2.0),
+                           critic_warmup=1, sampling=Sampling(num_steps=2, guidance=1.0))
 
 
 def leaves_equal(a, b) -> bool:
@@ -80,10 +82,10 @@ def test_gradient_flows_only_through_each_chunks_last_step(method, batch):
             return jnp.sum(w * video), trace
 
         full, trace = jax.grad(weighted, has_aux=True)(params)
-        start = method._start(method.components(params, state.frozen), ids, keys)
+        start = method._start(method.components({"student": params}, state.frozen), ids, keys)
 
         def last_steps(p):
-            model = method.components(p, state.frozen)[method.denoiser]
+            model = method.components({"student": p}, state.frozen)[method.denoiser]
             total = 0.0
             for c in range(method.sampling.chunks):
                 cache = jax.tree.map(lambda a: a[c], trace.cache)
@@ -95,7 +97,7 @@ def test_gradient_flows_only_through_each_chunks_last_step(method, batch):
 
         return full, jax.grad(last_steps)(params)
 
-    full, reference = both(state.params)
+    full, reference = both(state.params["student"])
     flat, ref = jax.tree.leaves(full), jax.tree.leaves(reference)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in flat)
     assert float(optax_norm(full)) > 1e-3
@@ -113,13 +115,15 @@ def test_step_moves_the_video_toward_the_teacher(method, batch):
     start = method.init()
     state, metrics = method.step(start, batch, jax.random.key(1))  # warm-up: the critic alone moves
     assert float(metrics["student_updated"]) == 0.0 and float(metrics["skipped"]) == 0.0
-    assert leaves_equal(state.params, start.params) and not leaves_equal(state.critic, start.critic)
+    assert leaves_equal(state.params["student"], start.params["student"])
+    assert not leaves_equal(state.params["critic"], start.params["critic"])
     key = jax.random.key(2)
     new, metrics = method.step(state, batch, key)
     assert float(metrics["student_updated"]) == 1.0 and float(metrics["critic_skipped"]) == 0.0
     assert all(np.isfinite(float(v)) for v in metrics.values()) and int(new.step) == 2
-    assert not leaves_equal(new.params, state.params) and not leaves_equal(new.critic, state.critic)
-    assert leaves_equal(new.teacher, state.teacher) and leaves_equal(new.frozen, state.frozen)
+    assert not leaves_equal(new.params["student"], state.params["student"])
+    assert not leaves_equal(new.params["critic"], state.params["critic"])
+    assert leaves_equal(new.copies["teacher"], state.copies["teacher"]) and leaves_equal(new.frozen, state.frozen)
     before, after = method.render(state, batch, key), method.render(new, batch, key)
     ids, _ = method._rows(batch, key)
     real, fake = jax.jit(method.scores)(state, before, ids, jax.random.fold_in(key, LOSS_KEY))
@@ -132,22 +136,23 @@ def test_step_moves_the_video_toward_the_teacher(method, batch):
 
 
 def test_non_finite_steps_skip_each_optimiser(method, batch):
-    state = method.init()._replace(step=jnp.asarray(CONFIG.warmup_steps, jnp.int32))  # past the warm-up
+    state = method.init()._replace(step=jnp.asarray(CONFIG.critic_warmup, jnp.int32))  # past the warm-up
     poison = lambda tree, name: jax.tree_util.tree_map_with_path(
         lambda path, a: a * jnp.inf if name in jax.tree_util.keystr(path) else a, tree)
     # an infinite teacher DiT: the student's gradient is not finite (skipped); the critic still learns
-    bad_teacher = state._replace(teacher=poison(state.teacher, "'transformer'"))
+    bad_teacher = state._replace(copies={"teacher": poison(state.copies["teacher"], "'transformer'")})
     new, metrics = method.step(bad_teacher, batch, jax.random.key(3))
     assert float(metrics["skipped"]) == 1.0 and float(metrics["critic_skipped"]) == 0.0
     assert float(metrics["student_updated"]) == 0.0
-    assert leaves_equal(new.params, state.params) and leaves_equal(new.opt_state, state.opt_state)
-    assert not leaves_equal(new.critic, state.critic) and int(new.step) == state.step + 1
+    assert leaves_equal(new.params["student"], state.params["student"])
+    assert leaves_equal(new.opt_state["student"], state.opt_state["student"])
+    assert not leaves_equal(new.params["critic"], state.params["critic"]) and int(new.step) == state.step + 1
     # an infinite critic: every critic update is skipped, and the student's too (the fake score is not finite)
-    bad_critic = state._replace(critic=poison(state.critic, "proj_out"))
+    bad_critic = state._replace(params={**state.params, "critic": poison(state.params["critic"], "proj_out")})
     new, metrics = method.step(bad_critic, batch, jax.random.key(3))
-    assert float(metrics["critic_skipped"]) == CONFIG.critic_steps and float(metrics["skipped"]) == 1.0
-    assert leaves_equal(new.params, state.params)
-    for a, b in zip(jax.tree.leaves(new.critic), jax.tree.leaves(bad_critic.critic), strict=True):
+    assert float(metrics["critic_skipped"]) == CONFIG.dm.critic_steps and float(metrics["skipped"]) == 1.0
+    assert leaves_equal(new.params["student"], state.params["student"])
+    for a, b in zip(jax.tree.leaves(new.params["critic"]), jax.tree.leaves(bad_critic.params["critic"]), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -156,11 +161,11 @@ def test_non_causal_cards_and_bad_configs_are_refused(teacher, t2i_card, method,
         with pytest.raises(ValueError, match="chunk_rollout"):
             SelfForcing(card, teacher, CONFIG)
     with pytest.raises(ValueError, match="critic_steps"):
-        SelfForcingConfig(critic_steps=0)
-    with pytest.raises(ValueError, match="warmup_steps"):
-        SelfForcingConfig(warmup_steps=-1)
-    with pytest.raises(ValueError, match="sigma_min"):
-        SelfForcingConfig(sigma_min=0.0)
+        SelfForcingConfig(dm=DistributionMatching(critic_steps=0))
+    with pytest.raises(ValueError, match="critic_warmup"):
+        SelfForcingConfig(critic_warmup=-1)
+    with pytest.raises(ValueError, match="noise.min must be > 0"):
+        SelfForcingConfig(dm=DistributionMatching(noise=NoiseLevels(min=0.0)))
     # the trained card saves and loads as a causal card with the trained sampling
     trained = method.card(method.init())
     loaded = jp.cards.load(save_card(trained, tmp_path / "sf"))
@@ -179,9 +184,10 @@ def test_the_cli_run_trains_on_digit_and_motion_prompts(method, teacher):
     run = runs.self_forcing_run(card, teacher, jp.cards.build("digit-scorer", seed=0), CONFIG, prompts_per_step=3, seed=1)
     assert run.name == "self-forcing" and isinstance(run.method, SelfForcing) and "losses.png" in run.curves
     batch = next(run.batches)
-    assert batch["ids"].shape == (3, card["text_encoder"].cfg.max_len) and set(batch["labels"]) == {"digit", "motion"}
-    caption = digits.caption(int(batch["labels"]["digit"][0]), motion=int(batch["labels"]["motion"][0]))
-    np.testing.assert_array_equal(batch["ids"][:1], card.spec.tokenizer.encode([caption], batch["ids"].shape[1]))
+    assert batch.ids.shape == (3, card["text_encoder"].cfg.max_len) and set(batch.metadata) == {"digit", "motion"}
+    caption = digits.caption(int(batch.metadata["digit"][0]), motion=int(batch.metadata["motion"][0]))
+    assert batch.strings()[0] == caption
+    np.testing.assert_array_equal(batch.ids[:1], card.spec.tokenizer.encode([caption], batch.ids.shape[1]))
     assert run.settings["teacher"] == teacher.model_id
 
 
@@ -198,7 +204,7 @@ def test_train_self_forcing_on_the_cli_writes_its_run_and_a_loadable_causal_card
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [
         "train", "self-forcing", "--model", str(student), "--teacher", str(real), "--out", str(out), "--no-eval",
-        "--steps", "2", "-P", "2", "-K", "1", "--num-steps", "2", "--critic-steps", "2", "--warmup-steps", "1",
+        "--steps", "2", "-P", "2", "-K", "1", "--num-steps", "2", "--critic-steps", "2", "--critic-warmup", "1",
         "--lr", "1e-3", "--critic-lr", "1e-3"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -14,6 +14,7 @@ import jaxpipe as jp
 from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.cli import app
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import prompts as digit_prompts
 from jaxpipe.digits import runs as rl_runs
 
 runner = CliRunner()
@@ -58,16 +59,15 @@ def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_genera
 def test_the_nft_and_dmd2_runs_judge_their_cards_and_draw_their_curves(t2i_card):
     """What `train nft` / `train dmd2` build (their full CLI runs below are -m slow: two more compiled steps;
     the CLI path they share, `_train` and `runs.execute`, runs in the suite with flow-grpo and unified)."""
-    from jaxpipe.training.dmd2 import DMD2, DMD2Config
-    from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig
+    from jaxpipe.training import DMD2, DiffusionNFT, DiffusionNFTConfig, DMD2Config, Sampling
 
     scorer = jp.cards.load("digit-scorer")
-    nft = rl_runs.nft_run(t2i_card, scorer, DiffusionNFTConfig(num_steps=3), prompts_per_step=2)
+    nft = rl_runs.nft_run(t2i_card, scorer, DiffusionNFTConfig(sampling=Sampling(num_steps=3)), prompts_per_step=2)
     assert isinstance(nft.method, DiffusionNFT) and {"reward.png", "loss.png", "old_policy.png"} <= set(nft.curves)
     dmd = rl_runs.dmd2_run(t2i_card, scorer, DMD2Config(student_steps=2), prompts_per_step=2)
     assert isinstance(dmd.method, DMD2) and dmd.name == "dmd2 (2-step student)" and "dm_loss" in dmd.summary_keys
-    assert next(dmd.batches)["ids"].shape[0] == 2 and dmd.settings["config"]["student_steps"] == 2
-    assert dmd.method.card(dmd.method.init()).spec.config.sampling.num_steps == 2
+    assert next(dmd.batches).ids.shape[0] == 2 and dmd.settings["config"]["student_steps"] == 2
+    assert dmd.method.card(dmd.method.init(jax.random.key(0))).spec.config.sampling.num_steps == 2
 
 
 @needs_cards
@@ -94,14 +94,14 @@ def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_enco
 def test_train_dmd2_writes_its_curves_and_a_few_step_student_card(tmp_path, t2i_card):
     out, base = tmp_path / "turbo", save_card(t2i_card, tmp_path / "tiny")  # a tiny teacher directory: small compiles
     result = runner.invoke(app, ["train", "dmd2", "--out", str(out), "--model", str(base), "--no-eval", "--steps", "2",
-                                 "-P", "2", "-K", "1", "--student-steps", "1", "--critic-updates", "2", "--guidance", "3"])
+                                 "-P", "2", "-K", "1", "--student-steps", "1", "--critic-steps", "2", "--guidance", "3"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 1] and all(math.isfinite(row["dm_loss"]) for row in rows)
     for png in ("losses.png", "gaps.png"):
         assert Image.open(out / png).format == "PNG"
     report = json.loads((out / "report.json").read_text())
-    assert report["settings"]["config"]["guidance"] == 3.0 and "dm_loss" in report["rewards"]
+    assert report["settings"]["config"]["dm"]["real_guidance"] == 3.0 and "dm_loss" in report["rewards"]
     student, teacher = jp.cards.load(out), jp.cards.load(base)
     assert student.spec.config.sampling.num_steps == 1 and student.spec.config.sampling.guidance == 1.0
     assert same(student["text_encoder"], teacher["text_encoder"]) and not same(student["transformer"], teacher["transformer"])
@@ -133,7 +133,7 @@ def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(t
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["flow-grpo", "-K", "1"], "group_size (K) must be >= 2"),
+        (["flow-grpo", "-K", "1"], "group size (K) must be >= 2"),
         (["flow-grpo", "--terms", "digit,colour"], "unknown reward term(s) ['colour']"),
         (["flow-grpo", "--terms", "stroke"], "must include digit"),
         (["flow-grpo", "--sde-window", "0-4"], "--sde-window must be START,STOP"),
@@ -153,11 +153,11 @@ def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(t
         (["unified", "--inner-epochs", "0"], "inner_epochs must be a positive int"),
         (["unified", "--kl", "approx"], "kl must be one of"),
         (["joint", "-K", "2", "--skip", "2"], "skip must be in 0..K-1"),
-        (["mot", "-K", "2", "--skip", "2"], "at least one sample per group must think"),
+        (["mot", "-K", "2", "--skip", "2"], "skip must be in 0..K-1 = 0..1: at least one sample per group must rewrite"),
         (["mot", "--minibatches", "5"], "minibatches=5 must divide the rollout's 16 rows"),
-        (["mot", "--token-weight", "-1"], "token_weight and lm_beta must be >= 0"),
+        (["mot", "--token-weight", "-1"], "token_weight must be >= 0"),
         (["nft", "--beta", "0"], "beta must be in (0, 1]"),
-        (["nft", "--sigma-sampling", "beta"], "sigma_sampling must be one of"),
+        (["nft", "--sigma-sampling", "beta"], "noise level sampling must be one of"),
     ],
 )
 def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):
@@ -185,7 +185,7 @@ def test_the_wrong_card_fails_clearly(command, model, message, tmp_path):
 
 def test_prompts_name_what_they_label_and_preferences_fill_the_rest():
     spec = rl_runs.PromptSpec(mention=0.5, prefer=(("stroke", 1),))
-    prompts = rl_runs.sample_prompts(spec, 200, np.random.default_rng(0))
+    prompts = digit_prompts.sample_prompts(spec, 200, np.random.default_rng(0))
     for i, text in enumerate(prompts.captions):
         parsed = digits.parse_caption(text)
         assert parsed["digit"] == prompts.labels["digit"][i]
@@ -196,5 +196,5 @@ def test_prompts_name_what_they_label_and_preferences_fill_the_rest():
     unnamed = ~prompts.named["stroke"]
     assert 0 < unnamed.sum() < 200 and np.all(prompts.labels["stroke"][unnamed] == 1)  # preferred: thick
     assert np.all(prompts.labels["position"][~prompts.named["position"]] == -1)  # not preferred: not rewarded
-    full = rl_runs.sample_prompts(rl_runs.PromptSpec(), 20, np.random.default_rng(0))
+    full = digit_prompts.sample_prompts(rl_runs.PromptSpec(), 20, np.random.default_rng(0))
     assert all(len(c.split()) == 4 for c in full.captions)  # mention 1: full compositional prompts

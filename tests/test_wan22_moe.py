@@ -21,8 +21,8 @@ from jaxpipe.cards import generator, toy_sigma_moe, toy_t2v
 from jaxpipe.engine import Engine
 from jaxpipe.loops import denoise, policies
 from jaxpipe.nn import DiTConfig, DiTCond
-from jaxpipe.training import weight_sync
-from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+from jaxpipe.prompts import Prompts
+from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, Sampling, weight_sync
 from jaxpipe.digits import cards as digit_cards
 
 MODEL = "wan22-moe"
@@ -117,11 +117,12 @@ def test_a_boundary_outside_0_1_is_refused():
 
 
 # ------------------------------------------------------------------------------------------ RL on the MoE
-def reward(images, labels):
-    return jnp.mean(images, axis=(1, 2, 3, 4))
+def reward(artifacts, prompts):
+    return jnp.mean(artifacts["video"], axis=(1, 2, 3, 4))
 
 
-RL = FlowGRPOConfig(group_size=2, num_steps=4, sde_window=(0, 2), learning_rate=1e-3)  # σ = 1, 0.75: high only
+RL = FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=4, sampler="sde", sde_window=(0, 2)),
+                    optimizer=Optimizer(1e-3))  # σ = 1, 0.75: high only
 
 
 @pytest.mark.parametrize(
@@ -129,17 +130,19 @@ RL = FlowGRPOConfig(group_size=2, num_steps=4, sde_window=(0, 2), learning_rate=
     [((0, 2), ("transformer_high",)), ((3, 4), ("transformer_low",)), ((2, 4), toy_sigma_moe.EXPERTS), (None, toy_sigma_moe.EXPERTS)],
 )
 def test_flow_grpo_trains_the_experts_its_window_routes_to(card, window, trained):
-    method = FlowGRPO(card, reward, dataclasses.replace(RL, sde_window=window))
+    method = FlowGRPO(card, reward, dataclasses.replace(RL, sampling=dataclasses.replace(RL.sampling, sde_window=window)))
     assert method.denoisers == toy_sigma_moe.EXPERTS and method.trained_experts == trained
-    assert sorted(method.init().params) == sorted(trained) and method.transformer == trained[0]
+    state = method.init()
+    assert sorted(state.params) == ["generator"] and sorted(state.params["generator"]) == sorted(trained)
+    assert sorted(state.copies["reference"]) == sorted(trained) and method.transformer == trained[0]
 
 
 @pytest.fixture(scope="module")
 def rl_step(card):
     method = FlowGRPO(card, reward, RL)
     state = method.init()
-    ids = generator.tokenize(card, ["seven moving right", "one moving left"])
-    new, metrics = method.step(state, {"ids": ids, "labels": {}}, jax.random.key(0))
+    batch = Prompts.from_texts(card, ["seven moving right", "one moving left"])
+    new, metrics = method.step(state, batch, jax.random.key(0))
     return method, state, new, metrics
 
 
@@ -150,7 +153,7 @@ def test_a_window_above_the_boundary_updates_only_the_high_expert(card, rl_step)
     assert not leaves_equal(nnx.state(trained["transformer_high"]), nnx.state(card["transformer_high"]))
     for name in ("transformer_low", "text_encoder", "vae"):  # frozen: bit-identical after the step
         assert leaves_equal(nnx.state(trained[name]), nnx.state(card[name])), name
-    assert "transformer_low" not in new.params and "transformer_low" not in new.reference
+    assert "transformer_low" not in new.params["generator"] and "transformer_low" not in new.copies["reference"]
 
 
 def test_publishing_the_step_bumps_only_the_trained_experts_version(card, rl_step):

@@ -1,16 +1,24 @@
-"""Weight sync: per-component versions, feature-cache entries kept, drain-then-swap during runs."""
+"""Weight sync: per-component versions, feature-cache entries kept, drain-then-swap during runs; every
+training method is a ``Trainer`` whose card and roles ``weight_sync.sync`` publishes."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import leaves_equal, perturbed
+from conftest import brightness_reward, leaves_equal, perturbed, rl_batch
 
 import jaxpipe as jp
 from jaxpipe import parity
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.engine import Engine, EngineError, UnknownComponentError
-from jaxpipe.training import weight_sync
-from jaxpipe.training.finetune import Finetune, FinetuneConfig
+from jaxpipe.loops import chunk
+from jaxpipe.nn import DiTConfig
+from jaxpipe.training import (
+    DMD2, DMD2Config, DiffusionNFT, DistributionMatching, Finetune, FinetuneConfig, FlowGRPO, Group,
+    JointMultiExpertRL, Optimizer, SelfForcing, SharedMoTRL, Trainer, TrainState, UnifiedRL, weight_sync,
+)
 from jaxpipe.workflow import Stage, Workflow
 
 OLD = {"text_encoder": 0, "transformer": 0, "vae": 0}
@@ -211,7 +219,8 @@ def test_weight_sync_publishes_what_changed(t2i_card, new_card, new_transformer)
 
 def test_weight_sync_from_a_trainer_during_a_run(t2i_card):
     method = Finetune(t2i_card, FinetuneConfig(trainable=("transformer",)))
-    state = method.init()
+    assert isinstance(method, Trainer) and method.roles == {}
+    state = method.init(jax.random.key(0))
     # stands in for training steps (no gradient compile in this test): only trainable params move
     state = state._replace(params=jax.tree.map(lambda p: p * 1.01, state.params))
     trained = method.card(state)
@@ -287,3 +296,80 @@ def test_a_role_tracks_its_scope_with_its_own_versions_and_follows_the_card_outs
     engine.unregister("test.twice")
     engine.unregister("flux-t2i")
     assert not engine.serves("flux-t2i@old")
+
+
+# ---- every training method: the Trainer protocol, and sync of its card and roles -------------------
+
+
+def seven_methods(t2i_card):
+    """Each RL / distillation method on the smallest card its own tests train (built, not stepped: no
+    compile), with the cards an engine serves beside its trained card (a distillation's teacher)."""
+    unified = jp.cards.build("unified", seed=3)
+    mot = digit_cards.config("bagel-mot")
+    mot = jp.cards.build("bagel-mot", config=dataclasses.replace(mot, mot=dataclasses.replace(mot.mot, depth=1)), seed=1)
+    dit = DiTConfig(dim=32, depth=1, heads=2)
+    teacher = jp.cards.build("wan-t2v", seed=5, config=digit_cards.config("wan-t2v", dit=dit, frames=4))
+    causal = jp.cards.build("wan-causal", seed=3, config=digit_cards.config(
+        "wan-causal", dit=dit, frames=4, sampling=chunk.ChunkConfig(chunks=2)))
+    dmd2 = DMD2Config(student_steps=1, group=Group(1), student=Optimizer(1e-3, b1=0.0),
+                      dm=DistributionMatching(critic=Optimizer(1e-3, b1=0.0), critic_steps=1))
+    return [
+        (FlowGRPO(t2i_card, brightness_reward), ()),
+        (UnifiedRL(unified, brightness_reward), ()),
+        (JointMultiExpertRL(digit_cards.multi_expert(unified, 2), brightness_reward), ()),
+        (SharedMoTRL(mot, brightness_reward), ()),
+        (DiffusionNFT(t2i_card, brightness_reward), ()),
+        (DMD2(t2i_card, dmd2), (t2i_card,)),
+        (SelfForcing(causal, teacher), (teacher,)),
+    ]
+
+
+def test_every_method_is_a_trainer_and_sync_publishes_its_card_and_roles(t2i_card):
+    """init / step / card / roles / role_card on all seven methods; ``weight_sync.track`` serves each role as
+    a role of the card its ``role_card`` is (the trained card; the teacher for a critic), and ``sync`` of a
+    fresh state publishes nothing. After a real DMD2 step, the student's and the critic's transformers each
+    get a new version (in the student card and in the teacher's ``critic`` role); the rest keep theirs."""
+    methods = seven_methods(t2i_card)
+    assert [type(m).__name__ for m, _ in methods] == [
+        "FlowGRPO", "UnifiedRL", "JointMultiExpertRL", "SharedMoTRL", "DiffusionNFT", "DMD2", "SelfForcing"]
+    for method, beside in methods:
+        name = type(method).__name__
+        assert isinstance(method, Trainer), name
+        assert all(callable(getattr(method, f)) for f in ("init", "step", "card", "role_card", "check_batch")), name
+        state = method.init(jax.random.key(0))
+        assert isinstance(state, TrainState) and set(state.opt_state) == set(state.params), name
+        card = method.card(state)
+        assert isinstance(card, jp.Card), name
+        engine = Engine()
+        for served in (*beside, card):
+            engine.register(served)
+        roles = weight_sync.track(engine, method)
+        assert set(roles) == set(method.roles), name
+        for role, components in method.roles.items():
+            role_card = method.role_card(state, role)
+            assert roles[role] == f"{role_card.model_id}@{role}" and set(components) <= set(role_card.components), name
+            assert engine.roles(role_card.model_id)[role] == tuple(components), name
+        with pytest.raises(KeyError):
+            method.role_card(state, "no-such-role")
+        versions = weight_sync.sync(engine, method, state)
+        assert set(versions) == {card.model_id, *roles.values()}, (name, versions)
+        assert all(v == 0 for served in versions.values() for v in served.values()), (name, versions)
+        assert weight_sync.track(engine, method) == roles, name  # already served: kept
+
+    assert roles == {"critic": "wan-t2v@critic"}  # SelfForcing's critic: a role of its teacher
+    dmd2, _ = methods[5]
+    assert dmd2.roles == {"critic": ("transformer",)}
+    engine = Engine()
+    engine.register(t2i_card)
+    state = dmd2.init(jax.random.key(0))
+    engine.register(dmd2.card(state))
+    assert weight_sync.track(engine, dmd2, state) == {"critic": "flux-t2i@critic"}
+    state, metrics = dmd2.step(state, rl_batch(t2i_card), jax.random.key(1))
+    assert float(metrics["skipped"]) == 0.0
+    moved = {"text_encoder": 0, "transformer": 1, "vae": 0}
+    assert weight_sync.sync(engine, dmd2, state) == {"flux-t2i-turbo": moved, "flux-t2i@critic": moved}
+    assert engine.versions("flux-t2i") == {"text_encoder": 0, "transformer": 0, "vae": 0}  # the teacher itself
+    assert leaves_equal(engine.card("flux-t2i-turbo")["transformer"], dmd2.card(state)["transformer"])
+    assert leaves_equal(engine.card("flux-t2i@critic")["transformer"], dmd2.role_card(state, "critic")["transformer"])
+    assert not leaves_equal(engine.card("flux-t2i@critic")["transformer"], engine.card("flux-t2i")["transformer"])
+    assert weight_sync.sync(engine, dmd2, state) == {"flux-t2i-turbo": moved, "flux-t2i@critic": moved}  # no second bump

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["fail", "load", "writable", "check_kinds"]
+__all__ = ["fail", "load", "parse_options", "writable", "check_kinds"]
 
 
 def fail(message: str) -> None:
@@ -15,13 +15,33 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def load(*names: str):
+def load(*names: str, options: dict | None = None):
+    """The cards ``names`` (bundled ids, card directories or diffusers folders); ``options`` go to the first
+    one's loader (a diffusers folder's ``height``, ``width``, ``max_sequence_length``, ``dtype`` ...)."""
     from jaxpipe import cards
 
     try:
-        return tuple(cards.load(name) for name in names)
-    except (KeyError, FileNotFoundError, ValueError) as err:
+        return tuple(cards.load(name, **((options or {}) if i == 0 else {})) for i, name in enumerate(names))
+    except (KeyError, FileNotFoundError, ValueError, TypeError) as err:
         fail(str(err).strip('"'))
+
+
+def parse_options(items: list[str]) -> dict:
+    """``["height=16", "dtype=bfloat16"]`` -> ``{"height": 16, "dtype": "bfloat16"}`` (ints and floats read as numbers)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            fail(f"--model-option takes KEY=VALUE (got {item!r})")
+        value = value.strip()
+        for kind in (int, float):
+            try:
+                value = kind(value)
+                break
+            except ValueError:
+                continue
+        out[key.strip()] = value
+    return out
 
 
 def writable(paths: list[Path], overwrite: bool) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import typer
 
-from jaxpipe.cli.common import fail, load
+from jaxpipe.cli.common import fail, load, parse_options
 
 __all__ = ["train_app", "RunFlags", "PolicyFlags", "RefinerFlags", "FAILED_EXIT"]
 
@@ -45,7 +45,10 @@ FAILED_EXIT = 3
 
 
 def _flag(default, *names: str, help: str):
-    return dataclasses.field(default=default, metadata={"option": typer.Option(default, *names, help=help)})
+    metadata = {"option": typer.Option(default, *names, help=help)}
+    if isinstance(default, list):  # a repeatable flag
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass
@@ -57,6 +60,7 @@ class RunFlags:
     prompts_per_step: int = _flag(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
     group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K; RL: the group of the group-relative advantage, K >= 2).")
     lr: typing.Optional[float] = _flag(None, "--lr", help="Learning rate of the trained generator / student (default: the method's).")
+    model_option: typing.List[str] = _flag([], "--model-option", help="KEY=VALUE for the loader of a diffusers --model folder (e.g. height=512, width=512, max_sequence_length=128, dtype=bfloat16); repeatable.")
     prompts: typing.Optional[Path] = _flag(None, "--prompts", help="Your prompts: a .txt file (one per line) or .jsonl ({\"prompt\": ..., numeric metadata}); default: the digits world's prompt grammar.")
     heldout: float = _flag(0.1, "--heldout", help="Fraction of --prompts held out to judge the card before and after (split by --seed).")
     reward: typing.List[str] = _flag([], "--reward", help="Your reward: module:function or path/to/file.py:function, reward(artifacts, prompts) -> (B,), a JAX function or a @jaxpipe.rewards.host one; repeat to combine. Default: the digit-scorer over --terms.")
@@ -266,13 +270,13 @@ def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *,
             if flags.custom:
                 from jaxpipe.training.runs.heldout import custom_run
 
-                (card,) = load(model)
+                (card,) = load(model, options=parse_options(flags.model_option))
                 train, heldout = user
                 run = custom_run(name, method(card, reward, config), card, train, prompts_per_step=flags.prompts_per_step,
                                  seed=flags.seed, config=config, reward=reward, heldout=heldout,
                                  evaluation=flags.held_out())
             else:
-                card, scorer = load(model, flags.scorer)
+                card, scorer = load(model, flags.scorer, options=parse_options(flags.model_option))
                 run = digits_run(card, scorer, config, evaluation)
         except ValueError as err:
             fail(str(err))

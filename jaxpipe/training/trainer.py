@@ -123,6 +123,11 @@ class Method:
                 return {part: kept}
         raise KeyError(f"role {role!r} holds components {sorted(kept)}, which no trained part owns")
 
+    def role_model_id(self, role: str) -> str:
+        """The model id of the card role ``role`` is served as a role of (``weight_sync.track``): the id of
+        ``role_card``'s card, by default the trained card's own."""
+        return self.spec.model_id
+
     def role_card(self, state: TrainState, role: str) -> Card:
         """The card with role ``role``'s weights in place of the trained ones (``roles`` lists the roles)."""
         if role not in self.roles:

@@ -86,14 +86,22 @@ def publish(engine: Engine, card: Card, components: str | Iterable[str] | None =
     return engine.publish(card.model_id, {name: _part(card, name, owners) for name in names})
 
 
+def _role_base(method: Any, role: str) -> str:
+    """The model id role ``role`` is served under: ``method.role_model_id(role)`` (the card its
+    ``role_card`` returns: the method's own, or e.g. the teacher a distillation's critic copies)."""
+    role_model_id = getattr(method, "role_model_id", None)
+    return method.spec.model_id if role_model_id is None else role_model_id(role)
+
+
 def track(engine: Engine, method: Any, state: Any | None = None) -> dict[str, str]:
-    """Serve each of ``method.roles`` (role name -> components) as a role of the method's card in
-    ``engine`` (which must serve that card): role name -> its served id. Roles already served keep
-    their weights and versions; with ``state``, ``sync`` follows."""
-    model_id = method.spec.model_id
-    have = engine.roles(model_id)
+    """Serve each of ``method.roles`` (role name -> components) as a role of the card its
+    ``role_card`` is (the method's card, or e.g. DMD2's teacher for its critic) in ``engine`` (which
+    must serve that card): role name -> its served id. Roles already served keep their weights and
+    versions; with ``state``, ``sync`` follows."""
     served = {}
     for role, components in method.roles.items():
+        model_id = _role_base(method, role)
+        have = engine.roles(model_id)
         if role in have:
             if tuple(have[role]) != tuple(components):
                 raise EngineError(f"role {role!r} of {model_id!r} tracks {list(have[role])}, not {list(components)}")
@@ -111,7 +119,8 @@ def sync(engine: Engine, method: Any, state: Any) -> dict[str, dict[str, int]]:
     card = method.card(state)
     out = {card.model_id: publish(engine, card)}
     for role in method.roles:
-        out[f"{card.model_id}{ROLE_SEP}{role}"] = publish(engine, method.role_card(state, role), role=role)
+        role_card = method.role_card(state, role)  # published into the role of its own card's id (track)
+        out[f"{role_card.model_id}{ROLE_SEP}{role}"] = publish(engine, role_card, role=role)
     return out
 
 

@@ -56,22 +56,22 @@ def joint_checks():
     single, single_metrics = jax.jit(method.step_fn)(state, batch, jax.random.key(mesh_steps.KEY))
     mesh = distributed.make_mesh(**mesh_steps.JOINT_MESH)
     sharded, sharded_metrics, _ = mesh_steps.run(method, batch, mesh, mesh_steps.joint_shardings)
-    leaf = jax.tree.leaves(sharded.refiners)[0]
-    opt_leaf = next(x for x in jax.tree.leaves(sharded.refiner_opt) if x.ndim >= 2)
+    leaf = jax.tree.leaves(sharded.params["refiner"])[0]
+    opt_leaf = next(x for x in jax.tree.leaves(sharded.opt_state["refiner"]) if x.ndim >= 2)
     return {
-        "refiners_diff": max_diff(single.refiners, sharded.refiners),
-        "refiner_opt_diff": max_diff(single.refiner_opt, sharded.refiner_opt),
-        "generator_diff": max_diff(single.generator, sharded.generator),
-        "generator_opt_diff": max_diff(single.generator_opt, sharded.generator_opt),
+        "refiners_diff": max_diff(single.params["refiner"], sharded.params["refiner"]),
+        "refiner_opt_diff": max_diff(single.opt_state["refiner"], sharded.opt_state["refiner"]),
+        "generator_diff": max_diff(single.params["generator"], sharded.params["generator"]),
+        "generator_opt_diff": max_diff(single.opt_state["generator"], sharded.opt_state["generator"]),
         "metric_diffs": {k: abs(float(single_metrics[k]) - float(sharded_metrics[k])) for k in single_metrics},
         "refiner_spec": str(leaf.sharding.spec),
         "refiner_shard_shape": list(leaf.addressable_shards[0].data.shape),
         "refiner_shape": list(leaf.shape),
         "opt_spec": str(opt_leaf.sharding.spec),
-        "generator_specs": {**specs(sharded.generator, "blocks/0/attn/q/kernel", "time_out/bias"),
-                            **specs(sharded.generator_opt, "blocks/0/attn/q/kernel")},
+        "generator_specs": {**specs(sharded.params["generator"], "blocks/0/attn/q/kernel", "time_out/bias"),
+                            **specs(sharded.opt_state["generator"], "blocks/0/attn/q/kernel")},
         "devices": len(leaf.sharding.device_set),
-        "moved": float(np.max(np.abs(np.asarray(leaf) - np.asarray(jax.tree.leaves(state.refiners)[0])))),
+        "moved": float(np.max(np.abs(np.asarray(leaf) - np.asarray(jax.tree.leaves(state.params["refiner"])[0])))),
     }, (mesh, sharded, sharded_metrics)
 
 
@@ -82,16 +82,17 @@ def flow_checks():
     mesh = distributed.make_mesh(**mesh_steps.FLOW_MESH)
     sharded, sharded_metrics, placed = mesh_steps.run(method, batch, mesh, mesh_steps.flow_shardings)
     q = "transformer/blocks/0/attn/q/kernel"
-    q_leaves = [x for tree in (sharded.params, sharded.opt_state) for k, x in named(tree).items() if k.endswith(q)]
+    params, opt_state = sharded.params["generator"], sharded.opt_state["generator"]
+    q_leaves = [x for tree in (params, opt_state) for k, x in named(tree).items() if k.endswith(q)]
     return {
         "params_diff": max_diff(single.params, sharded.params),
         "opt_diff": max_diff(single.opt_state, sharded.opt_state),
         "metric_diffs": {k: abs(float(single_metrics[k]) - float(sharded_metrics[k])) for k in single_metrics},
         "moved": max_diff(state.params, sharded.params),
         # placement in and out of the step: params and reference by the rules, Adam moments mirror them
-        "params_specs": specs(sharded.params, q, "fc2/kernel", "time_out/kernel", "out/bias"),
-        "reference_specs": specs(placed.reference, q),
-        "opt_specs": specs(sharded.opt_state, q, "count"),
+        "params_specs": specs(params, q, "fc2/kernel", "time_out/kernel", "out/bias"),
+        "reference_specs": specs(placed.copies["reference"], q),
+        "opt_specs": specs(opt_state, q, "count"),
         "frozen_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(sharded.frozen)}),
         "q_shard_shapes": [list(x.addressable_shards[0].data.shape) for x in q_leaves],  # params, Adam mu, nu
         "q_shape": list(q_leaves[0].shape),

@@ -45,7 +45,7 @@ def main():
     method, batch = mesh_steps.flow()
     flow_mesh = distributed.make_mesh(**mesh_steps.FLOW_MESH)
     flow, flow_metrics, placed = mesh_steps.run(method, batch, flow_mesh, mesh_steps.flow_shardings, multi_process=True)
-    q = placed.params["transformer"]["blocks"][0]["attn"]["q"]["kernel"].get_value()
+    q = placed.params["generator"]["transformer"]["blocks"][0]["attn"]["q"]["kernel"].get_value()
     results = mesh_steps.summary((joint_mesh, joint, joint_metrics), (flow_mesh, flow, flow_metrics))
     np.savez(OUT / f"process{PROCESS_ID}.npz", **results)
     print(json.dumps({

@@ -169,6 +169,10 @@ class DMD2(RolloutMethod):
     def role_params(self, state: TrainState, role: str) -> dict[str, Any]:
         return {STUDENT: state.params[CRITIC]}
 
+    def role_model_id(self, role: str) -> str:
+        """The critic is served as a role of the teacher card (its ``role_card`` is a teacher card)."""
+        return self.teacher_spec.model_id
+
     def role_card(self, state: TrainState, role: str) -> Card:
         """The teacher card with the critic's denoiser (``role == "critic"``, the fake score; for inspection)."""
         card = super().role_card(state, role)

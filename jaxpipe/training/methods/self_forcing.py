@@ -172,6 +172,10 @@ class SelfForcing(Method):
         """The student card's modules (the critic belongs to the teacher's)."""
         return self.parts.components({STUDENT: params[STUDENT]}, frozen)
 
+    def role_model_id(self, role: str) -> str:
+        """The critic is served as a role of the teacher card (its ``role_card`` is a teacher card)."""
+        return self.teacher_spec.model_id
+
     def role_card(self, state: TrainState, role: str) -> Card:
         """The teacher card with the critic's DiT (``role == "critic"``, the fake score)."""
         if role != CRITIC:

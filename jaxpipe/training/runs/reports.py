@@ -139,14 +139,14 @@ def execute(
     if steps <= 0:
         raise ValueError(f"steps must be > 0 (got {steps})")
     out = Path(out)
+    first = next(run.batches)
+    run.method.check_batch(first)  # a batch the method cannot train on fails now, before anything is written
+    batches = itertools.chain([first], run.batches)
     saved = _prepare(out, run, steps=steps, seed=seed, resume=resume, overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
     (out / "progress.json").write_text(json.dumps(
         {"method": run.name, "seed": seed, "settings": run.settings, "train_seconds": saved.get("train_seconds", 0.0)}, indent=2
     ) + "\n")
-    first = next(run.batches)
-    run.method.check_batch(first)  # a batch the method cannot train on fails now, not after the first evaluation
-    batches = itertools.chain([first], run.batches)
     state = run.method.init(jax.random.key(seed))
     metrics_path = out / "metrics.jsonl"
     if not resume:

@@ -1,0 +1,5 @@
+"""``python -m jaxpipe.cli``: the ``jaxpipe`` command."""
+
+from jaxpipe.cli import main
+
+main()

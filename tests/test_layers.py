@@ -1,0 +1,107 @@
+"""The dependency rule, checked on the source: imports point down the layers; the core never imports a world.
+
+A world (``jaxpipe.digits``) is a plug-in: only the world itself, the command line (whose defaults are
+the digits world's) and ``jaxpipe.worlds`` (the one place that registers the bundled worlds) may import
+it. The engine never imports training. Checked statically (every import statement of every module,
+including the ones inside functions) and by importing the whole core with ``jaxpipe.digits`` blocked.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "jaxpipe"
+WORLD = "jaxpipe.digits"
+ALLOWED_TO_IMPORT_THE_WORLD = ("jaxpipe/digits/", "jaxpipe/cli/", "jaxpipe/worlds.py")
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an ``import`` / ``from ... import`` of ``path`` names (relative imports resolved)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+SOURCES = sorted(ROOT.rglob("*.py"))
+
+
+def _core():
+    for path in SOURCES:
+        rel = path.relative_to(ROOT.parent).as_posix()
+        if not rel.startswith(ALLOWED_TO_IMPORT_THE_WORLD):
+            yield rel, path
+
+
+def test_no_core_module_imports_a_world():
+    offenders = {rel: sorted(m for m in _imports(path) if m == WORLD or m.startswith(WORLD + "."))
+                 for rel, path in _core()}
+    offenders = {rel: mods for rel, mods in offenders.items() if mods}
+    assert not offenders, f"core modules import the digits world: {offenders}"
+    assert len(list(_core())) > 80  # the check saw the core
+
+
+def test_the_engine_never_imports_training_and_samplers_import_only_jax():
+    engine = {p.relative_to(ROOT.parent).as_posix(): _imports(p) for p in (ROOT / "engine").rglob("*.py")}
+    assert engine and not {rel: m for rel, mods in engine.items() for m in mods if m.startswith("jaxpipe.training")}
+    own = {m for m in _imports(ROOT / "samplers.py") if m.startswith("jaxpipe")}
+    assert own == set(), own
+
+
+def test_the_core_imports_and_builds_with_the_world_blocked():
+    """Every core module imports with ``jaxpipe.digits`` unimportable; the registries then know no bundled
+    card, and a toy card with a vocabulary of its own builds and renders."""
+    script = r"""
+import importlib, pkgutil, sys
+sys.modules["jaxpipe.digits"] = None          # any import of the world now fails
+import jaxpipe as jp
+import jaxpipe.training
+skipped = ("jaxpipe.digits", "jaxpipe.cli", "jaxpipe.worlds")
+names = [m.name for m in pkgutil.walk_packages(jaxpipe.__path__, "jaxpipe.") if not m.name.startswith(skipped)]
+for name in names:
+    if not name.endswith("__main__"):
+        importlib.import_module(name)
+assert jp.cards.available() == [], jp.cards.available()
+from jaxpipe.cards import toy_t2i
+card = toy_t2i.build(toy_t2i.Config(vocabulary=("red", "blue", "circle", "square")), model_id="shapes-t2i")
+out = jp.generate(card, ["red circle"], num_steps=2)
+assert out["image"].shape == (1, 16, 16, 1), out["image"].shape
+print("ok", len(names))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("ok"), done.stdout
+
+
+@pytest.mark.parametrize("module", ["jaxpipe.worlds", "jaxpipe.cards.registry"])
+def test_the_world_is_registered_lazily(module):
+    """Importing the registries does not import the world; asking for a bundled card does."""
+    script = f"""
+import sys
+import {module}
+assert "jaxpipe.digits" not in sys.modules
+import jaxpipe as jp
+assert "jaxpipe.digits" not in sys.modules
+assert "flux-t2i" in jp.cards.available() and "jaxpipe.digits" in sys.modules
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
