@@ -16,7 +16,9 @@ from flax import nnx
 import jaxpipe
 import jaxpipe as jp
 from jaxpipe.digits import data as digits
-from jaxpipe.digits import classifier, evaluators
+from jaxpipe.digits import digit_classifier as classifier
+from jaxpipe.digits import evaluators
+from jaxpipe.digits.pretrain import classifier as recipe
 
 # Measured on heldout renders (augment(seed=1, copies=2), 718 images): 0.968 (see the card's metrics.json).
 HELDOUT_BAR = 0.95
@@ -24,9 +26,7 @@ HELDOUT_BAR = 0.95
 
 @pytest.fixture(scope="module")
 def card():
-    if "digit_classifier" not in jaxpipe.cards.registry.FAMILIES:
-        jaxpipe.cards.register_family(classifier.FAMILY)
-    return jaxpipe.cards.load_card(classifier.ASSET)
+    return jp.cards.load("digit-classifier")
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +48,9 @@ def test_bundled_card_loads_as_a_small_classify_card(card):
     assert card.spec.loop("classify").binds == ("classifier",) and card.spec.capabilities == ("classify",)
     assert isinstance(card["classifier"], classifier.ClassifierNet)
     assert 0 < card.num_params() < 100_000
-    metrics = json.loads((classifier.ASSET / "metrics.json").read_text())
+    metrics = json.loads((jp.cards.path("digit-classifier") / "metrics.json").read_text())
     assert metrics["params"] == card.num_params() and metrics["accuracy"]["heldout_renders"] >= HELDOUT_BAR
-    assert classifier.register() is jaxpipe.cards.family("digit_classifier")  # idempotent
+    assert jaxpipe.cards.family("digit_classifier") is classifier.FAMILY and "digit-classifier" in jp.cards.available()
 
 
 def test_bundled_card_reaches_its_bar_on_heldout_renders(card, heldout):
@@ -114,16 +114,16 @@ def test_build_is_deterministic_and_abstract_friendly():
 def test_perturb_keeps_the_range_and_is_the_identity_at_zero():
     images = (digits.augment(*digits.load_images("heldout"), seed=2).image[:16] + 1.0) / 2.0
     key = jax.random.key(0, impl="rbg")
-    out = classifier.perturb(jnp.asarray(images), key, **classifier.TrainConfig().perturbation())
+    out = recipe.perturb(jnp.asarray(images), key, **recipe.TrainConfig().perturbation())
     assert out.shape == images.shape and float(out.min()) >= 0.0 and float(out.max()) <= 1.0
     assert not np.allclose(out, images)
-    np.testing.assert_array_equal(classifier.perturb(jnp.asarray(images), key), images)
+    np.testing.assert_array_equal(recipe.perturb(jnp.asarray(images), key), images)
 
 
 def test_a_tiny_training_run_is_deterministic_and_learns_something():
-    config = dataclasses.replace(classifier.TrainConfig(), steps=3, batch_size=32, copies=1)
-    first, history = classifier.train(config, seed=1, log_every=1)
-    second, _ = classifier.train(config, seed=1, log_every=1)
+    config = dataclasses.replace(recipe.TrainConfig(), steps=3, batch_size=32, copies=1)
+    first, history = recipe.train(config, seed=1, log_every=1)
+    second, _ = recipe.train(config, seed=1, log_every=1)
     assert [row["step"] for row in history] == [1, 2, 3] and all(np.isfinite(row["loss"]) for row in history)
     assert all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(first), jax.tree.leaves(second)))
     fresh = classifier.build(config.network, seed=0)
@@ -134,11 +134,11 @@ def test_a_tiny_training_run_is_deterministic_and_learns_something():
 def test_the_bundled_weights_are_reproduced_bit_for_bit(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the bundled run used XLA's default flags
     subprocess.run(
-        [sys.executable, "-m", "jaxpipe.digits.classifier", "--out", str(tmp_path), "--quiet"],
+        [sys.executable, "-m", "jaxpipe.digits.pretrain", "digit-classifier", "--out", str(tmp_path), "--quiet"],
         check=True, env=env, cwd=Path(__file__).resolve().parent.parent,
     )
     ours = (tmp_path / "weights.safetensors").read_bytes()
-    assert ours == (classifier.ASSET / "weights.safetensors").read_bytes()
+    assert ours == (jp.cards.path("digit-classifier") / "weights.safetensors").read_bytes()
 
 
 # ------------------------------------------------------------------------------------------------ evaluators

@@ -6,19 +6,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import leaves_equal, perturbed
 
 import jaxpipe as jp
 from jaxpipe.cards import toy_unified
 from jaxpipe.digits import DIGIT_WORDS
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits.rewards import scorer_reward
 from jaxpipe.prompts import Prompts
 from jaxpipe.training import (
-    FlowGRPOConfig, Group, JointMultiExpertRL, JointRLConfig, Optimizer, RefinerConfig, Sampling, UnifiedRL,
-    UnifiedRLConfig, ppo,
+    FlowGRPOConfig,
+    Group,
+    JointMultiExpertRL,
+    JointRLConfig,
+    Optimizer,
+    RefinerConfig,
+    Sampling,
+    UnifiedRL,
+    ppo,
 )
-
-from conftest import leaves_equal, perturbed
-from jaxpipe.digits import cards as digit_cards
 
 
 def small(lr=1e-3, minibatches=1, **changes):

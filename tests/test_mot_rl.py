@@ -8,12 +8,21 @@ import numpy as np
 import pytest
 from conftest import perturbed
 
+import jaxpipe as jp
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.nn.mot import Routing
 from jaxpipe.prompts import Prompts
-from jaxpipe.training import FlowGRPOConfig, Group, MoTRLConfig, RefinerConfig, Sampling, SharedMoTRL, ppo, rollout
+from jaxpipe.training import (
+    FlowGRPOConfig,
+    Group,
+    MoTRLConfig,
+    RefinerConfig,
+    Sampling,
+    SharedMoTRL,
+    ppo,
+    rollout,
+)
 from jaxpipe.training.methods.mot_rl import role_cosines
-from jaxpipe.digits import cards as digit_cards
-import jaxpipe as jp
 
 
 def generator_config(**changes):

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import leaves_equal, perturbed
 
 import jaxpipe as jp
 from jaxpipe import samplers
@@ -11,10 +12,17 @@ from jaxpipe.cards import toy_unified
 from jaxpipe.digits import DIGIT_WORDS
 from jaxpipe.digits.rewards import scorer_reward
 from jaxpipe.prompts import Prompts, encode_text
-from jaxpipe.training import FlowGRPOConfig, Group, Optimizer, RefinerConfig, Sampling, UnifiedRL, UnifiedRLConfig, rollout
+from jaxpipe.training import (
+    FlowGRPOConfig,
+    Group,
+    Optimizer,
+    RefinerConfig,
+    Sampling,
+    UnifiedRL,
+    UnifiedRLConfig,
+    rollout,
+)
 from jaxpipe.training.refine import refine_rows
-
-from conftest import leaves_equal, perturbed
 
 GENERATOR = FlowGRPOConfig(group=Group(3), sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)), beta=0.04)
 CONFIG = UnifiedRLConfig(generator=GENERATOR, refiner=RefinerConfig(skip=1), refiner_optimizer=Optimizer(1e-3))

@@ -16,8 +16,22 @@ from jaxpipe.engine import Engine, EngineError, UnknownComponentError
 from jaxpipe.loops import chunk
 from jaxpipe.nn import DiTConfig
 from jaxpipe.training import (
-    DMD2, DMD2Config, DiffusionNFT, DistributionMatching, Finetune, FinetuneConfig, FlowGRPO, Group,
-    JointMultiExpertRL, Optimizer, SelfForcing, SharedMoTRL, Trainer, TrainState, UnifiedRL, weight_sync,
+    DMD2,
+    DiffusionNFT,
+    DistributionMatching,
+    DMD2Config,
+    Finetune,
+    FinetuneConfig,
+    FlowGRPO,
+    Group,
+    JointMultiExpertRL,
+    Optimizer,
+    SelfForcing,
+    SharedMoTRL,
+    Trainer,
+    TrainState,
+    UnifiedRL,
+    weight_sync,
 )
 from jaxpipe.workflow import Stage, Workflow
 

@@ -118,7 +118,9 @@ def evaluate(
     guidance: float | None = typer.Option(None, help="Classifier-free guidance scale (default: each card's)."),
     out: Path | None = typer.Option(None, "-o", "--out", help="Also write the report as JSON here."),
 ) -> None:
-    """Measure C4 quality: scorer-judged digit and attribute accuracy, I2V motion and first-frame fidelity."""
+    """Measure C4 quality: digit and attribute accuracy judged by the digit-scorer (the RL reward) and, under
+    "independent", by evaluators that share no weights with it (digit-classifier + pixel readers); I2V motion
+    and first-frame fidelity."""
     import json
 
     from jaxpipe.digits import quality

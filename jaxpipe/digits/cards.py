@@ -1,7 +1,7 @@
 """The digits world's cards: which toy family builds each id, at which sizes, and where its weights ship.
 
 Every bundled card is a core toy family (``jaxpipe.cards.toy_*``) speaking the digits vocabulary,
-plus the world's own reward model (``digit-scorer``). ``config(model_id)`` is the CPU-test-sized
+plus the world's own reward model (``digit-scorer``) and its independent judge (``digit-classifier``). ``config(model_id)`` is the CPU-test-sized
 config ``jp.cards.build(model_id)`` builds; ``bundled_config(model_id)`` the sizes of the pretrained
 card in ``assets/`` (what the pretraining recipes train). ``register()`` (called by
 ``jaxpipe.digits.register``) puts both and the asset folders into the core's card registry.
@@ -16,7 +16,7 @@ from pathlib import Path
 from jaxpipe.card import Card
 from jaxpipe.cards import registry, toy_causal, toy_i2v, toy_mot, toy_mot_video, toy_multi_expert, toy_sigma_moe
 from jaxpipe.cards import toy_t2i, toy_t2v, toy_two_stage, toy_unified
-from jaxpipe.digits import digit_scorer
+from jaxpipe.digits import digit_classifier, digit_scorer
 from jaxpipe.digits.captions import ATTRIBUTE_WORDS, ATTRIBUTES
 from jaxpipe.digits.words import VOCABULARY
 from jaxpipe.loops import denoise
@@ -24,7 +24,7 @@ from jaxpipe.loops.chunk import ChunkConfig
 from jaxpipe.nn import DiTConfig, LatentUpsamplerConfig, TextEncoderConfig
 from jaxpipe.nn.mot import Routing
 
-__all__ = ["ASSETS", "FAMILIES", "SLOTS", "BUNDLED", "config", "bundled_config", "multi_expert", "register"]
+__all__ = ["ASSETS", "FAMILIES", "OWN", "SLOTS", "BUNDLED", "config", "bundled_config", "multi_expert", "register"]
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 """The bundled pretrained cards, one folder per card id."""
@@ -37,17 +37,20 @@ FAMILIES = {
     "ltx2-two-stage": toy_two_stage, "wan22-moe": toy_sigma_moe, "wan-causal": toy_causal, "unified": toy_unified,
     "multi-expert": toy_multi_expert, "bagel-mot": toy_mot, "cosmos3": toy_mot_video,
 }
-"""Card id -> the toy family module that builds it (``digit-scorer`` is the world's own family)."""
+"""Card id -> the toy family module that builds it (the two judges have the world's own families, ``OWN``)."""
 
-BUNDLED = tuple(sorted(set(FAMILIES) - {"multi-expert"} | {"digit-scorer", "flux-t2i-turbo"}))
+OWN = {"digit-scorer": digit_scorer, "digit-classifier": digit_classifier}
+"""Card id -> the digits world's own family package: the reward model and the independent classifier."""
+
+BUNDLED = tuple(sorted(set(FAMILIES) - {"multi-expert"} | set(OWN) | {"flux-t2i-turbo"}))
 """The ids whose pretrained weights ship in ``ASSETS`` (``multi-expert`` is built from ``unified``: ``multi_expert``;
 ``flux-t2i-turbo``, the DMD2 student of ``flux-t2i``, is loaded only)."""
 
 
 def config(model_id: str, **changes):
     """The test-sized config of card ``model_id`` in the digits vocabulary, with field ``changes``."""
-    if model_id == "digit-scorer":
-        return digit_scorer.Config(**changes)
+    if model_id in OWN:
+        return OWN[model_id].Config(**changes)
     module = _family(model_id)
     extra = {"slots": SLOTS} if module is toy_multi_expert else {}
     return module.Config(**{"vocabulary": VOCABULARY, **extra, **changes})
@@ -101,6 +104,7 @@ _BUNDLED: dict[str, Callable[..., object]] = {
     # wan-i2v's autoencoder and a shared MoT as wide and deep as its DiT
     "cosmos3": lambda: _mot("cosmos3"),
     "digit-scorer": lambda: digit_scorer.Config(),
+    "digit-classifier": lambda: digit_classifier.Config(),
 }
 
 
@@ -116,7 +120,7 @@ def bundled_config(model_id: str, *args, **changes):
 
 def _family(model_id: str):
     if model_id not in FAMILIES:
-        raise KeyError(f"{model_id!r} is not a digits card; the digits cards are {sorted(FAMILIES) + ['digit-scorer']}")
+        raise KeyError(f"{model_id!r} is not a digits card; the digits cards are {sorted([*FAMILIES, *OWN])}")
     return FAMILIES[model_id]
 
 
@@ -127,12 +131,13 @@ def multi_expert(unified: Card, num_refiners: int = 3, **changes) -> Card:
 
 
 def register() -> None:
-    """Register the digits cards into the core's registries: the ``digit_scorer`` family, every card id
-    with its test-sized config, and the bundled ones' asset folders."""
-    if digit_scorer.FAMILY.name not in registry.FAMILIES:
-        registry.register(digit_scorer.FAMILY)
-    for model_id in (*FAMILIES, "digit-scorer"):
-        family = digit_scorer.FAMILY.name if model_id == "digit-scorer" else _family(model_id).FAMILY.name
+    """Register the digits cards into the core's registries: the world's own families (``OWN``), every card
+    id with its test-sized config, and the bundled ones' asset folders."""
+    for package in OWN.values():
+        if package.FAMILY.name not in registry.FAMILIES:
+            registry.register(package.FAMILY)
+    for model_id in (*FAMILIES, *OWN):
+        family = (OWN[model_id] if model_id in OWN else _family(model_id)).FAMILY.name
         path = ASSETS / model_id if model_id in BUNDLED else None
         registry.register_card(model_id, family, config=_config_of(model_id), path=path)
     registry.register_card("flux-t2i-turbo", toy_t2i.FAMILY.name, path=ASSETS / "flux-t2i-turbo")

@@ -1,4 +1,6 @@
-"""Before/after evaluation of the digits-world RL runs, judged by the ``digit-scorer`` at guidance 1.
+"""Before/after evaluation of the digits-world RL runs at guidance 1, judged twice: by the ``digit-scorer``
+(the reward) and by the independent evaluators (``evaluators``: the ``digit-classifier`` card and the
+analytic readers, which share no weights with the reward).
 
 GenEval-style "every prompted attribute right", and sample diversity, the mean pairwise L2
 distance between images of one prompt across seeds. A diversity drop of more than
@@ -24,6 +26,7 @@ from jaxpipe.generate import generate
 from jaxpipe.stopping import Stopped
 from jaxpipe.digits.rewards import label_probabilities
 from jaxpipe.digits.prompts import Captions, PromptSpec, sample_prompts
+from jaxpipe.digits.evaluators import Evaluator, default_evaluator
 
 __all__ = ["EvalSettings", "serve", "judge", "diversity", "generator_quality", "refinement_quality",
            "video_quality"]
@@ -76,26 +79,37 @@ def serve(
     return np.concatenate(images), rendered
 
 
-def judge(scorer: Card, images: np.ndarray, prompts: Captions) -> dict:
-    """Scorer-judged accuracy of ``images`` against ``prompts``' labels.
-
-    ``all_right``: every rewarded label right (prompted attributes and preferences), GenEval-style;
-    ``prompted_right``: every attribute the caption names right (the digit always);
-    ``accuracy``: per term over the rows that reward it; ``reward``: the mean summed scorer reward.
-    """
-    predicted = {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, jnp.asarray(images) * 2.0 - 1.0).items()}
+def _agreement(read: dict[str, np.ndarray], prompts: Captions) -> dict:
+    """How well the labels ``read`` from images ``{term: (N,) int}`` match ``prompts``' labels
+    (-1 read: unreadable, always wrong)."""
     labels = prompts.labels
-    right = {t: predicted[t] == labels[t] for t in labels}
+    right = {t: np.asarray(read[t]) == labels[t] for t in labels}
     rewarded = {t: labels[t] >= 0 for t in labels}
-    named = {"digit": np.ones(len(images), bool), **prompts.named}
-    reward = sum(label_probabilities(scorer, jnp.asarray(images), {k: jnp.asarray(v) for k, v in labels.items()},
-                                     tuple(labels)).values())
+    named = {"digit": np.ones(len(prompts.captions), bool), **prompts.named}
     return {
         "all_right": float(np.mean(np.all([right[t] | ~rewarded[t] for t in labels], axis=0))),
         "prompted_right": float(np.mean(np.all([right[t] | ~named[t] for t in labels], axis=0))),
         "accuracy": {t: float(np.mean(right[t][rewarded[t]])) for t in labels if np.any(rewarded[t])},
-        "reward": float(jnp.mean(reward)),
     }
+
+
+def judge(scorer: Card, images: np.ndarray, prompts: Captions, *, evaluator: Evaluator | None = None) -> dict:
+    """Accuracy of ``images`` ``(N, 16, 16, 1)`` in [0, 1] against ``prompts``' labels, twice: by the scorer
+    (the reward's own weights) and by ``evaluator`` (default: ``evaluators.default_evaluator()``, which shares
+    no weights with it) under ``"independent"``.
+
+    ``all_right``: every rewarded label right (prompted attributes and preferences), GenEval-style;
+    ``prompted_right``: every attribute the caption names right (the digit always);
+    ``accuracy``: per term over the rows that reward it; ``reward``: the mean summed scorer reward.
+    A gain the scorer sees and the independent evaluator does not is reward hacking.
+    """
+    predicted = {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, jnp.asarray(images) * 2.0 - 1.0).items()}
+    labels = prompts.labels
+    reward = sum(label_probabilities(scorer, jnp.asarray(images), {k: jnp.asarray(v) for k, v in labels.items()},
+                                     tuple(labels)).values())
+    independent = (evaluator or default_evaluator()).read(images)
+    return {**_agreement(predicted, prompts), "reward": float(jnp.mean(reward)),
+            "independent": _agreement(independent, prompts)}
 
 
 def _eval_prompts(spec: PromptSpec, n: int, seed: int, stream: int) -> Captions:

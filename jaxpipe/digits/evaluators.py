@@ -1,6 +1,6 @@
 """Judging generated digits against their prompts with evaluators that share no weights with the reward.
 
-The digit comes from the independent ``digit-classifier`` card (``jaxpipe.digits.classifier``),
+The digit comes from the independent ``digit-classifier`` card (``jaxpipe.digits.digit_classifier``),
 stroke / position / brightness from the analytic ``readers``; neither has seen the digit-scorer's
 weights or data, so a gain the scorer reports and these do not is reward hacking. Usage::
 
@@ -20,10 +20,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from jaxpipe import cards
 from jaxpipe.card import Card
 from jaxpipe.digits import data as digits
 from jaxpipe.digits.words import DIGIT_WORDS
-from jaxpipe.digits import classifier, readers
+from jaxpipe.digits import digit_classifier, readers
 
 __all__ = ["TERMS", "Evaluator", "compare", "default_evaluator", "judge", "labels_from_prompts"]
 
@@ -109,12 +110,12 @@ class Evaluator:
     """Independent evaluators of digits images: the classifier card (loaded once) plus the readers.
 
     Args:
-        card: a ``digit-classifier`` card (default: the bundled one, ``classifier.load()``).
+        card: a ``digit-classifier`` card (default: the bundled one, ``jp.cards.load("digit-classifier")``).
         thresholds: the readers' thresholds (default: ``readers.THRESHOLDS``).
     """
 
     def __init__(self, card: Card | None = None, thresholds: readers.Thresholds = readers.THRESHOLDS):
-        self.card = classifier.load() if card is None else card
+        self.card = cards.load(digit_classifier.MODEL_ID) if card is None else card
         self.thresholds = thresholds
 
     def read(self, images) -> dict[str, np.ndarray]:
@@ -124,7 +125,11 @@ class Evaluator:
         ValueError on a wrong shape or dtype, or values outside [0, 1].
         """
         attributes = readers.read(images, self.thresholds)
-        return {"digit": classifier.predict(self.card, images), **attributes}
+        return {"digit": self.predict(images), **attributes}
+
+    def predict(self, images) -> np.ndarray:
+        """The digit the classifier reads in images ``(N, 16, 16, 1)`` in [0, 1]: ``(N,)`` int32."""
+        return digit_classifier.predict(self.card, images)
 
     def judge(self, images, labels: Mapping[str, object]) -> dict[str, float | int]:
         """``compare(self.read(images), labels)``: per-term accuracy, all-right rate, counts (see ``compare``)."""

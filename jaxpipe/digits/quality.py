@@ -1,4 +1,5 @@
-"""Measured quality (C4) of the digits-world generators, judged by the ``digit-scorer`` card.
+"""Measured quality (C4) of the digits-world generators, judged by the ``digit-scorer`` card (the reward) and,
+for images, by the independent evaluators too (``evaluators``: ``digit-classifier`` and the readers).
 
 Text-to-image: the fraction of images the scorer classifies as the prompted digit (for plain
 digit prompts and for full compositional prompts), the accuracy of each prompted attribute, and
@@ -17,6 +18,7 @@ from jaxpipe.card import Card
 from jaxpipe.cards import registry
 from jaxpipe.digits import digit_scorer
 from jaxpipe.digits import data as digits
+from jaxpipe.digits.evaluators import Evaluator, default_evaluator
 from jaxpipe.generate import generate
 from jaxpipe.progress import progress_bar
 from jaxpipe.stopping import Stopped
@@ -54,11 +56,13 @@ def _denoise_defaults(card: Card):
 def t2i_quality(
     t2i: Card, scorer: Card, *, samples: int = 200, seed: int = 0, num_steps: int | None = None,
     guidance: float | None = None, batch: int = 100, progress: bool = False,
-    should_stop: Callable[[], bool] | None = None,
+    should_stop: Callable[[], bool] | None = None, evaluator: Evaluator | None = None,
 ) -> dict:
-    """Scorer-judged accuracy of ``samples`` random prompts (digit and attributes drawn uniformly), each
-    rendered twice (plain digit and full compositional prompt). ``progress``: a bar over the images;
-    ``should_stop()`` is checked between batches (``Stopped`` is raised when it turns true)."""
+    """Accuracy of ``samples`` random prompts (digit and attributes drawn uniformly), each rendered twice
+    (plain digit and full compositional prompt), judged by the scorer and, under ``"independent"``, by
+    ``evaluator`` (default ``evaluators.default_evaluator()``: the ``digit-classifier`` and the readers).
+    ``progress``: a bar over the images; ``should_stop()`` is checked between batches (``Stopped`` is
+    raised when it turns true)."""
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")
     rng = np.random.default_rng(seed)
@@ -70,23 +74,34 @@ def t2i_quality(
     full = [digits.caption(*(int(labels[k][i]) for k in ("digit",) + attrs)) for i in range(samples)]
     plain = [digits.caption(int(d)) for d in labels["digit"]]
 
-    def judge(prompts, bar):
-        images = _in_batches(
+    def render(prompts, bar):
+        return _in_batches(
             lambda s: generate(t2i, prompts[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
                                num_steps=num_steps, guidance=guidance)["image"], samples, batch, bar, should_stop)
-        return {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, images * 2.0 - 1.0).items()}
 
     with progress_bar(total=2 * samples, desc=f"{t2i.model_id} images", disable=not progress) as bar:
-        plain_pred, full_pred = judge(plain, bar), judge(full, bar)
-    right = {k: full_pred[k] == labels[k] for k in ("digit",) + attrs}
+        plain_images, full_images = render(plain, bar), render(full, bar)
+    judge = evaluator or default_evaluator()
+    readers = {
+        "scorer": lambda images: {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, images * 2.0 - 1.0).items()},
+        "independent": judge.read,
+    }
+    summaries = {}
+    for name, read in readers.items():
+        plain_read, full_read = read(plain_images), read(full_images)
+        right = {k: full_read[k] == labels[k] for k in ("digit",) + attrs}
+        summaries[name] = {
+            "digit_accuracy": float(np.mean(plain_read["digit"] == labels["digit"])),
+            "digit_accuracy_compositional": float(np.mean(right["digit"])),
+            "attribute_accuracy": {k: float(np.mean(right[k])) for k in attrs},
+            "all_attributes_correct": float(np.mean(np.all([right[k] for k in right], axis=0))),
+        }
     return {
         "samples": samples,
         "num_steps": num_steps or _denoise_defaults(t2i).num_steps,
         "guidance": guidance or _denoise_defaults(t2i).guidance,
-        "digit_accuracy": float(np.mean(plain_pred["digit"] == labels["digit"])),
-        "digit_accuracy_compositional": float(np.mean(right["digit"])),
-        "attribute_accuracy": {k: float(np.mean(right[k])) for k in attrs},
-        "all_attributes_correct": float(np.mean(np.all([right[k] for k in right], axis=0))),
+        **summaries["scorer"],
+        "independent": summaries["independent"],
     }
 
 
@@ -118,14 +133,15 @@ def moves_as_told(displacement: np.ndarray, motion: np.ndarray) -> np.ndarray:
 def i2v_quality(
     i2v: Card, scorer: Card | None = None, *, samples: int = 100, seed: int = 0, num_steps: int | None = None,
     guidance: float | None = None, batch: int = 50, progress: bool = False,
-    should_stop: Callable[[], bool] | None = None,
+    should_stop: Callable[[], bool] | None = None, evaluator: Evaluator | None = None,
 ) -> dict:
     """Motion, first-frame fidelity and identity of ``samples`` videos conditioned on real held-out digits
-    (``progress`` and ``should_stop`` as in ``t2i_quality``).
+    (``progress``, ``should_stop`` and ``evaluator`` as in ``t2i_quality``).
 
     The reference is the ideal video (the conditioning frame translated as prompted), so
     ``video_mae`` measures how well the digit keeps its shape while it moves; with a ``scorer``,
-    ``last_frame_digit_accuracy`` is how often the last frame still reads as the prompted digit.
+    ``last_frame_digit_accuracy`` is how often the last frame still reads as the prompted digit (and, under
+    ``"independent"``, how often ``evaluator``'s classifier reads it so).
     """
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")
@@ -146,6 +162,8 @@ def i2v_quality(
     if scorer is not None:
         last = digit_scorer.predict(scorer, videos[:, -1] * 2.0 - 1.0)["digit"]
         extra["last_frame_digit_accuracy"] = float(np.mean(np.asarray(last) == reference.digit))
+        independent = (evaluator or default_evaluator()).predict(videos[:, -1])
+        extra["independent"] = {"last_frame_digit_accuracy": float(np.mean(independent == reference.digit))}
     per_motion = {name: float(np.mean(ok[reference.motion == m])) for m, name in enumerate(digits.MOTION_NAMES)
                   if np.any(reference.motion == m)}
     return {
@@ -269,9 +287,10 @@ def _reasons(card: Card) -> bool:
 
 def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, num_steps: int | None = None,
                 guidance: float | None = None, batch: int = 50, progress: bool = False,
-                should_stop: Callable[[], bool] | None = None) -> dict:
+                should_stop: Callable[[], bool] | None = None, evaluator: Evaluator | None = None) -> dict:
     """Text-to-video (``wan-t2v``, ``ltx2-two-stage``, ``wan22-moe``, ``wan-causal``, ``cosmos3``), judged by
-    motion and by ``scorer`` (``progress`` and ``should_stop`` as in ``t2i_quality``).
+    motion, by ``scorer`` and, under ``"independent"``, by ``evaluator``'s digit classifier (``progress``,
+    ``should_stop`` and ``evaluator`` as in ``t2i_quality``).
 
     ``full``: prompts naming digit and motion (``"seven moving right"``): the video moves as told
     (overall and per direction) and shows the digit (first and last frame). Cards that reason a
@@ -291,6 +310,7 @@ def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, 
     reasons = _reasons(card)
     if reasons:
         modes.append(("digit_only", [digits.caption(int(d)) for d in digit]))
+    judge = evaluator or default_evaluator()
     with progress_bar(total=len(modes) * samples, desc=f"{card.model_id} videos", disable=not progress) as bar:
         for mode, prompts in modes:
             texts: list[str] = []
@@ -306,7 +326,9 @@ def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, 
             first = np.asarray(digit_scorer.predict(scorer, videos[:, 0] * 2.0 - 1.0)["digit"])
             last = np.asarray(digit_scorer.predict(scorer, videos[:, -1] * 2.0 - 1.0)["digit"])
             result = {"first_frame_digit_accuracy": float(np.mean(first == digit)),
-                      "last_frame_digit_accuracy": float(np.mean(last == digit))}
+                      "last_frame_digit_accuracy": float(np.mean(last == digit)),
+                      "independent": {f"{name}_frame_digit_accuracy": float(np.mean(judge.predict(videos[:, t]) == digit))
+                                      for name, t in (("first", 0), ("last", -1))}}
             if reasons:
                 result["examples"] = texts[:5]
             if mode == "full":

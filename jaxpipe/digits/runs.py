@@ -39,6 +39,30 @@ def _change(before: dict, after: dict, *path: str) -> dict:
     return {"before": b, "after": a, "change": a - b}
 
 
+HACKING_GAP = 0.05
+"""A scorer-judged gain that beats the independent evaluators' gain on the same images by more than this is
+flagged in the report as reward hacking (the reward model sees a gain its judge does not)."""
+
+
+def _judged(before: dict, after: dict, headline: dict[str, tuple[str, ...]]) -> dict:
+    """For each ``name -> path`` to a scorer-judged number: its change and, as ``name (independent)``, the
+    change of the same number judged by the independent evaluators (the path with ``"independent"`` before
+    its last key); then ``reward_vs_independent``, a line saying whether the two agree."""
+    out, gaps = {}, {}
+    for name, path in headline.items():
+        scorer = out[name] = _change(before, after, *path)
+        independent = out[f"{name} (independent)"] = _change(before, after, *path[:-1], "independent", path[-1])
+        gaps[name] = scorer["change"] - independent["change"]
+    hacked = {name: gap for name, gap in gaps.items() if gap > HACKING_GAP}
+    out["reward_vs_independent"] = (
+        "REWARD HACKING: the scorer's gain exceeds the independent evaluators' by "
+        + ", ".join(f"{gap:+.3f} ({name})" for name, gap in hacked.items())
+        if hacked
+        else f"reward and independent evaluators agree (every gap <= {HACKING_GAP})"
+    )
+    return out
+
+
 def _settings(card: Card, config, prompts: PromptSpec, prompts_per_step: int, evaluation: EvalSettings | None, **extra) -> dict:
     """The JSON-able record of a run's settings (``report.json``)."""
     return {
@@ -136,8 +160,10 @@ def self_forcing_run(
     def headline(before: dict, after: dict) -> dict:
         return {
             "motion_accuracy": _change(before, after, "full", "motion_accuracy"),
-            "first_frame_digit_accuracy": _change(before, after, "full", "first_frame_digit_accuracy"),
-            "last_frame_digit_accuracy": _change(before, after, "full", "last_frame_digit_accuracy"),
+            **_judged(before, after, {
+                "first_frame_digit_accuracy": ("full", "first_frame_digit_accuracy"),
+                "last_frame_digit_accuracy": ("full", "last_frame_digit_accuracy"),
+            }),
         }
 
     return Run(
@@ -180,11 +206,11 @@ def _generator_evaluation(scorer: Card, prompts: PromptSpec, evaluation: EvalSet
 
 
 def _generator_headline(before: dict, after: dict) -> dict:
-    return {
-        "all_attributes_correct": _change(before, after, "all_attributes_correct"),
-        "digit_accuracy_plain_prompts": _change(before, after, "digit_accuracy"),
-        "run_prompts_all_right": _change(before, after, "run_prompts", "all_right"),
-    }
+    return _judged(before, after, {
+        "all_attributes_correct": ("all_attributes_correct",),
+        "digit_accuracy_plain_prompts": ("digit_accuracy",),
+        "run_prompts_all_right": ("run_prompts", "all_right"),
+    })
 
 
 REFINEMENT_CURVES = {
@@ -198,11 +224,13 @@ REFINEMENT_CURVES = {
 
 def _refinement_headline(before: dict, after: dict) -> dict:
     return {
-        "refined_all_right": _change(before, after, "refined", "all_right"),
-        "original_all_right": _change(before, after, "original", "all_right"),
+        **_judged(before, after, {
+            "refined_all_right": ("refined", "all_right"),
+            "original_all_right": ("original", "all_right"),
+            "refined_prompted_right": ("refined", "prompted_right"),
+        }),
         "refined_minus_original_before": before["refined"]["all_right"] - before["original"]["all_right"],
         "refined_minus_original_after": after["refined"]["all_right"] - after["original"]["all_right"],
-        "refined_prompted_right": _change(before, after, "refined", "prompted_right"),
         "preferred_word_rate": _change(before, after, "preferred_word_rate"),
         "preferred_word_rate_in_order": _change(before, after, "preferred_word_rate_in_order"),
         "added_words": _change(before, after, "added_words"),
@@ -275,8 +303,7 @@ def joint_run(
             for name in before["preferred_word_rate_by_attribute"]
         }
         return {
-            "refined_all_right": _change(before, after, "refined", "all_right"),
-            "original_all_right": _change(before, after, "original", "all_right"),
+            **_judged(before, after, {"refined_all_right": ("refined", "all_right"), "original_all_right": ("original", "all_right")}),
             **rates,
         }
 

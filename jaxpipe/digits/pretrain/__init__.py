@@ -6,7 +6,7 @@
 One module per recipe: ``generators`` (``flux-t2i``, ``wan-i2v``, ``wan-t2v``: autoencoder, then text
 encoder + DiT by flow matching), ``lm`` (``unified``'s refiner LM), ``mot`` (``bagel-mot``,
 ``cosmos3``), ``moe`` (``wan22-moe``), ``causal`` (``wan-causal``), ``ltx2`` (``ltx2-two-stage``),
-``scorer`` (the ``digit-scorer`` reward model) and ``distill`` (``flux-t2i-turbo``, DMD2).
+``scorer`` (the ``digit-scorer`` reward model), ``classifier`` (the independent ``digit-classifier``) and ``distill`` (``flux-t2i-turbo``, DMD2).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "wan-causal": ("causal", ()),
     "ltx2-two-stage": ("ltx2", ()),
     "digit-scorer": ("scorer", ()),
+    "digit-classifier": ("classifier", ()),
     "flux-t2i-turbo": ("distill", ("flux-t2i-turbo",)),
 }
 """Card id -> (recipe module, the arguments that pick the card in its command line)."""

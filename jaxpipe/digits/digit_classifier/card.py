@@ -1,0 +1,107 @@
+"""The ``digit-classifier`` card: an independent digit classifier to judge generators by.
+
+The digit-scorer rewards the RL methods; judging them by the same weights cannot see reward
+hacking. This card is independent of it in every way that matters: another architecture
+(``network``), another split, other renders, other perturbations, another seed (its recipe:
+``jaxpipe.digits.pretrain.classifier``).
+
+Pixel convention: every public function takes images ``(N, 16, 16, 1)`` float in **[0, 1]**,
+background 0 — the generators' output (``jp.generate(...)["image"]``). Renders from
+``digits.load_images`` / ``augment`` are in ``[-1, 1]``: pass ``(x + 1) / 2``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.digits import data as digits
+from jaxpipe.digits.digit_classifier.network import ClassifierNet, Config
+
+__all__ = ["COMPONENT", "FAMILY_NAME", "LOOP_ID", "MODEL_ID", "build", "check_images", "logits", "predict", "probabilities"]
+
+MODEL_ID = "digit-classifier"
+FAMILY_NAME = "digit_classifier"
+LOOP_ID = "classify"
+COMPONENT = "classifier"
+
+_RANGE_SLACK = 1e-5  # float rounding allowed outside [0, 1]
+_CHUNK = 512  # images per forward pass in predict / probabilities (one compiled shape)
+
+
+def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
+    """A ``digit-classifier`` card with a freshly initialised network (deterministic in ``seed``)."""
+    spec = CardSpec(
+        model_id=model_id,
+        family=FAMILY_NAME,
+        loops=(LoopSpec(LOOP_ID, "score", (COMPONENT,)),),
+        recipe=(LOOP_ID,),
+        parity=("C0", "C1", "C4"),
+        capabilities=("classify",),
+        config=config,
+    )
+    return Card({COMPONENT: ClassifierNet(config, rngs=nnx.Rngs(seed))}, spec)
+
+
+def check_images(images, image_shape: tuple[int, int, int] = (digits.SIZE, digits.SIZE, 1)) -> jax.Array:
+    """``images`` as a float array ``(N, S, S, 1)``, or a ValueError naming the problem.
+
+    Shape and dtype are always checked; the range ``[0, 1]`` (and finiteness) when the values are
+    concrete (not under ``jax.jit``).
+    """
+    if not isinstance(images, jax.core.Tracer):
+        images = np.asarray(images)
+    if images.ndim != 4 or tuple(images.shape[1:]) != tuple(image_shape) or images.shape[0] == 0:
+        raise ValueError(
+            f"images must have shape (N, {', '.join(map(str, image_shape))}) with N >= 1, in [0, 1]; got {tuple(images.shape)}"
+        )
+    if not jnp.issubdtype(images.dtype, jnp.floating):
+        raise ValueError(f"images must be floating point in [0, 1]; got dtype {images.dtype}")
+    if not isinstance(images, jax.core.Tracer):
+        if not np.isfinite(images).all():
+            raise ValueError("images contain NaN or infinite values")
+        low, high = float(images.min()), float(images.max())
+        if low < -_RANGE_SLACK or high > 1.0 + _RANGE_SLACK:
+            raise ValueError(
+                f"images must be in [0, 1] (background 0; got values in [{low:.3g}, {high:.3g}]); "
+                "map [-1, 1] images with (x + 1) / 2"
+            )
+    return jnp.asarray(images, jnp.float32)
+
+
+def logits(card: Card, images: jax.Array) -> jax.Array:
+    """Digit logits ``(N, 10)`` for images ``(N, 16, 16, 1)`` in [0, 1]; pure and jittable."""
+    return card[COMPONENT](check_images(images, card.spec.config.image_shape))
+
+
+_logits = jax.jit(logits)
+
+
+def _chunked(card: Card, images) -> np.ndarray:
+    images = np.asarray(check_images(images, card.spec.config.image_shape))
+    n = len(images)
+    size = min(_CHUNK, n)
+    out = []
+    for start in range(0, n, size):
+        part = images[start : start + size]
+        pad = size - len(part)  # the last chunk is padded so every call has one shape (one compile)
+        part = np.concatenate([part, np.zeros((pad, *part.shape[1:]), part.dtype)]) if pad else part
+        out.append(np.asarray(_logits(card, part))[: size - pad])
+    return np.concatenate(out)
+
+
+def probabilities(card: Card, images) -> np.ndarray:
+    """Class probabilities ``(N, 10)`` (rows sum to 1) for images ``(N, 16, 16, 1)`` in [0, 1].
+
+    Runs jitted in chunks of 512 images. Raises ValueError on a wrong shape or dtype, or values
+    outside ``[0, 1]``.
+    """
+    return np.asarray(jax.nn.softmax(_chunked(card, images), axis=-1))
+
+
+def predict(card: Card, images) -> np.ndarray:
+    """The most likely digit ``(N,)`` int32 (0..9) for images ``(N, 16, 16, 1)`` in [0, 1] (as ``probabilities``)."""
+    return np.argmax(_chunked(card, images), axis=-1).astype(np.int32)
