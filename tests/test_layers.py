@@ -105,3 +105,25 @@ assert "flux-t2i" in jp.cards.available() and "jaxpipe.digits" in sys.modules
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_checkpoint_saved_under_an_old_family_name_loads_with_a_warning(tmp_path):
+    """jaxpipe 0.1 saved ``multi_expert`` cards with slots named by attribute; they load as ``toy_multi_expert``."""
+    import json
+
+    import jax
+    import numpy as np
+
+    import jaxpipe as jp
+    from jaxpipe.digits import cards as digit_cards
+
+    card = digit_cards.multi_expert(jp.cards.build("unified"), 3)
+    jp.cards.save_card(card, tmp_path)
+    meta = json.loads((tmp_path / "config.json").read_text())
+    meta["family"], meta["config"]["slots"] = "multi_expert", ["stroke", "position", "brightness"]
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    with pytest.warns(DeprecationWarning, match="'multi_expert' is now 'toy_multi_expert'"):
+        loaded = jp.cards.load(tmp_path)
+    assert loaded.spec.family == "toy_multi_expert" and loaded.spec.config == card.spec.config
+    for a, b in zip(jax.tree.leaves(card.components), jax.tree.leaves(loaded.components)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

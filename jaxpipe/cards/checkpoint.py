@@ -216,8 +216,11 @@ def _read_config(directory: Path):
     if meta.get("format") != FORMAT:
         raise ValueError(f"{directory}: unsupported checkpoint format {meta.get('format')!r} (expected {FORMAT!r})")
     family = registry.family(meta["family"])
+    saved = meta["config"]
+    if meta["family"] in registry.UPGRADES:
+        saved = registry.UPGRADES[meta["family"]](saved)
     try:
-        config = config_from_dict(family.config, meta["config"])
+        config = config_from_dict(family.config, saved)
         abstract = nnx.eval_shape(lambda: family.build(config, seed=0, model_id=meta["model_id"]))
     except (TypeError, ValueError) as err:
         raise ValueError(f"{directory / CONFIG_FILE}: its {meta['family']} config does not load: {err}") from None

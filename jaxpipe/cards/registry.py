@@ -27,7 +27,7 @@ from jaxpipe.cards.family import Family
 from jaxpipe.program import Program
 
 __all__ = [
-    "BUNDLED", "FAMILIES", "CARDS", "CardEntry", "register", "unregister", "register_card", "unregister_card", "family",
+    "BUNDLED", "FAMILIES", "CARDS", "RENAMED", "UPGRADES", "CardEntry", "register", "register_upgrade", "unregister", "register_card", "unregister_card", "family",
     "family_of", "by_model_id", "by_pipeline", "card_entry", "default_program", "stacked_components",
 ]
 
@@ -56,6 +56,18 @@ RENAMED: dict[str, str] = {
 }
 """Family names of jaxpipe 0.1's toy families (named after the real models they mimic) -> their names now;
 checkpoints saved under an old name still load, with a ``DeprecationWarning`` (until the next release)."""
+
+UPGRADES: dict[str, Callable[[dict], dict]] = {}
+"""Old family name -> a function from a checkpoint's saved config (the JSON dict) to the config its new family
+reads, for fields whose format changed with the rename; a world registers the ones its cards need
+(``register_upgrade``)."""
+
+
+def register_upgrade(old_family: str, upgrade: Callable[[dict], dict]) -> None:
+    """Read checkpoints saved under family ``old_family`` (a ``RENAMED`` key) through ``upgrade(config_dict)``."""
+    if old_family not in RENAMED:
+        raise KeyError(f"{old_family!r} is not a renamed family; renamed: {sorted(RENAMED)}")
+    UPGRADES[old_family] = upgrade
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +163,7 @@ def card_entry(model_id: str) -> CardEntry | None:
 def family(name: str) -> Family:
     """The registered family ``name`` (ValueError listing the families otherwise)."""
     if name in RENAMED and name not in FAMILIES:
+        _worlds()  # a world may register an upgrade of the old checkpoints (``UPGRADES``)
         warnings.warn(f"card family {name!r} is now {RENAMED[name]!r}; re-save the checkpoint to use the new name",
                       DeprecationWarning, stacklevel=2)
         name = RENAMED[name]

@@ -141,6 +141,15 @@ def register() -> None:
         path = ASSETS / model_id if model_id in BUNDLED else None
         registry.register_card(model_id, family, config=_config_of(model_id), path=path)
     registry.register_card("flux-t2i-turbo", toy_t2i.FAMILY.name, path=ASSETS / "flux-t2i-turbo")
+    registry.register_upgrade("multi_expert", _named_slots)
+
+
+def _named_slots(saved: dict) -> dict:
+    """A ``multi_expert`` checkpoint of jaxpipe 0.1 named each slot by its attribute; now a slot carries its words."""
+    slots = saved.get("slots")
+    if slots and all(isinstance(slot, str) for slot in slots):
+        saved = {**saved, "slots": [[name, list(ATTRIBUTE_WORDS[name])] for name in slots]}
+    return saved
 
 
 def _config_of(model_id: str) -> Callable[[], object]:
