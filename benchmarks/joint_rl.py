@@ -6,7 +6,7 @@ that against the obvious alternative, N separately jitted single-expert updates 
 as N grows (1, 2, 4, 8, 16), in one process, on the same rollout:
 
 * ``vmap`` -- ``jax.jit(jax.vmap(method.expert_update))`` on the stacked state (what ``update`` does
-  for the refiners, without its metrics and non-finite guard);
+  for the refiners under ``expert_map="vmap"``, without its metrics; each expert's step is guarded on its own);
 * ``loop`` -- ``jax.jit(method.expert_update)`` called once per expert from a Python loop, on
   per-expert params / references / optimiser states / refinements / advantages sliced from the stacked
   ones **before** timing (a loop implementation would hold N separate trees; slicing is not timed);
@@ -22,7 +22,7 @@ at the largest rollout, the joint step that also trains the generator.
 Cards: a ``multi-expert`` card per N, freshly built (timing needs no trained weights), the bundled
 generator and refiner LM sizes with ``text.max_len = 24`` (the composed prompt is prompt + N words)
 and ``lm.max_len = 32``; slots cycle stroke, position, brightness; one new token per refiner;
-``joint=False`` (the generator frozen); ``lm_learning_rate = 1e-5`` (see the check below). Reward: two image
+``joint=False`` (the generator frozen); ``refiner_optimizer = Optimizer(1e-5)`` (see the check below). Reward: two image
 statistics (no scorer needed to time an update), shared credit.
 
 Before timing, the vmapped update is checked against the loop: new params, optimiser states, losses,
@@ -53,15 +53,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+import jaxpipe as jp
 from jaxpipe.card import Card
-from jaxpipe.cards import generator, toy_multi_expert, toy_unified
+from jaxpipe.cards import toy_multi_expert, toy_unified
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
-from jaxpipe.training.joint_rl import JointMultiExpertRL, JointRLConfig
+from jaxpipe.digits.prompts import TEXT_WIDTH
+from jaxpipe.prompts import Prompts
+from jaxpipe.training.grpo import FlowGRPOConfig
+from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointRLConfig
+from jaxpipe.training.optim import Optimizer
+from jaxpipe.training.refine import RefinerConfig
+from jaxpipe.training.rollout import Group, Sampling
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
 from report import RESULTS, machine_info, write_section  # noqa: E402
-from jaxpipe.digits import cards as digit_cards
-import jaxpipe as jp
 
 SECTION = "joint_rl"
 EXPERTS = (1, 2, 4, 8, 16)
@@ -99,25 +105,30 @@ def make_config(num_refiners: int, *, bundled: bool = True) -> toy_multi_expert.
     return digit_cards.config("multi-expert", **fields, num_refiners=num_refiners)
 
 
-def reward_parts(images: jax.Array, labels) -> dict[str, jax.Array]:
+def reward_parts(artifacts, prompts) -> dict[str, jax.Array]:
     """Two cheap image statistics (speed does not depend on what the reward means)."""
-    del labels
+    del prompts
+    images = artifacts["image"]
     right = images[:, :, images.shape[2] // 2 :]
     return {"brightness": jnp.mean(images, axis=(1, 2, 3)), "position": jnp.mean(right, axis=(1, 2, 3))}
 
 
 def make_method(card: Card, group: int, steps: int, *, joint: bool = False) -> JointMultiExpertRL:
     config = JointRLConfig(
-        group_size=group, skip=1, num_steps=steps, joint=joint, lm_learning_rate=LEARNING_RATE
+        generator=FlowGRPOConfig(group=Group(group), sampling=Sampling(num_steps=steps, sampler="sde"), beta=0.04),
+        refiner=RefinerConfig(skip=1),
+        refiner_optimizer=Optimizer(LEARNING_RATE),
+        joint=joint,
     )
     return JointMultiExpertRL(card, reward_parts, config)
 
 
-def make_batch(card: Card, prompts: int, seed: int = 0) -> dict:
-    """``{"ids": (P, TEXT_LEN)}``: the digit word of a random digit per prompt (the refiners add the rest)."""
+def make_batch(card: Card, prompts: int, seed: int = 0) -> Prompts:
+    """``Prompts`` of P ids ``(P, TEXT_LEN)``: the digit word of a random digit per prompt (the refiners add the
+    rest), no metadata."""
     rng = np.random.default_rng(seed)
     captions = [digits.caption(int(d)) for d in rng.integers(0, 10, prompts)]
-    return {"ids": generator.tokenize(card, captions), "labels": {}}
+    return Prompts.from_texts(card, captions, width=TEXT_WIDTH)
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,7 +138,8 @@ def make_batch(card: Card, prompts: int, seed: int = 0) -> dict:
 
 def expert_args(method: JointMultiExpertRL, state, ro) -> tuple:
     """``expert_update``'s arguments stacked on the expert axis (what ``update`` vmaps over)."""
-    return (state.refiners, state.refiner_reference, state.refiner_opt, method.allowed, ro.refinements, ro.expert_advantages)
+    return (state.params["refiner"], state.copies["refiner_reference"], state.opt_state["refiner"], method.allowed,
+            ro.refinement, ro.refiner_advantages)
 
 
 def slice_experts(args: tuple, n: int) -> list[tuple]:
@@ -222,7 +234,7 @@ def prepare_case(card: Card, prompts: int, group: int, *, steps: int, context: b
     method = make_method(card, group, steps)
     state, batch, key = method.init(), make_batch(card, prompts), jax.random.key(0)
     ro = jax.block_until_ready(method.rollout(state, batch, key))
-    if not float(jnp.max(jnp.abs(ro.expert_advantages))) > 0:
+    if not float(jnp.max(jnp.abs(ro.refiner_advantages))) > 0:
         raise AssertionError("the rollout's advantages are all zero: the update would be trivial")
     stacked = expert_args(method, state, ro)
     per_expert = slice_experts(stacked, n)

@@ -3,7 +3,9 @@
 The window is steps ``[0, 3)`` of 8 (σ = 1, 0.875, 0.75 >= 0.5), so ``FlowGRPO.trained_experts`` is
 ``("transformer_high",)``; the reward is the ``digit-scorer``'s probability of the prompted digit,
 averaged over the video's frames. Reports the reward curve, the quality of the card before and
-after (``quality.t2v_quality`` at the card's default sampling), that the low-noise expert is
+after (``quality.t2v_quality`` at the card's default sampling: the frame digit accuracies read by the
+``digit-scorer``, the reward's own weights, and under ``"independent"`` by the ``digit-classifier``, which
+shares no weights with it), that the low-noise expert is
 bit-identical after training, and the versions a publish into an engine gives each expert.
 
     python benchmarks/moe_rl.py --steps 80
@@ -22,20 +24,24 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe.digits import quality
-from jaxpipe.cards import generator
 from jaxpipe.digits.captions import MOTION_NAMES, caption
-from jaxpipe.training import weight_sync
-from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
+from jaxpipe.digits.prompts import TEXT_WIDTH
 from jaxpipe.digits.rewards import scorer_reward
+from jaxpipe.prompts import Prompts
+from jaxpipe.training import weight_sync
+from jaxpipe.training.grpo import FlowGRPOConfig
+from jaxpipe.training.methods.flow_grpo import FlowGRPO
+from jaxpipe.training.optim import Optimizer
+from jaxpipe.training.rollout import Group, Sampling
 
 
 def batches(card, prompts: int, seed: int):
-    """Endless batches of ``prompts`` random "<digit> moving <motion>" prompts with their digit labels."""
+    """Endless ``Prompts`` of ``prompts`` random "<digit> moving <motion>" prompts with their digit labels (metadata)."""
     rng = np.random.default_rng(seed)
     while True:
         digit, motion = rng.integers(0, 10, prompts), rng.integers(0, len(MOTION_NAMES), prompts)
-        ids = generator.tokenize(card, [caption(int(d), motion=int(m)) for d, m in zip(digit, motion)])
-        yield {"ids": ids, "labels": {"digit": jnp.asarray(digit, jnp.int32)}}
+        captions = [caption(int(d), motion=int(m)) for d, m in zip(digit, motion)]
+        yield Prompts.from_texts(card, captions, {"digit": digit.astype(np.int32)}, width=TEXT_WIDTH)
 
 
 def same(a, b) -> bool:
@@ -52,8 +58,8 @@ def main() -> None:
     parser.add_argument("--json", default="/tmp/moe_rl.json")
     args = parser.parse_args()
     card, scorer = jp.cards.load("wan22-moe"), jp.cards.load("digit-scorer")
-    config = FlowGRPOConfig(group_size=4, num_steps=8, sde_window=(0, 3), learning_rate=args.learning_rate,
-                            beta=args.beta)
+    config = FlowGRPOConfig(group=Group(4), sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 3)),
+                            beta=args.beta, optimizer=Optimizer(args.learning_rate))
     method = FlowGRPO(card, scorer_reward(scorer, ("digit",)), config)
     print("trained experts:", method.trained_experts)
     before = quality.t2v_quality(card, scorer, samples=args.samples)["full"]
@@ -77,7 +83,7 @@ def main() -> None:
         "high_expert_changed": not same(trained["transformer_high"], card["transformer_high"]),
         "reward_first_quarter": float(np.mean(rewards[:k])), "reward_last_quarter": float(np.mean(rewards[-k:])),
         "rewards": rewards, "train_s": train_s, "steps": args.steps, "prompts_per_step": args.prompts,
-        "group_size": config.group_size, "learning_rate": args.learning_rate, "beta": args.beta,
+        "group_size": config.group.size, "learning_rate": args.learning_rate, "beta": args.beta,
         "versions_before": versions_before, "versions_after": versions_after,
         "quality_before": {k2: v for k2, v in before.items() if k2 != "motion_accuracy_by_direction"},
         "quality_after": {k2: v for k2, v in after.items() if k2 != "motion_accuracy_by_direction"},

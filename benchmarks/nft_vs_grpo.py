@@ -41,20 +41,25 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling 
 from report import RESULTS, machine_info, write_section
 
 import jaxpipe as jp
-from jaxpipe.digits import quality
 from jaxpipe.card import Card
-from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig
-from jaxpipe.digits.rewards import scorer_reward
-from jaxpipe.training.nft import DiffusionNFT, DiffusionNFTConfig
+from jaxpipe.digits import quality
 from jaxpipe.digits.evaluation import EvalSettings, diversity
 from jaxpipe.digits.prompts import PromptSpec, prompt_batches
+from jaxpipe.digits.rewards import scorer_reward
+from jaxpipe.prompts import Prompts
+from jaxpipe.training.grpo import FlowGRPOConfig
+from jaxpipe.training.methods.flow_grpo import FlowGRPO
+from jaxpipe.training.methods.nft import EMA, DiffusionNFT, DiffusionNFTConfig
+from jaxpipe.training.optim import Optimizer
+from jaxpipe.training.rollout import Group, Sampling
 
 SECTION = "nft_vs_grpo"
 HERE = pathlib.Path(__file__).resolve().parent
 PLOT = HERE / "nft_vs_grpo.png"
 RAW = HERE.parent / "out" / "benchmarks" / "nft_vs_grpo.json"
 PROMPTS_PER_STEP, GROUP, NUM_STEPS = 4, 4, 8
-GRPO = FlowGRPOConfig(group_size=GROUP, num_steps=NUM_STEPS, sde_window=(0, 4), beta=0.04, learning_rate=1e-4)
+GRPO = FlowGRPOConfig(group=Group(GROUP), sampling=Sampling(num_steps=NUM_STEPS, sampler="sde", sde_window=(0, 4)),
+                      beta=0.04, optimizer=Optimizer(1e-4))
 """FlowGRPO as the README's FlowGRPO section and ``jaxpipe train flow-grpo`` run it."""
 SWEEP = (
     {"learning_rate": 3e-5, "beta": 1.0, "ema_end": 0.5},
@@ -74,8 +79,8 @@ SWEEP = (
 
 def nft_config(learning_rate: float, beta: float, ema_end: float, adv_clip: float = 2.0, ema_ramp_steps: int = 100) -> DiffusionNFTConfig:
     """DiffusionNFT on the same P, K and 8-step schedule as FlowGRPO (ODE rollouts, guidance 1)."""
-    return DiffusionNFTConfig(group_size=GROUP, num_steps=NUM_STEPS, learning_rate=learning_rate, beta=beta, ema_end=ema_end,
-                              adv_clip=adv_clip, ema_ramp_steps=ema_ramp_steps)
+    return DiffusionNFTConfig(group=Group(GROUP, adv_clip=adv_clip), sampling=Sampling(num_steps=NUM_STEPS), beta=beta,
+                              ema=EMA(end=ema_end, ramp_steps=ema_ramp_steps), optimizer=Optimizer(learning_rate))
 
 
 def parse_grid(text: str) -> tuple[dict, ...]:
@@ -92,7 +97,9 @@ def parse_grid(text: str) -> tuple[dict, ...]:
 
 def judge(card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings) -> dict:
     """Held-out quality at guidance 1 (the README's yardsticks): all attributes right on full prompts,
-    digit accuracy on plain-digit prompts, diversity; the same prompts and noise for every card."""
+    digit accuracy on plain-digit prompts, diversity; the same prompts and noise for every card. Judged by the
+    digit-scorer (the reward's own weights) and, under ``"independent"``, by the independent evaluators
+    (digit-classifier + analytic readers, ``quality.t2i_quality``'s own second reading of the same images)."""
     start = time.perf_counter()
     q = quality.t2i_quality(card, scorer, samples=settings.samples, seed=settings.seed, num_steps=NUM_STEPS, guidance=1.0,
                             batch=settings.batch)
@@ -100,6 +107,11 @@ def judge(card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings) ->
         "all_right": q["all_attributes_correct"],
         "digit_accuracy": q["digit_accuracy"],
         "attribute_accuracy": q["attribute_accuracy"],
+        "independent": {
+            "all_right": q["independent"]["all_attributes_correct"],
+            "digit_accuracy": q["independent"]["digit_accuracy"],
+            "attribute_accuracy": q["independent"]["attribute_accuracy"],
+        },
         "diversity": diversity(card, spec, settings, num_steps=NUM_STEPS),
         "seconds": time.perf_counter() - start,
     }
@@ -112,7 +124,7 @@ def _timed_step(method, state, batch, key) -> tuple:
     return state, metrics, time.perf_counter() - start
 
 
-def step_costs(methods: dict, batches: Iterator[dict], seed: int, rounds: int) -> dict:
+def step_costs(methods: dict, batches: Iterator[Prompts], seed: int, rounds: int) -> dict:
     """Per method: the first call's seconds (compile + one step) and ``rounds`` warm step times, the
     methods interleaved step by step so that both see the same load. Throwaway states and keys."""
     key = jax.random.fold_in(jax.random.key(seed), 2**30)  # not a training step's key
@@ -135,7 +147,7 @@ class Runner:
     """One method's training run, advanced a step at a time: key ``i`` = ``fold_in(key(seed), i)``; per-step
     train reward and warm seconds (evaluations excluded); ``evaluate(card)`` every ``every`` steps."""
 
-    def __init__(self, method, batches: Iterator[dict], seed: int, every: int, evaluate: Callable[[Card], dict] | None):
+    def __init__(self, method, batches: Iterator[Prompts], seed: int, every: int, evaluate: Callable[[Card], dict] | None):
         self.method, self.batches, self.every, self.evaluate = method, batches, every, evaluate
         self.state, self.key = method.init(jax.random.key(seed)), jax.random.key(seed)
         self.steps, self.spent = 0, 0.0
@@ -159,7 +171,7 @@ class Runner:
         return {"rewards": self.rewards, "times": self.times, "evals": self.evals}
 
 
-def train(method, batches: Iterator[dict], steps: int, seed: int, evaluate: Callable[[Card], dict] | None) -> dict:
+def train(method, batches: Iterator[Prompts], steps: int, seed: int, evaluate: Callable[[Card], dict] | None) -> dict:
     """``steps`` steps of one method, judged after the last: ``Runner.record()``."""
     runner = Runner(method, batches, seed, steps, evaluate)
     for _ in range(steps):
@@ -223,10 +235,12 @@ def measure(args) -> dict:
             f"brightness), full compositional prompts, P = {PROMPTS_PER_STEP} prompts × K = {GROUP} samples per step "
             f"(one rollout), 8 denoising steps, the same prompt stream and step keys for both methods, training seeds "
             f"{', '.join(map(str, seeds))}. FlowGRPO: SDE on steps 0–3 of 8, lr 1e-4, β (KL) 0.04, clip 1e-3 (the "
-            f"README's). DiffusionNFT: ODE rollouts, lr {' and '.join(name.split()[-1] for name in configs)} (one run each), β {nft.beta:g}, adv clip {nft.adv_clip:g}, "
-            f"EMA decay {nft.ema_start:g} → {nft.ema_end:g} over {nft.ema_ramp_steps} steps, σ uniform on "
-            f"[{nft.sigma_min:g}, {nft.sigma_max:g}]. Judged on {settings.samples} held-out full prompts (all right) and "
-            f"plain digits (digit accuracy) at guidance 1, eval seed {settings.seed}; diversity over "
+            f"README's). DiffusionNFT: ODE rollouts, lr {' and '.join(name.split()[-1] for name in configs)} (one run each), β {nft.beta:g}, adv clip {nft.group.adv_clip:g}, "
+            f"EMA decay {nft.ema.start:g} → {nft.ema.end:g} over {nft.ema.ramp_steps} steps, σ {nft.noise.sampling} on "
+            f"[{nft.noise.min:g}, {nft.noise.max:g}]. Judged on {settings.samples} held-out full prompts (all right) and "
+            f"plain digits (digit accuracy) at guidance 1, eval seed {settings.seed}, each read twice: by the "
+            "digit-scorer (the reward's own weights; \"scorer\") and by the independent evaluators (digit-classifier + "
+            "analytic readers, sharing no weights with the reward; \"independent\"); diversity over "
             f"{settings.diversity_prompts} prompts × {settings.diversity_seeds} seeds. Train s: sum of the warm step "
             "times (compiles and evaluations excluded). The runs of a seed are raced on one clock (whichever has "
             "spent the least step time steps next, so load from other jobs hits all alike); equal wall time: NFT's step "
@@ -293,7 +307,7 @@ def plot(raw: dict, path: pathlib.Path) -> None:
     axes[1].axvline(grpo_budget, color="gray", ls=":", lw=1, label="FlowGRPO's budget")
     axes[0].set(title="train reward (moving mean 20) vs rollouts", xlabel="rollouts (steps of P·K = 16 samples)", ylabel="reward")
     axes[1].set(title="train reward vs training wall time", xlabel="seconds (warm steps, compiles excluded)")
-    axes[2].set(title="held-out all attributes right, %", xlabel="rollouts (steps)")
+    axes[2].set(title="held-out all attributes right (scorer), %", xlabel="rollouts (steps)")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -307,6 +321,18 @@ def _cell(values: list[float], fmt: Callable[[float], str]) -> str:
     """The mean over seeds, and each seed's value when there are several."""
     text = fmt(float(np.mean(values)))
     return text if len(values) == 1 else f"{text} ({' / '.join(fmt(v) for v in values)})"
+
+
+def independent(evaluation: dict, name: str) -> float | None:
+    """The independent evaluators' reading of ``evaluation[name]`` (``None`` in a raw file from before they existed)."""
+    return evaluation.get("independent", {}).get(name)
+
+
+def _judged_cell(evals: list[dict], name: str, fmt: Callable[[float], str]) -> str:
+    """``scorer / independent`` cells of ``name`` over seeds (the independent one ``—`` where it was not recorded)."""
+    read = [independent(e, name) for e in evals]
+    other = "—" if None in read else _cell(read, fmt)
+    return f"{_cell([e[name] for e in evals], fmt)} / {other}"
 
 
 def table(raw: dict) -> list[str]:
@@ -328,16 +354,17 @@ def table(raw: dict) -> list[str]:
         div = [e["diversity"] for e in evals]
         return (
             f"| {label} | {_cell(ns, lambda v: f'{v:g}')} | {_cell([n * PROMPTS_PER_STEP * GROUP for n in ns], lambda v: f'{v:g}')} | "
-            f"{_cell(wall, lambda v: f'{v:.1f}')} | {_cell([e['all_right'] for e in evals], pct)} | "
-            f"{_cell([e['digit_accuracy'] for e in evals], pct)} | {_cell(div, f3)} ({100 * (np.mean(div) / base['diversity'] - 1):+.1f}%) | "
+            f"{_cell(wall, lambda v: f'{v:.1f}')} | {_judged_cell(evals, 'all_right', pct)} | "
+            f"{_judged_cell(evals, 'digit_accuracy', pct)} | {_cell(div, f3)} ({100 * (np.mean(div) / base['diversity'] - 1):+.1f}%) | "
             f"{_cell(rew, f3)} |"
         )
 
     lines = [
-        "| run | steps (rollouts) | samples | train s | all right, full prompts | digit accuracy, plain prompts | "
-        "diversity (change) | final train reward (last 10% of steps) |",
+        "| run | steps (rollouts) | samples | train s | all right, full prompts (scorer / independent) | "
+        "digit accuracy, plain prompts (scorer / independent) | diversity (change) | final train reward (last 10% of steps) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
-        f"| base `flux-t2i` | 0 | 0 | 0 | {pct(base['all_right'])} | {pct(base['digit_accuracy'])} | {base['diversity']:.3f} | "
+        f"| base `flux-t2i` | 0 | 0 | 0 | {_judged_cell([base], 'all_right', pct)} | {_judged_cell([base], 'digit_accuracy', pct)} | "
+        f"{base['diversity']:.3f} | "
         f"first 10%: {', '.join(f'{name} {first_reward(name)}' for name in ['FlowGRPO', *names])} |",
         row("FlowGRPO", "FlowGRPO", [steps] * len(results)),
     ]
@@ -357,7 +384,7 @@ def table(raw: dict) -> list[str]:
               for name in ["FlowGRPO", *names]]
     marks = [m for m in checkpoints(raw, names[0]) if m % max(raw["every"], 100) == 0 or m == steps]  # a readable width
     head = " | ".join(f"{m}" for m in marks)
-    lines += ["", f"| held-out all right / digit accuracy / diversity after … steps | 0 | {head} |",
+    lines += ["", f"| held-out all right / digit accuracy (scorer) / diversity after … steps | 0 | {head} |",
               "|---|" + "---:|" * (len(marks) + 1)]
     for name in ["FlowGRPO", *names]:
         label = name.replace("NFT", "DiffusionNFT")
@@ -383,8 +410,11 @@ def sweep(args) -> None:
                             diversity_seeds=2 if args.quick else 6)
     steps = 4 if args.quick else args.steps
     base = judge(flux, scorer, spec, settings)
-    print(f"base: all right {100 * base['all_right']:.1f}%, digit {100 * base['digit_accuracy']:.1f}%, diversity {base['diversity']:.3f}")
-    print("| lr | β | EMA end | adv clip | reward first → last 10% | all right | digit accuracy | diversity | s / step |")
+    print(f"base: all right {100 * base['all_right']:.1f}% (independent {100 * base['independent']['all_right']:.1f}%), "
+          f"digit {100 * base['digit_accuracy']:.1f}% (independent {100 * base['independent']['digit_accuracy']:.1f}%), "
+          f"diversity {base['diversity']:.3f}")
+    print("| lr | β | EMA end | adv clip | reward first → last 10% | all right (scorer / independent) "
+          "| digit accuracy (scorer / independent) | diversity | s / step |")
     print("|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     grid = parse_grid(args.grid) if args.grid else SWEEP
     for point in grid[:1] if args.quick else grid:
@@ -394,7 +424,9 @@ def sweep(args) -> None:
         e, r, n = out["evals"][str(steps)], out["rewards"], max(1, steps // 10)
         print(
             f"| {point['learning_rate']:g} | {point['beta']:g} | {point['ema_end']:g} | {point.get('adv_clip', 2.0):g} | {np.mean(r[:n]):.3f} → {np.mean(r[-n:]):.3f} | "
-            f"{100 * e['all_right']:.1f}% | {100 * e['digit_accuracy']:.1f}% | {e['diversity']:.3f} | {np.median(out['times'][1:] or out['times']):.3f} |",
+            f"{100 * e['all_right']:.1f}% / {100 * e['independent']['all_right']:.1f}% | "
+            f"{100 * e['digit_accuracy']:.1f}% / {100 * e['independent']['digit_accuracy']:.1f}% | {e['diversity']:.3f} | "
+            f"{np.median(out['times'][1:] or out['times']):.3f} |",
             flush=True,
         )
 

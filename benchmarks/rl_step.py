@@ -52,17 +52,22 @@ from flax import nnx
 import jaxpipe as jp
 from jaxpipe import program as programs
 from jaxpipe.card import Card
-from jaxpipe.cards import generator, toy_unified
+from jaxpipe.cards import toy_unified
 from jaxpipe.digits import data as digits
 from jaxpipe.loops import ar, denoise
-from jaxpipe.training import rollout
-from jaxpipe.training.flow_grpo import FlowGRPO, FlowGRPOConfig, Rollout
+from jaxpipe.digits import cards as digit_cards
+from jaxpipe.digits.prompts import TEXT_WIDTH
 from jaxpipe.digits.rewards import REWARD_TERMS, scorer_reward
-from jaxpipe.training.unified_rl import UnifiedRL, UnifiedRLConfig, UnifiedRollout, refine_rows, restrict
+from jaxpipe.prompts import Prompts
+from jaxpipe.training import rollout
+from jaxpipe.training.grpo import FlowGRPOConfig
+from jaxpipe.training.methods.flow_grpo import FlowGRPO, Rollout
+from jaxpipe.training.methods.joint_rl import JointRollout, UnifiedRL, UnifiedRLConfig
+from jaxpipe.training.refine import refine_rows, restrict
+from jaxpipe.training.rollout import Group, Sampling
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
 from report import RESULTS, machine_info, write_section  # noqa: E402
-from jaxpipe.digits import cards as digit_cards
 
 SECTION = "rl_step"
 SIZES = ((4, 4), (1, 4))  # (prompts P, group size K)
@@ -93,9 +98,9 @@ def load_cards() -> tuple[Card, Card, Card, str]:
         return t2i, card, scorer, f"bundled flux-t2i; unified = its components + a fresh bundled-size refiner LM ({err})"
 
 
-def make_batch(card: Card, prompts: int, *, attribute_words: bool, seed: int = 0) -> dict:
-    """``{"ids": (P, L), "labels": {term: (P,)}}``: a random digit and random attribute labels per prompt;
-    the caption names the attributes only when ``attribute_words`` (otherwise they are preferences)."""
+def make_batch(card: Card, prompts: int, *, attribute_words: bool, seed: int = 0) -> Prompts:
+    """``Prompts`` of P captions with metadata ``{term: (P,)}``: a random digit and random attribute labels per
+    prompt; the caption names the attributes only when ``attribute_words`` (otherwise they are preferences)."""
     rng = np.random.default_rng(seed)
     labels = {"digit": rng.integers(0, 10, prompts)}
     labels.update({name: rng.integers(0, len(words), prompts) for name, words in digits.ATTRIBUTE_WORDS.items()})
@@ -103,7 +108,7 @@ def make_batch(card: Card, prompts: int, *, attribute_words: bool, seed: int = 0
         digits.caption(int(labels["digit"][i]), *((int(labels[a][i]) for a in digits.ATTRIBUTES) if attribute_words else ()))
         for i in range(prompts)
     ]
-    return {"ids": generator.tokenize(card, captions), "labels": {k: jnp.asarray(v, jnp.int32) for k, v in labels.items()}}
+    return Prompts.from_texts(card, captions, {k: np.asarray(v, np.int32) for k, v in labels.items()}, width=TEXT_WIDTH)
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,20 +176,22 @@ class DrivenFlowGRPO(DrivenProgram):
         self._finish = jax.jit(self._finish_fn)
 
     def _start_fn(self, state, batch, key):
-        ids, labels = rollout.repeat_groups(batch, self.method.config.group_size)
-        slots = rollout.text_slots(self.program, ids, jax.random.split(key, ids.shape[0]))
-        return *self.enter(0, state, slots), labels
+        rows = batch.repeat(self.method.config.group.size)
+        slots = rollout.text_slots(self.program, rows.ids, jax.random.split(key, len(rows)))
+        return *self.enter(0, state, slots), rows
 
-    def _finish_fn(self, state, slots, captures, labels):
-        m, cfg = self.method, self.method.config
-        generated = rollout.generated(self.execution(state, slots, captures), m.loop.id)
-        return Rollout(generated, *rollout.score(m.reward_fn, generated.images, labels, cfg.group_size, cfg.adv_clip))
+    def _finish_fn(self, state, slots, captures, rows):
+        m = self.method
+        run = self.execution(state, slots, captures)
+        generated = rollout.generated(run, m.loop.id, rollout.rendered_artifact(self.program))
+        scored = rollout.score_rollout(m.reward, rollout.artifacts_of(run, self.program), rows, m.config.group)
+        return Rollout(generated, scored.rewards, scored.parts, scored.advantages)
 
     def rollout(self, state, batch, key) -> Rollout:
-        slots, start, labels = self._start(state, batch, key)
-        dit = state.params[self.method.transformer]
+        slots, start, rows = self._start(state, batch, key)
+        dit = state.params["generator"][self.method.transformer]
         final, trajectory = drive(self._denoise, dit, start, self.sampling.num_steps, self.sampling.captured_steps)
-        return self._finish(state, slots, {self.method.loop.id: (final, trajectory)}, labels)
+        return self._finish(state, slots, {self.method.loop.id: (final, trajectory)}, rows)
 
 
 class DrivenUnifiedRL(DrivenProgram):
@@ -207,29 +214,31 @@ class DrivenUnifiedRL(DrivenProgram):
 
     def _start_fn(self, state, batch, key):
         cfg = self.method.config
-        ids, labels = rollout.repeat_groups(batch, cfg.group_size)
-        refined = refine_rows(cfg.group_size, cfg.skip, ids.shape[0])
-        slots = rollout.text_slots(self.program, ids, jax.random.split(key, ids.shape[0]), refined)
-        return *self.enter(0, state, slots), labels
+        group = cfg.generator.group.size
+        rows = batch.repeat(group)
+        refined = refine_rows(group, cfg.refiner.skip, len(rows))
+        slots = rollout.text_slots(self.program, rows.ids, jax.random.split(key, len(rows)), refined)
+        return *self.enter(0, state, slots), rows
 
-    def _finish_fn(self, state, slots, captures, labels):
+    def _finish_fn(self, state, slots, captures, rows):
         m, cfg = self.method, self.method.config
         run = self.execution(state, slots, captures)
         refined = run.slots["refine"]  # the program input: refine_rows(K, skip, B)
         refinement = restrict(rollout.refinement(run, toy_unified.REFINE_LOOP), refined)
         generated = rollout.generated(run, toy_unified.DENOISE_LOOP)
-        rewards, advantages = rollout.score(m.reward_fn, generated.images, labels, cfg.group_size, cfg.adv_clip)
-        return UnifiedRollout(refinement, refined, run.slots["refined"], generated, rewards, advantages)
+        scored = rollout.score_rollout(m.reward, rollout.artifacts_of(run, self.program), rows, cfg.generator.group)
+        return JointRollout(refinement, refined, run.slots["refined"], generated, scored.rewards, scored.parts,
+                            scored.advantages, scored.advantages)  # UnifiedRL: the refiner shares the advantages
 
-    def rollout(self, state, batch, key) -> UnifiedRollout:
-        slots, lm_start, labels = self._start(state, batch, key)
+    def rollout(self, state, batch, key) -> JointRollout:
+        slots, lm_start, rows = self._start(state, batch, key)
         tokens = self.method.ar_config.max_new_tokens
-        lm_final, records = drive(self._token, state.lm["llm"], lm_start, tokens, (0, tokens))
+        lm_final, records = drive(self._token, state.params["refiner"]["llm"], lm_start, tokens, (0, tokens))
         slots, start = self._middle(state, slots, lm_final)
-        gen = state.generator["transformer"]
+        gen = state.params["generator"]["transformer"]
         final, trajectory = drive(self._denoise, gen, start, self.sampling.num_steps, self.sampling.captured_steps)
         captures = {toy_unified.REFINE_LOOP: (lm_final, records), toy_unified.DENOISE_LOOP: (final, trajectory)}
-        return self._finish(state, slots, captures, labels)
+        return self._finish(state, slots, captures, rows)
 
 
 def check_same_rollout(reference, driven, tol: float = TOLERANCE) -> dict[str, float]:
@@ -263,7 +272,8 @@ def check_same_rollout(reference, driven, tol: float = TOLERANCE) -> dict[str, f
 
 def summarise_errors(errors: dict[str, float]) -> dict[str, float]:
     """The largest difference per group of fields: trajectory, log-probs, images, rewards / advantages."""
-    groups = {"trajectory": ("trajectory",), "log_prob": ("log_prob",), "images": ("images",), "reward/adv": ("rewards", "advantages")}
+    groups = {"trajectory": ("trajectory",), "log_prob": ("log_prob",), "images": ("images",),
+              "reward/adv": ("rewards", "parts", "advantages")}
     out = {}
     for group, needles in groups.items():
         hits = [e for name, e in errors.items() if any(n in name for n in needles) and (group == "log_prob" or "log_prob" not in name)]
@@ -341,8 +351,13 @@ def bench_case(name: str, method, driven, batch: dict, key, *, steps: int, repea
             break
     median = {k: statistics.median(v) for k, v in times.items()}
     best = {k: min(v) for k, v in times.items()}
-    p, k = batch["ids"].shape[0], method.config.group_size
-    return Row(name, p, k, steps, median, best, compile_s, parity, done)
+    return Row(name, len(batch), group_size(method), steps, median, best, compile_s, parity, done)
+
+
+def group_size(method) -> int:
+    """K, the samples per prompt of ``method``'s rollout (FlowGRPO's own group, UnifiedRL's generator's)."""
+    config = method.config
+    return (config.generator if hasattr(config, "generator") else config).group.size
 
 
 # --------------------------------------------------------------------------------------------
@@ -409,6 +424,12 @@ def section_body(info: dict, rows: list[Row], about: str, loads: tuple[float, fl
 METHODS = ("flowgrpo", "unified")
 
 
+def rl_config(group: int, steps: int, **changes) -> FlowGRPOConfig:
+    """FlowGRPO's settings at K = ``group`` and ``steps`` SDE steps, every step captured (no window), the other
+    settings the defaults (``changes``: e.g. UnifiedRL's generator KL weight ``beta=0.04``)."""
+    return FlowGRPOConfig(group=Group(group), sampling=Sampling(num_steps=steps, sampler="sde"), **changes)
+
+
 def run(quick: bool, methods: tuple[str, ...] = METHODS) -> tuple[list[Row], str]:
     """Benchmark ``methods`` at every size: the rows and a description of the cards."""
     t2i, uni, scorer, source = load_cards()
@@ -421,10 +442,10 @@ def run(quick: bool, methods: tuple[str, ...] = METHODS) -> tuple[list[Row], str
     for prompts, group in sizes:
         cases = {}
         if "flowgrpo" in methods:
-            method = FlowGRPO(t2i, reward, FlowGRPOConfig(group_size=group, num_steps=steps))
+            method = FlowGRPO(t2i, reward, rl_config(group, steps))
             cases["FlowGRPO"] = (method, DrivenFlowGRPO(method), make_batch(t2i, prompts, attribute_words=True))
         if "unified" in methods:
-            method = UnifiedRL(uni, reward, UnifiedRLConfig(group_size=group, num_steps=steps))
+            method = UnifiedRL(uni, reward, UnifiedRLConfig(generator=rl_config(group, steps, beta=0.04)))
             cases["UnifiedRL (joint)"] = (method, DrivenUnifiedRL(method), make_batch(uni, prompts, attribute_words=False))
         for name, (method, driven, batch) in cases.items():
             row = bench_case(name, method, driven, batch, key, steps=steps, repeats=most, budget_s=budget, min_repeats=least)

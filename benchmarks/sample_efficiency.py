@@ -34,8 +34,11 @@ from report import RESULTS, machine_info, write_section
 
 import jaxpipe as jp
 from jaxpipe.digits import runs
-from jaxpipe.training.flow_grpo import FlowGRPOConfig
-from jaxpipe.training.unified_rl import UnifiedRLConfig
+from jaxpipe.training.grpo import FlowGRPOConfig
+from jaxpipe.training.methods.joint_rl import UnifiedRLConfig
+from jaxpipe.training.optim import Optimizer
+from jaxpipe.training.ppo import Schedule
+from jaxpipe.training.rollout import Group, Sampling
 
 SECTION = "sample_efficiency"
 IMAGES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "img"
@@ -62,26 +65,34 @@ class Timed:
 
 def experiments(quick: bool):
     flux, unified, scorer = (jp.cards.load(name) for name in ("flux-t2i", "unified", "digit-scorer"))
-    common = {"group_size": 4, "num_steps": 8, "sde_window": (0, 4), "beta": 0.04, "learning_rate": 1e-4}
+    common = {"group": Group(4), "sampling": Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)), "beta": 0.04,
+              "optimizer": Optimizer(1e-4)}
     spec_fg = runs.PromptSpec()
     spec_un = runs.PromptSpec(mention=0.5, prefer=(("stroke", 1),))
     evaluation = runs.EvalSettings(samples=8 if quick else 200, diversity_prompts=2 if quick else 10,
                                    diversity_seeds=2 if quick else 6)
     for updates in UPDATES:
-        fg = FlowGRPOConfig(**common, minibatches=updates)
+        fg = FlowGRPOConfig(**common, ppo=Schedule(minibatches=updates))
         yield ("FlowGRPO (flux-t2i)", updates, 300,
                lambda fg=fg: runs.flow_grpo_run(flux, scorer, fg, spec_fg, prompts_per_step=4, evaluation=evaluation),
                "all_attributes_correct")
     for updates in UPDATES:
-        un = UnifiedRLConfig(**{**common, "beta": 0.2}, minibatches=updates)
+        un = UnifiedRLConfig(generator=FlowGRPOConfig(**{**common, "beta": 0.2}, ppo=Schedule(minibatches=updates)))
         yield ("UnifiedRL joint (unified)", updates, 500,
                lambda un=un: runs.unified_run(unified, scorer, un, spec_un, prompts_per_step=4, evaluation=evaluation),
                "refined_all_right")
 
 
 def all_right(report: dict, key: str) -> float:
+    """All attributes right after training, judged by the digit-scorer (the reward's own weights)."""
     after = report["after"]
     return after[key] if key in after else after["refined"]["all_right"]
+
+
+def all_right_independent(report: dict, key: str) -> float:
+    """The same images' all right judged by the independent evaluators (digit-classifier + readers)."""
+    after = report["after"]
+    return after["independent"][key] if key in after else after["refined"]["independent"]["all_right"]
 
 
 def run_one(build, steps: int, segment: int, out: pathlib.Path, key: str, seed: int) -> dict:
@@ -95,11 +106,11 @@ def run_one(build, steps: int, segment: int, out: pathlib.Path, key: str, seed: 
         run.method = timed
         report = runs.execute(run, steps=done, out=out, seed=seed, resume=out.exists(), progress=False, log=lambda *_: None)
         times.extend(timed.times)
-        curve.append((done, all_right(report, key), report["after"]["diversity"]))
+        curve.append((done, all_right(report, key), report["after"]["diversity"], all_right_independent(report, key)))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     before = json.loads((out / "before.json").read_text())
     return {"curve": curve, "times": times, "rows": rows, "before": all_right({"after": before}, key),
-            "diversity_before": before["diversity"]}
+            "before_independent": all_right_independent({"after": before}, key), "diversity_before": before["diversity"]}
 
 
 def moving(values, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +148,7 @@ def plot(name: str, results: dict, path: pathlib.Path) -> None:
         axes[3].plot(*moving(clip, 10), label=label)
     axes[0].set(title="reward (moving mean 20) vs rollouts", xlabel="rollouts (steps)")
     axes[1].set(title="reward vs training wall time", xlabel="seconds (compiles included)")
-    axes[2].set(title="all attributes right, %", xlabel="rollouts (steps)")
+    axes[2].set(title="all attributes right (scorer), %", xlabel="rollouts (steps)")
     axes[3].set(title="generator clip fraction (mean 10)", xlabel="rollouts (steps)")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -158,8 +169,13 @@ def row(name: str, updates: str, runs_: list[dict]) -> str:
     clip = np.array([series(r["rows"], "clip_frac", "gen_clip_frac") for r in runs_])
     kl = np.array([series(r["rows"], "kl", "gen_kl") for r in runs_])
     diversity = [(r["curve"][-1][2] - r["diversity_before"]) / r["diversity_before"] for r in runs_]
+    if all("before_independent" in r and len(r["curve"][-1]) > 3 for r in runs_):  # not in raw files from before it
+        independent = (f"{percent(np.mean([r['before_independent'] for r in runs_]))} → "
+                       f"{' / '.join(percent(r['curve'][-1][3]) for r in runs_)}")
+    else:
+        independent = "—"
     return (
-        f"| {name} | {updates} | {' → '.join(map(percent, right))} | {' / '.join(map(percent, final))} | "
+        f"| {name} | {updates} | {' → '.join(map(percent, right))} | {' / '.join(map(percent, final))} | {independent} | "
         f"{reward[:, :n].mean():.3f} → {reward[:, -n:].mean():.3f} | {clip[:, -n:].mean():.3f} | {kl[:, -n:].mean():.2e} | "
         f"{' / '.join(f'{100 * d:+.1f}%' for d in diversity)} | {np.mean([sum(r['times']) for r in runs_]):.0f} | "
         f"{np.mean([np.median(r['times']) for r in runs_]):.3f} |"
@@ -170,11 +186,11 @@ def table(raw: dict) -> list[str]:
     """The markdown table: one row per run and updates per rollout."""
     lines = [
         (
-            f"| run | updates / rollout | all right: before → every {raw['segment']} steps (mean over seeds) | final all "
-            "right, per seed | reward, first → last 10% | clip fraction, last 10% | KL, last 10% | diversity change, "
-            "per seed | train s | s / step |"
+            f"| run | updates / rollout | all right (scorer): before → every {raw['segment']} steps (mean over seeds) | "
+            "final all right (scorer), per seed | all right (independent): before → final, per seed | reward, first → "
+            "last 10% | clip fraction, last 10% | KL, last 10% | diversity change, per seed | train s | s / step |"
         ),
-        "|---|---:|---|---|---|---:|---:|---|---:|---:|",
+        "|---|---:|---|---|---|---|---:|---:|---|---:|---:|",
     ]
     for name, results in raw["results"].items():
         lines += [row(name, updates, list(by_seed.values())) for updates, by_seed in results.items()]
@@ -244,7 +260,9 @@ def measure(args) -> dict:
             "eval seed 0, guidance 1, 8 steps). FlowGRPO on `flux-t2i`, as `jaxpipe train flow-grpo --steps 300`: "
             "full compositional prompts, SDE on steps 0-3 of 8, lr 1e-4, β 0.04, clip 1e-3. UnifiedRL joint on "
             "`unified`, as `jaxpipe train unified --prefer stroke=thick --beta 0.2 --steps 500`: mention 0.5, LM lr "
-            "1e-3; its all right is of the refined prompts. Train s: the training steps only (compiles included; "
+            "1e-3; its all right is of the refined prompts. All right is read twice from the same images: by the "
+            "digit-scorer (the reward's own weights; scorer) and by the independent evaluators (digit-classifier + "
+            "analytic readers, no weights shared with the reward; independent). Train s: the training steps only (compiles included; "
             "the run is resumed after every evaluation), this process; s / step: the median step."
         ),
         "",

@@ -9,6 +9,9 @@ A world is a plug-in package (``jaxpipe.worlds``): the core never imports it. Th
   ``digit-scorer`` (``digit_scorer``);
 - what RL on it needs: prompt streams (``prompts``), the scorer's reward (``rewards``), quality
   measures (``quality``, ``evaluation``), the run builders ``jaxpipe train`` calls (``runs``);
+- judges that share no weights with the reward (``evaluators``): the ``digit-classifier`` card
+  (``digit_classifier``) and analytic readers of stroke, position and brightness (``readers``), so a
+  gain the scorer reports and they do not shows up as reward hacking;
 - the recipes that pretrain every bundled card: ``python -m jaxpipe.digits.pretrain <card id> --out DIR``.
 
 ``register()`` puts its cards and workflows into the core's registries; ``jaxpipe.worlds`` calls it
