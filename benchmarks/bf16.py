@@ -11,7 +11,8 @@ sampler, log-probs and outputs float32), side by side in one process:
   guidance, and for ``unified`` its refiner at temperature 1) in both dtypes: mean and max ``|Δ|`` of the
   pixels in [0, 1] (``unified``: also how many refined prompts differ);
 * **quality** (C4, ``jaxpipe.digits.quality``): digit accuracy and all-attributes-right on 200 prompts
-  (t2i cards), motion accuracy and last-frame digit accuracy on 100 videos (``wan-i2v``);
+  (t2i cards), motion accuracy and last-frame digit accuracy on 100 videos (``wan-i2v``), each read by the
+  ``digit-scorer`` ("scorer") and by the independent evaluators ("independent": ``digit-classifier`` + readers);
 * **time**: median wall ms of one denoiser call at a serving batch (``B`` rows), float32 and bfloat16
   interleaved; and of the whole default sampling call; plus, for ``flux-t2i``, one ``FlowGRPO.step``
   (``P × K`` rollout + update, ``--rl``; the bf16 step recomputes log-probs step by step, see
@@ -129,20 +130,22 @@ def timings(cards: dict[str, Card], inputs: dict, n_render: int, repeats: int) -
 
 def rl_step_times(card: Card, scorer: Card, prompts: int, group: int, repeats: int) -> dict:
     """Median ms of one ``FlowGRPO.step`` (every repeat from the same state) in float32 and bfloat16."""
-    from jaxpipe.training.flow_grpo import (
-        REWARD_TERMS,
-        FlowGRPO,
-        FlowGRPOConfig,
-        scorer_reward,
-    )
+    from jaxpipe.digits.prompts import TEXT_WIDTH
+    from jaxpipe.digits.rewards import REWARD_TERMS, scorer_reward
+    from jaxpipe.prompts import Prompts
+    from jaxpipe.training.grpo import FlowGRPOConfig
+    from jaxpipe.training.methods.flow_grpo import FlowGRPO
+    from jaxpipe.training.rollout import Group, Sampling
 
     rng = np.random.default_rng(0)
     labels = {"digit": rng.integers(0, 10, prompts)}
-    ids = jnp.asarray(card.spec.tokenizer.encode([digits.caption(int(d)) for d in labels["digit"]], 8))
-    batch = {"ids": ids, "labels": {t: jnp.asarray(labels.get(t, np.full(prompts, -1)), jnp.int32) for t in REWARD_TERMS}}
+    captions = [digits.caption(int(d)) for d in labels["digit"]]
+    metadata = {t: np.asarray(labels.get(t, np.full(prompts, -1)), np.int32) for t in REWARD_TERMS}
+    batch = Prompts.from_texts(card, captions, metadata, width=TEXT_WIDTH)
     methods, states, out = {}, {}, {"compile_ms": {}}
     for dtype in ("float32", "bfloat16"):
-        config = FlowGRPOConfig(group_size=group, num_steps=8, sde_window=(0, 4), dtype=dtype)
+        config = FlowGRPOConfig(group=Group(group), sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)),
+                                dtype=dtype)
         methods[dtype] = FlowGRPO(card, scorer_reward(scorer, REWARD_TERMS), config)
         states[dtype] = methods[dtype].init()
         out["compile_ms"][dtype] = _ms(lambda d=dtype: methods[d].step(states[d], batch, jax.random.key(0)))
@@ -159,10 +162,13 @@ def rl_step_times(card: Card, scorer: Card, prompts: int, group: int, repeats: i
 def card_quality(card: Card, scorer: Card, samples: int) -> dict:
     if card.spec.family == "toy_i2v":
         q = quality.i2v_quality(card, scorer, samples=max(samples // 2, 1))
-        return {"motion accuracy": q["motion_accuracy"], "last-frame digit accuracy": q["last_frame_digit_accuracy"],
+        return {"motion accuracy": q["motion_accuracy"], "last-frame digit accuracy (scorer)": q["last_frame_digit_accuracy"],
+                "last-frame digit accuracy (independent)": q["independent"]["last_frame_digit_accuracy"],
                 "samples": q["samples"]}
     q = quality.t2i_quality(card, scorer, samples=samples)
-    return {"digit accuracy": q["digit_accuracy"], "all attributes right": q["all_attributes_correct"], "samples": q["samples"]}
+    return {"digit accuracy (scorer)": q["digit_accuracy"], "digit accuracy (independent)": q["independent"]["digit_accuracy"],
+            "all attributes right (scorer)": q["all_attributes_correct"],
+            "all attributes right (independent)": q["independent"]["all_attributes_correct"], "samples": q["samples"]}
 
 
 def run_card(model_id: str, scorer: Card, args) -> dict:
@@ -260,7 +266,8 @@ def main() -> None:
         f"Final difference: {args.final} prompts and seeds rendered with the card's default sampling in both dtypes "
         "(pixels in [0, 1]). Quality: `jaxpipe.digits.quality` (t2i: digit accuracy on plain prompts and all attributes "
         f"right on full prompts, {args.samples} prompts; wan-i2v: motion and last-frame digit accuracy, "
-        f"{max(args.samples // 2, 1)} videos). Time: medians of {args.repeats} interleaved repeats of one denoiser "
+        f"{max(args.samples // 2, 1)} videos), each read by the digit-scorer (scorer) and by the independent evaluators "
+        "(digit-classifier + analytic readers, no weights shared with the scorer; independent). Time: medians of {args.repeats} interleaved repeats of one denoiser "
         f"call on the {args.rows} rows and of one default sampling call of {args.render} prompts."),
         "",
         *[f"- {k}: {v}" for k, v in info.items()],

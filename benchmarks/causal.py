@@ -5,7 +5,8 @@ per chunk; ``wan-t2v``: 8 steps over all 8 frames; guidance 2 for both):
 
 * **quality** (``jaxpipe.digits.quality.t2v_quality``, judged by ``digit-scorer``): on ``--samples`` prompts
   naming a digit and a motion, how often the ink centroid moves as told and how often the scorer reads
-  the prompted digit in the first and the last frame (the same prompts and seeds for both cards);
+  the prompted digit in the first and the last frame (the same prompts and seeds for both cards), and how
+  often the independent ``digit-classifier`` (no weights shared with the scorer) reads it;
 * **continuation** (``video.t2v_continue``'s two stages, on a shorter prefix): ``wan-t2v`` renders 8
   frames, ``wan-causal`` is given the first 4 and generates 2 chunks after them: how often the new
   frames keep moving as told (centroid of frame 7 vs frame 3) and show the digit in the last frame;
@@ -40,6 +41,7 @@ from jaxpipe.card import Card
 from jaxpipe.cards import generator
 from jaxpipe.digits import digit_scorer
 from jaxpipe.digits import data as digits
+from jaxpipe.digits.evaluators import default_evaluator
 from jaxpipe.loops import chunk as chunk_loop
 from jaxpipe.loops import policies
 from jaxpipe.nn import DiTCond
@@ -92,9 +94,9 @@ def continuation(t2v: Card, causal: Card, scorer: Card, samples: int, keep: int 
     """``wan-t2v`` renders 8 frames; ``wan-causal`` is given the first ``keep`` and generates ``chunks`` more
     chunks after them (the digits world's motions span 8 frames: further out, the digit would leave
     the frame). Judged on the new frames: the centroid moves as told from the last given frame to the
-    last frame, the scorer reads the prompted digit in the last frame, and the same digit as in the last
-    given frame (the identity is carried over, whatever wan-t2v drew); the same judged on wan-t2v's own
-    frames (``"wan-t2v alone"``) for reference."""
+    last frame, the scorer reads the prompted digit in the last frame (and, ``"independent"``, the independent
+    digit-classifier), and the same digit as in the last given frame (the identity is carried over, whatever
+    wan-t2v drew); the same judged on wan-t2v's own frames (``"wan-t2v alone"``) for reference."""
     texts, digit, motion = prompts(samples, seed=2)
     videos, references = [], []
     for i, text in enumerate(texts):
@@ -109,7 +111,8 @@ def continuation(t2v: Card, causal: Card, scorer: Card, samples: int, keep: int 
         return {"motion_accuracy": float(np.mean(quality.moves_as_told(centroids[:, -1] - centroids[:, keep - 1], motion))),
                 "last_frame_digit_accuracy": float(np.mean(last == digit)),
                 "given_frame_digit_accuracy": float(np.mean(given == digit)),
-                "keeps_given_digit": float(np.mean(last == given))}
+                "keeps_given_digit": float(np.mean(last == given)),
+                "independent": {"last_frame_digit_accuracy": float(np.mean(default_evaluator().predict(videos[:, -1]) == digit))}}
 
     videos = np.stack(videos)
     return {"samples": samples, "given_frames": keep, "frames_added": int(videos.shape[1] - keep),
@@ -216,14 +219,18 @@ def main() -> None:
 
     lines = []
     if not args.timing_only:
-        lines += ["| card | motion as prompted | digit, first frame | digit, last frame |", "|---|---:|---:|---:|"]
+        lines += ["| card | motion as prompted | digit, first frame (scorer) | digit, last frame (scorer) "
+                  "| digit, first frame (independent) | digit, last frame (independent) |", "|---|---:|---:|---:|---:|---:|"]
         for name, r in report["quality"].items():
+            ind = r["independent"]
             lines.append(f"| `{name}` | {100 * r['motion_accuracy']:.0f}% | {100 * r['first_frame_digit_accuracy']:.0f}% "
-                         f"| {100 * r['last_frame_digit_accuracy']:.0f}% |")
+                         f"| {100 * r['last_frame_digit_accuracy']:.0f}% | {100 * ind['first_frame_digit_accuracy']:.0f}% "
+                         f"| {100 * ind['last_frame_digit_accuracy']:.0f}% |")
         c = report["continuation"]
         lines += ["", f"continuation ({c['given_frames']} given + {c['frames_added']} new frames, {c['samples']} prompts): "
-                  f"motion as prompted {100 * c['motion_accuracy']:.0f}%, digit in the last frame "
-                  f"{100 * c['last_frame_digit_accuracy']:.0f}% (last given frame: {100 * c['given_frame_digit_accuracy']:.0f}%), "
+                  f"motion as prompted {100 * c['motion_accuracy']:.0f}%, digit in the last frame (scorer) "
+                  f"{100 * c['last_frame_digit_accuracy']:.0f}% (last given frame: {100 * c['given_frame_digit_accuracy']:.0f}%; "
+                  f"independent classifier, last frame: {100 * c['independent']['last_frame_digit_accuracy']:.0f}%), "
                   f"the scorer reads the same digit in the last given and the last new frame {100 * c['keeps_given_digit']:.0f}%; "
                   f"wan-t2v's own frames on the same prompts and seeds: motion {100 * c['wan-t2v alone']['motion_accuracy']:.0f}%, "
                   f"digit in frame {c['given_frames'] + c['frames_added']} {100 * c['wan-t2v alone']['last_frame_digit_accuracy']:.0f}%, "

@@ -578,8 +578,7 @@ def section_experts(args, budget: Budget, sec: dict, save, reserve: float) -> No
     """vmap vs lax.map vs a Python loop for the N refiner updates, checked equal, timed in interleaved rounds."""
     import joint_rl as jr
 
-    from jaxpipe.cards import toy_multi_expert
-    from jaxpipe.training.joint_rl import map_experts, resolve_expert_map
+    from jaxpipe.training.methods.joint_rl import map_experts, resolve_expert_map
 
     ns = QUICK_EXPERTS if args.quick else EXPERTS
     prompts, group = QUICK_EXPERT_SIZE if args.quick else EXPERT_SIZE
@@ -659,7 +658,7 @@ def expert_verdict(rows: list[dict], auto: str) -> str:
     worst = max(r["median_ms"][auto] / r["median_ms"][r["policy_winner"]] for r in against)
     return (f"The measurement CONTRADICTS expert_map='auto' on this backend ({backend}): auto picks '{auto}', but "
             f"'{other}' is faster at N = {ns} (auto's choice up to {worst:.2f}× slower); auto should pick the measured "
-            f"winner here (jaxpipe.training.joint_rl.resolve_expert_map).")
+            f"winner here (jaxpipe.training.methods.joint_rl.resolve_expert_map).")
 
 
 def section_engine(args, budget: Budget, sec: dict, save, reserve: float) -> None:
@@ -667,7 +666,6 @@ def section_engine(args, budget: Budget, sec: dict, save, reserve: float) -> Non
     import engine as eng
 
     import jaxpipe as jp
-    from jaxpipe.cards import toy_t2i
 
     if args.quick:
         card, source = eng._perturbed(jp.cards.build("flux-t2i"), 1), "random weights, test size"

@@ -2,9 +2,10 @@
 
 Rows: the teacher at its 8 steps (its default guidance 2, and guidance 1), the teacher cut to 2 and 1
 steps (guidance 2), and the student at 2 and 1 steps (guidance 1, its default: the guidance is
-distilled in). Per row, from ``quality.t2i_quality`` (scorer-judged, ``--samples`` random prompts):
-digit accuracy on plain-digit prompts, digit accuracy and all-attributes-right on full compositional
-prompts; diversity (mean pairwise L2 distance between the images of one prompt across seeds, in
+distilled in). Per row, from ``quality.t2i_quality`` (``--samples`` random prompts): digit accuracy on
+plain-digit prompts, digit accuracy and all-attributes-right on full compositional prompts, each judged by
+the ``digit-scorer`` (the RL reward's own weights, "scorer") and by the independent evaluators
+(``digit-classifier`` + analytic readers, sharing no weights with the scorer, "independent"); diversity (mean pairwise L2 distance between the images of one prompt across seeds, in
 [0, 1] pixels, ``--div-prompts`` prompts × ``--div-seeds`` seeds, at the row's steps and guidance);
 and the time per image of a batch of ``--batch`` images (compile excluded; CPU).
 
@@ -66,6 +67,8 @@ def measure(rows, scorer, args) -> list[dict]:
             "model": name, "steps": steps, "guidance": guidance,
             "digit_accuracy": q["digit_accuracy"], "digit_accuracy_compositional": q["digit_accuracy_compositional"],
             "all_right": q["all_attributes_correct"],
+            "independent": {k: q["independent"][k] for k in ("digit_accuracy", "digit_accuracy_compositional")}
+            | {"all_right": q["independent"]["all_attributes_correct"]},
             "diversity": diversity(card, num_steps=steps, guidance=guidance, prompts=args.div_prompts, seeds=args.div_seeds),
             "ms_per_image": 1e3 * seconds_per_image(card, num_steps=steps, guidance=guidance, batch=args.batch),
         }
@@ -76,13 +79,16 @@ def measure(rows, scorer, args) -> list[dict]:
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| model | steps | guidance | digit acc (plain) | digit acc (compositional) | all-right | diversity | ms / image |",
+        "| model | steps | guidance | digit acc (plain), scorer / independent | digit acc (compositional), scorer / "
+        "independent | all-right, scorer / independent | diversity | ms / image |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        ind = r["independent"]
         lines.append(
-            f"| {r['model']} | {r['steps']} | {r['guidance']:g} | {r['digit_accuracy']:.3f} | "
-            f"{r['digit_accuracy_compositional']:.3f} | {r['all_right']:.3f} | {r['diversity']:.3f} | {r['ms_per_image']:.2f} |"
+            f"| {r['model']} | {r['steps']} | {r['guidance']:g} | {r['digit_accuracy']:.3f} / {ind['digit_accuracy']:.3f} | "
+            f"{r['digit_accuracy_compositional']:.3f} / {ind['digit_accuracy_compositional']:.3f} | "
+            f"{r['all_right']:.3f} / {ind['all_right']:.3f} | {r['diversity']:.3f} | {r['ms_per_image']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -114,7 +120,8 @@ def main(argv=None) -> None:
     results = measure(rows, scorer, args)
     body = (
         f"`python benchmarks/distill.py` — the DMD2 student `{student.model_id}` (guidance distilled in, served at "
-        f"guidance 1) vs its teacher `{args.teacher}`; {args.samples} scorer-judged prompts per row (seed {args.seed}), "
+        f"guidance 1) vs its teacher `{args.teacher}`; {args.samples} prompts per row (seed {args.seed}), judged by the "
+        f"digit-scorer (scorer) and by the independent digit-classifier + readers (independent), "
         f"diversity over {args.div_prompts} prompts × {args.div_seeds} seeds, time per image in a batch of {args.batch} "
         f"(compile excluded).\n\n{table(results)}\n\n"
         f"Machine: {json.dumps(machine_info())}; benchmark wall time {time.perf_counter() - start:.0f} s.\n"

@@ -391,7 +391,8 @@ def describe(card: Card) -> str:
     return (
         f"Refiner LM per expert: dim={lm.dim}, depth={lm.depth}, heads={lm.heads}, max_len={lm.max_len}, "
         f"{per_expert / 1e3:.0f} k parameters (Adam state ×2); generator DiT dim={dit.dim}, depth={dit.depth}; "
-        f"text.max_len={cfg.text.max_len}; slots {cfg.slots}, {cfg.refine.max_new_tokens} new token per refiner."
+        f"text.max_len={cfg.text.max_len}; slots {tuple(name for name, _ in cfg.slots or ())}, "
+        f"{cfg.refine.max_new_tokens} new token per refiner."
     )
 
 

@@ -4,7 +4,8 @@ Per card, at its default sampling (8 steps, guidance 2), in one process:
 
 * **quality** (``jaxpipe.digits.quality.t2v_quality``, judged by ``digit-scorer``): on ``--samples`` prompts naming
   a digit and a motion, how often the ink centroid moves as told and how often the scorer reads the
-  prompted digit in the first and the last frame (the same prompts and seeds for every card);
+  prompted digit in the first and the last frame (the same prompts and seeds for every card), and how often
+  the independent ``digit-classifier`` (no weights shared with the scorer) reads it;
 * **time per video**: median wall ms of one ``jp.generate`` call of ``--render`` prompts, divided by the
   prompts (compiled first; the cards interleaved in each repeat so load drifts hit all alike);
 * **parameters**: all, and those one denoise step runs (one expert).
@@ -93,12 +94,15 @@ def main() -> None:
         rows[name] = {**q, "params": card.num_params(), "step_params": step_params(card)}
     for name, ms in time_per_video(cards, args.render, args.repeats).items():
         rows[name]["ms_per_video"] = ms
-    lines = ["| card | motion as prompted | digit, first frame | digit, last frame | ms / video | params (all / per step) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| card | motion as prompted | digit, first frame (scorer) | digit, last frame (scorer) "
+             "| digit, first frame (independent) | digit, last frame (independent) | ms / video | params (all / per step) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     pct = lambda r, k: f"{100 * r[k]:.0f}%" if k in r else "–"
     for name, r in rows.items():
+        ind = r.get("independent", {})
         lines.append(f"| `{name}` | {pct(r, 'motion_accuracy')} | {pct(r, 'first_frame_digit_accuracy')} "
-                     f"| {pct(r, 'last_frame_digit_accuracy')} | {r['ms_per_video']:.1f} "
+                     f"| {pct(r, 'last_frame_digit_accuracy')} | {pct(ind, 'first_frame_digit_accuracy')} "
+                     f"| {pct(ind, 'last_frame_digit_accuracy')} | {r['ms_per_video']:.1f} "
                      f"| {r['params'] / 1e6:.2f} M / {r['step_params'] / 1e6:.2f} M |")
     print("\n".join(lines))
     print(f"samples {args.samples} (seed 0), time: median of {args.repeats} x {args.render} prompts; "

@@ -328,11 +328,12 @@ def independent(evaluation: dict, name: str) -> float | None:
     return evaluation.get("independent", {}).get(name)
 
 
-def _judged_cell(evals: list[dict], name: str, fmt: Callable[[float], str]) -> str:
-    """``scorer / independent`` cells of ``name`` over seeds (the independent one ``—`` where it was not recorded)."""
+def _judged_cells(evals: list[dict], name: str, fmt: Callable[[float], str]) -> str:
+    """Two table cells of ``name`` over seeds: the scorer's reading, then the independent evaluators' (``—``
+    where it was not recorded)."""
     read = [independent(e, name) for e in evals]
     other = "—" if None in read else _cell(read, fmt)
-    return f"{_cell([e[name] for e in evals], fmt)} / {other}"
+    return f"{_cell([e[name] for e in evals], fmt)} | {other}"
 
 
 def table(raw: dict) -> list[str]:
@@ -354,16 +355,17 @@ def table(raw: dict) -> list[str]:
         div = [e["diversity"] for e in evals]
         return (
             f"| {label} | {_cell(ns, lambda v: f'{v:g}')} | {_cell([n * PROMPTS_PER_STEP * GROUP for n in ns], lambda v: f'{v:g}')} | "
-            f"{_cell(wall, lambda v: f'{v:.1f}')} | {_judged_cell(evals, 'all_right', pct)} | "
-            f"{_judged_cell(evals, 'digit_accuracy', pct)} | {_cell(div, f3)} ({100 * (np.mean(div) / base['diversity'] - 1):+.1f}%) | "
+            f"{_cell(wall, lambda v: f'{v:.1f}')} | {_judged_cells(evals, 'all_right', pct)} | "
+            f"{_judged_cells(evals, 'digit_accuracy', pct)} | {_cell(div, f3)} ({100 * (np.mean(div) / base['diversity'] - 1):+.1f}%) | "
             f"{_cell(rew, f3)} |"
         )
 
     lines = [
-        "| run | steps (rollouts) | samples | train s | all right, full prompts (scorer / independent) | "
-        "digit accuracy, plain prompts (scorer / independent) | diversity (change) | final train reward (last 10% of steps) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-        f"| base `flux-t2i` | 0 | 0 | 0 | {_judged_cell([base], 'all_right', pct)} | {_judged_cell([base], 'digit_accuracy', pct)} | "
+        "| run | steps (rollouts) | samples | train s | all right, full prompts (scorer) | all right (independent) | "
+        "digit accuracy, plain prompts (scorer) | digit accuracy (independent) | diversity (change) | "
+        "final train reward (last 10% of steps) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| base `flux-t2i` | 0 | 0 | 0 | {_judged_cells([base], 'all_right', pct)} | {_judged_cells([base], 'digit_accuracy', pct)} | "
         f"{base['diversity']:.3f} | "
         f"first 10%: {', '.join(f'{name} {first_reward(name)}' for name in ['FlowGRPO', *names])} |",
         row("FlowGRPO", "FlowGRPO", [steps] * len(results)),

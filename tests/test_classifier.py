@@ -121,9 +121,9 @@ def test_perturb_keeps_the_range_and_is_the_identity_at_zero():
 
 
 def test_a_tiny_training_run_is_deterministic_and_learns_something():
-    config = dataclasses.replace(recipe.TrainConfig(), steps=3, batch_size=32, copies=1)
-    first, history = recipe.train(config, seed=1, log_every=1)
-    second, _ = recipe.train(config, seed=1, log_every=1)
+    config = dataclasses.replace(recipe.TrainConfig(), seed=1, steps=3, batch_size=32, copies=1)
+    first, history = recipe.train(config, log_every=1)
+    second, _ = recipe.train(config, log_every=1)
     assert [row["step"] for row in history] == [1, 2, 3] and all(np.isfinite(row["loss"]) for row in history)
     assert all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(first), jax.tree.leaves(second)))
     fresh = classifier.build(config.network, seed=0)

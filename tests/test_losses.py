@@ -182,7 +182,7 @@ def test_kl_conventions_official_flowgrpo_equals_exact_times_dt():
         losses.flow_grpo_kl(mu, mu_ref, sigma_eff, batch_ndim=2, convention="flowgrpo")
     with pytest.raises(ValueError, match="convention"):
         losses.flow_grpo_kl(mu, mu_ref, sigma_eff, batch_ndim=2, convention="approx")
-    from jaxpipe.training.flow_grpo import FlowGRPOConfig
+    from jaxpipe.training import FlowGRPOConfig
 
     assert FlowGRPOConfig().kl == "exact"
     with pytest.raises(ValueError, match="kl must be one of"):

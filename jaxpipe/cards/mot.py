@@ -1,5 +1,6 @@
-"""What every Mixture-of-Transformers family shares (``toy_mot``, ``cosmos3``): program pieces over
-one ``transformer`` (a ``jaxpipe.nn.mot.MoT``) bound to an AR loop and a denoise loop.
+"""What every Mixture-of-Transformers family shares (``toy_mot``, ``toy_mot_video``): the config checks
+(``MoTCardConfig``) and program pieces over one ``transformer`` (a ``jaxpipe.nn.mot.MoT``) bound to an
+AR loop and a denoise loop.
 
 The prompt is prefilled once (a cached node, versioned with the ``transformer``); the AR loop
 starts from that prefill; the denoise loop starts from the text K/V of whatever text the family
@@ -9,7 +10,7 @@ conditions on, with an all-masked text as the unconditional half of guidance.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,45 @@ from jaxpipe.loops import ar, denoise
 from jaxpipe.nn.mot import MoTCond
 from jaxpipe.request import Request
 
-__all__ = ["fold", "lengths", "prefill_prompt", "start_ar", "final_state", "start_denoise", "prompt_ids", "eos_id"]
+
+class MoTCardConfig:
+    """What both MoT families' frozen configs share (fields ``image_size``, ``vae``, ``mot`` and one
+    ``ar.ARConfig`` per text loop): the checks of the MoT against its tokenizer, autoencoder and text
+    loops, its latent shape and the words a prompt may have. ``REWRITE``: the text loop that rewrites
+    the prompt (``"think"``, ``"reason"``); ``TEXT_LOOPS``: every text loop's field."""
+
+    REWRITE: ClassVar[str]
+    TEXT_LOOPS: ClassVar[tuple[str, ...]]
+
+    def _check_mot(self, vocab: int) -> None:
+        """ValueErrors for a MoT that does not fit: ``vocab`` words + <eos>, each text loop stopping at
+        <eos>, room for a prompt beside the rewrite, latents of the autoencoder's shape."""
+        if self.mot.vocab_size != vocab + 1:
+            raise ValueError(f"mot.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.mot.vocab_size})")
+        for name in self.TEXT_LOOPS:
+            if getattr(self, name).eos_id != vocab:
+                raise ValueError(f"{name}.eos_id must be the MoT's <eos> id {vocab} (got {getattr(self, name).eos_id})")
+        rewrite = getattr(self, self.REWRITE).max_new_tokens
+        if rewrite >= self.mot.max_text:
+            raise ValueError(f"{self.REWRITE}.max_new_tokens ({rewrite}) must leave room for a prompt in "
+                             f"mot.max_text ({self.mot.max_text})")
+        if self.image_size % self.vae.downsample or self.mot.latent_size != self.image_size // self.vae.downsample:
+            raise ValueError(f"mot.latent_size must be image_size / vae.downsample = {self.image_size}/{self.vae.downsample} "
+                             f"(got {self.mot.latent_size})")
+        if self.mot.latent_channels != self.vae.latent_channels:
+            raise ValueError(f"mot.latent_channels ({self.mot.latent_channels}) must equal vae.latent_channels "
+                             f"({self.vae.latent_channels})")
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return self.mot.latent_shape
+
+    @property
+    def max_prompt_words(self) -> int:
+        """The words a prompt may have: the MoT's text slots less the rewrite's."""
+        return self.mot.max_text - getattr(self, self.REWRITE).max_new_tokens
+
+__all__ = ["MoTCardConfig", "fold", "lengths", "prefill_prompt", "start_ar", "final_state", "start_denoise", "prompt_ids", "eos_id"]
 
 
 def fold(keys: jax.Array, stream: int) -> jax.Array:

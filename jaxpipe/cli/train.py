@@ -298,10 +298,18 @@ def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *,
         raise typer.Exit(code=FAILED_EXIT)
 
 
-def _digits_prompts(flags: RunFlags, mention: float, prefer: str = ""):
-    from jaxpipe.digits import runs
+def _digits_run(builder, flags: RunFlags, mention: float, prefer: str = ""):
+    """``(card, scorer, config, evaluation) -> Run``: ``builder`` (a ``jaxpipe.digits.runs`` builder) on the
+    digits prompts with ``mention`` / ``prefer`` and the run flags' terms, prompts per step and seed."""
 
-    return runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
+    def run(card, scorer, config, evaluation):
+        from jaxpipe.digits import runs
+
+        prompts = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
+        return builder(card, scorer, config, prompts, prompts_per_step=flags.prompts_per_step, seed=flags.seed,
+                       evaluation=evaluation)
+
+    return run
 
 
 @train_app.command("flow-grpo")
@@ -318,10 +326,7 @@ def train_flow_grpo(
 
     flags = runflags
     _train(flags, model, lambda: policyflags.generator(flags),
-           lambda card, scorer, cfg, ev: runs.flow_grpo_run(card, scorer, cfg, _digits_prompts(flags, mention),
-                                                            prompts_per_step=flags.prompts_per_step, seed=flags.seed,
-                                                            evaluation=ev),
-           FlowGRPO, name="flow-grpo")
+           _digits_run(runs.flow_grpo_run, flags, mention), FlowGRPO, name="flow-grpo")
 
 
 @train_app.command("nft")
@@ -354,9 +359,7 @@ def train_nft(
         )
 
     _train(flags, model, config,
-           lambda card, scorer, cfg, ev: runs.nft_run(card, scorer, cfg, _digits_prompts(flags, mention),
-                                                      prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=ev),
-           DiffusionNFT, name="nft")
+           _digits_run(runs.nft_run, flags, mention), DiffusionNFT, name="nft")
 
 
 @train_app.command("dmd2")
@@ -383,9 +386,7 @@ def train_dmd2(
         return DMD2Config(student_steps=student_steps, group=flags.group(), student=flags.optimizer(base.student), dm=dm)
 
     _train(flags, model, config,
-           lambda card, scorer, cfg, ev: runs.dmd2_run(card, scorer, cfg, _digits_prompts(flags, mention),
-                                                       prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=ev),
-           lambda card, reward, cfg: DMD2(card, cfg), name=f"dmd2 ({student_steps}-step student)", needs_reward=False)
+           _digits_run(runs.dmd2_run, flags, mention), lambda card, reward, cfg: DMD2(card, cfg), name=f"dmd2 ({student_steps}-step student)", needs_reward=False)
 
 
 @train_app.command("self-forcing")
@@ -442,9 +443,7 @@ def train_unified(
 
     flags = runflags
     _train(flags, model, lambda: refinerflags.joint(policyflags, flags),
-           lambda card, scorer, cfg, ev: runs.unified_run(card, scorer, cfg, _digits_prompts(flags, mention, prefer),
-                                                          prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=ev),
-           UnifiedRL, name="unified" if not refinerflags.prompt_only else "unified (prompt-only)")
+           _digits_run(runs.unified_run, flags, mention, prefer), UnifiedRL, name="unified" if not refinerflags.prompt_only else "unified (prompt-only)")
 
 
 @train_app.command("mot")
@@ -470,9 +469,7 @@ def train_mot(
                            token_weight=token_weight)
 
     _train(flags, model, config,
-           lambda card, scorer, cfg, ev: runs.mot_run(card, scorer, cfg, _digits_prompts(flags, mention, prefer),
-                                                      prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=ev),
-           SharedMoTRL, name="mot")
+           _digits_run(runs.mot_run, flags, mention, prefer), SharedMoTRL, name="mot")
 
 
 @train_app.command("joint")
@@ -496,13 +493,12 @@ def train_joint(
 
     flags = runflags
 
-    def build(base, scorer, cfg, evaluation):
-        card = digit_cards.multi_expert(base, refiners)
-        return runs.joint_run(card, scorer, cfg, _digits_prompts(flags, mention, prefer), prompts_per_step=flags.prompts_per_step,
-                              seed=flags.seed, evaluation=evaluation)
+    def joint_run(base, *args, **kwargs):
+        return runs.joint_run(digit_cards.multi_expert(base, refiners), *args, **kwargs)
 
     def method(base, reward, cfg):  # the user's card: every refiner may say every word (no slots)
         return JointMultiExpertRL(toy_multi_expert.from_unified(base, refiners, model_id=base.model_id), reward, cfg)
 
-    _train(flags, model, lambda: refinerflags.joint(policyflags, flags, credit=credit, expert_map=expert_map), build, method,
+    _train(flags, model, lambda: refinerflags.joint(policyflags, flags, credit=credit, expert_map=expert_map),
+           _digits_run(joint_run, flags, mention, prefer), method,
            name=f"joint ({refiners} refiners, {credit} credit{'' if not refinerflags.prompt_only else ', prompt-only'})")

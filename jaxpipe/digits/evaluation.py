@@ -24,6 +24,7 @@ from jaxpipe.digits import digit_scorer
 from jaxpipe.digits import data as digits
 from jaxpipe.generate import generate
 from jaxpipe.stopping import Stopped
+from jaxpipe.training.runs.heldout import Judging, spread
 from jaxpipe.digits.rewards import label_probabilities
 from jaxpipe.digits.prompts import Captions, PromptSpec, sample_prompts
 from jaxpipe.digits.evaluators import Evaluator, default_evaluator
@@ -34,21 +35,13 @@ __all__ = ["EvalSettings", "serve", "judge", "diversity", "generator_quality", "
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSettings:
-    """Before/after evaluation: ``samples`` prompts judged, diversity over ``diversity_prompts`` prompts
-    × ``diversity_seeds`` seeds; ``seed`` fixes prompts and noise (the same before and after)."""
+class EvalSettings(Judging):
+    """The digits runs' before/after evaluation (``Judging``), at the sizes the README's rows are measured at."""
 
     samples: int = 200
     diversity_prompts: int = 10
     diversity_seeds: int = 6
-    seed: int = 0
     batch: int = 100
-
-    def __post_init__(self):
-        if self.samples < 1 or self.diversity_prompts < 1 or self.batch < 1:
-            raise ValueError("eval samples, diversity prompts and batch must be >= 1")
-        if self.diversity_seeds < 2:
-            raise ValueError(f"diversity needs >= 2 seeds per prompt (got {self.diversity_seeds})")
 
 
 def serve(
@@ -127,15 +120,7 @@ def diversity(card: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps
     batch = [c for c in prompts for _ in range(seeds_per)]
     images, _ = serve(card, batch, _eval_seeds(settings.seed, len(batch), 500_000), num_steps=num_steps, batch=settings.batch,
                       should_stop=should_stop)
-    return _spread(images, len(prompts), seeds_per)
-
-
-def _spread(samples: np.ndarray, prompts: int, seeds: int) -> float:
-    """Mean pairwise L2 distance between the ``seeds`` samples of each of ``prompts`` prompts (rows prompt-major)."""
-    flat = samples.reshape(prompts, seeds, -1).astype(np.float64)
-    dist = np.linalg.norm(flat[:, :, None] - flat[:, None, :], axis=-1)
-    iu = np.triu_indices(seeds, k=1)
-    return float(dist[:, iu[0], iu[1]].mean())
+    return spread(images, len(prompts), seeds_per)
 
 
 def video_quality(card: Card, scorer: Card, settings: EvalSettings, *, should_stop=None) -> dict:
@@ -157,7 +142,7 @@ def video_quality(card: Card, scorer: Card, settings: EvalSettings, *, should_st
             raise Stopped()
         end = begin + settings.batch
         videos.append(np.asarray(generate(card, batch[begin:end], seed=noise[begin:end])["video"]))
-    out["diversity"] = _spread(np.concatenate(videos), n, seeds)
+    out["diversity"] = spread(np.concatenate(videos), n, seeds)
     out["eval_seconds"] = time.perf_counter() - start
     return out
 

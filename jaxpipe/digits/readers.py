@@ -36,6 +36,7 @@ import dataclasses
 import numpy as np
 
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import images as images_
 
 __all__ = [
     "CALIBRATION",
@@ -66,7 +67,6 @@ read with the floor it is 10.9). Stroke width needs no floor: on the same images
 one (measured: 95-98.5% either way)."""
 
 _MASS_QUANTILE = 0.03  # tail of the column-mass profile left out on each side by ``ink_centre``
-_RANGE_SLACK = 1e-5  # float rounding allowed outside [0, 1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,26 +99,9 @@ is the least-error one (6 of 2,876 renders on the wrong side).
 
 # ------------------------------------------------------------------------------------------------ input
 def check_images(images) -> np.ndarray:
-    """``images`` as float64 ``(N, 16, 16)`` ink, or a ValueError saying what is wrong.
-
-    Accepts ``(N, 16, 16, 1)`` arrays (NumPy or JAX) of finite values in ``[0, 1]``.
-    """
-    x = np.asarray(images)
-    expected = (digits.SIZE, digits.SIZE, 1)
-    if x.ndim != 4 or x.shape[1:] != expected or x.shape[0] == 0:
-        raise ValueError(f"images must have shape (N, {', '.join(map(str, expected))}) with N >= 1 (got {x.shape})")
-    if not np.issubdtype(x.dtype, np.floating):
-        raise ValueError(f"images must be floating point in [0, 1] (got dtype {x.dtype})")
-    x = x[..., 0].astype(np.float64)
-    if not np.isfinite(x).all():
-        raise ValueError("images contain NaN or infinite values")
-    low, high = float(x.min()), float(x.max())
-    if low < -_RANGE_SLACK or high > 1.0 + _RANGE_SLACK:
-        raise ValueError(
-            f"images must be in [0, 1] (background 0; got values in [{low:.3g}, {high:.3g}]); "
-            "map [-1, 1] images with (x + 1) / 2"
-        )
-    return np.clip(x, 0.0, 1.0)
+    """``images`` as float64 ``(N, 16, 16)`` ink, or a ValueError saying what is wrong (``digits.images.check``:
+    ``(N, 16, 16, 1)`` arrays, NumPy or JAX, of finite values in ``[0, 1]``)."""
+    return np.clip(images_.check(images)[..., 0].astype(np.float64), 0.0, 1.0)
 
 
 # ------------------------------------------------------------------------------------------------ features

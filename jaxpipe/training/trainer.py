@@ -114,6 +114,11 @@ class Method:
         """The card with the state's trained weights."""
         return Card(self.components(state.params, state.frozen), self.spec)
 
+    def rollout_card(self, params: Mapping[str, Any], frozen: Any) -> Card:
+        """The card at trained ``params`` (part -> state) and ``frozen``, with no gradient to them: what a
+        rollout renders."""
+        return Card(self.components(jax.lax.stop_gradient(params), frozen), self.spec)
+
     def role_params(self, state: TrainState, role: str) -> dict[str, Any]:
         """The parameters role ``role`` serves, by trained part (default: the copy named ``role`` in place of
         the part that trains the same components)."""

@@ -18,12 +18,13 @@ The MoT speaks the card's tokenizer plus ``<eos>`` (id ``tokenizer.vocab_size``)
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.cards import generator
-from jaxpipe.cards.mot import eos_id
+from jaxpipe.cards.mot import MoTCardConfig, eos_id
 from jaxpipe.loops import ar, denoise
 from jaxpipe.nn import Autoencoder, AutoencoderConfig, Tokenizer
 from jaxpipe.nn.mot import MoT, MoTConfig
@@ -36,7 +37,7 @@ IMAGE_LOOP = "generate_image"
 UNDERSTAND_LOOP = "understand"
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(MoTCardConfig):
     """Everything that shapes a MoT card (``vocabulary`` required); the defaults are CPU-test sized.
 
     ``mot`` (``None``: the default MoT for the vocabulary); ``think``: the thinking policy (``eos_id``
@@ -44,6 +45,9 @@ class Config:
     image loop's. A prompt has at most
     ``mot.max_text - think.max_new_tokens`` words (``max_prompt_words``).
     """
+
+    REWRITE: ClassVar[str] = "think"
+    TEXT_LOOPS: ClassVar[tuple[str, ...]] = ("think", "caption")
 
     vocabulary: tuple[str, ...] = dataclasses.field(kw_only=True)
     image_size: int = 16
@@ -62,31 +66,9 @@ class Config:
             think=lambda: ar.ARConfig(max_new_tokens=4, temperature=1.0, eos_id=vocab),
             caption=lambda: ar.ARConfig(max_new_tokens=5, temperature=0.0, eos_id=vocab),
         )
-        if self.mot.vocab_size != vocab + 1:
-            raise ValueError(f"mot.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.mot.vocab_size})")
-        for name in ("think", "caption"):
-            if getattr(self, name).eos_id != vocab:
-                raise ValueError(f"{name}.eos_id must be the MoT's <eos> id {vocab} (got {getattr(self, name).eos_id})")
-        if self.think.max_new_tokens >= self.mot.max_text:
-            raise ValueError(f"think.max_new_tokens ({self.think.max_new_tokens}) must leave room for a prompt in "
-                             f"mot.max_text ({self.mot.max_text})")
+        self._check_mot(vocab)
         if 1 + self.caption.max_new_tokens > self.mot.max_text:
             raise ValueError(f"<bos> + caption.max_new_tokens ({self.caption.max_new_tokens}) exceeds mot.max_text ({self.mot.max_text})")
-        side = self.image_size // self.vae.downsample
-        if self.image_size % self.vae.downsample or self.mot.latent_size != side:
-            raise ValueError(f"mot.latent_size must be image_size / vae.downsample = {self.image_size}/{self.vae.downsample} "
-                             f"(got {self.mot.latent_size})")
-        if self.mot.latent_channels != self.vae.latent_channels:
-            raise ValueError(f"mot.latent_channels ({self.mot.latent_channels}) must equal vae.latent_channels "
-                             f"({self.vae.latent_channels})")
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int, int]:
-        return self.mot.latent_shape
-
-    @property
-    def max_prompt_words(self) -> int:
-        return self.mot.max_text - self.think.max_new_tokens
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:

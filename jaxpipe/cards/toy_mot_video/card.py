@@ -12,12 +12,13 @@ without it.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.cards import generator
-from jaxpipe.cards.mot import eos_id
+from jaxpipe.cards.mot import MoTCardConfig, eos_id
 from jaxpipe.loops import ar, denoise
 from jaxpipe.nn import Autoencoder, AutoencoderConfig, Tokenizer
 from jaxpipe.nn.mot import MoT, MoTConfig
@@ -30,10 +31,13 @@ VIDEO_LOOP = "generate_video"
 OPTIONAL = ("sound_decoder",)
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(MoTCardConfig):
     """Everything that shapes a reason-then-video MoT card (``vocabulary`` required; ``mot`` and ``reason``
     ``None``: the defaults for the vocabulary); the defaults are CPU-test sized. A prompt has at most
     ``mot.max_text - reason.max_new_tokens`` words."""
+
+    REWRITE: ClassVar[str] = "reason"
+    TEXT_LOOPS: ClassVar[tuple[str, ...]] = ("reason",)
 
     vocabulary: tuple[str, ...] = dataclasses.field(kw_only=True)
     image_size: int = 16
@@ -50,25 +54,9 @@ class Config:
             mot=lambda: MoTConfig(vocab_size=vocab + 1, max_text=8, latent_size=8, frames=8, time_embed_dim=64, routing="shared"),
             reason=lambda: ar.ARConfig(max_new_tokens=4, temperature=1.0, eos_id=vocab),
         )
-        if self.mot.vocab_size != vocab + 1:
-            raise ValueError(f"mot.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.mot.vocab_size})")
-        if self.reason.eos_id != vocab:
-            raise ValueError(f"reason.eos_id must be the MoT's <eos> id {vocab} (got {self.reason.eos_id})")
-        if self.reason.max_new_tokens >= self.mot.max_text:
-            raise ValueError(f"reason.max_new_tokens ({self.reason.max_new_tokens}) must leave room for a prompt in "
-                             f"mot.max_text ({self.mot.max_text})")
+        self._check_mot(vocab)
         if self.mot.frames < 2:
             raise ValueError(f"a video needs mot.frames >= 2 (got {self.mot.frames})")
-        if self.mot.latent_size * self.vae.downsample != self.image_size or self.mot.latent_channels != self.vae.latent_channels:
-            raise ValueError("mot.latent_size / latent_channels must match image_size / vae.downsample and vae.latent_channels")
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int, int]:
-        return self.mot.latent_shape
-
-    @property
-    def max_prompt_words(self) -> int:
-        return self.mot.max_text - self.reason.max_new_tokens
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
-from jaxpipe.digits import data as digits
+from jaxpipe.digits import images as images_
 from jaxpipe.digits.digit_classifier.network import ClassifierNet, Config
 
 __all__ = ["COMPONENT", "FAMILY_NAME", "LOOP_ID", "MODEL_ID", "build", "check_images", "logits", "predict", "probabilities"]
@@ -28,7 +28,6 @@ FAMILY_NAME = "digit_classifier"
 LOOP_ID = "classify"
 COMPONENT = "classifier"
 
-_RANGE_SLACK = 1e-5  # float rounding allowed outside [0, 1]
 _CHUNK = 512  # images per forward pass in predict / probabilities (one compiled shape)
 
 
@@ -46,30 +45,9 @@ def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID)
     return Card({COMPONENT: ClassifierNet(config, rngs=nnx.Rngs(seed))}, spec)
 
 
-def check_images(images, image_shape: tuple[int, int, int] = (digits.SIZE, digits.SIZE, 1)) -> jax.Array:
-    """``images`` as a float array ``(N, S, S, 1)``, or a ValueError naming the problem.
-
-    Shape and dtype are always checked; the range ``[0, 1]`` (and finiteness) when the values are
-    concrete (not under ``jax.jit``).
-    """
-    if not isinstance(images, jax.core.Tracer):
-        images = np.asarray(images)
-    if images.ndim != 4 or tuple(images.shape[1:]) != tuple(image_shape) or images.shape[0] == 0:
-        raise ValueError(
-            f"images must have shape (N, {', '.join(map(str, image_shape))}) with N >= 1, in [0, 1]; got {tuple(images.shape)}"
-        )
-    if not jnp.issubdtype(images.dtype, jnp.floating):
-        raise ValueError(f"images must be floating point in [0, 1]; got dtype {images.dtype}")
-    if not isinstance(images, jax.core.Tracer):
-        if not np.isfinite(images).all():
-            raise ValueError("images contain NaN or infinite values")
-        low, high = float(images.min()), float(images.max())
-        if low < -_RANGE_SLACK or high > 1.0 + _RANGE_SLACK:
-            raise ValueError(
-                f"images must be in [0, 1] (background 0; got values in [{low:.3g}, {high:.3g}]); "
-                "map [-1, 1] images with (x + 1) / 2"
-            )
-    return jnp.asarray(images, jnp.float32)
+def check_images(images, image_shape: tuple[int, int, int] = images_.IMAGE_SHAPE) -> jax.Array:
+    """``images`` as a float32 array ``(N, S, S, 1)``, or a ValueError naming the problem (``digits.images.check``)."""
+    return jnp.asarray(images_.check(images, image_shape), jnp.float32)
 
 
 def logits(card: Card, images: jax.Array) -> jax.Array:

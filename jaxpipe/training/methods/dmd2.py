@@ -188,7 +188,7 @@ class DMD2(RolloutMethod):
     def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> StudentRollout:
         """Render the batch (each prompt ``group.size`` times) with the student through the program (row
         keys ``split(fold_in(key, 0), B)``), then pick each row's step ``U{0..N−1}``."""
-        card = Card(self.components(jax.lax.stop_gradient(state.params), state.frozen), self.spec)
+        card = self.rollout_card(state.params, state.frozen)
         settings = loop_settings(**{self.loop.id: self.sampling})
         run = rollout.render(card, self.program, settings, batch, jax.random.fold_in(key, 0),
                              group_size=self.config.group.size, capture=(self.loop.id,))

@@ -24,14 +24,12 @@ forward, and the log-prob recompute runs the same bfloat16 network, so C2 still 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 from flax import nnx
 
 from jaxpipe.card import Card
-from jaxpipe.cards import registry
 from jaxpipe.precision import with_dtype
 from jaxpipe.program import Program
 from jaxpipe.program import settings as loop_settings
@@ -39,13 +37,11 @@ from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import ppo, rollout, update
 from jaxpipe.training.grpo import FlowGRPOConfig, generator_update
-from jaxpipe.training.parts import Parts
-from jaxpipe.training.trainer import RolloutMethod, TrainState
+from jaxpipe.training.denoiser import GENERATOR, DenoiserMethod
+from jaxpipe.training.trainer import TrainState
 
 __all__ = ["FlowGRPO", "FlowGRPOConfig", "Rollout", "GENERATOR"]
 
-GENERATOR = "generator"
-"""The trained part: the denoiser(s) the loop binds that the SDE window reaches."""
 
 
 class Rollout(NamedTuple):
@@ -58,7 +54,7 @@ class Rollout(NamedTuple):
     advantages: jax.Array
 
 
-class FlowGRPO(RolloutMethod):
+class FlowGRPO(DenoiserMethod):
     """FlowGRPO on a text-to-image card: ``init(key)``, jitted ``rollout`` / ``update`` and ``step``.
 
     A batch is a ``jaxpipe.prompts.Prompts`` of P prompts; each is sampled ``config.group.size``
@@ -71,31 +67,19 @@ class FlowGRPO(RolloutMethod):
                  program: Program | None = None):
         if config.dtype is not None:
             card = with_dtype(card, config.dtype)
-        self.config = config
-        self.spec = card.spec
-        self.reward = reward
-        self.program = registry.default_program(card) if program is None else program
-        self.program.check(card)
-        self.loop = rollout.denoise_loop(card, self.program)
-        self.denoisers = self.loop.binds
-        self.sampling = config.sampling.on(self.loop.config)
-        self._trained = rollout.window_experts(self.loop, self.sampling)
-        self.parts = Parts(card, {GENERATOR: self._trained}, master=True)
-        self.optimizers = {GENERATOR: config.optimizer.make()}
-        self.tx = self.optimizers[GENERATOR]
+        self._setup(card, reward, config, program)
         self._jit()
+
+    def trained_denoisers(self) -> tuple[str, ...]:
+        """The bound denoisers some step of the SDE window routes to (all of them for a one-expert loop)."""
+        return rollout.window_experts(self.loop, self.sampling)
 
     @property
     def trained_experts(self) -> tuple[str, ...]:
         """The bound denoisers this method trains: those some step of the SDE window routes to (all of
         ``denoisers`` for a one-expert loop). The others are frozen: not in ``params``, the reference
         or the optimiser state."""
-        return self._trained
-
-    @property
-    def transformer(self) -> str:
-        """The (first) denoiser component that trains."""
-        return self._trained[0]
+        return self.parts.trained[GENERATOR]
 
     def copies(self, params: dict[str, Any]) -> dict[str, Any]:
         """The frozen reference of the KL term: a copy of the trained denoiser(s)."""
@@ -105,12 +89,8 @@ class FlowGRPO(RolloutMethod):
         super().check_batch(batch)
         self.config.ppo.check_rows(len(batch) * self.config.group.size)
 
-    def models_of(self, frozen: nnx.State) -> Callable[[nnx.State], tuple]:
-        """``params -> the loop's bound denoisers`` under ``frozen`` (the untrained experts among them)."""
-        return lambda params: self.parts.models({GENERATOR: params}, frozen, self.denoisers)
-
     def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> Rollout:
-        card = Card(self.components(jax.lax.stop_gradient(state.params), state.frozen), self.spec)
+        card = self.rollout_card(state.params, state.frozen)
         settings = loop_settings(**{self.loop.id: self.sampling})
         run = rollout.render(card, self.program, settings, batch, key, group_size=self.config.group.size,
                              capture=(self.loop.id,))

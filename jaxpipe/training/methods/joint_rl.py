@@ -196,7 +196,7 @@ class _RefinerRL(RolloutMethod):
     def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> JointRollout:
         cfg = self.config
         group = cfg.generator.group
-        card = Card(self.components(jax.lax.stop_gradient(state.params), state.frozen), self.spec)
+        card = self.rollout_card(state.params, state.frozen)
         refined = refine_rows(group.size, cfg.refiner.skip, len(batch) * group.size)
         settings = loop_settings(**{self.refine_loop: self.ar_config, self.denoise_loop: self.sampling})
         capture = self.captured + ((self.denoise_loop,) if cfg.joint else ())

@@ -164,7 +164,7 @@ class SharedMoTRL(RolloutMethod):
     def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> MoTRollout:
         cfg = self.config
         group = cfg.generator.group
-        card = Card(self.components(jax.lax.stop_gradient(state.params), state.frozen), self.spec)
+        card = self.rollout_card(state.params, state.frozen)
         think = refine_rows(group.size, cfg.thinking.skip, len(batch) * group.size)
         settings = loop_settings(**{toy_mot.THINK_LOOP: self.ar_config, toy_mot.IMAGE_LOOP: self.sampling})
         run = rollout.render(card, self.program, settings, batch, key, group_size=group.size,

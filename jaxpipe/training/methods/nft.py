@@ -38,7 +38,6 @@ from flax import nnx
 
 from jaxpipe import samplers
 from jaxpipe.card import Card
-from jaxpipe.cards import registry
 from jaxpipe.loops import denoise
 from jaxpipe.program import Program
 from jaxpipe.program import settings as loop_settings
@@ -47,13 +46,11 @@ from jaxpipe.rewards import Reward
 from jaxpipe.training import rollout, update
 from jaxpipe.training.noise import NoiseLevels
 from jaxpipe.training.optim import Optimizer
-from jaxpipe.training.parts import Parts
 from jaxpipe.training.rollout import Group, Sampling
-from jaxpipe.training.trainer import RolloutMethod, TrainState
+from jaxpipe.training.denoiser import GENERATOR, DenoiserMethod
+from jaxpipe.training.trainer import TrainState
 
 __all__ = ["EMA", "DiffusionNFTConfig", "NFTRollout", "DiffusionNFT", "nft_loss", "optimality_weight", "ema_decay"]
-
-GENERATOR = "generator"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +138,7 @@ def nft_loss(v_theta: jax.Array, v_old: jax.Array, target: jax.Array, r: jax.Arr
     return loss, {"loss": loss, "loss_pos": jnp.mean(pos), "loss_neg": jnp.mean(neg)}
 
 
-class DiffusionNFT(RolloutMethod):
+class DiffusionNFT(DenoiserMethod):
     """DiffusionNFT on a text-to-image card: ``init(key)``, jitted ``render`` / ``rollout`` / ``update`` / ``step``.
 
     A batch is a ``jaxpipe.prompts.Prompts``; each prompt is sampled ``config.group.size`` times by
@@ -152,27 +149,12 @@ class DiffusionNFT(RolloutMethod):
 
     def __init__(self, card: Card, reward: Reward, config: DiffusionNFTConfig = DiffusionNFTConfig(), *,
                  program: Program | None = None):
-        self.config = config
-        self.spec = card.spec
-        self.reward = reward
-        self.program = registry.default_program(card) if program is None else program
-        self.program.check(card)
-        self.loop = rollout.denoise_loop(card, self.program)
+        self._setup(card, reward, config, program)
         self.artifact = rollout.rendered_artifact(self.program)
-        self.denoisers = self.loop.binds
-        self.sampling = config.sampling.on(self.loop.config)
         self.regression = self.loop.config.replace(guidance=1.0, stg=0.0)  # the plain velocity, as Finetune regresses
-        self.parts = Parts(card, {GENERATOR: tuple(self.denoisers)}, master=True)
-        self.optimizers = {GENERATOR: config.optimizer.make()}
-        self.tx = self.optimizers[GENERATOR]
         self.roles = {"old": tuple(self.denoisers)}
         self._jit()
         self.render = jax.jit(self._render)
-
-    @property
-    def transformer(self) -> str:
-        """The (first) denoiser component that trains."""
-        return self.denoisers[0]
 
     def copies(self, params: dict[str, Any]) -> dict[str, Any]:
         """The old policy: a copy of the trained denoiser(s), followed by an EMA."""
@@ -182,13 +164,10 @@ class DiffusionNFT(RolloutMethod):
         """The card with the old policy's denoiser weights (the one the rollouts sample)."""
         return self.role_card(state, "old")
 
-    def _models(self, params: nnx.State, frozen: nnx.State) -> tuple:
-        return self.parts.models({GENERATOR: params}, frozen, self.denoisers)
-
     def _render(self, params: nnx.State, frozen: nnx.State, batch: Prompts, key: jax.Array):
         """The program under denoiser weights ``params`` on the batch repeated K times: ``(images, clean
         latents x0, cond, prompts (B rows), artifacts)``; row keys ``split(key, B)``."""
-        card = Card(self.components({GENERATOR: jax.lax.stop_gradient(params)}, frozen), self.spec)
+        card = self.rollout_card({GENERATOR: params}, frozen)
         settings = loop_settings(**{self.loop.id: self.sampling})
         run = rollout.render(card, self.program, settings, batch, key, group_size=self.config.group.size)
         final, _ = run.execution.captures[self.loop.id]
@@ -213,8 +192,8 @@ class DiffusionNFT(RolloutMethod):
         sigma = self.config.noise.draw(k_sigma, x0.shape[0])
         noise = jax.random.normal(k_noise, x0.shape)
         x_sigma = samplers.noised(x0, noise, sigma)
-        v_theta = denoise.velocity(self._models(params, state.frozen), x_sigma, sigma, ro.cond, self.regression)
-        v_old = denoise.velocity(self._models(state.copies["old"], state.frozen), x_sigma, sigma, ro.cond, self.regression)
+        v_theta = denoise.velocity(self.models_of(state.frozen)(params), x_sigma, sigma, ro.cond, self.regression)
+        v_old = denoise.velocity(self.models_of(state.frozen)(state.copies["old"]), x_sigma, sigma, ro.cond, self.regression)
         return nft_loss(v_theta, v_old, noise - x0, ro.weights, self.config.beta)
 
     def _update(self, state: TrainState, ro: NFTRollout, key: jax.Array) -> tuple[TrainState, dict]:

@@ -22,32 +22,39 @@ from jaxpipe import rewards
 from jaxpipe.card import Card
 from jaxpipe.cards.checkpoint import config_to_dict
 from jaxpipe.generate import generate
+from jaxpipe import validate
 from jaxpipe.prompts import Prompts, PromptSet
 from jaxpipe.stopping import Stopped
 from jaxpipe.training.runs.run import Run
 
-__all__ = ["HeldOut", "spread", "held_out_quality", "custom_run"]
+__all__ = ["Judging", "HeldOut", "spread", "held_out_quality", "custom_run"]
 
 
 @dataclasses.dataclass(frozen=True)
-class HeldOut:
-    """A held-out evaluation: up to ``samples`` held-out prompts, ``diversity_prompts`` of them × ``diversity_seeds``
-    seeds for the diversity, ``seed`` fixing the noise (the same before and after), rendered ``batch`` at a
-    time at ``num_steps`` / ``guidance`` (``None``: the card's own)."""
+class Judging:
+    """How much a before/after evaluation judges: ``samples`` prompts, the diversity over ``diversity_prompts``
+    of them × ``diversity_seeds`` seeds, rendered ``batch`` at a time; ``seed`` fixes the prompts and the
+    noise, the same before and after. A world's evaluation settings extend it (``digits.EvalSettings``)."""
 
     samples: int = 64
     diversity_prompts: int = 8
     diversity_seeds: int = 4
     seed: int = 0
     batch: int = 16
-    num_steps: int | None = None
-    guidance: float | None = None
 
     def __post_init__(self):
-        if self.samples < 1 or self.diversity_prompts < 1 or self.batch < 1:
-            raise ValueError("held-out samples, diversity prompts and batch must be >= 1")
+        validate.counts(self, "samples", "diversity_prompts", "batch")
         if self.diversity_seeds < 2:
             raise ValueError(f"diversity needs >= 2 seeds per prompt (got {self.diversity_seeds})")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut(Judging):
+    """The held-out evaluation of a run on the user's prompts (``Judging``), rendered at ``num_steps`` /
+    ``guidance`` (``None``: the card's own)."""
+
+    num_steps: int | None = None
+    guidance: float | None = None
 
 
 def spread(samples: np.ndarray, prompts: int, seeds: int) -> float:

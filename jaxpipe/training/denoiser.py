@@ -1,0 +1,62 @@
+"""What every method that trains a card's denoiser sets up: the program, its denoise loop, the trained experts.
+
+``FlowGRPO`` and ``DiffusionNFT`` render a card through its own program and train the denoiser(s)
+its one denoise loop binds (``rollout.denoise_loop``), as the part ``"generator"``; ``DenoiserMethod``
+writes that setup once. A subclass may train fewer experts than the loop binds (FlowGRPO trains only
+the experts its SDE window reaches: ``trained_denoisers``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flax import nnx
+
+from jaxpipe.card import Card
+from jaxpipe.cards import registry
+from jaxpipe.program import Program
+from jaxpipe.rewards import Reward
+from jaxpipe.training import rollout
+from jaxpipe.training.parts import Parts
+from jaxpipe.training.trainer import RolloutMethod
+
+__all__ = ["GENERATOR", "DenoiserMethod"]
+
+GENERATOR = "generator"
+"""The trained part: the denoiser(s) of the card's denoise loop."""
+
+
+class DenoiserMethod(RolloutMethod):
+    """A ``RolloutMethod`` on the denoiser(s) of one denoise loop of ``card``'s program (default: its family's).
+
+    ``_setup`` sets ``config``, ``spec``, ``reward``, ``program``, ``loop``, ``denoisers`` (every denoiser
+    the loop binds), ``sampling`` (``config.sampling`` on the loop's own settings), the part
+    ``"generator"`` (``trained_denoisers()``, float32 master weights) and its optimiser ``tx``.
+    """
+
+    def _setup(self, card: Card, reward: Reward, config: Any, program: Program | None) -> None:
+        self.config = config
+        self.spec = card.spec
+        self.reward = reward
+        self.program = registry.default_program(card) if program is None else program
+        self.program.check(card)
+        self.loop = rollout.denoise_loop(card, self.program)
+        self.denoisers = self.loop.binds
+        self.sampling = config.sampling.on(self.loop.config)
+        self.parts = Parts(card, {GENERATOR: self.trained_denoisers()}, master=True)
+        self.optimizers = {GENERATOR: config.optimizer.make()}
+        self.tx = self.optimizers[GENERATOR]
+
+    def trained_denoisers(self) -> tuple[str, ...]:
+        """The bound denoisers this method trains (default: all of them)."""
+        return tuple(self.denoisers)
+
+    @property
+    def transformer(self) -> str:
+        """The (first) denoiser component that trains."""
+        return self.parts.trained[GENERATOR][0]
+
+    def models_of(self, frozen: nnx.State) -> Callable[[nnx.State], tuple]:
+        """``params -> the loop's bound denoisers`` under ``frozen`` (the untrained experts among them)."""
+        return lambda params: self.parts.models({GENERATOR: params}, frozen, self.denoisers)
