@@ -9,12 +9,16 @@ the independent evaluators (the ``digit-classifier`` card and the analytic reade
 before -> after, and the runs where the scorer's gain is not seen by the independent judges.
 
     python benchmarks/rejudge.py out/rl/flow_grpo out/rl/unified_joint ...   # ~1 min per run on 2 CPU cores
+    python benchmarks/rejudge.py --reuse out/rl/*/                           # the table again from judged.json
+
+Each run also becomes rows of the ``rejudge`` section of ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +30,9 @@ from jaxpipe.digits.evaluation import EvalSettings
 from jaxpipe.training import FlowGRPOConfig, JointRLConfig, Sampling
 from jaxpipe.training.methods.mot_rl import MoTRLConfig
 from jaxpipe.training.methods.nft import DiffusionNFTConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling report module, however this runs
+import report  # noqa: E402
 
 
 def _spec(settings: dict) -> runs.PromptSpec:
@@ -91,14 +98,43 @@ def lines(folder: Path, judged: dict) -> list[str]:
     return out
 
 
+def table(judged: dict[Path, dict]) -> str:
+    """The ``rejudge`` section: one row per headline number of each run, scorer and independent side by side."""
+    rows = ["| run | steps | measure | scorer: before → after | independent: before → after | scorer gain − independent gain | diversity | reward vs independent |",
+            "|---|---:|---|---:|---:|---:|---:|---|"]
+    for folder, j in judged.items():
+        head = j["headline"]
+        verdict = "**reward hacking**" if head["reward_vs_independent"].startswith("REWARD HACKING") else "agree"
+        for name, value in head.items():
+            twin = head.get(f"{name} (independent)")
+            if twin is None or not isinstance(value, dict) or value.get("change") is None:
+                continue
+            rows.append(
+                f"| `{folder.name}` ({j['run']}) | {j['steps']} | {name} | {100 * value['before']:.1f} → {100 * value['after']:.1f}% "
+                f"| {100 * twin['before']:.1f} → {100 * twin['after']:.1f}% | {100 * (value['change'] - twin['change']):+.1f} "
+                f"| {100 * j['diversity']['relative_change']:+.1f}% | {verdict} |"
+            )
+    info = ", ".join(f"{k} {v}" for k, v in report.machine_info().items())
+    return ("## rejudge\n\nThe README's RL runs judged before and after by the digit-scorer (the reward) and by the "
+            "independent evaluators (digit-classifier + analytic readers), 200 prompts at guidance 1, eval seed 0 "
+            f"(`python benchmarks/rejudge.py DIR ...`). A gap above {100 * runs.HACKING_GAP:.0f} points is flagged as "
+            f"reward hacking.\n\n{info}\n\n" + "\n".join(rows) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="run folders written by jaxpipe train (report.json + card)")
+    parser.add_argument("--reuse", action="store_true", help="read each folder's judged.json instead of judging again")
     args = parser.parse_args()
     enable_cache()
     cache: dict = {}
+    judged = {}
     for folder in args.folders:
-        print("\n".join(lines(folder, rejudge(folder, cache))), flush=True)
+        folder = Path(folder)
+        reuse = args.reuse and (folder / "judged.json").is_file()
+        judged[folder] = json.loads((folder / "judged.json").read_text()) if reuse else rejudge(folder, cache)
+        print("\n".join(lines(folder, judged[folder])), flush=True)
+    report.write_section(report.RESULTS, "rejudge", table(judged))
 
 
 if __name__ == "__main__":
