@@ -1,5 +1,6 @@
 """The `jaxpipe` command line, on the bundled pretrained cards."""
 
+import json
 import subprocess
 from pathlib import Path
 import sys
@@ -75,3 +76,14 @@ def test_cards_lists_the_bundled_cards():
 def test_console_entry_point_runs():
     result = subprocess.run([sys.executable, "-m", "jaxpipe.cli", "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "generate" in result.stdout
+
+
+def test_evaluate_reports_the_scorer_and_the_independent_judges(tmp_path):
+    out = tmp_path / "quality.json"
+    result = CliRunner().invoke(app, ["evaluate", "--samples", "4", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    t2i, i2v = report["t2i"], report["i2v"]
+    assert 0.0 <= t2i["all_attributes_correct"] <= 1.0 and 0.0 <= t2i["independent"]["all_attributes_correct"] <= 1.0
+    assert set(t2i["independent"]["attribute_accuracy"]) == {"stroke", "position", "brightness"}
+    assert "last_frame_digit_accuracy" in i2v["independent"]

@@ -49,6 +49,10 @@ def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_genera
         assert Image.open(out / png).format == "PNG"
     summary = json.loads((out / "report.json").read_text())["summary"]
     assert {"refined_all_right", "original_all_right", "preferred_word_rate", "diversity"} <= set(summary)
+    # every judged number twice: by the scorer (the reward) and by the independent evaluators
+    assert {"refined_all_right (independent)", "original_all_right (independent)", "reward_vs_independent"} <= set(summary)
+    after = json.loads((out / "report.json").read_text())["after"]
+    assert set(after["refined"]["independent"]) == {"all_right", "prompted_right", "accuracy"}
     trained, base = jp.cards.load(out), jp.cards.load("unified")
     assert same(trained["transformer"], base["transformer"])  # prompt-only: generator untouched
     assert not same(trained["llm"], base["llm"])
@@ -198,3 +202,18 @@ def test_prompts_name_what_they_label_and_preferences_fill_the_rest():
     assert np.all(prompts.labels["position"][~prompts.named["position"]] == -1)  # not preferred: not rewarded
     full = digit_prompts.sample_prompts(rl_runs.PromptSpec(), 20, np.random.default_rng(0))
     assert all(len(c.split()) == 4 for c in full.captions)  # mention 1: full compositional prompts
+
+
+def test_a_scorer_gain_the_independent_judges_do_not_see_is_flagged_as_reward_hacking():
+    from jaxpipe.digits.runs import HACKING_GAP, _judged
+
+    def judged(scorer, independent):
+        return {"run_prompts": {"all_right": scorer, "independent": {"all_right": independent}}}
+
+    headline = {"run_prompts_all_right": ("run_prompts", "all_right")}
+    agree = _judged(judged(0.80, 0.78), judged(0.90, 0.87), headline)
+    assert agree["run_prompts_all_right"]["change"] == pytest.approx(0.10)
+    assert agree["run_prompts_all_right (independent)"]["change"] == pytest.approx(0.09)
+    assert agree["reward_vs_independent"].startswith("reward and independent evaluators agree")
+    hacked = _judged(judged(0.80, 0.78), judged(0.95, 0.78 + 0.15 - HACKING_GAP - 0.01), headline)
+    assert hacked["reward_vs_independent"].startswith("REWARD HACKING") and "run_prompts_all_right" in hacked["reward_vs_independent"]
