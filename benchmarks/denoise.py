@@ -1,4 +1,4 @@
-"""Denoise-loop benchmark (DESIGN §12): fused scan vs Python-driven steps vs PyTorch eager.
+"""Denoise-loop benchmark: fused scan vs Python-driven steps vs PyTorch eager.
 
 Three contenders run side by side in one process, on the same DiT weights, shapes and starting
 noise, with the ODE (Euler) sampler at guidance 1:

@@ -1,4 +1,4 @@
-"""One prepared GPU benchmark for a 15-minute lease of one H200 (DESIGN §12); ``--quick`` runs it CPU-sized.
+"""One prepared GPU benchmark for a 15-minute lease of one H200; ``--quick`` runs it CPU-sized.
 
 Three sections, one process, contenders side by side, ratios reported:
 

@@ -1,4 +1,4 @@
-"""Engine benchmark (DESIGN §12): ``run_many(mode="batched")`` vs ``mode="serial"`` vs the fused path.
+"""Engine benchmark: ``run_many(mode="batched")`` vs ``mode="serial"`` vs the fused path.
 
 For 1, 4, 16 and 64 concurrent text-to-image requests with **mixed step counts** (4, 8, 12, 16
 steps, cycling) and distinct seeds and prompts, one engine in one process runs the same request

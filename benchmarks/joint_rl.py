@@ -1,4 +1,4 @@
-"""N-way refiner update benchmark (DESIGN §10, §12): one ``jax.vmap`` over N stacked experts vs a Python loop.
+"""N-way refiner update benchmark: one ``jax.vmap`` over N stacked experts vs a Python loop.
 
 ``JointMultiExpertRL.update`` does the N refiner updates as ONE ``jax.vmap`` of ``expert_update`` (one
 expert's gradient step) over the stacked params, references and optimiser states. This script times

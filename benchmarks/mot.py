@@ -1,4 +1,4 @@
-"""Quality of the Mixture-of-Transformers cards (DESIGN §8), judged like ``flux-t2i``.
+"""Quality of the Mixture-of-Transformers cards, judged like ``flux-t2i``.
 
 - ``bagel-mot``: text -> image all-attributes-right at guidance 1 and at the card's default;
   image -> caption accuracy per attribute on held-out digits; thinking vs no thinking on

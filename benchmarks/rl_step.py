@@ -1,4 +1,4 @@
-"""RL-step benchmark (DESIGN §10, §12): one fused jit vs jitted rollout + update vs a Python-driven rollout.
+"""RL-step benchmark: one fused jit vs jitted rollout + update vs a Python-driven rollout.
 
 Two methods, each on its bundled card, with the ``digit-scorer`` reward on all four terms
 (``scorer_reward(scorer, ("digit", "stroke", "position", "brightness"))``):

@@ -1,4 +1,4 @@
-"""Sample efficiency of several PPO updates per rollout (DESIGN §10): 1 / 2 / 4 updates per rollout.
+"""Sample efficiency of several PPO updates per rollout: 1 / 2 / 4 updates per rollout.
 
 For FlowGRPO on ``flux-t2i`` and joint UnifiedRL on ``unified`` (the README's settings), the same
 run is trained with each rollout split into 1, 2 or 4 minibatches (one inner epoch), same seeds.

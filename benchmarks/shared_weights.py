@@ -1,4 +1,4 @@
-"""RL on shared weights (DESIGN §10): one MoT thinks and generates vs two models (``unified``), equal rollouts.
+"""RL on shared weights: one MoT thinks and generates vs two models (``unified``), equal rollouts.
 
 The same prompts (mention 0.5, the stroke preference of the README's unified run), seeds, group
 size, SDE window and number of rollouts for: ``SharedMoTRL`` on ``bagel-mot`` (modality routing),

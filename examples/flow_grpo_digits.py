@@ -1,4 +1,4 @@
-"""FlowGRPO on the bundled flux-t2i card, rewarded by the digit-scorer (DESIGN §6, §10).
+"""FlowGRPO on the bundled flux-t2i card, rewarded by the digit-scorer.
 
 The run ``jaxpipe train flow-grpo`` makes (the command has every flag), written against the library
 (``jaxpipe.digits.runs``):

@@ -1,4 +1,4 @@
-"""UnifiedRL on the bundled unified card: one reward trains the refiner LM and the generator (DESIGN §6, §10).
+"""UnifiedRL on the bundled unified card: one reward trains the refiner LM and the generator.
 
 The run ``jaxpipe train unified`` makes (the command has every flag), written against the library
 (``jaxpipe.digits.runs``):

@@ -1,4 +1,4 @@
-"""Meshes and sharding rules (DESIGN §11): JAX's own SPMD, no home-made cluster code.
+"""Meshes and sharding rules: JAX's own SPMD, no home-made cluster code.
 
 A mesh has the named axes ``("data", "expert", "model")``. The rules:
 

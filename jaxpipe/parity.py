@@ -1,4 +1,4 @@
-"""Parity gates of the engine and the consistency ladder (DESIGN §2, §7).
+"""Parity gates of the engine and the consistency ladder.
 
 The ladder names what "consistent" means, level by level:
 

@@ -1,4 +1,4 @@
-"""Programs: ordered nodes over ONE card that turn a request into artifacts (DESIGN §2, §7).
+"""Programs: ordered nodes over ONE card that turn a request into artifacts.
 
 A program passes named **slots** (arrays, or pytrees of arrays, with a leading batch axis) from
 node to node:

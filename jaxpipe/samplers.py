@@ -1,6 +1,6 @@
 """Pure flow-matching sampler math: schedules, Euler, the FlowGRPO SDE step and its log-prob.
 
-Conventions (DESIGN §6): ``x_σ = (1-σ)·x0 + σ·ε`` and the network predicts ``v = ε - x0``.
+Conventions: ``x_σ = (1-σ)·x0 + σ·ε`` and the network predicts ``v = ε - x0``.
 Arrays have a leading batch axis; every other axis is an event axis. A ``sigma`` argument is a
 scalar or a per-example ``(B,)`` array, so requests at different steps can share one batch.
 Everything here is float32, shape-polymorphic and safe under ``jit``, ``vmap`` and ``grad``.
@@ -121,7 +121,7 @@ def euler_step(x: jax.Array, v: jax.Array, sigma, sigma_next) -> jax.Array:
 
 
 def sde_coefficients(sigma, sigma_next, noise_level=0.7) -> SDECoefficients:
-    """FlowGRPO's SDE step as ``(a, b, σ_eff)`` for ``mean = a·x + b·v`` (DESIGN §6).
+    """FlowGRPO's SDE step as ``(a, b, σ_eff)`` for ``mean = a·x + b·v``.
 
     Where ``σ >= 1`` the denominator uses ``σ_next`` instead of σ (FlowGRPO's choice), so the
     first step is well-conditioned: ``a = 1 - η²/2`` at σ = 1 whatever the schedule.

@@ -1,4 +1,4 @@
-"""Fast checks of the benchmark scripts (their timings are never tests: DESIGN §12)."""
+"""Fast checks of the benchmark scripts (their timings are never tests)."""
 
 import importlib.util
 import os

@@ -1,4 +1,4 @@
-"""The digits world's data (DESIGN §9): splits, captioned augmentation, videos, batches."""
+"""The digits world's data: splits, captioned augmentation, videos, batches."""
 
 import itertools
 

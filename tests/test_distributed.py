@@ -1,4 +1,4 @@
-"""Scale-out (DESIGN §11) on simulated CPU devices. One subprocess with 8 devices runs every
+"""Scale-out on simulated CPU devices. One subprocess with 8 devices runs every
 single-process check (``scripts/eight_devices.py``): a ``JointMultiExpertRL`` step (refiners along
 ``expert``, generator by FSDP rules), a ``FlowGRPO`` step (DiT by FSDP + tensor-parallel rules) and the forward + backward of
 the digits DiT, a FLUX-shaped and a Wan-shaped transformer, each equal to one device, with the params

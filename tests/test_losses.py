@@ -1,4 +1,4 @@
-"""RL losses (DESIGN §6 "GRPO pieces") against independent NumPy formulas, plus their gradient identities."""
+"""RL losses against independent NumPy formulas, plus their gradient identities."""
 
 from types import SimpleNamespace
 

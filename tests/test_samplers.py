@@ -1,4 +1,4 @@
-"""The sampler math (DESIGN §6) against an independent float64 NumPy derivation, plus its identities."""
+"""The sampler math against an independent float64 NumPy derivation, plus its identities."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The digits world (DESIGN §9): real handwritten digits, captioned attribute augmentation, videos.
+"""The digits world: real handwritten digits, captioned attribute augmentation, videos.
 
 Data preparation is plain NumPy (seeded ``numpy.random.Generator``\\ s); batches are handed to JAX
 as arrays. Pixel convention everywhere: float32 in ``[-1, 1]``, background ``-1``, channels last.

@@ -1,4 +1,4 @@
-"""Prompt distributions of the digits-world RL runs (DESIGN §9): which prompts a run draws and what the reward scores.
+"""Prompt distributions of the digits-world RL runs: which prompts a run draws and what the reward scores.
 
 A prompt is a random digit plus, for each rewarded attribute, its word with probability
 ``mention``. A rewarded attribute the prompt leaves out is labelled with its preferred value from

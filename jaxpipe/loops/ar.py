@@ -1,5 +1,5 @@
 """The autoregressive decode loop: KV-cached sampling as a pure ``step``, a fused ``lax.scan``
-runner and its engine driver (DESIGN §7, the ``ar_decode`` loop kind).
+runner and its engine driver.
 
 The loop drives any model satisfying the ``Decoder`` protocol (``init_cache`` / ``prefill`` /
 ``decode_step`` plus a teacher-forced ``__call__``; e.g. ``jaxpipe.nn.RefinerLM``).
@@ -12,7 +12,7 @@ on which other requests share its batch or on who drives the loop (``run`` or th
 
 Log-probs: every record carries ``log π(y_t | prompt, y_<t)`` of the model's own distribution —
 the log-softmax of the *untempered* logits (temperature 1) at the sampled token — whatever
-``temperature`` the tokens were sampled at. This is the policy of DESIGN §6's token policy
+``temperature`` the tokens were sampled at. This is the policy of's token policy
 gradient, and exactly what ``sequence_log_probs`` recomputes with one teacher-forced forward
 (C2: ratio == 1). With ``temperature != 1`` the tokens come from the tempered distribution, so
 the log-prob is not the sampling density; train at temperature 1 for on-policy gradients.

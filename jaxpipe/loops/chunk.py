@@ -1,5 +1,4 @@
-"""The chunk rollout loop: causal video generated chunk by chunk over a KV cache (DESIGN §7, the
-``chunk_rollout`` loop kind).
+"""The chunk rollout loop: causal video generated chunk by chunk over a KV cache.
 
 The loop drives a block-causal denoiser (``jaxpipe.nn.CausalDiT``): ``velocity(x, sigma,
 ChunkCond)`` of the current chunk given the cache, and ``write(x, ChunkCond, rows)``, which

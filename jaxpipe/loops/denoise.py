@@ -1,4 +1,4 @@
-"""The denoise loop: a pure ``step``, a fused ``lax.scan`` runner and its engine driver (DESIGN §7).
+"""The denoise loop: a pure ``step``, a fused ``lax.scan`` runner and its engine driver.
 
 The loop drives any model satisfying the ``Denoiser`` protocol, ``velocity(x, sigma, cond) ->
 v``, where ``cond`` is a pytree its family defines (text K/V, a first frame, a packed context

@@ -1,4 +1,4 @@
-"""Small pure policies a denoise loop composes (DESIGN §7): guidance, the SDE window, expert routing.
+"""Small pure policies a denoise loop composes: guidance, the SDE window, expert routing.
 
 Each policy is a frozen, hashable dataclass (static under ``jit``) with one pure method, in the
 spirit of optax: the loop's ``step`` applies them in a fixed order and never branches on a flag.

@@ -1,4 +1,4 @@
-"""A small decoder-only refiner LM with an explicit KV cache (DESIGN §8, the ``llm`` component).
+"""A small decoder-only refiner LM with an explicit KV cache.
 
 Pre-LN transformer with learned absolute positions: token + position embedding -> ``depth`` ×
 (LayerNorm -> causal self-attention -> residual, LayerNorm -> MLP -> residual) -> LayerNorm ->

@@ -4,7 +4,7 @@ diffusers ``transformer/`` folder.
 ``WanTransformer.__call__`` is diffusers' forward on channels-first latents ``(B, C, F, H, W)`` with
 diffusers-unit timesteps (0..1000); ``velocity`` is the jaxpipe ``Denoiser`` protocol on
 channels-last latents ``(B, F, h, w, C)`` with ``sigma`` in [0, 1]. Wan predicts the flow-matching
-velocity ``ε - x0`` (DESIGN §6), so the output is the velocity as is. Blocks: ``wan_blocks``.
+velocity ``ε - x0``, so the output is the velocity as is. Blocks: ``wan_blocks``.
 """
 
 from __future__ import annotations

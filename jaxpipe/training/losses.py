@@ -1,4 +1,4 @@
-"""Pure RL losses (DESIGN §6 "GRPO pieces"): group advantages, FlowGRPO PPO + KL, token PG + k3 KL.
+"""Pure RL losses: group advantages, FlowGRPO PPO + KL, token PG + k3 KL.
 
 Every function here is pure jax, computes in float32, and is safe under ``jit``, ``vmap`` and
 ``grad``. Quantities that are constants of an update are wrapped in ``stop_gradient`` inside the

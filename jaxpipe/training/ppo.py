@@ -1,4 +1,4 @@
-"""Several PPO updates per rollout: shuffled minibatches × inner epochs as nested ``lax.scan``s (DESIGN §10).
+"""Several PPO updates per rollout: shuffled minibatches × inner epochs as nested ``lax.scan``s.
 
 As FlowGRPO's trainer (train batch < sample batch, inner epochs, ``timestep_fraction``) and
 purejaxrl: one rollout of ``B`` rows feeds ``inner_epochs × minibatches`` optimiser steps inside the

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,7 +39,6 @@ __all__ = [
     "advantages",
     "artifacts_of",
     "Generated",
-    "RewardFn",
     "denoise_loop",
     "window_experts",
     "rendered_artifact",
@@ -51,13 +49,8 @@ __all__ = [
     "generator_stats",
     "take_rows",
     "token_log_probs",
-    "repeat_groups",
-    "score",
 ]
 
-RewardFn = Callable[[jax.Array, Mapping[str, jax.Array]], jax.Array]
-"""``reward(images (B, H, W, C) in [0, 1], labels {term: (B,) int}) -> (B,)`` rewards (a video program's
-reward gets videos ``(B, T, H, W, C)``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,24 +269,3 @@ def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfi
 def token_log_probs(llm: ar.Decoder, refinement: ar.Continuation) -> jax.Array:
     """``(B, T)`` recomputed ``log π(y_t | prompt, y_<t)`` of the generated tokens under ``llm``."""
     return ar.sequence_log_probs(llm, refinement.tokens, refinement.prompt_length, refinement.mask)
-
-
-def repeat_groups(batch: Mapping[str, Any], group_size: int) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """A batch of P prompts ``{"ids": (P, L), "labels": {term: (P,)}}`` repeated to ``B = P·K`` rows."""
-    ids = jnp.asarray(batch["ids"])
-    chex.assert_rank(ids, 2)
-    labels = {name: jnp.repeat(jnp.asarray(v), group_size, axis=0) for name, v in batch.get("labels", {}).items()}
-    for name, v in labels.items():
-        if v.shape != (ids.shape[0] * group_size,):
-            raise ValueError(f"labels[{name!r}] must be ({ids.shape[0]},), one per prompt (got {v.shape[0] // group_size} rows)")
-    return jnp.repeat(ids, group_size, axis=0), labels
-
-
-def score(
-    reward_fn: RewardFn, images: jax.Array, labels: Mapping[str, jax.Array], group_size: int, adv_clip: float
-) -> tuple[jax.Array, jax.Array]:
-    """``(rewards (B,), group advantages (B,))`` of a grouped batch of images."""
-    rewards = jnp.asarray(reward_fn(images, labels), jnp.float32)
-    chex.assert_shape(rewards, (images.shape[0],))
-    advantages = losses.group_advantages(rewards.reshape(-1, group_size), adv_clip=adv_clip).reshape(-1)
-    return rewards, advantages

@@ -1,6 +1,6 @@
 """Weight sync: publish a trained card's components into a serving engine.
 
-The training side of ``Engine.publish`` (DESIGN §10). A trainer's ``method.card(state)`` is a
+The training side of ``Engine.publish``. A trainer's ``method.card(state)`` is a
 whole card; ``publish`` sends the engine only the named components, or by default only those
 whose weights differ from what the engine will serve, so each trained component gets its own
 new weight version while the untouched ones (typically the text encoder) keep their versions and
@@ -20,7 +20,7 @@ role)``. ``track`` serves each as a role of the card (``Engine.add_role``: ``"fl
 its own versions, scoped to those components) and ``sync`` publishes the trained card and every
 role's copy in one call, each only where its weights changed.
 
-The engine never imports this module (DESIGN §3); it depends only on the engine's public API.
+The engine never imports this module; it depends only on the engine's public API.
 """
 
 from __future__ import annotations

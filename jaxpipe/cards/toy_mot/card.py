@@ -1,4 +1,4 @@
-"""The ``bagel-mot`` card: ONE Mixture-of-Transformers that thinks, generates and understands (DESIGN §8).
+"""The ``bagel-mot`` card: ONE Mixture-of-Transformers that thinks, generates and understands.
 
 Components: ``transformer`` (a ``MoT``, modality routing: an understanding expert for text tokens,
 a generation expert for image tokens, joint attention) and ``vae``. Three loops bind the same

@@ -1,4 +1,4 @@
-"""The ``cosmos3`` card: one shared transformer reasons, then denoises a video (DESIGN §8).
+"""The ``cosmos3`` card: one shared transformer reasons, then denoises a video.
 
 The same MoT family as ``bagel-mot`` with ``"shared"`` routing (one parameter set for every
 token, as Cosmos3). Two loops bind the one ``transformer``: ``reason`` (``ar_decode``) rewrites
