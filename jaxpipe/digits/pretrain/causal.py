@@ -17,7 +17,6 @@ DiT is stored), ``metrics.jsonl`` and ``pretrain.json``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -26,15 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpipe import cards, samplers
+from jaxpipe import cards, samplers, validate
 from jaxpipe.card import Card
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import cards as digit_cards
 from jaxpipe.nn.causal_dit import CausalDiT
 from jaxpipe.training.supervised import Supervised
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.common import array_batches, encode_dataset, parse_settings, recipe_optimizer, settings_parser
-from jaxpipe.digits.pretrain.generators import PretrainConfig, generator_data
+from jaxpipe.digits.pretrain.common import (FlowSettings, array_batches, digit_videos, encode_dataset, output_dir,
+                                            run_recipe, write_report)
 
 MODEL_ID = "wan-causal"
 """The card this recipe trains."""
@@ -44,27 +43,21 @@ SHARED = ("text_encoder", "vae")
 
 
 @dataclasses.dataclass(frozen=True)
-class CausalPretrainConfig:
-    """What the run does; the defaults are the bundled card's settings."""
+class CausalPretrainConfig(FlowSettings):
+    """What the run does; the defaults are the bundled card's settings. ``clean_past``, ``shift_positions``
+    and ``max_offset`` (frames): see the module docstring."""
 
-    seed: int = 0
     steps: int = 1200
     batch_size: int = 16
     learning_rate: float = 5e-4
-    warmup_steps: int = 100
-    copies: int = 8
-    cond_dropout: float = 0.1
     clean_past: float = 0.5
     shift_positions: float = 0.5
     max_offset: int = 8
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "copies"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
-        for name in ("cond_dropout", "clean_past", "shift_positions"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be a probability in [0, 1] (got {getattr(self, name)})")
+        super().__post_init__()
+        validate.fractions(self, "clean_past", "shift_positions")
+        validate.counts(self, "max_offset", minimum=0)
 
 
 def causal_card(base: Card) -> Card:
@@ -112,8 +105,7 @@ class Trainer(Supervised):
         self.cfg, self.base = cfg, card
         self.chunk_frames = card.spec.config.sampling.chunk_frames
         models = {"text_encoder": card["text_encoder"], "transformer": card["transformer"]}
-        optimizer = recipe_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, weight_decay=1e-4)
-        super().__init__(models, self.batch_loss, optimizer, frozen=("text_encoder",))
+        super().__init__(models, self.batch_loss, cfg.optimizer(), frozen=("text_encoder",))
 
     def batch_loss(self, models, batch, key: jax.Array) -> tuple[jax.Array, dict]:
         k_drop, k_loss = jax.random.split(key)
@@ -127,15 +119,13 @@ class Trainer(Supervised):
         return self.base.replace(transformer=self.model(state)["transformer"])
 
 
-def pretrain_causal(out: str | Path | None, cfg: CausalPretrainConfig = CausalPretrainConfig()) -> Card:
+def pretrain_causal(out: str | Path | None, cfg: CausalPretrainConfig = CausalPretrainConfig(), *,
+                    progress: bool = True) -> Card:
     """Train the ``wan-causal`` card from the bundled ``wan-t2v``; save it to ``out`` (if given)."""
-    out = None if out is None else Path(out)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+    out = output_dir(out, "metrics.jsonl")
     start = time.perf_counter()
     card = causal_card(cards.load(BASE))
-    arrays = encode_dataset(card, generator_data(BASE, PretrainConfig(seed=cfg.seed, copies=cfg.copies)))
+    arrays = encode_dataset(card, digit_videos("train", seed=cfg.seed, copies=cfg.copies))  # wan-t2v's data
     trainer = Trainer(card, cfg)
     state, history = fit(
         trainer.step,
@@ -145,28 +135,20 @@ def pretrain_causal(out: str | Path | None, cfg: CausalPretrainConfig = CausalPr
         key=jax.random.key(cfg.seed + 1),
         metrics_path=None if out is None else out / "metrics.jsonl",
         desc=MODEL_ID,
+        progress=progress,
     )
     card = trainer.card(state)
     if out is not None:
         save_card(card, out, base=BASE, base_components=SHARED)
-        report = {
-            "model_id": MODEL_ID,
-            "start_from": BASE,
-            "settings": config_to_dict(cfg),
-            "final_loss": float(np.mean([h["loss"] for h in history[-100:]])),
-            "train_s": time.perf_counter() - start,
-            "jax": jax.__version__,
-            "backend": jax.default_backend(),
-        }
-        (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_report(out, {"model_id": MODEL_ID, "start_from": BASE, "settings": config_to_dict(cfg),
+                           "final_loss": float(np.mean([h["loss"] for h in history[-100:]])),
+                           "train_s": time.perf_counter() - start})
     return card
 
 
 def main(argv=None) -> None:
-    parser = settings_parser(CausalPretrainConfig, "Pretrain the bundled wan-causal card from wan-t2v (diffusion forcing).")
-    args, cfg = parse_settings(parser, CausalPretrainConfig, argv)
-    pretrain_causal(args.out, cfg)
-    print(f"wrote {args.out}")
+    run_recipe(CausalPretrainConfig, "Pretrain the bundled wan-causal card from wan-t2v (diffusion forcing).",
+               pretrain_causal, argv)
 
 
 if __name__ == "__main__":

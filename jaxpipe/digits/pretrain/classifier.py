@@ -13,10 +13,10 @@ machine ⇒ same bits) by::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -31,12 +31,11 @@ from flax import nnx
 
 import jaxpipe.cards
 from jaxpipe.card import Card
-from jaxpipe.cards.checkpoint import config_to_dict
 from jaxpipe.digits import data as digits
 from jaxpipe.digits.digit_classifier import COMPONENT, ClassifierNet, Config, build, predict
 from jaxpipe.digits.digit_classifier.network import NUM_CLASSES
-from jaxpipe.digits.pretrain.common import recipe_optimizer
-from jaxpipe.training.optim import Optimizer
+from jaxpipe import validate
+from jaxpipe.digits.pretrain.common import PerturbedSettings, run_recipe, write_metrics
 from jaxpipe.digits.words import BRIGHTNESS, DIGIT_WORDS, POSITIONS, STROKES
 
 __all__ = [
@@ -49,8 +48,9 @@ RENDER_SEED = 7919
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Network, optimiser, data and perturbation settings of a classifier run.
+class TrainConfig(PerturbedSettings):
+    """Network, optimiser, data and perturbation settings of a classifier run; ``seed`` fixes the
+    initialisation, the renders (``augment`` seed ``RENDER_SEED + seed``), the batch order and the perturbations.
 
     Perturbation ranges (``perturb``): ``rotate`` degrees, ``zoom`` (isotropic scale ``1 ± zoom``),
     ``aspect`` (x-scale ``1 ± aspect`` relative to y), ``shear``, ``shift`` (px), ``gamma`` (ink
@@ -58,46 +58,29 @@ class TrainConfig:
     (pixel noise std ``U(0, noise)``, ink units). ``copies``: renders of each train digit.
     """
 
+    PERTURBATION = ("rotate", "zoom", "aspect", "shear", "shift", "gamma", "blur", "noise")
+
     network: Config = Config()
     steps: int = 1200
-    batch_size: int = 128
     learning_rate: float = 4e-3
     warmup_steps: int = 75
     weight_decay: float = 5e-4
-    grad_clip: float = 1.0
-    label_smoothing: float = 0.05
-    copies: int = 8
     rotate: float = 12.0
     zoom: float = 0.1
-    aspect: float = 0.1
     shear: float = 0.15
-    shift: float = 1.5
-    gamma: float = 1.5
     blur: float = 0.8
     noise: float = 0.06
+    label_smoothing: float = 0.05
+    aspect: float = 0.1
+    shift: float = 1.5
+    gamma: float = 1.5
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "copies"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int (got {value!r})")
-        self.optimizer()  # validates the optimiser fields
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1) (got {self.label_smoothing})")
-        if not (0 <= self.rotate <= 45 and 0 <= self.zoom < 0.5 and 0 <= self.aspect < 0.5 and 0 <= self.shear < 1):
-            raise ValueError("need rotate in [0, 45], zoom and aspect in [0, 0.5), shear in [0, 1)")
-        if self.shift < 0 or self.gamma < 1.0 or self.blur < 0 or self.noise < 0:
-            raise ValueError("need shift >= 0, gamma >= 1, blur >= 0 and noise >= 0")
-
-    def optimizer(self) -> Optimizer:
-        """Clipped AdamW, linear warm-up then cosine decay to 5% of the peak rate over ``steps``."""
-        return recipe_optimizer(self.learning_rate, self.warmup_steps, self.steps, weight_decay=self.weight_decay,
-                                grad_clip=self.grad_clip, end_fraction=0.05)
-
-    def perturbation(self) -> dict[str, float]:
-        """The keyword arguments of ``perturb``."""
-        names = ("rotate", "zoom", "aspect", "shear", "shift", "gamma", "blur", "noise")
-        return {name: getattr(self, name) for name in names}
+        super().__post_init__()
+        validate.within(self, "label_smoothing", low=0.0, high=1.0, open_high=True)
+        validate.within(self, "aspect", low=0.0, high=0.5, open_high=True)
+        validate.non_negative(self, "shift")
+        validate.within(self, "gamma", low=1.0, high=math.inf)
 
 
 class TrainState(NamedTuple):
@@ -225,13 +208,12 @@ def _batches(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int)
             yield images[index], labels[index]
 
 
-def train(
-    config: TrainConfig = TrainConfig(), *, seed: int = 0, log_every: int = 100, echo: bool = False
-) -> tuple[Card, list[dict]]:
-    """Train a classifier card from scratch: deterministic in ``seed`` (init, renders, batch order, perturbations).
+def train(config: TrainConfig = TrainConfig(), *, log_every: int = 100, echo: bool = False) -> tuple[Card, list[dict]]:
+    """Train a classifier card from scratch: deterministic in ``config.seed`` (init, renders, batch order, perturbations).
 
     Returns the card and a row of metrics every ``log_every`` steps and at the last (printed if ``echo``).
     """
+    seed = config.seed
     k_init, k_steps = jax.random.split(jax.random.key(seed))
     model = ClassifierNet(config.network, rngs=nnx.Rngs(params=k_init))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -302,50 +284,33 @@ def evaluate(card: Card) -> dict[str, Any]:
     }
 
 
-def pretrain(out_dir: str | os.PathLike, *, seed: int = 0, steps: int | None = None, quiet: bool = False) -> Card:
-    """Train a classifier (``train``), save it with ``save_card`` plus ``metrics.json`` in ``out_dir``; returns the card."""
-    config = TrainConfig() if steps is None else dataclasses.replace(TrainConfig(), steps=steps)
+def pretrain(out_dir: str | os.PathLike, config: TrainConfig = TrainConfig(), *, progress: bool = True) -> Card:
+    """Train a classifier (``train``, its log lines printed with ``progress``), save it with ``save_card``
+    plus ``metrics.json`` in ``out_dir``; returns the card."""
     start = time.perf_counter()
-    card, history = train(config, seed=seed, echo=not quiet)
+    card, history = train(config, echo=progress)
     train_seconds = time.perf_counter() - start
     accuracy = evaluate(card)
     out_dir = Path(out_dir)
     jaxpipe.cards.save_card(card, out_dir)
-    report = {
-        "command": f"python -m jaxpipe.digits.pretrain.classifier --out {out_dir} --steps {config.steps} --seed {seed}",
-        "seed": seed,
-        "steps": config.steps,
-        "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.perf_counter() - start, 1),
-        "devices": f"{jax.default_backend()} x{jax.device_count()}",
-        "params": card.num_params(),
-        "trained_on": f"train split (1438 digits) x {config.copies} renderings (augment seed {RENDER_SEED + seed})",
-        "accuracy": accuracy,
-        "accuracy_notes": {
+    write_metrics(
+        out_dir, "classifier", config, card, train_seconds=train_seconds, total_seconds=time.perf_counter() - start,
+        trained_on=f"train split (1438 digits) x {config.copies} renderings (augment seed {RENDER_SEED + config.seed})",
+        accuracy=accuracy,
+        accuracy_notes={
             "heldout_renders": "the heldout split (never seen in training), augment(seed=1, copies=2): 718 images",
             "heldout_renders_perturbed": "the same images through the training perturbation (key 1)",
             "generated_vs_prompt": "flux-t2i, all 120 full prompts x 2 seeds (guidance 1.0): predicted vs prompted digit",
             "generated_agree_with_scorer": "the same 240 images: this classifier's digit == digit-scorer's digit",
             "scorer_generated_vs_prompt": "the digit-scorer's accuracy on those images, for comparison",
         },
-        "final_metrics": history[-1],
-        "config": config_to_dict(config),
-    }
-    (out_dir / "metrics.json").write_text(json.dumps(report, indent=2) + "\n")
+        final_metrics=history[-1],
+    )
     return card
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jaxpipe.digits.pretrain.classifier", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="directory for config.json, weights.safetensors, metrics.json")
-    parser.add_argument("--steps", type=int, default=TrainConfig().steps, help=f"training steps (default {TrainConfig().steps})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of init, renders, batch order and perturbations")
-    parser.add_argument("--quiet", action="store_true", help="no per-100-step log lines")
-    args = parser.parse_args(argv)
-    if args.steps <= 0 or args.seed < 0:
-        parser.error("--steps must be > 0 and --seed >= 0")
-    pretrain(args.out, seed=args.seed, steps=args.steps, quiet=args.quiet)
-    print((Path(args.out) / "metrics.json").read_text())
+    run_recipe(TrainConfig, __doc__.split("\n")[0], pretrain, argv, report="metrics.json")
 
 
 if __name__ == "__main__":

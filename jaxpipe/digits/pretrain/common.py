@@ -1,35 +1,228 @@
-"""What the digits pretraining recipes share: their command lines, their optimiser, batches of encoded data."""
+"""What the digits pretraining recipes share: their settings, command lines and optimiser, batches of encoded data.
+
+Every recipe's settings are a frozen dataclass deriving from ``Settings`` (seed, length, batch, optimiser),
+``RenderedSettings`` (+ ``copies``: renderings of each digit), ``FlowSettings`` (+ ``cond_dropout``: a
+flow-matching finetune), ``PerturbedSettings`` (+ the warp / blur / noise of a classifier's in-step
+perturbation), with ``VideoBatch`` (+ ``video_batch_size``) for a recipe that trains image and video cards.
+A recipe declares its own fields and the shared fields whose default differs (its bundled card's settings);
+each field and its check is written once, here or in the recipe. ``settings_parser`` makes one flag per field.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+from pathlib import Path
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpipe import validate
 from jaxpipe.card import Card
 from jaxpipe.cards import generator
+from jaxpipe.cards.checkpoint import config_to_dict
+from jaxpipe.digits import data as digits
 from jaxpipe.training.methods.finetune import FinetuneConfig
 from jaxpipe.training.optim import Optimizer
 
-__all__ = ["settings_parser", "parse_settings", "recipe_optimizer", "finetune_config", "encode_dataset", "array_batches"]
+__all__ = [
+    "Settings", "RenderedSettings", "FlowSettings", "VideoBatch", "PerturbedSettings", "settings_parser",
+    "parse_settings", "run_recipe", "digit_videos", "output_dir", "write_report", "write_metrics",
+    "encode_dataset", "array_batches",
+]
 
 
-def recipe_optimizer(learning_rate: float, warmup_steps: int, total_steps: int, *, weight_decay: float = 0.0,
-                     grad_clip: float = 1.0, end_fraction: float = 0.1) -> Optimizer:
-    """A recipe's clipped AdamW: linear warm-up over ``warmup_steps``, cosine decay to ``end_fraction`` of
-    ``learning_rate`` at ``total_steps``."""
-    return Optimizer(learning_rate, grad_clip=grad_clip, weight_decay=weight_decay, schedule="warmup_cosine",
-                     warmup_steps=warmup_steps, total_steps=total_steps, end_fraction=end_fraction)
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What every recipe's settings hold: ``seed``; ``steps`` updates of ``batch_size`` examples; the optimiser,
+    clipped (``grad_clip``) AdamW (``weight_decay``) whose rate warms up linearly over ``warmup_steps`` to
+    ``learning_rate``, then decays by a cosine to ``end_fraction`` of it at ``steps`` (``optimizer()``)."""
+
+    seed: int = 0
+    steps: int = 4000
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    end_fraction: float = 0.1
+
+    def __post_init__(self):
+        validate.counts(self, "seed", "warmup_steps", minimum=0)
+        validate.counts(self, "steps", "batch_size")
+        validate.positive(self, "learning_rate", "grad_clip")
+        validate.non_negative(self, "weight_decay")
+        validate.fractions(self, "end_fraction")
+
+    def optimizer(self, **changes) -> Optimizer:
+        """The recipe's optimiser (see the class); ``changes`` replace its fields (e.g. another run's
+        ``learning_rate`` and ``total_steps``)."""
+        fields = dict(learning_rate=self.learning_rate, grad_clip=self.grad_clip, weight_decay=self.weight_decay,
+                      schedule="warmup_cosine", warmup_steps=self.warmup_steps, total_steps=self.steps,
+                      end_fraction=self.end_fraction)
+        return Optimizer(**{**fields, **changes})
 
 
-def finetune_config(learning_rate: float, total_steps: int, *, warmup_steps: int = 100, **changes) -> FinetuneConfig:
-    """``FinetuneConfig`` of a recipe: its schedule's peak rate, length and warm-up, plus config ``changes``."""
-    optimizer = dataclasses.replace(FinetuneConfig().optimizer, learning_rate=learning_rate, total_steps=total_steps,
-                                    warmup_steps=warmup_steps)
-    return FinetuneConfig(optimizer=optimizer, **changes)
+@dataclasses.dataclass(frozen=True)
+class RenderedSettings(Settings):
+    """Settings of a recipe whose data are ``copies`` renderings of each digit of a split."""
+
+    copies: int = 8
+
+    def __post_init__(self):
+        super().__post_init__()
+        validate.counts(self, "copies")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowSettings(RenderedSettings):
+    """Settings of a flow-matching finetune of a card's DiT: each example's caption is dropped with
+    probability ``cond_dropout`` (so the card supports guidance); ``FinetuneConfig``'s weight decay."""
+
+    weight_decay: float = 1e-4
+    cond_dropout: float = 0.1
+
+    def __post_init__(self):
+        super().__post_init__()
+        validate.fractions(self, "cond_dropout")
+
+    def finetune(self, **changes) -> FinetuneConfig:
+        """The ``Finetune`` config of the recipe: its optimiser and ``cond_dropout``, plus config ``changes``."""
+        return FinetuneConfig(**{"optimizer": self.optimizer(), "cond_dropout": self.cond_dropout, **changes})
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoBatch(Settings):
+    """A mixin of a recipe that trains image cards and video cards: a video card's batches hold
+    ``video_batch_size`` clips (an image card's ``batch_size`` images). It goes last among a settings
+    class's bases: a dataclass base brings every field it inherits with its own default, so a base listed
+    after it would reset what the bases before it override (``FlowSettings``' weight decay)."""
+
+    video_batch_size: int = 16
+
+    def __post_init__(self):
+        super().__post_init__()
+        validate.counts(self, "video_batch_size")
+
+    def batch(self, video: bool) -> int:
+        """The batch size of a video card (``video``) or an image card."""
+        return self.video_batch_size if video else self.batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class PerturbedSettings(RenderedSettings):
+    """Settings of a classifier trained on renderings perturbed inside the step (by the recipe's ``perturb``,
+    whose keyword arguments ``PERTURBATION`` names): ``rotate`` degrees in [0, 45], ``zoom`` in [0, 0.5),
+    ``shear`` in [0, 1), a ``blur`` and pixel ``noise`` >= 0 (each 0: none). 128 images a batch; the
+    rate decays to 5% of its peak."""
+
+    PERTURBATION: ClassVar[tuple[str, ...]] = ("rotate", "zoom", "shear", "blur", "noise")
+
+    batch_size: int = 128
+    end_fraction: float = 0.05
+    rotate: float = 0.0
+    zoom: float = 0.0
+    shear: float = 0.0
+    blur: float = 0.0
+    noise: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        validate.within(self, "rotate", low=0.0, high=45.0)
+        validate.within(self, "zoom", low=0.0, high=0.5, open_high=True)
+        validate.within(self, "shear", low=0.0, high=1.0, open_high=True)
+        validate.non_negative(self, "blur", "noise")
+
+    def perturbation(self) -> dict[str, float]:
+        """The keyword arguments of the recipe's ``perturb``."""
+        return {name: getattr(self, name) for name in self.PERTURBATION}
+
+
+def _flags(settings_cls) -> list[dataclasses.Field]:
+    """The fields of ``settings_cls`` that are command-line flags: all but nested configs (a network's sizes)."""
+    defaults = settings_cls()
+    return [f for f in dataclasses.fields(settings_cls) if not dataclasses.is_dataclass(getattr(defaults, f.name))]
+
+
+def settings_parser(settings_cls, description: str) -> argparse.ArgumentParser:
+    """A pretraining command line: ``--out`` and one ``--flag`` per field of the frozen settings dataclass
+    ``settings_cls`` (its defaults; booleans as ``--flag`` / ``--no-flag``; nested configs are not flags)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", required=True, help="directory to write the card to")
+    defaults = settings_cls()
+    for field in _flags(settings_cls):
+        default = getattr(defaults, field.name)
+        kind = {"action": argparse.BooleanOptionalAction} if isinstance(default, bool) else {"type": type(default)}
+        parser.add_argument(f"--{field.name.replace('_', '-')}", default=default, help="default: %(default)s", **kind)
+    return parser
+
+
+def parse_settings(parser: argparse.ArgumentParser, settings_cls, argv=None):
+    """``(args, settings)``: the parsed command line and the ``settings_cls`` its flags describe (settings
+    that fail their checks are a usage error)."""
+    args = parser.parse_args(argv)
+    try:
+        return args, settings_cls(**{f.name: getattr(args, f.name) for f in _flags(settings_cls)})
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def run_recipe(settings_cls, description: str, train, argv=None, *, options: dict[str, dict] | None = None,
+               report: str | None = None) -> None:
+    """A recipe's command line: ``--out DIR``, one flag per field of ``settings_cls``, ``--quiet`` and the
+    recipe's other ``options`` (``{flag: add_argument keywords}``). Runs ``train(out, settings, progress=not
+    quiet, **options)`` (the options by name), then prints the run's ``report`` file in ``out`` (or where the
+    card went)."""
+    parser = settings_parser(settings_cls, description)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
+    names = [parser.add_argument(flag, **keywords).dest for flag, keywords in (options or {}).items()]
+    args, settings = parse_settings(parser, settings_cls, argv)
+    train(args.out, settings, progress=not args.quiet, **{name: getattr(args, name) for name in names})
+    print((Path(args.out) / report).read_text() if report else f"wrote {args.out}")
+
+
+def digit_videos(split: str, *, seed: int, copies: int) -> digits.VideoDataset:
+    """``copies`` captioned moving-digit videos of each digit of ``split``; copy ``i`` is drawn with ``seed + i``."""
+    images, labels = digits.load_images(split)
+    return digits.concat([digits.make_videos(images, labels, seed=seed + i) for i in range(copies)])
+
+
+def output_dir(out: str | Path | None, *stale: str) -> Path | None:
+    """``out`` as a ``Path`` (created, its ``stale`` files of an earlier run removed), or ``None``."""
+    if out is None:
+        return None
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in stale:
+        (out / name).unlink(missing_ok=True)
+    return out
+
+
+def write_report(out: Path, report: dict) -> None:
+    """``out/pretrain.json``: a run's ``report`` plus the jax version and backend it ran on."""
+    report = {**report, "jax": jax.__version__, "backend": jax.default_backend()}
+    (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def write_metrics(out: Path, recipe: str, settings: Settings, card: Card, *, train_seconds: float,
+                  total_seconds: float, **fields) -> None:
+    """``out/metrics.json`` of a classifier recipe's run (module ``recipe``): the command that reproduces it,
+    its seed, steps, timings and devices, the card's parameter count, then ``fields`` and the settings."""
+    report = {
+        "command": f"python -m jaxpipe.digits.pretrain.{recipe} --out {out} --steps {settings.steps} --seed {settings.seed}",
+        "seed": settings.seed,
+        "steps": settings.steps,
+        "train_seconds": round(train_seconds, 1),
+        "total_seconds": round(total_seconds, 1),
+        "devices": f"{jax.default_backend()} x{jax.device_count()}",
+        "params": card.num_params(),
+        **fields,
+        "config": config_to_dict(settings),
+    }
+    (out / "metrics.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
 def encode_dataset(card: Card, data, chunk: int = 256) -> dict[str, np.ndarray]:
@@ -55,22 +248,3 @@ def array_batches(arrays: dict[str, np.ndarray], batch_size: int, *, seed: int):
             idx = order[i : i + batch_size]
             yield {k: jnp.asarray(v[idx]) for k, v in arrays.items()}
         epoch += 1
-
-
-def settings_parser(settings_cls, description: str) -> argparse.ArgumentParser:
-    """A pretraining command line: ``--out`` and one ``--flag`` per field of the frozen settings dataclass
-    ``settings_cls`` (its defaults; booleans as ``--flag`` / ``--no-flag``)."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--out", required=True, help="directory to write the card to")
-    defaults = settings_cls()
-    for field in dataclasses.fields(settings_cls):
-        default = getattr(defaults, field.name)
-        kind = {"action": argparse.BooleanOptionalAction} if isinstance(default, bool) else {"type": type(default)}
-        parser.add_argument(f"--{field.name.replace('_', '-')}", default=default, **kind)
-    return parser
-
-
-def parse_settings(parser: argparse.ArgumentParser, settings_cls, argv=None):
-    """``(args, settings)``: the parsed command line and the ``settings_cls`` its flags describe."""
-    args = parser.parse_args(argv)
-    return args, settings_cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(settings_cls)})

@@ -2,7 +2,7 @@
 
     python -m jaxpipe.digits.pretrain.lm --out jaxpipe/digits/assets/unified
 
-The LM learns the caption grammar of the digits world (DESIGN §9): a digit word, then each of
+The LM learns the caption grammar of the digits world: a digit word, then each of
 stroke / position / brightness independently with probability ``p_attribute`` (its word uniform),
 in the canonical order, then ``<eos>``. Next-token cross-entropy on every position after the
 digit word, padding masked. Given ``"seven"`` it continues with a spread of attribute words and
@@ -18,7 +18,6 @@ reproduces the same weights; writes ``metrics.jsonl`` (one line per step) and ``
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxpipe import cards
+from jaxpipe import cards, validate
 from jaxpipe.card import Card
 from jaxpipe.cards import toy_unified
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
@@ -37,7 +36,7 @@ from jaxpipe.digits import data as digits
 from jaxpipe.digits.words import DIGIT_WORDS
 from jaxpipe.nn import RefinerLM, Tokenizer
 from jaxpipe.training.supervised import Supervised
-from jaxpipe.digits.pretrain.common import parse_settings, recipe_optimizer, settings_parser
+from jaxpipe.digits.pretrain.common import Settings, output_dir, run_recipe, write_report
 from jaxpipe.training.fit import fit
 
 __all__ = [
@@ -59,23 +58,19 @@ BASE_COMPONENTS = ("text_encoder", "transformer", "vae")
 
 
 @dataclasses.dataclass(frozen=True)
-class LMPretrainConfig:
-    """What an LM pretraining run does; the defaults are the bundled card's settings."""
+class LMPretrainConfig(Settings):
+    """What an LM pretraining run does; the defaults are the bundled card's settings. ``p_attribute``: the
+    probability that a caption names each attribute (``refinement_captions``)."""
 
-    seed: int = 0
     steps: int = 1200
     batch_size: int = 128
     learning_rate: float = 3e-3
     warmup_steps: int = 50
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
     p_attribute: float = 0.5
 
     def __post_init__(self):
-        if not 0.0 <= self.p_attribute <= 1.0:
-            raise ValueError(f"p_attribute must be in [0, 1] (got {self.p_attribute})")
-        if self.steps <= 0 or self.batch_size <= 0:
-            raise ValueError(f"steps and batch_size must be positive (got {self.steps}, {self.batch_size})")
+        super().__post_init__()
+        validate.fractions(self, "p_attribute")
 
 
 # -------------------------------------------------------------------------------------------- data
@@ -134,9 +129,7 @@ class LMTrainer(Supervised):
 
     def __init__(self, model: RefinerLM, cfg: LMPretrainConfig = LMPretrainConfig()):
         self.cfg = cfg
-        optimizer = recipe_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, weight_decay=cfg.weight_decay,
-                                     grad_clip=cfg.grad_clip)
-        super().__init__(model, lambda m, batch, key: next_token_loss(m, batch["ids"]), optimizer)
+        super().__init__(model, lambda m, batch, key: next_token_loss(m, batch["ids"]), cfg.optimizer())
 
 
 # -------------------------------------------------------------------------------------------- evaluation
@@ -175,10 +168,7 @@ def pretrain_lm(out: str | Path | None, cfg: LMPretrainConfig = LMPretrainConfig
                 progress: bool = True) -> Card:
     """Train the refiner LM of a ``unified`` card whose generator is the bundled ``base`` card;
     save it to ``out`` (the generator by reference to ``base``)."""
-    out = None if out is None else Path(out)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+    out = output_dir(out, "metrics.jsonl")
     start = time.perf_counter()
     generator = cards.load(base)
     card = toy_unified.build(digit_cards.bundled_config("unified"), seed=cfg.seed, model_id="unified")
@@ -200,18 +190,14 @@ def pretrain_lm(out: str | Path | None, cfg: LMPretrainConfig = LMPretrainConfig
     if out is not None:
         save_card(card, out, base=base, base_components=BASE_COMPONENTS)
         final = float(np.mean([h["loss"] for h in history[-100:]]))
-        report = {"model_id": card.model_id, "base": base, "settings": config_to_dict(cfg), "final_loss": final,
-                  **_report(card), "train_s": seconds, "jax": jax.__version__, "backend": jax.default_backend()}
-        (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_report(out, {"model_id": card.model_id, "base": base, "settings": config_to_dict(cfg), "final_loss": final,
+                           **_report(card), "train_s": seconds})
     return card
 
 
 def main(argv=None) -> None:
-    parser = settings_parser(LMPretrainConfig, "Pretrain the bundled unified card's refiner LM on digits-world captions.")
-    parser.add_argument("--base", default=BASE, help="bundled card providing the text encoder, DiT and autoencoder")
-    args, cfg = parse_settings(parser, LMPretrainConfig, argv)
-    pretrain_lm(args.out, cfg, base=args.base)
-    print(f"wrote {args.out}")
+    run_recipe(LMPretrainConfig, "Pretrain the bundled unified card's refiner LM on digits-world captions.", pretrain_lm,
+               argv, options={"--base": {"default": BASE, "help": "bundled card providing the text encoder, DiT and autoencoder"}})
 
 
 if __name__ == "__main__":

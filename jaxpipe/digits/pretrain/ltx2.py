@@ -22,7 +22,6 @@ final losses and the upsampler's held-out error against nearest-neighbour upsamp
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,18 +30,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpipe import cards
+from jaxpipe import cards, validate
 from jaxpipe.card import Card
 from jaxpipe.cards import toy_two_stage
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import cards as digit_cards
-from jaxpipe.digits import data as digits
 from jaxpipe.nn import LatentUpsampler
 from jaxpipe.training.methods.finetune import Finetune
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.supervised import Supervised
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.common import array_batches, encode_dataset, finetune_config, parse_settings, settings_parser
+from jaxpipe.digits.pretrain.common import (FlowSettings, array_batches, digit_videos, encode_dataset, output_dir,
+                                            run_recipe, write_report)
 
 __all__ = ["PretrainConfig", "UpsamplerTrainer", "alternate", "pretrain_ltx2", "main"]
 
@@ -55,26 +54,34 @@ SHARED = ("text_encoder", "vae")
 
 
 @dataclasses.dataclass(frozen=True)
-class PretrainConfig:
-    """What the run does; the defaults are the bundled card's settings."""
+class PretrainConfig(FlowSettings):
+    """What the run does; the defaults are the bundled card's settings. The DiT trains ``steps`` on
+    ``batch_size`` full-resolution clips then ``base_per_full`` batches of ``base_batch_size`` pooled ones in
+    turn; the upsampler ``upsampler_steps`` at peak ``upsampler_learning_rate`` on batches of
+    ``base_batch_size`` clips, its input noised by up to ``upsampler_noise``. Each run warms up over
+    ``warmup_steps``, at most a tenth of the run (``run_optimizer``)."""
 
-    seed: int = 0
     steps: int = 1600
+    batch_size: int = 16
+    learning_rate: float = 3e-4
+    warmup_steps: int = 50
+    copies: int = 4
     upsampler_steps: int = 1000
     base_per_full: int = 2
-    batch_size: int = 16
     base_batch_size: int = 32
-    learning_rate: float = 3e-4
     upsampler_learning_rate: float = 2e-3
     upsampler_noise: float = 0.1
-    copies: int = 4
 
     def __post_init__(self):
-        for name in ("steps", "upsampler_steps", "batch_size", "base_batch_size", "copies", "base_per_full"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"PretrainConfig.{name} must be > 0 (got {getattr(self, name)})")
-        if self.upsampler_noise < 0:
-            raise ValueError(f"PretrainConfig.upsampler_noise must be >= 0 (got {self.upsampler_noise})")
+        super().__post_init__()
+        validate.counts(self, "upsampler_steps", "base_per_full", "base_batch_size")
+        validate.positive(self, "upsampler_learning_rate")
+        validate.non_negative(self, "upsampler_noise")
+
+    def run_optimizer(self, learning_rate: float, steps: int) -> Optimizer:
+        """The optimiser of a run of ``steps`` at peak ``learning_rate`` (the DiT's or the upsampler's)."""
+        warmup = min(self.warmup_steps, steps // 10)
+        return self.optimizer(learning_rate=learning_rate, total_steps=steps, warmup_steps=warmup)
 
 
 def alternate(*streams: Iterator) -> Iterator:
@@ -97,18 +104,11 @@ def upsampler_loss(model: LatentUpsampler, batch, key: jax.Array, noise: float) 
 
 
 class UpsamplerTrainer(Supervised):
-    """Regression of a ``LatentUpsampler`` (``upsampler_loss``): ``init()``, jitted ``step(state, batch, key)``,
-    ``model(state)``; warm-up + cosine AdamW."""
+    """Regression of a ``LatentUpsampler`` (``upsampler_loss`` with input noise up to ``noise``): ``init()``,
+    jitted ``step(state, batch, key)``, ``model(state)``, by ``optimizer``."""
 
-    def __init__(self, model: LatentUpsampler, *, learning_rate: float, total_steps: int, noise: float):
-        optimizer = Optimizer(learning_rate, weight_decay=1e-4, schedule="warmup_cosine",
-                              warmup_steps=min(50, total_steps // 10), total_steps=total_steps)
+    def __init__(self, model: LatentUpsampler, optimizer: Optimizer, *, noise: float):
         super().__init__(model, lambda m, batch, key: upsampler_loss(m, batch, key, noise), optimizer)
-
-
-def _videos(split: str, seed: int, copies: int):
-    images, labels = digits.load_images(split)
-    return digits.concat([digits.make_videos(images, labels, seed=seed + i) for i in range(copies)])
 
 
 def upsampler_error(model: LatentUpsampler, latents: np.ndarray) -> dict[str, float]:
@@ -121,65 +121,59 @@ def upsampler_error(model: LatentUpsampler, latents: np.ndarray) -> dict[str, fl
             "latent_var": float(jnp.var(full))}
 
 
-def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig()) -> Card:
+def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig(), *, progress: bool = True) -> Card:
     """Train the ``ltx2-two-stage`` card from the bundled ``wan-t2v`` (see the module docstring); save it to ``out``."""
-    out = None if out is None else Path(out)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        for stale in ("metrics.jsonl", "upsampler_metrics.jsonl"):
-            (out / stale).unlink(missing_ok=True)
+    out = output_dir(out, "metrics.jsonl", "upsampler_metrics.jsonl")
     start = time.perf_counter()
     base = cards.load(START_FROM)
     card = cards.build(MODEL_ID, seed=cfg.seed, config=digit_cards.bundled_config(MODEL_ID))
     card = card.replace(**{name: base[name] for name in ("text_encoder", "transformer", "vae")})
-    arrays = encode_dataset(card, _videos("train", cfg.seed, cfg.copies))
+    arrays = encode_dataset(card, digit_videos("train", seed=cfg.seed, copies=cfg.copies))
     pooled = {"latents": np.asarray(toy_two_stage.pool_latents(jnp.asarray(arrays["latents"]))), "ids": arrays["ids"]}
     timings = {"encode_s": time.perf_counter() - start}
 
     start = time.perf_counter()
-    method = Finetune(card, finetune_config(cfg.learning_rate, cfg.steps, warmup_steps=min(50, cfg.steps // 10),
-                                            trainable=("transformer",)))
+    optimizer = cfg.run_optimizer(cfg.learning_rate, cfg.steps)
+    method = Finetune(card, cfg.finetune(optimizer=optimizer, trainable=("transformer",)))
     base_batches = array_batches(pooled, cfg.base_batch_size, seed=cfg.seed + 2)
     batches = alternate(array_batches(arrays, cfg.batch_size, seed=cfg.seed + 1), *[base_batches] * cfg.base_per_full)
     state, history = fit(method.step, method.init(), batches, steps=cfg.steps, key=jax.random.key(cfg.seed + 1),
-                         metrics_path=None if out is None else out / "metrics.jsonl", desc="ltx2 transformer")
+                         metrics_path=None if out is None else out / "metrics.jsonl", desc="ltx2 transformer",
+                         progress=progress)
     card = method.card(state)
     timings["transformer_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    trainer = UpsamplerTrainer(card["upsampler"], learning_rate=cfg.upsampler_learning_rate,
-                               total_steps=cfg.upsampler_steps, noise=cfg.upsampler_noise)
+    trainer = UpsamplerTrainer(card["upsampler"], cfg.run_optimizer(cfg.upsampler_learning_rate, cfg.upsampler_steps),
+                               noise=cfg.upsampler_noise)
     up_state, up_history = fit(trainer.step, trainer.init(),
                                array_batches({"latents": arrays["latents"]}, cfg.base_batch_size, seed=cfg.seed + 3),
                                steps=cfg.upsampler_steps, key=jax.random.key(cfg.seed + 3),
-                               metrics_path=None if out is None else out / "upsampler_metrics.jsonl", desc="ltx2 upsampler")
+                               metrics_path=None if out is None else out / "upsampler_metrics.jsonl", desc="ltx2 upsampler",
+                               progress=progress)
     card = card.replace(upsampler=trainer.model(up_state))
     timings["upsampler_s"] = time.perf_counter() - start
 
     if out is not None:
         save_card(card, out, base=START_FROM, base_components=SHARED)
-        heldout = encode_dataset(card, _videos("heldout", cfg.seed, 1))["latents"]
+        heldout = encode_dataset(card, digit_videos("heldout", seed=cfg.seed, copies=1))["latents"]
         cycle = 1 + cfg.base_per_full  # alternate(): step i is full resolution when i % cycle == 0, pooled otherwise
         full = [h for i, h in enumerate(history) if i % cycle == 0]
         half = [h for i, h in enumerate(history) if i % cycle]
-        report = {
+        write_report(out, {
             "model_id": MODEL_ID, "settings": config_to_dict(cfg), "start_from": START_FROM,
             "shared_components": list(SHARED), "base_data": "full-resolution VAE latents average-pooled 2x2",
             "final_loss_full": float(np.mean([h["loss"] for h in full[-50:]])),
             "final_loss_base": float(np.mean([h["loss"] for h in half[-50:]])),
             "final_upsampler_loss": float(np.mean([h["loss"] for h in up_history[-50:]])),
             "heldout": upsampler_error(card["upsampler"], heldout),
-            **timings, "jax": jax.__version__, "backend": jax.default_backend(),
-        }
-        (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
+            **timings,
+        })
     return card
 
 
 def main(argv=None) -> None:
-    parser = settings_parser(PretrainConfig, "Pretrain the bundled ltx2-two-stage card from the bundled wan-t2v.")
-    args, cfg = parse_settings(parser, PretrainConfig, argv)
-    pretrain_ltx2(args.out, cfg)
-    print(f"wrote {args.out}")
+    run_recipe(PretrainConfig, "Pretrain the bundled ltx2-two-stage card from the bundled wan-t2v.", pretrain_ltx2, argv)
 
 
 if __name__ == "__main__":

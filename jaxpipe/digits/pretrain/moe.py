@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpipe import cards
+from jaxpipe import cards, validate
 from jaxpipe.card import Card
 from jaxpipe.cards import generator, toy_sigma_moe
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
@@ -34,7 +34,8 @@ from jaxpipe.digits import data as digits
 from jaxpipe.loops import denoise
 from jaxpipe.training.methods.finetune import Finetune
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.common import array_batches, encode_dataset, finetune_config, parse_settings, settings_parser
+from jaxpipe.digits.pretrain.common import (FlowSettings, array_batches, digit_videos, encode_dataset, output_dir,
+                                            run_recipe, write_report)
 
 __all__ = ["MoEPretrainConfig", "from_single", "heldout_loss", "pretrain_moe"]
 
@@ -47,17 +48,20 @@ SHARED = ("text_encoder", "vae")
 
 
 @dataclasses.dataclass(frozen=True)
-class MoEPretrainConfig:
-    """What the ``wan22-moe`` run does; the defaults are the bundled card's settings."""
+class MoEPretrainConfig(FlowSettings):
+    """What the ``wan22-moe`` run does; the defaults are the bundled card's settings. ``boundary``: the σ
+    from which the high-noise expert denoises (in (0, 1)); ``eval_videos``: held-out videos of the report's losses."""
 
-    seed: int = 0
     steps: int = 450
     batch_size: int = 16
     learning_rate: float = 3e-4
     warmup_steps: int = 30
-    copies: int = 8
     boundary: float = 0.5
     eval_videos: int = 64
+
+    def __post_init__(self):
+        super().__post_init__()
+        validate.counts(self, "eval_videos")  # boundary: toy_sigma_moe.Config checks it
 
 
 def from_single(single: Card, boundary: float) -> Card:
@@ -101,26 +105,20 @@ def heldout_loss(card: Card, latents: jax.Array, ids: jax.Array, sigmas: np.ndar
     return np.array([float(at(card.components, jnp.float32(s), k)) for s, k in zip(sigmas, keys)])
 
 
-def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainConfig()) -> Card:
+def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainConfig(), *, progress: bool = True) -> Card:
     """Train both experts of a ``wan22-moe`` card from the bundled ``wan-t2v``; save it to ``out``."""
-    out = None if out is None else Path(out)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+    out = output_dir(out, "metrics.jsonl")
     single = cards.load(BASE)
     card = from_single(single, cfg.boundary)
 
-    images, labels = digits.load_images("train")
-    data = digits.concat([digits.make_videos(images, labels, seed=cfg.seed + i) for i in range(cfg.copies)])
-    arrays = encode_dataset(card, data)
+    arrays = encode_dataset(card, digit_videos("train", seed=cfg.seed, copies=cfg.copies))
     held_images, held_labels = digits.load_images("heldout")
     held = encode_dataset(card, digits.make_videos(held_images[: cfg.eval_videos], held_labels[: cfg.eval_videos],
                                                    seed=cfg.seed + 1000))
     held = {k: jnp.asarray(v) for k, v in held.items()}
 
     start = time.perf_counter()
-    method = Finetune(card, finetune_config(cfg.learning_rate, cfg.steps, warmup_steps=cfg.warmup_steps,
-                                            trainable=toy_sigma_moe.EXPERTS))
+    method = Finetune(card, cfg.finetune(trainable=toy_sigma_moe.EXPERTS))
     state, history = fit(
         method.step,
         method.init(),
@@ -129,6 +127,7 @@ def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainCon
         key=jax.random.key(cfg.seed + 1),
         metrics_path=None if out is None else out / "metrics.jsonl",
         desc="wan22-moe",
+        progress=progress,
     )
     train_s = time.perf_counter() - start
     card = method.card(state)
@@ -141,20 +140,15 @@ def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainCon
                           "by_sigma": [round(float(x), 5) for x in l]} for name, l in losses.items()}
     if out is not None:
         save_card(card, out, base=BASE, base_components=SHARED)
-        report = {"model_id": MODEL_ID, "settings": config_to_dict(cfg), "start_from": BASE,
-                  "final_loss": float(np.mean([h["loss"] for h in history[-100:]])), "train_s": train_s,
-                  "heldout_sigmas": [float(s) for s in sigmas], "heldout_loss": report_loss,
-                  "jax": jax.__version__, "backend": jax.default_backend()}
-        (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_report(out, {"model_id": MODEL_ID, "settings": config_to_dict(cfg), "start_from": BASE,
+                           "final_loss": float(np.mean([h["loss"] for h in history[-100:]])), "train_s": train_s,
+                           "heldout_sigmas": [float(s) for s in sigmas], "heldout_loss": report_loss})
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "by_sigma"} for k, v in report_loss.items()}))
     return card
 
 
 def main(argv=None) -> None:
-    parser = settings_parser(MoEPretrainConfig, "Pretrain the wan22-moe card's two experts from the bundled wan-t2v.")
-    args, cfg = parse_settings(parser, MoEPretrainConfig, argv)
-    pretrain_moe(args.out, cfg)
-    print(f"wrote {args.out}")
+    run_recipe(MoEPretrainConfig, "Pretrain the wan22-moe card's two experts from the bundled wan-t2v.", pretrain_moe, argv)
 
 
 if __name__ == "__main__":

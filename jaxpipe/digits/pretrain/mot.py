@@ -22,7 +22,6 @@ reference to its base card), ``metrics.jsonl`` and ``pretrain.json``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpipe import cards, samplers
+from jaxpipe import cards, samplers, validate
 from jaxpipe.card import Card
 from jaxpipe.cards import generator, toy_mot, toy_mot_video
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
@@ -40,7 +39,8 @@ from jaxpipe.digits import data as digits
 from jaxpipe.nn.mot import MoT
 from jaxpipe.training.supervised import Supervised
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.common import array_batches, parse_settings, recipe_optimizer, settings_parser
+from jaxpipe.digits.pretrain.common import (RenderedSettings, VideoBatch, array_batches, digit_videos, output_dir,
+                                            run_recipe, write_report)
 
 __all__ = ["MoTPretrainConfig", "MoTTrainer", "caption_ids", "pretrain_mot"]
 
@@ -48,26 +48,22 @@ BASE_COMPONENTS = ("vae",)
 
 
 @dataclasses.dataclass(frozen=True)
-class MoTPretrainConfig:
-    """What a MoT pretraining run does; the defaults are the bundled card's settings."""
+class MoTPretrainConfig(RenderedSettings, VideoBatch):
+    """What a MoT pretraining run does; the defaults are the bundled card's settings. ``p_full`` / ``p_empty``:
+    the probabilities that an image is generated from its whole caption / from nothing (``generation_text``);
+    ``text_weight``: the weight of the next-token losses; ``routing``: ``bagel-mot``'s expert routing."""
 
-    seed: int = 0
-    steps: int = 4000
-    batch_size: int = 64
-    video_batch_size: int = 16
-    learning_rate: float = 1e-3
-    warmup_steps: int = 100
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    copies: int = 8
     p_full: float = 0.5
     p_empty: float = 0.1
     text_weight: float = 1.0
     routing: str = "modality"
 
     def __post_init__(self):
-        if not (0 <= self.p_full and 0 <= self.p_empty and self.p_full + self.p_empty <= 1):
-            raise ValueError(f"p_full and p_empty must be >= 0 with p_full + p_empty <= 1 (got {self.p_full}, {self.p_empty})")
+        super().__post_init__()
+        validate.fractions(self, "p_full", "p_empty")
+        if self.p_full + self.p_empty > 1:
+            raise ValueError(f"p_full + p_empty must be <= 1 (got {self.p_full} + {self.p_empty})")
+        validate.non_negative(self, "text_weight")
 
 
 def _next_token_loss(logits: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -132,21 +128,18 @@ class MoTTrainer(Supervised):
 
     def __init__(self, model: MoT, eos: int, cfg: MoTPretrainConfig = MoTPretrainConfig(), *, understand: bool = True):
         self.cfg, self.eos, self.understand = cfg, eos, understand
-        optimizer = recipe_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, weight_decay=cfg.weight_decay,
-                                     grad_clip=cfg.grad_clip)
-        super().__init__(model, lambda m, batch, key: mot_loss(m, batch, key, eos, cfg, understand), optimizer)
+        super().__init__(model, lambda m, batch, key: mot_loss(m, batch, key, eos, cfg, understand), cfg.optimizer())
 
 
 def training_arrays(card: Card, cfg: MoTPretrainConfig, chunk: int = 256) -> dict[str, np.ndarray]:
     """``{"latents": (N, T, h, w, C), "words": (N, W)}``: train-split digits encoded once by the card's
     autoencoder — full-caption images (``bagel-mot``; W = 4) or captioned moving-digit videos
     (``cosmos3``; ``"seven moving right"``, W = 3)."""
-    images, labels = digits.load_images("train")
     if card.spec.family == toy_mot_video.FAMILY.name:
-        data = digits.concat([digits.make_videos(images, labels, seed=cfg.seed + i) for i in range(cfg.copies)])
+        data = digit_videos("train", seed=cfg.seed, copies=cfg.copies)
         pixels, field, width = data.video, "video", 3
     else:
-        data = digits.augment(images, labels, seed=cfg.seed, copies=cfg.copies)
+        data = digits.augment(*digits.load_images("train"), seed=cfg.seed, copies=cfg.copies)
         pixels, field, width = data.image, "image", 4
     encode = jax.jit(lambda vae, x: generator.TEXT_FLOW.latents({"vae": vae}, {field: x}))
     latents = np.concatenate([np.asarray(encode(card["vae"], jnp.asarray(pixels[i : i + chunk])))
@@ -162,10 +155,7 @@ def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainCon
                  progress: bool = True) -> Card:
     """Train a MoT card (``bagel-mot`` with ``cfg.routing``, or ``cosmos3``) on its bundled base card's
     autoencoder; save it to ``out`` (the autoencoder by reference)."""
-    out = None if out is None else Path(out)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+    out = output_dir(out, "metrics.jsonl")
     start = time.perf_counter()
     video = model_id == "cosmos3"
     config = digit_cards.bundled_config("cosmos3") if video else digit_cards.bundled_config("bagel-mot", cfg.routing)
@@ -176,7 +166,7 @@ def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainCon
     state, history = fit(
         trainer.step,
         trainer.init(),
-        array_batches(training_arrays(card, cfg), cfg.video_batch_size if video else cfg.batch_size, seed=cfg.seed + 1),
+        array_batches(training_arrays(card, cfg), cfg.batch(video), seed=cfg.seed + 1),
         steps=cfg.steps,
         key=jax.random.key(cfg.seed + 1),
         metrics_path=None if out is None else out / "metrics.jsonl",
@@ -188,19 +178,15 @@ def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainCon
         save_card(card, out, base=base, base_components=BASE_COMPONENTS)
         last = history[-100:]
         final = {name: float(np.mean([h[name] for h in last])) for name in ("loss", "flow", "think", "understand")}
-        report = {"model_id": model_id, "base": base, "settings": config_to_dict(cfg), "final": final,
-                  "params": card["transformer"].param_counts(), "train_s": time.perf_counter() - start,
-                  "jax": jax.__version__, "backend": jax.default_backend()}
-        (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_report(out, {"model_id": model_id, "base": base, "settings": config_to_dict(cfg), "final": final,
+                           "params": card["transformer"].param_counts(), "train_s": time.perf_counter() - start})
     return card
 
 
 def main(argv=None) -> None:
-    parser = settings_parser(MoTPretrainConfig, "Pretrain a Mixture-of-Transformers card on the digits world.")
-    parser.add_argument("--model-id", default="bagel-mot", help="bagel-mot (or another id: a bagel-mot-shaped card under that id) or cosmos3")
-    args, cfg = parse_settings(parser, MoTPretrainConfig, argv)
-    pretrain_mot(args.out, cfg, model_id=args.model_id)
-    print(f"wrote {args.out}")
+    model_id = {"default": "bagel-mot", "help": "bagel-mot (or another id: a bagel-mot-shaped card under that id) or cosmos3"}
+    run_recipe(MoTPretrainConfig, "Pretrain a Mixture-of-Transformers card on the digits world.", pretrain_mot, argv,
+               options={"--model-id": model_id})
 
 
 if __name__ == "__main__":

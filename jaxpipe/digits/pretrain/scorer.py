@@ -17,9 +17,7 @@ with random attributes. The bundled weights are reproduced (same seed, same mach
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -36,7 +34,8 @@ from jaxpipe.digits import digit_scorer
 from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.digits import data as digits
 from jaxpipe.digits.digit_scorer.network import HEADS, DigitScorer, ScorerConfig
-from jaxpipe.digits.pretrain.common import recipe_optimizer
+from jaxpipe import validate
+from jaxpipe.digits.pretrain.common import PerturbedSettings, run_recipe, write_metrics
 from jaxpipe.training.supervised import PART, Supervised
 from jaxpipe.training.trainer import TrainState
 
@@ -65,8 +64,9 @@ LABELS = tuple(HEADS)
 
 
 @dataclasses.dataclass(frozen=True)
-class ScorerTrainConfig:
-    """Network size, optimiser and augmentation settings of a scorer run.
+class ScorerTrainConfig(PerturbedSettings):
+    """Network size, optimiser and augmentation settings of a scorer run; ``seed`` fixes the initialisation,
+    the data rendering, the batch order and the in-step perturbations.
 
     ``rotate`` (degrees), ``zoom``, ``shear``, ``elastic`` (px): the ranges of ``warp``;
     ``gain``: the ink is scaled by ``U(1 - gain, 1 + gain)``; ``blur``: each image is mixed with
@@ -74,41 +74,26 @@ class ScorerTrainConfig:
     ``U(0, noise)`` per image (pixels in ``[-1, 1]``). ``copies``: renderings of each held-out digit.
     """
 
+    PERTURBATION = ("rotate", "zoom", "shear", "elastic", "gain", "blur", "noise")
+
     scorer: ScorerConfig = ScorerConfig()
     steps: int = DEFAULT_STEPS
-    batch_size: int = 128
     learning_rate: float = 3e-3
-    warmup_steps: int = 100
     weight_decay: float = 1e-4
-    grad_clip: float = 1.0
     copies: int = 32
     rotate: float = 10.0
     zoom: float = 0.08
     shear: float = 0.1
-    elastic: float = 0.5
-    gain: float = 0.1
     blur: float = 0.6
     noise: float = 0.1
+    elastic: float = 0.5
+    gain: float = 0.1
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "copies"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int (got {value!r})")
-        if self.warmup_steps < 0 or self.learning_rate <= 0 or self.weight_decay < 0 or self.grad_clip <= 0:
-            raise ValueError("need learning_rate > 0, grad_clip > 0, warmup_steps >= 0 and weight_decay >= 0")
-        if not (0.0 <= self.gain < 1.0 and 0.0 <= self.blur <= 1.0 and self.noise >= 0.0):
-            raise ValueError(f"need gain in [0, 1), blur in [0, 1], noise >= 0 (got {self.gain}, {self.blur}, {self.noise})")
-        if not (0.0 <= self.rotate <= 45.0 and 0.0 <= self.zoom < 0.5 and 0.0 <= self.shear < 1.0 and self.elastic >= 0.0):
-            raise ValueError(
-                f"need rotate in [0, 45] degrees, zoom in [0, 0.5), shear in [0, 1), elastic >= 0 "
-                f"(got {self.rotate}, {self.zoom}, {self.shear}, {self.elastic})"
-            )
-
-    def perturbation(self) -> dict[str, float]:
-        """The keyword arguments of ``perturb``."""
-        names = ("rotate", "zoom", "shear", "elastic", "gain", "blur", "noise")
-        return {name: getattr(self, name) for name in names}
+        super().__post_init__()
+        validate.fractions(self, "blur")
+        validate.non_negative(self, "elastic")
+        validate.within(self, "gain", low=0.0, high=1.0, open_high=True)
 
 
 def warp(
@@ -214,9 +199,7 @@ class ScorerTrainer(Supervised):
     def __init__(self, config: ScorerTrainConfig = ScorerTrainConfig()):
         self.config = config
         abstract = nnx.eval_shape(lambda: DigitScorer(config.scorer, rngs=nnx.Rngs(0)))
-        optimizer = recipe_optimizer(config.learning_rate, config.warmup_steps, config.steps,
-                                     weight_decay=config.weight_decay, grad_clip=config.grad_clip, end_fraction=0.05)
-        super().__init__(abstract, self.batch_loss, optimizer)
+        super().__init__(abstract, self.batch_loss, config.optimizer())
 
     def init(self, key: jax.Array) -> TrainState:
         """A freshly initialised scorer (deterministic in ``key``) and a fresh optimiser."""
@@ -273,24 +256,17 @@ def _perturbed(dataset: digits.ImageDataset, config: ScorerTrainConfig, seed: in
 
 
 # ------------------------------------------------------------------------------------------------ the bundled run
-def pretrain(
-    out_dir: str | os.PathLike,
-    *,
-    seed: int = 0,
-    steps: int = DEFAULT_STEPS,
-    config: ScorerTrainConfig | None = None,
-    progress: bool = True,
-) -> Card:
+def pretrain(out_dir: str | os.PathLike, config: ScorerTrainConfig = ScorerTrainConfig(), *, progress: bool = True) -> Card:
     """Train a ``digit-scorer`` card from scratch and save it (``save_card``) plus ``metrics.json`` to ``out_dir``.
 
-    ``seed`` fixes the initialisation, the data rendering, the batch order and the in-step
+    ``config.seed`` fixes the initialisation, the data rendering, the batch order and the in-step
     perturbations. ``metrics.json`` holds the settings, the wall time and the per-head accuracy
     on the train split (unseen digits, random attributes), clean and perturbed.
     """
     from jaxpipe.training.fit import fit
 
     t0 = time.perf_counter()
-    config = dataclasses.replace(config or ScorerTrainConfig(), steps=steps)
+    seed = config.seed
     trainer = ScorerTrainer(config)
     key = jax.random.key(seed)
     k_init, k_steps = jax.random.split(key)
@@ -301,10 +277,8 @@ def pretrain(
     state, history = fit(
         trainer.step, state, batches, steps=config.steps, key=k_steps, desc="digit-scorer", progress=progress
     )
-    skipped = int(sum(row["skipped"] for row in history))
-    if skipped:
-        print(f"digit-scorer: skipped {skipped} of {config.steps} steps with a non-finite loss or gradient")
     train_seconds = time.perf_counter() - start
+    skipped = int(sum(row["skipped"] for row in history))
     if skipped:
         print(f"digit-scorer: skipped {skipped} of {config.steps} steps with a non-finite loss or gradient")
     card = trainer.card(state)
@@ -317,39 +291,22 @@ def pretrain(
     }
     out_dir = Path(out_dir)
     save_card(card, out_dir)
-    report = {
-        "command": f"python -m jaxpipe.digits.pretrain.scorer --out {out_dir} --steps {steps} --seed {seed}",
-        "seed": seed,
-        "steps": config.steps,
-        "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.perf_counter() - t0, 1),
-        "skipped_steps": skipped,
-        "devices": f"{jax.default_backend()} x{jax.device_count()}",
-        "params": card.num_params(),
-        "trained_on": f"heldout split ({len(dataset) // config.copies} digits) x {config.copies} renderings",
-        "accuracy": {split: {k: round(v, 4) for k, v in acc.items()} for split, acc in accuracy.items()},
-        "accuracy_notes": {
+    write_metrics(
+        out_dir, "scorer", config, card, train_seconds=train_seconds, total_seconds=time.perf_counter() - t0,
+        skipped_steps=skipped,
+        trained_on=f"heldout split ({len(dataset) // config.copies} digits) x {config.copies} renderings",
+        accuracy={split: {k: round(v, 4) for k, v in acc.items()} for split, acc in accuracy.items()},
+        accuracy_notes={
             "train_split": "the generators' train digits (never seen by the scorer), 2 renderings each, random attributes",
             "train_split_perturbed": "the same images with the training-time perturbation (warp, blur, gain, noise)",
             "heldout_split": "the scorer's own digits, a fresh rendering (fit, not generalisation)",
         },
-        "config": dataclasses.asdict(config),
-    }
-    (out_dir / "metrics.json").write_text(json.dumps(report, indent=2) + "\n")
+    )
     return card
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jaxpipe.digits.pretrain.scorer", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="directory for config.json, weights.safetensors, metrics.json")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"training steps (default {DEFAULT_STEPS})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of init, data, batch order and perturbations")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-    if args.steps <= 0 or args.seed < 0:
-        parser.error("--steps must be > 0 and --seed >= 0")
-    pretrain(args.out, seed=args.seed, steps=args.steps, progress=not args.quiet)
-    print((Path(args.out) / "metrics.json").read_text())
+    run_recipe(ScorerTrainConfig, __doc__.split("\n")[0], pretrain, argv, report="metrics.json")
 
 
 if __name__ == "__main__":
