@@ -9,6 +9,7 @@ conditions on, with an all-masked text as the unconditional half of guidance.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -19,18 +20,42 @@ import numpy as np
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.cards import generator
 from jaxpipe.loops import ar, denoise
-from jaxpipe.nn.mot import MoTCond
+from jaxpipe.nn import AutoencoderConfig, Tokenizer
+from jaxpipe.nn.mot import MoTCond, MoTConfig
 from jaxpipe.request import Request
 
 
+@dataclasses.dataclass(frozen=True)
 class MoTCardConfig:
-    """What both MoT families' frozen configs share (fields ``image_size``, ``vae``, ``mot`` and one
-    ``ar.ARConfig`` per text loop): the checks of the MoT against its tokenizer, autoencoder and text
-    loops, its latent shape and the words a prompt may have. ``REWRITE``: the text loop that rewrites
-    the prompt (``"think"``, ``"reason"``); ``TEXT_LOOPS``: every text loop's field."""
+    """What both MoT families' configs share: the ``vocabulary`` (required), ``image_size``, the autoencoder,
+    the MoT (``None``: ``default_mot(vocab)`` for the vocabulary) and the image / video loop's ``sampling``;
+    the checks of the MoT against its tokenizer, autoencoder and text loops; its latent shape and the words
+    a prompt may have. A family adds one ``ar.ARConfig`` field per text loop (``TEXT_LOOPS``; ``None``:
+    ``default_text_loop``), ``REWRITE`` naming the one that rewrites the prompt (``"think"``, ``"reason"``)."""
 
     REWRITE: ClassVar[str]
     TEXT_LOOPS: ClassVar[tuple[str, ...]]
+
+    vocabulary: tuple[str, ...] = dataclasses.field(kw_only=True)
+    image_size: int = 16
+    vae: AutoencoderConfig = AutoencoderConfig()
+    mot: MoTConfig | None = None
+    sampling: denoise.DenoiseConfig = denoise.DenoiseConfig()
+
+    def __post_init__(self):
+        object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
+        vocab = Tokenizer(self.vocabulary).vocab_size
+        generator.fill(self, mot=lambda: self.default_mot(vocab),
+                       **{name: (lambda name=name: self.default_text_loop(name, vocab)) for name in self.TEXT_LOOPS})
+        self._check_mot(vocab)
+
+    def default_mot(self, vocab: int) -> MoTConfig:
+        """The CPU-test-sized MoT of a ``vocab``-word tokenizer (+ <eos>)."""
+        raise NotImplementedError
+
+    def default_text_loop(self, name: str, vocab: int) -> ar.ARConfig:
+        """The default settings of text loop ``name``: 4 tokens sampled at temperature 1, stopping at <eos>."""
+        return ar.ARConfig(max_new_tokens=4, temperature=1.0, eos_id=vocab)
 
     def _check_mot(self, vocab: int) -> None:
         """ValueErrors for a MoT that does not fit: ``vocab`` words + <eos>, each text loop stopping at

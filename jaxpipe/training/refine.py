@@ -25,12 +25,14 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxpipe.card import Card
 from jaxpipe.loops import ar
+from jaxpipe.program import Program, settings
 from jaxpipe.prompts import Prompts
 from jaxpipe.training import losses, rollout, update
 
 __all__ = [
-    "RefinerConfig", "refine_rows", "restrict", "token_objective", "refiner_update", "reward_stats", "check_room",
+    "RefinerConfig", "refine_rows", "render_rewrites", "restrict", "token_objective", "refiner_update", "reward_stats", "check_room",
     "prefixed",
 ]
 
@@ -68,6 +70,16 @@ class RefinerConfig:
 def refine_rows(group_size: int, skip: int, batch_rows: int) -> jax.Array:
     """``(B,)`` bool: rows that get a rewrite (the first K − skip of every group)."""
     return (jnp.arange(batch_rows) % group_size) < group_size - skip
+
+
+def render_rewrites(card: Card, program: Program, prompts: Prompts, key: jax.Array, *, group: rollout.Group, skip: int,
+                    loops: Mapping[str, Any], capture: tuple[str, ...]) -> tuple[rollout.Render, jax.Array]:
+    """``program`` on ``card`` over K = ``group.size`` samples per prompt, the first K − ``skip`` of each
+    group rewriting their prompt (``loops``: loop id -> its settings): ``(the render, (B,) rewrite rows)``."""
+    rows = refine_rows(group.size, skip, len(prompts) * group.size)
+    run = rollout.render(card, program, settings(**loops), prompts, key, group_size=group.size, capture=capture,
+                         rewrite=rows)
+    return run, rows
 
 
 def restrict(refinement: ar.Continuation, refined: jax.Array) -> ar.Continuation:

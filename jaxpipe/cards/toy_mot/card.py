@@ -23,10 +23,9 @@ from typing import ClassVar
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
-from jaxpipe.cards import generator
 from jaxpipe.cards.mot import MoTCardConfig, eos_id
-from jaxpipe.loops import ar, denoise
-from jaxpipe.nn import Autoencoder, AutoencoderConfig, Tokenizer
+from jaxpipe.loops import ar
+from jaxpipe.nn import Autoencoder, Tokenizer
 from jaxpipe.nn.mot import MoT, MoTConfig
 
 __all__ = ["IMAGE_LOOP", "MODEL_ID", "THINK_LOOP", "UNDERSTAND_LOOP", "Config", "build", "eos_id"]
@@ -49,24 +48,19 @@ class Config(MoTCardConfig):
     REWRITE: ClassVar[str] = "think"
     TEXT_LOOPS: ClassVar[tuple[str, ...]] = ("think", "caption")
 
-    vocabulary: tuple[str, ...] = dataclasses.field(kw_only=True)
-    image_size: int = 16
-    vae: AutoencoderConfig = AutoencoderConfig()
-    mot: MoTConfig | None = None
     think: ar.ARConfig | None = None
     caption: ar.ARConfig | None = None
-    sampling: denoise.DenoiseConfig = denoise.DenoiseConfig()
+
+    def default_mot(self, vocab: int) -> MoTConfig:
+        return MoTConfig(vocab_size=vocab + 1, max_text=8, latent_size=8, time_embed_dim=64)
+
+    def default_text_loop(self, name: str, vocab: int) -> ar.ARConfig:
+        if name == "caption":  # understanding reads the image greedily, one token longer
+            return ar.ARConfig(max_new_tokens=5, temperature=0.0, eos_id=vocab)
+        return super().default_text_loop(name, vocab)
 
     def __post_init__(self):
-        object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
-        vocab = Tokenizer(self.vocabulary).vocab_size
-        generator.fill(
-            self,
-            mot=lambda: MoTConfig(vocab_size=vocab + 1, max_text=8, latent_size=8, time_embed_dim=64),
-            think=lambda: ar.ARConfig(max_new_tokens=4, temperature=1.0, eos_id=vocab),
-            caption=lambda: ar.ARConfig(max_new_tokens=5, temperature=0.0, eos_id=vocab),
-        )
-        self._check_mot(vocab)
+        super().__post_init__()
         if 1 + self.caption.max_new_tokens > self.mot.max_text:
             raise ValueError(f"<bos> + caption.max_new_tokens ({self.caption.max_new_tokens}) exceeds mot.max_text ({self.mot.max_text})")
 

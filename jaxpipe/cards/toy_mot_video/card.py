@@ -17,10 +17,9 @@ from typing import ClassVar
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
-from jaxpipe.cards import generator
 from jaxpipe.cards.mot import MoTCardConfig, eos_id
-from jaxpipe.loops import ar, denoise
-from jaxpipe.nn import Autoencoder, AutoencoderConfig, Tokenizer
+from jaxpipe.loops import ar
+from jaxpipe.nn import Autoencoder, Tokenizer
 from jaxpipe.nn.mot import MoT, MoTConfig
 
 __all__ = ["MODEL_ID", "REASON_LOOP", "VIDEO_LOOP", "OPTIONAL", "Config", "build", "eos_id"]
@@ -39,22 +38,13 @@ class Config(MoTCardConfig):
     REWRITE: ClassVar[str] = "reason"
     TEXT_LOOPS: ClassVar[tuple[str, ...]] = ("reason",)
 
-    vocabulary: tuple[str, ...] = dataclasses.field(kw_only=True)
-    image_size: int = 16
-    vae: AutoencoderConfig = AutoencoderConfig()
-    mot: MoTConfig | None = None
     reason: ar.ARConfig | None = None
-    sampling: denoise.DenoiseConfig = denoise.DenoiseConfig()
+
+    def default_mot(self, vocab: int) -> MoTConfig:
+        return MoTConfig(vocab_size=vocab + 1, max_text=8, latent_size=8, frames=8, time_embed_dim=64, routing="shared")
 
     def __post_init__(self):
-        object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
-        vocab = Tokenizer(self.vocabulary).vocab_size
-        generator.fill(
-            self,
-            mot=lambda: MoTConfig(vocab_size=vocab + 1, max_text=8, latent_size=8, frames=8, time_embed_dim=64, routing="shared"),
-            reason=lambda: ar.ARConfig(max_new_tokens=4, temperature=1.0, eos_id=vocab),
-        )
-        self._check_mot(vocab)
+        super().__post_init__()
         if self.mot.frames < 2:
             raise ValueError(f"a video needs mot.frames >= 2 (got {self.mot.frames})")
 

@@ -46,14 +46,13 @@ from jaxpipe.card import Card
 from jaxpipe.cards import registry, toy_multi_expert, toy_unified
 from jaxpipe.loops import ar, denoise
 from jaxpipe.nn import MaskedLM
-from jaxpipe.program import settings as loop_settings
 from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import ppo, rollout, update
 from jaxpipe.training.grpo import FlowGRPOConfig, generator_update
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.parts import Parts
-from jaxpipe.training.refine import RefinerConfig, check_room, prefixed, refine_rows, refiner_update, restrict, reward_stats
+from jaxpipe.training.refine import RefinerConfig, check_room, prefixed, refiner_update, render_rewrites, restrict, reward_stats
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 
 __all__ = [
@@ -196,12 +195,10 @@ class _RefinerRL(RolloutMethod):
     def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> JointRollout:
         cfg = self.config
         group = cfg.generator.group
-        card = self.rollout_card(state.params, state.frozen)
-        refined = refine_rows(group.size, cfg.refiner.skip, len(batch) * group.size)
-        settings = loop_settings(**{self.refine_loop: self.ar_config, self.denoise_loop: self.sampling})
-        capture = self.captured + ((self.denoise_loop,) if cfg.joint else ())
-        run = rollout.render(card, self.program, settings, batch, key, group_size=group.size, capture=capture,
-                             rewrite=refined)
+        run, refined = render_rewrites(
+            self.rollout_card(state.params, state.frozen), self.program, batch, key, group=group, skip=cfg.refiner.skip,
+            loops={self.refine_loop: self.ar_config, self.denoise_loop: self.sampling},
+            capture=self.captured + ((self.denoise_loop,) if cfg.joint else ()))
         execution = run.execution
         refinement, text_ids = self._refinement(execution, refined)
         images = execution.artifacts["image"]

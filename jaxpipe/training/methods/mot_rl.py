@@ -30,13 +30,12 @@ from jaxpipe.card import Card
 from jaxpipe.cards import registry, toy_mot
 from jaxpipe.loops import ar
 from jaxpipe.nn.mot import TEXT, MoT, MoTCond
-from jaxpipe.program import settings as loop_settings
 from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import ppo, rollout, update
 from jaxpipe.training.grpo import FlowGRPOConfig, generator_loss
 from jaxpipe.training.parts import Parts
-from jaxpipe.training.refine import RefinerConfig, check_room, prefixed, refine_rows, restrict, reward_stats, token_objective
+from jaxpipe.training.refine import RefinerConfig, check_room, prefixed, render_rewrites, restrict, reward_stats, token_objective
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 
 __all__ = ["ROLES", "MoTRLConfig", "MoTRollout", "SharedMoTRL", "gradient_roles", "role_cosines", "text_cond"]
@@ -164,11 +163,10 @@ class SharedMoTRL(RolloutMethod):
     def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> MoTRollout:
         cfg = self.config
         group = cfg.generator.group
-        card = self.rollout_card(state.params, state.frozen)
-        think = refine_rows(group.size, cfg.thinking.skip, len(batch) * group.size)
-        settings = loop_settings(**{toy_mot.THINK_LOOP: self.ar_config, toy_mot.IMAGE_LOOP: self.sampling})
-        run = rollout.render(card, self.program, settings, batch, key, group_size=group.size,
-                             capture=(toy_mot.THINK_LOOP, toy_mot.IMAGE_LOOP), rewrite=think)
+        run, think = render_rewrites(
+            self.rollout_card(state.params, state.frozen), self.program, batch, key, group=group, skip=cfg.thinking.skip,
+            loops={toy_mot.THINK_LOOP: self.ar_config, toy_mot.IMAGE_LOOP: self.sampling},
+            capture=(toy_mot.THINK_LOOP, toy_mot.IMAGE_LOOP))
         thought = restrict(rollout.refinement(run.execution, toy_mot.THINK_LOOP), think)
         prompt_length = jnp.sum(run.prompts.ids != 0, axis=1).astype(jnp.int32)
         text_length = jnp.where(think, thought.length, prompt_length)
