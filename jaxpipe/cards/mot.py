@@ -17,11 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpipe.card import Card, LoopSpec
+from flax import nnx
+
+from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.cards import generator
 from jaxpipe.loops import ar, denoise
-from jaxpipe.nn import AutoencoderConfig, Tokenizer
-from jaxpipe.nn.mot import MoTCond, MoTConfig
+from jaxpipe.nn import Autoencoder, AutoencoderConfig, Tokenizer
+from jaxpipe.nn.mot import MoT, MoTCond, MoTConfig
 from jaxpipe.request import Request
 
 
@@ -85,7 +87,18 @@ class MoTCardConfig:
         """The words a prompt may have: the MoT's text slots less the rewrite's."""
         return self.mot.max_text - getattr(self, self.REWRITE).max_new_tokens
 
-__all__ = ["MoTCardConfig", "fold", "lengths", "prefill_prompt", "start_ar", "final_state", "start_denoise", "prompt_ids", "eos_id"]
+__all__ = ["MoTCardConfig", "build_card", "fold", "lengths", "prefill_prompt", "start_ar", "final_state", "start_denoise", "prompt_ids", "eos_id"]
+
+
+def build_card(config: MoTCardConfig, loops: tuple[LoopSpec, ...], *, seed: int, model_id: str, family: str,
+               recipe: tuple[str, ...], capabilities: tuple[str, ...], optional: tuple[str, ...] = ()) -> Card:
+    """A MoT card with freshly initialised components (deterministic in ``seed``): ONE ``transformer`` (a
+    ``MoT``) bound to every loop of ``loops``, and the autoencoder ``vae``."""
+    rngs = nnx.Rngs(seed)
+    components = {"transformer": MoT(config.mot, rngs=rngs), "vae": Autoencoder(config.vae, rngs=rngs)}
+    spec = CardSpec(model_id=model_id, family=family, loops=loops, recipe=recipe, parity=("C0", "C1", "C2", "C3"),
+                    capabilities=capabilities, tokenizer=Tokenizer(config.vocabulary), config=config, optional=optional)
+    return Card(components, spec)
 
 
 def fold(keys: jax.Array, stream: int) -> jax.Array:

@@ -20,13 +20,11 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from flax import nnx
 
-from jaxpipe.card import Card, CardSpec, LoopSpec
-from jaxpipe.cards.mot import MoTCardConfig, eos_id
+from jaxpipe.card import Card, LoopSpec
+from jaxpipe.cards.mot import MoTCardConfig, build_card, eos_id
 from jaxpipe.loops import ar
-from jaxpipe.nn import Autoencoder, Tokenizer
-from jaxpipe.nn.mot import MoT, MoTConfig
+from jaxpipe.nn.mot import MoTConfig
 
 __all__ = ["IMAGE_LOOP", "MODEL_ID", "THINK_LOOP", "UNDERSTAND_LOOP", "Config", "build", "eos_id"]
 
@@ -67,22 +65,11 @@ class Config(MoTCardConfig):
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A MoT card with freshly initialised components (deterministic in ``seed``)."""
-    rngs = nnx.Rngs(seed)
-    components = {"transformer": MoT(config.mot, rngs=rngs), "vae": Autoencoder(config.vae, rngs=rngs)}
     loops = (
         LoopSpec(THINK_LOOP, "ar_decode", ("transformer",), config.think),
         LoopSpec(IMAGE_LOOP, "denoise", ("transformer",), config.sampling, latent_shape=config.latent_shape),
         LoopSpec(UNDERSTAND_LOOP, "ar_decode", ("transformer",), config.caption),
     )
-    spec = CardSpec(
-        model_id=model_id,
-        family="toy_mot",
-        loops=loops,
-        recipe=(THINK_LOOP, IMAGE_LOOP),
-        parity=("C0", "C1", "C2", "C3"),
-        capabilities=("t2i", "think", "understand"),
-        tokenizer=Tokenizer(config.vocabulary),
-        config=config,
-    )
-    return Card(components, spec)
+    return build_card(config, loops, seed=seed, model_id=model_id, family="toy_mot", recipe=(THINK_LOOP, IMAGE_LOOP),
+                      capabilities=("t2i", "think", "understand"))
 

@@ -14,13 +14,11 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from flax import nnx
 
-from jaxpipe.card import Card, CardSpec, LoopSpec
-from jaxpipe.cards.mot import MoTCardConfig, eos_id
+from jaxpipe.card import Card, LoopSpec
+from jaxpipe.cards.mot import MoTCardConfig, build_card, eos_id
 from jaxpipe.loops import ar
-from jaxpipe.nn import Autoencoder, Tokenizer
-from jaxpipe.nn.mot import MoT, MoTConfig
+from jaxpipe.nn.mot import MoTConfig
 
 __all__ = ["MODEL_ID", "REASON_LOOP", "VIDEO_LOOP", "OPTIONAL", "Config", "build", "eos_id"]
 
@@ -52,21 +50,9 @@ class Config(MoTCardConfig):
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A reason-then-video MoT card with freshly initialised components (deterministic in ``seed``); its optional
     ``sound_decoder`` is declared, not built."""
-    rngs = nnx.Rngs(seed)
-    components = {"transformer": MoT(config.mot, rngs=rngs), "vae": Autoencoder(config.vae, rngs=rngs)}
     loops = (
         LoopSpec(REASON_LOOP, "ar_decode", ("transformer",), config.reason),
         LoopSpec(VIDEO_LOOP, "denoise", ("transformer",), config.sampling, latent_shape=config.latent_shape),
     )
-    spec = CardSpec(
-        model_id=model_id,
-        family="toy_mot_video",
-        loops=loops,
-        recipe=(REASON_LOOP, VIDEO_LOOP),
-        parity=("C0", "C1", "C2", "C3"),
-        capabilities=("t2v", "reason"),
-        tokenizer=Tokenizer(config.vocabulary),
-        config=config,
-        optional=OPTIONAL,
-    )
-    return Card(components, spec)
+    return build_card(config, loops, seed=seed, model_id=model_id, family="toy_mot_video", recipe=(REASON_LOOP, VIDEO_LOOP),
+                      capabilities=("t2v", "reason"), optional=OPTIONAL)
