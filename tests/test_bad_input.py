@@ -126,3 +126,5 @@ def test_cards_prints_a_table():
     assert header.split()[:4] == ["id", "family", "parameters", "loops"]
     flux = next(row for row in rows if row.startswith("flux-t2i "))
     assert "toy_t2i" in flux and "t2i_denoise (denoise)" in flux and "text-to-image" in flux
+    assert {row.split()[0] for row in rows} == set(jp.cards.available())  # every bundled card, the judges included
+    assert "digit_classifier" in next(row for row in rows if row.startswith("digit-classifier "))

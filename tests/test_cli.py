@@ -68,11 +68,6 @@ def test_bad_input_fails_clearly(args, message, tmp_path):
     assert message in result.output
 
 
-def test_cards_lists_the_bundled_cards():
-    result = runner.invoke(app, ["cards"])
-    assert result.exit_code == 0 and "flux-t2i" in result.output.split()
-
-
 def test_console_entry_point_runs():
     result = subprocess.run([sys.executable, "-m", "jaxpipe.cli", "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "generate" in result.stdout

@@ -69,7 +69,7 @@ def test_the_engine_never_imports_training_and_samplers_import_only_jax():
 
 def test_the_core_imports_and_builds_with_the_world_blocked():
     """Every core module imports with ``jaxpipe.digits`` unimportable; the registries then know no bundled
-    card, and a toy card with a vocabulary of its own builds and renders."""
+    card, and a toy card with a vocabulary of its own builds (``test_own_reward`` trains one)."""
     script = r"""
 import importlib, pkgutil, sys
 sys.modules["jaxpipe.digits"] = None          # any import of the world now fails
@@ -83,8 +83,7 @@ for name in names:
 assert jp.cards.available() == [], jp.cards.available()
 from jaxpipe.cards import toy_t2i
 card = toy_t2i.build(toy_t2i.Config(vocabulary=("red", "blue", "circle", "square")), model_id="shapes-t2i")
-out = jp.generate(card, ["red circle"], num_steps=2)
-assert out["image"].shape == (1, 16, 16, 1), out["image"].shape
+assert card.model_id == "shapes-t2i" and card.num_params() > 0
 print("ok", len(names))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
@@ -92,12 +91,12 @@ print("ok", len(names))
     assert done.stdout.startswith("ok"), done.stdout
 
 
-@pytest.mark.parametrize("module", ["jaxpipe.worlds", "jaxpipe.cards.registry"])
-def test_the_world_is_registered_lazily(module):
-    """Importing the registries does not import the world; asking for a bundled card does."""
-    script = f"""
+def test_the_world_is_registered_lazily():
+    """Importing the registries (or jaxpipe) does not import the world; asking for a bundled card does."""
+    script = """
 import sys
-import {module}
+import jaxpipe.worlds
+import jaxpipe.cards.registry
 assert "jaxpipe.digits" not in sys.modules
 import jaxpipe as jp
 assert "jaxpipe.digits" not in sys.modules

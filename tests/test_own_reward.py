@@ -15,7 +15,7 @@ import pytest
 import jaxpipe as jp
 from jaxpipe import prompts, rewards
 from jaxpipe.cards import toy_t2i
-from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, Sampling
+from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, Sampling, rollout
 from jaxpipe.training.fit import fit
 from jaxpipe.training.runs.heldout import HeldOut, held_out_quality
 from conftest import perturbed
@@ -77,8 +77,11 @@ def test_a_host_reward_scores_inside_the_one_jitted_step_like_the_jax_one(card):
     ours, theirs = jax_method.rollout(state, batch, key), host_method.rollout(state, batch, key)
     np.testing.assert_allclose(theirs.rewards, ours.rewards, rtol=1e-6)
     np.testing.assert_array_equal(theirs.generated.images, ours.generated.images)
+    # combined, each reward is a logged part and the total their weighted sum, inside jit as in a step
     both = rewards.combine({"bright": brightness, "host": host_brightness}, {"host": 0.5})
-    _, metrics = FlowGRPO(card, both, CONFIG).step(state, batch, key)
+    repeated = batch.repeat(CONFIG.group.size)
+    total, parts = jax.jit(lambda images: rewards.score(both, {"image": images}, repeated))(ours.generated.images)
+    metrics = rollout.reward_metrics(total, parts)
     assert {"reward_bright", "reward_host"} <= set(metrics)
     np.testing.assert_allclose(metrics["reward_mean"], 1.5 * float(jnp.mean(ours.rewards)), rtol=1e-5)
 

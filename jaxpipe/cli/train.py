@@ -158,13 +158,15 @@ class PolicyFlags:
         from jaxpipe.training import FlowGRPOConfig, Sampling
         from jaxpipe.training.ppo import Schedule
 
-        return FlowGRPOConfig(
+        config = FlowGRPOConfig(
             group=run.group(), sampling=Sampling(num_steps=self.num_steps, sampler="sde", noise_level=self.noise_level,
                                                  sde_window=_window(self.sde_window)),
             clip_eps=self.clip_eps, beta=self.beta, kl=self.kl,
             ppo=Schedule(self.minibatches, self.inner_epochs, self.timestep_fraction),
             optimizer=run.optimizer(FlowGRPOConfig().optimizer),
         )
+        config.ppo.check_rows(run.prompts_per_step * run.group_size)  # before any card loads
+        return config
 
 
 @dataclasses.dataclass
