@@ -120,6 +120,7 @@ def test_perturb_keeps_the_range_and_is_the_identity_at_zero():
     np.testing.assert_array_equal(recipe.perturb(jnp.asarray(images), key), images)
 
 
+@pytest.mark.slow  # ~5 s of compiles; the bundled weights' byte-for-byte reproduction below is the full check
 def test_a_tiny_training_run_is_deterministic_and_learns_something():
     config = dataclasses.replace(recipe.TrainConfig(), seed=1, steps=3, batch_size=32, copies=1)
     first, history = recipe.train(config, log_every=1)

@@ -73,6 +73,7 @@ def test_console_entry_point_runs():
     assert result.returncode == 0 and "generate" in result.stdout
 
 
+@pytest.mark.slow  # ~8 s; the suite checks the independent numbers of train reports (test_train_cli)
 def test_evaluate_reports_the_scorer_and_the_independent_judges(tmp_path):
     out = tmp_path / "quality.json"
     result = CliRunner().invoke(app, ["evaluate", "--samples", "4", "-o", str(out)])

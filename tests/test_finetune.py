@@ -85,6 +85,7 @@ def test_bad_finetune_configs():
         fit(lambda s, b, k: (s, {}), None, iter([]), steps=0, key=jax.random.key(0))
 
 
+@pytest.mark.slow  # ~10 s; the autoencoder recipe's first steps are also pinned by test_behaviour (-m slow)
 def test_autoencoder_learns_to_reconstruct_and_whitens(image_batch):
     ae = jp.cards.build("flux-t2i", seed=0)["vae"]
     trainer = AutoencoderTrainer(ae, AutoencoderTrainConfig(optimizer=warmup_cosine(3e-3, 5, 80, weight_decay=0.0)))

@@ -102,6 +102,7 @@ def test_scorer_reward_and_bad_configs(t2i_card):
 # ------------------------------------------------------------------------------------------ several updates per rollout
 
 
+@pytest.mark.slow  # ~9 s; the suite keeps the minibatch partition and the clip-binding tests below
 def test_one_minibatch_one_epoch_is_the_single_update_bit_for_bit(method, rollout):
     """The default schedule (1 × 1, every step) is exactly one ``grpo.generator_update`` on the whole rollout
     (no rows, no key), guarded by ``training.update``: same weights, Adam state and metrics."""

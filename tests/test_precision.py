@@ -57,6 +57,7 @@ def test_bfloat16_rollout_log_probs_recompute_exactly(flux):
     np.testing.assert_allclose(mean, traj.mean, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow  # ~10 s, a closeness measurement (benchmarks/bf16.py); the suite keeps bfloat16 C2 exactness
 def test_bfloat16_velocity_is_close_to_float32_and_float32_out(flux, tmp_path):
     bf16 = precision.with_dtype(flux, "bfloat16")
     assert precision.network_dtypes(bf16.spec.config) == {"dit": "bfloat16", "text": "bfloat16", "vae": "bfloat16"}

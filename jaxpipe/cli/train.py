@@ -260,6 +260,8 @@ def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *,
             raise ValueError("--prompts needs --reward module:function (the reward the run maximises)")
         user = flags.user_prompts() if flags.custom else None
         evaluation = None if flags.custom else flags.evaluation()
+        if not flags.custom and isinstance(digits_run, _DigitsRun):
+            digits_run.prompts()  # bad digits prompt flags fail before any card loads
     except (ValueError, FileNotFoundError) as err:
         fail(str(err))
     out = Path(flags.out)
@@ -300,18 +302,23 @@ def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *,
         raise typer.Exit(code=FAILED_EXIT)
 
 
-def _digits_run(builder, flags: RunFlags, mention: float, prefer: str = ""):
+class _DigitsRun:
     """``(card, scorer, config, evaluation) -> Run``: ``builder`` (a ``jaxpipe.digits.runs`` builder) on the
     digits prompts with ``mention`` / ``prefer`` and the run flags' terms, prompts per step and seed."""
 
-    def run(card, scorer, config, evaluation):
+    def __init__(self, builder, flags: RunFlags, mention: float, prefer: str = ""):
+        self.builder, self.flags, self.mention, self.prefer = builder, flags, mention, prefer
+
+    def prompts(self):
+        """The ``PromptSpec`` of the flags (a ValueError naming a bad ``--terms`` / ``--mention`` / ``--prefer``)."""
         from jaxpipe.digits import runs
 
-        prompts = runs.PromptSpec(terms=runs.parse_terms(flags.terms), mention=mention, prefer=runs.parse_preferences(prefer))
-        return builder(card, scorer, config, prompts, prompts_per_step=flags.prompts_per_step, seed=flags.seed,
-                       evaluation=evaluation)
+        return runs.PromptSpec(terms=runs.parse_terms(self.flags.terms), mention=self.mention,
+                               prefer=runs.parse_preferences(self.prefer))
 
-    return run
+    def __call__(self, card, scorer, config, evaluation):
+        return self.builder(card, scorer, config, self.prompts(), prompts_per_step=self.flags.prompts_per_step,
+                            seed=self.flags.seed, evaluation=evaluation)
 
 
 @train_app.command("flow-grpo")
@@ -328,7 +335,7 @@ def train_flow_grpo(
 
     flags = runflags
     _train(flags, model, lambda: policyflags.generator(flags),
-           _digits_run(runs.flow_grpo_run, flags, mention), FlowGRPO, name="flow-grpo")
+           _DigitsRun(runs.flow_grpo_run, flags, mention), FlowGRPO, name="flow-grpo")
 
 
 @train_app.command("nft")
@@ -361,7 +368,7 @@ def train_nft(
         )
 
     _train(flags, model, config,
-           _digits_run(runs.nft_run, flags, mention), DiffusionNFT, name="nft")
+           _DigitsRun(runs.nft_run, flags, mention), DiffusionNFT, name="nft")
 
 
 @train_app.command("dmd2")
@@ -388,7 +395,7 @@ def train_dmd2(
         return DMD2Config(student_steps=student_steps, group=flags.group(), student=flags.optimizer(base.student), dm=dm)
 
     _train(flags, model, config,
-           _digits_run(runs.dmd2_run, flags, mention), lambda card, reward, cfg: DMD2(card, cfg), name=f"dmd2 ({student_steps}-step student)", needs_reward=False)
+           _DigitsRun(runs.dmd2_run, flags, mention), lambda card, reward, cfg: DMD2(card, cfg), name=f"dmd2 ({student_steps}-step student)", needs_reward=False)
 
 
 @train_app.command("self-forcing")
@@ -445,7 +452,7 @@ def train_unified(
 
     flags = runflags
     _train(flags, model, lambda: refinerflags.joint(policyflags, flags),
-           _digits_run(runs.unified_run, flags, mention, prefer), UnifiedRL, name="unified" if not refinerflags.prompt_only else "unified (prompt-only)")
+           _DigitsRun(runs.unified_run, flags, mention, prefer), UnifiedRL, name="unified" if not refinerflags.prompt_only else "unified (prompt-only)")
 
 
 @train_app.command("mot")
@@ -471,7 +478,7 @@ def train_mot(
                            token_weight=token_weight)
 
     _train(flags, model, config,
-           _digits_run(runs.mot_run, flags, mention, prefer), SharedMoTRL, name="mot")
+           _DigitsRun(runs.mot_run, flags, mention, prefer), SharedMoTRL, name="mot")
 
 
 @train_app.command("joint")
@@ -502,5 +509,5 @@ def train_joint(
         return JointMultiExpertRL(toy_multi_expert.from_unified(base, refiners, model_id=base.model_id), reward, cfg)
 
     _train(flags, model, lambda: refinerflags.joint(policyflags, flags, credit=credit, expert_map=expert_map),
-           _digits_run(joint_run, flags, mention, prefer), method,
+           _DigitsRun(joint_run, flags, mention, prefer), method,
            name=f"joint ({refiners} refiners, {credit} credit{'' if not refinerflags.prompt_only else ', prompt-only'})")

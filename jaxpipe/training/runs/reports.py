@@ -209,18 +209,19 @@ def execute(
 def summary_lines(report: dict) -> list[str]:
     """The report's headline numbers as console lines."""
     lines = []
+    width = max([32, *map(len, report["rewards"]), *map(len, report.get("summary", {}))])
     for key, value in report["rewards"].items():
         if isinstance(value, dict):
-            lines.append(f"{key:32s} first {report['rewards']['window']} steps {value['first']:.3f} -> last {value['last']:.3f}")
+            lines.append(f"{key:{width}s} first {report['rewards']['window']} steps {value['first']:.3f} -> last {value['last']:.3f}")
     for key, value in report.get("summary", {}).items():
         if isinstance(value, dict) and "before" in value and value["before"] is not None:
             after = value["after"]
             delta = value.get("change", value.get("relative_change"))
             unit = "%" if "relative_change" in value else ""
             scale = 100.0 if unit else 1.0
-            lines.append(f"{key:32s} {value['before']:.3f} -> {after:.3f} ({scale * delta:+.3f}{unit})")
+            lines.append(f"{key:{width}s} {value['before']:.3f} -> {after:.3f} ({scale * delta:+.3f}{unit})")
         elif isinstance(value, float):
-            lines.append(f"{key:32s} {value:+.3f}")
+            lines.append(f"{key:{width}s} {value:+.3f}")
         elif isinstance(value, str):
             lines.append(value)
     lines.append(
