@@ -173,7 +173,9 @@ def digits_batch(card, seed, n=8):
     return Prompts.from_texts(card, [DIGIT_WORDS[x] for x in d], labels)
 
 
-@pytest.mark.parametrize("credit", ["per_expert", pytest.param("shared", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~18 s (15 steps on the bundled cards); by default the vmapped update is checked against each
+# expert updated alone (above) and the refiner update's direction in test_unified_rl.py
+@pytest.mark.parametrize("credit", ["per_expert", "shared"])
 def test_refiners_learn_their_preferred_words_prompt_only(bundled, credit):
     """Prompt-only N = 3 on the bundled generator, reward = the scorer's probability of thick / right / dim.
     per_expert: every refiner learns its own word. shared: runs and learns too (the README reports how

@@ -106,6 +106,7 @@ def test_bad_names_error_clearly(flux):
     assert resolve_expert_map("auto", "cpu", 8) == "vmap" and resolve_expert_map("vmap", "cpu", 1) == "vmap"
 
 
+@pytest.mark.slow  # ~12 s; the vmap policy is checked against per-expert updates by default (test_joint_rl.py)
 def test_lax_map_over_experts_equals_vmap():
     """One refiner update step at N = 3: the ``lax.map`` policy gives the vmap's params, Adam states, losses."""
     card = digit_cards.multi_expert(jp.cards.load("unified"), 3)

@@ -109,6 +109,7 @@ def optax_norm(tree):
     return jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(tree)))
 
 
+@pytest.mark.slow  # ~16 s (renders and scores twice); by default: the served rollout, the gradient path, the guard
 def test_step_moves_the_video_toward_the_teacher(method, batch):
     """After a critic-only warm-up step, one student update moves its own (same-key) video against
     g = fake − real: ⟨Δvideo, g⟩ < 0."""
