@@ -72,3 +72,21 @@ def _problems(module) -> list[str]:
 def test_every_public_name_is_documented(module_name):
     module = importlib.import_module(module_name)
     assert _problems(module) == []
+
+
+def test_the_lazy_training_names_are_visible_to_static_analysis():
+    """``jaxpipe.training`` imports its names on first use; its ``TYPE_CHECKING`` imports (what the API
+    reference and type checkers read) name the same objects from the same modules, and ``fit`` is the function."""
+    import ast
+
+    import jaxpipe.training as training
+    import jaxpipe.training.fit  # noqa: F401  (a submodule import must not shadow the function)
+
+    assert callable(training.fit) and training.fit.__name__ == "fit"
+    tree = ast.parse(inspect.getsource(training))
+    static = {alias.name: node.module for block in tree.body if isinstance(block, ast.If)
+              for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert static == training._LAZY
+    assert set(training.__all__) == set(training._LAZY) | {"fit"}
+    for name in training.__all__:
+        getattr(training, name)

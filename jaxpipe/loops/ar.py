@@ -50,43 +50,80 @@ __all__ = [
     "continuation",
     "Driver",
     "DRIVER",
+    "PAD_ID",
 ]
 
 PAD_ID = 0
+"""The ``<pad>`` token id: right-padding of prompts, and what a finished request emits."""
 
 
 @runtime_checkable
 class Decoder(Protocol):
     """What the AR loop drives: a causal decoder with an explicit KV cache (a pytree).
 
-    ``max_len``: the buffer / cache length; ``vocab_size``: logits width;
-    ``init_cache(batch)``; ``prefill(ids (B, L), lengths (B,), cache) -> (logits (B, V), cache)``;
-    ``decode_step(token (B,), position (B,), cache) -> (logits (B, V), cache)``;
-    ``__call__(ids (B, T), mask (B, T)) -> logits (B, T, V)``: one teacher-forced forward.
+    Besides the cached ``prefill`` / ``decode_step`` pair that sampling uses, a decoder is callable as
+    ``model(ids (B, T), mask (B, T)) -> logits (B, T, V)``: one teacher-forced forward, what
+    ``sequence_log_probs`` scores with.
     """
 
     @property
-    def max_len(self) -> int: ...
+    def max_len(self) -> int:
+        """The token buffer and KV-cache length: prompt plus generated tokens fit in it."""
 
     @property
-    def vocab_size(self) -> int: ...
+    def vocab_size(self) -> int:
+        """The width ``V`` of the logits."""
 
-    def init_cache(self, batch: int) -> Any: ...
+    def init_cache(self, batch: int) -> Any:
+        """An empty KV cache for ``batch`` requests.
 
-    def prefill(self, ids: jax.Array, lengths: jax.Array, cache: Any) -> tuple[jax.Array, Any]: ...
+        Args:
+          batch: the number of requests ``B``.
 
-    def decode_step(self, token: jax.Array, position: jax.Array, cache: Any) -> tuple[jax.Array, Any]: ...
+        Returns:
+          The cache pytree (leading axis ``B``).
+        """
+
+    def prefill(self, ids: jax.Array, lengths: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+        """Run the prompts through the decoder, writing their keys and values into ``cache``.
+
+        Args:
+          ids: right-padded prompts ``(B, L)`` int32.
+          lengths: the true prompt lengths ``(B,)`` int32.
+          cache: the cache to write into.
+
+        Returns:
+          ``(logits (B, V), cache)``: each request's next-token logits after its last prompt token,
+          and the filled cache.
+        """
+
+    def decode_step(self, token: jax.Array, position: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+        """Feed one token per request at buffer slot ``position`` and read the next-token logits.
+
+        Args:
+          token: ``(B,)`` int32 token ids.
+          position: ``(B,)`` int32 slots of those tokens.
+          cache: the KV cache.
+
+        Returns:
+          ``(logits (B, V), cache)`` with the token's keys and values written.
+        """
 
     def __call__(self, ids: jax.Array, mask: jax.Array | None = None) -> jax.Array: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class ARConfig:
-    """Static sampling policy of an AR loop.
+    """The static sampling policy of an AR loop (hashable: static under ``jit``).
 
-    max_new_tokens: tokens generated per request (``run`` scans this many steps);
-    temperature: ``0`` = greedy (argmax), ``> 0`` samples ``softmax(logits / temperature)``;
-    eos_id: the token that ends a request (``None``: only the budget or the buffer end do).
+    Attributes:
+      max_new_tokens: tokens generated per request, a positive int (``run`` scans this many steps).
+      temperature: ``0`` is greedy (argmax); ``> 0`` samples ``softmax(logits / temperature)``.
+      eos_id: the token that ends a request (``None``: only the budget or the buffer end do).
+
+    Raises:
+      ValueError: on construction, if a field is out of range (``max_new_tokens`` not a positive int,
+        ``temperature`` negative or not finite, ``eos_id`` negative).
     """
 
     max_new_tokens: int = 8
@@ -109,17 +146,29 @@ class ARConfig:
             object.__setattr__(self, "eos_id", int(e))
 
     def replace(self, **changes) -> "ARConfig":
+        """A copy with ``changes`` applied (``dataclasses.replace``; the fields are validated again).
+
+        Args:
+          **changes: field name -> new value.
+
+        Returns:
+          The new ``ARConfig``.
+        """
         return dataclasses.replace(self, **changes)
 
 
 class ARState(NamedTuple):
-    """Everything per request (``B`` requests, buffer width ``T = model.max_len``).
+    """Everything per request of an AR loop (``B`` requests, buffer width ``T = model.max_len``).
 
-    tokens ``(B, T)`` int32: prompt then generated tokens, ``<pad>`` after;
-    length ``(B,)`` int32: tokens in the buffer (= position of the next token);
-    prompt_length ``(B,)`` int32; generated ``(B,)`` int32: steps taken (the ``fold_in`` index);
-    done ``(B,)`` bool; logits ``(B, V)`` float32: next-token logits; cache: the KV cache;
-    key ``(B,)`` typed PRNG keys.
+    Attributes:
+      tokens: ``(B, T)`` int32: prompt then generated tokens, ``<pad>`` after.
+      length: ``(B,)`` int32: tokens in the buffer (the slot of the next token).
+      prompt_length: ``(B,)`` int32: the true prompt lengths.
+      generated: ``(B,)`` int32: tokens generated so far (the ``fold_in`` index of the next draw).
+      done: ``(B,)`` bool: finished requests.
+      logits: ``(B, V)``: the next-token logits.
+      cache: the decoder's KV cache.
+      key: ``(B,)`` typed PRNG keys, one per request.
     """
 
     tokens: jax.Array
@@ -133,11 +182,13 @@ class ARState(NamedTuple):
 
 
 class TokenRecord(NamedTuple):
-    """One step (under ``run`` each field gains a leading time axis ``S``).
+    """What one AR step generated (under ``run`` each field gains a leading time axis ``S``).
 
-    token ``(B,)`` int32 (``<pad>`` where not valid); log_prob ``(B,)`` float32:
-    ``log_softmax(untempered logits)[token]`` (0 where not valid); valid ``(B,)`` bool: a token
-    was generated this step; position ``(B,)`` int32: its buffer slot.
+    Attributes:
+      token: ``(B,)`` int32: the sampled tokens (``<pad>`` where not valid).
+      log_prob: ``(B,)`` float32: ``log_softmax(untempered logits)[token]`` (0 where not valid).
+      valid: ``(B,)`` bool: a token was generated this step.
+      position: ``(B,)`` int32: the buffer slot the token went to.
     """
 
     token: jax.Array
@@ -164,15 +215,28 @@ def init(
     cache: Any = None,
     prefilled: tuple[jax.Array, Any] | None = None,
 ) -> ARState:
-    """Start ``B`` requests from right-padded ``prompt_ids`` ``(B, L)`` int32 (pad = 0; true lengths
-    are ``sum(ids != 0)``, each >= 1) and per-request typed PRNG ``keys`` ``(B,)``.
+    """Start ``B`` requests from right-padded prompts: prefill the KV cache and keep the next-token logits.
 
-    Prefills the KV cache with each prompt and stores its next-token logits. Needs
-    ``prompt length + max_new_tokens <= model.max_len`` (checked on the true lengths when
-    they are concrete, on ``L`` under tracing). ``cache``: prefill on top of this cache instead
-    of an empty one (e.g. one already holding an image the prompt attends to); ``prefilled``:
-    the ``(logits, cache)`` of ``model.prefill`` on exactly these prompts, computed earlier (a
-    cached program node), so the prompt is not run again.
+    Needs ``prompt length + max_new_tokens <= model.max_len``, checked on the true lengths when they
+    are concrete and on the width ``L`` under tracing.
+
+    Args:
+      model: the decoder.
+      prompt_ids: right-padded prompts ``(B, L)``, integer (pad = 0; the true lengths are
+        ``sum(ids != 0)``, each >= 1).
+      keys: ``(B,)`` typed PRNG keys (``jax.random.key``), one per request.
+      config: the sampling policy.
+      cache: prefill on top of this cache instead of an empty one (e.g. one already holding an image
+        the prompt attends to).
+      prefilled: the ``(logits (B, V), cache)`` of ``model.prefill`` on exactly these prompts,
+        computed earlier (a cached program node), so the prompt is not run again.
+
+    Returns:
+      The ``ARState`` of the requests, nothing generated yet.
+
+    Raises:
+      ValueError: if ``prompt_ids`` is not a ``(B, L)`` integer array, ``keys`` not ``(B,)`` typed
+        keys, a prompt is empty or too long for ``max_len``, or both ``cache`` and ``prefilled`` are given.
     """
     max_len = model.max_len
     prompt_ids = jnp.asarray(prompt_ids)
@@ -224,11 +288,21 @@ def _sample(logits: jax.Array, keys: jax.Array, index: jax.Array, temperature: f
 
 
 def step(model: Decoder, state: ARState, config: ARConfig) -> tuple[ARState, TokenRecord]:
-    """Generate one token per unfinished request: ``(state, TokenRecord)``.
+    """Generate one token per unfinished request.
 
-    Samples from ``state.logits`` (greedy, or with key ``fold_in(key, generated)``), writes the
-    token at slot ``length``, then runs one cached ``decode_step`` for the next logits. A request
-    that is done, has used ``max_new_tokens`` or has a full buffer records ``<pad>``, invalid.
+    Samples from ``state.logits`` (greedy, or from ``softmax(logits / temperature)`` with key
+    ``fold_in(key, generated)``), writes the token at slot ``length``, then runs one cached
+    ``decode_step`` for the next logits. A request that is done, has used ``max_new_tokens`` or has a
+    full buffer records ``<pad>``, invalid, and keeps its tokens, length and counters. A request that
+    samples ``eos_id`` keeps that token and is then done.
+
+    Args:
+      model: the decoder.
+      state: the requests' state.
+      config: the sampling policy.
+
+    Returns:
+      ``(new state, TokenRecord)`` of this step, record fields ``(B,)``.
     """
     b, max_len = state.tokens.shape
     chex.assert_shape([state.length, state.prompt_length, state.generated, state.done, state.key], (b,))
@@ -256,10 +330,17 @@ def step(model: Decoder, state: ARState, config: ARConfig) -> tuple[ARState, Tok
 def run(
     model: Decoder, state: ARState, config: ARConfig, *, capture: bool = False
 ) -> tuple[ARState, TokenRecord | None]:
-    """Run ``config.max_new_tokens`` steps as one fused ``lax.scan``: ``(final state, records or None)``.
+    """Run ``config.max_new_tokens`` steps as one fused ``lax.scan``.
 
-    With ``capture`` every step's ``TokenRecord`` comes back stacked, fields ``(S, B)`` with
-    ``S = max_new_tokens``. ``config`` and ``capture`` are static under ``jit``.
+    Args:
+      model: the decoder.
+      state: the requests' state (e.g. from ``init``).
+      config: the sampling policy (static under ``jit``).
+      capture: also return every step's record (static under ``jit``).
+
+    Returns:
+      ``(final state, records)``: with ``capture`` the ``TokenRecord`` of every step stacked, fields
+      ``(S, B)`` with ``S = max_new_tokens``; otherwise ``None``.
     """
 
     def body(s, _):
@@ -271,15 +352,32 @@ def run(
 
 
 def generated_mask(prompt_lengths: jax.Array, lengths: jax.Array, width: int) -> jax.Array:
-    """``(B, width)`` bool: buffer slots holding generated tokens, ``[prompt_length, length)``
-    (EOS included, nothing after it)."""
+    """The buffer slots that hold generated tokens: ``[prompt_length, length)`` of each row.
+
+    Args:
+      prompt_lengths: ``(B,)`` prompt lengths.
+      lengths: ``(B,)`` filled lengths (``ARState.length``).
+      width: the buffer width ``T``.
+
+    Returns:
+      ``(B, width)`` bool (EOS included, nothing after it).
+    """
     t = jnp.arange(width)[None, :]
     return (t >= prompt_lengths[:, None]) & (t < lengths[:, None])
 
 
 def scatter_steps(values: jax.Array, records: TokenRecord, width: int) -> jax.Array:
-    """Place per-step ``values`` ``(S, B)`` (e.g. ``records.log_prob``) at their buffer slots
-    ``records.position``: ``(B, width)``, zeros where no valid token was generated."""
+    """Place per-step values at the buffer slots their tokens went to.
+
+    Args:
+      values: per-step values ``(S, B)`` (e.g. ``records.log_prob``).
+      records: the stacked ``TokenRecord`` of the same steps (fields ``(S, B)``).
+      width: the buffer width ``T``.
+
+    Returns:
+      ``(B, width)`` in the dtype of ``values``: each valid step's value at its ``position``, zeros
+      where no valid token was generated.
+    """
     chex.assert_equal_shape([values, records.position, records.valid])
     b = values.shape[1]
     out = jnp.zeros((b, width), values.dtype)
@@ -288,11 +386,15 @@ def scatter_steps(values: jax.Array, records: TokenRecord, width: int) -> jax.Ar
 
 
 class Continuation(NamedTuple):
-    """A finished, captured decode, every field ``(B, ...)``: what a trainer needs of an AR rollout.
+    """A finished, captured decode: what a trainer needs of an AR rollout.
 
-    tokens ``(B, T)``: prompt then generated tokens; prompt_length / length ``(B,)``;
-    mask ``(B, T)`` bool: the generated slots (EOS included); log_prob ``(B, T)``: the captured
-    ``log π(y_t | prompt, y_<t)`` at each generated slot, 0 elsewhere.
+    Attributes:
+      tokens: ``(B, T)`` int32: prompt then generated tokens.
+      prompt_length: ``(B,)`` int32 prompt lengths.
+      length: ``(B,)`` int32 filled lengths.
+      mask: ``(B, T)`` bool: the generated slots (EOS included).
+      log_prob: ``(B, T)`` float32: the captured ``log π(y_t | prompt, y_<t)`` at each generated slot, 0
+        elsewhere.
     """
 
     tokens: jax.Array
@@ -303,7 +405,15 @@ class Continuation(NamedTuple):
 
 
 def continuation(final: ARState, records: TokenRecord) -> Continuation:
-    """The ``Continuation`` of a ``run(..., capture=True)``: its final state and stacked records."""
+    """The ``Continuation`` of a captured ``run``.
+
+    Args:
+      final: the final state of ``run(..., capture=True)``.
+      records: its stacked records (fields ``(S, B)``).
+
+    Returns:
+      The ``Continuation``, fields ``(B, ...)``.
+    """
     width = final.tokens.shape[1]
     mask = generated_mask(final.prompt_length, final.length, width)
     return Continuation(final.tokens, final.prompt_length, final.length, mask, scatter_steps(records.log_prob, records, width))
@@ -312,12 +422,20 @@ def continuation(final: ARState, records: TokenRecord) -> Continuation:
 def sequence_log_probs(
     model: Decoder, tokens: jax.Array, prompt_lengths: jax.Array, gen_mask: jax.Array
 ) -> jax.Array:
-    """Recompute ``log π(tokens[t] | tokens[<t])`` ``(B, T)`` float32 with ONE uncached causal forward.
+    """Recompute ``log π(tokens[t] | tokens[<t])`` with ONE uncached, teacher-forced causal forward.
 
-    ``tokens`` ``(B, T)`` is a right-padded buffer (prompt then generated tokens, as in
-    ``ARState.tokens``), ``prompt_lengths`` ``(B,)``, ``gen_mask`` ``(B, T)`` marks the generated
-    slots to score (e.g. ``generated_mask``). Entries outside ``gen_mask`` are 0. Teacher-forced
-    and differentiable in the model: what a trainer uses for ratios and the policy gradient.
+    The forward attends to the prompt and the generated slots; the log-softmax is of the untempered
+    logits, so at the rollout's weights this reproduces the captured ``TokenRecord.log_prob``.
+    Differentiable in the model: what a trainer uses for ratios and the policy gradient.
+
+    Args:
+      model: the decoder.
+      tokens: a right-padded buffer ``(B, T)`` (prompt then generated tokens, as ``ARState.tokens``).
+      prompt_lengths: ``(B,)`` prompt lengths.
+      gen_mask: ``(B, T)`` the generated slots to score (e.g. ``generated_mask``).
+
+    Returns:
+      ``(B, T)`` float32 log-probs, 0 outside ``gen_mask``.
     """
     chex.assert_rank(tokens, 2)
     b, width = tokens.shape
@@ -359,21 +477,55 @@ class Driver(SameConfigBatching):
     kind = "ar_decode"
 
     def check(self, loop) -> None:
+        """Raise ``ValueError`` unless ``loop`` (a ``LoopSpec``) has an ``ARConfig`` and binds one decoder.
+
+        Args:
+          loop: the loop's ``LoopSpec``.
+        """
         if not isinstance(loop.config, ARConfig):
             raise ValueError(f"an ar_decode loop's config must be an ARConfig (got {type(loop.config).__name__})")
         if len(loop.binds) != 1:
             raise ValueError(f"an ar_decode loop drives one decoder; it binds {list(loop.binds)}")
 
     def step(self, models, state: ARState, config: ARConfig) -> ARState:
+        """One ``step`` of the one bound decoder, without its record.
+
+        Args:
+          models: the bound decoder, alone or in a one-element tuple.
+          state: the batch's state.
+          config: the batch's config.
+
+        Returns:
+          The new ``ARState``.
+        """
         return step(_one(models), state, config)[0]
 
     def run(self, models, state: ARState, config: ARConfig, *, capture: bool = False):
+        """``run`` of the one bound decoder: ``(final state, stacked TokenRecord or None)``.
+
+        Args:
+          models: the bound decoder, alone or in a one-element tuple.
+          state: the batch's state.
+          config: the batch's config.
+          capture: return the stacked records.
+        """
         return run(_one(models), state, config, capture=capture)
 
     def num_steps(self, config: ARConfig) -> int:
+        """The steps a request takes: ``config.max_new_tokens``.
+
+        Args:
+          config: the request's config.
+        """
         return config.max_new_tokens
 
     def deactivate(self, state: ARState, rows: jax.Array) -> ARState:
+        """``state`` with ``rows`` ``(B,)`` bool marked done, so a step leaves them alone.
+
+        Args:
+          state: the batch's state.
+          rows: ``(B,)`` bool, the rows to retire.
+        """
         return state._replace(done=state.done | rows)
 
     def empty(self, state: ARState, capacity: int) -> ARState:
@@ -383,6 +535,11 @@ class Driver(SameConfigBatching):
         return rows._replace(key=keys, done=jnp.ones((capacity,), bool))
 
     def latents(self, state: ARState) -> jax.Array:
+        """What a preview shows of the batch: the token buffer ``(B, max_len)`` int32.
+
+        Args:
+          state: the batch's state.
+        """
         return state.tokens
 
 

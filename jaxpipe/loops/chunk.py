@@ -46,13 +46,20 @@ __all__ = ["ChunkConfig", "ChunkState", "ChunkTrace", "Driver", "DRIVER", "init"
 
 @dataclasses.dataclass(frozen=True)
 class ChunkConfig:
-    """Static sampling policy of a chunk rollout.
+    """The static sampling policy of a chunk rollout (hashable: static under ``jit``).
 
-    num_steps: Euler steps per chunk; shift: flow-shift of each chunk's schedule; guidance: CFG
-    scale (1 = one forward); chunks: chunks generated per request; chunk_frames: frames per
-    chunk; window: finished chunks the cache keeps, i.e. how many earlier chunks a chunk sees
-    (``None``: every one, prefix included); sampler:
-    only ``"ode"`` (a chunk rollout has no SDE/RL path yet).
+    Attributes:
+      num_steps: Euler steps per chunk, a positive int.
+      shift: the flow-shift of each chunk's schedule, > 0.
+      guidance: the CFG scale (1 = one forward), >= 0.
+      chunks: chunks generated per request, a positive int.
+      chunk_frames: latent frames per chunk, a positive int.
+      window: finished chunks the cache keeps, i.e. how many earlier chunks a chunk sees (``None``:
+        every one, prefix included), >= 1.
+      sampler: only ``"ode"`` (a chunk rollout has no SDE/RL path yet).
+
+    Raises:
+      ValueError: on construction, if a field is out of range.
     """
 
     num_steps: int = 4
@@ -82,6 +89,7 @@ class ChunkConfig:
 
     @property
     def guide(self) -> policies.Unguided | policies.CFG:
+        """The guidance policy: ``policies.guidance(self.guidance)`` (no STG on a chunk rollout)."""
         return policies.guidance(self.guidance)
 
     @property
@@ -90,18 +98,32 @@ class ChunkConfig:
         return self.chunks * self.chunk_frames
 
     def replace(self, **changes) -> "ChunkConfig":
+        """A copy with ``changes`` applied (``dataclasses.replace``; the fields are validated again).
+
+        Args:
+          **changes: field name -> new value.
+
+        Returns:
+          The new ``ChunkConfig``.
+        """
         return dataclasses.replace(self, **changes)
 
 
 class ChunkState(NamedTuple):
-    """Everything per request (leading axis ``B`` on every leaf).
+    """Everything per request of a chunk rollout (leading axis ``B`` on every leaf).
 
-    video ``(B, P + chunks·F, h, w, C)``: the clean prefix (``P`` frames), then the generated
-    chunks (zeros until finished); x ``(B, F, h, w, C)``: the current chunk; sigmas ``(B, N+1)``:
-    one chunk's schedule; chunk ``(B,)`` int32: generated chunks finished; end ``(B,)`` int32:
-    chunks to generate (``chunk == end``: done); step ``(B,)`` int32: step within the chunk;
-    key ``(B,)`` PRNG keys; cond / uncond: the text ``DiTCond`` (uncond ``None`` without
-    guidance); cache: the ``ChunkCache`` of the finished chunks.
+    Attributes:
+      video: ``(B, P + chunks·F, h, w, C)`` float32: the clean prefix (``P`` frames), then the
+        generated chunks (zeros until finished).
+      x: ``(B, F, h, w, C)``: the current chunk's latents.
+      sigmas: ``(B, N+1)``: one chunk's schedule.
+      chunk: ``(B,)`` int32: generated chunks finished.
+      end: ``(B,)`` int32: chunks to generate (``chunk == end``: done).
+      step: ``(B,)`` int32: the step within the current chunk.
+      key: ``(B,)`` typed PRNG keys.
+      cond: the text conditioning (``DiTCond``-like: ``context``, ``context_mask``).
+      uncond: its unconditional counterpart (``None`` without guidance).
+      cache: the ``ChunkCache`` of the finished chunks.
     """
 
     video: jax.Array
@@ -117,7 +139,14 @@ class ChunkState(NamedTuple):
 
 
 def schedule(config: ChunkConfig) -> jax.Array:
-    """One chunk's sigmas ``(num_steps + 1,)`` from 1 down to 0."""
+    """One chunk's noise schedule, ``samplers.flow_sigmas(num_steps, shift)``.
+
+    Args:
+      config: the rollout's config.
+
+    Returns:
+      ``(num_steps + 1,)`` float32 sigmas from 1 down to 0.
+    """
     return samplers.flow_sigmas(config.num_steps, config.shift)
 
 
@@ -148,12 +177,30 @@ def init(
     uncond: Any = None,
     prefix: jax.Array | None = None,
 ) -> ChunkState:
-    """Start ``B = len(keys)`` requests generating ``config.chunks`` chunks of ``latent_shape[1:]`` frames.
+    """Start ``B = len(keys)`` requests, each generating ``config.chunks`` chunks of ``latent_shape[1:]`` frames.
 
-    ``cond`` / ``uncond``: text conditioning (``DiTCond``-like: ``context``, ``context_mask``, leading
-    axis ``B``; ``uncond`` required when the config guides). ``prefix`` ``(B, P, h, w, C)``: clean
-    latents to continue (``P`` a multiple of ``chunk_frames``), prefilled into the cache chunk by
-    chunk; generated positions continue after it. The cache keeps ``window`` chunks (default all).
+    The first chunk's noise is drawn from ``fold_in(key, 0)``. A ``prefix`` is prefilled into the
+    cache chunk by chunk, as if it had been generated, and the generated frames continue after it.
+    The cache keeps ``config.window`` chunks (default: all).
+
+    Args:
+      model: the causal denoiser (``jaxpipe.nn.CausalDiT``: its ``cfg`` sizes the cache, its
+        ``write`` prefills it).
+      keys: ``(B,)`` typed PRNG keys, one per request.
+      latent_shape: the per-request latent shape ``(T, h, w, C)`` (only the frame shape ``(h, w, C)``
+        is read).
+      cond: text conditioning (``DiTCond``-like: ``context``, ``context_mask``, leading axis ``B``).
+      config: the rollout's config.
+      uncond: the unconditional conditioning, required when the config guides.
+      prefix: ``(B, P, h, w, C)`` clean latents to continue, ``P`` a multiple of ``chunk_frames``
+        (default: none).
+
+    Returns:
+      The ``ChunkState`` of the requests.
+
+    Raises:
+      ValueError: if ``keys`` are not ``(B,)`` typed keys, ``latent_shape`` is not 4-D, guidance lacks
+        ``uncond``, or ``prefix`` is misshapen.
     """
     keys = jnp.asarray(keys)
     if not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) or keys.ndim != 1:
@@ -203,7 +250,15 @@ def step(models, state: ChunkState, config: ChunkConfig) -> ChunkState:
 
     A request whose chunk takes its last step writes the clean chunk into its video and its
     cache (one extra σ = 0 forward, run only when some row finishes a chunk) and starts the next
-    chunk from fresh noise. Finished rows (``chunk == end``) are left unchanged.
+    chunk ``c`` from fresh noise ``fold_in(key, c)``. Finished rows (``chunk == end``) are left unchanged.
+
+    Args:
+      models: the one causal denoiser, alone or in a one-element tuple.
+      state: the requests' state.
+      config: the rollout's config.
+
+    Returns:
+      The new ``ChunkState``.
     """
     model = _one(models)
     num_steps = state.sigmas.shape[1] - 1
@@ -233,7 +288,20 @@ def step(models, state: ChunkState, config: ChunkConfig) -> ChunkState:
 
 
 def run(models, state: ChunkState, config: ChunkConfig, *, capture: bool = False) -> tuple[ChunkState, None]:
-    """Every remaining step (``chunks × num_steps``) as one fused ``lax.scan``: ``(final state, None)``."""
+    """Run ``chunks × num_steps`` steps as one fused ``lax.scan``.
+
+    Args:
+      models: the one causal denoiser, alone or in a one-element tuple.
+      state: the requests' state (e.g. from ``init``).
+      config: the rollout's config (static under ``jit``).
+      capture: must be false: a chunk rollout records no trajectory.
+
+    Returns:
+      ``(final state, None)``.
+
+    Raises:
+      ValueError: if ``capture`` is true or ``state`` has another step count than ``config``.
+    """
     if capture:
         raise ValueError("a chunk_rollout loop records no trajectory (capture=True is not supported: no RL on it yet)")
     num_steps = state.sigmas.shape[1] - 1
@@ -244,9 +312,13 @@ def run(models, state: ChunkState, config: ChunkConfig, *, capture: bool = False
 
 
 class ChunkTrace(NamedTuple):
-    """What each chunk's differentiable last step saw (leading axis ``chunks``, then ``B``): its input
-    ``x`` ``(chunks, B, F, h, w, C)``, its noise level ``sigma`` ``(chunks, B)`` and the cache it
-    attended to (``ChunkCache`` leaves ``(chunks, B, ...)``); all stop-gradient."""
+    """What each chunk's differentiable last step saw (leading axis ``chunks``, then ``B``); all stop-gradient.
+
+    Attributes:
+      x: ``(chunks, B, F, h, w, C)``: the last step's input.
+      sigma: ``(chunks, B)``: its noise level.
+      cache: the ``ChunkCache`` it attended to (leaves ``(chunks, B, ...)``).
+    """
 
     x: jax.Array
     sigma: jax.Array
@@ -260,8 +332,7 @@ def _stop_gradient_module(model):
 
 
 def train_run(model, state: ChunkState, config: ChunkConfig) -> tuple[jax.Array, ChunkTrace]:
-    """The whole rollout from a fresh ``init`` state as a pure function differentiable in ``model``:
-    ``(video (B, P + chunks·F, h, w, C), ChunkTrace)``.
+    """The whole rollout from a fresh ``init`` state as a pure function differentiable in ``model``.
 
     It computes what ``run`` computes (same per-chunk noise ``fold_in(key, c)``, schedule, guidance,
     cache writes), chunk by chunk as one ``lax.scan`` over chunks. Gradient reaches ``model`` only
@@ -270,6 +341,17 @@ def train_run(model, state: ChunkState, config: ChunkConfig) -> tuple[jax.Array,
     from the stop-gradient clean chunk by that copy too, so later chunks see earlier ones as
     constants (no gradient through the cache). Every chunk exits at its last step (the video is the
     served one), unlike the paper's random exit step.
+
+    Args:
+      model: the causal denoiser (an nnx module), alone or in a one-element tuple.
+      state: a fresh ``init`` state (no chunk generated yet).
+      config: the rollout's config.
+
+    Returns:
+      ``(video (B, P + chunks·F, h, w, C), ChunkTrace)``.
+
+    Raises:
+      ValueError: if ``state`` has another step count than ``config``.
     """
     model = _one(model)
     num_steps = state.sigmas.shape[1] - 1
@@ -321,6 +403,12 @@ class Driver(SameConfigBatching):
     kind = "chunk_rollout"
 
     def check(self, loop) -> None:
+        """Raise ``ValueError`` unless ``loop`` (a ``LoopSpec``) has a ``ChunkConfig``, binds one denoiser
+        and has a ``(T, h, w, C)`` latent shape whose ``T`` ``chunk_frames`` divides.
+
+        Args:
+          loop: the loop's ``LoopSpec``.
+        """
         if not isinstance(loop.config, ChunkConfig):
             raise ValueError(f"a chunk_rollout loop's config must be a ChunkConfig (got {type(loop.config).__name__})")
         if len(loop.binds) != 1:
@@ -333,15 +421,44 @@ class Driver(SameConfigBatching):
             )
 
     def step(self, models, state: ChunkState, config: ChunkConfig) -> ChunkState:
+        """One ``step`` of the rollout.
+
+        Args:
+          models: the bound causal denoiser, alone or in a one-element tuple.
+          state: the batch's state.
+          config: the batch's config.
+
+        Returns:
+          The new ``ChunkState``.
+        """
         return step(models, state, config)
 
     def run(self, models, state: ChunkState, config: ChunkConfig, *, capture: bool = False):
+        """``run``: ``(final state, None)`` (``capture`` must be false).
+
+        Args:
+          models: the bound causal denoiser, alone or in a one-element tuple.
+          state: the batch's state.
+          config: the batch's config.
+          capture: must be false.
+        """
         return run(models, state, config, capture=capture)
 
     def num_steps(self, config: ChunkConfig) -> int:
+        """The steps a request takes: ``chunks × num_steps``.
+
+        Args:
+          config: the request's config.
+        """
         return config.chunks * config.num_steps
 
     def deactivate(self, state: ChunkState, rows: jax.Array) -> ChunkState:
+        """``state`` with ``rows`` ``(B,)`` bool finished (``chunk = end``), so a step leaves them alone.
+
+        Args:
+          state: the batch's state.
+          rows: ``(B,)`` bool, the rows to retire.
+        """
         return state._replace(chunk=jnp.where(rows, state.end, state.chunk))
 
     def empty(self, state: ChunkState, capacity: int) -> ChunkState:
@@ -350,6 +467,11 @@ class Driver(SameConfigBatching):
         return rows._replace(key=jax.random.split(jax.random.key(0), capacity))  # never read: the rows are done
 
     def latents(self, state: ChunkState) -> jax.Array:
+        """What a preview shows: the video so far ``(B, P + chunks·F, h, w, C)`` (unfinished chunks zero).
+
+        Args:
+          state: the batch's state.
+        """
         return state.video
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "velocity",
     "trajectory_stats",
     "trajectory_log_probs",
+    "MAX_NOISE_LEVEL",
 ]
 
 
@@ -63,24 +64,42 @@ MAX_NOISE_LEVEL = 1.0
 
 @runtime_checkable
 class Denoiser(Protocol):
-    """What the denoise loop drives: ``velocity(x (B, ...), sigma (B,), cond) -> v (B, ...)`` float32,
-    with ``cond`` a pytree (leading axis ``B``) of the model family's own making."""
+    """What the denoise loop drives: a flow-matching velocity network ``velocity(x, sigma, cond) -> v``."""
 
-    def velocity(self, x: jax.Array, sigma: jax.Array, cond: Any) -> jax.Array: ...
+    def velocity(self, x: jax.Array, sigma: jax.Array, cond: Any) -> jax.Array:
+        """The predicted velocity ``v ≈ ε - x0`` at the noisy latents ``x``.
+
+        Args:
+          x: latents ``(B, ...)``.
+          sigma: ``(B,)`` noise levels.
+          cond: the conditioning, a pytree (leading axis ``B``) of the model family's own making.
+
+        Returns:
+          ``v``, float32, shaped like ``x``.
+        """
 
 
 @dataclasses.dataclass(frozen=True)
 class DenoiseConfig:
-    """Static sampling policy of a denoise loop.
+    """The static sampling policy of a denoise loop (hashable: static under ``jit``).
 
-    num_steps: Euler/SDE steps; shift: flow-shift of the schedule; sampler: ``"ode"`` or
-    ``"sde"``; noise_level: the SDE's η; sde_window: ``(i, j)`` runs SDE only on steps
-    ``[i, j)`` (``None``: every step); guidance: CFG scale (1 = no guidance, one forward);
-    router: which bound denoiser each request uses at its noise level (``policies.Single()``
-    for a loop binding one); stg: spatio-temporal guidance scale (0 = off) with stg_blocks the
-    DiT blocks whose self-attention its perturbed forward skips (``policies.STG``); start_sigma:
-    the first noise level σ₀ in (0, 1] (the schedule is ``σ₀ · flow_sigmas(num_steps, shift)``;
-    below 1 the loop starts from latents, ``init_from_latents``).
+    Attributes:
+      num_steps: Euler/SDE steps, a positive int.
+      shift: the flow-shift of the schedule, > 0.
+      sampler: ``"ode"`` (Euler) or ``"sde"`` (the FlowGRPO SDE inside ``sde_window``, Euler outside).
+      noise_level: the SDE's η, in ``[0, MAX_NOISE_LEVEL]``.
+      sde_window: ``(i, j)``: the SDE runs on steps ``[i, j)`` only (``None``: every step).
+      guidance: the CFG scale, >= 0 (1 = no guidance, one forward).
+      router: which bound denoiser each request uses at its noise level (``policies.Single()`` for a
+        loop binding one).
+      stg: the spatio-temporal guidance scale, >= 0 (0 = off; ``policies.STG``).
+      stg_blocks: the DiT blocks whose self-attention the STG's perturbed forward skips (needed when
+        ``stg > 0``).
+      start_sigma: the first noise level σ₀ in (0, 1]: the schedule is ``σ₀ · flow_sigmas(num_steps,
+        shift)``; below 1 the loop starts from latents (``init_from_latents``).
+
+    Raises:
+      ValueError: on construction, if a field is out of range.
     """
 
     num_steps: int = 8
@@ -142,13 +161,28 @@ class DenoiseConfig:
         return policies.SDEWindow() if self.sde_window is None else policies.SDEWindow(*self.sde_window)
 
     def replace(self, **changes) -> "DenoiseConfig":
+        """A copy with ``changes`` applied (``dataclasses.replace``; the fields are validated again).
+
+        Args:
+          **changes: field name -> new value.
+
+        Returns:
+          The new ``DenoiseConfig``.
+        """
         return dataclasses.replace(self, **changes)
 
 
 class DenoiseState(NamedTuple):
-    """Everything per request: latents ``x`` ``(B, *latent_shape)``, ``sigmas`` ``(B, N+1)``,
-    ``step`` ``(B,)`` int32, ``key`` ``(B,)`` PRNG keys, ``cond`` (the family's conditioning pytree,
-    leading axis ``B``) and ``uncond`` (its unconditional counterpart for guidance, or ``None``)."""
+    """Everything per request of a denoise loop (leading axis ``B`` on every leaf).
+
+    Attributes:
+      x: ``(B, *latent_shape)`` float32 latents.
+      sigmas: ``(B, N+1)``: each request's noise schedule.
+      step: ``(B,)`` int32: steps taken (``N``: finished).
+      key: ``(B,)`` typed PRNG keys (step ``i`` draws its noise from ``fold_in(key, i)``).
+      cond: the family's conditioning pytree.
+      uncond: its unconditional counterpart for guidance, or ``None``.
+    """
 
     x: jax.Array
     sigmas: jax.Array
@@ -159,11 +193,17 @@ class DenoiseState(NamedTuple):
 
 
 class Transition(NamedTuple):
-    """One step of a trajectory (under ``run`` each field gains a leading time axis).
+    """One step of a trajectory (under ``run`` each field gains a leading time axis ``S``).
 
-    ``x`` is the step's input, ``sample`` its output, ``mean``/``std`` the SDE Gaussian
-    (for an ODE step ``mean == sample`` and ``std == 0``), ``log_prob`` ``(B,)`` the sample's
-    log-prob (0 for ODE steps), ``sigma``/``sigma_next``/``step`` ``(B,)``.
+    Attributes:
+      x: ``(B, ...)``: the step's input latents.
+      sample: ``(B, ...)``: its output.
+      mean: ``(B, ...)``: the SDE Gaussian's mean (``== sample`` for an ODE step).
+      std: ``(B,)``: the SDE's ``σ_eff`` (0 for an ODE step).
+      log_prob: ``(B,)``: the sample's log-prob (``samplers.sde_step``; 0 for ODE steps and finished rows).
+      sigma: ``(B,)``: the step's noise level.
+      sigma_next: ``(B,)``: the level it steps to.
+      step: ``(B,)`` int32: the step's index.
     """
 
     x: jax.Array
@@ -181,7 +221,14 @@ def _as_models(models) -> tuple:
 
 
 def schedule(config: DenoiseConfig) -> jax.Array:
-    """The loop's sigmas ``(num_steps + 1,)``: ``start_sigma · flow_sigmas(num_steps, shift)``, from σ₀ down to 0."""
+    """The loop's noise schedule ``start_sigma · flow_sigmas(num_steps, shift)``, from σ₀ down to 0.
+
+    Args:
+      config: the loop's config.
+
+    Returns:
+      ``(num_steps + 1,)`` float32 sigmas.
+    """
     sigmas = samplers.flow_sigmas(config.num_steps, config.shift)
     # σ₀ = 1 multiplies by nothing, so the full schedule keeps its bits exactly.
     return sigmas if config.start_sigma == 1.0 else jnp.float32(config.start_sigma) * sigmas
@@ -215,12 +262,25 @@ def _start_noise(
 def init(
     keys: jax.Array, latent_shape: Sequence[int], cond: Any, config: DenoiseConfig, uncond: Any = None
 ) -> DenoiseState:
-    """Start ``B = len(keys)`` requests from pure noise of per-request ``latent_shape`` (e.g. ``(T, h, w, C)``).
+    """Start ``B = len(keys)`` requests from pure noise.
 
-    ``keys`` are per-request PRNG keys ``(B,)`` (e.g. ``jax.random.key(seed)`` stacked): the same
-    key gives the same request whatever else is in the batch. ``cond`` (and ``uncond``, required
-    when the config's guidance needs it) are pytrees whose leaves all have leading axis ``B``.
-    A loop with ``start_sigma < 1`` starts from latents instead (``init_from_latents``).
+    Each request key splits in two: the first draws the starting noise, the second becomes the step
+    key, so the same key gives the same request whatever else is in the batch.
+
+    Args:
+      keys: ``(B,)`` typed PRNG keys (e.g. ``jax.random.key(seed)`` stacked), one per request.
+      latent_shape: the per-request latent shape (e.g. ``(T, h, w, C)``).
+      cond: the conditioning, a pytree whose leaves all have leading axis ``B``.
+      config: the loop's config, with ``start_sigma == 1``.
+      uncond: the unconditional conditioning (same structure as ``cond``), required when the config's
+        guidance needs it.
+
+    Returns:
+      The ``DenoiseState`` at step 0: ``x`` ``(B, *latent_shape)`` float32 noise.
+
+    Raises:
+      ValueError: if ``start_sigma < 1`` (use ``init_from_latents``), ``keys`` are not ``(B,)`` typed keys,
+        ``latent_shape`` is ``None``, or the guidance needs ``uncond`` and it is missing.
     """
     if config.start_sigma != 1.0:
         raise ValueError(
@@ -232,12 +292,24 @@ def init(
 
 
 def init_from_latents(keys: jax.Array, x0: jax.Array, cond: Any, config: DenoiseConfig, uncond: Any = None) -> DenoiseState:
-    """Start ``B = len(keys)`` requests from clean latents ``x0`` ``(B, *latent_shape)`` re-noised to
-    σ₀ = ``config.start_sigma``: ``x = σ₀·ε + (1 - σ₀)·x0`` (the flow-matching interpolant at σ₀).
+    """Start ``B = len(keys)`` requests from clean latents re-noised to σ₀ = ``config.start_sigma``.
 
-    ``ε`` is drawn from each request key exactly as ``init`` draws its noise (and the step keys
-    likewise), so at σ₀ = 1 this is ``init``. The schedule is ``schedule(config)``, from σ₀.
-    ``cond`` / ``uncond`` as in ``init``.
+    ``x = σ₀·ε + (1 - σ₀)·x0`` (the flow-matching interpolant at σ₀), with ``ε`` drawn from each request
+    key exactly as ``init`` draws its noise (and the step keys likewise), so at σ₀ = 1 this is ``init``.
+    The schedule is ``schedule(config)``, from σ₀.
+
+    Args:
+      keys: ``(B,)`` typed PRNG keys, one per request.
+      x0: clean latents ``(B, *latent_shape)``.
+      cond: the conditioning, as in ``init``.
+      config: the loop's config.
+      uncond: the unconditional conditioning, as in ``init``.
+
+    Returns:
+      The ``DenoiseState`` at step 0, ``x`` float32.
+
+    Raises:
+      ValueError: if ``x0`` is not ``(B, *latent_shape)`` with ``B = len(keys)``, or as ``init``.
     """
     x0 = jnp.asarray(x0)
     noise, step_keys, sigmas = _start_noise(keys, x0.shape[1:], cond, config, uncond)
@@ -250,7 +322,23 @@ def init_from_latents(keys: jax.Array, x0: jax.Array, cond: Any, config: Denoise
 
 
 def velocity(models, x: jax.Array, sigma: jax.Array, cond: Any, config: DenoiseConfig, uncond: Any = None) -> jax.Array:
-    """The loop's velocity at ``(x, sigma)``: the routed denoiser(s) under the config's guidance."""
+    """The loop's velocity at ``(x, sigma)``: the routed denoiser(s) under the config's guidance.
+
+    Args:
+      models: the bound denoiser(s), one or a sequence in ``LoopSpec.binds`` order.
+      x: latents ``(B, ...)``.
+      sigma: ``(B,)`` noise levels.
+      cond: the conditioning pytree (leading axis ``B``).
+      config: the loop's config (its ``router`` and ``guide``).
+      uncond: the unconditional conditioning, when the guidance needs it.
+
+    Returns:
+      The guided velocity, shaped like ``x``.
+
+    Raises:
+      ValueError: if the router's expert count differs from the number of ``models``, or the guidance
+        needs ``uncond`` and it is missing.
+    """
     return config.guide(policies.routed_velocity(_as_models(models), config.router), x, sigma, cond, uncond)
 
 
@@ -259,10 +347,20 @@ def _step_noise(keys: jax.Array, steps: jax.Array, shape: tuple[int, ...]) -> ja
 
 
 def step(models, state: DenoiseState, config: DenoiseConfig) -> tuple[DenoiseState, Transition]:
-    """Advance every unfinished request by one step: ``(state, Transition)``.
+    """Advance every unfinished request by one step.
 
-    ``models``: the bound denoiser(s). Each request reads its own ``sigmas[step]``, so a batch may
-    mix requests at different steps; a finished request (``step == N``) is left unchanged.
+    Each request reads its own ``sigmas[step]``, so a batch may mix requests at different steps; a
+    finished request (``step == N``) is left unchanged. With ``sampler="sde"`` a step inside the SDE
+    window takes ``samplers.sde_step`` with noise ``normal(fold_in(key, step))``; every other step is
+    the Euler step.
+
+    Args:
+      models: the bound denoiser(s).
+      state: the requests' state.
+      config: the loop's config.
+
+    Returns:
+      ``(new state, Transition)`` of this step, fields ``(B, ...)``.
     """
     num_steps = state.sigmas.shape[1] - 1
     active = state.step < num_steps
@@ -300,11 +398,21 @@ def step(models, state: DenoiseState, config: DenoiseConfig) -> tuple[DenoiseSta
 def run(
     models, state: DenoiseState, config: DenoiseConfig, *, capture: bool = False
 ) -> tuple[DenoiseState, Transition | None]:
-    """Run every remaining step as fused ``lax.scan``s: ``(final state, trajectory or None)``.
+    """Run all ``num_steps`` steps as fused ``lax.scan`` loops.
 
-    With ``capture`` the steps in ``config.captured_steps`` are recorded, stacked as
-    ``Transition`` fields of shape ``(S, B, ...)``; the others run without a record.
-    ``config`` and ``capture`` are static under ``jit``.
+    Args:
+      models: the bound denoiser(s).
+      state: the requests' state (e.g. from ``init``).
+      config: the loop's config (static under ``jit``).
+      capture: record the steps in ``config.captured_steps`` (static under ``jit``); the others run
+        without a record.
+
+    Returns:
+      ``(final state, trajectory)``: with ``capture`` the recorded steps' ``Transition`` fields
+      stacked ``(S, B, ...)``; otherwise ``None``.
+
+    Raises:
+      ValueError: if ``state`` has another step count than ``config.num_steps``.
     """
     num_steps = state.sigmas.shape[1] - 1
     if num_steps != config.num_steps:
@@ -331,11 +439,25 @@ def run(
 def trajectory_stats(
     models, trajectory: Transition, cond: Any, config: DenoiseConfig, uncond: Any = None
 ) -> tuple[jax.Array, jax.Array]:
-    """Recompute a captured SDE trajectory under ``models``: ``(S, B)`` log-probs and ``(S, B, ...)`` SDE means.
+    """Recompute a captured SDE trajectory under ``models``: its log-probs and SDE means.
 
-    Teacher-forced: each step's stored ``(x, sample)`` pair is scored independently, ``vmap``ped
+    Teacher-forced: each step's stored ``(x, sample)`` pair is scored independently
+    (``samplers.sde_log_prob`` / ``samplers.sde_mean`` at the velocity of ``models``), ``vmap``ped
     over the time axis, so no re-scan is needed. With the rollout's weights this reproduces
     ``trajectory.log_prob`` and ``trajectory.mean`` (C2, PPO ratio == 1). Differentiable in ``models``.
+
+    Args:
+      models: the bound denoiser(s).
+      trajectory: the captured steps, ``Transition`` fields ``(S, B, ...)``.
+      cond: the conditioning the rollout used (leading axis ``B``).
+      config: the rollout's loop config, with ``sampler="sde"``.
+      uncond: the unconditional conditioning, when the guidance needs it.
+
+    Returns:
+      ``(log_probs (S, B), means (S, B, ...))``, float32.
+
+    Raises:
+      ValueError: if ``config.sampler`` is not ``"sde"``.
     """
     if config.sampler != "sde":
         raise ValueError("trajectory_stats needs an SDE trajectory (config.sampler='sde')")
@@ -349,7 +471,18 @@ def trajectory_stats(
 
 
 def trajectory_log_probs(models, trajectory: Transition, cond: Any, config: DenoiseConfig, uncond: Any = None) -> jax.Array:
-    """The ``(S, B)`` log-probs of ``trajectory_stats``."""
+    """The ``(S, B)`` log-probs of ``trajectory_stats`` (same arguments).
+
+    Args:
+      models: the bound denoiser(s).
+      trajectory: the captured steps, ``Transition`` fields ``(S, B, ...)``.
+      cond: the conditioning the rollout used.
+      config: the rollout's loop config, with ``sampler="sde"``.
+      uncond: the unconditional conditioning, when the guidance needs it.
+
+    Returns:
+      ``(S, B)`` float32 log-probs.
+    """
     return trajectory_stats(models, trajectory, cond, config, uncond)[0]
 
 
@@ -386,15 +519,43 @@ class Driver:
             )
 
     def step(self, models, state: DenoiseState, config: DenoiseConfig) -> DenoiseState:
+        """One ``step`` of the bound denoiser(s), without its record.
+
+        Args:
+          models: the bound denoiser(s).
+          state: the batch's state.
+          config: the batch's config.
+
+        Returns:
+          The new ``DenoiseState``.
+        """
         return step(models, state, config)[0]
 
     def run(self, models, state: DenoiseState, config: DenoiseConfig, *, capture: bool = False):
+        """``run``: ``(final state, stacked Transition or None)``.
+
+        Args:
+          models: the bound denoiser(s).
+          state: the batch's state.
+          config: the batch's config.
+          capture: record the captured steps.
+        """
         return run(models, state, config, capture=capture)
 
     def num_steps(self, config: DenoiseConfig) -> int:
+        """The steps a request takes: ``config.num_steps``.
+
+        Args:
+          config: the request's config.
+        """
         return config.num_steps
 
     def batch_key(self, config: DenoiseConfig) -> Hashable:
+        """``config`` with ``num_steps`` neutralised: configs that differ only in ``num_steps`` batch together.
+
+        Args:
+          config: a request's config.
+        """
         # step() reads num_steps only through the width of state.sigmas, and the SDE window is
         # validated per request, so everything but num_steps must agree.
         return dataclasses.replace(config, num_steps=config.sde_window[1] if config.sde_window else 1)
@@ -408,11 +569,26 @@ class Driver:
         return _padded_sigmas(config.num_steps, config.shift, width, config.start_sigma)
 
     def with_schedule(self, state: DenoiseState, schedule: jax.Array) -> DenoiseState:
+        """``state`` with each row's own sigmas.
+
+        Args:
+          state: the batch's state.
+          schedule: ``(B, W + 1)``: the stacked rows of ``schedule``.
+
+        Raises:
+          ValueError: if ``schedule`` is not shaped like ``state.sigmas``.
+        """
         if schedule.shape != state.sigmas.shape:
             raise ValueError(f"schedule {schedule.shape} does not match the state's sigmas {state.sigmas.shape}")
         return state._replace(sigmas=jnp.asarray(schedule, state.sigmas.dtype))
 
     def deactivate(self, state: DenoiseState, rows: jax.Array) -> DenoiseState:
+        """``state`` with ``rows`` finished (step index ``W``), so a step leaves them unchanged.
+
+        Args:
+          state: the batch's state.
+          rows: ``(B,)`` bool, the rows to retire.
+        """
         width = state.sigmas.shape[1] - 1
         return state._replace(step=jnp.where(rows, width, state.step))
 
@@ -424,6 +600,11 @@ class Driver:
         return rows._replace(key=keys, step=jnp.full((capacity,), width, jnp.int32))
 
     def latents(self, state: DenoiseState) -> jax.Array:
+        """What a preview shows: the current latents ``x`` ``(B, *latent_shape)``.
+
+        Args:
+          state: the batch's state.
+        """
         return state.x
 
 

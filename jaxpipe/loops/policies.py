@@ -46,7 +46,11 @@ VelocityFn = Callable[[jax.Array, jax.Array, Any], jax.Array]
 
 # ------------------------------------------------------------------------------------------ routing
 class Router(Protocol):
-    """Which expert each request uses at its noise level: ``router(sigma (B,)) -> (B,) int32``."""
+    """Which expert each request uses at its noise level: ``router(sigma (B,)) -> (B,) int32``.
+
+    Attributes:
+      num_experts: how many experts it chooses among (the loop must bind as many).
+    """
 
     num_experts: int
 
@@ -55,7 +59,11 @@ class Router(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Single:
-    """One expert: every request uses expert 0."""
+    """One expert: every request uses expert 0.
+
+    Attributes:
+      num_experts: always 1 (not an argument).
+    """
 
     num_experts: int = dataclasses.field(default=1, init=False)
 
@@ -65,7 +73,15 @@ class Single:
 
 @dataclasses.dataclass(frozen=True)
 class Fixed:
-    """Always ``expert`` of ``num_experts`` (e.g. to run one expert of a routed card alone)."""
+    """Always ``expert`` of ``num_experts`` (e.g. to run one expert of a routed card alone).
+
+    Attributes:
+      expert: the index every request uses, in ``0..num_experts - 1``.
+      num_experts: how many experts the loop binds.
+
+    Raises:
+      ValueError: on construction, if ``expert`` is out of range.
+    """
 
     expert: int
     num_experts: int = 2
@@ -81,7 +97,15 @@ class Fixed:
 @dataclasses.dataclass(frozen=True)
 class SigmaBoundary:
     """Two experts switched by noise level: expert 0 where ``sigma >= boundary`` (high noise),
-    expert 1 below it (Wan 2.2's MoE)."""
+    expert 1 below it (Wan 2.2's MoE).
+
+    Attributes:
+      boundary: the switching noise level, in (0, 1).
+      num_experts: always 2 (not an argument).
+
+    Raises:
+      ValueError: on construction, if ``boundary`` is not in (0, 1).
+    """
 
     boundary: float
     num_experts: int = dataclasses.field(default=2, init=False)
@@ -95,11 +119,21 @@ class SigmaBoundary:
 
 
 def routed_velocity(models: Sequence[Any], router: Router) -> VelocityFn:
-    """The velocity function of a loop binding ``models`` (each with ``velocity(x, sigma, cond)``).
+    """The velocity function of a loop binding ``models``.
 
     One model is called directly. Several are chosen per request by ``router`` inside the same
     traced step: when every row of the batch routes to one expert it alone runs
     (``lax.switch``); otherwise every expert runs and each row takes its own expert's output.
+
+    Args:
+      models: the bound denoisers, each with ``velocity(x, sigma, cond)``, in expert order.
+      router: picks each row's expert from its ``sigma``.
+
+    Returns:
+      A ``VelocityFn``.
+
+    Raises:
+      ValueError: if ``router.num_experts`` differs from ``len(models)``.
     """
     models = tuple(models)
     if len(models) != router.num_experts:
@@ -128,7 +162,11 @@ def routed_velocity(models: Sequence[Any], router: Router) -> VelocityFn:
 # ------------------------------------------------------------------------------------------ guidance
 @dataclasses.dataclass(frozen=True)
 class Unguided:
-    """No guidance: one forward on the conditional input."""
+    """No guidance: one forward on the conditional input (``uncond`` is ignored).
+
+    Attributes:
+      needs_uncond: ``False``.
+    """
 
     needs_uncond = False
 
@@ -139,7 +177,14 @@ class Unguided:
 @dataclasses.dataclass(frozen=True)
 class CFG:
     """Classifier-free guidance ``v_u + scale·(v_c - v_u)``; the conditional and unconditional
-    halves run as one doubled batch (``cond`` and ``uncond`` are pytrees of the same structure)."""
+    halves run as one doubled batch (``cond`` and ``uncond`` are pytrees of the same structure).
+
+    Calling it without ``uncond`` raises ``ValueError``.
+
+    Attributes:
+      scale: the CFG scale.
+      needs_uncond: ``True``.
+    """
 
     scale: float
     needs_uncond = True
@@ -155,15 +200,23 @@ class CFG:
 
 @dataclasses.dataclass(frozen=True)
 class STG:
-    """Spatio-temporal guidance composed with CFG:
-    ``v = v_c + (cfg - 1)·(v_c - v_u) + scale·(v_c - v_p)``.
+    """Spatio-temporal guidance composed with CFG: ``v = v_c + (cfg - 1)·(v_c - v_u) + scale·(v_c - v_p)``.
 
     ``v_p`` is the conditional forward perturbed by skipping self-attention in ``blocks``. The
     conditional, (when ``cfg != 1``) unconditional and perturbed forwards run as ONE velocity call
     on a batch 2× or 3× as large. The perturbation is data on the conditioning: ``cond`` must offer
     ``skipping(blocks, width)`` (e.g. ``jaxpipe.nn.DiTCond``), returning the same pytree with the
     blocks to skip per row, so the plain rows (``skipping((), width)``) and the perturbed rows share
-    one structure and one compiled forward.
+    one structure and one compiled forward. Calling it raises ``ValueError`` when ``cond`` has no
+    ``skipping`` or when ``uncond`` is needed and missing.
+
+    Attributes:
+      cfg: the CFG scale (1: no unconditional forward).
+      scale: the STG scale, > 0.
+      blocks: the non-negative DiT block indices whose self-attention the perturbed forward skips.
+
+    Raises:
+      ValueError: on construction, if ``scale <= 0`` or ``blocks`` is empty or holds a bad index.
     """
 
     cfg: float
@@ -177,6 +230,7 @@ class STG:
 
     @property
     def needs_uncond(self) -> bool:
+        """Whether the unconditional forward runs: ``cfg != 1``."""
         return self.cfg != 1.0
 
     def __call__(self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None) -> jax.Array:
@@ -202,8 +256,17 @@ class STG:
 
 
 def guidance(scale: float, stg: float = 0.0, stg_blocks: Sequence[int] = ()) -> Unguided | CFG | STG:
-    """The guidance policy: ``Unguided()`` at CFG scale 1, ``CFG(scale)`` otherwise; with ``stg > 0``
-    the composed ``STG(scale, stg, stg_blocks)``."""
+    """The guidance policy of a loop's scales.
+
+    Args:
+      scale: the CFG scale.
+      stg: the STG scale (0: no STG).
+      stg_blocks: the DiT blocks the STG's perturbed forward skips (used when ``stg > 0``).
+
+    Returns:
+      ``STG(scale, stg, stg_blocks)`` when ``stg > 0``; otherwise ``Unguided()`` at ``scale == 1`` and
+      ``CFG(scale)`` at any other scale.
+    """
     if stg > 0:
         return STG(float(scale), float(stg), tuple(stg_blocks))
     return Unguided() if scale == 1.0 else CFG(float(scale))
@@ -212,15 +275,30 @@ def guidance(scale: float, stg: float = 0.0, stg_blocks: Sequence[int] = ()) -> 
 # ------------------------------------------------------------------------------------------ SDE window
 @dataclasses.dataclass(frozen=True)
 class SDEWindow:
-    """The steps ``[start, stop)`` that sample with the SDE (``stop=None``: through the last step)."""
+    """The steps ``[start, stop)`` that sample with the SDE.
+
+    Attributes:
+      start: the first SDE step.
+      stop: the step after the last SDE step (``None``: through the last step).
+    """
 
     start: int = 0
     stop: int | None = None
 
     def bounds(self, num_steps: int) -> tuple[int, int]:
+        """The window as ``(start, stop)``, with ``stop = num_steps`` when it is ``None``.
+
+        Args:
+          num_steps: the loop's step count.
+        """
         return self.start, num_steps if self.stop is None else self.stop
 
     def contains(self, step: jax.Array, num_steps: int) -> jax.Array:
-        """``(B,)`` bool: which requests' current ``step`` lies in the window."""
+        """``(B,)`` bool: which requests' current ``step`` lies in the window.
+
+        Args:
+          step: ``(B,)`` int step indices.
+          num_steps: the loop's step count.
+        """
         lo, hi = self.bounds(num_steps)
         return (step >= lo) & (step < hi)

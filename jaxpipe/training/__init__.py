@@ -16,6 +16,10 @@ this package stays cheap.
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING
+
+# `fit` is imported now: a lazy name equal to a submodule's would be shadowed by the submodule once it is imported
+from jaxpipe.training.fit import fit
 
 _LAZY = {
     "Trainer": "jaxpipe.training.trainer", "TrainState": "jaxpipe.training.trainer", "Method": "jaxpipe.training.trainer",
@@ -35,7 +39,6 @@ _LAZY = {
     "DistributionMatching": "jaxpipe.training.distribution_matching",
     "SelfForcing": "jaxpipe.training.methods.self_forcing", "SelfForcingConfig": "jaxpipe.training.methods.self_forcing",
     "AutoencoderTrainer": "jaxpipe.training.autoencoder", "AutoencoderTrainConfig": "jaxpipe.training.autoencoder",
-    "fit": "jaxpipe.training.fit",
     "group_advantages": "jaxpipe.training.losses",
     "ppo_clip_loss": "jaxpipe.training.losses",
     "flow_grpo_kl": "jaxpipe.training.losses",
@@ -46,10 +49,68 @@ _LAZY = {
 }
 
 
+if TYPE_CHECKING:  # the same names, for type checkers and the API reference (static analysis sees no __getattr__)
+    from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
+    from jaxpipe.training.distribution_matching import DistributionMatching
+    from jaxpipe.training.grpo import FlowGRPOConfig
+    from jaxpipe.training.losses import flow_grpo_kl, flow_grpo_loss, group_advantages, k3_kl, ppo_clip_loss, token_loss, token_pg_loss
+    from jaxpipe.training.methods.dmd2 import DMD2, DMD2Config
+    from jaxpipe.training.methods.finetune import Finetune, FinetuneConfig
+    from jaxpipe.training.methods.flow_grpo import FlowGRPO
+    from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointRLConfig, UnifiedRL, UnifiedRLConfig
+    from jaxpipe.training.methods.mot_rl import MoTRLConfig, SharedMoTRL
+    from jaxpipe.training.methods.nft import DiffusionNFT, DiffusionNFTConfig, EMA
+    from jaxpipe.training.methods.self_forcing import SelfForcing, SelfForcingConfig
+    from jaxpipe.training.noise import NoiseLevels
+    from jaxpipe.training.optim import Optimizer
+    from jaxpipe.training.refine import RefinerConfig
+    from jaxpipe.training.rollout import Group, Sampling
+    from jaxpipe.training.supervised import Supervised
+    from jaxpipe.training.trainer import Method, TrainState, Trainer
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'jaxpipe.training' has no attribute {name!r}")
 
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "AutoencoderTrainConfig",
+    "AutoencoderTrainer",
+    "DMD2",
+    "DMD2Config",
+    "DiffusionNFT",
+    "DiffusionNFTConfig",
+    "DistributionMatching",
+    "EMA",
+    "Finetune",
+    "FinetuneConfig",
+    "FlowGRPO",
+    "FlowGRPOConfig",
+    "Group",
+    "JointMultiExpertRL",
+    "JointRLConfig",
+    "Method",
+    "MoTRLConfig",
+    "NoiseLevels",
+    "Optimizer",
+    "RefinerConfig",
+    "Sampling",
+    "SelfForcing",
+    "SelfForcingConfig",
+    "SharedMoTRL",
+    "Supervised",
+    "TrainState",
+    "Trainer",
+    "UnifiedRL",
+    "UnifiedRLConfig",
+    "fit",
+    "flow_grpo_kl",
+    "flow_grpo_loss",
+    "group_advantages",
+    "k3_kl",
+    "ppo_clip_loss",
+    "token_loss",
+    "token_pg_loss",
+]

@@ -31,13 +31,16 @@ __all__ = ["DistributionMatching", "dm_gradient", "dm_surrogate", "clean_estimat
 
 @dataclasses.dataclass(frozen=True)
 class DistributionMatching:
-    """The fake score and the real one (hashable: static under ``jit``).
+    """The settings of the fake score and the real one (hashable: static under ``jit``).
 
-    Arguments:
+    Attributes:
       critic: the critic's optimiser (Adam with DMD2's ``b1 = 0`` by default).
       critic_steps: critic updates per student update (DMD2's two-time-scale rule), >= 1.
-      real_guidance: the teacher's CFG scale (``None``: the teacher card's default).
-      noise: the re-noising levels of the critic's and the student's losses.
+      real_guidance: the teacher's CFG scale, a finite number >= 0 (``None``: the teacher card's default).
+      noise: the re-noising levels ``t`` of the critic's and the student's losses (``noise.min > 0``).
+
+    Raises:
+      ValueError: on construction, if a field is out of range.
     """
 
     critic: Optimizer = Optimizer(1e-4, b1=0.0)
@@ -55,13 +58,32 @@ class DistributionMatching:
 
 
 def per_row(a: jax.Array, like: jax.Array) -> jax.Array:
-    """``a`` ``(B,)`` reshaped to broadcast against ``like`` ``(B, ...)``."""
+    """``a`` reshaped to broadcast against ``like``: trailing unit axes up to ``like``'s rank.
+
+    Args:
+      a: a per-row array, e.g. ``(B,)``.
+      like: an array ``(B, ...)``.
+
+    Returns:
+      ``a`` reshaped to ``a.shape + (1,) * (like.ndim - a.ndim)``.
+    """
     return a.reshape(a.shape + (1,) * (like.ndim - a.ndim))
 
 
 def dm_gradient(x0: jax.Array, x0_real: jax.Array, x0_fake: jax.Array) -> jax.Array:
-    """DMD2's distribution-matching gradient ``(B, ...)``: ``(x̂0_fake − x̂0_real) / mean_d |x̂0 − x̂0_real|``
-    per row, a constant (stop-gradient) of the three ``(B, ...)`` clean estimates."""
+    """DMD2's distribution-matching gradient ``g = (x̂0_fake − x̂0_real) / mean_d |x̂0 − x̂0_real|`` per row.
+
+    A constant: every input is stop-gradient. The per-row normaliser is floored at 1e-6, so a row the
+    teacher already reproduces gets a finite ``g``.
+
+    Args:
+      x0: the student's clean estimates ``(B, ...)``.
+      x0_real: the real score's (teacher's) clean predictions, shaped like ``x0``.
+      x0_fake: the fake score's (critic's) clean predictions, shaped like ``x0``.
+
+    Returns:
+      ``g``, shaped like ``x0``.
+    """
     x0, x0_real, x0_fake = jax.lax.stop_gradient((x0, x0_real, x0_fake))
     axes = tuple(range(1, x0.ndim))
     scale = jnp.mean(jnp.abs(x0 - x0_real), axis=axes, keepdims=True)
@@ -69,8 +91,18 @@ def dm_gradient(x0: jax.Array, x0_real: jax.Array, x0_fake: jax.Array) -> jax.Ar
 
 
 def dm_surrogate(x0: jax.Array, g: jax.Array) -> jax.Array:
-    """``mean_b 0.5·‖x̂0_b − sg(x̂0_b − g_b)‖²`` (sum over the latent dims) for ``(B, ...)`` inputs: a
-    scalar whose gradient in ``x̂0`` is ``g / B``."""
+    """The surrogate loss ``mean_b 0.5·‖x̂0_b − sg(x̂0_b − g_b)‖²`` (summed over the latent dims).
+
+    Its value is ``mean_b 0.5·‖g_b‖²`` and its gradient in ``x̂0`` is ``g / B``: descending it moves
+    ``x̂0`` along ``−g``.
+
+    Args:
+      x0: the student's clean estimates ``(B, ...)`` (differentiable).
+      g: the distribution-matching gradient, shaped like ``x0`` (``dm_gradient``).
+
+    Returns:
+      A scalar.
+    """
     target = jax.lax.stop_gradient(x0 - g)
     return jnp.mean(0.5 * jnp.sum((x0 - target) ** 2, axis=tuple(range(1, x0.ndim))))
 
@@ -86,9 +118,25 @@ def _renoised(x0: jax.Array, key: jax.Array, noise: NoiseLevels) -> tuple[jax.Ar
 def clean_estimates(real: tuple, fake: tuple, x0: jax.Array, key: jax.Array, cond: Any, uncond: Any,
                     real_policy: denoise.DenoiseConfig, fake_policy: denoise.DenoiseConfig,
                     noise: NoiseLevels) -> tuple[jax.Array, jax.Array]:
-    """The real (``real`` denoisers at ``real_policy``'s guidance, ``uncond`` its unconditional half) and fake
-    (``fake`` at ``fake_policy``) clean predictions ``(x̂0_real, x̂0_fake)`` ``(B, ...)`` at ``x0`` re-noised
-    (stop-gradient)."""
+    """The real and fake clean predictions at ``x0`` re-noised: ``x̂0 = x_t − t·v(x_t, t)`` for each score.
+
+    ``x_t = (1−t)·x0 + t·ε`` with ``t`` drawn per row by ``noise`` and fresh ``ε`` (both from ``key``);
+    ``x0`` is stop-gradient.
+
+    Args:
+      real: the real score's denoiser(s) (the frozen teacher).
+      fake: the fake score's denoiser(s) (the critic).
+      x0: the student's clean samples ``(B, ...)``.
+      key: a PRNG key for ``t`` and ``ε``.
+      cond: the conditioning pytree (leading axis ``B``).
+      uncond: the unconditional conditioning for the real score's guidance.
+      real_policy: the real score's loop policy (its guidance and router).
+      fake_policy: the fake score's loop policy (unguided).
+      noise: how ``t`` is drawn.
+
+    Returns:
+      ``(x̂0_real, x̂0_fake)``, each shaped like ``x0``.
+    """
     x0 = jax.lax.stop_gradient(x0)
     x_t, t, _ = _renoised(x0, key, noise)
     s = per_row(t, x_t)
@@ -99,8 +147,23 @@ def clean_estimates(real: tuple, fake: tuple, x0: jax.Array, key: jax.Array, con
 
 def critic_loss(critic: tuple, x0: jax.Array, cond: Any, key: jax.Array, policy: denoise.DenoiseConfig,
                 noise: NoiseLevels) -> jax.Array:
-    """Flow matching of the critic (the fake score) on the student's samples ``x0`` (constants):
-    ``mean((v_φ(x_t, t, c) − (ε − x0))²)``, a scalar."""
+    """Flow matching of the critic (the fake score) on the student's samples ``x0``.
+
+    The loss is ``mean((v_φ(x_t, t, c) − (ε − x0))²)``.
+
+    ``x_t = (1−t)·x0 + t·ε`` with ``t`` drawn per row by ``noise`` and fresh ``ε``; ``x0`` is a constant.
+
+    Args:
+      critic: the critic's denoiser(s).
+      x0: the student's clean samples ``(B, ...)``.
+      cond: the conditioning pytree (leading axis ``B``).
+      key: a PRNG key for ``t`` and ``ε``.
+      policy: the critic's loop policy (unguided).
+      noise: how ``t`` is drawn.
+
+    Returns:
+      A scalar, differentiable in ``critic``.
+    """
     x0 = jax.lax.stop_gradient(x0)
     x_t, t, eps = _renoised(x0, key, noise)
     v = denoise.velocity(critic, x_t, t, cond, policy)

@@ -37,13 +37,14 @@ from jaxpipe.training.rollout import Group, Sampling
 __all__ = ["FlowGRPOConfig", "KL_CONVENTIONS", "generator_loss", "generator_update"]
 
 KL_CONVENTIONS = ("exact", "flowgrpo")
+"""The accepted values of ``FlowGRPOConfig.kl`` (module docstring)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class FlowGRPOConfig:
     """Settings of FlowGRPO on a generator (hashable: static under ``jit``).
 
-    Arguments:
+    Attributes:
       group: K samples per prompt and the advantage clip (K >= 2).
       sampling: the rollout's denoise policy: the SDE (``sampler="sde"``), its steps, noise level and
         window, at guidance 1 (so the recomputed log-probs are the captured ones).
@@ -54,6 +55,10 @@ class FlowGRPOConfig:
       optimizer: the generator's optimiser (clipped Adam, lr 1e-4 by default).
       dtype: the networks' compute dtype (``"float32"`` | ``"bfloat16"``; ``None``: the card's own);
         the trainable params and Adam stay float32 either way (``jaxpipe.precision``).
+
+    Raises:
+      ValueError: on construction, if K < 2, ``sampling`` is not the SDE at guidance 1, or a field is out
+        of range.
     """
 
     group: Group = Group()
@@ -86,11 +91,25 @@ def generator_loss(
     models, reference, generated: rollout.Generated, advantages: jax.Array, config: FlowGRPOConfig,
     sampling: denoise.DenoiseConfig, reference_generated: rollout.Generated | None = None,
 ) -> tuple[jax.Array, dict]:
-    """Clipped PPO on every captured SDE step of ``generated`` under ``models`` (the loop's bound
-    denoiser(s)) plus ``β ·`` the KL to ``reference``: ``(scalar, metrics)``. ``sampling``: the rollout's
-    loop policy; ``reference_generated``: the batch as the reference conditions on it (default
-    ``generated``; a MoT recomputes its text conditioning under each weight set). Differentiable in
-    ``models``; ``advantages`` ``(B,)``."""
+    """FlowGRPO's objective on a captured rollout: clipped PPO on every captured SDE step plus ``β ·`` KL.
+
+    The log-probs and SDE means of the captured steps are recomputed under ``models``
+    (``rollout.generator_stats``), the reference's means likewise (only when ``β > 0``), and
+    ``losses.flow_grpo_loss`` combines them with the captured log-probs and ``σ_eff``.
+
+    Args:
+      models: the loop's bound denoiser(s) under the current weights (differentiable).
+      reference: the frozen reference denoiser(s).
+      generated: the rendered batch with its captured trajectory (fields ``(S, B, ...)``).
+      advantages: ``(B,)`` group advantages.
+      config: the FlowGRPO settings (``clip_eps``, ``beta``, ``kl``).
+      sampling: the rollout's loop policy (guidance 1).
+      reference_generated: the batch as the reference conditions on it (default ``generated``; a MoT
+        recomputes its text conditioning under each weight set).
+
+    Returns:
+      ``(loss, metrics)`` of ``losses.flow_grpo_loss``.
+    """
     log_prob, mean = rollout.generator_stats(models, generated, sampling)
     if config.beta > 0:
         ref_batch = generated if reference_generated is None else reference_generated
@@ -118,9 +137,27 @@ def generator_update(
     config: FlowGRPOConfig,
     sampling: denoise.DenoiseConfig,
 ) -> update.Step:
-    """One guarded optimiser step of the generator on one minibatch of a captured rollout: its ``rows``
-    (``None``: all, in order) and, when ``config.ppo.timestep_fraction < 1``, a random subset of each
-    row's captured steps (``key``). ``models_of(params)`` builds the denoiser(s) the loop binds."""
+    """One guarded optimiser step of the generator on one minibatch of a captured rollout.
+
+    The minibatch is ``ppo.minibatch``'s: the rollout's ``rows`` and, when
+    ``config.ppo.timestep_fraction < 1``, a random subset of each row's captured steps.
+
+    Args:
+      tx: the generator's optimiser.
+      models_of: ``params -> the denoiser(s) the loop binds``.
+      params: the trained parameters.
+      reference: the reference parameters (built with ``models_of`` too).
+      opt_state: the optimiser state.
+      generated: the rendered batch with its captured trajectory.
+      advantages: ``(B,)`` group advantages.
+      rows: ``(b,)`` row indices of the minibatch (``None``: all, in order).
+      key: the key that draws the steps kept (``None`` at fraction 1).
+      config: the FlowGRPO settings.
+      sampling: the rollout's loop policy.
+
+    Returns:
+      The ``update.Step`` (kept params and moments if the loss or gradient is not finite).
+    """
     generated, advantages = ppo.minibatch(generated, advantages, rows, key, config.ppo)
 
     def loss(p):

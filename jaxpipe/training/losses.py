@@ -63,18 +63,27 @@ def _masked_mean(values: jax.Array, mask: jax.Array | None) -> jax.Array:
 def group_advantages(rewards, group_ids=None, *, adv_clip, eps: float = 1e-4) -> jax.Array:
     """Per-prompt-group normalised advantages ``clip((r - mean_g) / (std_g + eps), ±adv_clip)``.
 
-    Shapes:
-      * ``rewards (P, K)``: each row is one prompt's group of K samples -> ``A (P, K)``;
-      * ``rewards (B,)`` with integer ``group_ids (B,)``: samples sharing an id form a group
-        (ids need not be contiguous or sorted) -> ``A (B,)``;
-      * ``rewards (B,)`` without ids: the whole vector is one group (so ``jax.vmap`` over the
-        rows of a ``(P, K)`` array equals the ``(P, K)`` call).
-
     ``std_g`` is the **population** standard deviation (``ddof=0``, divide by the group size),
     as in FlowGRPO. The values are shifted by the group maximum before the mean is taken, so a
-    constant group gives exactly 0 (no float round-off). ``adv_clip=None`` disables clipping.
-    Advantages are constants of an update; they are differentiable here (finite gradients even
-    for constant groups) but the losses below stop their gradient anyway.
+    constant group gives exactly 0 (no float round-off). Advantages are constants of an update;
+    they are differentiable here (finite gradients even for constant groups) but the losses below
+    stop their gradient anyway.
+
+    Args:
+      rewards: ``(P, K)``: each row is one prompt's group of K >= 2 samples; or ``(B,)``, grouped by
+        ``group_ids``, or one group without them (so ``jax.vmap`` over the rows of a ``(P, K)``
+        array equals the ``(P, K)`` call).
+      group_ids: ``(B,)`` integer ids for ``(B,)`` rewards: samples sharing an id form a group (ids
+        need not be contiguous or sorted).
+      adv_clip: the clip bound, > 0 (``None``: no clipping). Keyword-only and required.
+      eps: added to ``std_g`` so a constant group does not divide by 0.
+
+    Returns:
+      float32 advantages shaped like ``rewards``.
+
+    Raises:
+      ValueError: if ``rewards`` is ``(P, K)`` with ``K < 2`` or of another rank, if ``group_ids`` and
+        ``rewards`` are not both ``(B,)``, or if a concrete ``adv_clip`` is not > 0.
     """
     r = _f32(rewards)
     if adv_clip is not None:
@@ -111,18 +120,31 @@ def group_advantages(rewards, group_ids=None, *, adv_clip, eps: float = 1e-4) ->
 
 # ------------------------------------------------------------------------------ PPO
 def ppo_clip_loss(log_prob_now, log_prob_old, advantages, *, clip_eps, mask=None) -> tuple[jax.Array, dict]:
-    """Element-wise clipped PPO surrogate: ``(loss, metrics)``.
+    """The element-wise clipped PPO surrogate ``max(-A·ρ, -A·clip(ρ, 1-ε, 1+ε))`` with ``ρ = exp(logp_now - logp_old)``.
 
-    ``loss = max(-A·ρ, -A·clip(ρ, 1-ε, 1+ε))`` with ``ρ = exp(logp_now - logp_old)``, computed
-    element-wise over the broadcast shape of the three inputs (NumPy broadcasting: a ``(B,)``
+    Computed element-wise over the broadcast shape of the three inputs (NumPy broadcasting: a ``(B,)``
     advantage broadcasts over ``(S, B)`` log-probs). At ``ρ == 1`` the loss is ``-A`` and its
     gradient w.r.t. ``logp_now`` is ``-A``. Outside the trust region the gradient vanishes only
     where the ratio has already moved in the direction the advantage favours (``ρ > 1+ε`` for
     ``A > 0``, ``ρ < 1-ε`` for ``A < 0``). ``logp_old`` and ``A`` are stop-gradient constants.
 
-    ``metrics`` (means over the elements, or over ``mask`` where given): ``clip_frac`` — the
-    fraction with ``|ρ - 1| > ε``; ``approx_kl`` — ``(ρ - 1) - log ρ`` (the k3 estimator of
-    KL(old ‖ now), ≥ 0); ``ratio_mean``.
+    Args:
+      log_prob_now: log-probs under the current weights (differentiable).
+      log_prob_old: the rollout's log-probs, broadcastable against ``log_prob_now``.
+      advantages: the advantages ``A``, broadcastable against both.
+      clip_eps: the clip ε, > 0.
+      mask: bool, broadcastable to the loss: the elements that count. Elsewhere the log-ratio is set
+        to 0 (padding may hold -inf/nan log-probs), so there ``ρ == 1`` and the loss is ``-A``;
+        reduce with the same mask.
+
+    Returns:
+      ``(loss, metrics)``: ``loss`` float32 of the broadcast shape (not reduced); ``metrics`` scalars,
+      means over the elements (over ``mask`` where given): ``clip_frac``, the fraction with
+      ``|ρ - 1| > ε``; ``approx_kl``, ``(ρ - 1) - log ρ`` (the k3 estimator of KL(old ‖ now), ≥ 0);
+      ``ratio_mean``.
+
+    Raises:
+      ValueError: if a concrete ``clip_eps`` is not > 0.
     """
     _check_positive("clip_eps", clip_eps)
     now = _f32(log_prob_now)
@@ -152,16 +174,29 @@ def flow_grpo_kl(mean_now, mean_ref, std, *, batch_ndim: int = 1, convention: st
     """FlowGRPO's KL to the reference policy, per example: ``mean((μ_now - μ_ref)²) / (2σ_eff²)``.
 
     The SDE step is Gaussian with the same ``σ_eff`` under both policies, so this is the exact
-    KL(π_now ‖ π_ref) per element, averaged over the event axes (``convention="exact"``).
+    KL(π_now ‖ π_ref) per element, averaged over the ``D`` event elements (``convention="exact"``).
     ``convention="flowgrpo"`` is the official FlowGRPO code's value, ``mean((Δμ)²) / (2·std_dev_t²)``
     with ``std_dev_t = σ_eff / sqrt(|Δt|)`` (its noise scale before the ``sqrt(-Δt)``): the exact KL
-    times ``|Δt|``; it needs ``dt`` of the leading shape (e.g. ``sigma_next - sigma``, ``(S, B)``). ``mean_now``/``mean_ref``
-    ``(*lead, ...)`` where ``lead`` is the first ``batch_ndim`` axes (``(B,)`` by default; pass
-    ``batch_ndim=2`` for a captured ``(S, B, ...)`` trajectory) -> ``(*lead,)``.
-    ``std`` (σ_eff > 0): a scalar, an array of the leading shape (e.g. the captured ``(S, B)``),
-    or anything broadcastable against the full means (e.g. ``sde_step``'s ``(B, 1, ..., 1)``).
-    ``mean_ref`` and ``std`` are stop-gradient constants; the gradient w.r.t. ``mean_now`` is
-    ``(μ_now - μ_ref) / (σ_eff²·D)``, pulling ``μ_now`` toward ``μ_ref``.
+    times ``|Δt|``. ``mean_ref`` and ``std`` are stop-gradient constants; the gradient w.r.t.
+    ``mean_now`` is ``(μ_now - μ_ref) / (σ_eff²·D)``, pulling ``μ_now`` toward ``μ_ref``.
+
+    Args:
+      mean_now: the SDE means under the current weights, ``(*lead, ...)`` where ``lead`` is the first
+        ``batch_ndim`` axes.
+      mean_ref: the reference's means, shaped like ``mean_now``.
+      std: ``σ_eff > 0``: a scalar, an array of the leading shape (e.g. the captured ``(S, B)``), or
+        anything broadcastable against the full means (e.g. ``sde_step``'s ``(B, 1, ..., 1)``).
+      batch_ndim: how many leading axes are kept (1: ``(B, ...)``; 2 for a captured ``(S, B, ...)``
+        trajectory).
+      convention: ``"exact"`` or ``"flowgrpo"``.
+      dt: the steps' ``sigma_next - sigma``, of the leading shape; needed by ``"flowgrpo"``.
+
+    Returns:
+      ``(*lead,)`` float32 KLs.
+
+    Raises:
+      ValueError: if the means differ in shape, ``batch_ndim`` exceeds their rank, ``convention`` is
+        unknown, or ``"flowgrpo"`` lacks ``dt``.
     """
     now = _f32(mean_now)
     ref = _sg(_f32(mean_ref))
@@ -199,21 +234,38 @@ def flow_grpo_loss(
     kl: str = "exact",
     dt=None,
 ) -> tuple[jax.Array, dict]:
-    """FlowGRPO loss over a captured trajectory: ``(scalar loss, metrics)``.
+    """The FlowGRPO loss over a captured trajectory of ``S`` steps and ``B`` samples.
 
-    Inputs (``S`` captured steps, ``B`` samples): ``log_prob_now (S, B)`` recomputed under the
-    current weights (``denoise.trajectory_log_probs``), ``log_prob_old (S, B)`` captured at
-    rollout (``Transition.log_prob``), ``advantages (B,)`` broadcast over steps (or ``(S, B)``),
-    ``mean_now``/``mean_ref (S, B, ...)`` the SDE means under the current / reference weights,
-    ``std`` the captured σ_eff (``(S, B)``, or see ``flow_grpo_kl``). Per element ``(s, b)``:
+    Per element ``(s, b)``, with ``ρ = exp(logp_now - logp_old)``:
 
         ℓ = max(-A·ρ, -A·clip(ρ, 1-ε, 1+ε)) + β · mean((μ_now - μ_ref)²) / (2σ_eff²)
 
-    ``ρ = exp(logp_now - logp_old)``; ``loss = mean_{s,b} ℓ`` (over ``mask (S, B)`` where given —
-    e.g. to drop finished requests). The means may be omitted when ``beta == 0``. ``kl="flowgrpo"``
-    uses the official FlowGRPO code's KL instead (``flow_grpo_kl`` with ``dt (S, B)``, the steps' Δt).
-    ``metrics``: ``loss``, ``policy_loss``, ``kl`` (unweighted), ``clip_frac``, ``approx_kl``,
-    ``ratio_mean``.
+    and ``loss = mean_{s,b} ℓ`` (over ``mask`` where given). ``kl="flowgrpo"`` uses the official
+    FlowGRPO code's KL instead (``flow_grpo_kl``: the exact KL times ``|Δt|``).
+
+    Args:
+      log_prob_now: ``(S, B)`` log-probs recomputed under the current weights
+        (``denoise.trajectory_log_probs``).
+      log_prob_old: ``(S, B)`` log-probs captured at rollout (``Transition.log_prob``).
+      advantages: ``(B,)``, broadcast over the steps (or ``(S, B)``).
+      mean_now: ``(S, B, ...)`` SDE means under the current weights (may be omitted when ``beta == 0``).
+      mean_ref: ``(S, B, ...)`` SDE means under the reference weights (likewise).
+      std: the captured ``σ_eff``, ``(S, B)`` or as ``flow_grpo_kl`` takes it (likewise); masked steps may
+        carry 0.
+      clip_eps: the PPO clip ε, > 0.
+      beta: the KL weight β.
+      mask: ``(S, B)`` bool, the steps that count (e.g. to drop finished requests).
+      kl: the KL convention, ``"exact"`` or ``"flowgrpo"``.
+      dt: ``(S, B)`` the steps' ``sigma_next - sigma``, needed by ``kl="flowgrpo"``.
+
+    Returns:
+      ``(loss, metrics)``: the float32 scalar loss and scalar metrics ``loss``, ``policy_loss``,
+      ``kl`` (unweighted), ``clip_frac``, ``approx_kl``, ``ratio_mean``.
+
+    Raises:
+      ValueError: if ``log_prob_now`` is not ``(S, B)``, the other inputs broadcast the loss to another
+        shape, ``beta`` is not a concrete 0 and a mean or ``std`` is missing, or as ``flow_grpo_kl``
+        and ``ppo_clip_loss``.
     """
     now = _f32(log_prob_now)
     if now.ndim != 2:
@@ -257,22 +309,34 @@ def _token_inputs(token_log_probs, mask):
 def token_pg_loss(
     token_log_probs, mask, advantages, *, old_log_probs=None, clip_eps=None
 ) -> tuple[jax.Array, dict]:
-    """Length-normalised token policy gradient: ``(scalar loss, metrics)``.
+    """The length-normalised token policy gradient.
 
-    ``token_log_probs (B, T)`` = ``log π(y_t | prompt, y_<t)`` under the current weights,
-    ``mask (B, T)`` true on the generated tokens that count (padding / EOS tail false; a row of
-    all-false, e.g. a sample that kept its original prompt, is left out), ``advantages (B,)``.
     Per sequence with ``n_b = Σ_t m_bt`` valid tokens:
 
         L_b = -A_b · Σ_t m_bt · log π_bt / n_b
 
-    or, with ``old_log_probs (B, T)`` (the rollout's) and ``clip_eps``, the PPO form per token
+    or, with ``old_log_probs`` and ``clip_eps``, the PPO form per token
     ``L_b = Σ_t m_bt · max(-A_b·ρ_bt, -A_b·clip(ρ_bt, 1-ε, 1+ε)) / n_b``,
     ``ρ_bt = exp(logp_now - logp_old)`` (same gradient as the plain form at ρ == 1).
     ``loss`` = mean of ``L_b`` over the sequences with ``n_b > 0``. Masked entries may hold any
     value (even -inf/nan) without affecting the loss or its gradient.
-    ``metrics``: ``pg_loss``, ``num_tokens`` (mean valid tokens per counted sequence), and with
-    ratios ``clip_frac``, ``approx_kl``, ``ratio_mean`` (over valid tokens).
+
+    Args:
+      token_log_probs: ``(B, T)`` ``log π(y_t | prompt, y_<t)`` under the current weights.
+      mask: ``(B, T)`` true on the generated tokens that count (padding / EOS tail false; a row of
+        all-false, e.g. a sample that kept its original prompt, is left out).
+      advantages: ``(B,)`` per-sequence advantages (stop-gradient).
+      old_log_probs: ``(B, T)`` the rollout's token log-probs, for the PPO form (with ``clip_eps``).
+      clip_eps: the per-token clip ε, > 0 (with ``old_log_probs``).
+
+    Returns:
+      ``(loss, metrics)``: the float32 scalar loss and scalar metrics ``pg_loss``, ``num_tokens``
+      (mean valid tokens per counted sequence) and, in the PPO form, ``clip_frac``, ``approx_kl``,
+      ``ratio_mean`` (over valid tokens).
+
+    Raises:
+      ValueError: if the log-probs are not ``(B, T)``, ``mask`` is not shaped like them,
+        ``advantages`` is not ``(B,)``, or only one of ``old_log_probs`` / ``clip_eps`` is given.
     """
     logp, m = _token_inputs(token_log_probs, mask)
     adv = _sg(_f32(advantages))
@@ -297,13 +361,22 @@ def token_pg_loss(
 
 
 def k3_kl(log_probs_now, log_probs_ref, mask) -> jax.Array:
-    """Masked mean of the per-token k3 estimator of KL(π_now ‖ π_ref), a scalar ≥ 0.
+    """The masked mean of the per-token k3 estimator of KL(π_now ‖ π_ref).
 
-    ``log_probs_now``/``log_probs_ref``/``mask`` ``(B, T)`` (log-probs of the sampled tokens
-    under the current and the frozen reference policy). Per token, with ``d = ref - now``:
-    ``k3 = exp(d) - d - 1`` (computed as ``expm1(d) - d``, clamped at 0), zero iff equal.
-    The mean is over all valid tokens of the batch (0 if there are none); ``ref`` is a
-    stop-gradient constant.
+    Per token, with ``d = logp_ref - logp_now``: ``k3 = exp(d) - d - 1`` (computed as
+    ``expm1(d) - d``, clamped at 0), zero iff equal. The mean is over all valid tokens of the batch
+    (0 if there are none); the reference is a stop-gradient constant.
+
+    Args:
+      log_probs_now: ``(B, T)`` log-probs of the sampled tokens under the current policy.
+      log_probs_ref: ``(B, T)`` the same under the frozen reference policy.
+      mask: ``(B, T)`` bool, the tokens that count (masked entries may hold any value).
+
+    Returns:
+      A float32 scalar ≥ 0.
+
+    Raises:
+      ValueError: if the log-probs are not ``(B, T)`` or ``mask`` is not shaped like them.
     """
     now, m = _token_inputs(log_probs_now, mask)
     ref, _ = _token_inputs(log_probs_ref, m)
@@ -322,11 +395,25 @@ def token_loss(
     old_log_probs=None,
     clip_eps=None,
 ) -> tuple[jax.Array, dict]:
-    """Refiner-LM loss ``token_pg_loss + β · k3_kl(now, ref)``: ``(scalar loss, metrics)``.
+    """The refiner-LM loss ``token_pg_loss + β · k3_kl(now, ref)``.
 
-    Shapes as in ``token_pg_loss``; ``ref_log_probs (B, T)`` from the frozen reference LM
-    (may be omitted when ``beta == 0``). ``metrics``: ``loss``, ``kl`` (unweighted k3) and
-    those of ``token_pg_loss``.
+    Args:
+      token_log_probs: ``(B, T)`` token log-probs under the current weights.
+      mask: ``(B, T)`` bool, the generated tokens that count.
+      advantages: ``(B,)`` per-sequence advantages.
+      ref_log_probs: ``(B, T)`` the same tokens under the frozen reference LM (may be omitted when
+        ``beta == 0``).
+      beta: the KL weight β.
+      old_log_probs: the rollout's token log-probs, for the PPO form (``token_pg_loss``).
+      clip_eps: the per-token clip ε (with ``old_log_probs``).
+
+    Returns:
+      ``(loss, metrics)``: the float32 scalar loss and scalar metrics ``loss``, ``kl`` (the unweighted
+      k3) and those of ``token_pg_loss``.
+
+    Raises:
+      ValueError: if ``ref_log_probs`` is missing while ``beta`` is not a concrete 0, or as
+        ``token_pg_loss``.
     """
     pg, metrics = token_pg_loss(token_log_probs, mask, advantages, old_log_probs=old_log_probs, clip_eps=clip_eps)
     if ref_log_probs is None:

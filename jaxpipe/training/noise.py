@@ -15,15 +15,20 @@ import jax.numpy as jnp
 __all__ = ["NoiseLevels", "SAMPLINGS"]
 
 SAMPLINGS = ("uniform", "logit_normal")
+"""The accepted values of ``NoiseLevels.sampling``."""
 
 
 @dataclasses.dataclass(frozen=True)
 class NoiseLevels:
     """σ per row: ``"uniform"`` on ``[min, max]`` or ``"logit_normal"`` (``sigmoid(N(0, 1))`` clipped to it).
 
-    Arguments:
+    Attributes:
       sampling: ``"uniform"`` or ``"logit_normal"``.
-      min, max: the range, ``0 <= min < max <= 1``.
+      min: the lower end of the range, ``0 <= min < max``.
+      max: the upper end, ``max <= 1``.
+
+    Raises:
+      ValueError: on construction, if ``sampling`` is unknown or the range is not ``0 <= min < max <= 1``.
     """
 
     sampling: str = "uniform"
@@ -37,7 +42,15 @@ class NoiseLevels:
             raise ValueError(f"noise levels need 0 <= min < max <= 1 (got min={self.min}, max={self.max})")
 
     def draw(self, key: jax.Array, rows: int) -> jax.Array:
-        """``(rows,)`` noise levels."""
+        """Draw one noise level per row.
+
+        Args:
+          key: a PRNG key.
+          rows: how many levels.
+
+        Returns:
+          ``(rows,)`` float32 levels in ``[min, max]``.
+        """
         if self.sampling == "uniform":
             return jax.random.uniform(key, (rows,), minval=self.min, maxval=self.max)
         sigma = jax.nn.sigmoid(jax.random.normal(key, (rows,)))

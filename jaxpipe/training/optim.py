@@ -17,19 +17,26 @@ import optax
 __all__ = ["Optimizer", "SCHEDULES"]
 
 SCHEDULES = ("constant", "warmup_cosine")
+"""The accepted values of ``Optimizer.schedule``."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
     """Clipped Adam(W) settings (hashable: static under ``jit``).
 
-    Arguments:
+    Attributes:
       learning_rate: the (peak) rate, > 0.
       grad_clip: the global gradient norm is clipped to this, > 0.
-      b1, b2: Adam's moment decays, in [0, 1) (DMD2 and self-forcing use ``b1 = 0``).
+      b1: Adam's first-moment decay, in [0, 1) (DMD2 and self-forcing use ``b1 = 0``).
+      b2: Adam's second-moment decay, in [0, 1).
       weight_decay: AdamW's decoupled weight decay, >= 0.
-      schedule: ``"constant"`` or ``"warmup_cosine"`` (then ``warmup_steps`` >= 0 and ``total_steps`` > 0).
+      schedule: ``"constant"`` or ``"warmup_cosine"``.
+      warmup_steps: the warm-up's steps, an int >= 0 (``"warmup_cosine"`` only).
+      total_steps: the steps at which the cosine reaches its end, an int > 0 (needed by ``"warmup_cosine"``).
       end_fraction: the cosine schedule's final rate as a fraction of ``learning_rate``, in [0, 1].
+
+    Raises:
+      ValueError: on construction, if a field is out of range.
     """
 
     learning_rate: float = 1e-4

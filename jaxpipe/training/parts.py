@@ -22,26 +22,49 @@ __all__ = ["Parts", "master_weights", "copy"]
 
 
 def master_weights(params: nnx.State) -> nnx.State:
-    """``params`` with every floating leaf in float32: what an optimiser updates whatever the compute
-    dtype (a bfloat16-stored card trains float32 copies; each forward casts them back down)."""
+    """``params`` with every floating leaf in float32: what an optimiser updates whatever the compute dtype.
+
+    A bfloat16-stored card trains float32 copies; each forward casts them back down.
+
+    Args:
+      params: a parameter state (any pytree of arrays).
+
+    Returns:
+      The same tree, floating leaves cast to float32, other leaves as they are.
+    """
     return jax.tree.map(lambda a: a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
 
 
 def copy(tree: Any) -> Any:
-    """A copy of every array of ``tree`` (a state a jitted step may donate must not alias the card's own arrays)."""
+    """A copy of every array of ``tree`` (a state a jitted step may donate must not alias the card's own arrays).
+
+    Args:
+      tree: a pytree of arrays.
+
+    Returns:
+      The same tree with every leaf a fresh ``jnp.array`` copy.
+    """
     return jax.tree.map(jnp.array, tree)
 
 
 class Parts:
     """``card``'s components split into trained parts and the frozen rest.
 
-    Arguments:
+    ``components(params, frozen)`` merges them back into modules.
+
+    Args:
       card: the card to train.
       trained: part name -> the components it owns (disjoint; every one the card's), in order.
       master: keep the trained parameters in float32 (``master_weights``) whatever the card stores.
 
-    ``params`` maps each part to its parameters (``nnx.State`` keyed by component), ``frozen`` holds
-    every other component's; ``components(params, frozen)`` merges them back into modules.
+    Attributes:
+      spec: the card's spec.
+      trained: part name -> its components (tuples).
+      params: part name -> its parameters (``nnx.State`` keyed by component).
+      frozen: the parameters (``nnx.Param``) of every other component.
+
+    Raises:
+      ValueError: if ``trained`` names a component the card lacks, or one component twice.
     """
 
     def __init__(self, card: Card, trained: Mapping[str, Sequence[str]], *, master: bool = False):

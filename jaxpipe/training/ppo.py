@@ -27,7 +27,10 @@ import jax.numpy as jnp
 from jaxpipe.loops import denoise
 from jaxpipe.training import rollout
 
-__all__ = ["Schedule", "minibatch", "minibatch_rows", "run", "summarize", "subsample", "subsample_steps", "PER_UPDATE"]
+__all__ = [
+    "Schedule", "minibatch", "minibatch_rows", "run", "summarize", "subsample", "subsample_steps", "PER_UPDATE",
+    "Update",
+]
 
 PER_UPDATE = ("clip_frac", "ratio_mean", "approx_kl")
 """Metrics also reported per update (``<name>_u<i>``) when a rollout feeds several."""
@@ -36,7 +39,16 @@ PER_UPDATE = ("clip_frac", "ratio_mean", "approx_kl")
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """How many updates a rollout feeds: ``minibatches`` per epoch × ``inner_epochs``, each on a random
-    ``timestep_fraction`` (in (0, 1]) of the captured denoising steps."""
+    ``timestep_fraction`` of the captured denoising steps.
+
+    Attributes:
+      minibatches: equal minibatches per epoch, a positive int that divides the rollout's rows.
+      inner_epochs: passes over the rollout, a positive int.
+      timestep_fraction: the fraction of each row's captured steps a minibatch trains on, in (0, 1].
+
+    Raises:
+      ValueError: on construction, if a field is out of range.
+    """
 
     minibatches: int = 1
     inner_epochs: int = 1
@@ -52,6 +64,7 @@ class Schedule:
 
     @property
     def updates(self) -> int:
+        """The optimiser steps a rollout feeds: ``minibatches × inner_epochs``."""
         return self.minibatches * self.inner_epochs
 
     @property
@@ -60,20 +73,45 @@ class Schedule:
         return self.updates == 1 and self.timestep_fraction == 1.0
 
     def check_rows(self, rows: int) -> None:
-        """A clear error unless ``minibatches`` divides the rollout's ``rows``."""
+        """A clear error unless ``minibatches`` divides the rollout's ``rows``.
+
+        Args:
+          rows: the rollout's rows (prompts per step × group size).
+
+        Raises:
+          ValueError: if ``minibatches`` does not divide ``rows``.
+        """
         if rows % self.minibatches:
             raise ValueError(
                 f"minibatches={self.minibatches} must divide the rollout's {rows} rows (prompts per step × group size)"
             )
 
     def steps_kept(self, captured: int) -> int:
-        """How many of ``captured`` denoising steps a minibatch trains on (at least one)."""
+        """How many of ``captured`` denoising steps a minibatch trains on: ``max(1, floor(captured · fraction))``.
+
+        Args:
+          captured: the rollout's captured steps ``S``.
+        """
         return max(1, math.floor(captured * self.timestep_fraction + 1e-9))
 
 
 def minibatch_rows(key: jax.Array, rows: int, schedule: Schedule) -> jax.Array:
-    """``(inner_epochs, minibatches, rows / minibatches)`` row indices: per epoch a permutation of the
-    rows from ``fold_in(key, epoch)``, cut into equal minibatches (one minibatch keeps the row order)."""
+    """Every update's row indices: per epoch a permutation of the rows, cut into equal minibatches.
+
+    Epoch ``e``'s permutation is drawn from ``fold_in(key, e)``; with one minibatch the rows keep their
+    order (and ``key`` is not read).
+
+    Args:
+      key: a PRNG key.
+      rows: the rollout's rows ``B``.
+      schedule: the update schedule.
+
+    Returns:
+      ``(inner_epochs, minibatches, rows // minibatches)`` int32 row indices.
+
+    Raises:
+      ValueError: if ``schedule.minibatches`` does not divide ``rows``.
+    """
     schedule.check_rows(rows)
     size = rows // schedule.minibatches
     if schedule.minibatches == 1:
@@ -84,12 +122,32 @@ def minibatch_rows(key: jax.Array, rows: int, schedule: Schedule) -> jax.Array:
 
 
 Update = Callable[[Any, jax.Array | None, jax.Array | None], tuple[Any, dict, jax.Array]]
+"""One update of a method, ``update(carry, rows, key) -> (carry, metrics, finite)`` (module docstring)."""
 
 
 def run(update: Update, carry: Any, key: jax.Array | None, rows: int, schedule: Schedule) -> tuple[Any, dict, jax.Array]:
-    """All of a rollout's updates: ``(carry, metrics, finite)``, nested scans over epochs and minibatches
-    (``metrics``: ``summarize``d over the updates; ``finite``: every update was). A single update runs
-    as a plain call, its metrics untouched: the same program as before several updates existed."""
+    """All of a rollout's updates, as nested ``lax.scan`` loops over epochs and minibatches.
+
+    The minibatch order is ``minibatch_rows(fold_in(key, 0), ...)`` and the updates' own keys are split
+    from ``fold_in(key, 1)``. A single update (``schedule.single``) runs as a plain call
+    ``update(carry, None, None)``, its metrics untouched: the same program as before several updates
+    existed.
+
+    Args:
+      update: the method's update.
+      carry: what the updates thread (e.g. ``(params, opt_state)``).
+      key: the updates' PRNG key (may be ``None`` for a single update).
+      rows: the rollout's rows ``B``.
+      schedule: the update schedule.
+
+    Returns:
+      ``(carry, metrics, finite)``: the final carry, the metrics reduced over the updates by ``summarize``, and
+      whether every update was finite.
+
+    Raises:
+      ValueError: if several updates (or a timestep fraction) have no ``key``, or ``minibatches`` does not
+        divide ``rows``.
+    """
     if schedule.single:
         return update(carry, None, None)
     if key is None:
@@ -111,8 +169,15 @@ def run(update: Update, carry: Any, key: jax.Array | None, rows: int, schedule: 
 
 
 def summarize(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Per-update metrics ``{name: (updates,)}`` -> the mean of each, plus ``<name>_u<i>`` for the
-    ratio and clip statistics (``PER_UPDATE``) when there were several updates."""
+    """Reduce per-update metrics to the mean of each, plus ``<name>_u<i>`` for the ``PER_UPDATE`` ones.
+
+    Args:
+      metrics: ``{name: (updates,)}``.
+
+    Returns:
+      ``{name: mean}``, and, when there were several updates, ``<name>_u<i>`` (update ``i``'s value) for
+      every name ending in one of ``PER_UPDATE``.
+    """
     out = {name: jnp.mean(values) for name, values in metrics.items()}
     for name, values in metrics.items():
         if values.shape[0] > 1 and name.endswith(PER_UPDATE):
@@ -121,8 +186,19 @@ def summarize(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
 
 
 def subsample_steps(trajectory: denoise.Transition, key: jax.Array, kept: int) -> denoise.Transition:
-    """``kept`` of a trajectory's ``S`` captured steps per row, drawn independently per row (FlowGRPO's
-    ``timestep_fraction``): fields ``(S, B, ...)`` -> ``(kept, B, ...)``."""
+    """``kept`` of a trajectory's ``S`` captured steps per row, drawn without replacement independently per row.
+
+    FlowGRPO's ``timestep_fraction``: row ``b`` keeps the first ``kept`` steps of a permutation drawn
+    from ``split(key, B)[b]``.
+
+    Args:
+      trajectory: the captured steps, ``Transition`` fields ``(S, B, ...)``.
+      key: a PRNG key.
+      kept: how many steps each row keeps, ``1 <= kept <= S``.
+
+    Returns:
+      The trajectory with fields ``(kept, B, ...)``.
+    """
     captured, rows = trajectory.log_prob.shape
     order = jax.vmap(lambda k: jax.random.permutation(k, captured))(jax.random.split(key, rows))  # (B, S)
     picked = order[:, :kept].T  # (kept, B)
@@ -135,8 +211,16 @@ def subsample_steps(trajectory: denoise.Transition, key: jax.Array, kept: int) -
 
 
 def subsample(generated, key: jax.Array | None, schedule: Schedule):
-    """A rendered batch (``rollout.Generated``) on a random ``timestep_fraction`` of each row's captured
-    steps (``key``), or as it is at fraction 1."""
+    """A rendered batch on a random ``timestep_fraction`` of each row's captured steps, or as it is at fraction 1.
+
+    Args:
+      generated: the rendered batch (``rollout.Generated``).
+      key: the key of ``subsample_steps`` (unused at fraction 1).
+      schedule: the update schedule (its ``timestep_fraction``).
+
+    Returns:
+      The ``rollout.Generated`` with ``schedule.steps_kept(S)`` steps per row.
+    """
     if schedule.timestep_fraction < 1.0:
         kept = schedule.steps_kept(generated.trajectory.log_prob.shape[0])
         generated = generated._replace(trajectory=subsample_steps(generated.trajectory, key, kept))
@@ -144,8 +228,18 @@ def subsample(generated, key: jax.Array | None, schedule: Schedule):
 
 
 def minibatch(generated, advantages: jax.Array, rows: jax.Array | None, key: jax.Array | None, schedule: Schedule):
-    """``(generated, advantages)`` of one minibatch: the rendered batch's ``rows`` (``None``: all, in order)
-    on ``subsample``'s captured steps."""
+    """One minibatch of a rollout: the rendered batch's ``rows`` on ``subsample``'s captured steps.
+
+    Args:
+      generated: the rendered batch (``rollout.Generated``).
+      advantages: ``(B,)`` advantages.
+      rows: ``(b,)`` row indices (``None``: all, in order).
+      key: the key of ``subsample``.
+      schedule: the update schedule.
+
+    Returns:
+      ``(generated, advantages)`` of the minibatch.
+    """
     if rows is not None:
         generated, advantages = rollout.take_rows(generated, rows), advantages[rows]
     return subsample(generated, key, schedule), advantages

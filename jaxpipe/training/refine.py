@@ -41,11 +41,15 @@ __all__ = [
 class RefinerConfig:
     """The rewriting half of a joint method (hashable: static under ``jit``).
 
-    Arguments:
+    Rewrites are sampled at temperature 1 (on-policy).
+
+    Attributes:
       skip: samples per group that keep the original prompt (``0 <= skip < K``: at least one rewrites).
       clip_eps: the per-token PPO ratio clip, > 0.
       beta: the k3-KL weight to the frozen reference rewriter, >= 0.
-    Rewrites are sampled at temperature 1 (on-policy).
+
+    Raises:
+      ValueError: on construction, if a field is out of range.
     """
 
     skip: int = 1
@@ -59,7 +63,14 @@ class RefinerConfig:
             raise ValueError(f"the refiner's clip_eps must be > 0 and beta >= 0 (got {self.clip_eps}, {self.beta})")
 
     def check_group(self, group_size: int) -> None:
-        """A clear error unless ``skip`` leaves at least one rewritten sample in a group of ``group_size``."""
+        """A clear error unless ``skip`` leaves at least one rewritten sample in a group of ``group_size``.
+
+        Args:
+          group_size: the samples per prompt K.
+
+        Raises:
+          ValueError: if ``skip >= group_size``.
+        """
         if not self.skip < group_size:
             raise ValueError(
                 f"skip must be in 0..K-1 = 0..{group_size - 1}: at least one sample per group must rewrite its prompt "
@@ -68,14 +79,36 @@ class RefinerConfig:
 
 
 def refine_rows(group_size: int, skip: int, batch_rows: int) -> jax.Array:
-    """``(B,)`` bool: rows that get a rewrite (the first K − skip of every group)."""
+    """The rows that get a rewrite: the first K − skip of every group of K consecutive rows.
+
+    Args:
+      group_size: the samples per prompt K.
+      skip: the samples per group that keep the prompt.
+      batch_rows: the rollout's rows ``B = P·K``.
+
+    Returns:
+      ``(B,)`` bool.
+    """
     return (jnp.arange(batch_rows) % group_size) < group_size - skip
 
 
 def render_rewrites(card: Card, program: Program, prompts: Prompts, key: jax.Array, *, group: rollout.Group, skip: int,
                     loops: Mapping[str, Any], capture: tuple[str, ...]) -> tuple[rollout.Render, jax.Array]:
-    """``program`` on ``card`` over K = ``group.size`` samples per prompt, the first K − ``skip`` of each
-    group rewriting their prompt (``loops``: loop id -> its settings): ``(the render, (B,) rewrite rows)``."""
+    """Render ``program`` on ``card``, K samples per prompt, the first K − ``skip`` of each group rewriting it.
+
+    Args:
+      card: the card (at the rollout's weights).
+      program: a rewriting program (its ``refine`` or ``think`` input).
+      prompts: the batch's P prompts.
+      key: the rollout's key (row keys ``split(key, B)``).
+      group: the group (its ``size`` K).
+      skip: samples per group that keep the prompt.
+      loops: loop id -> its settings for this rollout.
+      capture: the loops to capture.
+
+    Returns:
+      ``(render, rewrite rows (B,) bool)``.
+    """
     rows = refine_rows(group.size, skip, len(prompts) * group.size)
     run = rollout.render(card, program, settings(**loops), prompts, key, group_size=group.size, capture=capture,
                          rewrite=rows)
@@ -83,16 +116,37 @@ def render_rewrites(card: Card, program: Program, prompts: Prompts, key: jax.Arr
 
 
 def restrict(refinement: ar.Continuation, refined: jax.Array) -> ar.Continuation:
-    """``refinement`` with its mask (and log-probs) kept only on ``refined`` rows (``refined`` broadcasts
-    against the leading axes of ``mask`` without its last)."""
+    """``refinement`` with its mask (and log-probs) kept only on ``refined`` rows.
+
+    Args:
+      refinement: captured continuations (fields ``(B, T)``, or ``(N, B, T)`` for stacked refiners).
+      refined: bool rows to keep, broadcasting against the leading axes of ``mask`` without its last
+        (``(B,)``, or ``(1, B)`` for stacked refiners).
+
+    Returns:
+      The ``Continuation`` with ``mask`` false and ``log_prob`` 0 on the other rows.
+    """
     mask = refinement.mask & refined[..., None]
     return refinement._replace(mask=mask, log_prob=jnp.where(mask, refinement.log_prob, 0.0))
 
 
 def token_objective(lm: ar.Decoder, reference: ar.Decoder | None, refinement: ar.Continuation, advantages: jax.Array,
                     config: RefinerConfig) -> tuple[jax.Array, dict]:
-    """The token policy gradient of ``refinement`` under ``lm`` (PPO-clipped against its captured log-probs)
-    plus ``config.beta`` · k3 KL to ``reference``: ``(scalar, metrics)``."""
+    """The token objective of a rewriter: ``losses.token_loss`` of its captured ``refinement``.
+
+    The token policy gradient under ``lm``, PPO-clipped against the captured log-probs, plus
+    ``config.beta`` · the k3 KL to ``reference`` (recomputed only when ``beta > 0``).
+
+    Args:
+      lm: the rewriter under the current weights.
+      reference: the frozen reference rewriter (unused, may be ``None``, when ``beta == 0``).
+      refinement: the captured continuations (fields ``(B, T)``).
+      advantages: ``(B,)`` advantages.
+      config: the clip and the KL weight.
+
+    Returns:
+      ``(loss, metrics)`` of ``losses.token_loss``.
+    """
     log_probs = rollout.token_log_probs(lm, refinement)
     ref_log_probs = rollout.token_log_probs(reference, refinement) if config.beta > 0 else None
     return losses.token_loss(log_probs, refinement.mask, advantages, ref_log_probs=ref_log_probs, beta=config.beta,
@@ -109,8 +163,23 @@ def refiner_update(
     advantages: jax.Array,
     config: RefinerConfig,
 ) -> update.Step:
-    """ONE refiner's guarded optimiser step on its captured refinements. Pure, and free of any expert
-    axis, so ``JointMultiExpertRL`` maps it over N stacked refiners."""
+    """ONE refiner's guarded optimiser step on its captured refinements (``token_objective``).
+
+    Pure, and free of any expert axis, so ``JointMultiExpertRL`` maps it over N stacked refiners.
+
+    Args:
+      tx: the refiner's optimiser.
+      lm_of: ``params -> the refiner LM``.
+      params: the refiner's parameters.
+      reference: its frozen reference parameters.
+      opt_state: the optimiser state.
+      refinement: the captured continuations.
+      advantages: ``(B,)`` advantages.
+      config: the refiner settings.
+
+    Returns:
+      The ``update.Step``.
+    """
 
     def loss(p):
         return token_objective(lm_of(p), lm_of(reference), refinement, advantages, config)
@@ -119,13 +188,31 @@ def refiner_update(
 
 
 def prefixed(prefix: str, metrics: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """``metrics`` with every name prefixed (``"lm_"``, ``"gen_"``)."""
+    """``metrics`` with every name prefixed (``"lm_"``, ``"gen_"``).
+
+    Args:
+      prefix: the prefix.
+      metrics: name -> value.
+
+    Returns:
+      A new dict.
+    """
     return {f"{prefix}{k}": v for k, v in metrics.items()}
 
 
 def reward_stats(rewards: jax.Array, refined: jax.Array, tokens: jax.Array) -> dict[str, jax.Array]:
-    """Mean/std of ``rewards`` ``(B,)``, split into ``refined`` ``(B,)`` rows and original-prompt rows (a
-    split with no rows reports 0), and the mean number of rewrite ``tokens`` ``(B,)`` per refined row."""
+    """A joint rollout's reward statistics, refined rows against original-prompt rows.
+
+    Args:
+      rewards: ``(B,)`` rewards.
+      refined: ``(B,)`` bool, the rows that rewrote their prompt.
+      tokens: ``(B,)`` rewrite tokens per row.
+
+    Returns:
+      ``reward_mean`` and ``reward_std`` over all rows, ``reward_refined`` and ``reward_original`` (the
+      means over each split; 0 for a split with no rows) and ``refined_tokens`` (the mean tokens per
+      refined row), scalars.
+    """
     refined = refined.astype(jnp.float32)
     mean_over = lambda values, w: jnp.sum(values * w) / jnp.maximum(jnp.sum(w), 1.0)
     return {
@@ -138,8 +225,15 @@ def reward_stats(rewards: jax.Array, refined: jax.Array, tokens: jax.Array) -> d
 
 
 def check_room(prompts: Prompts, max_words: int) -> None:
-    """A clear error when a prompt leaves the rewriter no room (more than ``max_words`` words; checked when
-    the ids are concrete)."""
+    """A clear error when a prompt leaves the rewriter no room (checked when the ids are concrete).
+
+    Args:
+      prompts: the batch.
+      max_words: the most words (non-pad ids) a prompt may have.
+
+    Raises:
+      ValueError: if a prompt has more than ``max_words`` words.
+    """
     try:
         longest = int(jnp.max(jnp.sum(jnp.asarray(prompts.ids) != 0, axis=1)))
     except jax.errors.ConcretizationTypeError:

@@ -49,14 +49,25 @@ __all__ = [
     "generator_stats",
     "take_rows",
     "token_log_probs",
+    "REWRITE_INPUTS",
 ]
 
 
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """How many samples a rollout renders per prompt (``size``, K) and the clip of their group-relative
-    advantages ``clip((r - mean_g) / (std_g + 1e-4), ±adv_clip)`` (unused by methods without a reward)."""
+    """How many samples a rollout renders per prompt and the clip of their group-relative advantages.
+
+    The advantages are ``clip((r - mean_g) / (std_g + 1e-4), ±adv_clip)`` (``losses.group_advantages``;
+    unused by methods without a reward).
+
+    Attributes:
+      size: samples per prompt K, an int >= 1.
+      adv_clip: the advantage clip, a finite number > 0.
+
+    Raises:
+      ValueError: on construction, if a field is out of range.
+    """
 
     size: int = 4
     adv_clip: float = 5.0
@@ -68,7 +79,11 @@ class Group:
             raise ValueError(f"adv_clip must be a finite number > 0 (got {self.adv_clip!r})")
 
     def check_relative(self) -> None:
-        """A clear error unless the group can give group-relative advantages (K >= 2)."""
+        """A clear error unless the group can give group-relative advantages.
+
+        Raises:
+          ValueError: if ``size < 2``.
+        """
         if self.size < 2:
             raise ValueError(f"group size (K) must be >= 2 for group-relative advantages (got {self.size})")
 
@@ -76,9 +91,18 @@ class Group:
 @dataclasses.dataclass(frozen=True)
 class Sampling:
     """A rollout's denoise policy, laid over the card's own loop config (which keeps its schedule shift,
-    router, ...): ``num_steps`` (``None``: the card's), ``sampler`` (``"ode"`` | ``"sde"``), the SDE's
-    ``noise_level`` and ``sde_window`` (``(i, j)``: SDE on steps ``[i, j)`` only; ``None``: every step),
-    ``guidance`` (``None``: the card's)."""
+    router, ...).
+
+    Attributes:
+      num_steps: sampling steps (``None``: the card's).
+      sampler: ``"ode"`` or ``"sde"``.
+      noise_level: the SDE's η.
+      sde_window: ``(i, j)``: the SDE on steps ``[i, j)`` only (``None``: every step).
+      guidance: the CFG scale (``None``: the card's).
+
+    Raises:
+      ValueError: on construction, if the fields do not make a valid ``DenoiseConfig``.
+    """
 
     num_steps: int | None = 8
     sampler: str = "ode"
@@ -92,8 +116,14 @@ class Sampling:
         self.on(denoise.DenoiseConfig())  # validates every field on a default loop
 
     def on(self, loop: Any) -> Any:
-        """``loop`` (a card loop's config: ``DenoiseConfig``, ``ChunkConfig`` ...) with this policy's fields
-        it has; ``num_steps`` / ``guidance`` of ``None`` keep the loop's."""
+        """``loop`` with this policy's fields that it has; ``num_steps`` / ``guidance`` of ``None`` keep the loop's.
+
+        Args:
+          loop: a card loop's config (``DenoiseConfig``, ``ChunkConfig`` ...), a dataclass.
+
+        Returns:
+          The replaced config (validated by its own ``__post_init__``).
+        """
         fields = {f.name for f in dataclasses.fields(loop)}
         changes = {"num_steps": self.num_steps, "sampler": self.sampler, "noise_level": self.noise_level,
                    "sde_window": self.sde_window, "guidance": self.guidance}
@@ -102,8 +132,12 @@ class Sampling:
 
 
 class Render(NamedTuple):
-    """A batch rendered by the card's program with capture: the ``execution`` (artifacts, captured loops,
-    slots) and the prompts of its ``B = P·K`` rows (row ``p·K + k`` is sample k of prompt p)."""
+    """A batch rendered by the card's program with capture.
+
+    Attributes:
+      execution: the program's ``Execution`` (artifacts, captured loops, slots).
+      prompts: the prompts of its ``B = P·K`` rows (row ``p·K + k`` is sample k of prompt p).
+    """
 
     execution: Execution
     prompts: Prompts
@@ -113,8 +147,24 @@ def render(
     card: Card, program: Program, settings: Settings, prompts: Prompts, key: jax.Array, *, group_size: int,
     capture: tuple[str, ...] = (), rewrite: jax.Array | None = None,
 ) -> Render:
-    """The program on ``prompts`` repeated ``group_size`` times (row keys ``split(key, B)``), capturing the
-    loops in ``capture``; ``rewrite`` ``(B,)``: the rows a refining / thinking program rewrites (default all)."""
+    """Run the program on ``prompts`` repeated ``group_size`` times, capturing the loops in ``capture``.
+
+    Args:
+      card: the card (at the rollout's weights).
+      program: the program to run.
+      settings: the loops' settings for this rollout.
+      prompts: the P prompts.
+      key: the rollout's key (row keys ``split(key, B)``).
+      group_size: samples per prompt K.
+      capture: the ids of the loops to capture.
+      rewrite: ``(B,)`` bool, the rows a refining / thinking program rewrites (default all).
+
+    Returns:
+      The ``Render`` of the ``B = P·K`` rows.
+
+    Raises:
+      ValueError: if the program needs inputs a text rollout does not provide (``text_slots``).
+    """
     rows = prompts.repeat(group_size)
     keys = jax.random.split(key, rows.ids.shape[0])
     slots = text_slots(program, rows.ids, keys, rewrite)
@@ -122,8 +172,13 @@ def render(
 
 
 class Scored(NamedTuple):
-    """A rendered batch's rewards ``(B,)`` (float32; the sum of ``parts`` when the reward names them),
-    their ``parts`` ``{name: (B,)}`` and the group advantages ``(B,)``."""
+    """A rendered batch's rewards and their group advantages.
+
+    Attributes:
+      rewards: ``(B,)`` float32 (the sum of ``parts`` when the reward names them).
+      parts: ``{name: (B,)}`` the reward's parts (empty when it has none).
+      advantages: ``(B,)`` group advantages.
+    """
 
     rewards: jax.Array
     parts: dict[str, jax.Array]
@@ -131,24 +186,61 @@ class Scored(NamedTuple):
 
 
 def artifacts_of(execution: Execution, program: Program) -> dict[str, jax.Array]:
-    """The rendered artifacts a reward scores: the program's outputs (``"image"`` or ``"video"``, ``"latents"``)."""
+    """The rendered artifacts a reward scores: the program's outputs (``"image"`` or ``"video"``, ``"latents"``).
+
+    Args:
+      execution: the program's execution.
+      program: the program.
+
+    Returns:
+      ``{output name: array}`` for the outputs the execution holds.
+    """
     return {name: execution.artifacts[name] for name, _ in program.outputs if name in execution.artifacts}
 
 
 def score_rollout(reward: rewards.Reward, artifacts: Mapping[str, jax.Array], prompts: Prompts, group: Group) -> Scored:
-    """The rewards of a rendered batch and their group advantages (``group.size`` rows per prompt)."""
+    """Score a rendered batch and compute its group advantages (``group.size`` rows per prompt).
+
+    Args:
+      reward: the reward (a JAX function or a ``@host`` one; ``jaxpipe.rewards``).
+      artifacts: the rendered artifacts (``artifacts_of``).
+      prompts: the rows' prompts.
+      group: the group (its size and advantage clip).
+
+    Returns:
+      The ``Scored`` batch.
+    """
     total, parts = rewards.score(reward, artifacts, prompts)
     return Scored(total, parts, advantages(total, group))
 
 
 def reward_metrics(rewards: jax.Array, parts: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """A rollout's ``reward_mean`` and ``reward_std`` over its ``(B,)`` rewards, and ``reward_<part>``, each part's mean."""
+    """A rollout's reward metrics.
+
+    Args:
+      rewards: ``(B,)`` rewards.
+      parts: ``{name: (B,)}`` reward parts.
+
+    Returns:
+      ``reward_mean`` and ``reward_std`` over the rewards and ``reward_<part>``, each part's mean, scalars.
+    """
     return {"reward_mean": jnp.mean(rewards), "reward_std": jnp.std(rewards),
             **{f"reward_{name}": jnp.mean(part) for name, part in parts.items()}}
 
 
 def advantages(values: jax.Array, group: Group) -> jax.Array:
-    """``(B,)`` group-relative advantages of ``values`` ``(B,)`` in groups of ``group.size`` consecutive rows."""
+    """Group-relative advantages of ``values`` in groups of ``group.size`` consecutive rows.
+
+    Args:
+      values: ``(B,)`` rewards (or one reward part), ``B`` a multiple of ``group.size``.
+      group: the group (its size and advantage clip).
+
+    Returns:
+      ``(B,)`` float32 advantages (``losses.group_advantages``).
+
+    Raises:
+      ValueError: if ``group.size < 2``.
+    """
     return losses.group_advantages(values.reshape(-1, group.size), adv_clip=group.adv_clip).reshape(-1)
 
 
@@ -157,9 +249,13 @@ REWRITE_INPUTS = ("refine", "think")
 
 
 class Generated(NamedTuple):
-    """A rendered batch: ``images`` ``(B, H, W, C)`` in [0, 1] (videos ``(B, T, H, W, C)`` for a video
-    program), the conditioning its denoise loop used (the family's ``cond`` pytree), and the captured
-    steps (``Transition`` fields ``(S, B, ...)``)."""
+    """A rendered batch and the captured steps of its denoise loop.
+
+    Attributes:
+      images: ``(B, H, W, C)`` in [0, 1] (videos ``(B, T, H, W, C)`` for a video program).
+      cond: the conditioning its denoise loop used (the family's ``cond`` pytree).
+      trajectory: the captured steps, ``Transition`` fields ``(S, B, ...)``.
+    """
 
     images: jax.Array
     cond: Any
@@ -167,7 +263,18 @@ class Generated(NamedTuple):
 
 
 def denoise_loop(card: Card, program: Program) -> LoopSpec:
-    """The one denoise loop ``program`` runs on ``card`` (the generator an RL method trains)."""
+    """The one denoise loop ``program`` runs on ``card`` (the generator an RL method trains).
+
+    Args:
+      card: the card.
+      program: one of its programs.
+
+    Returns:
+      The loop's ``LoopSpec``.
+
+    Raises:
+      ValueError: if the program runs no denoise loop or several.
+    """
     loops = [card.spec.loop(n.loop) for n in program.loops if card.spec.loop(n.loop).kind == "denoise"]
     if len(loops) != 1:
         raise ValueError(
@@ -178,11 +285,18 @@ def denoise_loop(card: Card, program: Program) -> LoopSpec:
 
 
 def window_experts(loop: LoopSpec, sampling: denoise.DenoiseConfig) -> tuple[str, ...]:
-    """The denoisers ``loop`` binds that some captured step (the SDE window) routes to under ``sampling``,
-    in binding order: the only experts a loss on the captured steps reaches.
+    """The denoisers ``loop`` binds that some captured step (the SDE window) routes to under ``sampling``.
 
-    Computed from the static policy alone (steps, shift, σ₀, window, router): the router applied to
-    the sigmas of the window's steps, ``schedule(sampling)[i:j]`` (float32, as the loop computes them).
+    These are the only experts a loss on the captured steps reaches. Computed from the static policy
+    alone (steps, shift, σ₀, window, router): the router applied to the sigmas of the window's steps,
+    ``schedule(sampling)[i:j]`` (float32, as the loop computes them).
+
+    Args:
+      loop: the denoise loop (its ``binds``).
+      sampling: the rollout's loop config.
+
+    Returns:
+      The component names, in binding order.
     """
     lo, hi = sampling.captured_steps
     sigmas = denoise.schedule(sampling)[lo:hi]
@@ -191,8 +305,17 @@ def window_experts(loop: LoopSpec, sampling: denoise.DenoiseConfig) -> tuple[str
 
 
 def rendered_artifact(program: Program) -> str:
-    """What ``program`` renders for a reward to score: ``"image"`` ``(B, H, W, C)`` or, for a video
-    program, ``"video"`` ``(B, T, H, W, C)``."""
+    """What ``program`` renders for a reward to score.
+
+    Args:
+      program: the program.
+
+    Returns:
+      ``"image"`` (``(B, H, W, C)``) or, for a video program, ``"video"`` (``(B, T, H, W, C)``).
+
+    Raises:
+      ValueError: if the program outputs neither.
+    """
     names = dict(program.outputs)
     for name in ("image", "video"):
         if name in names:
@@ -201,9 +324,21 @@ def rendered_artifact(program: Program) -> str:
 
 
 def text_slots(program: Program, ids: jax.Array, keys: jax.Array, refine: jax.Array | None = None) -> dict[str, jax.Array]:
-    """The input slots of a text-prompted program for a batch: ``ids`` ``(B, L)``, the empty prompt,
-    per-row ``keys`` ``(B,)`` and, for a program that rewrites its prompt first (its ``refine`` or
-    ``think`` input), ``refine`` ``(B,)`` bool: the rows it rewrites (default all)."""
+    """The input slots of a text-prompted program for a batch.
+
+    Args:
+      program: the program (its ``inputs``).
+      ids: ``(B, L)`` prompt ids.
+      keys: ``(B,)`` per-row PRNG keys.
+      refine: ``(B,)`` bool, for a program that rewrites its prompt first (its ``refine`` or ``think``
+        input): the rows it rewrites (default all).
+
+    Returns:
+      The program's inputs by name: ``ids``, ``null_ids`` (the empty prompt), ``key`` and the rewrite flag.
+
+    Raises:
+      ValueError: if the program needs other inputs.
+    """
     slots = {"ids": ids, "null_ids": jnp.zeros_like(ids), "key": keys}
     for flag in REWRITE_INPUTS:
         if flag in program.inputs:
@@ -215,12 +350,35 @@ def text_slots(program: Program, ids: jax.Array, keys: jax.Array, refine: jax.Ar
 
 
 def run(card: Card, program: Program, settings: Settings, slots: Mapping[str, Any], capture: tuple[str, ...]) -> Execution:
-    """The card's program on batched ``slots`` (fused), capturing the loops named in ``capture``."""
+    """The card's program on batched ``slots`` (fused), capturing the loops named in ``capture``.
+
+    Args:
+      card: the card.
+      program: the program.
+      settings: the loops' settings.
+      slots: input name -> batched value.
+      capture: the ids of the loops to capture.
+
+    Returns:
+      The ``Execution``.
+    """
     return execute(program, settings, card, slots, capture=capture)
 
 
 def generated(execution: Execution, loop_id: str, artifact: str = "image") -> Generated:
-    """The rendered batch of a captured denoise loop ``loop_id`` and its ``artifact``."""
+    """The rendered batch of a captured denoise loop and its ``artifact``.
+
+    Args:
+      execution: the program's execution.
+      loop_id: the captured denoise loop.
+      artifact: the artifact to return as ``images`` (``"image"`` or ``"video"``).
+
+    Returns:
+      The ``Generated`` batch.
+
+    Raises:
+      ValueError: if the loop was not captured.
+    """
     final, trajectory = execution.captures[loop_id]
     if trajectory is None:
         raise ValueError(f"loop {loop_id!r} was not captured")
@@ -228,7 +386,18 @@ def generated(execution: Execution, loop_id: str, artifact: str = "image") -> Ge
 
 
 def refinement(execution: Execution, loop_id: str) -> ar.Continuation:
-    """The captured continuation of AR loop ``loop_id`` (fields ``(B, ...)``)."""
+    """The captured continuation of an AR loop.
+
+    Args:
+      execution: the program's execution.
+      loop_id: the captured AR loop.
+
+    Returns:
+      Its ``ar.Continuation``, fields ``(B, ...)``.
+
+    Raises:
+      ValueError: if the loop was not captured.
+    """
     final, records = execution.captures[loop_id]
     if records is None:
         raise ValueError(f"loop {loop_id!r} was not captured")
@@ -236,22 +405,41 @@ def refinement(execution: Execution, loop_id: str) -> ar.Continuation:
 
 
 def take_rows(generated: Generated, rows: jax.Array) -> Generated:
-    """The rendered batch restricted to ``rows`` ``(b,)``: images and conditioning by row, the
-    trajectory's fields ``(S, B, ...)`` along their row axis."""
+    """The rendered batch restricted to some rows.
+
+    Args:
+      generated: the rendered batch.
+      rows: ``(b,)`` row indices.
+
+    Returns:
+      The ``Generated`` of those rows: images and conditioning by row, the trajectory's fields
+      ``(S, B, ...)`` along their row axis.
+    """
     by_row = lambda a: a[rows]
     return Generated(generated.images[rows], jax.tree.map(by_row, generated.cond),
                      jax.tree.map(lambda a: a[:, rows], generated.trajectory))
 
 
 def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfig) -> tuple[jax.Array, jax.Array]:
-    """``(S, B)`` log-probs and ``(S, B, ...)`` SDE means of the captured steps under ``models``
-    (the loop's bound denoiser(s)); ``sampling.guidance`` must be 1 (the recompute is then faithful).
+    """The log-probs and SDE means of the captured steps, recomputed under ``models``.
 
     Float32 denoisers are recomputed ``vmap``ped over time. One computing below float32 is recomputed
     step after step (``lax.map`` over time): each network call then has the rollout's own shapes, so it
     is the same bfloat16 program and reproduces the captured log-probs exactly (C2). A vmap over time
     reshapes every matmul, and one flipped bfloat16 rounding moves a log-prob by ~1e-3 (measured on the
-    bundled flux-t2i: 8e-4), as large as the PPO clip."""
+    bundled flux-t2i: 8e-4), as large as the PPO clip.
+
+    Args:
+      models: the loop's bound denoiser(s).
+      generated: the rendered batch with its captured trajectory.
+      sampling: the rollout's loop config; its guidance must be 1 (the recompute is then faithful).
+
+    Returns:
+      ``(log_probs (S, B), means (S, B, ...))`` (``denoise.trajectory_stats``).
+
+    Raises:
+      ValueError: if ``sampling.guidance != 1``.
+    """
     if sampling.guidance != 1.0:
         raise ValueError(f"RL rollouts sample at guidance 1 so the log-prob recompute is faithful (got {sampling.guidance})")
     bound = models if isinstance(models, (tuple, list)) else (models,)
@@ -267,5 +455,13 @@ def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfi
 
 
 def token_log_probs(llm: ar.Decoder, refinement: ar.Continuation) -> jax.Array:
-    """``(B, T)`` recomputed ``log π(y_t | prompt, y_<t)`` of the generated tokens under ``llm``."""
+    """The generated tokens' ``log π(y_t | prompt, y_<t)`` recomputed under ``llm`` (``ar.sequence_log_probs``).
+
+    Args:
+      llm: the decoder.
+      refinement: the captured continuation.
+
+    Returns:
+      ``(B, T)`` float32, 0 outside ``refinement.mask``.
+    """
     return ar.sequence_log_probs(llm, refinement.tokens, refinement.prompt_length, refinement.mask)

@@ -23,23 +23,28 @@ from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.parts import copy
 from jaxpipe.training.trainer import TrainState
 
-__all__ = ["Supervised", "PART"]
+__all__ = ["Supervised", "PART", "Loss"]
 
 PART = "model"
 """The one trained part of a supervised state: ``state.params["model"]``."""
 
 Loss = Callable[[Any, Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+"""A supervised loss ``loss(model, batch, key) -> (scalar, metrics)``."""
 
 
 class Supervised:
     """Train ``model``'s parameters on ``loss(model, batch, key) -> (loss, metrics)`` with ``optimizer``.
 
-    Arguments:
-      model: the module, or a mapping of named modules, whose ``nnx.Param`` s train; its other variables stay.
+    Args:
+      model: the module, or a mapping of named modules, whose parameters (``nnx.Param``) train; its other
+        variables stay.
       loss: pure and differentiable in the model it is given (built from the state's parameters).
       optimizer: an ``Optimizer`` config or an optax transformation.
       frozen: names (in a mapping ``model``) of modules whose parameters do not train: they ride in
         ``state.frozen`` (arguments of the step, not constants compiled into it).
+
+    Raises:
+      ValueError: if ``frozen`` names a module the model has not.
     """
 
     roles = {}

@@ -40,11 +40,9 @@ __all__ = ["publish", "changed_components", "track", "sync"]
 
 
 def publish(engine: Engine, card: Card, components: str | Iterable[str] | None = None, *, role: str | None = None) -> dict[str, int]:
-    """Publish ``card``'s ``components`` into ``engine``'s resident card of the same model id
-    (``role``: into that role of it, ``"<model_id>@<role>"``; by default only the changed
-    components within the role's scope).
+    """Publish ``card``'s ``components`` into ``engine``'s resident card of the same model id.
 
-    Arguments:
+    Args:
       engine: the serving engine; the card's model id must be registered there.
       card: the trained card (``method.card(state)``).
       components: component names to publish (one name or several; an expert of a stacked
@@ -52,13 +50,18 @@ def publish(engine: Engine, card: Card, components: str | Iterable[str] | None =
         component). ``None`` (default): every component, and every expert of a stacked one, whose
         weights differ from the engine's (``changed_components``); when nothing differs, nothing
         is published and no version moves.
+      role: publish into that role of the card, ``"<model_id>@<role>"`` (added by ``track``); by
+        default only the changed components within the role's scope.
 
     Returns:
       The card's weight versions after the publish (when deferred by a running ``run_many``:
       the versions the swap will produce; ``engine.versions`` reports them once it applies).
 
-    Raises ``UnknownComponentError`` for a name the card lacks and ``EngineError`` for a
-    component whose layout differs from the resident one; nothing changes then.
+    Raises:
+      TypeError: if ``card`` is not a ``Card``.
+      UnknownComponentError: for a name the card lacks; nothing changes then.
+      EngineError: for a role the engine does not serve, or a component whose layout differs from the
+        resident one; nothing changes then.
     """
     if not isinstance(card, Card):
         raise TypeError(f"publish takes a trained Card, e.g. method.card(state) (got {type(card).__name__})")
@@ -94,10 +97,22 @@ def _role_base(method: Any, role: str) -> str:
 
 
 def track(engine: Engine, method: Any, state: Any | None = None) -> dict[str, str]:
-    """Serve each of ``method.roles`` (role name -> components) as a role of the card its
-    ``role_card`` is (the method's card, or e.g. DMD2's teacher for its critic) in ``engine`` (which
-    must serve that card): role name -> its served id. Roles already served keep their weights and
-    versions; with ``state``, ``sync`` follows."""
+    """Serve each of ``method.roles`` as a role of the card its ``role_card`` is, in ``engine``.
+
+    The card is the method's own, or e.g. DMD2's teacher for its critic (``method.role_model_id``); the
+    engine must serve it. Roles already served keep their weights and versions.
+
+    Args:
+      engine: the serving engine.
+      method: a trainer (its ``roles``: role name -> components, and ``role_card``).
+      state: a train state; given, ``sync`` follows.
+
+    Returns:
+      Role name -> its served id (``"<model_id>@<role>"``).
+
+    Raises:
+      EngineError: if a role is already served with other components.
+    """
     served = {}
     for role, components in method.roles.items():
         model_id = _role_base(method, role)
@@ -114,8 +129,16 @@ def track(engine: Engine, method: Any, state: Any | None = None) -> dict[str, st
 
 
 def sync(engine: Engine, method: Any, state: Any) -> dict[str, dict[str, int]]:
-    """Publish ``method.card(state)`` and each role's copy (``method.role_card(state, role)``) where
-    their weights changed: served id -> its versions after the publish."""
+    """Publish ``method.card(state)`` and each role's copy (``method.role_card``) where their weights changed.
+
+    Args:
+      engine: the serving engine (its roles added by ``track``).
+      method: the trainer.
+      state: its train state.
+
+    Returns:
+      Served id -> its versions after the publish.
+    """
     card = method.card(state)
     out = {card.model_id: publish(engine, card)}
     for role in method.roles:
@@ -140,14 +163,24 @@ def _part(card: Card, name: str, owners: dict[str, tuple[str, int]]):
 
 
 def changed_components(engine: Engine, card: Card) -> tuple[str, ...]:
-    """The components of ``card`` whose leaves differ from the engine's resident card of the same id,
-    including publishes still waiting for the card to drain, in sorted order; for a stacked
-    component (``Engine.experts``), the names of the experts whose slices differ, in axis order.
+    """The components of ``card`` whose leaves differ from the engine's resident card of the same id.
 
-    A component differs when its leaf paths, shapes or dtypes differ (the engine will then
-    refuse it with a clear error; a stacked one is then named whole) or when any leaf differs in
-    value (exact comparison; leaves that are the same array object are equal without a look). All
-    comparisons run on device and come back in one transfer.
+    The resident card includes publishes still waiting for the card to drain. A component differs
+    when its leaf paths, shapes or dtypes differ (the engine will then refuse it with a clear error; a
+    stacked one is then named whole) or when any leaf differs in value (exact comparison; leaves that
+    are the same array object are equal without a look). All comparisons run on device and come back
+    in one transfer.
+
+    Args:
+      engine: the serving engine.
+      card: the trained card.
+
+    Returns:
+      The changed component names in sorted order; for a stacked component (``Engine.experts``), the
+      names of the experts whose slices differ, in axis order.
+
+    Raises:
+      UnknownComponentError: if ``card`` has components the resident card lacks.
     """
     resident = engine.card(card.model_id, pending=True)
     unknown = sorted(set(card.components) - set(resident.components))

@@ -52,21 +52,26 @@ from jaxpipe.training.parts import Parts
 from jaxpipe.training.rollout import Group
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 
-__all__ = ["DMD2Config", "StudentRollout", "DMD2", "student_spec"]
+__all__ = ["DMD2Config", "StudentRollout", "DMD2", "student_spec", "STUDENT", "CRITIC"]
 
 STUDENT, CRITIC = "student", "critic"
+"""The trained parts (keys of ``TrainState.params``): the student's denoiser and the critic (the fake
+score); ``"critic"`` is also the role the critic is served as."""
 
 
 @dataclasses.dataclass(frozen=True)
 class DMD2Config:
     """Settings of a DMD2 distillation (hashable: static under ``jit``).
 
-    Arguments:
+    Attributes:
       student_steps: the student's sampling steps N (1 or 2 in DMD2; at most the teacher's steps).
       group: student samples per batch prompt (``group.size``; B = P·K; no advantages here).
       student: the student's optimiser (Adam, ``b1 = 0``).
       dm: the critic, its steps per student step, the real score's guidance and the re-noising levels.
       model_id: the student card's id (``None``: ``"<teacher id>-turbo"``).
+
+    Raises:
+      ValueError: on construction, if ``student_steps`` is not an int >= 1 or ``model_id`` is empty.
     """
 
     student_steps: int = 1
@@ -83,10 +88,17 @@ class DMD2Config:
 
 
 class StudentRollout(NamedTuple):
-    """Backward-simulated student inputs (B = P·K rows): the rendered images and their clean latents
-    ``(B, *latent)``, each row's chosen step's input ``x`` ``(B, *latent)`` at noise level ``sigma``
-    ``(B,)`` (``step`` ``(B,)`` int32), the conditioning and its unconditional counterpart (the empty
-    prompt, for the teacher's CFG)."""
+    """Backward-simulated student inputs (B = P·K rows).
+
+    Attributes:
+      images: the rendered images.
+      latents: ``(B, *latent)`` their clean latents.
+      x: ``(B, *latent)`` each row's chosen step's input.
+      sigma: ``(B,)`` that step's noise level.
+      step: ``(B,)`` int32, the chosen step ``i ~ U{0..N−1}``.
+      cond: the conditioning.
+      uncond: its unconditional counterpart (the empty prompt, for the teacher's CFG).
+    """
 
     images: jax.Array
     latents: jax.Array
@@ -98,8 +110,19 @@ class StudentRollout(NamedTuple):
 
 
 def student_spec(spec: CardSpec, loop_id: str, student_steps: int, model_id: str) -> CardSpec:
-    """``spec`` as a few-step card: loop ``loop_id`` (and the family config's ``sampling``, when it has
-    one, so a saved card reloads with it) samples ``student_steps`` Euler steps at guidance 1."""
+    """``spec`` as a few-step card: loop ``loop_id`` samples ``student_steps`` Euler steps at guidance 1.
+
+    The family config's ``sampling`` changes too, when it has one, so a saved card reloads with it.
+
+    Args:
+      spec: the teacher's card spec.
+      loop_id: the denoise loop to distil.
+      student_steps: the student's sampling steps N.
+      model_id: the student card's id.
+
+    Returns:
+      The student's ``CardSpec`` (ODE, no SDE window, no STG).
+    """
     loop = spec.loop(loop_id)
     sampling = loop.config.replace(num_steps=student_steps, guidance=1.0, sampler="ode", sde_window=None, stg=0.0)
     loops = tuple(dataclasses.replace(l, config=sampling) if l.id == loop_id else l for l in spec.loops)
@@ -117,6 +140,15 @@ class DMD2(RolloutMethod):
     program (or ``program``), which must run exactly one denoise loop whose denoiser conditions on a
     ``DiTCond`` (text ``context``/``context_mask``), as the generator families do. Role ``"critic"``:
     the teacher card with the critic's denoiser (the fake score).
+
+    Args:
+      card: the teacher, a text-to-image card.
+      config: the settings.
+      program: the program to render with (default: the family's).
+
+    Raises:
+      ValueError: if the program's denoise loop binds several denoisers, the card has no text encoder, or
+        ``student_steps`` exceeds the teacher's steps.
     """
 
     def __init__(self, card: Card, config: DMD2Config = DMD2Config(), *, program: Program | None = None):
@@ -152,10 +184,12 @@ class DMD2(RolloutMethod):
 
     @property
     def student_tx(self):
+        """The student's optax optimiser (``config.student``)."""
         return self.optimizers[STUDENT]
 
     @property
     def critic_tx(self):
+        """The critic's optax optimiser (``config.dm.critic``)."""
         return self.optimizers[CRITIC]
 
     def copies(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -167,6 +201,7 @@ class DMD2(RolloutMethod):
         return self.parts.components({STUDENT: params[STUDENT]}, frozen)
 
     def role_params(self, state: TrainState, role: str) -> dict[str, Any]:
+        """The critic's parameters in the student's place (the one role is ``"critic"``)."""
         return {STUDENT: state.params[CRITIC]}
 
     def role_model_id(self, role: str) -> str:

@@ -33,13 +33,16 @@ __all__ = ["FinetuneConfig", "Finetune"]
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
-    """Flow-matching finetuning settings.
+    """Flow-matching finetuning settings (hashable: static under ``jit``).
 
-    Arguments:
+    Attributes:
       optimizer: clipped AdamW with warm-up and cosine decay (the pretraining recipes' schedule).
       trainable: the components that learn (the others are frozen).
       cond_dropout: probability in [0, 1) that an example's conditioning is dropped.
       noise: how σ is drawn (logit-normal on (0, 1) by default; ``NoiseLevels("uniform", 0, 1)``).
+
+    Raises:
+      ValueError: on construction, if ``cond_dropout`` is not in [0, 1) or ``trainable`` is empty.
     """
 
     optimizer: Optimizer = Optimizer(1e-3, weight_decay=1e-4, schedule="warmup_cosine", warmup_steps=100, total_steps=2000)
@@ -62,6 +65,15 @@ class Finetune(Supervised):
     ``{"ids", "video": (B, T, H, W, C)}`` (image-to-video; pixels in [-1, 1]), or
     ``{"ids", "latents": (B, T, h, w, C)}`` already encoded by the card's autoencoder.
     ``loop_id`` picks the denoise loop (default: the card's first).
+
+    Args:
+      card: the card to finetune.
+      config: the settings.
+      loop_id: the denoise loop to train (default: the card's first).
+
+    Raises:
+      ValueError: if the card has no such denoise loop, its family declares no flow-matching data, or
+        ``config.trainable`` names a component it lacks.
     """
 
     roles = MappingProxyType({})
@@ -91,7 +103,16 @@ class Finetune(Supervised):
         return self.loop.binds[0]
 
     def flow_loss(self, comps: Mapping[str, Any], batch: Mapping[str, Any], key: jax.Array) -> tuple[jax.Array, dict]:
-        """Flow-matching loss of one batch on the card's components ``comps`` (pure; differentiable)."""
+        """The flow-matching loss of one batch: ``mean((v_θ(x_σ, σ, cond) - (ε - x0))²)`` (pure; differentiable).
+
+        Args:
+          comps: the card's components (name -> module), at the weights being trained.
+          batch: what the family reads (``Family.flow``).
+          key: draws the conditioning dropout, σ and ε.
+
+        Returns:
+          ``(loss, {"loss": loss})``.
+        """
         x0 = jax.lax.stop_gradient(self.flow.latents(comps, batch))
         b = x0.shape[0]
         k_drop, k_sigma, k_noise = jax.random.split(key, 3)
@@ -109,4 +130,9 @@ class Finetune(Supervised):
         return Card(self.model(state), self.spec)
 
     def role_card(self, state: TrainState, role: str) -> Card:
+        """Finetune keeps no roles: always raises.
+
+        Raises:
+          KeyError: for every ``role``.
+        """
         raise KeyError(f"Finetune keeps no roles (got {role!r})")

@@ -45,8 +45,14 @@ __all__ = ["FlowGRPO", "FlowGRPOConfig", "Rollout", "GENERATOR"]
 
 
 class Rollout(NamedTuple):
-    """One group rollout (B = P·K rows, row ``p·K + k`` is sample k of prompt p): the rendered batch
-    with its captured SDE steps, rewards ``(B,)``, their parts ``{name: (B,)}`` and group advantages ``(B,)``."""
+    """One group rollout (B = P·K rows, row ``p·K + k`` is sample k of prompt p).
+
+    Attributes:
+      generated: the rendered batch with its captured SDE steps.
+      rewards: ``(B,)`` rewards.
+      parts: ``{name: (B,)}`` their parts.
+      advantages: ``(B,)`` group advantages.
+    """
 
     generated: rollout.Generated
     rewards: jax.Array
@@ -61,6 +67,12 @@ class FlowGRPO(DenoiserMethod):
     times. ``reward(artifacts, prompts) -> (B,)`` (or its parts) scores the rendered rows
     (``jaxpipe.rewards``: a JAX function or a ``@host`` one). The card renders through its family's
     program (or ``program``), which must run one denoise loop.
+
+    Args:
+      card: a text-to-image (or -video) card.
+      reward: the reward.
+      config: the settings.
+      program: the program to render with (default: the family's).
     """
 
     def __init__(self, card: Card, reward: Reward, config: FlowGRPOConfig = FlowGRPOConfig(), *,
@@ -100,8 +112,18 @@ class FlowGRPO(DenoiserMethod):
         return Rollout(generated, scored.rewards, scored.parts, scored.advantages)
 
     def step_stats(self, params: nnx.State, frozen: nnx.State, ro: Rollout) -> tuple[jax.Array, jax.Array]:
-        """Per captured step ``(S, B)`` log-probs and ``(S, B, ...)`` SDE means of the rollout's samples
-        under the generator ``params`` (teacher-forced, the trainer's own batching)."""
+        """The log-probs and SDE means of the rollout's captured steps under the generator ``params``.
+
+        Teacher-forced, with the trainer's own batching (``rollout.generator_stats``).
+
+        Args:
+          params: the generator's parameters.
+          frozen: the frozen parameters.
+          ro: the rollout.
+
+        Returns:
+          ``(log_probs (S, B), means (S, B, ...))``.
+        """
         return rollout.generator_stats(self.models_of(frozen)(params), ro.generated, self.sampling)
 
     def _update(self, state: TrainState, ro: Rollout, key: jax.Array | None = None) -> tuple[TrainState, dict]:

@@ -57,19 +57,22 @@ from jaxpipe.training.trainer import RolloutMethod, TrainState
 
 __all__ = [
     "CREDITS", "EXPERT_MAPS", "JointRLConfig", "UnifiedRLConfig", "JointRollout", "UnifiedRL", "JointMultiExpertRL",
-    "map_experts", "resolve_expert_map",
+    "map_experts", "resolve_expert_map", "REFINER", "GENERATOR",
 ]
 
 CREDITS = ("shared", "per_expert")
+"""The accepted values of ``JointRLConfig.credit``."""
 EXPERT_MAPS = ("auto", "vmap", "map")
+"""The accepted values of ``JointRLConfig.expert_map``."""
 REFINER, GENERATOR = "refiner", "generator"
+"""The trained parts (keys of ``TrainState.params``): the refiner(s) and, when joint, the generator."""
 
 
 @dataclasses.dataclass(frozen=True)
 class JointRLConfig:
     """Settings of joint refiner + generator RL (hashable: static under ``jit``).
 
-    Arguments:
+    Attributes:
       generator: the generator's FlowGRPO settings: the group (K, adv clip), its SDE rollout, PPO clip,
         KL, updates per rollout (which both parts follow) and its optimiser.
       refiner: ``skip``, the token objective's clip and KL weight.
@@ -78,6 +81,10 @@ class JointRLConfig:
       credit: ``"shared"`` | ``"per_expert"`` (``JointMultiExpertRL`` only).
       expert_terms: the reward part refiner i is credited with under ``"per_expert"`` (``None``: its slot's name).
       expert_map: how the N refiner updates map over the experts: ``"vmap"`` | ``"map"`` | ``"auto"``.
+
+    Raises:
+      ValueError: on construction, if ``refiner.skip`` leaves no rewrite in a group, or ``credit`` /
+        ``expert_map`` is unknown.
     """
 
     generator: FlowGRPOConfig = FlowGRPOConfig(beta=0.04)
@@ -96,8 +103,15 @@ class JointRLConfig:
             raise ValueError(f"expert_map must be one of {EXPERT_MAPS} (got {self.expert_map!r})")
 
     def sampling_on(self, loop: denoise.DenoiseConfig) -> denoise.DenoiseConfig:
-        """The generator's rollout policy on a card's denoise loop: the SDE with capture when joint, the ODE
-        (no window) when prompt-only; guidance 1 either way."""
+        """The generator's rollout policy on a card's denoise loop: the SDE when joint, the ODE when prompt-only.
+
+        Args:
+          loop: the card's denoise loop config.
+
+        Returns:
+          ``generator.sampling`` laid over ``loop`` (``Sampling.on``); prompt-only, with the ODE and no
+          window.
+        """
         sampling = self.generator.sampling
         if not self.joint:
             sampling = dataclasses.replace(sampling, sampler="ode", sde_window=None)
@@ -109,9 +123,21 @@ UnifiedRLConfig = JointRLConfig
 
 
 def resolve_expert_map(expert_map: str, backend: str | None = None, devices: int | None = None) -> str:
-    """``"vmap"`` or ``"map"``: ``expert_map`` itself, or for ``"auto"`` the measured choice: ``"map"`` on
-    one CPU device, ``"vmap"`` on GPU/TPU or over several devices. ``backend`` / ``devices``: JAX's
-    default backend and its device count unless given."""
+    """``"vmap"`` or ``"map"``: ``expert_map`` itself, or for ``"auto"`` the measured choice.
+
+    ``"auto"`` is ``"map"`` on one CPU device and ``"vmap"`` on GPU/TPU or over several devices.
+
+    Args:
+      expert_map: one of ``EXPERT_MAPS``.
+      backend: the JAX backend (default: ``jax.default_backend()``).
+      devices: the device count (default: ``jax.device_count()``).
+
+    Returns:
+      ``"vmap"`` or ``"map"``.
+
+    Raises:
+      ValueError: if ``expert_map`` is not one of ``EXPERT_MAPS``.
+    """
     if expert_map not in EXPERT_MAPS:
         raise ValueError(f"expert_map must be one of {EXPERT_MAPS} (got {expert_map!r})")
     if expert_map != "auto":
@@ -122,8 +148,19 @@ def resolve_expert_map(expert_map: str, backend: str | None = None, devices: int
 
 
 def map_experts(fn, expert_map: str, *stacked):
-    """``fn`` applied to every slice of ``stacked`` (pytrees with a leading expert axis N), outputs stacked
-    on that axis: one ``jax.vmap`` (``"vmap"``) or one ``jax.lax.map`` (``"map"``)."""
+    """``fn`` applied to every slice of ``stacked`` along a leading expert axis, outputs stacked on that axis.
+
+    Args:
+      fn: a function of one expert's slices.
+      expert_map: ``"vmap"`` (one ``jax.vmap``) or ``"map"`` (one ``jax.lax.map``).
+      *stacked: pytrees with a leading expert axis N.
+
+    Returns:
+      ``fn``'s outputs, leading axis N.
+
+    Raises:
+      ValueError: for any other ``expert_map`` (resolve ``"auto"`` first: ``resolve_expert_map``).
+    """
     if expert_map == "vmap":
         return jax.vmap(fn)(*stacked)
     if expert_map == "map":
@@ -132,10 +169,19 @@ def map_experts(fn, expert_map: str, *stacked):
 
 
 class JointRollout(NamedTuple):
-    """One joint rollout (B = P·K rows): the captured refinements (fields ``(B, ...)``, or ``(N, B, ...)``
-    for stacked refiners; masks restricted to refined rows), ``refined`` ``(B,)``, the rendered text ids
-    ``(B, L)``, the rendered batch, rewards ``(B,)`` and their parts ``{name: (B,)}``, the generator's
-    advantages ``(B,)`` and the refiners' (``(B,)``, or ``(N, B)``)."""
+    """One joint rollout (B = P·K rows).
+
+    Attributes:
+      refinement: the captured refinements (fields ``(B, ...)``, or ``(N, B, ...)`` for stacked
+        refiners; masks restricted to refined rows).
+      refined: ``(B,)`` bool, the rows that rewrote their prompt.
+      text_ids: ``(B, L)`` the text ids the images were rendered from.
+      generated: the rendered batch (with its captured trajectory when joint).
+      rewards: ``(B,)`` rewards.
+      parts: ``{name: (B,)}`` their parts.
+      advantages: ``(B,)`` the generator's group advantages.
+      refiner_advantages: the refiners' advantages, ``(B,)``, or ``(N, B)`` for stacked refiners.
+    """
 
     refinement: ar.Continuation
     refined: jax.Array
@@ -175,10 +221,12 @@ class _RefinerRL(RolloutMethod):
 
     @property
     def refiner_tx(self):
+        """The refiners' optax optimiser (``config.refiner_optimizer``)."""
         return self.optimizers[REFINER]
 
     @property
     def generator_tx(self):
+        """The generator's optax optimiser (``config.generator.optimizer``; ``None`` when prompt-only)."""
         return self.optimizers.get(GENERATOR)
 
     def copies(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +296,14 @@ class UnifiedRL(_RefinerRL):
     A batch is a ``jaxpipe.prompts.Prompts`` of prompts of at most ``card.spec.config.max_prompt_words``
     words; ``reward(artifacts, prompts)`` scores the rendered rows (a metadata label the prompt does not
     name is a preference the refiner can learn to ask for).
+
+    Args:
+      card: a ``unified`` card (components ``llm``, ``transformer``, ``text_encoder``, ``vae``).
+      reward: the reward.
+      config: the settings (``credit`` must be ``"shared"``).
+
+    Raises:
+      ValueError: if the card lacks a component or ``config.credit`` is not ``"shared"``.
     """
 
     component = "llm"
@@ -292,6 +348,15 @@ class JointMultiExpertRL(_RefinerRL):
 
     ``reward(artifacts, prompts)`` returns its parts ``{term: (B,)}`` (required for ``"per_expert"``
     credit, e.g. the digits world's ``scorer_reward``) or the total ``(B,)``. Batches as ``UnifiedRL``'s.
+
+    Args:
+      card: a ``multi-expert`` card (stacked ``refiners``).
+      reward: the reward.
+      config: the settings.
+
+    Raises:
+      ValueError: if the card has no stacked refiners, or ``"per_expert"`` credit has not one reward term
+        per refiner.
     """
 
     component = toy_multi_expert.COMPONENT
@@ -335,8 +400,21 @@ class JointMultiExpertRL(_RefinerRL):
         return jnp.stack([rollout.advantages(scored.parts[t], group) for t in self.expert_terms])
 
     def expert_update(self, params, reference, opt_state, allowed, refinement: ar.Continuation, advantages) -> update.Step:
-        """ONE refiner's guarded step (no expert axis): ``refine.refiner_update`` on its slot-restricted LM;
-        the update maps it over the experts (``expert_map``)."""
+        """ONE refiner's guarded step (no expert axis): ``refine.refiner_update`` on its slot-restricted LM.
+
+        The update maps it over the experts (``expert_map``).
+
+        Args:
+          params: one refiner's parameters.
+          reference: its frozen reference parameters.
+          opt_state: its optimiser state.
+          allowed: the token ids its slot may emit.
+          refinement: its captured continuations (fields ``(B, ...)``).
+          advantages: ``(B,)`` its advantages.
+
+        Returns:
+          The ``update.Step``.
+        """
         lm_of = lambda p: self._expert(p, allowed)
         return refiner_update(self.refiner_tx, lm_of, params, reference, opt_state, refinement, advantages,
                               self.config.refiner)

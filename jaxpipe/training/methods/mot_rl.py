@@ -38,22 +38,28 @@ from jaxpipe.training.parts import Parts
 from jaxpipe.training.refine import RefinerConfig, check_room, prefixed, render_rewrites, restrict, reward_stats, token_objective
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 
-__all__ = ["ROLES", "MoTRLConfig", "MoTRollout", "SharedMoTRL", "gradient_roles", "role_cosines", "text_cond"]
+__all__ = ["ROLES", "MoTRLConfig", "MoTRollout", "SharedMoTRL", "gradient_roles", "role_cosines", "text_cond", "MODEL"]
 
 ROLES = ("shared", "understanding", "generation", "io")
+"""The parameter roles the gradient cosines are reported on (``gradient_roles``)."""
 MODEL = "model"
+"""The one trained part (key of ``TrainState.params``): the MoT transformer."""
 
 
 @dataclasses.dataclass(frozen=True)
 class MoTRLConfig:
     """Settings of a shared-weights run (hashable: static under ``jit``).
 
-    Arguments:
+    Attributes:
       generator: the image part's FlowGRPO settings: the group, its SDE rollout, PPO clip and KL,
         updates per rollout, and the ONE optimiser of the shared parameters.
       thinking: ``skip`` (samples per group rendered without thinking) and the thoughts' token
         objective (clip, k3-KL weight).
       token_weight: the thinking part's weight in the summed loss, >= 0.
+
+    Raises:
+      ValueError: on construction, if ``thinking.skip`` leaves no thinking sample in a group or
+        ``token_weight`` is negative.
     """
 
     generator: FlowGRPOConfig = FlowGRPOConfig(beta=0.04)
@@ -67,9 +73,18 @@ class MoTRLConfig:
 
 
 class MoTRollout(NamedTuple):
-    """One rollout (B = P·K rows): the captured thoughts (mask restricted to thinking rows), ``think``
-    ``(B,)``, the text each image was conditioned on (``text`` ``(B, max_text)`` and ``text_length``
-    ``(B,)``: prompt + thought, or the prompt), the rendered batch, rewards, their parts, advantages."""
+    """One rollout (B = P·K rows).
+
+    Attributes:
+      thought: the captured thoughts (``ar.Continuation``, mask restricted to thinking rows).
+      think: ``(B,)`` bool, the rows that thought first.
+      text: ``(B, max_text)`` the text each image was conditioned on (prompt + thought, or the prompt).
+      text_length: ``(B,)`` its length.
+      generated: the rendered batch with its captured trajectory.
+      rewards: ``(B,)`` rewards.
+      parts: ``{name: (B,)}`` their parts.
+      advantages: ``(B,)`` group advantages.
+    """
 
     thought: ar.Continuation
     think: jax.Array
@@ -82,14 +97,34 @@ class MoTRollout(NamedTuple):
 
 
 def text_cond(mot: MoT, text: jax.Array, length: jax.Array) -> MoTCond:
-    """The denoiser's conditioning recomputed under ``mot``: the K/V of ``text`` ``(B, T)`` (first ``length`` tokens)."""
+    """The denoiser's conditioning recomputed under ``mot``: the K/V of the first ``length`` tokens of ``text``.
+
+    Args:
+      mot: the MoT transformer.
+      text: ``(B, T)`` text ids.
+      length: ``(B,)`` how many tokens of each row to read.
+
+    Returns:
+      The ``MoTCond`` the image loop conditions on.
+    """
     width = text.shape[1]
     _, cache = mot.prefill(text, jnp.maximum(length, 1), mot.init_cache(text.shape[0]))
     return mot.text_cond(cache, jnp.minimum(length, width))
 
 
 def gradient_roles(cfg) -> Any:
-    """A function ``path -> role`` over the MoT's parameter paths (``cfg``: its ``MoTConfig``)."""
+    """A function ``path -> role`` over the MoT's parameter paths.
+
+    Outside the layers a parameter is ``"io"``; in a layer's attention or FFN group it is ``"shared"``
+    where the config does not route that group by modality, otherwise ``"understanding"`` (the text
+    expert) or ``"generation"``.
+
+    Args:
+      cfg: the MoT's ``MoTConfig`` (its ``routing``).
+
+    Returns:
+      ``role(path) -> str``, one of ``ROLES``.
+    """
 
     def role(path) -> str:
         keys = [getattr(p, "key", getattr(p, "idx", p)) for p in path]
@@ -107,8 +142,17 @@ def gradient_roles(cfg) -> Any:
 
 
 def role_cosines(a, b, role_of) -> dict[str, jax.Array]:
-    """Cosine between gradient pytrees ``a`` and ``b`` over all leaves (``all``) and over each role's
-    leaves (``role_of(path)``; 0 for a role with no parameters or a zero gradient), plus each part's norm per role."""
+    """The cosine between gradient pytrees ``a`` and ``b``, over all leaves and over each role's leaves.
+
+    Args:
+      a: the token part's gradient.
+      b: the generator part's gradient (same structure).
+      role_of: ``path -> role`` (``gradient_roles``).
+
+    Returns:
+      ``cos_all`` and ``cos_<role>`` (0 for a role with no parameters or a zero gradient), plus
+      ``token_grad_norm_<role>`` and ``gen_grad_norm_<role>``, each part's norm per role; scalars.
+    """
     leaves_a = jax.tree_util.tree_flatten_with_path(a)[0]
     leaves_b = jax.tree.leaves(b)
     sums = {r: [jnp.zeros(()), jnp.zeros(()), jnp.zeros(())] for r in ROLES + ("all",)}
@@ -131,6 +175,14 @@ class SharedMoTRL(RolloutMethod):
 
     A batch is a ``jaxpipe.prompts.Prompts`` of prompts of at most ``card.spec.config.max_prompt_words``
     words; ``reward(artifacts, prompts)`` scores the rendered rows.
+
+    Args:
+      card: a MoT card (family ``toy_mot``, e.g. ``bagel-mot``).
+      reward: the reward.
+      config: the settings.
+
+    Raises:
+      ValueError: if the card is not a MoT card.
     """
 
     def __init__(self, card: Card, reward: Reward, config: MoTRLConfig = MoTRLConfig()):

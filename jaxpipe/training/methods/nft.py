@@ -55,8 +55,16 @@ __all__ = ["EMA", "DiffusionNFTConfig", "NFTRollout", "DiffusionNFT", "nft_loss"
 
 @dataclasses.dataclass(frozen=True)
 class EMA:
-    """The old policy's EMA decay: ``start`` at the first update, ramping linearly to ``end`` over
-    ``ramp_steps`` updates (``0``: ``end`` from the start); both in [0, 1]."""
+    """The old policy's EMA decay: ``start`` at the first update, ramping linearly to ``end`` over ``ramp_steps``.
+
+    Attributes:
+      start: the decay at the first update, in [0, 1].
+      end: the decay after the ramp, in [0, 1].
+      ramp_steps: updates the ramp takes, >= 0 (0: ``end`` from the start).
+
+    Raises:
+      ValueError: on construction, if a field is out of range.
+    """
 
     start: float = 0.0
     end: float = 0.5
@@ -74,13 +82,16 @@ class EMA:
 class DiffusionNFTConfig:
     """Settings of a DiffusionNFT run (hashable: static under ``jit``).
 
-    Arguments:
+    Attributes:
       group: K samples per prompt (>= 2) and ``adv_clip``, also the scale of ``r = 0.5 + 0.5·A/adv_clip``.
       sampling: the old policy's rollout (ODE at guidance 1 by default).
       beta: the implicit policies' step ``β ∈ (0, 1]``.
       ema: the old policy's EMA decay schedule (module docstring).
       noise: how the update's σ is drawn (uniform on [0.02, 0.98] by default).
       optimizer: clipped Adam, lr 1e-4 by default.
+
+    Raises:
+      ValueError: on construction, if K < 2 or ``beta`` is not in (0, 1].
     """
 
     group: Group = Group(adv_clip=2.0)
@@ -97,9 +108,17 @@ class DiffusionNFTConfig:
 
 
 class NFTRollout(NamedTuple):
-    """One group rollout from the old policy (B = P·K rows, row ``p·K + k`` is sample k of prompt p):
-    images, clean latents ``x0`` ``(B, *latent)``, the loop's conditioning, rewards, their parts,
-    advantages and optimality weights ``r`` (all ``(B,)``)."""
+    """One group rollout from the old policy (B = P·K rows, row ``p·K + k`` is sample k of prompt p).
+
+    Attributes:
+      images: the rendered artifacts (images or videos).
+      latents: ``(B, *latent)`` the clean latents ``x0``.
+      cond: the loop's conditioning.
+      rewards: ``(B,)`` rewards.
+      parts: ``{name: (B,)}`` their parts.
+      advantages: ``(B,)`` group advantages.
+      weights: ``(B,)`` the optimality weights ``r``.
+    """
 
     images: jax.Array
     latents: jax.Array
@@ -111,12 +130,28 @@ class NFTRollout(NamedTuple):
 
 
 def optimality_weight(advantages: jax.Array, adv_clip: float) -> jax.Array:
-    """``r = 0.5 + 0.5 · clip(A / adv_clip, −1, 1)`` in [0, 1], same shape as ``advantages``."""
+    """The optimality weights ``r = 0.5 + 0.5 · clip(A / adv_clip, −1, 1)``, in [0, 1].
+
+    Args:
+      advantages: the group advantages ``A``.
+      adv_clip: the advantage clip, > 0.
+
+    Returns:
+      ``r``, shaped like ``advantages``.
+    """
     return 0.5 + 0.5 * jnp.clip(advantages / adv_clip, -1.0, 1.0)
 
 
 def ema_decay(ema: EMA, step: jax.Array) -> jax.Array:
-    """The old policy's EMA decay after update ``step`` (0-based): linear ramp from ``ema.start`` to ``ema.end``."""
+    """The old policy's EMA decay at update ``step``: ``start + (end − start) · min(step / ramp_steps, 1)``.
+
+    Args:
+      ema: the decay schedule.
+      step: the number of updates before this one (an int32 scalar, 0-based).
+
+    Returns:
+      The float32 decay ``d`` (``ema.end`` whatever the step when ``ramp_steps == 0``).
+    """
     if ema.ramp_steps == 0:
         return jnp.asarray(ema.end, jnp.float32)
     frac = jnp.minimum(step.astype(jnp.float32) / ema.ramp_steps, 1.0)
@@ -124,10 +159,22 @@ def ema_decay(ema: EMA, step: jax.Array) -> jax.Array:
 
 
 def nft_loss(v_theta: jax.Array, v_old: jax.Array, target: jax.Array, r: jax.Array, beta: float) -> tuple[jax.Array, dict]:
-    """The NFT objective on velocities ``(B, ...)`` with weights ``r`` ``(B,)``: ``(scalar, metrics)``.
+    """The NFT objective ``mean_rows(r·mean(‖v⁺ − v‖²) + (1−r)·mean(‖v⁻ − v‖²))``.
 
-    ``v_old`` is treated as a constant (stop-gradient); per row the squared errors of
-    ``v± = v_old ± β·(v_θ − v_old)`` to ``target`` are averaged over the latent dims."""
+    Here ``v± = v_old ± β·(v_θ − v_old)``; ``v_old`` and ``r`` are constants (stop-gradient); per row the
+    squared errors of ``v±`` to the target are averaged over the latent dims.
+
+    Args:
+      v_theta: ``(B, ...)`` the current policy's velocities (differentiable).
+      v_old: ``(B, ...)`` the old policy's velocities.
+      target: ``(B, ...)`` the flow target ``ε − x0``.
+      r: ``(B,)`` optimality weights in [0, 1].
+      beta: the implicit policies' step β.
+
+    Returns:
+      ``(loss, metrics)``: the scalar loss and ``loss``, ``loss_pos`` / ``loss_neg`` (the mean errors of
+      ``v⁺`` / ``v⁻``).
+    """
     v_old = jax.lax.stop_gradient(v_old)
     delta = beta * (v_theta - v_old)
     axes = tuple(range(1, v_theta.ndim))
@@ -145,6 +192,12 @@ class DiffusionNFT(DenoiserMethod):
     the old policy and ``reward(artifacts, prompts)`` scores the samples. The card renders through
     its family's program (or ``program``), which must run exactly one denoise loop. Role ``"old"``:
     the old policy's denoiser(s) (``role_card``; ``weight_sync.sync`` publishes it).
+
+    Args:
+      card: a text-to-image card.
+      reward: the reward.
+      config: the settings.
+      program: the program to render with (default: the family's).
     """
 
     def __init__(self, card: Card, reward: Reward, config: DiffusionNFTConfig = DiffusionNFTConfig(), *,
@@ -209,4 +262,5 @@ class DiffusionNFT(DenoiserMethod):
                      "skipped": update.skipped(out.finite)}
 
     def rollout_metrics(self, ro: NFTRollout) -> dict[str, jax.Array]:
+        """The rollout's reward metrics (``rollout.reward_metrics``)."""
         return rollout.reward_metrics(ro.rewards, ro.parts)

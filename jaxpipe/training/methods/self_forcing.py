@@ -51,20 +51,24 @@ from jaxpipe.training.parts import Parts, copy
 from jaxpipe.training.rollout import Group, Sampling
 from jaxpipe.training.trainer import Method, TrainState
 
-__all__ = ["SelfForcingConfig", "SelfForcing", "causal_loop", "with_sampling"]
+__all__ = [
+    "SelfForcingConfig", "SelfForcing", "causal_loop", "with_sampling", "LOSS_KEY", "CRITIC_KEY", "STUDENT", "CRITIC",
+]
 
 LOSS_KEY = 1_000_003
 """``fold_in(step key, LOSS_KEY)`` draws the distribution-matching (σ, ε); the rollout uses the step key."""
 CRITIC_KEY = 2_000_003
 """``fold_in(fold_in(step key, CRITIC_KEY), i)`` draws critic update ``i``'s (σ, ε)."""
 STUDENT, CRITIC = "student", "critic"
+"""The trained parts (keys of ``TrainState.params``): the student's denoiser and the critic (the fake
+score); ``"critic"`` is also the role the critic is served as."""
 
 
 @dataclasses.dataclass(frozen=True)
 class SelfForcingConfig:
     """Settings of a self-forcing run (hashable: static under ``jit``).
 
-    Arguments:
+    Attributes:
       student: the student's optimiser (the benchmarked rate 2e-5, Adam ``b1 = 0``).
       dm: the critic (rate 2e-4, ``b1 = 0``), its ``critic_steps`` per student step, the teacher's guidance
         and the re-noising levels.
@@ -73,6 +77,9 @@ class SelfForcingConfig:
       group: rollouts per prompt (``group.size``; no advantages here).
       sampling: the student's per-chunk steps and CFG scale in training AND in the card it returns
         (``num_steps`` / ``guidance`` of ``None``: the card's own; chunk rollouts sample with the ODE).
+
+    Raises:
+      ValueError: on construction, if ``critic_warmup`` is not an int >= 0 or ``sampling`` is not the ODE.
     """
 
     student: Optimizer = Optimizer(2e-5, b1=0.0)  # the rates of the benchmarked run (benchmarks/self_forcing.py)
@@ -89,8 +96,18 @@ class SelfForcingConfig:
 
 
 def causal_loop(card: Card, program: Program) -> LoopSpec:
-    """The one ``chunk_rollout`` loop ``program`` runs on ``card`` (ValueError when there is none: the
-    card is not causal)."""
+    """The one ``chunk_rollout`` loop ``program`` runs on ``card``.
+
+    Args:
+      card: the student card.
+      program: one of its programs.
+
+    Returns:
+      The loop's ``LoopSpec``.
+
+    Raises:
+      ValueError: if the program runs no ``chunk_rollout`` loop (the card is not causal) or several.
+    """
     kinds = [card.spec.loop(n.loop).kind for n in program.loops]
     loops = [card.spec.loop(n.loop) for n in program.loops if card.spec.loop(n.loop).kind == "chunk_rollout"]
     if len(loops) != 1:
@@ -103,7 +120,16 @@ def causal_loop(card: Card, program: Program) -> LoopSpec:
 
 
 def with_sampling(card: Card, loop_id: str, sampling: chunk.ChunkConfig) -> Card:
-    """``card`` (same components) whose chunk loop ``loop_id`` and ``config.sampling`` are ``sampling``."""
+    """``card`` (same components) whose chunk loop ``loop_id`` and ``config.sampling`` are ``sampling``.
+
+    Args:
+      card: a causal card (its family config has a ``sampling`` field).
+      loop_id: the chunk loop.
+      sampling: the new loop config.
+
+    Returns:
+      The new ``Card``.
+    """
     loops = tuple(dataclasses.replace(l, config=sampling) if l.id == loop_id else l for l in card.spec.loops)
     spec = dataclasses.replace(card.spec, loops=loops, config=dataclasses.replace(card.spec.config, sampling=sampling))
     return Card(card.components, spec)
@@ -117,6 +143,17 @@ class SelfForcing(Method):
     vocabulary, which the teacher must share. ``render(state, batch, key)`` is the training rollout's
     videos (latents), ``serve(state, batch, key)`` the card's own program on the same keys. Role
     ``"critic"``: the teacher card with the critic's DiT.
+
+    Args:
+      card: the causal student card.
+      teacher: the bidirectional teacher card (same vocabulary and frame shape, with a text encoder).
+      config: the settings.
+      program: the student's program (default: its family's).
+      teacher_program: the teacher's program (default: its family's).
+
+    Raises:
+      ValueError: if the student is not causal, the teacher's loop binds several denoisers, the two cards'
+        frames or vocabularies differ, or the teacher has no text encoder.
     """
 
     def __init__(self, card: Card, teacher: Card, config: SelfForcingConfig = SelfForcingConfig(), *,
@@ -160,8 +197,17 @@ class SelfForcing(Method):
 
     # ------------------------------------------------------------------ state and cards
     def init(self, key: jax.Array | None = None) -> TrainState:
-        """Start from the student card's weights; the critic is a copy of the teacher's DiT; the teacher's
-        text encoder and DiT ride along frozen (carried so they are not compiled in as constants)."""
+        """Start from the student card's weights; the critic is a copy of the teacher's DiT.
+
+        The teacher's text encoder and DiT ride along frozen (carried so they are not compiled in as
+        constants).
+
+        Args:
+          key: unused (nothing random).
+
+        Returns:
+          The ``TrainState``.
+        """
         del key
         params = copy({**self.parts.params, CRITIC: self._critic})
         opt_state = {part: tx.init(params[part]) for part, tx in self.optimizers.items()}
@@ -204,8 +250,17 @@ class SelfForcing(Method):
         return chunk.init(comps[self.denoiser], keys, self.latent_shape, cond, self.sampling, uncond)
 
     def rollout_video(self, params: nnx.State, frozen: nnx.State, ids: jax.Array, keys: jax.Array):
-        """The student's own chunked rollout, differentiable in ``params`` (the student's denoiser state):
-        ``(latent video (B, T, h, w, C), chunk.ChunkTrace)``."""
+        """The student's own chunked rollout (``chunk.train_run``), differentiable in ``params``.
+
+        Args:
+          params: the student's denoiser state.
+          frozen: the frozen parameters.
+          ids: ``(B, L)`` prompt ids.
+          keys: ``(B,)`` row keys.
+
+        Returns:
+          ``(latent video (B, T, h, w, C), chunk.ChunkTrace)``.
+        """
         comps = self.components({STUDENT: params}, frozen)
         state = self._start(comps, ids, keys)
         return chunk.train_run(comps[self.denoiser], state, self.sampling)
@@ -233,8 +288,17 @@ class SelfForcing(Method):
         return DiTCond(text["context"], text["context_mask"]), DiTCond(null["uncond_context"], null["uncond_mask"])
 
     def scores(self, state: TrainState, video: jax.Array, ids: jax.Array, key: jax.Array):
-        """The real (teacher, guided) and fake (critic) clean predictions at a re-noised ``video``:
-        ``(x0_real, x0_fake)`` ``(B, T, h, w, C)``, both stop-gradient."""
+        """The real (teacher, guided) and fake (critic) clean predictions at a re-noised ``video``.
+
+        Args:
+          state: the train state (the teacher and the critic).
+          video: ``(B, T, h, w, C)`` latent videos.
+          ids: ``(B, L)`` prompt ids.
+          key: draws the re-noising ``(t, ε)``.
+
+        Returns:
+          ``(x0_real, x0_fake)``, each ``(B, T, h, w, C)``, both stop-gradient.
+        """
         video = jax.lax.stop_gradient(video)
         teacher = self._teacher_parts(state)
         cond, uncond = self._teacher_cond(teacher, ids)
@@ -243,7 +307,18 @@ class SelfForcing(Method):
                                                      self.config.dm.noise))
 
     def student_loss(self, params: nnx.State, state: TrainState, ids: jax.Array, keys: jax.Array, key: jax.Array):
-        """The distribution-matching surrogate of ``params``' own rollout: ``(loss, (video, metrics))``."""
+        """The distribution-matching surrogate of ``params``' own rollout, ``dm_surrogate(x̂, g) / numel``.
+
+        Args:
+          params: the student's denoiser state (differentiable).
+          state: the train state.
+          ids: ``(B, L)`` prompt ids.
+          keys: ``(B,)`` row keys of the rollout.
+          key: draws the re-noising.
+
+        Returns:
+          ``(loss, (video, metrics))``.
+        """
         video, _ = self.rollout_video(params, state.frozen, ids, keys)
         x0_real, x0_fake = self.scores(state, video, ids, key)
         g = dm_gradient(video, x0_real, x0_fake)
@@ -252,13 +327,33 @@ class SelfForcing(Method):
         return loss, (video, {"loss": loss, "dmd_grad_abs": jnp.mean(jnp.abs(g))})
 
     def critic_loss(self, critic: nnx.State, state: TrainState, video: jax.Array, ids: jax.Array, key: jax.Array):
-        """Flow matching of the fake score on the student's (stop-gradient) videos: a scalar."""
+        """Flow matching of the fake score on the student's (stop-gradient) videos.
+
+        Args:
+          critic: the critic's state (differentiable).
+          state: the train state (the teacher's text encoder).
+          video: ``(B, T, h, w, C)`` the student's latent videos.
+          ids: ``(B, L)`` prompt ids.
+          key: draws ``(t, ε)``.
+
+        Returns:
+          A scalar (``distribution_matching.critic_loss``).
+        """
         cond, _ = self._teacher_cond(self._teacher_parts(state), ids)
         return critic_loss((self._critic_model(critic),), video, cond, key, self.fake, self.config.dm.noise)
 
     # ------------------------------------------------------------------ the step
     def step_fn(self, state: TrainState, batch: Prompts, key: jax.Array):
-        """The pure, unjitted step: a student update on its own rollout, then ``dm.critic_steps`` critic updates."""
+        """The pure, unjitted step: a student update on its own rollout, then ``dm.critic_steps`` critic updates.
+
+        Args:
+          state: the train state.
+          batch: the prompts.
+          key: the step's key.
+
+        Returns:
+          ``(state, metrics)``.
+        """
         ids, keys = self._rows(batch, key)
         out = update.step(self.student_loss, self.tx, state.params[STUDENT], state.opt_state[STUDENT], state, ids, keys,
                           jax.random.fold_in(key, LOSS_KEY), when=state.step >= self.config.critic_warmup)
