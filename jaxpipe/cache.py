@@ -25,8 +25,14 @@ __all__ = ["CacheKey", "CacheStats", "FeatureCache", "content_hash"]
 
 @dataclasses.dataclass(frozen=True)
 class CacheKey:
-    """Where a cached value came from: ``model`` id, ``component`` name, its weight ``version``,
-    and ``digest``, the content hash of the node and its inputs (``content_hash``)."""
+    """Where a cached value came from.
+
+    Attributes:
+      model: the card's model id.
+      component: the component that computed the value.
+      version: that component's weight version.
+      digest: the content hash of the node and its inputs (``content_hash``).
+    """
 
     model: str
     component: str
@@ -36,8 +42,15 @@ class CacheKey:
 
 @dataclasses.dataclass(frozen=True)
 class CacheStats:
-    """Counters since the cache was made: lookups that hit / missed, entries dropped by
-    invalidation or by the size limit, and the current number of entries."""
+    """Counters since the cache was made.
+
+    Attributes:
+      hits: lookups that found a value.
+      misses: lookups that did not.
+      invalidated: entries dropped by ``invalidate``.
+      evicted: entries dropped by the size limit.
+      entries: the current number of entries.
+    """
 
     hits: int
     misses: int
@@ -47,8 +60,16 @@ class CacheStats:
 
 
 def content_hash(name: str, arrays: Mapping[str, Any]) -> str:
-    """SHA-256 over ``name`` and, per slot (a pytree of arrays; PRNG keys by their key data), each
-    leaf's path, dtype, shape and bytes (host copy)."""
+    """SHA-256 over ``name`` and, per slot, each leaf's path, dtype, shape and bytes (host copy).
+
+    Args:
+      name: what computes from the arrays (a node's name).
+      arrays: slot name -> a pytree of arrays (PRNG keys are hashed by their key data); slots are
+        hashed in sorted order.
+
+    Returns:
+      The hex digest.
+    """
     h = hashlib.sha256(name.encode())
     for key in sorted(arrays):
         for path, leaf in jax.tree_util.tree_flatten_with_path(arrays[key])[0]:
@@ -85,6 +106,8 @@ class FeatureCache:
         return value
 
     def put(self, key: CacheKey, value: Any) -> None:
+        """Caches ``value`` under ``key`` as the most recently used entry, evicting the least recent past
+        ``max_entries``."""
         self._entries[key] = value
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
@@ -101,12 +124,15 @@ class FeatureCache:
         return len(doomed)
 
     def keys(self) -> list[CacheKey]:
+        """The cached keys, least recently used first."""
         return list(self._entries)
 
     def stats(self) -> CacheStats:
+        """The counters so far and the current number of entries."""
         return CacheStats(self._hits, self._misses, self._invalidated, self._evicted, len(self._entries))
 
     def clear(self) -> None:
+        """Drops every entry (the counters are kept)."""
         self._entries.clear()
 
     def __len__(self) -> int:

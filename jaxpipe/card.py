@@ -172,15 +172,19 @@ class Card:
 
     @property
     def model_id(self) -> str:
+        """The card's id (``spec.model_id``)."""
         return self.spec.model_id
 
     def tree_flatten_with_keys(self):
+        """Pytree flattening: the components (sorted by name, keyed by ``DictKey``) are the children; the
+        names and the spec are static."""
         names = tuple(sorted(self.components))
         children = [(jax.tree_util.DictKey(n), self.components[n]) for n in names]
         return children, (names, self.spec)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
+        """Pytree unflattening: a card of ``children`` (components) under the static ``(names, spec)``."""
         names, spec = aux
         card = object.__new__(cls)
         card.components = dict(zip(names, children))

@@ -24,10 +24,16 @@ def cache_dir() -> Path:
 
 
 def enable_cache(directory: str | os.PathLike | None = None) -> Path:
-    """Turn on JAX's persistent compilation cache in ``directory`` (default ``cache_dir()``); returns it.
+    """Turn on JAX's persistent compilation cache in ``directory``.
 
     Every compilation is cached (no minimum compile time: on a CPU most of jaxpipe's take well under
     a second each, and there are hundreds). Call it before the first ``jit`` call.
+
+    Args:
+      directory: the cache folder, created if missing (default ``cache_dir()``).
+
+    Returns:
+      The cache folder.
     """
     path = Path(directory) if directory is not None else cache_dir()
     path.mkdir(parents=True, exist_ok=True)

@@ -89,8 +89,17 @@ Table = tuple[tuple[str, tuple[str | None, ...]], ...]
 
 @dataclasses.dataclass(frozen=True)
 class Rules:
-    """Logical axis name -> mesh axis (``None``: replicated). ``embed``: model width; ``heads``:
-    attention features (heads·head_dim); ``mlp``: FFN hidden; ``vocab``: token embedding rows."""
+    """Logical axis name -> mesh axis (``None``: replicated).
+
+    Attributes:
+      embed: the mesh axis of the model width.
+      heads: the mesh axis of the attention features (heads·head_dim).
+      mlp: the mesh axis of the FFN hidden features.
+      vocab: the mesh axis of the token embedding rows.
+
+    Raises:
+      ValueError: if a field is neither a mesh axis of ``AXES`` nor None.
+    """
 
     embed: str | None = None
     heads: str | None = None
@@ -119,8 +128,21 @@ FSDP_TP = Rules(embed="data", heads="model", mlp="model", vocab="model")
 
 
 def make_mesh(data: int | None = None, expert: int = 1, model: int = 1, *, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A ``(data, expert, model)`` mesh over ``devices`` (default: every device); ``data`` defaults to
-    whatever the other axes leave. Raises ``ValueError`` when the sizes do not multiply to the device count."""
+    """A ``(data, expert, model)`` mesh over ``devices``.
+
+    Args:
+      data: the ``data`` axis size; ``None``: whatever ``expert`` and ``model`` leave of the devices.
+      expert: the ``expert`` axis size, a positive int.
+      model: the ``model`` axis size, a positive int.
+      devices: the devices, in mesh order (default: ``jax.devices()``, every process's).
+
+    Returns:
+      A ``Mesh`` of shape ``(data, expert, model)`` with axis names ``AXES``.
+
+    Raises:
+      ValueError: if ``expert`` or ``model`` is not a positive int, or the sizes do not multiply to the
+        device count.
+    """
     devices = list(jax.devices() if devices is None else devices)
     for name, size in (("expert", expert), ("model", model)):
         if not isinstance(size, int) or size < 1:
@@ -135,17 +157,38 @@ def make_mesh(data: int | None = None, expert: int = 1, model: int = 1, *, devic
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
-    """Every device holds the whole array."""
+    """The sharding where every device holds the whole array.
+
+    Args:
+      mesh: the device mesh.
+
+    Returns:
+      ``NamedSharding(mesh, PartitionSpec())``.
+    """
     return NamedSharding(mesh, PartitionSpec())
 
 
 def expert_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (expert) axis split along ``expert``, the rest replicated."""
+    """The sharding of stacked experts: the leading (expert) axis split along ``expert``, the rest replicated.
+
+    Args:
+      mesh: the device mesh.
+
+    Returns:
+      ``NamedSharding(mesh, PartitionSpec("expert"))``.
+    """
     return NamedSharding(mesh, PartitionSpec("expert"))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (prompt) axis split along ``data``, the rest replicated."""
+    """The sharding of a batch: the leading (prompt) axis split along ``data``, the rest replicated.
+
+    Args:
+      mesh: the device mesh.
+
+    Returns:
+      ``NamedSharding(mesh, PartitionSpec("data"))``.
+    """
     return NamedSharding(mesh, PartitionSpec("data"))
 
 
@@ -177,11 +220,24 @@ def _param_state(module_or_state: Any) -> Any:
 
 
 def logical_axes(module_or_state: Any, table: Table, *, skip: int = 0) -> Any:
-    """Per param, its logical axis names as a ``PartitionSpec`` (one name or None per dim; a pytree leaf):
-    the first ``table`` regex that fullmatches the "/"-joined param path, else all None. Same structure
-    as the module's ``nnx.Param`` state (or the given state/pytree). ``skip``: leading path keys left
-    out of the matched path (1 for a card-level ``{component: params}`` state). ``ValueError`` when an
-    entry names a different number of axes than the param has dims."""
+    """Per param, its logical axis names as a ``PartitionSpec`` (one name or None per dim).
+
+    A param takes the names of the first ``table`` entry whose regex fullmatches its "/"-joined path,
+    else all None (replicated).
+
+    Args:
+      module_or_state: an ``nnx.Module`` (its ``nnx.Param`` state is used), or a state or pytree of arrays
+        or ``ShapeDtypeStruct``s.
+      table: a network's ``LOGICAL_AXES``: ``((regex, (name or None per dim)), ...)``, first match wins.
+      skip: leading path keys left out of the matched path (1 for a card-level ``{component: params}`` state).
+
+    Returns:
+      A pytree of the param state's structure with a ``PartitionSpec`` of logical names per leaf.
+
+    Raises:
+      ValueError: if an entry names an unknown logical axis, or a different number of axes than the
+        param it matches has dims.
+    """
     patterns = _compiled(tuple((p, tuple(n)) for p, n in table))
 
     def axes(path, leaf):
@@ -199,9 +255,23 @@ def logical_axes(module_or_state: Any, table: Table, *, skip: int = 0) -> Any:
 
 
 def mesh_spec(axes: PartitionSpec, shape: Sequence[int], mesh: Mesh, rules: Rules) -> PartitionSpec:
-    """Mesh ``PartitionSpec`` for logical ``axes`` of an array of ``shape``: each name's mesh axis when
-    that axis divides the dim and is not already used by an earlier dim, else None (replicated);
-    trailing Nones dropped."""
+    """The mesh ``PartitionSpec`` of an array of ``shape`` whose dims carry the logical names ``axes``.
+
+    Each dim takes its name's mesh axis when that axis divides the dim and no earlier dim uses it, else
+    None (replicated); trailing Nones are dropped.
+
+    Args:
+      axes: one logical name (or None) per dim, e.g. from ``logical_axes``.
+      shape: the array's shape.
+      mesh: the device mesh (its axis sizes decide divisibility).
+      rules: the logical name -> mesh axis map.
+
+    Returns:
+      A ``PartitionSpec`` over mesh axis names.
+
+    Raises:
+      ValueError: if ``axes`` holds a name outside ``LOGICAL_NAMES``.
+    """
     used, spec = set(), []
     for logical, size in zip(axes, shape):
         axis = rules.mesh_axis(logical)
@@ -216,18 +286,42 @@ def mesh_spec(axes: PartitionSpec, shape: Sequence[int], mesh: Mesh, rules: Rule
 
 
 def param_shardings(mesh: Mesh, state: Any, table: Table, rules: Rules, *, skip: int = 0) -> Any:
-    """``NamedSharding`` per param of ``state`` (an ``nnx.Param`` state, a module, or any pytree of arrays
-    or ``ShapeDtypeStruct``s), same structure: ``table``'s logical axes (``logical_axes``, ``skip``)
-    through ``rules`` (``mesh_spec``)."""
+    """A ``NamedSharding`` per param: ``table``'s logical axes (``logical_axes``) through ``rules`` (``mesh_spec``).
+
+    Args:
+      mesh: the device mesh.
+      state: an ``nnx.Param`` state, a module (its params), or any pytree of arrays or ``ShapeDtypeStruct``s.
+      table: the network's ``LOGICAL_AXES``.
+      rules: the logical name -> mesh axis map (``FSDP``, ``TP``, ...).
+      skip: leading path keys left out of the matched path (see ``logical_axes``).
+
+    Returns:
+      A pytree of ``state``'s (param) structure with one ``NamedSharding`` per leaf.
+
+    Raises:
+      ValueError: as ``logical_axes``.
+    """
     state = _param_state(state)
     axes = logical_axes(state, table, skip=skip)
     return jax.tree.map(lambda leaf, ax: NamedSharding(mesh, mesh_spec(ax, leaf.shape, mesh, rules)), state, axes)
 
 
 def opt_state_shardings(mesh: Mesh, opt_state: Any, params: Any, shardings: Any) -> Any:
-    """Shardings for an optax state of ``params``: every subtree shaped like ``params`` (same tree structure
-    and leaf shapes: Adam's ``mu`` and ``nu``, momentum traces) takes ``shardings`` (the params'); every
-    other leaf (step counts, scalars) is replicated. Works on arrays and ``ShapeDtypeStruct``s alike."""
+    """Shardings for an optax state of ``params``, mirroring the params' shardings.
+
+    Every subtree shaped like ``params`` (same tree structure and leaf shapes: Adam's ``mu`` and ``nu``,
+    momentum traces) takes ``shardings``; every other leaf (step counts, scalars) is replicated. Works on
+    arrays and ``ShapeDtypeStruct``s alike.
+
+    Args:
+      mesh: the device mesh.
+      opt_state: the optax state (or its ``jax.eval_shape``).
+      params: the params the state was initialised from.
+      shardings: the params' shardings, a tree matching ``params``.
+
+    Returns:
+      A pytree of ``opt_state``'s structure with subtrees of ``shardings`` and replicated leaves.
+    """
     structure = jax.tree.structure(params)
     shapes = [tuple(leaf.shape) for leaf in jax.tree.leaves(params)]
 
@@ -255,6 +349,21 @@ def state_sharding(
     of its structure (replicated when none has it); ``frozen`` replicated, or by ``frozen_tables``
     (component name -> its network's ``LOGICAL_AXES``: a real card's 4.8 B T5-XXL text encoder); the
     step replicated. The default (no table) replicates the params.
+
+    Args:
+      mesh: the device mesh.
+      state: a ``TrainState`` (arrays or ``ShapeDtypeStruct``s).
+      table: the trained network's ``LOGICAL_AXES`` (default: none, params replicated).
+      rules: the logical name -> mesh axis map.
+      stacked: names of the parts whose params stack experts on the leading axis.
+      skip: leading path keys left out of the matched param path.
+      frozen_tables: component name -> ``LOGICAL_AXES`` for frozen components to shard.
+
+    Returns:
+      A ``TrainState`` of ``NamedSharding``s, structured like ``state``.
+
+    Raises:
+      TypeError: if ``state`` is not a ``TrainState``.
     """
     if not all(hasattr(state, name) for name in ("params", "opt_state", "frozen", "copies", "step")):
         raise TypeError(f"state_sharding expects a jaxpipe.training TrainState (got {type(state).__name__})")
@@ -279,9 +388,20 @@ def state_sharding(
 
 
 def joint_state_sharding(mesh: Mesh, state, table: Table = (), rules: Rules = REPLICATE) -> Any:
-    """Shardings for ``JointMultiExpertRL``'s state: the stacked refiners (params, references, optimiser
-    states) along ``expert``; the generator (and its reference and Adam state) by ``table``/``rules``
-    (default: replicated); everything else replicated."""
+    """Shardings for ``JointMultiExpertRL``'s state.
+
+    The stacked refiners (params, references, optimiser states) along ``expert``; the generator (and its
+    reference and Adam state) by ``table``/``rules`` (default: replicated); everything else replicated.
+
+    Args:
+      mesh: the device mesh.
+      state: the trainer's ``TrainState``, with a ``"refiner"`` part of stacked experts.
+      table: the generator network's ``LOGICAL_AXES``.
+      rules: the logical name -> mesh axis map.
+
+    Returns:
+      A ``TrainState`` of ``NamedSharding``s (``state_sharding`` with ``stacked=("refiner",)``).
+    """
     return state_sharding(mesh, state, table, rules, stacked=("refiner",))
 
 
@@ -298,30 +418,72 @@ def _put(x: Any, sharding: NamedSharding) -> jax.Array:
 
 
 def place(tree: Any, shardings: Any) -> Any:
-    """``tree`` with every leaf moved to its sharding (``shardings`` a matching tree or one sharding).
-    Across processes every process passes the same full ``tree`` and keeps only its own shards."""
+    """``tree`` with every leaf moved to its sharding.
+
+    Across processes every process passes the same full ``tree`` and keeps only its own shards (PRNG key
+    arrays included).
+
+    Args:
+      tree: a pytree of arrays.
+      shardings: a tree of shardings matching ``tree``, or one ``NamedSharding`` for every leaf.
+
+    Returns:
+      ``tree`` of ``jax.Array``s placed by ``shardings``.
+    """
     if isinstance(shardings, NamedSharding):
         shardings = _tree_of(shardings, tree)
     return jax.tree.map(_put, tree, shardings)
 
 
 def feed(mesh: Mesh, local_batch: Any) -> Any:
-    """A global batch split along ``data`` from this process's rows (every leaf's leading axis): the
-    multi-process form of ``place(batch, batch_sharding(mesh))`` (``jax.make_array_from_process_local_data``)."""
+    """A global batch split along ``data``, built from this process's rows.
+
+    The multi-process form of ``place(batch, batch_sharding(mesh))``
+    (``jax.make_array_from_process_local_data``).
+
+    Args:
+      mesh: the device mesh.
+      local_batch: a pytree of this process's rows (every leaf's leading axis is the batch axis).
+
+    Returns:
+      The global batch: a pytree of ``jax.Array``s whose leading axes concatenate every process's rows.
+    """
     sharding = batch_sharding(mesh)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local_batch)
 
 
 def shard_module(module: nnx.Module, mesh: Mesh, table: Table, rules: Rules) -> nnx.Module:
-    """``module`` with its ``nnx.Param``s moved to their shardings (``param_shardings``), in place; returned."""
+    """Moves ``module``'s ``nnx.Param``s to their shardings (``param_shardings``), in place.
+
+    Args:
+      module: the network.
+      mesh: the device mesh.
+      table: the network's ``LOGICAL_AXES``.
+      rules: the logical name -> mesh axis map.
+
+    Returns:
+      ``module`` itself, its params now sharded.
+    """
     params = nnx.state(module, nnx.Param)
     nnx.update(module, place(params, param_shardings(mesh, params, table, rules)))
     return module
 
 
 def abstract_sharded(factory: Callable[[], nnx.Module], mesh: Mesh, table: Table, rules: Rules) -> nnx.Module:
-    """``nnx.eval_shape(factory)`` whose params are ``ShapeDtypeStruct``s carrying their shardings:
-    nothing allocated; ready for ``memory_per_device``, checkpoint restore or ``hf.load_module``-style fills."""
+    """``nnx.eval_shape(factory)`` whose params are ``ShapeDtypeStruct``s carrying their shardings.
+
+    Nothing is allocated; the result is ready for ``memory_per_device``, checkpoint restore or
+    ``hf.load_module``-style fills.
+
+    Args:
+      factory: builds the module (called under ``nnx.eval_shape`` only).
+      mesh: the device mesh.
+      table: the network's ``LOGICAL_AXES``.
+      rules: the logical name -> mesh axis map.
+
+    Returns:
+      An abstract module whose ``nnx.Param`` values are sharded ``ShapeDtypeStruct``s.
+    """
     abstract = nnx.eval_shape(factory)
     params = nnx.state(abstract, nnx.Param)
     shardings = param_shardings(mesh, params, table, rules)
@@ -330,8 +492,19 @@ def abstract_sharded(factory: Callable[[], nnx.Module], mesh: Mesh, table: Table
 
 
 def init_sharded(factory: Callable[[], nnx.Module], mesh: Mesh, table: Table, rules: Rules) -> nnx.Module:
-    """``factory()`` initialised straight into its shards (one ``jit`` with output shardings): no device
-    ever holds a whole sharded param. Non-param state is replicated."""
+    """``factory()`` initialised straight into its shards (one ``jit`` with output shardings).
+
+    No device ever holds a whole sharded param. Non-param state is replicated.
+
+    Args:
+      factory: builds the module; called under ``nnx.eval_shape`` and once under ``jax.jit``.
+      mesh: the device mesh.
+      table: the network's ``LOGICAL_AXES``.
+      rules: the logical name -> mesh axis map.
+
+    Returns:
+      The initialised module, params sharded by ``param_shardings``.
+    """
     graphdef, params, rest = nnx.split(abstract_sharded(factory, mesh, table, rules), nnx.Param, ...)
     shardings = jax.tree.map(lambda s: s.sharding, params)
     build = lambda: nnx.split(factory(), nnx.Param, ...)[1:]
@@ -340,10 +513,21 @@ def init_sharded(factory: Callable[[], nnx.Module], mesh: Mesh, table: Table, ru
 
 
 def memory_per_device(state_shapes: Any, shardings: Any = None) -> int:
-    """Bytes one device holds of ``state_shapes`` (a pytree or module of arrays / ``ShapeDtypeStruct``s):
-    the sum of each leaf's shard size under ``shardings`` (a matching tree; default each leaf's own
-    ``.sharding``; a leaf without one counts whole). Shardings from ``param_shardings`` split evenly,
-    so every device of the mesh holds the same."""
+    """Bytes one device holds of ``state_shapes``: the sum of each leaf's shard size.
+
+    Shardings from ``param_shardings`` split evenly, so every device of the mesh holds the same.
+
+    Args:
+      state_shapes: a pytree or module of arrays or ``ShapeDtypeStruct``s.
+      shardings: a tree of shardings matching ``state_shapes``; default each leaf's own ``.sharding``
+        (a leaf without one counts whole).
+
+    Returns:
+      The byte count, an int.
+
+    Raises:
+      ValueError: if ``shardings`` has a different number of leaves than ``state_shapes``.
+    """
     if isinstance(state_shapes, nnx.Module):
         state_shapes = nnx.state(state_shapes)
     leaves = jax.tree.leaves(state_shapes)
@@ -361,11 +545,22 @@ def memory_per_device(state_shapes: Any, shardings: Any = None) -> int:
 
 
 def sharded_step(step: Callable, mesh: Mesh, state, batch, *, shardings: Any = None) -> Callable:
-    """``step(state, batch, key) -> (state, metrics)`` jitted over ``mesh``: the state keeps its
-    ``shardings`` in and out (default ``state_sharding(mesh, state)``, everything replicated; for rules, pass
-    ``state_sharding(mesh, state, table, rules)``), the batch is split along ``data``, the key and
-    the metrics are replicated. ``step`` is the trainer's unjitted fused step (e.g.
-    ``JointMultiExpertRL.step_fn``, ``FlowGRPO.step_fn``)."""
+    """``step(state, batch, key) -> (state, metrics)`` jitted over ``mesh``.
+
+    The state keeps its shardings in and out, the batch is split along ``data``, the key and the metrics
+    are replicated.
+
+    Args:
+      step: the trainer's unjitted fused step (e.g. ``JointMultiExpertRL.step_fn``, ``FlowGRPO.step_fn``).
+      mesh: the device mesh.
+      state: an example state (its structure decides the default shardings).
+      batch: an example batch (its structure decides the batch shardings).
+      shardings: the state's shardings (default ``state_sharding(mesh, state)``, everything replicated;
+        for rules, pass ``state_sharding(mesh, state, table, rules)``).
+
+    Returns:
+      The jitted step, called as ``step(state, batch, key)``.
+    """
     state_shardings = state_sharding(mesh, state) if shardings is None else shardings
     data = _tree_of(batch_sharding(mesh), batch)
     return jax.jit(step, in_shardings=(state_shardings, data, replicated(mesh)), out_shardings=(state_shardings, replicated(mesh)))

@@ -77,19 +77,25 @@ def generate(
 ) -> dict[str, Any]:
     """Render ``prompts`` with ``model``: artifacts ``{name: (B, ...)}`` (e.g. ``"image"`` ``(B, H, W, C)``).
 
-    Arguments:
+    Args:
       model: a ``Card``, a card id or checkpoint directory (``jp.cards.load``), or a workflow id
         (run by ``engine``).
       prompts: one prompt or several (``B``).
       seed: one int (prompt ``b`` uses ``seed + b``) or one seed per prompt.
-      num_steps / guidance: per-loop overrides (``None``: the card's defaults).
+      num_steps: the denoise steps (``None``: the card's default).
+      guidance: the guidance scale (``None``: the card's default).
       image: a conditioning image ``(H, W, C)`` for every prompt, or ``(B, H, W, C)``.
       inputs: further request inputs (``{"temperature": 0}``, ``{"refine": False}``, ...).
       program: the card program to run (default: its family's).
       engine: the engine that serves a workflow id (default: ``Engine.default()``).
 
-    Raises the request's own errors (unknown words, bad steps, wrong image shape ...) before
-    anything runs.
+    Returns:
+      ``{artifact name: (B, ...)}``; text-like artifacts (``"text"``, decoded ids) are lists of B strings.
+
+    Raises:
+      ValueError: on no prompts, a seed list of the wrong length, a badly shaped ``image``, or the
+        request's own errors (unknown words, bad steps, wrong image shape ...), before anything runs;
+        an ``EngineError`` (a ``ValueError``) if ``model`` names no card, checkpoint or served workflow.
     """
     prompts = _prompts(prompts)
     seeds, images = _seeds(seed, len(prompts)), _images(image, len(prompts))

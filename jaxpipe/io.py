@@ -9,9 +9,24 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from PIL import Image
 
+__all__ = ["to_uint8", "save_png", "save_grid", "save_gif", "plot_curves"]
+
 
 def to_uint8(image, *, upscale: int = 1) -> np.ndarray:
-    """``(H, W, C)`` floats in [0, 1] (C = 1 or 3) -> ``(H·s, W·s)`` or ``(H·s, W·s, 3)`` uint8, nearest-upscaled."""
+    """An image in [0, 1] as uint8 pixels, nearest-upscaled.
+
+    Values are clipped to [0, 1] (NaN as 0) and rounded to ``0..255``.
+
+    Args:
+      image: ``(H, W, C)`` floats in [0, 1], ``C`` 1 or 3.
+      upscale: the integer upscale factor ``s`` (>= 1).
+
+    Returns:
+      ``(H·s, W·s)`` uint8 for one channel, ``(H·s, W·s, 3)`` for three.
+
+    Raises:
+      ValueError: on another shape or ``upscale < 1``.
+    """
     array = np.asarray(image, np.float32)
     if array.ndim != 3 or array.shape[-1] not in (1, 3):
         raise ValueError(f"image must be (H, W, 1) or (H, W, 3); got {array.shape}")
@@ -30,14 +45,39 @@ def _prepare(path: str | os.PathLike) -> str:
 
 
 def save_png(image, path: str | os.PathLike, *, upscale: int = 8) -> str:
-    """Write one image ``(H, W, C)`` in [0, 1] as a PNG (nearest-upscaled so tiny digits are visible)."""
+    """Write one image in [0, 1] as a PNG (nearest-upscaled so tiny digits are visible).
+
+    Args:
+      image: ``(H, W, C)`` in [0, 1], ``C`` 1 or 3.
+      path: the file to write (its folder is created).
+      upscale: the integer upscale factor.
+
+    Returns:
+      The path written, as a string.
+
+    Raises:
+      ValueError: as ``to_uint8``.
+    """
     path = _prepare(path)
     Image.fromarray(to_uint8(image, upscale=upscale)).save(path, format="PNG")
     return path
 
 
 def save_grid(images: Sequence, path: str | os.PathLike, *, upscale: int = 8, pad: int = 1) -> str:
-    """Write images ``(N, H, W, C)`` side by side in one PNG."""
+    """Write images side by side in one PNG, ``pad`` (upscaled) black columns between them.
+
+    Args:
+      images: N images ``(H, W, C)`` in [0, 1] of one shape (or an ``(N, H, W, C)`` array).
+      path: the file to write (its folder is created).
+      upscale: the integer upscale factor.
+      pad: the gap between images, in source pixels.
+
+    Returns:
+      The path written, as a string.
+
+    Raises:
+      ValueError: if ``images`` is empty, or as ``to_uint8``.
+    """
     tiles = [to_uint8(im, upscale=upscale) for im in images]
     if not tiles:
         raise ValueError("images must hold at least one image")
@@ -50,7 +90,20 @@ def save_grid(images: Sequence, path: str | os.PathLike, *, upscale: int = 8, pa
 
 
 def save_gif(video, path: str | os.PathLike, *, upscale: int = 8, fps: int = 8) -> str:
-    """Write a video ``(T, H, W, C)`` in [0, 1] as a looping GIF."""
+    """Write a video in [0, 1] as a looping GIF.
+
+    Args:
+      video: ``(T, H, W, C)`` in [0, 1], ``C`` 1 or 3.
+      path: the file to write (its folder is created).
+      upscale: the integer upscale factor.
+      fps: frames per second.
+
+    Returns:
+      The path written, as a string.
+
+    Raises:
+      ValueError: if ``video`` is not 4-D, or as ``to_uint8``.
+    """
     video = np.asarray(video)
     if video.ndim != 4:
         raise ValueError(f"video must be (T, H, W, C); got {video.shape}")
@@ -73,7 +126,21 @@ def plot_curves(
 
     Each curve is drawn raw (faint) and as a moving mean over ~1/10 of the run (solid). Keys a row
     lacks, and non-finite values, are left out (they show as gaps). Uses matplotlib's Agg canvas
-    directly: no display, no global backend change. Returns the path.
+    directly: no display, no global backend change.
+
+    Args:
+      rows: one mapping of metric values per step.
+      keys: the metrics to plot.
+      path: the PNG to write (its folder is created).
+      title: the plot's title, if any.
+      x: the row key of the x axis (a row without it uses its index).
+      ylabel: the y axis label, if any.
+
+    Returns:
+      The path written, as a string.
+
+    Raises:
+      ValueError: if ``keys`` is empty or no row has any of them.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

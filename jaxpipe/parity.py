@@ -56,11 +56,14 @@ TOLERANCE = 1e-4
 class ParityReport:
     """The result of comparing two runs of the same requests.
 
-    ``level``: the ladder level checked; ``modes``: the two run modes compared; ``max_abs_diff``:
-    the largest absolute difference over every array artifact of every request;
-    ``per_request``: that maximum per request; ``mismatches``: ``(request index, artifact)`` pairs
-    that differ by more than ``tolerance`` (0 means bit for bit), or whose shapes, dtypes or text
-    differ; ``passed``: no mismatches.
+    Attributes:
+      level: the ladder level checked.
+      modes: the two run modes compared.
+      tolerance: the largest allowed max-abs difference (0 means bit for bit).
+      max_abs_diff: the largest absolute difference over every array artifact of every request.
+      per_request: that maximum per request.
+      mismatches: ``(request index, artifact)`` pairs that differ by more than ``tolerance``, or whose
+        shapes, dtypes or text differ.
     """
 
     level: str
@@ -72,6 +75,7 @@ class ParityReport:
 
     @property
     def passed(self) -> bool:
+        """Whether there are no mismatches."""
         return not self.mismatches
 
     def __str__(self) -> str:
@@ -83,7 +87,24 @@ class ParityReport:
 def compare(
     a: Sequence[Output], b: Sequence[Output], *, tolerance: float = 0.0, level: str = "C1", modes=("a", "b")
 ) -> ParityReport:
-    """Compare two lists of outputs artifact by artifact (array artifacts by max abs difference)."""
+    """Compare two lists of outputs artifact by artifact (array artifacts by max abs difference).
+
+    Text artifacts must be equal; array artifacts (or pytrees of arrays) must have the same structure,
+    shapes and dtypes and differ by at most ``tolerance``; a non-finite difference counts as infinite.
+
+    Args:
+      a: the first run's outputs, one per request.
+      b: the second run's, in the same request order.
+      tolerance: the largest allowed max-abs difference (0: bit for bit).
+      level: the ladder level the report names.
+      modes: the two runs' names, for the report.
+
+    Returns:
+      A ``ParityReport``.
+
+    Raises:
+      ValueError: if ``a`` and ``b`` have different lengths.
+    """
     if len(a) != len(b):
         raise ValueError(f"cannot compare {len(a)} outputs with {len(b)}")
     worst, mismatches = [], []
@@ -119,28 +140,62 @@ def _max_abs(p, q) -> float:
 
 
 def interleave_gate(engine, requests: Sequence[Request]) -> ParityReport:
-    """C1: serial vs interleaved runs of ``requests`` on ``engine`` must agree bit for bit."""
+    """C1: serial vs interleaved runs of ``requests`` on ``engine`` must agree bit for bit.
+
+    Args:
+      engine: a ``jaxpipe.engine.Engine``.
+      requests: the requests, run twice (``run_many`` in each mode).
+
+    Returns:
+      A ``ParityReport`` with tolerance 0.
+    """
     serial = engine.run_many(requests, mode="serial")
     interleaved = engine.run_many(requests, mode="interleaved")
     return compare(serial, interleaved, tolerance=0.0, level="C1", modes=("serial", "interleaved"))
 
 
 def batch_invariance(engine, requests: Sequence[Request], *, tolerance: float = TOLERANCE) -> ParityReport:
-    """C3: serial vs batched runs of ``requests``: the max abs difference, reported, against ``tolerance``."""
+    """C3: serial vs batched runs of ``requests``: the max abs difference, reported, against ``tolerance``.
+
+    Args:
+      engine: a ``jaxpipe.engine.Engine``.
+      requests: the requests, run twice (``run_many`` in each mode).
+      tolerance: the largest allowed max-abs difference (default ``TOLERANCE``).
+
+    Returns:
+      A ``ParityReport``.
+    """
     serial = engine.run_many(requests, mode="serial")
     batched = engine.run_many(requests, mode="batched")
     return compare(serial, batched, tolerance=tolerance, level="C3", modes=("serial", "batched"))
 
 
 def same_seed(engine, requests: Sequence[Request], mode: str = "serial") -> ParityReport:
-    """C1: running ``requests`` twice in ``mode`` gives the same bits."""
+    """C1: running ``requests`` twice in ``mode`` gives the same bits.
+
+    Args:
+      engine: a ``jaxpipe.engine.Engine``.
+      requests: the requests.
+      mode: the engine's run mode (``"serial"``, ``"interleaved"``, ``"batched"``).
+
+    Returns:
+      A ``ParityReport`` with tolerance 0.
+    """
     first = engine.run_many(requests, mode=mode)
     second = engine.run_many(requests, mode=mode)
     return compare(first, second, tolerance=0.0, level="C1", modes=(mode, mode))
 
 
 def structural(outputs: Sequence[Output], expected: dict[str, tuple[int, ...]]) -> list[str]:
-    """C0: problems with ``outputs`` (missing artifacts, shapes other than ``expected``, non-finite values); empty if none."""
+    """C0: problems with ``outputs``: missing artifacts, shapes other than ``expected``, non-finite values.
+
+    Args:
+      outputs: one output per request.
+      expected: artifact name -> its expected shape (artifacts not named are not checked).
+
+    Returns:
+      One message per problem; empty if none.
+    """
     problems = []
     for i, out in enumerate(outputs):
         for name, shape in expected.items():

@@ -44,14 +44,25 @@ from jaxpipe.card import Card
 from jaxpipe.cards import registry
 from jaxpipe.nn.layers import compute_dtype
 
-__all__ = ["DTYPES", "cast_params", "check_dtype", "network_dtypes", "with_dtype"]
+__all__ = ["DTYPES", "cast_params", "check_dtype", "module_dtype", "network_dtypes", "with_dtype"]
 
 DTYPES = ("float32", "bfloat16")
 """The compute dtypes a card's networks accept."""
 
 
 def check_dtype(name: Any, what: str = "dtype") -> str:
-    """``name`` if it is one of ``DTYPES``; a ValueError naming ``what`` otherwise."""
+    """``name`` if it is one of ``DTYPES``.
+
+    Args:
+      name: a dtype name.
+      what: what the error message calls it.
+
+    Returns:
+      ``name``.
+
+    Raises:
+      ValueError: naming ``what``, if ``name`` is not one of ``DTYPES``.
+    """
     if not isinstance(name, str) or name not in DTYPES:
         raise ValueError(f"{what} must be one of {DTYPES} (got {name!r})")
     return name
@@ -77,8 +88,15 @@ def _walk(config, path: str):
 
 
 def network_dtypes(config) -> dict[str, str]:
-    """The compute dtype of every network config nested in a family ``config``: ``{field path: dtype}``
-    (e.g. ``{"dit": "bfloat16", "text": "float32", "vae": "float32"}``)."""
+    """The compute dtype of every network config nested in a family ``config``.
+
+    Args:
+      config: a family config dataclass (nested dataclasses and tuples of them are walked).
+
+    Returns:
+      ``{field path: dtype}``, e.g. ``{"dit": "bfloat16", "text": "float32", "vae": "float32"}``
+      (``"<config>"`` for ``config`` itself when it has a ``dtype``).
+    """
     return {path or "<config>": cfg.dtype for path, cfg in _walk(config, "")}
 
 
@@ -102,14 +120,34 @@ def _replace_dtype(config, dtype: str, selected: frozenset[str] | None, path: st
 
 def module_dtype(module: Any) -> str:
     """A network's compute dtype name, from its config (the digits networks keep it as ``cfg``, the
-    real, reference-named ones as ``config``); ``"float32"`` for a module without one."""
+    real, reference-named ones as ``config``).
+
+    Args:
+      module: a network.
+
+    Returns:
+      Its config's ``dtype``; ``"float32"`` for a module without one.
+    """
     config = getattr(module, "cfg", None) or getattr(module, "config", None)
     return getattr(config, "dtype", "float32")
 
 
 def cast_params(card: Card, dtype: str) -> Card:
-    """``card`` with every floating ``nnx.Param`` stored in ``dtype`` (non-parameter variables, such as
-    an autoencoder's latent statistics, are left alone). The compute dtype is unchanged."""
+    """``card`` with every floating ``nnx.Param`` stored in ``dtype``.
+
+    Non-parameter variables, such as an autoencoder's latent statistics, are left alone. The compute
+    dtype is unchanged.
+
+    Args:
+      card: the card.
+      dtype: one of ``DTYPES``.
+
+    Returns:
+      A new ``Card`` with the same spec.
+
+    Raises:
+      ValueError: if ``dtype`` is not one of ``DTYPES``.
+    """
     target = compute_dtype(check_dtype(dtype, "params"))
     graphdef, params, rest = nnx.split(card.components, nnx.Param, ...)
     cast = lambda a: a.astype(target) if jnp.issubdtype(a.dtype, jnp.floating) else a
@@ -127,6 +165,19 @@ def with_dtype(
     for a bfloat16 transformer next to a float32 text encoder, autoencoder and LM); ``None``: all.
     ``params``: also store every parameter of the card in that dtype (``None``: keep the stored
     dtype, float32 for the bundled cards: the master weights a trainer updates).
+
+    Args:
+      card: the card.
+      dtype: the compute dtype, one of ``DTYPES``.
+      networks: config paths to change, or ``None`` (all).
+      params: the stored parameter dtype, or ``None`` (keep).
+
+    Returns:
+      A new ``Card`` (``card`` itself when nothing changes).
+
+    Raises:
+      ValueError: on an unknown dtype, a config without network dtypes, ``networks`` naming unknown or no
+        configs, or components that do not match what the family builds from the config.
     """
     check_dtype(dtype)
     if params is not None:

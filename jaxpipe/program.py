@@ -56,8 +56,10 @@ __all__ = [
     "artifacts",
     "concat_rows",
     "config_of",
+    "driver",
     "enter",
     "execute",
+    "final_latents",
     "settings",
     "split_rows",
 ]
@@ -72,11 +74,30 @@ class ProgramError(ValueError):
 
 
 def settings(**configs: Hashable) -> Settings:
-    """``Settings`` from ``loop_id=config`` keywords (sorted, hashable)."""
+    """``Settings`` from ``loop_id=config`` keywords (sorted, hashable).
+
+    Args:
+      **configs: loop id -> that loop's (hashable) config.
+
+    Returns:
+      ``((loop id, config), ...)`` sorted by loop id.
+    """
     return tuple(sorted(configs.items()))
 
 
 def config_of(settings_: Settings, loop_id: str) -> Hashable:
+    """The config ``settings_`` holds for loop ``loop_id``.
+
+    Args:
+      settings_: static per-loop settings (``settings(...)``).
+      loop_id: the loop.
+
+    Returns:
+      That loop's config.
+
+    Raises:
+      ProgramError: if ``settings_`` has no entry for ``loop_id``.
+    """
     for key, value in settings_:
         if key == loop_id:
             return value
@@ -99,12 +120,24 @@ def _names(value, what: str) -> tuple[str, ...]:
 class ComponentNode:
     """A pure step ``fn(card, {read: array}) -> {write: array}`` of a program.
 
-    ``component``: the card component the outputs depend on (its weight version keys cached
-    values); ``cached``: the outputs of one request depend only on that component's weights and
-    on the request's own ``reads`` (no batch coupling), so an engine may cache them per request
-    (a text encoder is; a batch-norm would not be); ``loop``: the card loop this node runs whole
-    (fused), if any: ``fn`` is then called ``fn(card, reads, config)`` with the request's settings
-    for that loop (which also key its cached values).
+    Calling the node, ``node(card, slots, settings_)``, runs ``fn`` on its ``reads`` of ``slots`` and
+    returns its writes (``ProgramError`` if ``fn`` returns other slots than ``writes``).
+
+    Attributes:
+      name: the node's name, unique in its program.
+      fn: ``fn(card, reads) -> writes`` (``fn(card, reads, config)`` for a node with a ``loop``).
+      reads: the slots it reads.
+      writes: the slots it writes (at least one).
+      component: the card component the outputs depend on (its weight version keys cached values).
+      cached: the outputs of one request depend only on that component's weights and on the request's
+        own ``reads`` (no batch coupling), so an engine may cache them per request (a text encoder is;
+        a batch-norm would not be); needs ``component``.
+      loop: the card loop this node runs whole (fused), if any: ``fn`` is then called
+        ``fn(card, reads, config)`` with the request's settings for that loop (which also key its
+        cached values).
+
+    Raises:
+      ProgramError: on empty slot names, no writes, or ``cached`` without a ``component``.
     """
 
     name: str
@@ -135,7 +168,14 @@ class ComponentNode:
 
 
 def final_latents(state) -> jax.Array:
-    """The default result of a denoise loop: its final latents ``state.x``."""
+    """The default result of a denoise loop: its final latents ``state.x``.
+
+    Args:
+      state: the loop's final state (a ``DenoiseState``).
+
+    Returns:
+      ``state.x``, ``(B, *latent_shape)``.
+    """
     return state.x
 
 
@@ -143,9 +183,17 @@ def final_latents(state) -> jax.Array:
 class LoopNode:
     """Start the card's loop ``loop`` from ``reads`` and bind ``result(final state)`` to ``writes[0]``.
 
-    ``start(card, loop_spec, {read: array}, config) -> state`` builds the loop state (e.g.
-    ``denoise.init`` with ``loop_spec.latent_shape``); ``config`` is the request's static
-    settings for this loop.
+    Attributes:
+      loop: the card loop's id (also the node's ``name``).
+      start: ``start(card, loop_spec, {read: array}, config) -> state`` builds the loop state (e.g.
+        ``denoise.init`` with ``loop_spec.latent_shape``); ``config`` is the request's static settings
+        for this loop.
+      reads: the slots ``start`` reads.
+      writes: exactly one slot, bound to ``result(final state)``.
+      result: the final state -> the written value (default ``final_latents``).
+
+    Raises:
+      ProgramError: on empty slot names or other than one write.
     """
 
     loop: str
@@ -162,6 +210,7 @@ class LoopNode:
 
     @property
     def name(self) -> str:
+        """The node's name in its program: the loop's id."""
         return self.loop
 
 
@@ -175,8 +224,13 @@ Node = ComponentNode | LoopNode
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-    """A request bound to a program: input ``slots`` (leading batch axis 1, host or device
-    arrays), static ``settings`` and host-side ``artifacts`` (e.g. ``{"text": prompt}``)."""
+    """A request bound to a program (what ``Program.bind`` returns).
+
+    Attributes:
+      slots: the input slots, leading batch axis 1 (host or device arrays).
+      settings: the static per-loop settings.
+      artifacts: host-side artifacts (e.g. ``{"text": prompt}``).
+    """
 
     slots: Mapping[str, Any]
     settings: Settings
@@ -187,7 +241,7 @@ class Bound:
 class Program:
     """Ordered nodes over one card, validated at construction.
 
-    Arguments:
+    Attributes:
       name: the program's name (error messages).
       inputs: the slots ``bind`` provides.
       nodes: ``ComponentNode``s and ``LoopNode``s, in execution order.
@@ -199,6 +253,11 @@ class Program:
 
     Programs hash by identity (they are static arguments of jitted functions): build each once,
     e.g. behind ``functools.cache``.
+
+    Raises:
+      ProgramError: if a node reads a slot no earlier node or input provides, two nodes share a name or
+        write one slot, an output reads an unwritten slot, there are no outputs, or ``texts`` decodes an
+        artifact the program does not output.
     """
 
     name: str
@@ -247,7 +306,15 @@ class Program:
             raise ProgramError(f"program {self.name!r}: texts decode artifacts {unknown} it does not output")
 
     def texts_of(self, card: Card, artifacts: Mapping[str, Any]) -> dict[str, Any]:
-        """The text artifacts of ``artifacts``: a ``str`` for one request's ``(L,)`` ids, a list for a batch."""
+        """The text artifacts of ``artifacts``, decoded with the card's tokenizer.
+
+        Args:
+          card: the card the program ran on.
+          artifacts: the program's artifacts (the ``texts`` sources: ids ``(L,)`` or ``(B, L)``).
+
+        Returns:
+          ``{text artifact: str}`` for one request's ``(L,)`` ids, ``{text artifact: [str, ...]}`` for a batch.
+        """
         out = {}
         for name, source in self.texts:
             ids = np.asarray(artifacts[source])
@@ -257,10 +324,18 @@ class Program:
 
     @property
     def loops(self) -> tuple[LoopNode, ...]:
+        """The program's ``LoopNode``s, in order."""
         return tuple(n for n in self.nodes if isinstance(n, LoopNode))
 
     def segment(self, index: int) -> tuple[ComponentNode, ...]:
-        """The component nodes after loop ``index - 1`` and before loop ``index``."""
+        """The component nodes after loop ``index - 1`` and before loop ``index``.
+
+        Args:
+          index: a loop index in ``[0, len(loops)]`` (``len(loops)``: the trailing nodes).
+
+        Returns:
+          Those nodes, in order.
+        """
         bounds = [i for i, n in enumerate(self.nodes) if isinstance(n, LoopNode)]
         lo = bounds[index - 1] + 1 if index > 0 else 0
         hi = bounds[index] if index < len(bounds) else len(self.nodes)
@@ -279,8 +354,14 @@ class Program:
         return tuple(nodes)
 
     def check(self, card: Card) -> None:
-        """Raise ``ProgramError`` unless every loop and component the program names exists on ``card``
-        (and every loop it steps has a driver)."""
+        """Checks that every loop and component the program names exists on ``card``.
+
+        Args:
+          card: the card to run on.
+
+        Raises:
+          ProgramError: if a loop or component is missing, or a loop it steps has no driver.
+        """
         for node in self.nodes:
             if node.loop is not None:
                 try:
@@ -296,9 +377,17 @@ class Program:
                 )
 
     def run(self, card: Card, bound: Bound | Sequence[Bound]) -> dict[str, jax.Array]:
-        """The fused path: every node in one jitted function; batched artifacts ``{name: (B, ...)}``.
+        """The fused path: every node in one jitted function.
 
-        ``bound`` is one ``Bound`` or several with equal settings (their slots are concatenated).
+        Args:
+          card: the card.
+          bound: one ``Bound`` or several with equal settings (their slots are concatenated).
+
+        Returns:
+          Batched artifacts ``{name: (B, ...)}``.
+
+        Raises:
+          ValueError: if ``bound`` is empty or the requests' settings differ.
         """
         bounds = [bound] if isinstance(bound, Bound) else list(bound)
         if not bounds:
@@ -318,7 +407,17 @@ class Program:
 
 
 def driver(kind: str) -> loop_kinds.LoopDriver:
-    """The driver of loop kind ``kind`` (``ProgramError`` naming the drivable kinds otherwise)."""
+    """The driver of loop kind ``kind``.
+
+    Args:
+      kind: a loop kind (``"denoise"``, ``"ar_decode"``, ...).
+
+    Returns:
+      Its ``LoopDriver``.
+
+    Raises:
+      ProgramError: if the kind has no driver (naming the drivable kinds).
+    """
     try:
         return loop_kinds.driver(kind)
     except ValueError as err:
@@ -326,7 +425,14 @@ def driver(kind: str) -> loop_kinds.LoopDriver:
 
 
 def concat_rows(rows: Sequence[Mapping[str, Any]]) -> Slots:
-    """Slots of several requests (pytrees of arrays) concatenated along the batch axis (same keys required)."""
+    """Slots of several requests concatenated along the batch axis.
+
+    Args:
+      rows: each request's slots (pytrees of arrays, leading batch axis), all with the same keys.
+
+    Returns:
+      ``{slot: (sum of B, ...)}`` as device arrays.
+    """
     rows = list(rows)
     if len(rows) == 1:
         return {k: jax.tree.map(jnp.asarray, v) for k, v in rows[0].items()}
@@ -355,6 +461,19 @@ def enter(
     together (the driver's ``with_schedule``). For ``index == len(program.loops)`` it runs the
     trailing nodes and returns ``(slots, None)``. Pure; jit it with ``program``, ``index`` and
     ``settings_`` static.
+
+    Args:
+      program: the program.
+      index: the loop to enter, in ``[0, len(program.loops)]``.
+      settings_: static per-loop settings.
+      card: the card.
+      slots: the batch's slots so far.
+      state: the final state of loop ``index - 1`` (unused for ``index == 0``).
+      schedule: per-row schedules replacing the settings' one, or ``None``.
+
+    Returns:
+      ``(slots, state)``: the slots with this segment's writes, and loop ``index``'s first state (``None``
+      past the last loop).
     """
     loops = program.loops
     slots = dict(slots)
@@ -373,20 +492,41 @@ def enter(
 
 
 def artifacts(program: Program, slots: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """The program's output artifacts ``{name: (B, ...)}`` from its final slots."""
+    """The program's output artifacts from its final slots.
+
+    Args:
+      program: the program.
+      slots: its final slots.
+
+    Returns:
+      ``{artifact name: (B, ...)}``.
+    """
     return {name: slots[slot] for name, slot in program.outputs}
 
 
 def split_rows(batched: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
-    """``{name: (B, ...)}`` -> the first ``count`` rows as ``[{name: (...)}, ...]`` (inside jit: no extra
-    dispatch). An artifact may be a pytree of arrays (e.g. scores per head)."""
+    """Batched artifacts -> one dict per row, for the first ``count`` rows (inside jit: no extra dispatch).
+
+    Args:
+      batched: ``{name: (B, ...)}``; an artifact may be a pytree of arrays (e.g. scores per head).
+      count: how many rows to take (at most B).
+
+    Returns:
+      ``[{name: (...)}, ...]``, ``count`` dicts.
+    """
     return [{k: jax.tree.map(lambda a: a[i], v) for k, v in batched.items()} for i in range(count)]
 
 
 class Execution(NamedTuple):
-    """A fused run with capture: the ``artifacts`` ``{name: (B, ...)}``, every final ``slots``, and
-    ``captures`` ``{loop id: (final loop state, records)}`` (records stacked on a leading step axis:
-    a denoise loop's captured ``Transition``s, an AR loop's ``TokenRecord``s)."""
+    """A fused run with capture.
+
+    Attributes:
+      artifacts: ``{name: (B, ...)}``.
+      slots: every final slot.
+      captures: ``{loop id: (final loop state, records)}``, records stacked on a leading step axis (a
+        denoise loop's captured ``Transition``s, an AR loop's ``TokenRecord``s; ``None`` for a loop
+        that did not record).
+    """
 
     artifacts: dict[str, Any]
     slots: dict[str, Any]
@@ -403,6 +543,16 @@ def execute(
     Loops run as their fused runner (``lax.scan``). Pure; jit with ``program``, ``settings_`` and
     ``capture`` static. RL rollouts are this call with capture: the same nodes, keys and loops the
     card serves with.
+
+    Args:
+      program: the program.
+      settings_: static per-loop settings.
+      card: the card.
+      slots: the batched input slots.
+      capture: ``False``, ``True`` (every loop records), or the ids of the loops that record.
+
+    Returns:
+      ``{name: (B, ...)}`` artifacts when ``capture`` is ``False``, else an ``Execution``.
     """
     slots, state = enter(program, 0, settings_, card, slots)
     captures = {}

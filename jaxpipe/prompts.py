@@ -74,8 +74,18 @@ def _utf8(texts: Sequence[str]) -> list[bytes]:
 
 
 def text_width(texts: Sequence[str]) -> int:
-    """The text width for ``texts``: the longest prompt's UTF-8 length rounded up to ``WIDTH_MULTIPLE``
-    bytes (at least ``WIDTH_MULTIPLE``)."""
+    """The text width for ``texts``: the longest prompt's UTF-8 length rounded up to ``WIDTH_MULTIPLE``.
+
+    Args:
+      texts: prompt strings (no NUL characters).
+
+    Returns:
+      The width in bytes, a positive multiple of ``WIDTH_MULTIPLE``.
+
+    Raises:
+      TypeError: ``texts`` is one string, or holds a non-string.
+      ValueError: a prompt contains a NUL.
+    """
     longest = max((len(b) for b in _utf8(texts)), default=0)
     return max(1, math.ceil(longest / WIDTH_MULTIPLE)) * WIDTH_MULTIPLE
 
@@ -109,6 +119,12 @@ def encode_text(texts: Sequence[str], width: int) -> np.ndarray:
 
 def decode_text(array: Any) -> list[str]:
     """The strings of ``(P, W)`` uint8 zero-padded UTF-8 rows (``encode_text``'s inverse).
+
+    Args:
+      array: ``(P, W)`` uint8, a host or (concrete) device array.
+
+    Returns:
+      P strings, trailing zero bytes dropped.
 
     Raises:
       TypeError: ``array`` is a tracer (decode on the host).
@@ -207,6 +223,9 @@ def _is_numeric(dtype) -> bool:
 
 def check(prompts: Prompts) -> Prompts:
     """Check the ranks, dtypes and row counts of ``prompts`` (shapes only: works on tracers too).
+
+    Args:
+      prompts: the ``Prompts`` to check.
 
     Returns:
       ``prompts`` unchanged.
@@ -349,10 +368,12 @@ class PromptSet:
 
     @property
     def texts(self) -> tuple[str, ...]:
+        """The N prompt strings, in order."""
         return self._texts
 
     @property
     def metadata(self) -> Mapping[str, np.ndarray]:
+        """Per-prompt numeric metadata, ``{name: (N, ...)}``."""
         return self._metadata
 
     @property
@@ -523,6 +544,12 @@ def read(path: str | os.PathLike) -> PromptSet:
     metadata (a number or a fixed-length list of numbers; the same keys on every line): floats
     become float32, ints int32, booleans bool. Blank lines are skipped.
 
+    Args:
+      path: a ``.txt`` or ``.jsonl`` file.
+
+    Returns:
+      The file's ``PromptSet``.
+
     Raises:
       FileNotFoundError: no such file.
       ValueError: another suffix, no prompts, or a bad line (naming the file and line number).
@@ -539,7 +566,16 @@ def read(path: str | os.PathLike) -> PromptSet:
 def load(source: str | os.PathLike | Sequence[str] | PromptSet) -> PromptSet:
     """A ``PromptSet`` from a file path (``read``), a list of prompt strings, or a ``PromptSet`` (returned as is).
 
+    Args:
+      source: a ``.txt`` / ``.jsonl`` path, a list of prompt strings, or a ``PromptSet``.
+
+    Returns:
+      The ``PromptSet``.
+
     Raises:
+      FileNotFoundError: a path that does not exist (a suffix-less string that names no file is
+        taken for a mistaken single prompt and says so).
+      ValueError: as ``read``.
       TypeError: any other kind of source.
     """
     if isinstance(source, PromptSet):

@@ -120,6 +120,7 @@ class Output(Mapping):
 
     @property
     def cancelled(self) -> bool:
+        """Whether the request was cancelled (then it has no artifacts)."""
         return self.cancelled_at is not None
 
     def __getitem__(self, name: str):

@@ -22,7 +22,14 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def exit_code(signum: int) -> int:
-    """The shell's exit status for a process ended by ``signum``: ``128 + signum``."""
+    """The shell's exit status for a process ended by ``signum``: ``128 + signum``.
+
+    Args:
+      signum: the signal number (e.g. ``signal.SIGINT``, 2).
+
+    Returns:
+      ``128 + signum`` (130 for SIGINT, 143 for SIGTERM).
+    """
     return 128 + int(signum)
 
 
@@ -35,6 +42,7 @@ class Stopped(Exception):
 
     @property
     def exit_code(self) -> int:
+        """The exit status to end the process with: ``128 + signum`` (SIGINT's, 130, without a signal)."""
         return exit_code(self.signum if self.signum is not None else signal.SIGINT)
 
 
@@ -51,11 +59,17 @@ class Stopper:
         self._previous: dict[int, object] = {}
 
     def __call__(self) -> bool:
+        """Whether a stop was requested."""
         return self.signum is not None
 
     is_set = __call__
 
     def check(self) -> None:
+        """Raises ``Stopped`` (with the signal) if a stop was requested; returns otherwise.
+
+        Raises:
+          Stopped: if a stop was requested.
+        """
         if self.signum is not None:
             raise Stopped(self.signum)
 

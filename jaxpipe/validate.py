@@ -21,7 +21,16 @@ def _number(value) -> bool:
 
 
 def counts(config: object, *names: str, minimum: int = 1) -> None:
-    """Each field of ``names`` is an int ``>= minimum`` (a bool is not an int here)."""
+    """Checks that each field of ``names`` is an int ``>= minimum`` (a bool is not an int here).
+
+    Args:
+      config: the config whose fields are checked.
+      *names: the field names.
+      minimum: the smallest allowed value.
+
+    Raises:
+      ValueError: naming the first field that fails and its value.
+    """
     for name in names:
         value = getattr(config, name)
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
@@ -30,7 +39,15 @@ def counts(config: object, *names: str, minimum: int = 1) -> None:
 
 
 def positive(config: object, *names: str) -> None:
-    """Each field of ``names`` is a finite number ``> 0``."""
+    """Checks that each field of ``names`` is a finite number ``> 0``.
+
+    Args:
+      config: the config whose fields are checked.
+      *names: the field names.
+
+    Raises:
+      ValueError: naming the first field that fails and its value.
+    """
     for name in names:
         value = getattr(config, name)
         if not _number(value) or not math.isfinite(value) or value <= 0:
@@ -38,7 +55,15 @@ def positive(config: object, *names: str) -> None:
 
 
 def non_negative(config: object, *names: str) -> None:
-    """Each field of ``names`` is a finite number ``>= 0``."""
+    """Checks that each field of ``names`` is a finite number ``>= 0``.
+
+    Args:
+      config: the config whose fields are checked.
+      *names: the field names.
+
+    Raises:
+      ValueError: naming the first field that fails and its value.
+    """
     for name in names:
         value = getattr(config, name)
         if not _number(value) or not math.isfinite(value) or value < 0:
@@ -46,7 +71,15 @@ def non_negative(config: object, *names: str) -> None:
 
 
 def fractions(config: object, *names: str) -> None:
-    """Each field of ``names`` is a number in ``[0, 1]`` (a probability, a share)."""
+    """Checks that each field of ``names`` is a number in ``[0, 1]`` (a probability, a share).
+
+    Args:
+      config: the config whose fields are checked.
+      *names: the field names.
+
+    Raises:
+      ValueError: naming the first field that fails and its value.
+    """
     for name in names:
         value = getattr(config, name)
         if not _number(value) or not 0.0 <= value <= 1.0:
@@ -54,7 +87,18 @@ def fractions(config: object, *names: str) -> None:
 
 
 def within(config: object, *names: str, low: float, high: float, open_high: bool = False) -> None:
-    """Each field of ``names`` is a number in ``[low, high]`` (``[low, high)`` with ``open_high``)."""
+    """Checks that each field of ``names`` is a number in ``[low, high]`` (``[low, high)`` with ``open_high``).
+
+    Args:
+      config: the config whose fields are checked.
+      *names: the field names.
+      low: the smallest allowed value.
+      high: the largest allowed value (excluded with ``open_high``).
+      open_high: exclude ``high``.
+
+    Raises:
+      ValueError: naming the first field that fails and its value.
+    """
     for name in names:
         value = getattr(config, name)
         if not _number(value) or not (low <= value < high if open_high else low <= value <= high):

@@ -50,8 +50,17 @@ class WorkflowError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-    """One stage: ``label`` (artifacts are published as ``"<label>:<name>"``), the ``model`` (card
-    or workflow id) it runs, and ``build(state) -> Request`` for that model."""
+    """One stage of a workflow.
+
+    Attributes:
+      label: the stage's name (letters, digits, ``_``, ``-``); its artifacts are published as
+        ``"<label>:<name>"``.
+      model: the card or workflow id it runs.
+      build: ``build(state) -> Request`` for that model, from the accumulated (read-only) state.
+
+    Raises:
+      WorkflowError: on a bad label or an empty model id.
+    """
 
     label: str
     model: str
@@ -68,13 +77,16 @@ class Stage:
 class Workflow:
     """Stages over registered cards or workflows (see the module docstring).
 
-    Arguments:
+    Attributes:
       id: dotted, namespaced id, e.g. ``"image_video.t2i_i2v"``.
       stages: the stages, run in order.
       outputs: ``outputs(state) -> {artifact: value}``: the workflow's own artifacts (default: the
         last stage's artifacts under their plain names).
       check: ``check(request)``: raise ``ValueError`` on bad input before anything runs (optional).
       description: one line for ``engine.models()`` listings and errors.
+
+    Raises:
+      WorkflowError: on an id that is not dotted and namespaced, no stages, or duplicate stage labels.
     """
 
     id: str
@@ -102,7 +114,18 @@ class Workflow:
         return tuple(dict.fromkeys(s.model for s in self.stages))
 
     def build(self, stage: Stage, state: Mapping[str, Any]) -> Request:
-        """Stage ``stage``'s request from ``state``; ``WorkflowError`` if it names another model."""
+        """Stage ``stage``'s request from ``state``.
+
+        Args:
+          stage: one of the workflow's stages.
+          state: the accumulated state (passed to ``stage.build`` read-only).
+
+        Returns:
+          The stage's ``Request``.
+
+        Raises:
+          WorkflowError: if ``build`` returns something other than a ``Request``, or one for another model.
+        """
         request = stage.build(MappingProxyType(dict(state)))
         if not isinstance(request, Request):
             raise WorkflowError(
@@ -116,14 +139,29 @@ class Workflow:
         return request
 
     def finish(self, state: Mapping[str, Any], last: Output) -> dict[str, Any]:
-        """The workflow's artifacts: ``outputs(state)`` (or the last stage's), then every stage's namespaced ones."""
+        """The workflow's artifacts: ``outputs(state)`` (or the last stage's), then every stage's namespaced ones.
+
+        Args:
+          state: the final state.
+          last: the last stage's ``Output``.
+
+        Returns:
+          ``{artifact: value}``, the own artifacts plus every ``"<label>:<name>"`` entry of ``state``.
+        """
         own = dict(last) if self.outputs is None else dict(self.outputs(MappingProxyType(dict(state))))
         staged = {k: v for k, v in state.items() if ":" in k}
         return {**own, **staged}
 
 
 def initial_state(request: Request) -> dict[str, Any]:
-    """The state a workflow's first stage sees: the request, its fields and its extra ``inputs``."""
+    """The state a workflow's first stage sees: the request, its fields and its extra ``inputs``.
+
+    Args:
+      request: the workflow's request.
+
+    Returns:
+      ``{"request", "prompt", "seed", "num_steps", "guidance", "image", **request.inputs}``.
+    """
     state = {
         "request": request,
         "prompt": request.prompt,
@@ -137,7 +175,13 @@ def initial_state(request: Request) -> dict[str, Any]:
 
 
 def record_stage(state: dict[str, Any], label: str, output: Output) -> None:
-    """Add a finished stage's artifacts to ``state`` as ``"<label>:<name>"`` and as ``"prev"``."""
+    """Adds a finished stage's artifacts to ``state`` as ``"<label>:<name>"``, and its output as ``"prev"``.
+
+    Args:
+      state: the accumulated state, updated in place.
+      label: the stage's label.
+      output: the stage's ``Output``.
+    """
     for name, value in output.items():
         state[f"{label}:{name}"] = value
     state["prev"] = output
@@ -161,9 +205,11 @@ class WorkflowRegistry:
         return self._workflows[model_id]
 
     def ids(self) -> list[str]:
+        """The registered workflow ids, sorted."""
         return sorted(self._workflows)
 
     def remove(self, model_id: str) -> None:
+        """Unregisters workflow ``model_id`` (``KeyError`` if it is not registered)."""
         del self._workflows[model_id]
 
     def dependents(self, model_id: str) -> list[str]:
@@ -171,7 +217,18 @@ class WorkflowRegistry:
         return sorted(w.id for w in self._workflows.values() if model_id in w.requires)
 
     def validate(self, workflow: Workflow, cards: Iterable[str], *, replace: bool = False) -> None:
-        """Raise ``WorkflowError`` unless ``workflow`` could be registered (nothing is changed)."""
+        """Checks that ``workflow`` could be registered; nothing is changed.
+
+        Args:
+          workflow: the workflow.
+          cards: the ids of the cards being served.
+          replace: allow replacing a registered workflow of the same id.
+
+        Raises:
+          TypeError: if ``workflow`` is not a ``Workflow``.
+          WorkflowError: if its id collides with a card or (without ``replace``) a workflow, it forms a
+            cycle, or a stage runs a model that is not served.
+        """
         if not isinstance(workflow, Workflow):
             raise TypeError(f"register_workflow takes a Workflow (got {type(workflow).__name__})")
         cards = set(cards)
@@ -193,6 +250,7 @@ class WorkflowRegistry:
                 )
 
     def add(self, workflow: Workflow, cards: Iterable[str], *, replace: bool = False) -> None:
+        """Registers ``workflow`` after ``validate`` (same arguments, same errors)."""
         self.validate(workflow, cards, replace=replace)
         self._workflows[workflow.id] = workflow
 
@@ -227,8 +285,17 @@ BUNDLED: dict[str, Callable[[], Workflow]] = {}
 
 
 def register_bundled(workflow_id: str, factory: Callable[[], Workflow]) -> None:
-    """Ship workflow ``workflow_id``, built by ``factory()``, with ``Engine.default()`` (a world's ``register``
-    calls this). Re-registering an id replaces its factory."""
+    """Ships workflow ``workflow_id``, built by ``factory()``, with ``Engine.default()``.
+
+    A world's ``register`` calls this. Re-registering an id replaces its factory.
+
+    Args:
+      workflow_id: a dotted id like ``"group.name"``.
+      factory: builds the ``Workflow``.
+
+    Raises:
+      WorkflowError: if the id is not dotted and namespaced.
+    """
     if not _ID.match(workflow_id):
         raise WorkflowError(f"workflow id must look like 'group.name' (got {workflow_id!r})")
     BUNDLED[workflow_id] = factory

@@ -44,6 +44,17 @@ def load(names: Iterable[str] | None = None) -> tuple[str, ...]:
 
     A bundled world that is not importable at all (the package is absent, or its import is blocked)
     is left out; any other import error, and every error of ``register()``, propagates.
+
+    Args:
+      names: world package names to register (``None``: the bundled worlds, then every installed
+        ``ENTRY_POINTS`` entry point).
+
+    Returns:
+      The names of the worlds registered so far, in order.
+
+    Raises:
+      ModuleNotFoundError: if an explicitly named world cannot be imported.
+      TypeError: if a world has no callable ``register``.
     """
     explicit = names is not None
     for name in (tuple(names) if explicit else BUNDLED + _installed()):

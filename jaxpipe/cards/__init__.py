@@ -19,7 +19,7 @@ from pathlib import Path
 from jaxpipe.card import Card
 from jaxpipe.cards import flux, generator, registry, toy_i2v, toy_multi_expert, toy_t2i, toy_t2v, toy_unified, wan
 from jaxpipe.cards import toy_causal, toy_mot, toy_mot_video, toy_sigma_moe, toy_two_stage  # noqa: F401
-from jaxpipe.cards.checkpoint import load_card, save_card
+from jaxpipe.cards.checkpoint import CardIntegrityError, load_card, save_card
 from jaxpipe.cards.family import Family, FlowData
 from jaxpipe.cards.registry import CardEntry, buildable, card_entry, family, family_of, register_card, stacked_components
 from jaxpipe.cards.registry import register as register_family
@@ -34,7 +34,21 @@ def available() -> list[str]:
 
 
 def build(model_id: str, *, seed: int = 0, config=None) -> Card:
-    """A freshly initialised card ``model_id`` (deterministic in ``seed``), with an optional family ``Config``."""
+    """A freshly initialised card ``model_id`` (deterministic in ``seed``).
+
+    Args:
+      model_id: a buildable card id (``buildable()``).
+      seed: the initialisation seed.
+      config: the family ``Config`` to build from (default: the registered card's, else the family's
+        default ``Config()``).
+
+    Returns:
+      The ``Card``.
+
+    Raises:
+      KeyError: if no family builds ``model_id``.
+      ValueError: if the card is registered without a config and none is given.
+    """
     entry = registry.card_entry(model_id)
     f = registry.by_model_id(model_id)
     if config is None:
@@ -47,8 +61,21 @@ def build(model_id: str, *, seed: int = 0, config=None) -> Card:
 def load(model_id_or_path: str | os.PathLike, **kwargs) -> Card:
     """A pretrained card: a bundled id (see ``available()``), a directory written by ``save_card``, or
     a diffusers pipeline folder (``model_index.json``: ``FLUX.1-dev/``, ``Wan2.1-T2V-1.3B-Diffusers/``),
-    loaded by the family that reads its pipeline class (``kwargs`` go to that loader, e.g.
-    ``dtype="bfloat16"``, ``height=512``)."""
+    loaded by the family that reads its pipeline class.
+
+    Args:
+      model_id_or_path: a bundled card id, a ``save_card`` directory, or a diffusers pipeline folder.
+      **kwargs: for a diffusers folder only: the family loader's options (e.g. ``dtype="bfloat16"``,
+        ``height=512``).
+
+    Returns:
+      The loaded ``Card``.
+
+    Raises:
+      KeyError: if the name is neither a bundled card nor a directory, or no family loads the folder's
+        pipeline class.
+      TypeError: if ``kwargs`` are given for something other than a diffusers folder.
+    """
     name = os.fspath(model_id_or_path)
     entry = registry.card_entry(name)
     if entry is not None and entry.bundled:
@@ -68,7 +95,17 @@ def load(model_id_or_path: str | os.PathLike, **kwargs) -> Card:
 
 
 def path(model_id: str) -> Path:
-    """The checkpoint folder of bundled card ``model_id`` (KeyError listing the bundled ids otherwise)."""
+    """The checkpoint folder of bundled card ``model_id``.
+
+    Args:
+      model_id: a bundled card id.
+
+    Returns:
+      The folder (``config.json`` + ``*.safetensors``).
+
+    Raises:
+      KeyError: if ``model_id`` is not bundled (listing the bundled ids).
+    """
     entry = registry.card_entry(model_id)
     if entry is None or not entry.bundled:
         raise KeyError(f"{model_id!r} is not a bundled card; bundled: {available()}")
@@ -76,7 +113,7 @@ def path(model_id: str) -> Path:
 
 
 __all__ = [
-    "Card", "CardEntry", "Family", "FlowData", "available", "build", "buildable", "card_entry", "family", "family_of",
+    "Card", "CardEntry", "CardIntegrityError", "Family", "FlowData", "available", "build", "buildable", "card_entry", "family", "family_of",
     "flux", "generator", "load", "load_card", "path", "register_card", "register_family", "registry", "save_card",
     "stacked_components", "toy_causal", "toy_i2v", "toy_mot", "toy_mot_video", "toy_multi_expert", "toy_sigma_moe",
     "toy_t2i", "toy_t2v", "toy_two_stage", "toy_unified", "unregister_card", "unregister_family", "wan",

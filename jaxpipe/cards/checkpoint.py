@@ -9,6 +9,11 @@ A checkpoint may take some components from a **base** card instead of storing th
 weights file holds only the other components, and ``load_card`` fills the named components from
 ``jaxpipe.cards.load(base)`` (names, shapes and dtypes checked against the config; a changed
 digest is warned about, since the base card may have been retrained since).
+
+``config.json`` also records the SHA-256 of every weights file (``"digests"``), which ``load_card``
+checks before reading tensors: a damaged file (same size, other bytes) is a ``CardIntegrityError``
+naming it, never silently wrong outputs. A folder saved before digests existed loads unchecked;
+``write_digests`` adds them to one.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import logging
 import os
 import types
 import typing
@@ -34,11 +40,21 @@ from safetensors.numpy import load_file, save_file
 from jaxpipe.card import Card
 from jaxpipe.cards import registry
 
-__all__ = ["save_card", "load_card", "abstract_card", "config_to_dict", "config_from_dict"]
+__all__ = [
+    "CardIntegrityError", "save_card", "load_card", "abstract_card", "config_to_dict", "config_from_dict", "write_digests",
+]
 
 FORMAT = "jaxpipe.card/1"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
+DIGESTS_KEY = "digests"
+"""``config.json`` key: weights file name -> ``"sha256:<hex>"`` of its bytes."""
+
+_log = logging.getLogger(__name__)
+
+
+class CardIntegrityError(ValueError):
+    """A card's weights file does not have the SHA-256 its ``config.json`` records: the file is damaged."""
 
 
 TYPE_KEY = "__type__"
@@ -120,6 +136,67 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def _file_digest(path: Path) -> str:
+    """``"sha256:<hex>"`` of the file's bytes, read in chunks (a checkpoint may be many GB)."""
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _remedy(directory: Path, model_id: str) -> str:
+    """What to do about a damaged checkpoint: rebuild a bundled card, otherwise fetch or save it again."""
+    bundled = [e for e in registry.CARDS.values() if e.bundled and e.path.resolve() == directory.resolve()]
+    if bundled:
+        rebuild = bundled[0].rebuild
+        return "reinstall the package that ships it" + (f", or rebuild the card with `{rebuild}`" if rebuild else "")
+    remedy = f"re-download {model_id!r} or save it again (save_card) from where it was trained"
+    entry = registry.CARDS.get(model_id)
+    if entry is not None and entry.bundled:
+        remedy += f" (a copy of the bundled card: copy jaxpipe.cards.path({model_id!r}) again)"
+    return remedy
+
+
+def _verify(directory: Path, meta: dict) -> None:
+    """Raise ``CardIntegrityError`` unless every weights file has the digest ``config.json`` records."""
+    digests = meta.get(DIGESTS_KEY)
+    if not digests:
+        _log.debug("%s: no weights digests in %s (saved before digests existed); not verified", directory, CONFIG_FILE)
+        return
+    if not isinstance(digests, dict) or not all(isinstance(v, str) and Path(k).name == k for k, v in digests.items()):
+        raise ValueError(f"{directory / CONFIG_FILE}: {DIGESTS_KEY!r} must map file names in the folder to 'sha256:<hex>'")
+    for name, expected in digests.items():
+        path = directory / name
+        found = _file_digest(path)
+        if found != expected:
+            raise CardIntegrityError(
+                f"{path} is damaged: its SHA-256 is {found.removeprefix('sha256:')[:12]}..., {CONFIG_FILE} records "
+                f"{expected.removeprefix('sha256:')[:12]}...; {_remedy(directory, meta.get('model_id'))}"
+            )
+
+
+def write_digests(directory: str | os.PathLike) -> Path:
+    """Record the SHA-256 of a checkpoint's weights file in its ``config.json`` (the weights are not touched).
+
+    For a folder saved before digests existed, or one whose weights were replaced on purpose. The
+    config is rewritten in ``save_card``'s layout, so ``save_card`` of the same card gives the same file.
+
+    Args:
+      directory: a ``save_card`` folder.
+
+    Returns:
+      The path of the rewritten ``config.json``.
+
+    Raises:
+      FileNotFoundError: ``directory`` is not a card checkpoint.
+    """
+    directory = Path(directory)
+    if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{directory} is not a card checkpoint (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
+    meta = json.loads((directory / CONFIG_FILE).read_text())
+    meta[DIGESTS_KEY] = {WEIGHTS_FILE: _file_digest(directory / WEIGHTS_FILE)}
+    (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return directory / CONFIG_FILE
+
+
 def _arrays(components) -> dict[str, np.ndarray]:
     return {name: np.asarray(value) for name, value in _flat(nnx.state(dict(components))).items()}
 
@@ -129,6 +206,8 @@ def _load_base(base: str, where) -> Card:
 
     try:
         return cards.load(base)
+    except CardIntegrityError:
+        raise  # already names the damaged file and what to do
     except (KeyError, FileNotFoundError, ValueError) as err:
         raise FileNotFoundError(f"{where}: the base card {base!r} cannot be loaded: {err}") from None
 
@@ -147,7 +226,8 @@ def save_card(
     base: str | None = None,
     base_components: Sequence[str] = (),
 ) -> Path:
-    """Write ``card`` to ``directory`` (created if needed); returns the directory.
+    """Write ``card`` to ``directory`` (created if needed); returns the directory. ``config.json`` records
+    the SHA-256 of the weights file, which ``load_card`` verifies.
 
     Arguments:
       base: a card ``jaxpipe.cards.load`` accepts (a bundled id such as ``"flux-t2i"`` is the
@@ -193,6 +273,7 @@ def save_card(
         meta.update(base=base, base_components=list(names), base_digest=_digest(shared))
     directory.mkdir(parents=True, exist_ok=True)
     save_file(arrays, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT})
+    meta[DIGESTS_KEY] = {WEIGHTS_FILE: _file_digest(directory / WEIGHTS_FILE)}
     (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return directory
 
@@ -203,8 +284,9 @@ def abstract_card(directory: str | os.PathLike) -> Card:
     return _read_config(Path(directory))[2]
 
 
-def _read_config(directory: Path):
-    """``(meta, family, abstract card)`` of a checkpoint directory, with clear errors for a damaged one."""
+def _read_config(directory: Path, *, verify: bool = False):
+    """``(meta, family, abstract card)`` of a checkpoint directory, with clear errors for a damaged one;
+    ``verify`` checks the weights' digests first (a damaged file fails before any building)."""
     if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{directory} is not a card checkpoint (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
     try:
@@ -215,6 +297,8 @@ def _read_config(directory: Path):
         raise ValueError(f"{directory / CONFIG_FILE} is not a card config (needs family, model_id and config)")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{directory}: unsupported checkpoint format {meta.get('format')!r} (expected {FORMAT!r})")
+    if verify:
+        _verify(directory, meta)
     family = registry.family(meta["family"])
     saved = meta["config"]
     if meta["family"] in registry.UPGRADES:
@@ -228,9 +312,20 @@ def _read_config(directory: Path):
 
 
 def load_card(directory: str | os.PathLike) -> Card:
-    """Load a card written by ``save_card`` (taking its base components from its base card, if any)."""
+    """Load a card written by ``save_card`` (taking its base components from its base card, if any).
+
+    Args:
+      directory: the folder ``save_card`` wrote (``config.json`` + ``weights.safetensors``).
+
+    Returns:
+      The card, its weights verified against the digests ``config.json`` records (a folder saved
+      before digests existed is loaded unverified).
+
+    Raises:
+      CardIntegrityError: a weights file's SHA-256 is not the one ``config.json`` records.
+    """
     directory = Path(directory)
-    meta, family, abstract = _read_config(directory)
+    meta, family, abstract = _read_config(directory, verify=True)
     graphdef, state = nnx.split(abstract.components)
     try:
         stored = load_file(str(directory / WEIGHTS_FILE))

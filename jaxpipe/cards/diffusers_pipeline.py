@@ -26,6 +26,17 @@ class FlowSchedule:
     ``dynamic``: the shift depends on the image's token count ``n``: ``μ`` interpolates linearly
     from ``base_shift`` at ``base_seq_len`` tokens to ``max_shift`` at ``max_seq_len`` and the
     flow-shift is ``exp(μ)``; otherwise the shift is ``shift``.
+
+    Attributes:
+      shift: the fixed flow-shift (> 0), used when not ``dynamic``.
+      dynamic: whether the shift depends on the token count.
+      base_shift: ``μ`` at ``base_seq_len`` tokens.
+      max_shift: ``μ`` at ``max_seq_len`` tokens.
+      base_seq_len: the token count of ``base_shift``.
+      max_seq_len: the token count of ``max_shift``.
+
+    Raises:
+      ValueError: on ``shift <= 0`` or a dynamic schedule with ``max_seq_len == base_seq_len``.
     """
 
     shift: float = 3.0
@@ -42,7 +53,14 @@ class FlowSchedule:
             raise ValueError("a dynamic schedule needs max_seq_len != base_seq_len")
 
     def flow_shift(self, tokens: int) -> float:
-        """The flow-shift for an image of ``tokens`` transformer tokens."""
+        """The flow-shift for an image of ``tokens`` transformer tokens.
+
+        Args:
+          tokens: the image's transformer token count.
+
+        Returns:
+          ``exp(μ(tokens))`` when ``dynamic``, else ``shift``.
+        """
         if not self.dynamic:
             return float(self.shift)
         slope = (self.max_shift - self.base_shift) / (self.max_seq_len - self.base_seq_len)
@@ -51,7 +69,19 @@ class FlowSchedule:
 
     @classmethod
     def from_json(cls, config: dict[str, Any]) -> "FlowSchedule":
-        """From a ``scheduler_config.json``; refuses schedulers whose sigmas jaxpipe's Euler loop would not reproduce."""
+        """From a ``scheduler_config.json``; refuses schedulers whose sigmas jaxpipe's Euler loop would not reproduce.
+
+        Args:
+          config: the parsed ``scheduler_config.json``.
+
+        Returns:
+          The ``FlowSchedule``.
+
+        Raises:
+          ValueError: on a scheduler other than ``FlowMatchEulerDiscreteScheduler`` /
+            ``UniPCMultistepScheduler``, or settings that change the sigmas (Karras, exponential or beta
+            sigmas, inverted sigmas, stochastic sampling, a terminal shift, a non-exponential time shift).
+        """
         name = config.get("_class_name", "FlowMatchEulerDiscreteScheduler")
         if name not in ("FlowMatchEulerDiscreteScheduler", "UniPCMultistepScheduler"):
             raise ValueError(f"scheduler {name!r} is not a flow-matching scheduler jaxpipe can follow")
@@ -75,14 +105,30 @@ class FlowSchedule:
 
 @dataclasses.dataclass(frozen=True)
 class PipelineFolder:
-    """A diffusers pipeline folder: its path, pipeline class name and ``model_index.json`` entries."""
+    """A diffusers pipeline folder.
+
+    Attributes:
+      path: the folder.
+      pipeline: the pipeline class name (``model_index.json``'s ``_class_name``; ``""`` if absent).
+      index: the ``model_index.json`` entries.
+    """
 
     path: Path
     pipeline: str
     index: dict[str, Any]
 
     def component(self, name: str) -> Path:
-        """The sub-folder of component ``name`` (FileNotFoundError naming it when absent or null)."""
+        """The sub-folder of component ``name``.
+
+        Args:
+          name: a component of ``model_index.json`` (``"transformer"``, ``"vae"``, ...).
+
+        Returns:
+          Its folder.
+
+        Raises:
+          FileNotFoundError: if the index lacks it, lists it as null, or its folder is absent (naming it).
+        """
         entry = self.index.get(name)
         folder = self.path / name
         if entry is None or (isinstance(entry, list) and entry[0] is None) or not folder.is_dir():
@@ -90,16 +136,32 @@ class PipelineFolder:
         return folder
 
     def has(self, name: str) -> bool:
+        """Whether component ``name`` is listed (not null) in the index and its folder exists."""
         entry = self.index.get(name)
         return entry is not None and not (isinstance(entry, list) and entry[0] is None) and (self.path / name).is_dir()
 
     def schedule(self) -> FlowSchedule:
+        """The folder's ``scheduler/scheduler_config.json`` as a ``FlowSchedule`` (FLUX.1's defaults when absent).
+
+        Raises:
+          ValueError: as ``FlowSchedule.from_json``.
+        """
         path = self.path / "scheduler" / "scheduler_config.json"
         return FlowSchedule.from_json(json.loads(path.read_text())) if path.is_file() else FlowSchedule()
 
 
 def read_pipeline(path: str | Path) -> PipelineFolder:
-    """The pipeline folder at ``path`` (FileNotFoundError when it has no ``model_index.json``)."""
+    """The pipeline folder at ``path``.
+
+    Args:
+      path: a diffusers pipeline folder.
+
+    Returns:
+      Its ``PipelineFolder``.
+
+    Raises:
+      FileNotFoundError: if it has no ``model_index.json``.
+    """
     path = Path(path)
     index_file = path / "model_index.json"
     if not index_file.is_file():
@@ -109,7 +171,19 @@ def read_pipeline(path: str | Path) -> PipelineFolder:
 
 
 def load_components(folder: PipelineFolder, loaders: dict[str, Any], dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Each component ``name`` of the pipeline loaded by ``loaders[name](sub-folder, dtype=dtype)``:
-    ``(components, {name: its network config})`` (the configs as loaded, dtype included, for the card's config)."""
+    """Each component ``name`` of the pipeline loaded by ``loaders[name](sub-folder, dtype=dtype)``.
+
+    Args:
+      folder: the pipeline folder.
+      loaders: component name -> ``load(folder, dtype=...) -> module`` (a module with ``.config``).
+      dtype: the compute dtype's name, passed to every loader.
+
+    Returns:
+      ``(components, configs)``: ``{name: module}`` and ``{name: its network config}`` (as loaded, dtype
+      included, for the card's config).
+
+    Raises:
+      FileNotFoundError: if a component is missing (``PipelineFolder.component``).
+    """
     components = {name: load(folder.component(name), dtype=dtype) for name, load in loaders.items()}
     return components, {name: module.config for name, module in components.items()}

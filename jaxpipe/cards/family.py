@@ -29,9 +29,31 @@ class FlowData(Protocol):
     ``components`` maps component names to modules (the card being trained).
     """
 
-    def latents(self, components: Mapping[str, Any], batch: Mapping[str, Any]) -> jax.Array: ...
+    def latents(self, components: Mapping[str, Any], batch: Mapping[str, Any]) -> jax.Array:
+        """The clean latents ``x0`` ``(B, *latent_shape)`` of a batch.
 
-    def cond(self, components: Mapping[str, Any], batch: Mapping[str, Any], keep: jax.Array, x0: jax.Array) -> Any: ...
+        Args:
+          components: component name -> module (the card being trained).
+          batch: one training batch.
+
+        Returns:
+          ``x0``, ``(B, *latent_shape)``.
+        """
+        ...
+
+    def cond(self, components: Mapping[str, Any], batch: Mapping[str, Any], keep: jax.Array, x0: jax.Array) -> Any:
+        """The denoiser's conditioning pytree for a batch, unconditional where ``keep`` is false.
+
+        Args:
+          components: component name -> module (the card being trained).
+          batch: one training batch.
+          keep: ``(B,)`` bool; false rows drop their condition (caption dropout).
+          x0: the batch's clean latents, from ``latents``.
+
+        Returns:
+          The conditioning the denoiser is called with.
+        """
+        ...
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -73,7 +95,17 @@ class Family:
         object.__setattr__(self, "pipelines", dict(self.pipelines))
 
     def program(self, name: str | None = None) -> Program:
-        """The family's program ``name`` (default: its first)."""
+        """The family's program ``name``.
+
+        Args:
+          name: a key of ``programs`` (default: the first, the one the engine serves).
+
+        Returns:
+          The built ``Program``.
+
+        Raises:
+          KeyError: if the family has no program ``name``.
+        """
         if name is None:
             name = next(iter(self.programs))
         if name not in self.programs:

@@ -51,15 +51,28 @@ Slots = dict[str, Any]
 
 # ------------------------------------------------------------------------------------------ cards
 def vocab_size(vocabulary: Sequence[str]) -> int:
-    """Ids of a word tokenizer over ``vocabulary``: its words plus ``<pad>`` and ``<unk>``."""
+    """The number of ids of a word tokenizer over ``vocabulary``: its words plus ``<pad>`` and ``<unk>``.
+
+    Args:
+      vocabulary: the words.
+
+    Returns:
+      The vocabulary size, an int.
+    """
     from jaxpipe.nn import Tokenizer
 
     return Tokenizer(tuple(vocabulary)).vocab_size
 
 
 def fill(config, **defaults: Callable[[], Any]) -> None:
-    """Set each field of the frozen ``config`` that is ``None`` to ``defaults[name]()`` (in ``__post_init__``:
-    the sizes a config derives from its vocabulary when they are not given)."""
+    """Sets each field of the frozen ``config`` that is ``None`` to ``defaults[name]()``, in place.
+
+    Called in ``__post_init__`` for the sizes a config derives from its vocabulary when they are not given.
+
+    Args:
+      config: a frozen dataclass instance.
+      **defaults: field name -> a zero-argument factory of its default.
+    """
     for name, make in defaults.items():
         if getattr(config, name) is None:
             object.__setattr__(config, name, make())
@@ -67,10 +80,22 @@ def fill(config, **defaults: Callable[[], Any]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TextGeneratorConfig:
-    """What every toy text-conditioned generator config holds: its ``vocabulary`` (required: a card
-    speaks a world's words, e.g. ``jaxpipe.digits.VOCABULARY``), ``image_size``, the text encoder
-    (``None``: the default encoder for the vocabulary), the DiT and the autoencoder. Families add
-    their loops' settings; ``__post_init__`` checks that the parts fit together."""
+    """What every toy text-conditioned generator config holds.
+
+    Families add their loops' settings; ``__post_init__`` checks that the parts fit together.
+
+    Attributes:
+      vocabulary: the card's words (required, keyword-only: a card speaks a world's words, e.g.
+        ``jaxpipe.digits.VOCABULARY``).
+      image_size: the side of a generated image in pixels.
+      text: the text encoder (``None``: the default encoder for the vocabulary).
+      dit: the denoiser.
+      vae: the autoencoder.
+
+    Raises:
+      ValueError: if the vocabulary is empty or the parts do not fit (text width, latent channels,
+        vocabulary size, an ``image_size`` not divisible by ``vae.downsample·dit.patch_size``).
+    """
 
     vocabulary: tuple[str, ...] = dataclasses.field(kw_only=True)
     image_size: int = 16
@@ -98,8 +123,18 @@ class TextGeneratorConfig:
 
 @dataclasses.dataclass(frozen=True)
 class VideoGeneratorConfig(TextGeneratorConfig):
-    """A ``TextGeneratorConfig`` of a video card: ``frames`` per video (at least ``MIN_FRAMES``); a
-    text-to-video DiT takes no first frame unless the family says so (``FRAME_COND``)."""
+    """A ``TextGeneratorConfig`` of a video card.
+
+    A text-to-video DiT takes no first frame unless the family says so (``FRAME_COND``).
+
+    Attributes:
+      frames: frames per video (an int, at least ``MIN_FRAMES``).
+      MIN_FRAMES: the fewest frames the family accepts.
+      FRAME_COND: whether the family's DiT conditions on a first frame (``dit.frame_cond``).
+
+    Raises:
+      ValueError: on a bad ``frames`` or a DiT whose ``frame_cond`` differs from ``FRAME_COND``.
+    """
 
     frames: int = 8
 
@@ -134,10 +169,27 @@ def build(
     kind: str = "denoise",
     parity: tuple[str, ...] = ("C0", "C1", "C2", "C3"),
 ) -> Card:
-    """A text-conditioned generator card (text encoder, denoiser, autoencoder, built in that order; one
-    loop of ``kind`` with the config's ``latent_shape`` and ``sampling``) from a family config.
-    ``denoiser``: the network class built from ``config.dit`` (default ``DiT``; ``CausalDiT`` for
-    ``wan-causal``, whose same construction order gives the same initial weights for a seed)."""
+    """A text-conditioned generator card from a family config.
+
+    The components (``text_encoder``, ``transformer``, ``vae``) are built in that order from one
+    ``nnx.Rngs(seed)``; the card has one loop of ``kind`` on ``transformer`` with the config's
+    ``latent_shape`` and ``sampling``.
+
+    Args:
+      config: a family config (a ``TextGeneratorConfig`` with ``latent_shape`` and ``sampling``).
+      seed: the initialisation seed (same seed, same weights).
+      model_id: the card's id.
+      family: the family's name.
+      loop_id: the id of the card's loop.
+      capability: the card's one capability (e.g. ``"t2i"``).
+      denoiser: the network class built from ``config.dit`` (default ``DiT``; ``CausalDiT`` for
+        ``wan-causal``, whose same construction order gives the same initial weights for a seed).
+      kind: the loop's kind.
+      parity: the parity checks the card claims.
+
+    Returns:
+      The ``Card``.
+    """
     from jaxpipe.nn import Autoencoder, DiT, TextEncoder, Tokenizer
 
     rngs = nnx.Rngs(seed)
@@ -160,29 +212,70 @@ def build(
 
 
 def tokenize(card: Card, prompts: Sequence[str]) -> jax.Array:
-    """Token ids ``(B, max_len)`` with the card's tokenizer (ValueError listing the vocabulary on unknown words)."""
+    """Token ids of ``prompts`` with the card's tokenizer, padded to the text encoder's ``max_len``.
+
+    Args:
+      card: a text-conditioned card.
+      prompts: B prompt strings.
+
+    Returns:
+      ``(B, max_len)`` int token ids.
+
+    Raises:
+      ValueError: on a word outside the card's vocabulary (listing the vocabulary).
+    """
     return jnp.asarray(card.spec.tokenizer.encode(list(prompts), card["text_encoder"].cfg.max_len))
 
 
 def to_unit(images: jax.Array) -> jax.Array:
-    """Decoder output in [-1, 1] -> images in [0, 1] (clipped)."""
+    """Decoder output in [-1, 1] -> images in [0, 1] (clipped).
+
+    Args:
+      images: an array of any shape, nominally in [-1, 1].
+
+    Returns:
+      ``(images + 1) / 2`` clipped to [0, 1], same shape.
+    """
     return jnp.clip((images + 1.0) / 2.0, 0.0, 1.0)
 
 
 def request_keys(seeds: Sequence[int]) -> jax.Array:
-    """``(B,)`` typed PRNG keys ``jax.random.key(seed)``, one per request seed (ints in ``[0, 2**32)``)."""
+    """One typed PRNG key ``jax.random.key(seed)`` per request seed.
+
+    Args:
+      seeds: B ints in ``[0, 2**32)``.
+
+    Returns:
+      ``(B,)`` typed PRNG keys.
+    """
     return jax.vmap(jax.random.key)(jnp.asarray(np.asarray(seeds, np.uint32)))
 
 
 # ------------------------------------------------------------------------------------------ program nodes
 def encode_text(card: Card, reads: Mapping[str, Any]) -> Slots:
-    """``ids`` ``(B, L)`` -> ``context`` ``(B, L, D)`` and ``context_mask`` ``(B, L)`` (the card's ``text_encoder``)."""
+    """The prompt's text conditioning, from the card's ``text_encoder``.
+
+    Args:
+      card: a text-conditioned card.
+      reads: ``{"ids": (B, L) int}``.
+
+    Returns:
+      ``{"context": (B, L, D), "context_mask": (B, L) bool}`` (the mask is true on non-pad ids).
+    """
     ids = reads["ids"]
     return {"context": card["text_encoder"](ids), "context_mask": ids != 0}
 
 
 def encode_null(card: Card, reads: Mapping[str, Any]) -> Slots:
-    """``null_ids`` (the empty prompt) -> ``uncond_context``, ``uncond_mask``: the unconditional text of CFG."""
+    """The unconditional text of CFG, encoded from the empty prompt.
+
+    Args:
+      card: a text-conditioned card.
+      reads: ``{"null_ids": (B, L) int}`` (all pad).
+
+    Returns:
+      ``{"uncond_context": (B, L, D), "uncond_mask": (B, L) bool}``.
+    """
     ids = reads["null_ids"]
     return {"uncond_context": card["text_encoder"](ids), "uncond_mask": ids != 0}
 
@@ -208,6 +301,12 @@ def start_denoise(stream: int | None = None) -> Callable:
     other loops draw from the same key), the text conditioning (the unconditional half only when
     the config guides) and an optional ``first_frame`` latent; starts from noise of the loop's
     ``latent_shape``.
+
+    Args:
+      stream: the ``fold_in`` stream of this loop's keys (``None``: use the request keys as they are).
+
+    Returns:
+      ``start(card, loop, reads, config) -> DenoiseState``.
     """
 
     def start(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig) -> denoise.DenoiseState:
@@ -223,17 +322,42 @@ def start_denoise(stream: int | None = None) -> Callable:
 
 
 def decode_image(card: Card, reads: Mapping[str, Any]) -> Slots:
-    """``latents`` ``(B, 1, h, w, C)`` -> ``image`` ``(B, H, W, C)`` in [0, 1]."""
+    """Decodes the one-frame latents to images with the card's ``vae``.
+
+    Args:
+      card: a card with a ``vae``.
+      reads: ``{"latents": (B, 1, h, w, C)}``.
+
+    Returns:
+      ``{"image": (B, H, W, C)}`` in [0, 1].
+    """
     return {"image": to_unit(card["vae"].decode(reads["latents"][:, 0]))}
 
 
 def decode_video(card: Card, reads: Mapping[str, Any]) -> Slots:
-    """``latents`` ``(B, T, h, w, C)`` -> ``video`` ``(B, T, H, W, C)`` in [0, 1]."""
+    """Decodes every frame's latents with the card's ``vae``.
+
+    Args:
+      card: a card with a ``vae``.
+      reads: ``{"latents": (B, T, h, w, C)}``.
+
+    Returns:
+      ``{"video": (B, T, H, W, C)}`` in [0, 1].
+    """
     return {"video": to_unit(card["vae"].decode_video(reads["latents"]))}
 
 
 def loop_config(card: Card, loop_id: str, request: Request):
-    """The card's settings for ``loop_id`` with the request's ``num_steps`` / ``guidance`` (``None`` keeps the default)."""
+    """The card's settings for ``loop_id`` with the request's ``num_steps`` / ``guidance``.
+
+    Args:
+      card: the card.
+      loop_id: one of its denoise loops.
+      request: the request (a ``None`` field keeps the card's default).
+
+    Returns:
+      The loop's config (a ``DenoiseConfig``), replaced where the request overrides it.
+    """
     changes = {}
     if request.num_steps is not None:
         changes["num_steps"] = request.num_steps
@@ -248,7 +372,16 @@ def bind_text(card: Card, request: Request, loop_id: str) -> Bound:
     seed's PRNG key), the loop's settings (card defaults overridden by the request) and the
     ``"text"`` artifact.
 
-    Raises ``ValueError`` on a missing prompt or a word outside the card's vocabulary (listing it).
+    Args:
+      card: a text-conditioned card.
+      request: the request (``prompt`` required).
+      loop_id: the denoise loop whose settings the request overrides.
+
+    Returns:
+      The ``Bound`` slots, settings and artifacts.
+
+    Raises:
+      ValueError: on a missing prompt or a word outside the card's vocabulary (listing it).
     """
     if request.prompt is None:
         raise ValueError(f"{card.model_id!r} renders a text prompt: the request needs prompt=...")
@@ -264,6 +397,13 @@ def text_to_video_program(model_id: str, loop_id: str) -> Program:
 
     Request: ``prompt`` (required), ``seed``, ``num_steps``, ``guidance``; no image. Artifacts:
     ``"video"`` ``(T, H, W, C)`` in [0, 1], ``"latents"`` ``(T, h, w, C)`` and ``"text"`` (the prompt).
+
+    Args:
+      model_id: the program's name (the card's id).
+      loop_id: the card's denoise loop.
+
+    Returns:
+      The ``Program``; its ``bind`` raises ``ValueError`` on a request with an image.
     """
 
     def bind(card: Card, request: Request) -> Bound:
@@ -290,13 +430,31 @@ def text_to_video_program(model_id: str, loop_id: str) -> Program:
 # ------------------------------------------------------------------------------------------ fine-tuning
 @dataclasses.dataclass(frozen=True)
 class TextFlow:
-    """``FlowData`` of a generator family: a batch is ``{"ids": (B, L), "image": (B, H, W, C)}`` or
-    ``{"ids", "video": (B, T, H, W, C)}`` in [-1, 1], or ``{"ids", "latents": (B, T, h, w, C)}``
-    already encoded; a DiT with first-frame input conditions on the clean first frame."""
+    """``FlowData`` of a generator family.
+
+    A batch is ``{"ids": (B, L), "image": (B, H, W, C)}`` or ``{"ids", "video": (B, T, H, W, C)}`` in
+    [-1, 1], or ``{"ids", "latents": (B, T, h, w, C)}`` already encoded; a DiT with first-frame input
+    conditions on the clean first frame.
+
+    Attributes:
+      denoiser: the name of the denoiser component.
+    """
 
     denoiser: str = "transformer"
 
     def latents(self, components: Mapping[str, Any], batch: Mapping[str, Any]) -> jax.Array:
+        """The batch's clean latents: given, or encoded by ``components["vae"]``.
+
+        Args:
+          components: component name -> module.
+          batch: ``{"ids", "latents" | "video" | "image"}`` (first found in that order).
+
+        Returns:
+          ``x0``, ``(B, T, h, w, C)`` (``T`` = 1 for images).
+
+        Raises:
+          KeyError: if the batch has none of ``latents``, ``video``, ``image``.
+        """
         vae = components["vae"]
         if "latents" in batch:
             return batch["latents"]
@@ -307,6 +465,17 @@ class TextFlow:
         raise KeyError(f"a batch needs 'latents', 'video' or 'image' (got {sorted(batch)})")
 
     def cond(self, components: Mapping[str, Any], batch: Mapping[str, Any], keep: jax.Array, x0: jax.Array) -> DiTCond:
+        """The DiT's conditioning: the encoded ``ids`` (the empty prompt on dropped rows) and the first frame.
+
+        Args:
+          components: component name -> module (``text_encoder`` and the denoiser).
+          batch: ``{"ids": (B, L) int, ...}``.
+          keep: ``(B,)`` bool; false rows get the empty prompt (caption dropout).
+          x0: the clean latents ``(B, T, h, w, C)``; frame 0 conditions a DiT with ``frame_cond``.
+
+        Returns:
+          A ``DiTCond``.
+        """
         ids = jnp.where(keep[:, None], batch["ids"], 0)
         first_frame = x0[:, 0] if components[self.denoiser].cfg.frame_cond else None
         return DiTCond(components["text_encoder"](ids), ids != 0, first_frame)

@@ -79,12 +79,16 @@ class CardEntry:
       family: the name of the family that builds it.
       config: ``() -> Config``, the family config ``jp.cards.build(model_id)`` builds (``None``: not buildable).
       path: the folder of its pretrained checkpoint (``save_card``'s layout), if it is bundled.
+      rebuild: the command that re-creates that checkpoint (a damaged one's error tells it), if any.
+      description: one line saying what this card does (``jaxpipe cards`` prints it whole).
     """
 
     model_id: str
     family: str
     config: Callable[[], Any] | None = None
     path: Path | None = None
+    rebuild: str | None = None
+    description: str = ""
 
     @property
     def bundled(self) -> bool:
@@ -130,16 +134,21 @@ def register_card(
     *,
     config: Callable[[], Any] | None = None,
     path: str | os.PathLike | None = None,
+    rebuild: str | None = None,
+    description: str = "",
     replace: bool = False,
 ) -> CardEntry:
     """Register card id ``model_id``, built by family ``family_name`` from ``config()`` and/or loaded from
-    the checkpoint folder ``path``; returns its entry. A second registration of the same id is an
-    error unless it is identical or ``replace=True``."""
+    the checkpoint folder ``path`` (``rebuild``: the command that re-creates that checkpoint, named when
+    it is found damaged), with a one-line ``description``; returns its entry. A second registration of
+    the same id is an error unless it is identical or ``replace=True``."""
     if not isinstance(model_id, str) or not model_id:
         raise ValueError(f"a card id must be a non-empty string (got {model_id!r})")
     if config is None and path is None:
         raise ValueError(f"card {model_id!r}: give a config to build it from, a checkpoint path, or both")
-    entry = CardEntry(model_id, family_name, config, None if path is None else Path(path))
+    if not isinstance(description, str) or "\n" in description:
+        raise ValueError(f"card {model_id!r}: description must be one line of text (got {description!r})")
+    entry = CardEntry(model_id, family_name, config, None if path is None else Path(path), rebuild, description)
     old = CARDS.get(model_id)
     if old is not None and old != entry and not replace:
         raise ValueError(f"card id {model_id!r} is already registered (family {old.family!r}); pass replace=True")

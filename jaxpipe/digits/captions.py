@@ -43,6 +43,19 @@ def caption(digit, stroke=None, position=None, brightness=None, *, motion=None) 
     Each argument is a label (int index) or its word; ``None`` leaves the word out.
     ``caption(7, 1, 0, 1) == "seven thick left bright"``, ``caption(7, "thick") == "seven thick"``,
     ``caption(3, motion="up") == "three moving up"``, ``caption(5, motion=4) == "five still"``.
+
+    Args:
+        digit: the digit, 0..9 or its word (``"seven"``).
+        stroke: index into ``STROKES`` or its word, or ``None``.
+        position: index into ``POSITIONS`` or its word, or ``None``.
+        brightness: index into ``BRIGHTNESS`` or its word, or ``None``.
+        motion: index into ``MOTION_NAMES`` or its name (``"up"``), or ``None``.
+
+    Returns:
+        The caption, words separated by single spaces.
+
+    Raises:
+        ValueError: on an unknown word or an index out of range.
     """
     words = [DIGIT_WORDS[_word_index("digit", DIGIT_WORDS, digit)]]
     for name, value in zip(ATTRIBUTES, (stroke, position, brightness)):
@@ -58,8 +71,18 @@ def parse_caption(text: str) -> dict[str, int | None]:
     """Labels named by a caption (the inverse of ``caption``): ``None`` for an attribute left out.
 
     ``parse_caption("seven thick")`` → ``{"digit": 7, "stroke": 1, "position": None, "brightness": None,
-    "motion": None}``. Raises ``ValueError`` on a word outside the vocabulary, a missing digit word,
-    or an attribute named twice.
+    "motion": None}``. Words may come in any order and any case.
+
+    Args:
+        text: a caption of the digits vocabulary (``VOCABULARY``).
+
+    Returns:
+        ``{"digit", "stroke", "position", "brightness", "motion"}``: each the label named (an index into its
+        word tuple; ``motion`` into ``MOTION_NAMES``), or ``None`` (``digit`` is always named).
+
+    Raises:
+        ValueError: on a word outside the vocabulary, a word that fits no slot, a missing digit word,
+            or a label named twice.
     """
     out: dict[str, int | None] = {"digit": None, **{a: None for a in ATTRIBUTES}, "motion": None}
     words = text.lower().split()
@@ -99,7 +122,17 @@ def split_prompt(text: str) -> tuple[str, str | None]:
     ``"seven thick moving right"`` → ``("seven thick left", "seven moving right")``: as in the
     training videos (``make_videos``), a digit moving right starts ``left`` and one moving left
     starts ``right`` unless the prompt places it, so it has room to travel. A prompt with no
-    motion gives ``(image prompt, None)``. Raises like ``parse_caption`` on words it cannot read.
+    motion gives ``(image prompt, None)``.
+
+    Args:
+        text: a prompt of the digits vocabulary.
+
+    Returns:
+        The image prompt (digit and attributes, canonical order) and the motion prompt (digit and motion),
+        or ``None`` for the motion when the prompt names none.
+
+    Raises:
+        ValueError: as ``parse_caption``, on words it cannot read.
     """
     labels = parse_caption(text)
     position = labels["position"]

@@ -24,7 +24,7 @@ from jaxpipe.loops.chunk import ChunkConfig
 from jaxpipe.nn import DiTConfig, LatentUpsamplerConfig, TextEncoderConfig
 from jaxpipe.nn.mot import Routing
 
-__all__ = ["ASSETS", "FAMILIES", "OWN", "SLOTS", "BUNDLED", "config", "bundled_config", "multi_expert", "register"]
+__all__ = ["ASSETS", "FAMILIES", "OWN", "SLOTS", "BUNDLED", "DESCRIPTIONS", "config", "bundled_config", "multi_expert", "register"]
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 """The bundled pretrained cards, one folder per card id."""
@@ -42,13 +42,41 @@ FAMILIES = {
 OWN = {"digit-scorer": digit_scorer, "digit-classifier": digit_classifier}
 """Card id -> the digits world's own family package: the reward model and the independent classifier."""
 
+DESCRIPTIONS = {
+    "flux-t2i": "text-to-image: a DiT draws a 16×16 digit from its caption (guidance 2)",
+    "flux-t2i-turbo": "text-to-image in 2 steps without guidance: flux-t2i's DiT distilled by DMD2",
+    "wan-i2v": "image-to-video: animates a first frame with the prompt's motion (8 frames)",
+    "wan-t2v": "text-to-video: one bidirectional DiT over all 8 frames",
+    "ltx2-two-stage": "text-to-video in two stages: one DiT at half resolution, a latent upsampler, the same DiT refining",
+    "wan22-moe": "text-to-video with two DiT experts, one for high noise and one for low, switched by σ",
+    "wan-causal": "text-to-video chunk by chunk (4 × 2 frames) on a block-causal DiT; streams and continues videos",
+    "unified": "a refiner LM completes the prompt, then flux-t2i's generator draws it",
+    "multi-expert": "N refiner LMs, one per attribute, compose the prompt; flux-t2i's generator draws it",
+    "bagel-mot": "one Mixture-of-Transformers thinks (completes the prompt), draws the image, and captions images",
+    "cosmos3": "one shared-weights MoT reasons a motion for the prompt, then denoises the video",
+    "digit-scorer": "the reward model (a judge): reads an image's digit, stroke, position and brightness",
+    "digit-classifier": "the independent judge: a brightness- and position-blind CNN reading the digit alone",
+}
+"""Card id -> the one line ``jaxpipe cards`` prints for it."""
+
 BUNDLED = tuple(sorted(set(FAMILIES) - {"multi-expert"} | set(OWN) | {"flux-t2i-turbo"}))
 """The ids whose pretrained weights ship in ``ASSETS`` (``multi-expert`` is built from ``unified``: ``multi_expert``;
 ``flux-t2i-turbo``, the DMD2 student of ``flux-t2i``, is loaded only)."""
 
 
 def config(model_id: str, **changes):
-    """The test-sized config of card ``model_id`` in the digits vocabulary, with field ``changes``."""
+    """The test-sized config of card ``model_id`` in the digits vocabulary, with field ``changes``.
+
+    Args:
+        model_id: a digits card id (a key of ``FAMILIES`` or ``OWN``).
+        **changes: config fields to set.
+
+    Returns:
+        The family's ``Config``.
+
+    Raises:
+        KeyError: if ``model_id`` is not a digits card.
+    """
     if model_id in OWN:
         return OWN[model_id].Config(**changes)
     module = _family(model_id)
@@ -110,7 +138,19 @@ _BUNDLED: dict[str, Callable[..., object]] = {
 
 def bundled_config(model_id: str, *args, **changes):
     """The config of the pretrained card ``model_id`` (the sizes its recipe trains); ``args``: the
-    preset's options (``multi-expert``: ``num_refiners``; ``bagel-mot``: ``routing``)."""
+    preset's options (``multi-expert``: ``num_refiners``; ``bagel-mot``: ``routing``).
+
+    Args:
+        model_id: a card id with a bundled preset.
+        *args: the preset's options.
+        **changes: config fields to set.
+
+    Returns:
+        The family's ``Config`` at the bundled sizes.
+
+    Raises:
+        KeyError: if ``model_id`` has no bundled config.
+    """
     preset = _BUNDLED.get(model_id)
     if preset is None:
         raise KeyError(f"no bundled config for {model_id!r}; known: {sorted(_BUNDLED)}")
@@ -126,7 +166,19 @@ def _family(model_id: str):
 
 def multi_expert(unified: Card, num_refiners: int = 3, **changes) -> Card:
     """The ``multi-expert`` card from a ``unified`` card: its LM in every refiner, refiner ``i`` owning
-    attribute ``SLOTS[i % 3]`` (stroke, position, brightness), its generator shared."""
+    attribute ``SLOTS[i % 3]`` (stroke, position, brightness), its generator shared.
+
+    Args:
+        unified: a ``unified`` card (with an ``llm``).
+        num_refiners: the number of refiners.
+        **changes: ``multi-expert`` config fields to set.
+
+    Returns:
+        The ``multi-expert`` card.
+
+    Raises:
+        ValueError: if ``unified`` has no ``llm``.
+    """
     return toy_multi_expert.from_unified(unified, num_refiners, model_id="multi-expert", **{"slots": SLOTS, **changes})
 
 
@@ -139,9 +191,17 @@ def register() -> None:
     for model_id in (*FAMILIES, *OWN):
         family = (OWN[model_id] if model_id in OWN else _family(model_id)).FAMILY.name
         path = ASSETS / model_id if model_id in BUNDLED else None
-        registry.register_card(model_id, family, config=_config_of(model_id), path=path)
-    registry.register_card("flux-t2i-turbo", toy_t2i.FAMILY.name, path=ASSETS / "flux-t2i-turbo")
+        registry.register_card(model_id, family, config=_config_of(model_id), path=path, rebuild=_rebuild(model_id, path),
+                               description=DESCRIPTIONS.get(model_id, ""))
+    registry.register_card("flux-t2i-turbo", toy_t2i.FAMILY.name, path=ASSETS / "flux-t2i-turbo",
+                           rebuild=_rebuild("flux-t2i-turbo", ASSETS / "flux-t2i-turbo"),
+                           description=DESCRIPTIONS["flux-t2i-turbo"])
     registry.register_upgrade("multi_expert", _named_slots)
+
+
+def _rebuild(model_id: str, path: Path | None) -> str | None:
+    """The command that re-creates a bundled card's checkpoint folder: its pretraining recipe."""
+    return None if path is None else f"python -m jaxpipe.digits.pretrain {model_id} --out {path}"
 
 
 def _named_slots(saved: dict) -> dict:

@@ -55,12 +55,22 @@ from jaxpipe.digits.captions import (  # noqa: F401  (re-exported: the digits wo
 )
 from jaxpipe.digits.words import BRIGHTNESS, POSITIONS, STROKES
 
+__all__ = [
+    "DIM_INK", "HELDOUT_FRACTION", "NUM_DIGITS", "SIZE", "SPLITS", "ImageDataset", "VideoDataset", "augment", "batches",
+    "concat", "load_images", "make_videos", "split_indices", "translate",
+    # re-exported from ``captions``
+    "ATTRIBUTES", "ATTRIBUTE_WORDS", "MOTION_NAMES", "MOTION_PHRASES", "caption", "parse_caption", "split_prompt",
+]
+
 SIZE = 16
 """Side of every image and video frame, in pixels."""
 
 SPLITS = ("train", "heldout", "all")
+"""The splits ``load_images`` serves: ``"train"`` (the generators'), ``"heldout"`` (the reward model's), ``"all"``."""
 HELDOUT_FRACTION = 0.2
+"""The share of each digit's samples in the ``"heldout"`` split."""
 NUM_DIGITS = 1797
+"""The number of digits in scikit-learn's ``load_digits`` (the ``"all"`` split)."""
 
 DIM_INK = 0.45
 """Peak ink of a dim digit (a bright digit's peak ink is 1); ink 0 is background."""
@@ -98,7 +108,9 @@ class _Dataset:
 class ImageDataset(_Dataset):
     """Captioned, attribute-labelled digit images; every array has ``N`` rows.
 
-    Fields (also the keys of the batches ``batches`` yields):
+    The fields are also the keys of the batches ``batches`` yields.
+
+    Attributes:
         image: ``(N, 16, 16, 1)`` float32 in ``[-1, 1]``, background ``-1``.
         caption: ``N`` strings, e.g. ``"seven thick left bright"`` or, with dropped words, ``"seven left"``.
         digit: ``(N,)`` int32, 0..9 (index into ``DIGIT_WORDS``).
@@ -123,12 +135,16 @@ class ImageDataset(_Dataset):
 class VideoDataset(_Dataset):
     """Captioned digit videos; every array has ``N`` rows.
 
-    Fields (also the keys of the batches ``batches`` yields):
+    The fields are also the keys of the batches ``batches`` yields.
+
+    Attributes:
         video: ``(N, T, 16, 16, 1)`` float32 in ``[-1, 1]`` (``T = 8`` by default); frame 0 is the
             augmented image (see ``make_videos``).
         caption: ``N`` strings, ``"<digit> moving left|right|up|down"`` or ``"<digit> still"``.
         digit: ``(N,)`` int32, 0..9.
-        stroke, position, brightness: ``(N,)`` int32 — the attributes of the first frame (not captioned).
+        stroke: ``(N,)`` int32, the first frame's stroke (not captioned).
+        position: ``(N,)`` int32, the first frame's position (not captioned).
+        brightness: ``(N,)`` int32, the first frame's brightness (not captioned).
         motion: ``(N,)`` int32, index into ``MOTION_NAMES`` (left, right, up, down, still).
     """
 
@@ -202,6 +218,16 @@ def split_indices(split: str = "train", seed: int = 0) -> np.ndarray:
     """Indices ``(N,)`` into scikit-learn's ``load_digits`` of one split (sorted, int64).
 
     ``"train"`` (1,438 digits) and ``"heldout"`` (359) are disjoint and together are ``"all"`` (1,797).
+
+    Args:
+        split: one of ``SPLITS``.
+        seed: fixes the split (non-negative int); only splits made with one seed are disjoint.
+
+    Returns:
+        The sorted indices, int64 ``(N,)`` (a fresh copy).
+
+    Raises:
+        ValueError: on an unknown split or a negative or non-int seed.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
@@ -215,6 +241,16 @@ def load_images(split: str = "train", seed: int = 0) -> tuple[np.ndarray, np.nda
     on it, N = 359) or ``"all"`` (1,797). ``seed`` fixes the split — keep the default (or use the
     same value for both splits), since only splits made with one seed are disjoint. Fast after the
     first call (the upsampled arrays are cached); the returned arrays are fresh copies.
+
+    Args:
+        split: one of ``SPLITS``.
+        seed: fixes the split (non-negative int).
+
+    Returns:
+        ``images (N, 16, 16, 1)`` float32 in ``[-1, 1]`` (background -1) and ``digits (N,)`` int32.
+
+    Raises:
+        ValueError: on an unknown split or a negative or non-int seed.
     """
     index = split_indices(split, seed)
     ink, digits = _base()
@@ -326,17 +362,24 @@ def augment(
         images: ``(N, 16, 16, 1)`` (or ``(N, 16, 16)``) in ``[-1, 1]``, e.g. from ``load_images``.
         labels: ``(N,)`` digits 0..9.
         seed: the augmentation's seed (same seed ⇒ identical arrays and captions).
-        stroke, position, brightness: ``None`` draws each sample's label uniformly; one label (int or
-            word, e.g. ``"thick"``) or an ``(N * copies,)`` array fixes them.
+        stroke: ``None`` draws each sample's label uniformly; one label (int or word, e.g. ``"thick"``) or an
+            ``(N * copies,)`` array (ints or words) fixes them.
+        position: as ``stroke`` (``"left"``, ``"center"``, ``"right"``).
+        brightness: as ``stroke`` (``"dim"``, ``"bright"``).
         drop: probability that a caption leaves out an attribute word — one float for all three, or
             ``{"stroke": p, "position": p, "brightness": p}`` (missing keys: 0). The digit word is kept.
         copies: augmented samples per input image (each with its own draws), rows ``k*N .. (k+1)*N - 1``
             hold copy ``k``.
-        height, width: the box (px) each digit's ink is scaled to fit before placement.
+        height: the height (px) of the box each digit's ink is scaled to fit before placement, in ``(0, 16]``.
+        width: the box's width (px), in ``(0, 14]``.
 
     Returns:
         ``ImageDataset`` of ``N * copies`` samples: ``image (N*copies, 16, 16, 1)`` float32 in ``[-1, 1]``,
         captions, and the int32 labels digit/stroke/position/brightness plus ``mentioned``.
+
+    Raises:
+        ValueError: on images or labels of the wrong shape or range, a bad seed, ``copies``, box size,
+            ``drop`` or attribute label.
     """
     images, labels = _check_images(images, labels)
     seed = _check_seed(seed)
@@ -369,6 +412,15 @@ def translate(images, dy, dx, *, fill: float = -1.0) -> np.ndarray:
     """Shift images ``(..., H, W, C)`` by whole pixels (``dy`` down, ``dx`` right), filling with ``fill``.
 
     No wrap-around: what leaves the frame is gone, what enters is background.
+
+    Args:
+        images: ``(..., H, W, C)`` arrays.
+        dy: rows to shift down (negative: up).
+        dx: columns to shift right (negative: left).
+        fill: the value of the pixels that enter (``-1``: background in ``[-1, 1]`` images).
+
+    Returns:
+        The shifted images, shaped and typed like ``images`` (all ``fill`` when the shift is the frame's size or more).
     """
     images = np.asarray(images)
     dy, dx = int(dy), int(dx)
@@ -410,16 +462,25 @@ def make_videos(
     its first and last frames; horizontal movers are not cut.
 
     Args:
-        images, labels: ``(N, 16, 16, 1)`` in ``[-1, 1]`` and ``(N,)`` digits, e.g. from ``load_images``.
+        images: ``(N, 16, 16, 1)`` (or ``(N, 16, 16)``) in ``[-1, 1]``, e.g. from ``load_images``.
+        labels: ``(N,)`` digits 0..9.
         seed: same seed ⇒ identical videos and captions.
         motion: ``None`` (uniform over ``MOTION_NAMES``), one motion (index or name) or an ``(N,)`` array.
-        stroke, position, brightness: as in ``augment`` (not captioned; recorded as labels).
-        frames: frames per video (``T``); speed: whole pixels moved per frame.
+        stroke: as in ``augment`` (not captioned; recorded as labels).
+        position: as in ``augment``; ``None`` starts horizontal movers on the side they move away from.
+        brightness: as in ``augment``.
+        frames: frames per video (``T``), at least 1.
+        speed: whole pixels moved per frame, at least 0.
         lead: vertical head start (px) of up/down movers; ``None``: half the travel, ``(frames - 1) * speed // 2``.
-        height, width: as in ``augment``.
+        height: as in ``augment``.
+        width: as in ``augment``.
 
     Returns:
         ``VideoDataset``: ``video (N, T, 16, 16, 1)`` float32 in ``[-1, 1]``, captions, int32 labels.
+
+    Raises:
+        ValueError: on bad images, labels, seed, motion or attribute labels, or a ``frames``, ``speed`` or
+            ``lead`` that is not an int in range.
     """
     images, labels = _check_images(images, labels)
     seed = _check_seed(seed)
@@ -471,6 +532,21 @@ def batches(
     the int32 labels ``(B,)`` (``"mentioned"`` ``(B, 3)`` for images), and ``"caption"`` (list of B
     str) — or, given a ``jaxpipe.nn.text.Tokenizer``, ``"ids"`` ``(B, max_len)`` int32 in its place
     (unknown words raise), so every value is an array.
+
+    Args:
+        dataset: an ``ImageDataset`` or a ``VideoDataset``.
+        batch_size: rows per batch, at most ``len(dataset)``.
+        seed: the shuffling seed (non-negative int).
+        epochs: the number of epochs (``None``: forever).
+        tokenizer: a ``Tokenizer`` to encode the captions with, or ``None`` to keep them as strings.
+        max_len: the token rows' length (with a ``tokenizer``).
+
+    Returns:
+        An iterator of batches ``{field: (B, ...) array}``.
+
+    Raises:
+        ValueError: on a wrong dataset type, a bad ``batch_size``, ``epochs`` or seed (when the iterator
+            is first advanced: this is a generator).
     """
     if not isinstance(dataset, (ImageDataset, VideoDataset)):
         raise ValueError(f"dataset must be an ImageDataset or VideoDataset (got {type(dataset).__name__})")
@@ -499,7 +575,17 @@ def batches(
 
 
 def concat(datasets: Sequence[_Dataset]) -> _Dataset:
-    """One dataset holding the samples of several datasets of the same type, in order."""
+    """One dataset holding the samples of several datasets of the same type, in order.
+
+    Args:
+        datasets: one or more ``ImageDataset`` or ``VideoDataset``, all of one type.
+
+    Returns:
+        A dataset of that type with every sample, dataset by dataset.
+
+    Raises:
+        ValueError: if ``datasets`` is empty or mixes types.
+    """
     datasets = list(datasets)
     if not datasets or len({type(d) for d in datasets}) != 1:
         raise ValueError("concat needs one or more datasets of the same type")

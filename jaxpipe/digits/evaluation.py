@@ -36,7 +36,15 @@ __all__ = ["EvalSettings", "serve", "judge", "diversity", "generator_quality", "
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings(Judging):
-    """The digits runs' before/after evaluation (``Judging``), at the sizes the README's rows are measured at."""
+    """The digits runs' before/after evaluation (``Judging``), at the sizes the README's rows are measured at.
+
+    Attributes:
+        samples: prompts judged (and ``t2i_quality`` / ``t2v_quality`` samples).
+        diversity_prompts: prompts of the diversity measurement.
+        diversity_seeds: seeds per diversity prompt (>= 2).
+        batch: items rendered per call.
+        seed: fixes the prompts and the noise, the same before and after (``Judging``'s).
+    """
 
     samples: int = 200
     diversity_prompts: int = 10
@@ -55,6 +63,21 @@ def serve(
     serves the refinement / thought, its served policy, unless ``refine`` is False (then the prompt
     as written, with the same noise). ``should_stop()`` is checked between batches (``Stopped`` when
     it turns true).
+
+    Args:
+        card: a text-to-image card (possibly one that refines or thinks first).
+        captions: ``N`` prompts.
+        seeds: ``N`` generation seeds, one per prompt.
+        num_steps: sampling steps.
+        refine: serve the refinement / thought (False: the prompt as written); ignored by a card without either.
+        batch: prompts rendered per call.
+        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+
+    Returns:
+        The images, ``(N, H, W, C)`` in ``[0, 1]``, and the ``N`` prompts they were rendered from.
+
+    Raises:
+        Stopped: once ``should_stop()`` is true.
     """
     captions, seeds = list(captions), list(seeds)
     inputs_ = registry.default_program(card).inputs
@@ -95,6 +118,16 @@ def judge(scorer: Card, images: np.ndarray, prompts: Captions, *, evaluator: Eva
     ``prompted_right``: every attribute the caption names right (the digit always);
     ``accuracy``: per term over the rows that reward it; ``reward``: the mean summed scorer reward.
     A gain the scorer sees and the independent evaluator does not is reward hacking.
+
+    Args:
+        scorer: a ``digit-scorer`` card.
+        images: ``(N, 16, 16, 1)`` in ``[0, 1]``, rendered from ``prompts``.
+        prompts: the ``N`` prompts and their rewarded labels (``sample_prompts``).
+        evaluator: the independent judge (default: ``evaluators.default_evaluator()``).
+
+    Returns:
+        ``{"all_right", "prompted_right", "accuracy": {term: float}, "reward", "independent": {"all_right",
+        "prompted_right", "accuracy"}}``.
     """
     predicted = {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, jnp.asarray(images) * 2.0 - 1.0).items()}
     labels = prompts.labels
@@ -114,7 +147,21 @@ def _eval_seeds(seed: int, n: int, offset: int = 0) -> list[int]:
 
 
 def diversity(card: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int, should_stop=None) -> float:
-    """Mean pairwise L2 distance between the served images of one prompt across seeds, averaged over prompts."""
+    """Mean pairwise L2 distance between the served images of one prompt across seeds, averaged over prompts.
+
+    Args:
+        card: a text-to-image card.
+        spec: the distribution of the ``settings.diversity_prompts`` prompts.
+        settings: the evaluation's sizes and seed.
+        num_steps: sampling steps.
+        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+
+    Returns:
+        The mean distance (images in ``[0, 1]``); a drop after training means less diverse samples.
+
+    Raises:
+        Stopped: once ``should_stop()`` is true.
+    """
     prompts = _eval_prompts(spec, settings.diversity_prompts, settings.seed, 2).captions
     seeds_per = settings.diversity_seeds
     batch = [c for c in prompts for _ in range(seeds_per)]
@@ -126,7 +173,20 @@ def diversity(card: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps
 def video_quality(card: Card, scorer: Card, settings: EvalSettings, *, should_stop=None) -> dict:
     """A text-to-video card at its own default steps and guidance: ``quality.t2v_quality`` (motion as told,
     the digit in the first and last frame) on ``settings.samples`` prompts, and the diversity of its videos
-    over seeds (as ``diversity``, on digit-and-motion captions)."""
+    over seeds (as ``diversity``, on digit-and-motion captions).
+
+    Args:
+        card: a text-to-video card.
+        scorer: a ``digit-scorer`` card.
+        settings: the evaluation's sizes and seed.
+        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+
+    Returns:
+        ``quality.t2v_quality``'s dict plus ``"diversity"`` and ``"eval_seconds"``.
+
+    Raises:
+        Stopped: once ``should_stop()`` is true.
+    """
     start = time.perf_counter()
     out = quality.t2v_quality(card, scorer, samples=settings.samples, seed=settings.seed, batch=settings.batch,
                               should_stop=should_stop)
@@ -151,7 +211,22 @@ def generator_quality(
     card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps: int, should_stop=None
 ) -> dict:
     """A text-to-image card's quality at guidance 1: ``quality.t2i_quality`` (full compositional and
-    plain-digit prompts), ``run_prompts`` (``judge`` on the run's own prompt distribution) and diversity."""
+    plain-digit prompts), ``run_prompts`` (``judge`` on the run's own prompt distribution) and diversity.
+
+    Args:
+        card: a text-to-image card.
+        scorer: a ``digit-scorer`` card.
+        spec: the run's prompt distribution.
+        settings: the evaluation's sizes and seed.
+        num_steps: sampling steps.
+        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+
+    Returns:
+        ``quality.t2i_quality``'s dict plus ``"run_prompts"`` (``judge``), ``"diversity"`` and ``"eval_seconds"``.
+
+    Raises:
+        Stopped: once ``should_stop()`` is true.
+    """
     start = time.perf_counter()
     out = quality.t2i_quality(
         card, scorer, samples=settings.samples, seed=settings.seed, num_steps=num_steps, guidance=1.0, batch=settings.batch,
@@ -178,6 +253,22 @@ def refinement_quality(
     captions' word order (the prompt names no attribute that comes after it, e.g. ``"seven"`` but
     not ``"seven left"`` for a stroke); ``added_words``: the mean number of words a refinement adds.
     Diversity is of the served (refined) images.
+
+    Args:
+        card: a card that refines (``unified``, ``multi-expert``) or thinks first (``bagel-mot``).
+        scorer: a ``digit-scorer`` card.
+        spec: the run's prompt distribution (its ``prefer`` gives the preferred words).
+        settings: the evaluation's sizes and seed.
+        num_steps: sampling steps.
+        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+
+    Returns:
+        ``{"samples", "num_steps", "guidance", "refined", "original"}`` (each a ``judge`` dict),
+        ``"preferred_word_rate"``, ``"preferred_word_rate_in_order"`` (``None`` without such pairs),
+        ``"preferred_word_rate_by_attribute"``, ``"added_words"``, ``"examples"``, ``"diversity"``, ``"eval_seconds"``.
+
+    Raises:
+        Stopped: once ``should_stop()`` is true.
     """
     start = time.perf_counter()
     prompts = _eval_prompts(spec, settings.samples, settings.seed, 1)

@@ -99,8 +99,16 @@ def compare(read: Mapping[str, np.ndarray], labels: Mapping[str, object]) -> dic
 def labels_from_prompts(prompts: Sequence[str]) -> dict[str, np.ndarray]:
     """The labels prompts ask for: ``{term: (N,) int32}``, -1 for an attribute a prompt leaves out.
 
-    ``labels_from_prompts(["seven thick left bright", "one dim"])["stroke"] == [1, -1]``; raises
-    like ``digits.parse_caption`` on words outside the vocabulary.
+    ``labels_from_prompts(["seven thick left bright", "one dim"])["stroke"] == [1, -1]``.
+
+    Args:
+        prompts: ``N`` digits-world prompts (motion words are allowed and ignored).
+
+    Returns:
+        ``{"digit"|"stroke"|"position"|"brightness": (N,) int32}``, -1 where a prompt names no such word.
+
+    Raises:
+        ValueError: as ``digits.parse_caption``, on words outside the vocabulary or a prompt without a digit.
     """
     parsed = [digits.parse_caption(p) for p in prompts]
     return {term: np.array([-1 if p[term] is None else p[term] for p in parsed], np.int32) for term in TERMS}
@@ -121,18 +129,48 @@ class Evaluator:
     def read(self, images) -> dict[str, np.ndarray]:
         """What the images show: ``{"digit"|"stroke"|"position"|"brightness": (N,) int32}``.
 
-        ``images`` ``(N, 16, 16, 1)`` in [0, 1]; -1 marks an attribute of a blank image. Raises
-        ValueError on a wrong shape or dtype, or values outside [0, 1].
+        Args:
+            images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0.
+
+        Returns:
+            The labels read; -1 marks an attribute of a blank image.
+
+        Raises:
+            ValueError: on a wrong shape or dtype, or values outside [0, 1].
         """
         attributes = readers.read(images, self.thresholds)
         return {"digit": self.predict(images), **attributes}
 
     def predict(self, images) -> np.ndarray:
-        """The digit the classifier reads in images ``(N, 16, 16, 1)`` in [0, 1]: ``(N,)`` int32."""
+        """The digit the classifier reads in images ``(N, 16, 16, 1)`` in [0, 1]: ``(N,)`` int32.
+
+        Args:
+            images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0.
+
+        Returns:
+            The digits, int32 ``(N,)`` in 0..9.
+
+        Raises:
+            ValueError: on a wrong shape or dtype, or values outside [0, 1].
+        """
         return digit_classifier.predict(self.card, images)
 
     def judge(self, images, labels: Mapping[str, object]) -> dict[str, float | int]:
-        """``compare(self.read(images), labels)``: per-term accuracy, all-right rate, counts (see ``compare``)."""
+        """``compare(self.read(images), labels)``: per-term accuracy, all-right rate, counts (see ``compare``).
+
+        The labels are checked before the classifier runs.
+
+        Args:
+            images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0.
+            labels: ``{term: (N,) int}``, -1 where a row does not ask for the term.
+
+        Returns:
+            ``compare``'s summary.
+
+        Raises:
+            TypeError: if ``labels`` is not a mapping.
+            ValueError: on bad images or labels (see ``compare``).
+        """
         n = readers.check_images(images).shape[0]
         _check_labels(labels, n)  # fail on bad labels before running the classifier
         return compare(self.read(images), labels)
@@ -146,5 +184,18 @@ def default_evaluator() -> Evaluator:
 
 def judge(images, labels: Mapping[str, object], *, evaluator: Evaluator | None = None) -> dict[str, float | int]:
     """Judge images ``(N, 16, 16, 1)`` in [0, 1] against asked ``labels`` (see ``compare``) with ``evaluator``
-    (default: ``default_evaluator()``)."""
+    (default: ``default_evaluator()``).
+
+    Args:
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0.
+        labels: ``{term: (N,) int}``, -1 where a row does not ask for the term (``labels_from_prompts``).
+        evaluator: the judge (default: ``default_evaluator()``, the bundled classifier and the readers).
+
+    Returns:
+        ``compare``'s summary: per-term accuracy, ``"all_right"``, ``"rows"`` and ``"asked_<term>"`` counts.
+
+    Raises:
+        TypeError: if ``labels`` is not a mapping.
+        ValueError: on bad images or labels (see ``compare``).
+    """
     return (evaluator or default_evaluator()).judge(images, labels)

@@ -25,7 +25,17 @@ def check(images, image_shape: tuple[int, int, int] = IMAGE_SHAPE):
     """``images`` (as a NumPy array, or the tracer itself under ``jax.jit``) or a ValueError naming the problem.
 
     Shape ``(N, *image_shape)`` with N >= 1 and a floating dtype are always checked; finiteness and the
-    range ``[0, 1]`` when the values are concrete.
+    range ``[0, 1]`` (give or take float rounding) when the values are concrete.
+
+    Args:
+        images: ``(N, *image_shape)`` floating point in ``[0, 1]``: NumPy, JAX, or a tracer under ``jax.jit``.
+        image_shape: one image's shape (default ``IMAGE_SHAPE``, ``(16, 16, 1)``).
+
+    Returns:
+        ``images`` as a NumPy array (a tracer is returned as it is), its dtype unchanged.
+
+    Raises:
+        ValueError: on a wrong shape, a non-floating dtype, NaN or infinite values, or values outside ``[0, 1]``.
     """
     traced = isinstance(images, jax.core.Tracer)
     x = images if traced else np.asarray(images)

@@ -26,9 +26,15 @@ __all__ = ["PromptSpec", "Captions", "TEXT_WIDTH", "parse_terms", "parse_prefere
 class PromptSpec:
     """Which prompts a run draws and which labels the reward scores.
 
-    terms: reward terms (``REWARD_TERMS``; must include ``"digit"``: every prompt names one).
-    mention: probability that a prompt names each rewarded attribute (1 = full compositional prompts).
-    prefer: ``(attribute, label)`` pairs: the label rewarded when the prompt leaves that attribute out.
+    Attributes:
+        terms: reward terms (``REWARD_TERMS``; must include ``"digit"``: every prompt names one).
+        mention: probability that a prompt names each rewarded attribute (1 = full compositional prompts).
+        prefer: ``(attribute, label)`` pairs: the label rewarded when the prompt leaves that attribute out.
+
+    Raises:
+        ValueError: on an unknown, repeated or missing ``"digit"`` term, a ``mention`` outside ``[0, 1]``,
+            or a preference that is unknown, repeated, out of range, not a reward term, or given with
+            ``mention`` 1 (no prompt would leave the attribute out).
     """
 
     terms: tuple[str, ...] = REWARD_TERMS
@@ -62,6 +68,7 @@ class PromptSpec:
 
     @property
     def preferences(self) -> dict[str, int]:
+        """``prefer`` as a dict: ``{attribute: preferred label}``."""
         return {name: int(label) for name, label in self.prefer}
 
     @property
@@ -70,12 +77,23 @@ class PromptSpec:
         return 1 + sum(a in self.terms for a in digits.ATTRIBUTES) if self.mention > 0 else 1
 
     def describe(self) -> dict:
+        """The spec as JSON-ready values, preferences by word: ``{"terms", "mention", "prefer": {attribute: word}}``."""
         prefer = {name: digits.ATTRIBUTE_WORDS[name][label] for name, label in self.prefer}
         return {"terms": list(self.terms), "mention": self.mention, "prefer": prefer}
 
 
 def parse_terms(text: str) -> tuple[str, ...]:
-    """``"digit,stroke"`` -> ``("digit", "stroke")`` (validated by ``PromptSpec``)."""
+    """``"digit,stroke"`` -> ``("digit", "stroke")`` (validated by ``PromptSpec``).
+
+    Args:
+        text: comma-separated reward terms (spaces around them are ignored).
+
+    Returns:
+        The terms, in order.
+
+    Raises:
+        ValueError: if a term is not in ``REWARD_TERMS`` or ``text`` names none.
+    """
     terms = tuple(t.strip() for t in text.split(",") if t.strip())
     unknown = [t for t in terms if t not in REWARD_TERMS]
     if unknown or not terms:
@@ -84,7 +102,17 @@ def parse_terms(text: str) -> tuple[str, ...]:
 
 
 def parse_preferences(text: str) -> tuple[tuple[str, int], ...]:
-    """``"stroke=thick,brightness=bright"`` -> ``(("stroke", 1), ("brightness", 1))``; ``""`` -> ``()``."""
+    """``"stroke=thick,brightness=bright"`` -> ``(("stroke", 1), ("brightness", 1))``; ``""`` -> ``()``.
+
+    Args:
+        text: comma-separated ``ATTRIBUTE=WORD`` items.
+
+    Returns:
+        ``(attribute, label)`` pairs, the label the word's index in ``digits.ATTRIBUTE_WORDS[attribute]``.
+
+    Raises:
+        ValueError: if an item is not ``ATTRIBUTE=WORD`` of a known attribute and one of its words.
+    """
     out = []
     for item in (t.strip() for t in text.split(",")):
         if not item:
@@ -101,7 +129,13 @@ def parse_preferences(text: str) -> tuple[tuple[str, int], ...]:
 
 class Captions(NamedTuple):
     """``n`` prompts: captions, rewarded labels ``{term: (n,) int32}`` (-1 = not rewarded) and
-    ``named`` ``{attribute: (n,) bool}`` (the caption names it)."""
+    ``named`` ``{attribute: (n,) bool}`` (the caption names it).
+
+    Attributes:
+        captions: the ``n`` captions.
+        labels: ``{term: (n,) int32}`` for ``"digit"`` and each rewarded attribute (-1: not rewarded).
+        named: ``{attribute: (n,) bool}`` for every attribute: whether the caption names it.
+    """
 
     captions: list[str]
     labels: dict[str, np.ndarray]
@@ -109,7 +143,17 @@ class Captions(NamedTuple):
 
 
 def sample_prompts(spec: PromptSpec, n: int, rng: np.random.Generator) -> Captions:
-    """Draw ``n`` prompts of ``spec`` (uniform digit and attribute values)."""
+    """Draw ``n`` prompts of ``spec`` (uniform digit and attribute values).
+
+    Args:
+        spec: the prompt distribution.
+        n: the number of prompts.
+        rng: the NumPy generator drawing them.
+
+    Returns:
+        ``Captions``: the ``n`` captions, the labels of ``"digit"`` and of each rewarded attribute (its value
+        where named, else its preferred label or -1) and which attributes each caption names.
+    """
     labels = {"digit": rng.integers(0, 10, n).astype(np.int32)}
     named = {}
     preferences = spec.preferences
@@ -134,7 +178,20 @@ TEXT_WIDTH = 64
 
 def prompt_batches(card: Card, spec: PromptSpec, prompts_per_step: int, seed: int) -> Iterator[Prompts]:
     """Endless RL batches of ``spec``'s prompts: ``Prompts`` of P captions, their ids for ``card`` and
-    ``metadata`` = the rewarded labels ``{term: (P,) int32}``."""
+    ``metadata`` = the rewarded labels ``{term: (P,) int32}``.
+
+    Args:
+        card: the card whose tokenizer encodes the captions.
+        spec: the prompt distribution.
+        prompts_per_step: ``P``, prompts per batch (>= 1).
+        seed: the seed of the prompts (one generator for the whole stream).
+
+    Returns:
+        An endless iterator of ``Prompts``.
+
+    Raises:
+        ValueError: if ``prompts_per_step`` < 1 (on the first ``next``: this is a generator).
+    """
     if prompts_per_step < 1:
         raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step})")
     rng = np.random.default_rng(seed)
@@ -145,7 +202,19 @@ def prompt_batches(card: Card, spec: PromptSpec, prompts_per_step: int, seed: in
 
 def motion_batches(card: Card, prompts_per_step: int, seed: int) -> Iterator[Prompts]:
     """Endless text-to-video batches of captions naming a digit and a motion (``"seven moving right"``),
-    uniformly drawn: ``Prompts`` with metadata ``{"digit", "motion": (P,) int32}``."""
+    uniformly drawn: ``Prompts`` with metadata ``{"digit", "motion": (P,) int32}``.
+
+    Args:
+        card: the text-to-video card whose tokenizer encodes the captions.
+        prompts_per_step: ``P``, prompts per batch (>= 1).
+        seed: the seed of the prompts (one generator for the whole stream).
+
+    Returns:
+        An endless iterator of ``Prompts``; ``motion`` indexes ``digits.MOTION_NAMES``.
+
+    Raises:
+        ValueError: if ``prompts_per_step`` < 1 (on the first ``next``: this is a generator).
+    """
     if prompts_per_step < 1:
         raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step})")
     rng = np.random.default_rng(seed)

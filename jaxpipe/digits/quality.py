@@ -62,7 +62,29 @@ def t2i_quality(
     (plain digit and full compositional prompt), judged by the scorer and, under ``"independent"``, by
     ``evaluator`` (default ``evaluators.default_evaluator()``: the ``digit-classifier`` and the readers).
     ``progress``: a bar over the images; ``should_stop()`` is checked between batches (``Stopped`` is
-    raised when it turns true)."""
+    raised when it turns true).
+
+    Args:
+        t2i: a text-to-image card.
+        scorer: a ``digit-scorer`` card.
+        samples: random prompts (each rendered twice).
+        seed: the seed of the prompts (or picks) and of the generation seeds (``seed * 100_003 + i`` for item ``i``).
+        num_steps: sampling steps (``None``: the card's default).
+        guidance: guidance scale (``None``: the card's default).
+        batch: items generated per call.
+        progress: show a progress bar.
+        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+        evaluator: the independent judge (default: ``evaluators.default_evaluator()``).
+
+    Returns:
+        ``{"samples", "num_steps", "guidance", "digit_accuracy", "digit_accuracy_compositional",
+        "attribute_accuracy": {attribute: float}, "all_attributes_correct", "independent": {the same four}}``,
+        accuracies in ``[0, 1]`` (``digit_accuracy``: on the plain-digit prompts; the rest: on the full ones).
+
+    Raises:
+        ValueError: if ``samples`` <= 0.
+        Stopped: once ``should_stop()`` is true.
+    """
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")
     rng = np.random.default_rng(seed)
@@ -106,7 +128,14 @@ def t2i_quality(
 
 
 def ink_centroids(video: np.ndarray) -> np.ndarray:
-    """Ink centroids ``(..., T, 2)`` as (row, col) of videos ``(..., T, H, W, 1)`` in [0, 1] (background 0)."""
+    """Ink centroids ``(..., T, 2)`` as (row, col) of videos ``(..., T, H, W, 1)`` in [0, 1] (background 0).
+
+    Args:
+        video: videos ``(..., T, H, W, 1)`` in ``[0, 1]``, background 0 (negative values count as no ink).
+
+    Returns:
+        The centroids, float64 ``(..., T, 2)``, in px from the top-left pixel's centre.
+    """
     ink = np.clip(np.asarray(video, np.float64)[..., 0], 0.0, None)
     h, w = ink.shape[-2:]
     mass = ink.sum(axis=(-2, -1)) + 1e-8
@@ -117,7 +146,15 @@ def ink_centroids(video: np.ndarray) -> np.ndarray:
 
 def moves_as_told(displacement: np.ndarray, motion: np.ndarray) -> np.ndarray:
     """``(N,)`` bool: centroid ``displacement`` ``(N, 2)`` (dy, dx in px) moved as ``motion`` ``(N,)`` (indices of
-    ``digits.MOTION_NAMES``) says: more than ``MOTION_THRESHOLD_PX`` that way, or less than it for ``still``."""
+    ``digits.MOTION_NAMES``) says: more than ``MOTION_THRESHOLD_PX`` that way, or less than it for ``still``.
+
+    Args:
+        displacement: the centroid's travel, ``(N, 2)`` as (dy, dx) in px (e.g. last frame minus first).
+        motion: the prompted motions, ``(N,)`` int indices of ``digits.MOTION_NAMES``.
+
+    Returns:
+        ``(N,)`` bool (False for an unknown motion index).
+    """
     dy, dx = displacement[:, 0], displacement[:, 1]
     t = MOTION_THRESHOLD_PX
     checks = {
@@ -142,6 +179,27 @@ def i2v_quality(
     ``video_mae`` measures how well the digit keeps its shape while it moves; with a ``scorer``,
     ``last_frame_digit_accuracy`` is how often the last frame still reads as the prompted digit (and, under
     ``"independent"``, how often ``evaluator``'s classifier reads it so).
+
+    Args:
+        i2v: an image-to-video card.
+        scorer: a ``digit-scorer`` card (``None``: no digit accuracies).
+        samples: videos, each conditioned on a different held-out digit (at most the split's 359).
+        seed: the seed of the prompts (or picks) and of the generation seeds (``seed * 100_003 + i`` for item ``i``).
+        num_steps: sampling steps (``None``: the card's default).
+        guidance: guidance scale (``None``: the card's default).
+        batch: items generated per call.
+        progress: show a progress bar.
+        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+        evaluator: the independent judge, used with a ``scorer`` (default: ``evaluators.default_evaluator()``).
+
+    Returns:
+        ``{"samples", "num_steps", "guidance", "motion_accuracy", "motion_accuracy_by_direction": {motion: float},
+        "first_frame_mae", "first_frame_match", "video_mae"}``, plus with a ``scorer``
+        ``"last_frame_digit_accuracy"`` and ``"independent": {"last_frame_digit_accuracy"}``; errors in ink units.
+
+    Raises:
+        ValueError: if ``samples`` <= 0.
+        Stopped: once ``should_stop()`` is true.
     """
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")
@@ -198,7 +256,24 @@ def understanding_quality(card: Card, *, samples: int = 200, seed: int = 0, batc
                           should_stop: Callable[[], bool] | None = None) -> dict:
     """Image -> caption accuracy of a card with an ``understand`` program on ``samples`` held-out digits
     drawn with random attributes: per attribute (the caption names the right word), all right, and
-    how often the caption is complete (digit and every attribute named once)."""
+    how often the caption is complete (digit and every attribute named once).
+
+    Args:
+        card: a card whose family has an ``understand`` program (``bagel-mot``).
+        samples: held-out digits to caption (at most the split's 359).
+        seed: the seed of the picks, their renders and the generation seeds (``0..samples - 1``).
+        batch: images captioned per call.
+        progress: show a progress bar.
+        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+
+    Returns:
+        ``{"samples", "accuracy": {"digit", attribute: float}, "all_right", "complete", "examples"}``
+        (``examples``: the first 5 captions).
+
+    Raises:
+        ValueError: if ``samples`` <= 0.
+        Stopped: once ``should_stop()`` is true.
+    """
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")
     program = registry.family_of(card).program("understand")
@@ -238,6 +313,25 @@ def thinking_quality(card: Card, scorer: Card, *, samples: int = 200, seed: int 
     Reported per mode: the prompted digit right, every named attribute right, both right; with
     thinking also how often the thought is a complete caption that keeps the prompt, and how often
     the image shows everything the thought names (the model follows its own plan).
+
+    Args:
+        card: a card with a ``think`` input (a Mixture-of-Transformers card: ``bagel-mot``).
+        scorer: a ``digit-scorer`` card.
+        samples: partial prompts (each rendered with and without thinking).
+        seed: the seed of the prompts (or picks) and of the generation seeds (``seed * 100_003 + i`` for item ``i``).
+        num_steps: sampling steps (``None``: the card's default).
+        guidance: guidance scale (``None``: the card's default).
+        batch: items generated per call.
+        progress: show a progress bar.
+        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+
+    Returns:
+        ``{"samples", "num_steps", "guidance", "think": {"digit", "attributes", "prompt_right", "thought_complete",
+        "follows_thought", "examples"}, "no_think": {"digit", "attributes", "prompt_right"}}``, rates in ``[0, 1]``.
+
+    Raises:
+        ValueError: if ``samples`` <= 0.
+        Stopped: once ``should_stop()`` is true.
     """
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")
@@ -297,6 +391,28 @@ def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, 
     caption first (``cosmos3``) are also judged on ``digit_only``: the prompt names the digit alone
     and the card reasons a motion: how often the reasoned caption names one, and how often the
     video moves as its own reasoning says.
+
+    Args:
+        card: a text-to-video card.
+        scorer: a ``digit-scorer`` card.
+        samples: random prompts per mode.
+        seed: the seed of the prompts (or picks) and of the generation seeds (``seed * 100_003 + i`` for item ``i``).
+        num_steps: sampling steps (``None``: the card's default).
+        guidance: guidance scale (``None``: the card's default).
+        batch: items generated per call.
+        progress: show a progress bar.
+        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+        evaluator: the independent judge (default: ``evaluators.default_evaluator()``).
+
+    Returns:
+        ``{"samples", "num_steps", "guidance", "full": {...}}`` and, for a reasoning card, ``"digit_only"``. Each mode
+        holds ``first_frame_digit_accuracy``, ``last_frame_digit_accuracy``, ``independent`` (the same two by
+        ``evaluator``) and, for a reasoning card, ``examples``; ``full`` adds ``motion_accuracy`` and
+        ``motion_accuracy_by_direction``, ``digit_only`` adds ``reasoned_a_motion`` and ``follows_its_reasoning``.
+
+    Raises:
+        ValueError: if ``samples`` <= 0.
+        Stopped: once ``should_stop()`` is true.
     """
     if samples <= 0:
         raise ValueError(f"samples must be > 0 (got {samples})")

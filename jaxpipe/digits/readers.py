@@ -99,14 +99,36 @@ is the least-error one (6 of 2,876 renders on the wrong side).
 
 # ------------------------------------------------------------------------------------------------ input
 def check_images(images) -> np.ndarray:
-    """``images`` as float64 ``(N, 16, 16)`` ink, or a ValueError saying what is wrong (``digits.images.check``:
-    ``(N, 16, 16, 1)`` arrays, NumPy or JAX, of finite values in ``[0, 1]``)."""
+    """``images`` as float64 ``(N, 16, 16)`` ink, or a ValueError saying what is wrong.
+
+    The check is ``digits.images.check``: ``(N, 16, 16, 1)`` arrays, NumPy or JAX, of finite values in
+    ``[0, 1]``; the channel axis is dropped and values are clipped to ``[0, 1]``.
+
+    Args:
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+
+    Returns:
+        The ink, float64 ``(N, 16, 16)`` in ``[0, 1]``.
+
+    Raises:
+        ValueError: if ``images`` is not ``(N, 16, 16, 1)`` floating point, finite, in ``[0, 1]``.
+    """
     return np.clip(images_.check(images)[..., 0].astype(np.float64), 0.0, 1.0)
 
 
 # ------------------------------------------------------------------------------------------------ features
 def peak_ink(images) -> np.ndarray:
-    """The maximum ink of each image: ``(N, 16, 16, 1)`` in [0, 1] -> ``(N,)``."""
+    """The maximum ink of each image: ``(N, 16, 16, 1)`` in [0, 1] -> ``(N,)``.
+
+    Args:
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+
+    Returns:
+        The peak ink per image, float64 ``(N,)`` in ``[0, 1]``.
+
+    Raises:
+        ValueError: if ``images`` is not ``(N, 16, 16, 1)`` floating point, finite, in ``[0, 1]``.
+    """
     return check_images(images).max(axis=(1, 2))
 
 
@@ -123,6 +145,15 @@ def ink_centre(images) -> np.ndarray:
     The extent runs from the 3% to the 97% quantile of the column profile of the ink above the
     floor (``INK_FLOOR``; linear within a pixel, pixel ``j`` spanning ``[j, j + 1)``); a blank
     image gives the frame's centre, 8.
+
+    Args:
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+
+    Returns:
+        The extent's midpoint per image, float64 ``(N,)`` in ``[0, 16]`` px.
+
+    Raises:
+        ValueError: if ``images`` is not ``(N, 16, 16, 1)`` floating point, finite, in ``[0, 1]``.
     """
     x = _relative_ink(images)
     columns = x.sum(axis=1)
@@ -144,6 +175,15 @@ def stroke_width(images) -> np.ndarray:
 
     Area is ``Σ y`` and perimeter the total variation ``Σ |Δy|`` along rows and columns (the
     frame counts as background), with ``y = ink / peak``; a blank image gives 0.
+
+    Args:
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+
+    Returns:
+        The stroke width per image, float64 ``(N,)`` in px (0 for a blank image).
+
+    Raises:
+        ValueError: if ``images`` is not ``(N, 16, 16, 1)`` floating point, finite, in ``[0, 1]``.
     """
     x = check_images(images)
     peak = x.max(axis=(1, 2), keepdims=True)
@@ -159,24 +199,75 @@ def _unreadable(images, labels: np.ndarray) -> np.ndarray:
 
 
 def read_stroke(images, thresholds: Thresholds = THRESHOLDS) -> np.ndarray:
-    """Stroke ``(N,)`` int32: 0 thin, 1 thick, -1 blank, for images ``(N, 16, 16, 1)`` in [0, 1]."""
+    """Stroke ``(N,)`` int32: 0 thin, 1 thick, -1 blank, for images ``(N, 16, 16, 1)`` in [0, 1].
+
+    A digit is thick where ``stroke_width`` exceeds ``thresholds.stroke``; blank means peak ink below ``MIN_INK``.
+
+    Args:
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+        thresholds: the decision thresholds (default ``THRESHOLDS``).
+
+    Returns:
+        The stroke label per image, int32 ``(N,)``: 0 thin, 1 thick, -1 blank.
+
+    Raises:
+        ValueError: if ``images`` is not ``(N, 16, 16, 1)`` floating point, finite, in ``[0, 1]``.
+    """
     return _unreadable(images, (stroke_width(images) > thresholds.stroke).astype(np.int32))
 
 
 def read_position(images, thresholds: Thresholds = THRESHOLDS) -> np.ndarray:
-    """Position ``(N,)`` int32: 0 left, 1 center, 2 right, -1 blank, for images ``(N, 16, 16, 1)`` in [0, 1]."""
+    """Position ``(N,)`` int32: 0 left, 1 center, 2 right, -1 blank, for images ``(N, 16, 16, 1)`` in [0, 1].
+
+    ``ink_centre`` is cut at the two ``thresholds.position`` values; blank means peak ink below ``MIN_INK``.
+
+    Args:
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+        thresholds: the decision thresholds (default ``THRESHOLDS``).
+
+    Returns:
+        The position label per image, int32 ``(N,)``: 0 left, 1 center, 2 right, -1 blank.
+
+    Raises:
+        ValueError: if ``images`` is not ``(N, 16, 16, 1)`` floating point, finite, in ``[0, 1]``.
+    """
     centre = ink_centre(images)
     lo, hi = thresholds.position
     return _unreadable(images, (centre > lo).astype(np.int32) + (centre > hi))
 
 
 def read_brightness(images, thresholds: Thresholds = THRESHOLDS) -> np.ndarray:
-    """Brightness ``(N,)`` int32: 0 dim, 1 bright, -1 blank, for images ``(N, 16, 16, 1)`` in [0, 1]."""
+    """Brightness ``(N,)`` int32: 0 dim, 1 bright, -1 blank, for images ``(N, 16, 16, 1)`` in [0, 1].
+
+    A digit is bright where ``peak_ink`` exceeds ``thresholds.brightness``; blank means peak ink below ``MIN_INK``.
+
+    Args:
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+        thresholds: the decision thresholds (default ``THRESHOLDS``).
+
+    Returns:
+        The brightness label per image, int32 ``(N,)``: 0 dim, 1 bright, -1 blank.
+
+    Raises:
+        ValueError: if ``images`` is not ``(N, 16, 16, 1)`` floating point, finite, in ``[0, 1]``.
+    """
     return _unreadable(images, (peak_ink(images) > thresholds.brightness).astype(np.int32))
 
 
 def read(images, thresholds: Thresholds = THRESHOLDS) -> dict[str, np.ndarray]:
-    """All three readers: ``{"stroke"|"position"|"brightness": (N,) int32}`` (-1: blank image)."""
+    """All three readers: ``{"stroke"|"position"|"brightness": (N,) int32}`` (-1: blank image).
+
+    Args:
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+        thresholds: the decision thresholds (default ``THRESHOLDS``).
+
+    Returns:
+        ``{"stroke": read_stroke, "position": read_position, "brightness": read_brightness}`` of the
+        images, each int32 ``(N,)`` (indices into that attribute's words; -1: blank image).
+
+    Raises:
+        ValueError: if ``images`` is not ``(N, 16, 16, 1)`` floating point, finite, in ``[0, 1]``.
+    """
     return {
         "stroke": read_stroke(images, thresholds),
         "position": read_position(images, thresholds),
@@ -211,6 +302,17 @@ def calibrate(*, split: str = "train", seed: int = 0, copies: int = 2) -> Thresh
     those two classes' renders) and center from right; the brightness cut is taken on
     ``log(peak_ink)`` (brightness is a gain, so the midpoint is geometric). ``calibrate(**CALIBRATION)``
     gives ``THRESHOLDS``.
+
+    Args:
+        split: the renders' split of the digits (``"train"``; ``"heldout"`` is kept for measuring the readers).
+        seed: the seed of ``digits.augment``'s random attributes.
+        copies: augmented copies per digit image.
+
+    Returns:
+        The least-error ``Thresholds`` on those renders.
+
+    Raises:
+        ValueError: if a feature takes a single value on the renders (no cut exists).
     """
     data = digits.augment(*digits.load_images(split), seed=seed, copies=copies)
     images = (data.image + 1.0) / 2.0

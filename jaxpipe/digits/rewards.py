@@ -33,6 +33,17 @@ def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> Reward:
     for. Per-term parts give per-expert credit in N-way RL. Videos (``artifacts["video"]``,
     ``(B, T, H, W, C)``) are scored frame by frame, each term averaged over the frames; images are
     ``artifacts["image"]`` ``(B, H, W, C)`` in [0, 1].
+
+    Args:
+        scorer: a ``digit-scorer`` card.
+        terms: the reward terms, from ``REWARD_TERMS``.
+
+    Returns:
+        The reward function (pure: it can run under ``jax.jit``); it raises ValueError when the prompts'
+        metadata lacks a term's labels.
+
+    Raises:
+        ValueError: if ``terms`` is empty or names a term outside ``REWARD_TERMS``.
     """
     unknown = [t for t in terms if t not in REWARD_TERMS]
     if unknown or not terms:
@@ -50,7 +61,20 @@ def label_probabilities(scorer: Card, images: jax.Array, labels: Mapping[str, ja
                         terms: tuple[str, ...]) -> dict[str, jax.Array]:
     """``{term: (B,)}``: the ``digit-scorer``'s probability of each term's label ``labels[term]`` ``(B,)`` for
     ``images`` ``(B, H, W, C)`` in [0, 1] (videos ``(B, T, H, W, C)``: averaged over the frames); 0 where the
-    label is -1."""
+    label is -1.
+
+    Args:
+        scorer: a ``digit-scorer`` card.
+        images: images ``(B, H, W, C)`` or videos ``(B, T, H, W, C)`` in ``[0, 1]``.
+        labels: ``{term: (B,) int}`` labels (-1: not rewarded); may hold more keys than ``terms``.
+        terms: the reward terms to score.
+
+    Returns:
+        ``{term: (B,) float32}`` probabilities in ``[0, 1]``.
+
+    Raises:
+        ValueError: if ``labels`` lacks one of ``terms``.
+    """
     missing = [t for t in terms if t not in labels]
     if missing:
         raise ValueError(f"the prompts carry no labels for reward term(s) {missing} (metadata: {sorted(labels)})")

@@ -27,7 +27,11 @@ from jaxpipe.training.methods.nft import DiffusionNFT, DiffusionNFTConfig
 from jaxpipe.training.methods.self_forcing import SelfForcing, SelfForcingConfig
 from jaxpipe.training.runs import Run, execute
 
-__all__ = ["EvalSettings", "PromptSpec", "Run", "execute", "parse_preferences", "parse_terms", "prompt_batches", "motion_batches", "flow_grpo_run", "nft_run", "dmd2_run", "self_forcing_run", "unified_run", "joint_run", "mot_run"]
+__all__ = [
+    "EvalSettings", "PromptSpec", "Run", "execute", "parse_preferences", "parse_terms", "prompt_batches",
+    "motion_batches", "flow_grpo_run", "nft_run", "dmd2_run", "self_forcing_run", "unified_run", "joint_run", "mot_run",
+    "HACKING_GAP", "REFINEMENT_CURVES",
+]
 
 
 def _change(before: dict, after: dict, *path: str) -> dict:
@@ -92,7 +96,26 @@ def flow_grpo_run(
     seed: int = 0,
     evaluation: EvalSettings | None = EvalSettings(),
 ) -> Run:
-    """FlowGRPO on a text-to-image card (e.g. ``flux-t2i``) with the ``digit-scorer`` reward over ``prompts.terms``."""
+    """FlowGRPO on a text-to-image card (e.g. ``flux-t2i``) with the ``digit-scorer`` reward over ``prompts.terms``.
+
+    Judged by ``generator_quality`` at the config's sampling steps; the headline compares the scorer's and the
+    independent evaluators' gains (``HACKING_GAP``).
+
+    Args:
+        card: a text-to-image card (the policy).
+        scorer: the ``digit-scorer`` card: the reward and, with the independent evaluators, the judge.
+        config: the FlowGRPO settings.
+        prompts: the prompt distribution; its ``terms`` are the reward's.
+        prompts_per_step: prompts per training step.
+        seed: the seed of the prompt stream.
+        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+
+    Returns:
+        The ``"flow-grpo"`` ``Run``, ready for ``execute``.
+
+    Raises:
+        ValueError: if ``card`` refines its prompts first (a ``unified`` card: use ``unified_run``).
+    """
     _check_text_to_image(card, "flow-grpo")
     return _generator_run(
         "flow-grpo", FlowGRPO(card, scorer_reward(scorer, prompts.terms), config), card, scorer, config, prompts,
@@ -110,7 +133,23 @@ def nft_run(
     seed: int = 0,
     evaluation: EvalSettings | None = EvalSettings(),
 ) -> Run:
-    """DiffusionNFT on a text-to-image card with the ``digit-scorer`` reward; judged as ``flow_grpo_run``."""
+    """DiffusionNFT on a text-to-image card with the ``digit-scorer`` reward; judged as ``flow_grpo_run``.
+
+    Args:
+        card: a text-to-image card (the policy).
+        scorer: the ``digit-scorer`` card: the reward and, with the independent evaluators, the judge.
+        config: the DiffusionNFT settings.
+        prompts: the prompt distribution; its ``terms`` are the reward's.
+        prompts_per_step: prompts per training step.
+        seed: the seed of the prompt stream.
+        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+
+    Returns:
+        The ``"nft"`` ``Run``, ready for ``execute``.
+
+    Raises:
+        ValueError: if ``card`` refines its prompts first (a ``unified`` card: use ``unified_run``).
+    """
     _check_text_to_image(card, "nft")
     return _generator_run(
         "nft", DiffusionNFT(card, scorer_reward(scorer, prompts.terms), config), card, scorer, config, prompts,
@@ -130,7 +169,23 @@ def dmd2_run(
     evaluation: EvalSettings | None = EvalSettings(),
 ) -> Run:
     """DMD2: distil text-to-image ``card`` (the teacher) into a ``config.student_steps``-step student on
-    ``prompts``; the scorer only judges (the student before training is the teacher at the student's steps)."""
+    ``prompts``; the scorer only judges (the student before training is the teacher at the student's steps).
+
+    Args:
+        card: a text-to-image card, the teacher (the student starts as a copy).
+        scorer: the ``digit-scorer`` card (the judge only: DMD2 has no reward).
+        config: the DMD2 settings (``student_steps``: the student's sampling steps).
+        prompts: the prompt distribution of the training batches and the evaluation.
+        prompts_per_step: prompts per training step.
+        seed: the seed of the prompt stream.
+        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+
+    Returns:
+        The DMD2 ``Run``, ready for ``execute``.
+
+    Raises:
+        ValueError: if ``card`` refines its prompts first (a ``unified`` card: use ``unified_run``).
+    """
     _check_text_to_image(card, "dmd2")
     return _generator_run(
         f"dmd2 ({config.student_steps}-step student)", DMD2(card, config), card, scorer, config, prompts, prompts_per_step,
@@ -151,7 +206,20 @@ def self_forcing_run(
     evaluation: EvalSettings | None = EvalSettings(samples=100),
 ) -> Run:
     """SelfForcing: causal ``card`` (``wan-causal``) trained on its own chunked rollouts against the
-    bidirectional ``teacher`` (``wan-t2v``) on digit-and-motion prompts; judged by ``video_quality``."""
+    bidirectional ``teacher`` (``wan-t2v``) on digit-and-motion prompts; judged by ``video_quality``.
+
+    Args:
+        card: the causal student card (``wan-causal``).
+        teacher: the bidirectional teacher card (``wan-t2v``).
+        scorer: the ``digit-scorer`` card (the judge only).
+        config: the SelfForcing settings.
+        prompts_per_step: prompts per training step.
+        seed: the seed of the prompt stream (``motion_batches``).
+        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+
+    Returns:
+        The ``"self-forcing"`` ``Run``, ready for ``execute``.
+    """
     method = SelfForcing(card, teacher, config)
     evaluate = None
     if evaluation is not None:
@@ -251,6 +319,22 @@ def unified_run(
 
     Prompts name each rewarded attribute with probability ``prompts.mention``; ``prompts.prefer``
     labels the attributes a prompt leaves out, which the refiner can learn to ask for.
+
+    Args:
+        card: a card with a refiner LM (``unified``).
+        scorer: the ``digit-scorer`` card: the reward and, with the independent evaluators, the judge.
+        config: the UnifiedRL settings.
+        prompts: the prompt distribution; its ``terms`` are the reward's.
+        prompts_per_step: prompts per training step.
+        seed: the seed of the prompt stream.
+        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+
+    Returns:
+        The ``Run`` (``"unified"``, or ``"unified (prompt-only)"``), judged by ``refinement_quality``.
+
+    Raises:
+        ValueError: if ``card`` has no ``llm`` component,
+            or if ``prompts`` can be longer than the card's ``max_prompt_words`` (no room for the refiners' words).
     """
     if "llm" not in card.components:
         raise ValueError(f"unified RL needs a card with a refiner LM (the 'unified' card); {card.model_id!r} has none")
@@ -287,6 +371,22 @@ def joint_run(
 
     The reward's parts are the scorer's per-term probabilities, so under ``credit="per_expert"`` refiner
     i is credited with the term of the attribute it owns; the curves include every part (one per expert).
+
+    Args:
+        card: a ``multi-expert`` card (stacked refiners).
+        scorer: the ``digit-scorer`` card: the reward and, with the independent evaluators, the judge.
+        config: the JointMultiExpertRL settings.
+        prompts: the prompt distribution (default: bare digits, each attribute's preferred word rewarded).
+        prompts_per_step: prompts per training step.
+        seed: the seed of the prompt stream.
+        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+
+    Returns:
+        The ``"joint (...)"`` ``Run``, judged by ``refinement_quality``.
+
+    Raises:
+        ValueError: if ``card`` has no stacked refiners,
+            or if ``prompts`` can be longer than the card's ``max_prompt_words`` (no room for the refiners' words).
     """
     if toy_multi_expert.COMPONENT not in card.components:
         raise ValueError(f"joint RL needs a multi-expert card (stacked refiners); {card.model_id!r} has none")
@@ -338,7 +438,24 @@ def mot_run(
     evaluation: EvalSettings | None = EvalSettings(),
 ) -> Run:
     """RL on shared weights (``SharedMoTRL``) on a MoT card: the thinker and the generator are one
-    transformer. Prompts and evaluation as ``unified_run`` (thinking plays the refiner's part)."""
+    transformer. Prompts and evaluation as ``unified_run`` (thinking plays the refiner's part).
+
+    Args:
+        card: a Mixture-of-Transformers card (``bagel-mot``).
+        scorer: the ``digit-scorer`` card: the reward and, with the independent evaluators, the judge.
+        config: the SharedMoTRL settings.
+        prompts: the prompt distribution; its ``terms`` are the reward's.
+        prompts_per_step: prompts per training step.
+        seed: the seed of the prompt stream.
+        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+
+    Returns:
+        The ``"mot"`` ``Run``, judged by ``refinement_quality``.
+
+    Raises:
+        ValueError: if ``card`` is not a ``toy_mot`` card,
+            or if ``prompts`` can be longer than the card's ``max_prompt_words`` (no room for the refiners' words).
+    """
     if card.spec.family != "toy_mot":
         raise ValueError(f"train mot needs a Mixture-of-Transformers card (e.g. 'bagel-mot'); {card.model_id!r} is not one")
     _check_room(card, prompts)

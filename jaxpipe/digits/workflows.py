@@ -52,6 +52,15 @@ def t2i_i2v(t2i: str = "flux-t2i", i2v: str = "wan-i2v", workflow_id: str = "ima
     with the motion part (``"<digit> still"`` if the prompt names no motion). Artifacts:
     ``"video"`` ``(T, H, W, C)`` and ``"image"`` ``(H, W, C)``, both in [0, 1], plus the stages'
     own (``"t2i:text"``, ``"i2v:latents"``, ...).
+
+    Args:
+        t2i: the text-to-image card's id.
+        i2v: the image-to-video card's id.
+        workflow_id: the workflow's id.
+
+    Returns:
+        The workflow; a request without a prompt, or with words outside the digits vocabulary, fails its check
+        (ValueError).
     """
     text_to_image = _text_to_image if t2i == "flux-t2i" else (lambda s: _text_to_image(s).replace(model=t2i))
     image_to_video = _image_to_video if i2v == "wan-i2v" else (lambda s: _image_to_video(s).replace(model=i2v))
@@ -78,7 +87,18 @@ def _extended_outputs(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def t2i_i2v_extended(base: str = "image_video.t2i_i2v", workflow_id: str = "image_video.t2i_i2v_extended") -> Workflow:
     """A nested workflow: run ``base`` (text -> image -> video), then animate its last frame again
-    with the same motion and join the clips: ``"video"`` ``(2T - 1, H, W, C)``."""
+    with the same motion and join the clips: ``"video"`` ``(2T - 1, H, W, C)``.
+
+    The second clip is ``wan-i2v``'s from ``base``'s last frame (seed + 1); its first frame, that last frame
+    again, is dropped when joining.
+
+    Args:
+        base: the id of the text -> image -> video workflow to extend.
+        workflow_id: the workflow's id.
+
+    Returns:
+        The workflow; its artifacts are ``"video"`` and ``base``'s ``"image"``.
+    """
     return Workflow(
         id=workflow_id,
         stages=(Stage("base", base, lambda s: Request(base, prompt=s["prompt"], **_settings(s))), Stage("more", "wan-i2v", _extend)),
@@ -112,6 +132,14 @@ def t2v_continue(t2v: str = "wan-t2v", causal: str = "wan-causal", workflow_id: 
     conditioned on all of its frames (prefilled into its chunk KV cache). ``inputs={"chunks": n}`` sets
     how many (default the causal card's). Artifacts: ``"video"`` ``(T + n·F, H, W, C)`` in [0, 1] (the
     first video's frames exactly, then the new ones), plus ``"t2v:video"``, ``"more:video"`` ...
+
+    Args:
+        t2v: the text-to-video card's id.
+        causal: the causal (chunked) video card's id; it continues with seed + 1.
+        workflow_id: the workflow's id.
+
+    Returns:
+        The workflow; a request without a prompt fails its check (ValueError).
     """
     first = (lambda s: Request(t2v, prompt=s["prompt"], **_settings(s)))
     more = _continue if causal == "wan-causal" else (lambda s: _continue(s).replace(model=causal))

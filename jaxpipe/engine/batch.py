@@ -94,19 +94,46 @@ def resize(kind: str, capacity: int, batch, keep):
 
 
 def pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``).
+
+    Args:
+      n: a count.
+
+    Returns:
+      ``2**k``, an int.
+    """
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
 def bucket(n: int) -> int:
     """The smallest batch size >= ``n`` of the form 2^k or 3·2^k (1, 2, 3, 4, 6, 8, 12, 16, 24, ...):
-    few distinct shapes to compile, at most a third of a batch wasted on inert rows."""
+    few distinct shapes to compile, at most a third of a batch wasted on inert rows.
+
+    Args:
+      n: the number of rows to hold.
+
+    Returns:
+      The batch size, an int.
+    """
     p = pow2(n)
     return 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
 
 
 def padded(slots: list[int], rows: list[int], capacity: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Index arrays of fixed length ``capacity`` (one compile per shape); padding entries point
-    out of range and are dropped by the scatters."""
+    """Index arrays of fixed length ``capacity`` (one compile per shape) for ``admit`` / ``retire``.
+
+    Padding entries point out of range (``capacity`` for slots, ``size`` for rows) and are dropped by
+    the scatters.
+
+    Args:
+      slots: the batch slots to write, at most ``capacity``.
+      rows: the matching source / target rows.
+      capacity: the batch's slot count.
+      size: the source / target's row count.
+
+    Returns:
+      ``(slots, rows)``, two ``(capacity,)`` int32 arrays.
+    """
     s = np.full((capacity,), capacity, np.int32)
     r = np.full((capacity,), size, np.int32)
     s[: len(slots)] = slots

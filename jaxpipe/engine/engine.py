@@ -230,9 +230,11 @@ class Engine:
         return sorted([*self._cards, *self._workflows.ids()])
 
     def cards(self) -> list[str]:
+        """The ids of the resident cards (roles included), sorted."""
         return sorted(self._cards)
 
     def workflows(self) -> list[str]:
+        """The ids of the registered workflows, sorted."""
         return self._workflows.ids()
 
     def card(self, model_id: str, *, pending: bool = False) -> Card:
@@ -247,9 +249,31 @@ class Engine:
             return card
 
     def program(self, model_id: str) -> Program:
+        """The program the resident card ``model_id`` is served with.
+
+        Args:
+          model_id: a served card's id.
+
+        Returns:
+          Its ``Program``.
+
+        Raises:
+          EngineError: if ``model_id`` is not served, or is a workflow.
+        """
         return self._resident(model_id).program
 
     def workflow(self, model_id: str) -> Workflow:
+        """The registered workflow ``model_id``.
+
+        Args:
+          model_id: a served workflow's id.
+
+        Returns:
+          Its ``Workflow``.
+
+        Raises:
+          EngineError: if ``model_id`` is not served, or is a card.
+        """
         self._lookup(model_id)
         if model_id not in self._workflows:
             raise EngineError(f"{model_id!r} is a card, not a workflow")

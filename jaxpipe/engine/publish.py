@@ -26,9 +26,19 @@ __all__ = ["Resident", "Publish", "checked", "stacked"]
 
 @dataclasses.dataclass(eq=False)
 class Resident:
-    """A served card: its program, its flat leaves, and weight ``versions`` by versioned name (a
-    component's name, or, for a component in ``experts`` (stacked component -> expert names),
-    each expert's name)."""
+    """A served card: its program, its flat leaves, and its weight versions.
+
+    Attributes:
+      card: the card.
+      program: the program it is served with.
+      treedef: the card's pytree structure.
+      leaves: the card's flat leaves (what the jitted batch operations take).
+      versions: weight version by versioned name: a component's name, or, for a component in
+        ``experts``, each expert's name.
+      experts: stacked component -> its expert names.
+      base: for a role (``Engine.add_role``), the card it is a role of.
+      scope: for a role, the components it tracks on its own.
+    """
 
     card: Card
     program: Program
@@ -43,7 +53,19 @@ class Resident:
     def of(cls, card: Card, program: Program, versions: dict[str, int], experts: dict[str, tuple[str, ...]],
            base: str | None = None, scope: tuple[str, ...] = ()) -> "Resident":
         """A resident card; ``base`` / ``scope``: for a role (``Engine.add_role``), the card it is a
-        role of and the components it tracks on its own."""
+        role of and the components it tracks on its own.
+
+        Args:
+          card: the card.
+          program: its program.
+          versions: the initial weight versions.
+          experts: stacked component -> expert names.
+          base: the card a role belongs to, or ``None``.
+          scope: the role's own components.
+
+        Returns:
+          The ``Resident``.
+        """
         leaves, treedef = jax.tree.flatten(card)
         return cls(card, program, treedef, leaves, versions, experts, base, scope)
 
@@ -66,8 +88,13 @@ class Resident:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Publish:
-    """A checked publish: whole ``components`` (name -> module), expert ``slices`` (stacked component
-    -> {index: module of one expert}) and the versioned names it ``bumps``."""
+    """A checked publish (``checked``).
+
+    Attributes:
+      components: whole components, name -> module.
+      slices: expert slices, stacked component -> {index: module of one expert}.
+      bumps: the versioned names it raises.
+    """
 
     components: dict[str, Any]
     slices: dict[str, dict[int, Any]]
@@ -97,8 +124,21 @@ def _set_rows(stacked, rows, experts):
 def checked(resident: Resident, components: Mapping[str, Any]) -> Publish:
     """``components`` checked against the resident card's (names, then each one's layout; an expert
     against one slice of its stacked component), as a snapshot: a shallow pytree copy, so later
-    in-place changes to the caller's modules cannot leak into a deferred swap. Raises
-    ``EngineError`` naming the first problem."""
+    in-place changes to the caller's modules cannot leak into a deferred swap.
+
+    Args:
+      resident: the served card.
+      components: name -> module; a name is a component or an expert of a stacked component.
+
+    Returns:
+      The ``Publish``.
+
+    Raises:
+      TypeError: if ``components`` is not a mapping.
+      UnknownComponentError: if a name is neither a component nor an expert.
+      EngineError: naming the first layout problem, or a component published both whole and by expert.
+      ProgramError: if the program no longer checks against the published card.
+    """
     model_id = resident.card.model_id
     if not isinstance(components, Mapping):
         raise TypeError(f"publish takes a mapping component name -> module (got {type(components).__name__})")
@@ -140,7 +180,18 @@ def _expert_layout(stacked: Any) -> Any:
 
 def stacked(card: Card) -> dict[str, tuple[str, ...]]:
     """``jaxpipe.cards.stacked_components(card)``, checked: expert names unique and clashing with no
-    component, every leaf of a stacked component with a leading axis of one row per expert."""
+    component, every leaf of a stacked component with a leading axis of one row per expert.
+
+    Args:
+      card: the card.
+
+    Returns:
+      Stacked component -> its expert names (empty for a card without stacked components).
+
+    Raises:
+      EngineError: on repeated or clashing expert names, a missing stacked component, or a leaf without
+        the expert axis.
+    """
     from jaxpipe.cards.registry import stacked_components  # the engine sits above the cards
 
     experts = stacked_components(card)

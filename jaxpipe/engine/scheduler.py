@@ -38,14 +38,17 @@ class Host(Protocol):
 
     max_batch: int
 
-    def serves(self, model_id: str) -> bool: ...
+    def serves(self, model_id: str) -> bool:
+        """Whether ``model_id`` is a served card or workflow."""
 
     def workflow(self, model_id: str) -> Workflow | None:
         """The workflow ``model_id``, or ``None`` when it is a card."""
 
-    def resident(self, model_id: str) -> Resident: ...
+    def resident(self, model_id: str) -> Resident:
+        """The resident card ``model_id`` (``EngineError`` for an unknown id or a workflow)."""
 
-    def bind(self, request: Request) -> Bound: ...
+    def bind(self, request: Request) -> Bound:
+        """The card request ``request`` validated and bound to its program (``Engine.check``)."""
 
     def prepare(self, resident: Resident, bound: Bound) -> dict[str, Any]:
         """The bound slots plus the program's cached nodes' outputs (feature cache)."""
@@ -67,12 +70,16 @@ class Host(Protocol):
 class StepEvent:
     """One loop step of one request, as ``on_step`` sees it.
 
-    ``index``: the request's position in ``run_many``; ``request``: the card request stepping
-    (a workflow's stage request for workflow requests); ``stage``: the stage path (``"i2v"``,
-    ``"base/t2i"``; ``""`` for a plain card request); ``loop``: the loop id; ``step`` of
-    ``num_steps`` steps are done; ``tick``: the engine's tick counter of this ``run_many`` call
-    (requests stepped in one batched call share a tick). ``latents`` is the request's current
-    loop-state latents ``(T, h, w, C)`` (sliced on first access only).
+    Attributes:
+      index: the request's position in ``run_many``.
+      request: the card request stepping (a workflow's stage request for workflow requests).
+      stage: the stage path (``"i2v"``, ``"base/t2i"``; ``""`` for a plain card request).
+      loop: the loop id.
+      step: how many of ``num_steps`` steps are done.
+      num_steps: the loop's step count for this request.
+      tick: the engine's tick counter of this ``run_many`` call (requests stepped in one batched call
+        share a tick).
+      latents: the request's current loop-state latents ``(T, h, w, C)`` (sliced on first access only).
     """
 
     index: int
@@ -86,6 +93,7 @@ class StepEvent:
 
     @property
     def latents(self) -> jax.Array:
+        """The request's current loop-state latents ``(T, h, w, C)``, sliced from the batch on first access."""
         return self._latents()
 
 
@@ -205,6 +213,14 @@ class Scheduler:
     # ---- the main loop -------------------------------------------------------------------
 
     def run(self, roots: Iterable[tuple[int, Request, Bound | None]]) -> None:
+        """Runs ``roots`` to completion (or cancellation), filling ``outputs``.
+
+        Args:
+          roots: ``(index, request, bound)`` per request (``bound`` ``None`` for a workflow request).
+
+        Raises:
+          WorkflowError: on a workflow cycle at run time, or a stage that misbehaves.
+        """
         for index, request, bound in roots:
             self._spawn(index, request, bound, flow=None, path="")
         while self.pending or self.cohorts:

@@ -52,6 +52,7 @@ class ChunkCache(NamedTuple):
 
     @property
     def window(self) -> int:
+        """The number of chunk slots the cache keeps."""
         return self.valid.shape[1]
 
     @property
@@ -71,8 +72,20 @@ class ChunkCond(NamedTuple):
 
 
 def init_cache(cfg: DiTConfig, batch: int, window: int, tokens_per_chunk: int) -> ChunkCache:
-    """An empty cache for ``batch`` rows keeping ``window`` chunks of ``tokens_per_chunk`` tokens (``window = 0``:
-    no slots, for a video of one chunk, which has no past to keep)."""
+    """An empty cache for ``batch`` rows keeping ``window`` chunks of ``tokens_per_chunk`` tokens.
+
+    Args:
+      cfg: the DiT's config (depth, heads, width and dtype shape the slabs).
+      batch: B.
+      window: the chunk slots to keep (0: no slots, for a video of one chunk, which has no past to keep).
+      tokens_per_chunk: the tokens of one chunk.
+
+    Returns:
+      A ``ChunkCache`` of zeros, no slot valid, ``written`` 0.
+
+    Raises:
+      ValueError: if ``window < 0``.
+    """
     if window < 0:
         raise ValueError(f"the cache window must be >= 0 chunks (got {window})")
     head_dim = cfg.dim // cfg.heads
@@ -86,8 +99,19 @@ def init_cache(cfg: DiTConfig, batch: int, window: int, tokens_per_chunk: int) -
 
 
 def frame_positions(frames: jax.Array, rows: int, cols: int, dim: int) -> jax.Array:
-    """Position embedding ``(B, T·rows·cols, dim)`` of token grids whose frames have absolute indices
-    ``frames`` ``(B, T)`` (frame-major; ``sincos_grid``'s layout, which it equals for ``arange(T)``)."""
+    """Position embedding of token grids whose frames have absolute indices ``frames``.
+
+    Frame-major, in ``sincos_grid``'s layout, which it equals for ``frames = arange(T)``.
+
+    Args:
+      frames: ``(B, T)`` absolute frame indices.
+      rows: the grid's token rows.
+      cols: its token columns.
+      dim: the embedding width.
+
+    Returns:
+      ``(B, T·rows·cols, dim)`` float32.
+    """
     d_space = 2 * (dim // 6)
     d_time = dim - 2 * d_space
     r, c = jnp.meshgrid(jnp.arange(rows), jnp.arange(cols), indexing="ij")
@@ -101,7 +125,16 @@ def frame_positions(frames: jax.Array, rows: int, cols: int, dim: int) -> jax.Ar
 
 def block_causal_mask(chunks: int, tokens_per_chunk: int, window: int | None = None) -> jax.Array:
     """``(L, L)`` bool, ``L = chunks·tokens_per_chunk``: query chunk ``c`` sees key chunks ``c' <= c``
-    (and ``c' >= c - window`` when ``window``, the earlier chunks it sees, is given)."""
+    (and ``c' >= c - window`` when ``window``, the earlier chunks it sees, is given).
+
+    Args:
+      chunks: the number of chunks.
+      tokens_per_chunk: the tokens of one chunk.
+      window: how many earlier chunks a chunk sees (``None``: all).
+
+    Returns:
+      ``(L, L)`` bool, true where query token ``i`` may attend to key token ``j``.
+    """
     chunk = jnp.arange(chunks * tokens_per_chunk) // tokens_per_chunk
     seen = chunk[None, :] <= chunk[:, None]
     if window is not None:

@@ -77,6 +77,7 @@ class CLIPTextEncoderConfig:
 
     @property
     def head_dim(self) -> int:
+        """The width of one attention head, ``hidden_size // num_attention_heads``."""
         return self.hidden_size // self.num_attention_heads
 
     @classmethod
@@ -103,8 +104,19 @@ class CLIPTextEncoderConfig:
 
 
 def pool_eos(hidden: jax.Array, input_ids: jax.Array, eos_token_id: int) -> jax.Array:
-    """``(B, D)``: each row of ``hidden`` ``(B, T, D)`` at its end-of-text position — the largest id
-    when ``eos_token_id == 2`` (transformers' legacy rule), else the first ``eos_token_id``."""
+    """Each row of ``hidden`` at its end-of-text position (CLIP's pooled output).
+
+    The position is the largest id when ``eos_token_id == 2`` (transformers' legacy rule), else the
+    first ``eos_token_id``.
+
+    Args:
+      hidden: ``(B, T, D)`` hidden states.
+      input_ids: ``(B, T)`` the token ids.
+      eos_token_id: the config's end-of-text id.
+
+    Returns:
+      ``(B, D)``.
+    """
     ids = jnp.asarray(input_ids, jnp.int32)
     position = jnp.argmax(ids, axis=-1) if eos_token_id == 2 else jnp.argmax(ids == eos_token_id, axis=-1)
     return jnp.take_along_axis(hidden, position[:, None, None], axis=1)[:, 0]
@@ -223,12 +235,30 @@ def _text_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def load(folder: str | Path, *, dtype: str = "float32") -> CLIPTextEncoder:
-    """The CLIP text tower of a transformers ``CLIPTextModel`` folder (``config.json`` +
-    safetensors), its parameters in ``dtype``. A mismatch raises ``hf.KeyMappingError`` naming the keys."""
+    """The CLIP text tower of a transformers ``CLIPTextModel`` folder (``config.json`` + safetensors).
+
+    Args:
+      folder: the model folder.
+      dtype: the parameter and compute dtype's name.
+
+    Returns:
+      The loaded ``CLIPTextEncoder``.
+
+    Raises:
+      ValueError: if ``config.json`` is not a ``clip_text_model``.
+      hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
+    """
     build = lambda config: CLIPTextEncoder(CLIPTextEncoderConfig.from_json(config, dtype=dtype), rngs=nnx.Rngs(0))
     return hf.load_module(folder, build, prepare=_text_tensors)
 
 
 def param_count(config: CLIPTextEncoderConfig) -> int:
-    """Number of parameters of ``CLIPTextEncoder(config)`` (counted abstractly: nothing is allocated)."""
+    """The number of parameters of ``CLIPTextEncoder(config)`` (counted abstractly: nothing is allocated).
+
+    Args:
+      config: the encoder's sizes.
+
+    Returns:
+      The parameter count.
+    """
     return hf.count_params(nnx.eval_shape(lambda: CLIPTextEncoder(config, rngs=nnx.Rngs(0))))

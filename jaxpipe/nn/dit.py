@@ -21,10 +21,25 @@ from flax import nnx
 
 from jaxpipe.nn.layers import MLP, Attention, compute_dtype, sincos_1d, sincos_grid
 
+__all__ = ["DiTConfig", "DiTCond", "DiTBlock", "DiT", "LOGICAL_AXES"]
+
 
 @dataclasses.dataclass(frozen=True)
 class DiTConfig:
-    """Sizes of the DiT. ``frame_cond`` adds the first-frame conditioning input (I2V)."""
+    """Sizes of the DiT.
+
+    Attributes:
+      latent_channels: channels of the latents it denoises.
+      patch_size: the side of a square latent patch (one token).
+      dim: the model width.
+      depth: the number of blocks.
+      heads: attention heads.
+      mlp_ratio: the MLP hidden width as a multiple of ``dim``.
+      text_dim: the width of the text context it cross-attends to.
+      frame_cond: adds the first-frame conditioning input (image-to-video).
+      time_embed_dim: the width of the sinusoidal timestep features.
+      dtype: the compute dtype's name (``"float32"`` or ``"bfloat16"``).
+    """
 
     latent_channels: int = 4
     patch_size: int = 2
@@ -39,10 +54,12 @@ class DiTConfig:
 
     @classmethod
     def tiny(cls, **overrides) -> "DiTConfig":
+        """The CPU-test size (the defaults), with ``overrides`` of any field."""
         return cls(**overrides)
 
     @classmethod
     def small(cls, **overrides) -> "DiTConfig":
+        """Width 128, 4 blocks, 4 heads, with ``overrides`` of any field."""
         return cls(**{"dim": 128, "depth": 4, "heads": 4, **overrides})
 
     @classmethod
@@ -52,11 +69,10 @@ class DiTConfig:
 
     @property
     def patch_features(self) -> int:
+        """Features of one patch token before embedding: ``patch_size² · latent_channels``."""
         return self.patch_size**2 * self.latent_channels
 
 
-# Sharding (``jaxpipe.distributed``): logical axes per param dim; the first regex that fullmatches the
-# "/"-joined param path (from the DiT's root) wins, unmatched params are replicated.
 LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"blocks/\d+/(?:attn|cross)/(?:q|kv)/kernel", ("embed", "heads")),
     (r"blocks/\d+/(?:attn|cross)/out/kernel", ("heads", "embed")),
@@ -68,6 +84,8 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"(?:patch_embed|time_in|text_pool)/kernel", (None, "embed")),
     (r"(?:time_out|proj_out)/kernel", ("embed", None)),
 )
+"""Sharding (``jaxpipe.distributed``): logical axes per param dim; the first regex that fullmatches the
+"/"-joined param path (from the DiT's root) wins, unmatched params are replicated."""
 
 
 def _modulate(h, shift, scale):

@@ -131,6 +131,7 @@ class FluxConfig:
 
     @property
     def inner_dim(self) -> int:
+        """The model width, ``num_attention_heads · attention_head_dim``."""
         return self.num_attention_heads * self.attention_head_dim
 
     @property
@@ -150,8 +151,17 @@ class FluxCond(NamedTuple):
 
 
 def image_ids(rows: int, cols: int) -> np.ndarray:
-    """Position ids ``(rows·cols, 3)`` float32 of a packed token grid, row-major: ``[0, row, col]`` (diffusers
-    ``FluxPipeline._prepare_latent_image_ids``)."""
+    """Position ids of a packed token grid, row-major: ``[0, row, col]``.
+
+    As diffusers' ``FluxPipeline._prepare_latent_image_ids``.
+
+    Args:
+      rows: the grid's token rows.
+      cols: its token columns.
+
+    Returns:
+      ``(rows·cols, 3)`` float32.
+    """
     r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
     return np.stack([np.zeros_like(r), r, c], axis=-1).reshape(rows * cols, 3).astype(np.float32)
 
@@ -262,8 +272,18 @@ class FluxTransformer(nnx.Module):
 
 def load(folder: str | Path, *, dtype: str = "float32") -> FluxTransformer:
     """A ``FluxTransformer`` from a diffusers ``transformer/`` folder (``config.json`` + safetensors, sharded
-    or not), parameters cast to ``dtype``. Raises ``hf.KeyMappingError`` naming missing / unexpected /
-    mis-shaped keys."""
+    or not).
+
+    Args:
+      folder: the ``transformer/`` folder.
+      dtype: the parameter and compute dtype's name (parameters are cast to it).
+
+    Returns:
+      The loaded ``FluxTransformer``.
+
+    Raises:
+      hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
+    """
 
     def build(config: dict[str, Any]) -> FluxTransformer:
         return FluxTransformer(FluxConfig.from_json({**config, "dtype": dtype}), rngs=nnx.Rngs(0))

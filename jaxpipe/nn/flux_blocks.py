@@ -67,7 +67,15 @@ class Linear(nnx.Module):
 
 
 def layer_norm(x: jax.Array, eps: float = EPS) -> jax.Array:
-    """LayerNorm without affine parameters over the last axis, computed in float32, returned in ``x.dtype``."""
+    """LayerNorm without affine parameters over the last axis, computed in float32, returned in ``x.dtype``.
+
+    Args:
+      x: ``(..., D)``.
+      eps: added to the variance.
+
+    Returns:
+      The normalised ``x``, same shape and dtype.
+    """
     h = x.astype(jnp.float32)
     mean = jnp.mean(h, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(h - mean), axis=-1, keepdims=True)
@@ -87,8 +95,18 @@ class RMSNorm(nnx.Module):
 
 
 def timestep_embedding(t: jax.Array, dim: int = TIME_CHANNELS, max_period: float = 10_000.0) -> jax.Array:
-    """diffusers ``Timesteps(dim, flip_sin_to_cos=True, downscale_freq_shift=0)``: ``[cos(t·f), sin(t·f)]``
-    ``(B, dim)`` float32 for ``t`` ``(B,)``, with ``f_i = max_period^(-i/(dim/2))``."""
+    """diffusers ``Timesteps(dim, flip_sin_to_cos=True, downscale_freq_shift=0)``: ``[cos(t·f), sin(t·f)]``.
+
+    With ``f_i = max_period^(-i/(dim/2))``; an odd ``dim`` is zero-padded.
+
+    Args:
+      t: ``(B,)`` timesteps (or guidance scales, scaled as the caller does).
+      dim: the embedding width.
+      max_period: the longest period.
+
+    Returns:
+      ``(B, dim)`` float32.
+    """
     half = dim // 2
     # float32 exactly as torch builds it (-log(P)·i / half in float32, then exp), so large
     # arguments (guidance 3.5 -> 3500) give the same angles as the reference
@@ -102,7 +120,16 @@ def timestep_embedding(t: jax.Array, dim: int = TIME_CHANNELS, max_period: float
 def rope(ids, axes_dims: tuple[int, ...], theta: float = ROPE_THETA) -> tuple[jax.Array, jax.Array]:
     """FLUX's multi-axis RoPE tables ``(cos, sin)``, each ``(S, sum(axes_dims))`` float32, for position
     ``ids`` ``(S, len(axes_dims))``: per axis, ``pos·θ^(-2i/d)`` with each angle repeated twice
-    (interleaved pairs). Concrete NumPy ids are computed in float64 like diffusers on CPU."""
+    (interleaved pairs). Concrete NumPy ids are computed in float64 like diffusers on CPU.
+
+    Args:
+      ids: ``(S, len(axes_dims))`` positions, a NumPy array (float64 math) or a JAX array (float32 math).
+      axes_dims: the rotary width of each position axis (even).
+      theta: the RoPE base.
+
+    Returns:
+      ``(cos, sin)``, each ``(S, sum(axes_dims))`` float32.
+    """
     on_host = isinstance(ids, np.ndarray)
     xp, ftype = (np, np.float64) if on_host else (jnp, jnp.float32)
     pos = xp.asarray(ids).astype(ftype)
@@ -115,7 +142,16 @@ def rope(ids, axes_dims: tuple[int, ...], theta: float = ROPE_THETA) -> tuple[ja
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate interleaved pairs ``(x[2i], x[2i+1])`` of ``x`` ``(B, S, H, D)`` by the tables ``(S, D)``; float32 math."""
+    """Rotate interleaved pairs ``(x[2i], x[2i+1])`` of ``x`` by the RoPE tables; float32 math.
+
+    Args:
+      x: ``(B, S, H, D)`` queries or keys.
+      cos: ``(S, D)`` from ``rope``.
+      sin: ``(S, D)`` from ``rope``.
+
+    Returns:
+      The rotated ``x``, same shape and dtype.
+    """
     h = x.astype(jnp.float32)
     pairs = h.reshape(*h.shape[:-1], -1, 2)
     rotated = jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(h.shape)
@@ -163,7 +199,16 @@ class AdaLayerNorm(nnx.Module):
 
 
 def modulate(x: jax.Array, shift: jax.Array, scale: jax.Array) -> jax.Array:
-    """``layer_norm(x)·(1 + scale) + shift`` with per-sample ``(B, dim)`` modulations."""
+    """``layer_norm(x)·(1 + scale) + shift`` with per-sample modulations.
+
+    Args:
+      x: ``(B, S, dim)`` tokens.
+      shift: ``(B, dim)``.
+      scale: ``(B, dim)``.
+
+    Returns:
+      ``(B, S, dim)``.
+    """
     return layer_norm(x) * (1 + scale[:, None]) + shift[:, None]
 
 

@@ -31,7 +31,13 @@ Renames = Iterable[tuple[str, str]]
 
 
 class KeyMappingError(ValueError):
-    """A checkpoint does not fit a module: the missing, unexpected and mis-shaped keys, by name."""
+    """A checkpoint does not fit a module: the missing, unexpected and mis-shaped keys, by name.
+
+    Attributes:
+      missing: the module's PyTorch keys the checkpoint lacks, sorted.
+      unexpected: the checkpoint's keys no parameter uses, sorted.
+      misshaped: one line per key whose tensor has the wrong shape, sorted.
+    """
 
     def __init__(self, where: str, missing=(), unexpected=(), misshaped=()):
         self.missing, self.unexpected, self.misshaped = sorted(missing), sorted(unexpected), sorted(misshaped)
@@ -44,7 +50,17 @@ class KeyMappingError(ValueError):
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    """The folder's ``config.json`` as a dict (FileNotFoundError naming the folder otherwise)."""
+    """The folder's ``config.json`` as a dict.
+
+    Args:
+      folder: a diffusers / transformers model folder.
+
+    Returns:
+      The parsed JSON.
+
+    Raises:
+      FileNotFoundError: if the folder has no ``config.json`` (naming the folder).
+    """
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder}: no config.json (expected a diffusers / transformers model folder)")
@@ -74,8 +90,19 @@ def _map_file(file: Path) -> dict[str, np.ndarray]:
 
 
 def read_tensors(folder: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of the folder's safetensors weights (one file, or the shards an index lists),
-    as NumPy arrays keyed by their PyTorch names: memory-mapped views, in their stored dtype."""
+    """Every tensor of the folder's safetensors weights (one file, or the shards an index lists).
+
+    Args:
+      folder: a model folder with ``*.safetensors`` (and optionally a ``*.safetensors.index.json``).
+
+    Returns:
+      ``{PyTorch name: np.ndarray}``: read-only memory-mapped views in their stored dtype (bfloat16 via
+      ``ml_dtypes``).
+
+    Raises:
+      FileNotFoundError: if there are no weights, or the index names a file the folder lacks.
+      ValueError: on a tensor dtype jaxpipe does not read.
+    """
     folder = Path(folder)
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if indexes:
@@ -94,8 +121,19 @@ def read_tensors(folder: str | Path) -> dict[str, np.ndarray]:
 
 
 def torch_key(path: tuple[Any, ...], ndim: int, renames: Renames = ()) -> str:
-    """The PyTorch state-dict key of the NNX parameter at ``path`` (a tuple of attribute names and
-    list indices), before ``renames`` are applied in order."""
+    """The PyTorch state-dict key of the NNX parameter at ``path``.
+
+    The path's parts are joined by ``.``; a ``kernel``, ``scale`` or ``embedding`` leaf becomes
+    ``weight``; then ``renames`` are applied in order.
+
+    Args:
+      path: the parameter's NNX path, a tuple of attribute names and list indices.
+      ndim: the parameter's number of dims (the rules do not depend on it).
+      renames: ``(regex, replacement)`` pairs applied with ``re.sub`` to the key, in order.
+
+    Returns:
+      The key, e.g. ``"blocks.0.attn.to_q.weight"``.
+    """
     *owner, leaf = (str(p) for p in path)
     suffix = {"kernel": "weight", "scale": "weight", "embedding": "weight"}.get(leaf, leaf)
     key = ".".join([*owner, suffix])
@@ -105,8 +143,18 @@ def torch_key(path: tuple[Any, ...], ndim: int, renames: Renames = ()) -> str:
 
 
 def to_jax(leaf: str, value: np.ndarray) -> np.ndarray:
-    """A PyTorch tensor in the layout of the NNX parameter named ``leaf``: a linear ``kernel`` is
-    transposed ``(out, in) -> (in, out)``, a convolution kernel ``(out, in, *k) -> (*k, in, out)``."""
+    """A PyTorch tensor in the layout of the NNX parameter named ``leaf``.
+
+    A linear ``kernel`` is transposed ``(out, in) -> (in, out)``, a convolution kernel
+    ``(out, in, *k) -> (*k, in, out)``; anything else is returned as is.
+
+    Args:
+      leaf: the parameter's name (the last part of its NNX path).
+      value: the PyTorch tensor.
+
+    Returns:
+      The tensor in NNX layout (a view where possible).
+    """
     if leaf == "kernel":
         if value.ndim == 2:
             return value.T
@@ -129,6 +177,19 @@ def load_into(
     tensor whose meaning differs, e.g. a fused projection split in two). Every parameter must
     find its key with the right shape and every tensor must be used, or nothing is written and a
     ``KeyMappingError`` names the offenders.
+
+    Args:
+      module: the module (may be abstract, from ``nnx.eval_shape``).
+      tensors: ``{PyTorch key: tensor}``.
+      renames: ``(regex, replacement)`` pairs for ``torch_key``.
+      transforms: PyTorch key -> a function applied after the layout change.
+      where: what the error messages name (the folder).
+
+    Returns:
+      ``module``, its params written (cast to each param's dtype).
+
+    Raises:
+      KeyMappingError: on missing, unexpected or mis-shaped keys (nothing written).
     """
     renames = tuple(renames)
     transforms = dict(transforms or {})
@@ -169,7 +230,22 @@ def load_module(
     then ``load_into`` it the folder's weights (``kwargs`` as ``load_into``'s). ``prepare`` maps the
     checkpoint's tensors first (tied copies, a hub prefix, buffers that are not parameters).
 
-    The module's non-parameter state must be empty; every parameter comes from the checkpoint."""
+    The module's non-parameter state must be empty; every parameter comes from the checkpoint.
+
+    Args:
+      folder: the model folder (``config.json`` + safetensors weights).
+      build: ``build(config_json) -> module``, called under ``nnx.eval_shape``.
+      prepare: maps the checkpoint's tensors before loading, or ``None``.
+      **kwargs: ``load_into``'s ``renames`` and ``transforms``.
+
+    Returns:
+      The loaded module.
+
+    Raises:
+      TypeError: if the module holds non-parameter state.
+      FileNotFoundError: as ``read_config`` and ``read_tensors``.
+      KeyMappingError: as ``load_into``.
+    """
     folder = Path(folder)
     config = read_config(folder)
     module = nnx.eval_shape(lambda: build(config))
@@ -181,5 +257,14 @@ def load_module(
 
 
 def count_params(module: nnx.Module) -> int:
-    """Number of parameter elements of ``module`` (works on an ``nnx.eval_shape`` build: nothing allocated)."""
+    """The number of parameter elements of ``module``.
+
+    Works on an ``nnx.eval_shape`` build: nothing is allocated.
+
+    Args:
+      module: the module.
+
+    Returns:
+      The total element count of its ``nnx.Param``s.
+    """
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))

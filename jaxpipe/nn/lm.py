@@ -34,8 +34,21 @@ __all__ = ["LMConfig", "KVCache", "RefinerLM", "MaskedLM"]
 
 @dataclasses.dataclass(frozen=True)
 class LMConfig:
-    """Sizes of the refiner LM. ``vocab_size`` must match the card's tokenizer; ``max_len`` is the
-    longest sequence (prompt + generated tokens) and the KV-cache length."""
+    """Sizes of the refiner LM.
+
+    Attributes:
+      vocab_size: the number of token ids; must match the card's tokenizer.
+      dim: the model width.
+      depth: the number of transformer blocks.
+      heads: attention heads (``dim`` must be divisible by it).
+      max_len: the longest sequence (prompt + generated tokens) and the KV-cache length.
+      mlp_ratio: the FFN hidden width as a multiple of ``dim``.
+      dtype: the compute dtype's name (params stay float32).
+
+    Raises:
+      ValueError: on a non-positive size, ``dim`` not divisible by ``heads``, a non-positive ``mlp_ratio``
+        or an unknown dtype.
+    """
 
     vocab_size: int
     dim: int = 64
@@ -55,6 +68,7 @@ class LMConfig:
 
     @classmethod
     def tiny(cls, vocab_size: int, **overrides) -> "LMConfig":
+        """The CPU-test-sized LM (the defaults) over ``vocab_size`` ids, with ``overrides`` of any field."""
         return cls(vocab_size=vocab_size, **overrides)
 
     @classmethod
@@ -64,6 +78,7 @@ class LMConfig:
 
     @property
     def head_dim(self) -> int:
+        """The width of one attention head, ``dim // heads``."""
         return self.dim // self.heads
 
 
@@ -149,10 +164,12 @@ class RefinerLM(nnx.Module):
 
     @property
     def max_len(self) -> int:
+        """The longest sequence the LM (and its cache) holds."""
         return self.cfg.max_len
 
     @property
     def vocab_size(self) -> int:
+        """The number of token ids."""
         return self.cfg.vocab_size
 
     def _logits(self, h: jax.Array) -> jax.Array:
@@ -247,6 +264,12 @@ class MaskedLM:
     """
 
     def __init__(self, lm: RefinerLM, allowed: jax.Array):
+        """Wraps ``lm``.
+
+        Args:
+          lm: the language model.
+          allowed: ``(V,)`` bool, the tokens the policy may emit.
+        """
         chex.assert_shape(allowed, (lm.cfg.vocab_size,))
         self.lm, self.allowed, self.cfg = lm, jnp.asarray(allowed, bool), lm.cfg
         self.max_len, self.vocab_size = lm.max_len, lm.vocab_size
@@ -258,12 +281,15 @@ class MaskedLM:
         return self._mask(self.lm(ids, mask))
 
     def init_cache(self, batch: int) -> KVCache:
+        """The wrapped LM's empty cache for ``batch`` requests (``RefinerLM.init_cache``)."""
         return self.lm.init_cache(batch)
 
     def prefill(self, ids: jax.Array, lengths: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """``RefinerLM.prefill`` with the next-token logits ``(B, V)`` masked to the allowed tokens."""
         logits, cache = self.lm.prefill(ids, lengths, cache)
         return self._mask(logits), cache
 
     def decode_step(self, token: jax.Array, position: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """``RefinerLM.decode_step`` with the next-token logits ``(B, V)`` masked to the allowed tokens."""
         logits, cache = self.lm.decode_step(token, position, cache)
         return self._mask(logits), cache

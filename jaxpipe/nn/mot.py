@@ -99,9 +99,28 @@ class Routing:
 
 @dataclasses.dataclass(frozen=True)
 class MoTConfig:
-    """Sizes of the MoT. Text: ``vocab_size`` ids in ``max_text`` slots (prompt + thoughts; the text
-    KV-cache length). Image: latents ``(frames, latent_size, latent_size, latent_channels)``,
-    ``patch_size`` patches; ``frames = 1`` is an image. ``routing``: a ``Routing`` or a policy name."""
+    """Sizes of the MoT.
+
+    Attributes:
+      vocab_size: the number of text ids.
+      max_text: the text slots (prompt + thoughts; the text KV-cache length).
+      latent_channels: channels of the image / video latents.
+      latent_size: the latents' side.
+      frames: latent frames (1: an image).
+      patch_size: the side of a square latent patch (one token; divides ``latent_size``).
+      dim: the model width.
+      depth: the number of layers.
+      heads: attention heads (``dim`` must be divisible by it).
+      mlp_ratio: the MLP hidden width as a multiple of ``dim``.
+      time_embed_dim: the width of the sinusoidal timestep features.
+      routing: the modality routing, a ``Routing`` or a policy name.
+      dtype: the compute dtype's name.
+
+    Raises:
+      TypeError: on a ``routing`` that is neither a ``Routing`` nor a policy name.
+      ValueError: on a non-positive size, indivisible ``dim`` / ``latent_size``, partial routing of the
+        wrong length, or an unknown dtype.
+    """
 
     vocab_size: int
     max_text: int = 16
@@ -133,6 +152,7 @@ class MoTConfig:
 
     @property
     def head_dim(self) -> int:
+        """The width of one attention head, ``dim // heads``."""
         return self.dim // self.heads
 
     @property
@@ -142,10 +162,12 @@ class MoTConfig:
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
+        """Per-request latent shape ``(frames, latent_size, latent_size, latent_channels)``."""
         return (self.frames, self.latent_size, self.latent_size, self.latent_channels)
 
     @property
     def patch_features(self) -> int:
+        """Features of one patch token before embedding: ``patch_size² · latent_channels``."""
         return self.patch_size**2 * self.latent_channels
 
 
@@ -274,10 +296,12 @@ class MoT(nnx.Module):
     # ----------------------------------------------------------------- protocol properties
     @property
     def max_len(self) -> int:
+        """The text slots (``cfg.max_text``): the AR loop's buffer width."""
         return self.cfg.max_text
 
     @property
     def vocab_size(self) -> int:
+        """The number of text ids."""
         return self.cfg.vocab_size
 
     # ----------------------------------------------------------------- embeddings and heads

@@ -114,6 +114,7 @@ class T5EncoderConfig:
 
     @property
     def is_gated(self) -> bool:
+        """Whether the feed-forward is gated (``feed_forward_proj`` ``"gated-..."``, T5 v1.1 and UMT5)."""
         return self.feed_forward_proj.startswith("gated-")
 
     @property
@@ -123,6 +124,7 @@ class T5EncoderConfig:
 
     @property
     def inner_dim(self) -> int:
+        """The attention width, ``num_heads · d_kv``."""
         return self.num_heads * self.d_kv
 
     @classmethod
@@ -164,6 +166,15 @@ def relative_position_bucket(relative_position: np.ndarray, *, num_buckets: int,
     Half the buckets (per direction when bidirectional) are exact offsets, the rest grow
     logarithmically up to ``max_distance``. Computed in NumPy float32 on static offsets, the way
     transformers computes it in torch float32, so the buckets at the log-bin edges agree.
+
+    Args:
+      relative_position: ``key - query`` offsets, any shape.
+      num_buckets: the number of buckets.
+      max_distance: the offset where the log-spaced buckets end (farther offsets share the last).
+      bidirectional: separate buckets for positive and negative offsets (the encoder's case).
+
+    Returns:
+      The buckets, shaped like ``relative_position``, int32.
     """
     rel = np.asarray(relative_position, np.int64)
     buckets = np.zeros(rel.shape, np.int64)
@@ -339,12 +350,30 @@ def _encoder_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def load(folder: str | Path, *, dtype: str = "float32") -> T5Encoder:
-    """The T5 / UMT5 encoder of a transformers folder (``config.json`` + safetensors), its
-    parameters in ``dtype``. A mismatch raises ``hf.KeyMappingError`` naming the keys."""
+    """The T5 / UMT5 encoder of a transformers folder (``config.json`` + safetensors).
+
+    Args:
+      folder: the model folder.
+      dtype: the parameter and compute dtype's name.
+
+    Returns:
+      The loaded ``T5Encoder``.
+
+    Raises:
+      ValueError: if ``config.json`` is not a T5 / UMT5 encoder.
+      hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
+    """
     build = lambda config: T5Encoder(T5EncoderConfig.from_json(config, dtype=dtype), rngs=nnx.Rngs(0))
     return hf.load_module(folder, build, prepare=_encoder_tensors)
 
 
 def param_count(config: T5EncoderConfig) -> int:
-    """Number of parameters of ``T5Encoder(config)`` (counted abstractly: nothing is allocated)."""
+    """The number of parameters of ``T5Encoder(config)`` (counted abstractly: nothing is allocated).
+
+    Args:
+      config: the encoder's sizes.
+
+    Returns:
+      The parameter count.
+    """
     return hf.count_params(nnx.eval_shape(lambda: T5Encoder(config, rngs=nnx.Rngs(0))))

@@ -14,11 +14,24 @@ from flax import nnx
 
 from jaxpipe.nn.layers import MLP, Attention, compute_dtype
 
+__all__ = ["PAD", "UNK", "Tokenizer", "TextEncoderConfig", "TextEncoder", "unknown_words"]
+
 PAD, UNK = "<pad>", "<unk>"
+"""The tokenizer's two reserved words: ``<pad>`` (id 0) and ``<unk>`` (id 1)."""
 
 
 def unknown_words(words, vocabulary) -> str:
-    """``'rigth' (did you mean 'right'?), 'purpel'``: every unknown word, with its closest known words."""
+    """Every unknown word, with its closest known words, for an error message.
+
+    E.g. ``'rigth' (did you mean 'right'?), 'purpel'``.
+
+    Args:
+      words: the unknown words (repeats are listed once).
+      vocabulary: the known words.
+
+    Returns:
+      One comma-separated string.
+    """
     parts = []
     for word in dict.fromkeys(words):
         close = difflib.get_close_matches(word, vocabulary, n=2, cutoff=0.6)
@@ -32,6 +45,12 @@ class Tokenizer:
     """Whitespace word tokenizer over a fixed vocabulary; id 0 is ``<pad>``, id 1 is ``<unk>``.
 
     Hashable, so it can live in a card's static spec.
+
+    Attributes:
+      words: the vocabulary; ``<pad>`` and ``<unk>`` are put first if missing.
+
+    Raises:
+      ValueError: on duplicate words.
     """
 
     words: tuple[str, ...]
@@ -46,6 +65,7 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The number of ids: the words plus ``<pad>`` and ``<unk>``."""
         return len(self.words)
 
     def _index(self) -> dict[str, int]:
@@ -82,7 +102,17 @@ class Tokenizer:
 
 @dataclasses.dataclass(frozen=True)
 class TextEncoderConfig:
-    """Sizes of the text encoder. ``vocab_size`` must match the card's tokenizer."""
+    """Sizes of the text encoder.
+
+    Attributes:
+      vocab_size: the number of token ids; must match the card's tokenizer.
+      dim: the model width (the context width a DiT cross-attends to).
+      depth: the number of blocks.
+      heads: attention heads.
+      max_len: the longest prompt in tokens.
+      mlp_ratio: the MLP hidden width as a multiple of ``dim``.
+      dtype: the compute dtype's name.
+    """
 
     vocab_size: int
     dim: int = 32
@@ -94,10 +124,12 @@ class TextEncoderConfig:
 
     @classmethod
     def tiny(cls, vocab_size: int) -> "TextEncoderConfig":
+        """The CPU-test size (the defaults) over ``vocab_size`` ids."""
         return cls(vocab_size=vocab_size)
 
     @classmethod
     def large(cls, vocab_size: int) -> "TextEncoderConfig":
+        """Width 1024, 12 blocks, 16 heads, 128 tokens, over ``vocab_size`` ids."""
         return cls(vocab_size=vocab_size, dim=1024, depth=12, heads=16, max_len=128)
 
 
@@ -126,6 +158,17 @@ class TextEncoder(nnx.Module):
         self.norm = nnx.LayerNorm(cfg.dim, dtype=dtype, rngs=rngs)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
+        """Encodes right-padded token ids.
+
+        Args:
+          ids: ``(B, L)`` int ids, ``L <= max_len``; 0 is padding.
+
+        Returns:
+          ``(B, L, dim)`` float32.
+
+        Raises:
+          ValueError: if ``L > max_len``.
+        """
         chex.assert_rank(ids, 2)
         if ids.shape[1] > self.cfg.max_len:
             raise ValueError(f"ids has length {ids.shape[1]}; the encoder's max_len is {self.cfg.max_len}")

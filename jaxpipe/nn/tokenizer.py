@@ -196,6 +196,11 @@ class TokenizerSpec:
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> TokenizerSpec:
+        """The spec of a transformers tokenizer folder (``HFTokenizer.from_folder``'s ``spec``).
+
+        Raises:
+          FileNotFoundError: as ``HFTokenizer.from_folder``.
+        """
         return HFTokenizer.from_folder(folder).spec
 
     def load(self) -> HFTokenizer:

@@ -11,10 +11,19 @@ from flax import nnx
 
 from jaxpipe.nn.layers import compute_dtype
 
+__all__ = ["AutoencoderConfig", "Autoencoder", "LatentStats"]
+
 
 @dataclasses.dataclass(frozen=True)
 class AutoencoderConfig:
-    """Sizes of the autoencoder; the spatial downsampling factor is ``2 ** (len(widths) - 1)``."""
+    """Sizes of the autoencoder; the spatial downsampling factor is ``2 ** (len(widths) - 1)``.
+
+    Attributes:
+      image_channels: channels of the images (1: grey).
+      latent_channels: channels of the latents.
+      widths: the conv widths per resolution level, finest first (at least one).
+      dtype: the compute dtype's name.
+    """
 
     image_channels: int = 1
     latent_channels: int = 4
@@ -23,14 +32,17 @@ class AutoencoderConfig:
 
     @classmethod
     def tiny(cls, **overrides) -> "AutoencoderConfig":
+        """The CPU-test size (the defaults), with ``overrides`` of any field."""
         return cls(**overrides)
 
     @classmethod
     def large(cls, **overrides) -> "AutoencoderConfig":
+        """RGB, 16 latent channels, widths ``(128, 256, 512, 512)`` (8× downsampling), with ``overrides``."""
         return cls(**{"image_channels": 3, "latent_channels": 16, "widths": (128, 256, 512, 512), **overrides})
 
     @property
     def downsample(self) -> int:
+        """The spatial downsampling factor ``f = 2 ** (len(widths) - 1)``."""
         return 2 ** (len(self.widths) - 1)
 
 

@@ -123,6 +123,7 @@ class WanConfig:
 
     @property
     def inner_dim(self) -> int:
+        """The model width, ``num_attention_heads · attention_head_dim``."""
         return self.num_attention_heads * self.attention_head_dim
 
     @classmethod
@@ -303,7 +304,19 @@ def load(folder: str | Path, *, dtype: str = "float32") -> WanTransformer:
 
     Built abstractly, then every parameter is filled from the checkpoint; missing, unexpected or
     mis-shaped keys raise ``hf.KeyMappingError`` naming them. Keys diffusers ignores
-    (``norm_added_q``, in some I2V conversions) are dropped first."""
+    (``norm_added_q``, in some I2V conversions) are dropped first.
+
+    Args:
+      folder: the ``transformer/`` folder.
+      dtype: the parameter and compute dtype's name.
+
+    Returns:
+      The loaded ``WanTransformer``.
+
+    Raises:
+      FileNotFoundError: if ``config.json`` or the weights are missing.
+      hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
+    """
     folder = Path(folder)
     config = WanConfig.from_json(hf.read_config(folder), dtype=dtype)
     module = WanTransformer.abstract(config)

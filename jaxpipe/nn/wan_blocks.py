@@ -80,7 +80,16 @@ class WanRotaryPosEmbed(nnx.Module):
 
 
 def apply_rotary_emb(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate interleaved pairs ``(x[2i], x[2i+1])`` of ``x`` ``(B, L, N, H)`` by the angles of ``(L, H // 2)``."""
+    """Rotate interleaved pairs ``(x[2i], x[2i+1])`` of ``x`` by per-position angles; float32 math.
+
+    Args:
+      x: ``(B, L, N, H)`` queries or keys (``N`` heads of width ``H``).
+      cos: ``(L, H // 2)`` cosines of the angles.
+      sin: ``(L, H // 2)`` sines of the angles.
+
+    Returns:
+      The rotated ``x``, same shape and dtype.
+    """
     b, l, n, h = x.shape
     pairs = x.astype(F32).reshape(b, l, n, h // 2, 2)
     x1, x2 = pairs[..., 0], pairs[..., 1]
@@ -89,8 +98,17 @@ def apply_rotary_emb(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def timestep_sinusoid(timestep: jax.Array, dim: int, max_period: float = 10000.0) -> jax.Array:
-    """``(B, dim)`` float32 ``[cos, sin]`` embedding of diffusers-unit timesteps ``(B,)`` (``Timesteps(flip_sin_to_cos=True,
-    downscale_freq_shift=0)``)."""
+    """The ``[cos, sin]`` embedding of diffusers-unit timesteps (``Timesteps(flip_sin_to_cos=True,
+    downscale_freq_shift=0)``); an odd ``dim`` is zero-padded.
+
+    Args:
+      timestep: ``(B,)`` timesteps in diffusers units (0..1000).
+      dim: the embedding width.
+      max_period: the longest period.
+
+    Returns:
+      ``(B, dim)`` float32.
+    """
     half = dim // 2
     exponent = (np.float32(-math.log(max_period)) * np.arange(half, dtype=np.float32)) / np.float32(half)
     freqs = np.exp(exponent.astype(np.float64)).astype(np.float32)

@@ -120,10 +120,12 @@ class WanVAEConfig:
 
     @property
     def spatial_factor(self) -> int:
+        """The spatial downsampling factor, ``2 ** (len(dim_mult) - 1)`` (8 for Wan 2.1)."""
         return 2 ** (len(self.dim_mult) - 1)
 
     @property
     def temporal_factor(self) -> int:
+        """The temporal downsampling factor, 2 per true entry of ``temperal_downsample`` (4 for Wan 2.1)."""
         return 2 ** sum(map(bool, self.temperal_downsample))
 
 
@@ -240,8 +242,18 @@ class WanVAE(nnx.Module):
 
 
 def load(folder: str | Path, *, dtype: str = "float32") -> WanVAE:
-    """A ``WanVAE`` with the weights of a diffusers ``AutoencoderKLWan`` folder (``config.json`` +
-    safetensors); ``hf.KeyMappingError`` names any missing, unexpected or mis-shaped key."""
+    """A ``WanVAE`` with the weights of a diffusers ``AutoencoderKLWan`` folder (``config.json`` + safetensors).
+
+    Args:
+      folder: the ``vae/`` folder.
+      dtype: the parameter and compute dtype's name.
+
+    Returns:
+      The loaded ``WanVAE``.
+
+    Raises:
+      hf.KeyMappingError: naming any missing, unexpected or mis-shaped key.
+    """
     build = lambda config: WanVAE(WanVAEConfig.from_json(config, dtype=dtype), rngs=nnx.Rngs(0))
     return hf.load_module(folder, build, prepare=_flat_gammas, renames=RENAMES)
 

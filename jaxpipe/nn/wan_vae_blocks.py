@@ -16,6 +16,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+__all__ = [
+    "RMSNorm", "CausalConv3d", "FrameConv2d", "ResidualBlock", "AttentionBlock", "Resample", "MidBlock", "UpBlock",
+]
+
 _NORM_EPS = 1e-12  # torch.nn.functional.normalize's default
 
 

@@ -87,6 +87,14 @@ def score(reward: Reward, artifacts: Mapping[str, Any], prompts: Prompts | None)
     A reward returning ``(B,)`` has ``parts == {}``; one returning parts has ``total =
     sum(parts.values())`` in the reward's own order (the sum the trainers take, bit for bit).
 
+    Args:
+      reward: a JAX or host reward, ``reward(artifacts, prompts) -> (B,)`` or ``{part: (B,)}``.
+      artifacts: the generated artifacts, ``{name: (B, ...)}``.
+      prompts: the B prompts the artifacts were generated from, or ``None``.
+
+    Returns:
+      ``(total, parts)``: ``(B,)`` float32 and ``{name: (B,) float32}``.
+
     Raises:
       ValueError: naming the reward (and part) when it returns another shape, no parts, or when
         the artifacts' and prompts' rows differ.
@@ -185,6 +193,12 @@ def load(spec: str) -> Reward:
     A ``.py`` path (or one with a path separator) is imported as a module of its own, once per
     file; ``function`` may be dotted (``"module:Class.method"``). It is returned as is: a JAX
     reward, or a host reward marked with ``@host``.
+
+    Args:
+      spec: ``"package.module:function"`` or ``"path/to/file.py:function"``.
+
+    Returns:
+      The reward callable.
 
     Raises:
       ValueError: a spec without ``":"``, a module or file that is not found, a missing

@@ -23,14 +23,21 @@ from jaxpipe.loops import denoise
 from jaxpipe.nn import autoencoder_kl, clip, flux, t5
 from jaxpipe.nn.tokenizer import TokenizerSpec
 
+__all__ = ["LOOP_ID", "PIPELINES", "Sampling", "Tokenizers", "Config", "build", "load_pipeline"]
+
 LOOP_ID = "t2i_denoise"
 PIPELINES = ("FluxPipeline",)
+"""The diffusers pipeline classes (``model_index.json``'s ``_class_name``) this family loads."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Sampling(denoise.DenoiseConfig):
-    """The denoise loop's settings plus FLUX's embedded (distilled) guidance scale (``None`` for
-    a transformer without a guidance embedding, e.g. FLUX.1-schnell)."""
+    """The denoise loop's settings plus FLUX's embedded (distilled) guidance scale.
+
+    Attributes:
+      embedded_guidance: the scale the transformer embeds (``None`` for a transformer without a
+        guidance embedding, e.g. FLUX.1-schnell).
+    """
 
     embedded_guidance: float | None = 3.5
 
@@ -39,7 +46,14 @@ class Sampling(denoise.DenoiseConfig):
 class Tokenizers:
     """The two tokenizers of a FLUX card and their lengths: CLIP ids then T5 ids, concatenated into one
     ``ids`` row ``(clip_length + t5_length,)`` so a FLUX program has the one text input every
-    text-prompted program has."""
+    text-prompted program has.
+
+    Attributes:
+      clip: the CLIP tokenizer (``None``: the card has no ``tokenizer.json``).
+      t5: the T5 tokenizer (``None`` likewise).
+      clip_length: CLIP ids per prompt.
+      t5_length: T5 ids per prompt.
+    """
 
     clip: TokenizerSpec | None
     t5: TokenizerSpec | None
@@ -47,7 +61,17 @@ class Tokenizers:
     t5_length: int
 
     def encode(self, prompts: list[str]) -> np.ndarray:
-        """``(B, clip_length + t5_length)`` int32 ids of ``prompts``."""
+        """The CLIP ids then the T5 ids of ``prompts``, one row each.
+
+        Args:
+          prompts: B prompt strings.
+
+        Returns:
+          ``(B, clip_length + t5_length)`` int32 ids.
+
+        Raises:
+          ValueError: if either tokenizer is missing.
+        """
         if self.clip is None or self.t5 is None:
             raise ValueError("this FLUX card has no tokenizer.json files: pass token ids directly (jaxpipe.cards.flux.ids)")
         clip_ids, _ = self.clip.load()(prompts, self.clip_length)
@@ -57,8 +81,31 @@ class Tokenizers:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Everything that shapes a ``flux`` card. The defaults are a tiny random test card; ``dev()``
-    and ``schnell()`` are the published sizes; ``from_diffusers`` reads a pipeline folder."""
+    """Everything that shapes a ``flux`` card.
+
+    The defaults are a tiny random test card; ``dev()`` and ``schnell()`` are the published sizes;
+    ``from_diffusers`` reads a pipeline folder.
+
+    Attributes:
+      transformer: the FLUX transformer.
+      vae: the FLUX autoencoder.
+      text_encoder: CLIP (its pooled embedding conditions the transformer).
+      text_encoder_2: T5 (its sequence is the transformer's context).
+      height: image height in pixels.
+      width: image width in pixels.
+      max_sequence_length: T5 ids per prompt.
+      clip_length: CLIP ids per prompt (at most CLIP's ``max_position_embeddings``).
+      num_steps: the default number of denoise steps.
+      guidance: the default embedded guidance scale; a number exactly when the transformer embeds
+        guidance (FLUX.1-dev), ``None`` otherwise (schnell).
+      schedule: the scheduler's shift settings.
+      tokenizer: the CLIP tokenizer, if the card has one.
+      tokenizer_2: the T5 tokenizer, if the card has one.
+
+    Raises:
+      ValueError: if the components' sizes do not fit together, the image is smaller than
+        ``2·vae_scale``, ``clip_length`` is too long, or ``guidance`` disagrees with the transformer.
+    """
 
     transformer: flux.FluxConfig = flux.FluxConfig.tiny()
     vae: autoencoder_kl.AutoencoderKLConfig = autoencoder_kl.AutoencoderKLConfig.tiny()
@@ -92,6 +139,7 @@ class Config:
 
     @property
     def vae_scale(self) -> int:
+        """The autoencoder's downsampling factor, ``2 ** (len(vae.block_out_channels) - 1)``."""
         return 2 ** (len(self.vae.block_out_channels) - 1)
 
     @property
@@ -102,15 +150,19 @@ class Config:
 
     @property
     def sampling(self) -> Sampling:
+        """The loop's default ``Sampling``: ``num_steps``, the schedule's shift for this image's token count,
+        and ``guidance`` as the embedded scale."""
         h, w, _ = self.latent_shape
         return Sampling(num_steps=self.num_steps, shift=self.schedule.flow_shift(h * w // 4), embedded_guidance=self.guidance)
 
     @property
     def tokenizers(self) -> Tokenizers:
+        """The card's ``Tokenizers`` (CLIP ``clip_length`` ids then T5 ``max_sequence_length`` ids)."""
         return Tokenizers(self.tokenizer, self.tokenizer_2, self.clip_length, self.max_sequence_length)
 
     @classmethod
     def tiny(cls, **overrides) -> "Config":
+        """The tiny random test card (the defaults), with ``overrides`` of any field."""
         return cls(**overrides)
 
     @classmethod
@@ -132,7 +184,20 @@ class Config:
     @classmethod
     def from_diffusers(cls, path: str | Path, **overrides) -> "Config":
         """The config of a diffusers ``FluxPipeline`` folder (sizes from each component's ``config.json``,
-        the schedule from ``scheduler/``, the tokenizers when their folders are there)."""
+        the schedule from ``scheduler/``, the tokenizers when their folders are there).
+
+        Args:
+          path: a ``FluxPipeline`` folder.
+          **overrides: ``Config`` fields to set instead.
+
+        Returns:
+          The ``Config`` (1024×1024; dev's 28 steps, guidance 3.5 and 512 T5 ids, or schnell's 4 steps,
+          no guidance and 256 T5 ids).
+
+        Raises:
+          ValueError: if the folder holds another pipeline.
+          FileNotFoundError: if a component folder is missing.
+        """
         from jaxpipe.nn.hf import read_config
 
         folder = read_pipeline(path)
@@ -176,7 +241,16 @@ def _spec(config: Config, model_id: str) -> CardSpec:
 
 
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = "flux") -> Card:
-    """A ``flux`` card with random weights (deterministic in ``seed``); works under ``nnx.eval_shape``."""
+    """A ``flux`` card with random weights (deterministic in ``seed``); works under ``nnx.eval_shape``.
+
+    Args:
+      config: the card's config (default: the tiny test card).
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card`` (components ``text_encoder``, ``text_encoder_2``, ``transformer``, ``vae``).
+    """
     rngs = nnx.Rngs(seed)
     components = {
         "text_encoder": clip.CLIPTextEncoder(config.text_encoder, rngs=rngs),
@@ -190,9 +264,21 @@ def build(config: Config = Config(), *, seed: int = 0, model_id: str = "flux") -
 def load_pipeline(path: str | Path, *, dtype: str = "float32", model_id: str | None = None, **overrides) -> Card:
     """A ``flux`` card with the weights of a diffusers ``FluxPipeline`` folder (``FLUX.1-dev/``).
 
-    ``dtype``: the networks' parameter and activation dtype (``"bfloat16"`` to serve the 12 B
-    transformer on one accelerator); the sampler math stays float32. ``overrides``: ``Config``
-    fields (``height``, ``width``, ``num_steps`` ...)."""
+    Args:
+      path: the pipeline folder.
+      dtype: the networks' parameter and activation dtype (``"bfloat16"`` to serve the 12 B transformer
+        on one accelerator); the sampler math stays float32.
+      model_id: the card's id (default: the folder's name).
+      **overrides: ``Config`` fields (``height``, ``width``, ``num_steps`` ...).
+
+    Returns:
+      The loaded ``Card``.
+
+    Raises:
+      ValueError: if the folder is not a ``FluxPipeline`` or its scheduler is unsupported.
+      FileNotFoundError: if a component is missing.
+      KeyMappingError: if a component's weights do not fit its network.
+    """
     path = Path(path)
     config = Config.from_diffusers(path, **overrides)
     components, configs = load_components(read_pipeline(path), {

@@ -23,9 +23,22 @@ from jaxpipe.nn.flux import FluxCond
 from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, settings
 from jaxpipe.request import Request
 
+__all__ = ["program", "split_ids", "encode_pooled", "encode_sequence", "start", "decode"]
+
 
 def split_ids(card: Card, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``ids`` ``(B, clip_length + t5_length)`` -> CLIP ids ``(B, clip_length)``, T5 ids ``(B, t5_length)``."""
+    """Splits the one ``ids`` row into its CLIP and T5 parts.
+
+    Args:
+      card: a ``flux`` card.
+      ids: ``(B, clip_length + t5_length)`` int ids.
+
+    Returns:
+      ``(clip_ids, t5_ids)``: ``(B, clip_length)`` and ``(B, t5_length)``.
+
+    Raises:
+      ValueError: if ``ids`` is not ``clip_length + max_sequence_length`` wide.
+    """
     n = card.spec.config.clip_length
     expected = n + card.spec.config.max_sequence_length
     if ids.shape[-1] != expected:
@@ -34,20 +47,46 @@ def split_ids(card: Card, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def encode_pooled(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """CLIP's pooled embedding ``(B, 768)`` of the prompt (FluxPipeline ignores CLIP's sequence)."""
+    """CLIP's pooled embedding of the prompt (FluxPipeline ignores CLIP's sequence).
+
+    Args:
+      card: a ``flux`` card.
+      reads: ``{"ids": (B, clip_length + t5_length)}``.
+
+    Returns:
+      ``{"pooled": (B, hidden_size)}`` (768 for CLIP-L).
+    """
     clip_ids, _ = split_ids(card, reads["ids"])
     _, pooled = card["text_encoder"](clip_ids)
     return {"pooled": pooled}
 
 
 def encode_sequence(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """T5's sequence embedding ``(B, max_sequence_length, 4096)``, unmasked as FluxPipeline runs it."""
+    """T5's sequence embedding of the prompt, unmasked as FluxPipeline runs it.
+
+    Args:
+      card: a ``flux`` card.
+      reads: ``{"ids": (B, clip_length + t5_length)}``.
+
+    Returns:
+      ``{"context": (B, max_sequence_length, d_model)}`` (4096 for T5-XXL).
+    """
     _, t5_ids = split_ids(card, reads["ids"])
     return {"context": card["text_encoder_2"](t5_ids)}
 
 
 def start(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config) -> denoise.DenoiseState:
-    """Noise of the loop's latent shape, the text and the embedded guidance scale as ``FluxCond``."""
+    """Starts the denoise loop: noise of the loop's latent shape, conditioned on a ``FluxCond``.
+
+    Args:
+      card: a ``flux`` card.
+      loop: the ``t2i_denoise`` loop.
+      reads: ``key`` ``(B,)``, ``context`` ``(B, S, D)`` and ``pooled`` ``(B, P)``.
+      config: the loop's ``Sampling`` (its ``embedded_guidance``, 1.0 when ``None``, is every row's scale).
+
+    Returns:
+      The loop's first ``DenoiseState``.
+    """
     b = reads["context"].shape[0]
     scale = 1.0 if config.embedded_guidance is None else config.embedded_guidance
     cond = FluxCond(reads["context"], reads["pooled"], jnp.full((b,), scale, jnp.float32))
@@ -55,7 +94,15 @@ def start(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config) -> denoi
 
 
 def decode(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """Latents ``(B, h, w, C)`` -> ``image`` ``(B, H, W, 3)`` in [0, 1] (the pipeline's un-normalise + decode)."""
+    """Decodes the latents as the pipeline does (un-normalise, then the autoencoder's decoder).
+
+    Args:
+      card: a ``flux`` card.
+      reads: ``{"latents": (B, h, w, C)}``.
+
+    Returns:
+      ``{"image": (B, H, W, 3)}`` in [0, 1].
+    """
     return {"image": generator.to_unit(card["vae"].decode_latents(reads["latents"]))}
 
 

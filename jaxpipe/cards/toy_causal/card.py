@@ -15,6 +15,8 @@ from jaxpipe.card import Card
 from jaxpipe.cards import generator
 from jaxpipe.loops.chunk import ChunkConfig
 
+__all__ = ["MODEL_ID", "LOOP_ID", "Config", "build"]
+
 MODEL_ID = "toy-causal"
 LOOP_ID = "causal_rollout"
 
@@ -25,6 +27,13 @@ class Config(generator.VideoGeneratorConfig):
 
     ``frames`` is the default video length, generated as ``sampling.chunks`` chunks of
     ``sampling.chunk_frames`` frames (so ``chunks · chunk_frames == frames``).
+
+    Attributes:
+      sampling: the ``causal_rollout`` loop's settings (chunk size, chunk count, steps per chunk,
+        guidance); the other fields are ``VideoGeneratorConfig``'s.
+
+    Raises:
+      ValueError: if ``chunk_frames`` does not divide ``frames`` or ``chunks · chunk_frames != frames``.
     """
 
     sampling: ChunkConfig = ChunkConfig()
@@ -43,8 +52,18 @@ class Config(generator.VideoGeneratorConfig):
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A ``wan-causal`` card with freshly initialised components (deterministic in ``seed``; the same
-    initial weights as ``wan-t2v`` for a seed)."""
+    """A ``wan-causal`` card with freshly initialised components.
+
+    Deterministic in ``seed``, with the same initial weights as ``wan-t2v`` for a seed.
+
+    Args:
+      config: the card's config.
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card`` (``text_encoder``, a ``CausalDiT`` ``transformer``, ``vae``; one ``chunk_rollout`` loop).
+    """
     from jaxpipe.nn.causal_dit import CausalDiT
 
     return generator.build(config, seed=seed, model_id=model_id, family="toy_causal", loop_id=LOOP_ID, capability="t2v",

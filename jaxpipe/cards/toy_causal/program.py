@@ -19,11 +19,22 @@ from jaxpipe.nn import DiTCond
 from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, settings
 from jaxpipe.request import Request
 
+__all__ = ["READS", "program", "encode_prefix", "start", "video_latents"]
+
 READS = (*generator.DENOISE_READS, "prefix")
+"""What the rollout's ``start`` reads: the text conditioning, the key and the ``prefix`` latents."""
 
 
 def encode_prefix(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
-    """``prefix_video`` ``(B, P, H, W, C)`` in [0, 1] -> ``prefix`` latents ``(B, P, h, w, C)`` (``P`` may be 0)."""
+    """Encodes the video to continue into latents.
+
+    Args:
+      card: a ``wan-causal`` card.
+      reads: ``{"prefix_video": (B, P, H, W, C)}`` in [0, 1] (``P`` may be 0: no prefix).
+
+    Returns:
+      ``{"prefix": (B, P, h, w, C)}`` latents (float32 zeros of that shape when ``P`` is 0).
+    """
     video = reads["prefix_video"]
     if video.shape[1] == 0:  # no prefix: nothing to encode (static shape)
         cfg = card.spec.config
@@ -33,15 +44,32 @@ def encode_prefix(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def start(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: chunk.ChunkConfig) -> chunk.ChunkState:
-    """The rollout's start: text conditioning (the unconditional half only when guiding), the prefix
-    prefilled into the cache, chunk 0's noise from the request key."""
+    """The rollout's start: text conditioning, the prefix prefilled into the cache, chunk 0's noise.
+
+    Args:
+      card: a ``wan-causal`` card.
+      loop: the ``causal_rollout`` loop.
+      reads: ``READS``: ``key`` ``(B,)``, the text conditioning (the unconditional half is used only
+        when guiding) and ``prefix`` ``(B, P, h, w, C)``.
+      config: the loop's ``ChunkConfig``.
+
+    Returns:
+      The loop's first ``ChunkState``.
+    """
     cond = DiTCond(reads["context"], reads["context_mask"])
     uncond = DiTCond(reads["uncond_context"], reads["uncond_mask"]) if config.guide.needs_uncond else None
     return chunk.init(card[loop.binds[0]], reads["key"], loop.latent_shape, cond, config, uncond, prefix=reads["prefix"])
 
 
 def video_latents(state: chunk.ChunkState):
-    """The loop's result: the whole video's latents (prefix, then the generated chunks)."""
+    """The loop's result: the whole video's latents (prefix, then the generated chunks).
+
+    Args:
+      state: the loop's final ``ChunkState``.
+
+    Returns:
+      ``(B, P + chunks·F, h, w, C)`` latents.
+    """
     return state.video
 
 

@@ -14,13 +14,22 @@ from jaxpipe.cards import generator
 from jaxpipe.loops import denoise
 from jaxpipe.nn import DiTConfig
 
+__all__ = ["MODEL_ID", "LOOP_ID", "Config", "build"]
+
 MODEL_ID = "toy-i2v"
 LOOP_ID = "i2v_denoise"
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(generator.VideoGeneratorConfig):
-    """Everything that shapes an image-to-video card (``vocabulary`` required); the defaults are CPU-test sized."""
+    """Everything that shapes an image-to-video card (``vocabulary`` required); the defaults are CPU-test sized.
+
+    Attributes:
+      dit: the denoiser, with first-frame conditioning (``frame_cond=True``, required).
+      sampling: the ``i2v_denoise`` loop's settings.
+      MIN_FRAMES: 2 (the first frame and at least one more).
+      FRAME_COND: ``True``.
+    """
 
     dit: DiTConfig = DiTConfig(frame_cond=True)
     sampling: denoise.DenoiseConfig = denoise.DenoiseConfig()
@@ -35,5 +44,14 @@ class Config(generator.VideoGeneratorConfig):
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """An image-to-video card with freshly initialised components (deterministic in ``seed``)."""
+    """An image-to-video card with freshly initialised components (deterministic in ``seed``).
+
+    Args:
+      config: the card's config.
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card``.
+    """
     return generator.build(config, seed=seed, model_id=model_id, family="toy_i2v", loop_id=LOOP_ID, capability="i2v")

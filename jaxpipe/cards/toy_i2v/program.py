@@ -15,6 +15,8 @@ from jaxpipe.cards.toy_i2v.card import LOOP_ID, MODEL_ID
 from jaxpipe.program import Bound, ComponentNode, LoopNode, Program
 from jaxpipe.request import Request
 
+__all__ = ["program"]
+
 
 def _encode_image(card: Card, reads) -> dict[str, jax.Array]:
     """``image`` ``(B, H, W, C)`` in [0, 1] -> ``first_frame`` latent ``(B, h, w, C)``."""

@@ -41,6 +41,13 @@ class Config(MoTCardConfig):
     the MoT's last id); ``caption``: the understanding policy (greedy by default); ``sampling``: the
     image loop's. A prompt has at most
     ``mot.max_text - think.max_new_tokens`` words (``max_prompt_words``).
+
+    Attributes:
+      think: the thinking loop's settings (``None``: 4 tokens at temperature 1, stopping at ``<eos>``).
+      caption: the understanding loop's settings (``None``: 5 greedy tokens, stopping at ``<eos>``).
+
+    Raises:
+      ValueError: if ``<bos>`` + ``caption.max_new_tokens`` exceeds ``mot.max_text``, or as ``MoTCardConfig``.
     """
 
     REWRITE: ClassVar[str] = "think"
@@ -64,7 +71,18 @@ class Config(MoTCardConfig):
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A MoT card with freshly initialised components (deterministic in ``seed``)."""
+    """A MoT card with freshly initialised components (deterministic in ``seed``).
+
+    Its three loops (``generate_text``, ``generate_image``, ``understand``) bind the one ``transformer``.
+
+    Args:
+      config: the card's config.
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card``.
+    """
     loops = (
         LoopSpec(THINK_LOOP, "ar_decode", ("transformer",), config.think),
         LoopSpec(IMAGE_LOOP, "denoise", ("transformer",), config.sampling, latent_shape=config.latent_shape),

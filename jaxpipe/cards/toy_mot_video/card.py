@@ -31,7 +31,14 @@ OPTIONAL = ("sound_decoder",)
 class Config(MoTCardConfig):
     """Everything that shapes a reason-then-video MoT card (``vocabulary`` required; ``mot`` and ``reason``
     ``None``: the defaults for the vocabulary); the defaults are CPU-test sized. A prompt has at most
-    ``mot.max_text - reason.max_new_tokens`` words."""
+    ``mot.max_text - reason.max_new_tokens`` words.
+
+    Attributes:
+      reason: the reasoning loop's settings (``None``: 4 tokens at temperature 1, stopping at ``<eos>``).
+
+    Raises:
+      ValueError: if ``mot.frames < 2``, or as ``MoTCardConfig``.
+    """
 
     REWRITE: ClassVar[str] = "reason"
     TEXT_LOOPS: ClassVar[tuple[str, ...]] = ("reason",)
@@ -48,8 +55,18 @@ class Config(MoTCardConfig):
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A reason-then-video MoT card with freshly initialised components (deterministic in ``seed``); its optional
-    ``sound_decoder`` is declared, not built."""
+    """A reason-then-video MoT card with freshly initialised components (deterministic in ``seed``).
+
+    Its optional ``sound_decoder`` is declared, not built.
+
+    Args:
+      config: the card's config.
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card``.
+    """
     loops = (
         LoopSpec(REASON_LOOP, "ar_decode", ("transformer",), config.reason),
         LoopSpec(VIDEO_LOOP, "denoise", ("transformer",), config.sampling, latent_shape=config.latent_shape),

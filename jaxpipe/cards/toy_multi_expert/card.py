@@ -26,11 +26,31 @@ from jaxpipe.card import Card, LoopSpec
 from jaxpipe.cards import generator, toy_unified
 from jaxpipe.nn import MaskedLM, RefinerLM, Tokenizer
 
+__all__ = [
+    "MODEL_ID",
+    "REFINE_LOOP",
+    "DENOISE_LOOP",
+    "COMPONENT",
+    "EXPERT_PREFIX",
+    "Config",
+    "expert_names",
+    "stacked_components",
+    "stack",
+    "expert",
+    "build",
+    "from_unified",
+    "expert_keys",
+    "slot_models",
+    "compose",
+]
+
 MODEL_ID = "toy-multi-expert"
 REFINE_LOOP = toy_unified.REFINE_LOOP
 DENOISE_LOOP = toy_unified.DENOISE_LOOP
 COMPONENT = "refiners"
+"""The name of the stacked refiners component."""
 EXPERT_PREFIX = "refiner_"
+"""Expert ``i`` of the stacked component is addressed as ``f"{EXPERT_PREFIX}{i}"``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +60,15 @@ class Config(toy_unified.Config):
 
     Every refiner decodes ``refine.max_new_tokens`` tokens (default 1: one word or ``<eos>``);
     prompts may have up to ``text.max_len - N · max_new_tokens`` words.
+
+    Attributes:
+      num_refiners: N, the number of refiners (an int >= 1).
+      slots: ``((name, words), ...)`` with words from the vocabulary, or ``None`` (unrestricted).
+      REFINE_TOKENS: the default ``refine.max_new_tokens``, 1.
+
+    Raises:
+      ValueError: on a bad ``num_refiners``, slots with unknown or no words, no room left for a prompt,
+        or as ``toy_unified.Config``.
     """
 
     num_refiners: int = 3
@@ -68,10 +97,19 @@ class Config(toy_unified.Config):
 
     @property
     def max_prompt_words(self) -> int:
+        """The longest prompt the card refines without cutting a refinement short:
+        ``text.max_len - num_refiners · refine.max_new_tokens``."""
         return self.text.max_len - self.num_refiners * self.refine.max_new_tokens
 
     def slot(self, i: int) -> str | None:
-        """The name of the slot refiner ``i`` owns (``None``: unrestricted)."""
+        """The name of the slot refiner ``i`` owns (``None``: unrestricted).
+
+        Args:
+          i: the refiner's index.
+
+        Returns:
+          The slot's name, or ``None`` when ``slots`` is ``None``.
+        """
         return None if self.slots is None else self.slots[i % len(self.slots)][0]
 
     def allowed_tokens(self) -> np.ndarray:
@@ -89,7 +127,14 @@ class Config(toy_unified.Config):
 
 
 def expert_names(card_or_config) -> tuple[str, ...]:
-    """``("refiner_0", ..., "refiner_{N-1}")``: how loops, versions and weight sync address the experts."""
+    """``("refiner_0", ..., "refiner_{N-1}")``: how loops, versions and weight sync address the experts.
+
+    Args:
+      card_or_config: a multi-expert card or its ``Config``.
+
+    Returns:
+      The N expert names.
+    """
     config = card_or_config.spec.config if isinstance(card_or_config, Card) else card_or_config
     return tuple(f"{EXPERT_PREFIX}{i}" for i in range(config.num_refiners))
 
@@ -97,12 +142,29 @@ def expert_names(card_or_config) -> tuple[str, ...]:
 def stacked_components(card: Card) -> dict[str, tuple[str, ...]]:
     """``{"refiners": ("refiner_0", ..., "refiner_{N-1}")}``: the component stored stacked on a leading
     expert axis and its experts' names, the family hook behind ``jaxpipe.cards.stacked_components``
-    (the engine keeps one weight version per expert and publishes experts slice by slice)."""
+    (the engine keeps one weight version per expert and publishes experts slice by slice).
+
+    Args:
+      card: a multi-expert card.
+
+    Returns:
+      ``{COMPONENT: expert names}``.
+    """
     return {COMPONENT: expert_names(card)}
 
 
 def stack(lms: Sequence[RefinerLM]) -> RefinerLM:
-    """One ``RefinerLM`` whose every variable stacks those of ``lms`` (same config) on a leading axis."""
+    """One ``RefinerLM`` whose every variable stacks those of ``lms`` on a leading axis.
+
+    Args:
+      lms: N ``RefinerLM``s of one ``LMConfig``.
+
+    Returns:
+      A ``RefinerLM`` whose every variable is ``(N, ...)``.
+
+    Raises:
+      ValueError: if ``lms`` is empty or their configs differ.
+    """
     if not lms:
         raise ValueError("stack needs at least one LM")
     if len({lm.cfg for lm in lms}) != 1:
@@ -113,7 +175,18 @@ def stack(lms: Sequence[RefinerLM]) -> RefinerLM:
 
 
 def expert(card: Card, i: int) -> RefinerLM:
-    """Refiner ``i`` as a plain ``RefinerLM`` (a slice of the stacked component)."""
+    """Refiner ``i`` as a plain ``RefinerLM`` (a slice of the stacked component).
+
+    Args:
+      card: a multi-expert card.
+      i: the refiner's index, in ``[0, N)``.
+
+    Returns:
+      The ``RefinerLM``.
+
+    Raises:
+      IndexError: if ``i`` is out of range.
+    """
     n = card.spec.config.num_refiners
     if not 0 <= i < n:
         raise IndexError(f"refiner index {i} out of range for {n} refiners")
@@ -122,7 +195,16 @@ def expert(card: Card, i: int) -> RefinerLM:
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A multi-refiner card with freshly initialised components (refiner ``i`` from seed ``seed + 1 + i``)."""
+    """A multi-refiner card with freshly initialised components (refiner ``i`` from seed ``seed + 1 + i``).
+
+    Args:
+      config: the card's config.
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card``: the generator's components and the stacked ``refiners``; loops ``refine`` then ``denoise``.
+    """
     base = generator.build(config, seed=seed, model_id=model_id, family="toy_multi_expert", loop_id=DENOISE_LOOP, capability="t2i")
     refiners = stack([RefinerLM(config.lm, rngs=nnx.Rngs(seed + 1 + i)) for i in range(config.num_refiners)])
     refine = LoopSpec(REFINE_LOOP, "ar_decode", (COMPONENT,), config.refine)
@@ -134,7 +216,20 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
 
 def from_unified(card: Card, num_refiners: int = 3, *, model_id: str = MODEL_ID, **changes) -> Card:
     """A multi-refiner card (id ``model_id``) from a ``toy_unified`` card: its generator, and its LM copied
-    into every refiner; ``changes`` are ``Config`` fields (e.g. ``slots``)."""
+    into every refiner.
+
+    Args:
+      card: a ``toy_unified`` card (with an ``llm``).
+      num_refiners: N.
+      model_id: the new card's id.
+      **changes: ``Config`` fields (e.g. ``slots``).
+
+    Returns:
+      The multi-expert ``Card``.
+
+    Raises:
+      ValueError: if ``card`` has no ``llm``, or the config is invalid.
+    """
     if "llm" not in card.components:
         raise ValueError(f"from_unified needs a refiner card with an 'llm' (got {card.model_id!r})")
     base = card.spec.config
@@ -149,7 +244,15 @@ def from_unified(card: Card, num_refiners: int = 3, *, model_id: str = MODEL_ID,
 def expert_keys(keys: jax.Array, num_refiners: int) -> jax.Array:
     """``(N, B)`` refiner keys from per-sample keys ``(B,)``: refiner 0 uses ``fold_in(key, 0)`` (the
     ``unified`` card's LM key), refiner ``i > 0`` uses ``fold_in(key, i + 1)``; the denoiser keeps
-    ``fold_in(key, 1)``."""
+    ``fold_in(key, 1)``.
+
+    Args:
+      keys: ``(B,)`` typed PRNG keys, one per sample.
+      num_refiners: N.
+
+    Returns:
+      ``(N, B)`` typed PRNG keys.
+    """
     index = jnp.array([0] + [i + 1 for i in range(1, num_refiners)], jnp.uint32)
     return jax.vmap(lambda i: jax.vmap(lambda k: jax.random.fold_in(k, i))(keys))(index)
 
@@ -157,7 +260,14 @@ def expert_keys(keys: jax.Array, num_refiners: int) -> jax.Array:
 def slot_models(refiners: RefinerLM, allowed: jax.Array, fn):
     """``vmap`` of ``fn(lm_i, *args)`` over the expert axis: ``fn`` gets refiner ``i`` restricted to its slot.
 
-    Returns a function of ``(expert-stacked args...)``; the stacked params are the first mapped input.
+    Args:
+      refiners: the stacked ``RefinerLM`` (every variable ``(N, ...)``).
+      allowed: ``(N, V)`` bool, each refiner's allowed tokens.
+      fn: ``fn(lm, *args)``, called with a ``MaskedLM`` of refiner ``i``.
+
+    Returns:
+      A function of ``(expert-stacked args...)`` (each ``(N, ...)``), returning ``fn``'s outputs stacked
+      on a leading expert axis; the stacked params are the first mapped input.
     """
     graphdef, state = nnx.split(refiners)
 
@@ -170,7 +280,18 @@ def slot_models(refiners: RefinerLM, allowed: jax.Array, fn):
 def compose(prompt_ids: jax.Array, tokens: jax.Array, generated: jax.Array, eos: int, width: int) -> jax.Array:
     """The composed prompts ``(B, width)``: ``prompt_ids`` ``(B, L)`` followed by refiner 0's words,
     refiner 1's, ... taken from LM buffers ``tokens`` ``(N, B, T)`` where ``generated`` ``(N, B, T)``;
-    ``<eos>`` dropped, words compacted."""
+    ``<eos>`` dropped, words compacted.
+
+    Args:
+      prompt_ids: ``(B, L)`` int ids of the prompts.
+      tokens: ``(N, B, T)`` the refiners' LM buffers.
+      generated: ``(N, B, T)`` bool, where the buffers hold generated tokens.
+      eos: the ``<eos>`` id.
+      width: the composed rows' width.
+
+    Returns:
+      ``(B, width)`` ids: the words in order, then padding (cut to ``width``).
+    """
     words = jnp.where(generated & (tokens != eos), tokens, 0)
     n, b, t = words.shape
     joined = jnp.concatenate([prompt_ids, jnp.transpose(words, (1, 0, 2)).reshape(b, n * t)], axis=1)

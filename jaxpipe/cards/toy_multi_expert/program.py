@@ -35,7 +35,14 @@ __all__ = ["program", "expert_major"]
 
 
 def expert_major(refinements: ar.Continuation) -> ar.Continuation:
-    """The ``"refinements"`` slot ``(B, N, ...)`` with the expert axis first, ``(N, B, ...)``."""
+    """The ``"refinements"`` slot with the expert axis first.
+
+    Args:
+      refinements: an ``ar.Continuation`` whose fields are ``(B, N, ...)``.
+
+    Returns:
+      The same continuation with fields ``(N, B, ...)``.
+    """
     return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), refinements)
 
 

@@ -17,6 +17,8 @@ from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.cards import generator
 from jaxpipe.loops import denoise, policies
 
+__all__ = ["MODEL_ID", "LOOP_ID", "EXPERTS", "Config", "build", "spec"]
+
 MODEL_ID = "toy-sigma-moe"
 LOOP_ID = "t2v_denoise"
 EXPERTS = ("transformer_high", "transformer_low")
@@ -30,6 +32,13 @@ class Config(generator.VideoGeneratorConfig):
     ``boundary``: the noise level in (0, 1) where the loop hands over from the high-noise expert
     (σ >= boundary) to the low-noise one. ``sampling`` is the loop's policy without its router
     (``policies.Single()``): the card's loop routes by ``boundary``.
+
+    Attributes:
+      sampling: the ``t2v_denoise`` loop's settings, router left as ``policies.Single()``.
+      boundary: the hand-over noise level, in (0, 1).
+
+    Raises:
+      ValueError: on a boundary outside (0, 1) or a ``sampling`` with a router.
     """
 
     sampling: denoise.DenoiseConfig = denoise.DenoiseConfig()
@@ -55,8 +64,18 @@ class Config(generator.VideoGeneratorConfig):
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A ``wan22-moe`` card with freshly initialised components (deterministic in ``seed``; the two
-    experts draw different initial weights)."""
+    """A ``wan22-moe`` card with freshly initialised components.
+
+    Deterministic in ``seed``; the two experts draw different initial weights.
+
+    Args:
+      config: the card's config.
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card``.
+    """
     from jaxpipe.nn import Autoencoder, DiT, TextEncoder
 
     rngs = nnx.Rngs(seed)
@@ -70,8 +89,15 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
 
 
 def spec(config: Config, model_id: str = MODEL_ID) -> CardSpec:
-    """The static half of a ``wan22-moe`` card: one ``t2v_denoise`` loop binding both experts, routed by
-    ``config.boundary``."""
+    """The static half of a ``wan22-moe`` card: one ``t2v_denoise`` loop binding both experts.
+
+    Args:
+      config: the card's config (its ``loop_config`` routes by ``boundary``).
+      model_id: the card's id.
+
+    Returns:
+      The ``CardSpec``.
+    """
     from jaxpipe.nn import Tokenizer
 
     return CardSpec(

@@ -8,6 +8,8 @@ from jaxpipe.cards import generator
 from jaxpipe.cards.toy_sigma_moe.card import LOOP_ID, MODEL_ID
 from jaxpipe.program import Program
 
+__all__ = ["program"]
+
 
 @functools.cache
 def program() -> Program:

@@ -13,13 +13,19 @@ from jaxpipe.card import Card
 from jaxpipe.cards import generator
 from jaxpipe.loops import denoise
 
+__all__ = ["MODEL_ID", "LOOP_ID", "Config", "build"]
+
 MODEL_ID = "toy-t2i"
 LOOP_ID = "t2i_denoise"
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(generator.TextGeneratorConfig):
-    """Everything that shapes a text-to-image card (``vocabulary`` required); the defaults are CPU-test sized."""
+    """Everything that shapes a text-to-image card (``vocabulary`` required); the defaults are CPU-test sized.
+
+    Attributes:
+      sampling: the ``t2i_denoise`` loop's settings; the other fields are ``TextGeneratorConfig``'s.
+    """
 
     sampling: denoise.DenoiseConfig = denoise.DenoiseConfig()
 
@@ -31,5 +37,14 @@ class Config(generator.TextGeneratorConfig):
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A text-to-image card with freshly initialised components (deterministic in ``seed``)."""
+    """A text-to-image card with freshly initialised components (deterministic in ``seed``).
+
+    Args:
+      config: the card's config.
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card``.
+    """
     return generator.build(config, seed=seed, model_id=model_id, family="toy_t2i", loop_id=LOOP_ID, capability="t2i")

@@ -10,6 +10,8 @@ from jaxpipe.cards.toy_t2i.card import LOOP_ID, MODEL_ID
 from jaxpipe.program import Bound, ComponentNode, LoopNode, Program
 from jaxpipe.request import Request
 
+__all__ = ["program"]
+
 
 def _bind(card: Card, request: Request) -> Bound:
     if request.image is not None:

@@ -13,17 +13,32 @@ from jaxpipe.card import Card
 from jaxpipe.cards import generator
 from jaxpipe.loops import denoise
 
+__all__ = ["MODEL_ID", "LOOP_ID", "Config", "build"]
+
 MODEL_ID = "toy-t2v"
 LOOP_ID = "t2v_denoise"
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(generator.VideoGeneratorConfig):
-    """Everything that shapes a text-to-video card (``vocabulary`` required); the defaults are CPU-test sized."""
+    """Everything that shapes a text-to-video card (``vocabulary`` required); the defaults are CPU-test sized.
+
+    Attributes:
+      sampling: the ``t2v_denoise`` loop's settings; the other fields are ``VideoGeneratorConfig``'s.
+    """
 
     sampling: denoise.DenoiseConfig = denoise.DenoiseConfig()
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A text-to-video card with freshly initialised components (deterministic in ``seed``)."""
+    """A text-to-video card with freshly initialised components (deterministic in ``seed``).
+
+    Args:
+      config: the card's config.
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card``.
+    """
     return generator.build(config, seed=seed, model_id=model_id, family="toy_t2v", loop_id=LOOP_ID, capability="t2v")

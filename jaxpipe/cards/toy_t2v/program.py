@@ -8,6 +8,8 @@ from jaxpipe.cards import generator
 from jaxpipe.cards.toy_t2v.card import LOOP_ID, MODEL_ID
 from jaxpipe.program import Program
 
+__all__ = ["program"]
+
 
 @functools.cache
 def program() -> Program:

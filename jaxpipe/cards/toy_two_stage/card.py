@@ -25,6 +25,8 @@ from jaxpipe.cards import generator
 from jaxpipe.loops import denoise
 from jaxpipe.nn import LatentUpsamplerConfig
 
+__all__ = ["MODEL_ID", "BASE_LOOP", "REFINE_LOOP", "RATIO", "Config", "pool_latents", "build"]
+
 MODEL_ID = "toy-two-stage"
 BASE_LOOP = "base_denoise"
 REFINE_LOOP = "refine_denoise"
@@ -39,6 +41,16 @@ class Config(generator.VideoGeneratorConfig):
     ``base_sampling`` / ``refine_sampling``: the two loops' default settings (a request's
     ``num_steps`` sets the base stage's steps, ``inputs={"refine_steps": n}`` the refine stage's,
     and its ``guidance`` the CFG scale of both).
+
+    Attributes:
+      upsampler: the 2× latent upsampler (``scale`` must be ``RATIO``).
+      base_sampling: the ``base_denoise`` loop's settings (``start_sigma`` 1: from pure noise).
+      refine_sampling: the ``refine_denoise`` loop's settings (``start_sigma`` σ₀ in (0, 1)).
+
+    Raises:
+      ValueError: if the upsampler's scale or channels do not fit, the full latent side is not divisible
+        by ``RATIO·dit.patch_size``, a loop's ``stg_blocks`` name blocks the DiT lacks, or a
+        ``start_sigma`` is out of range.
     """
 
     upsampler: LatentUpsamplerConfig = LatentUpsamplerConfig(width=16, depth=1)
@@ -87,13 +99,30 @@ class Config(generator.VideoGeneratorConfig):
 
 def pool_latents(latents: jax.Array) -> jax.Array:
     """Full-resolution latents ``(B, T, h, w, C)`` -> base-resolution ``(B, T, h/2, w/2, C)``: 2×2 average pooling
-    (what the base stage learns to generate and the upsampler learns to invert)."""
+    (what the base stage learns to generate and the upsampler learns to invert).
+
+    Args:
+      latents: ``(B, T, h, w, C)``, ``h`` and ``w`` divisible by ``RATIO``.
+
+    Returns:
+      ``(B, T, h/2, w/2, C)``.
+    """
     b, t, h, w, c = latents.shape
     return latents.reshape(b, t, h // RATIO, RATIO, w // RATIO, RATIO, c).mean(axis=(3, 5))
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A two-stage card with freshly initialised components (deterministic in ``seed``)."""
+    """A two-stage card with freshly initialised components (deterministic in ``seed``).
+
+    Args:
+      config: the card's config.
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card``: ``text_encoder``, ``transformer``, ``vae``, ``upsampler``; loops ``base_denoise`` then
+      ``refine_denoise``, both on ``transformer``.
+    """
     from jaxpipe.nn import Autoencoder, DiT, LatentUpsampler, TextEncoder, Tokenizer
 
     rngs = nnx.Rngs(seed)

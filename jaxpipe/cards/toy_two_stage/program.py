@@ -18,20 +18,44 @@ from jaxpipe.nn import DiTCond
 from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, settings
 from jaxpipe.request import Request
 
+__all__ = ["BASE_STREAM", "REFINE_STREAM", "REFINE_READS", "program", "upsample", "start_refine", "refine_steps"]
+
 BASE_STREAM, REFINE_STREAM = 0, 1
 """The two loops draw their noise from ``fold_in(request key, stream)``: independent streams of one seed."""
 
 REFINE_READS = ("key", "context", "context_mask", "uncond_context", "uncond_mask", "upsampled")
+"""What ``start_refine`` reads: the key, the text conditioning and the upsampled base latents."""
 
 
 def upsample(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """``base_latents`` ``(B, T, h/2, w/2, C)`` -> ``upsampled`` ``(B, T, h, w, C)`` (the card's ``upsampler``)."""
+    """Upsamples the base stage's latents with the card's ``upsampler``.
+
+    Args:
+      card: a two-stage card.
+      reads: ``{"base_latents": (B, T, h/2, w/2, C)}``.
+
+    Returns:
+      ``{"upsampled": (B, T, h, w, C)}``.
+    """
     return {"upsampled": card["upsampler"](reads["base_latents"])}
 
 
 def start_refine(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig) -> denoise.DenoiseState:
     """The refine loop's start: ``σ₀·ε + (1-σ₀)·upsampled`` with ``ε`` from ``fold_in(key, REFINE_STREAM)``
-    (``denoise.init_from_latents``), conditioned on the same text as the base stage."""
+    (``denoise.init_from_latents``), conditioned on the same text as the base stage.
+
+    Args:
+      card: a two-stage card.
+      loop: the ``refine_denoise`` loop.
+      reads: ``REFINE_READS``: ``key`` ``(B,)``, the text conditioning and ``upsampled`` ``(B, T, h, w, C)``.
+      config: the refine loop's settings (its ``start_sigma`` is σ₀).
+
+    Returns:
+      The loop's first ``DenoiseState``.
+
+    Raises:
+      ValueError: if the upsampled latents are not the loop's latent shape.
+    """
     up = reads["upsampled"]
     if tuple(up.shape[1:]) != loop.latent_shape:
         raise ValueError(f"the upsampled latents are {tuple(up.shape[1:])} but {loop.id!r} runs at {loop.latent_shape}")
@@ -42,7 +66,17 @@ def start_refine(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: d
 
 
 def refine_steps(request: Request) -> int | None:
-    """The refine stage's step count a request asks for (``inputs["refine_steps"]``; ``None``: the card's default)."""
+    """The refine stage's step count a request asks for.
+
+    Args:
+      request: the request (``inputs["refine_steps"]``, optional).
+
+    Returns:
+      The step count, or ``None`` (the card's default).
+
+    Raises:
+      ValueError: if ``refine_steps`` is not a positive int.
+    """
     steps = request.inputs.get("refine_steps")
     if steps is None:
         return None

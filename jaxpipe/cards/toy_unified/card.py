@@ -23,6 +23,8 @@ from jaxpipe.cards.toy_t2i import Config as T2IConfig
 from jaxpipe.loops import ar
 from jaxpipe.nn import LMConfig, RefinerLM, Tokenizer
 
+__all__ = ["MODEL_ID", "REFINE_LOOP", "DENOISE_LOOP", "Config", "build", "eos_id", "compact", "refined_ids"]
+
 MODEL_ID = "toy-unified"
 REFINE_LOOP = "refine"
 DENOISE_LOOP = "denoise"
@@ -35,6 +37,15 @@ class Config(T2IConfig):
     ``refine`` (``None``: up to ``REFINE_TOKENS`` tokens at temperature 1) has ``eos_id`` the LM's
     last id. A prompt of up to ``text.max_len - refine.max_new_tokens`` words is refined without
     truncation.
+
+    Attributes:
+      lm: the refiner LM (``None``: ``LMConfig(vocab_size=vocab + 1)``).
+      refine: the ``refine`` loop's settings (``None``: ``REFINE_TOKENS`` tokens at temperature 1).
+      REFINE_TOKENS: the default ``refine.max_new_tokens``, 3.
+
+    Raises:
+      ValueError: if the LM's vocabulary or ``eos_id`` does not fit the tokenizer, the refinement leaves
+        no room for a prompt, or ``lm.max_len < text.max_len``.
     """
 
     lm: LMConfig | None = None
@@ -66,7 +77,16 @@ class Config(T2IConfig):
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A ``unified`` card with freshly initialised components (deterministic in ``seed``)."""
+    """A ``unified`` card with freshly initialised components (deterministic in ``seed``; the LM from ``seed + 1``).
+
+    Args:
+      config: the card's config.
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card``: the generator's components and ``llm``; loops ``refine`` then ``denoise``.
+    """
     base = generator.build(config, seed=seed, model_id=model_id, family="toy_unified", loop_id=DENOISE_LOOP, capability="t2i")
     llm = RefinerLM(config.lm, rngs=nnx.Rngs(seed + 1))
     refine = LoopSpec(REFINE_LOOP, "ar_decode", ("llm",), config.refine)
@@ -77,12 +97,27 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
 
 
 def eos_id(card: Card) -> int:
-    """The LM's end-of-refinement token id."""
+    """The LM's end-of-refinement token id.
+
+    Args:
+      card: a refiner card.
+
+    Returns:
+      The id, the tokenizer's ``vocab_size``.
+    """
     return card.spec.tokenizer.vocab_size
 
 
 def compact(tokens: jax.Array, width: int) -> jax.Array:
-    """Word ids ``(B, T)`` with ``<pad>`` (0) anywhere -> ``(B, width)``: the words in order, then padding."""
+    """Moves the words of each row to its front, keeping their order.
+
+    Args:
+      tokens: ``(B, T)`` word ids with ``<pad>`` (0) anywhere.
+      width: the output width (rows are cut or padded to it).
+
+    Returns:
+      ``(B, width)``: the words in order, then padding.
+    """
     order = jnp.argsort(tokens == 0, axis=1, stable=True)
     tokens = jnp.take_along_axis(tokens, order, axis=1)
     if tokens.shape[1] >= width:
@@ -92,7 +127,16 @@ def compact(tokens: jax.Array, width: int) -> jax.Array:
 
 def refined_ids(tokens: jax.Array, eos: int, width: int) -> jax.Array:
     """The refined prompts ``(B, width)`` for the text encoder from LM buffers ``(B, T)``:
-    ``<eos>`` (and any ``<pad>`` the LM emitted) dropped, the words kept in order, cut or padded to ``width``."""
+    ``<eos>`` (and any ``<pad>`` the LM emitted) dropped, the words kept in order, cut or padded to ``width``.
+
+    Args:
+      tokens: ``(B, T)`` LM buffers (prompt then generated tokens).
+      eos: the ``<eos>`` id.
+      width: the text encoder's width.
+
+    Returns:
+      ``(B, width)`` ids.
+    """
     return compact(jnp.where(tokens == eos, 0, tokens), width)
 
 

@@ -58,7 +58,23 @@ def _encode_refined(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array
 def bind_refined(card: Card, request: Request, refine_loop: str, denoise_loop: str, *, max_words: int, who: str) -> Bound:
     """Bind a prompt that refiner(s) continue: the text slots, ``refine`` ``(1,)`` bool (the request's
     ``inputs["refine"]``, default true) and both loops' settings (``inputs["temperature"]``
-    overrides the refiners'). Prompts are 1 to ``max_words`` words (``who`` need room for theirs)."""
+    overrides the refiners'). Prompts are 1 to ``max_words`` words (``who`` need room for theirs).
+
+    Args:
+      card: a refiner card.
+      request: the request (a prompt, no image).
+      refine_loop: the refiners' loop id.
+      denoise_loop: the denoise loop's id.
+      max_words: the most words a prompt may have.
+      who: who needs the room (said in the error).
+
+    Returns:
+      The ``Bound``.
+
+    Raises:
+      ValueError: on an image, a missing or empty prompt, more than ``max_words`` words or a word outside
+        the vocabulary.
+    """
     if request.image is not None:
         raise ValueError(f"{card.model_id!r} renders text to an image and takes no image (got image={request.image.shape})")
     bound = generator.bind_text(card, request, denoise_loop)

@@ -21,15 +21,39 @@ from jaxpipe.loops import denoise, policies
 from jaxpipe.nn import t5, wan, wan_vae
 from jaxpipe.nn.tokenizer import TokenizerSpec
 
+__all__ = ["LOOP_ID", "PIPELINES", "Config", "build", "load_pipeline"]
+
 LOOP_ID = "t2v_denoise"
 PIPELINES = ("WanPipeline",)
+"""The diffusers pipeline classes (``model_index.json``'s ``_class_name``) this family loads."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Everything that shapes a ``wan`` card. The defaults are a tiny random test card;
     ``t2v_1_3b()`` / ``t2v_14b()`` / ``t2v_a14b()`` are the published sizes; ``from_diffusers`` reads
-    a pipeline folder. ``boundary_ratio`` (Wan 2.2) adds the low-noise expert ``transformer_2``."""
+    a pipeline folder.
+
+    Attributes:
+      transformer: the Wan transformer (every expert has this shape).
+      vae: the Wan video autoencoder.
+      text_encoder: UMT5.
+      height: video height in pixels (a multiple of ``8·patch``).
+      width: video width in pixels (likewise).
+      frames: frames per video, ``1 + 4k``.
+      max_sequence_length: UMT5 ids per prompt.
+      num_steps: the default number of denoise steps.
+      guidance: the default CFG scale.
+      shift: the flow-shift of the schedule.
+      boundary_ratio: Wan 2.2's σ where the high-noise ``transformer`` hands over to the low-noise
+        ``transformer_2`` (in (0, 1)); ``None``: one transformer (Wan 2.1).
+      negative_prompt: CFG's unconditional prompt, unless a request sets ``inputs["negative_prompt"]``.
+      tokenizer: the UMT5 tokenizer, if the card has one.
+
+    Raises:
+      ValueError: if the components' sizes do not fit together, ``frames`` is not ``1 + 4k``, the
+        image size is not a multiple of ``8·patch``, or ``boundary_ratio`` is outside (0, 1).
+    """
 
     transformer: wan.WanConfig = wan.WanConfig.tiny()
     vae: wan_vae.WanVAEConfig = wan_vae.WanVAEConfig.tiny()
@@ -66,19 +90,23 @@ class Config:
 
     @property
     def experts(self) -> tuple[str, ...]:
+        """The transformer components the loop binds, in router order."""
         return ("transformer",) if self.boundary_ratio is None else ("transformer", "transformer_2")
 
     @property
     def sampling(self) -> denoise.DenoiseConfig:
+        """The loop's default settings: steps, shift, guidance, and a σ-boundary router for two experts."""
         router = policies.Single() if self.boundary_ratio is None else policies.SigmaBoundary(self.boundary_ratio)
         return denoise.DenoiseConfig(num_steps=self.num_steps, shift=self.shift, guidance=self.guidance, router=router)
 
     @property
     def tokenizers(self) -> TokenizerSpec | None:
+        """The card's tokenizer (``tokenizer``)."""
         return self.tokenizer
 
     @classmethod
     def tiny(cls, **overrides) -> "Config":
+        """The tiny random test card (the defaults), with ``overrides`` of any field."""
         return cls(**overrides)
 
     @classmethod
@@ -100,7 +128,20 @@ class Config:
     @classmethod
     def from_diffusers(cls, path: str | Path, **overrides) -> "Config":
         """The config of a diffusers ``WanPipeline`` folder (Wan 2.1, or Wan 2.2 with ``transformer_2``
-        and ``boundary_ratio`` in ``model_index.json``)."""
+        and ``boundary_ratio`` in ``model_index.json``).
+
+        Args:
+          path: a ``WanPipeline`` folder.
+          **overrides: ``Config`` fields to set instead.
+
+        Returns:
+          The ``Config`` (at the published 480×832, 81 frames, 50 steps; the scheduler's shift).
+
+        Raises:
+          ValueError: if the folder holds another pipeline, ``transformer_2`` and ``boundary_ratio`` do not
+            come together, the experts differ in shape, or it uses ``expand_timesteps``.
+          FileNotFoundError: if a component folder is missing.
+        """
         from jaxpipe.nn.hf import read_config
 
         folder = read_pipeline(path)
@@ -149,7 +190,16 @@ def _spec(config: Config, model_id: str) -> CardSpec:
 
 
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = "wan") -> Card:
-    """A ``wan`` card with random weights (deterministic in ``seed``); works under ``nnx.eval_shape``."""
+    """A ``wan`` card with random weights (deterministic in ``seed``); works under ``nnx.eval_shape``.
+
+    Args:
+      config: the card's config (default: the tiny test card).
+      seed: the initialisation seed.
+      model_id: the card's id.
+
+    Returns:
+      The ``Card`` (``text_encoder``, one transformer per expert, ``vae``).
+    """
     rngs = nnx.Rngs(seed)
     components = {
         "text_encoder": t5.T5Encoder(config.text_encoder, rngs=rngs),
@@ -161,7 +211,22 @@ def build(config: Config = Config(), *, seed: int = 0, model_id: str = "wan") ->
 
 def load_pipeline(path: str | Path, *, dtype: str = "float32", model_id: str | None = None, **overrides) -> Card:
     """A ``wan`` card with the weights of a diffusers ``WanPipeline`` folder (``Wan2.1-T2V-1.3B-Diffusers/``,
-    ``Wan2.2-T2V-A14B-Diffusers/``). ``dtype``: the networks' dtype; ``overrides``: ``Config`` fields."""
+    ``Wan2.2-T2V-A14B-Diffusers/``).
+
+    Args:
+      path: the pipeline folder.
+      dtype: the networks' parameter and activation dtype (e.g. ``"bfloat16"``).
+      model_id: the card's id (default: the folder's name).
+      **overrides: ``Config`` fields.
+
+    Returns:
+      The loaded ``Card``.
+
+    Raises:
+      ValueError: as ``Config.from_diffusers``.
+      FileNotFoundError: if a component is missing.
+      KeyMappingError: if a component's weights do not fit its network.
+    """
     path = Path(path)
     config = Config.from_diffusers(path, **overrides)
     loaders = {"text_encoder": t5.load, **{name: wan.load for name in config.experts}, "vae": wan_vae.load}

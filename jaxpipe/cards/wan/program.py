@@ -17,6 +17,8 @@ from jaxpipe.nn.wan import WanCond
 from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, settings
 from jaxpipe.request import Request
 
+__all__ = ["program", "encode_text", "encode_null", "start", "decode", "tokenize"]
+
 
 def _encode(card: Card, ids: jax.Array) -> jax.Array:
     # WanPipeline keeps each prompt's own tokens and zeroes the padding rows (the transformer sees no mask)
@@ -26,29 +28,75 @@ def _encode(card: Card, ids: jax.Array) -> jax.Array:
 
 
 def encode_text(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """``ids`` ``(B, L)`` -> ``context`` ``(B, L, 4096)`` (UMT5, padding rows zero)."""
+    """The prompt's UMT5 encoding, padding rows zero (as WanPipeline feeds it: the transformer sees no mask).
+
+    Args:
+      card: a ``wan`` card.
+      reads: ``{"ids": (B, L)}``.
+
+    Returns:
+      ``{"context": (B, L, d_model)}`` (4096 for UMT5-XXL).
+    """
     return {"context": _encode(card, reads["ids"])}
 
 
 def encode_null(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """``null_ids`` (the negative prompt) -> ``uncond_context``: CFG's other branch."""
+    """The negative prompt's UMT5 encoding: CFG's other branch.
+
+    Args:
+      card: a ``wan`` card.
+      reads: ``{"null_ids": (B, L)}``.
+
+    Returns:
+      ``{"uncond_context": (B, L, d_model)}``, padding rows zero.
+    """
     return {"uncond_context": _encode(card, reads["null_ids"])}
 
 
 def start(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig) -> denoise.DenoiseState:
-    """Noise of the loop's latent shape; the prompt (and, under CFG, the negative prompt) as ``WanCond``."""
+    """Starts the denoise loop: noise of the loop's latent shape, the prompt (and, under CFG, the negative
+    prompt) as ``WanCond``.
+
+    Args:
+      card: a ``wan`` card.
+      loop: the ``t2v_denoise`` loop.
+      reads: ``key`` ``(B,)``, ``context`` and ``uncond_context`` ``(B, L, D)``.
+      config: the loop's settings.
+
+    Returns:
+      The loop's first ``DenoiseState``.
+    """
     cond = WanCond(reads["context"], None, None)
     uncond = WanCond(reads["uncond_context"], None, None) if config.guide.needs_uncond else None
     return denoise.init(reads["key"], loop.latent_shape, cond, config, uncond)
 
 
 def decode(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """Latents ``(B, f, h, w, C)`` -> ``video`` ``(B, F, H, W, 3)`` in [0, 1]."""
+    """Decodes the latents with the Wan autoencoder.
+
+    Args:
+      card: a ``wan`` card.
+      reads: ``{"latents": (B, f, h, w, C)}``.
+
+    Returns:
+      ``{"video": (B, F, H, W, 3)}`` in [0, 1], ``F = 1 + 4·(f - 1)``.
+    """
     return {"video": generator.to_unit(card["vae"].decode_latents(reads["latents"]))}
 
 
 def tokenize(card: Card, prompts: list[str]) -> np.ndarray:
-    """Token ids ``(B, max_sequence_length)`` of ``prompts`` with the card's UMT5 tokenizer."""
+    """Token ids of ``prompts`` with the card's UMT5 tokenizer.
+
+    Args:
+      card: a ``wan`` card.
+      prompts: B prompt strings.
+
+    Returns:
+      ``(B, max_sequence_length)`` int32 ids.
+
+    Raises:
+      ValueError: if the card has no tokenizer.
+    """
     tokenizer = card.spec.tokenizer
     if tokenizer is None:
         raise ValueError(f"{card.model_id!r} has no tokenizer: pass token ids directly")

@@ -24,15 +24,28 @@ from jaxpipe.digits.digit_classifier.network import ClassifierNet, Config
 __all__ = ["COMPONENT", "FAMILY_NAME", "LOOP_ID", "MODEL_ID", "build", "check_images", "logits", "predict", "probabilities"]
 
 MODEL_ID = "digit-classifier"
+"""The bundled card's id."""
 FAMILY_NAME = "digit_classifier"
+"""The card family's name."""
 LOOP_ID = "classify"
+"""The card's one loop (a ``score`` loop over the classifier)."""
 COMPONENT = "classifier"
+"""The card's one component, a ``ClassifierNet``."""
 
 _CHUNK = 512  # images per forward pass in predict / probabilities (one compiled shape)
 
 
 def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
-    """A ``digit-classifier`` card with a freshly initialised network (deterministic in ``seed``)."""
+    """A ``digit-classifier`` card with a freshly initialised network (deterministic in ``seed``).
+
+    Args:
+        config: the network's sizes.
+        seed: the initialisation seed.
+        model_id: the card's id.
+
+    Returns:
+        The card: one component, ``COMPONENT``, bound by one loop, ``LOOP_ID``.
+    """
     spec = CardSpec(
         model_id=model_id,
         family=FAMILY_NAME,
@@ -46,12 +59,36 @@ def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID)
 
 
 def check_images(images, image_shape: tuple[int, int, int] = images_.IMAGE_SHAPE) -> jax.Array:
-    """``images`` as a float32 array ``(N, S, S, 1)``, or a ValueError naming the problem (``digits.images.check``)."""
+    """``images`` as a float32 array ``(N, S, S, 1)``, or a ValueError naming the problem (``digits.images.check``).
+
+    Under ``jax.jit`` only the shape and dtype are checked (the values are not concrete).
+
+    Args:
+        images: ``(N, *image_shape)`` floating point in ``[0, 1]`` (NumPy or JAX).
+        image_shape: one image's shape, ``(S, S, 1)``.
+
+    Returns:
+        The images, a float32 ``jax.Array``.
+
+    Raises:
+        ValueError: on a wrong shape or dtype, non-finite values, or values outside ``[0, 1]``.
+    """
     return jnp.asarray(images_.check(images, image_shape), jnp.float32)
 
 
 def logits(card: Card, images: jax.Array) -> jax.Array:
-    """Digit logits ``(N, 10)`` for images ``(N, 16, 16, 1)`` in [0, 1]; pure and jittable."""
+    """Digit logits ``(N, 10)`` for images ``(N, 16, 16, 1)`` in [0, 1]; pure and jittable.
+
+    Args:
+        card: a ``digit-classifier`` card.
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+
+    Returns:
+        The logits, float32 ``(N, 10)``.
+
+    Raises:
+        ValueError: on a wrong shape or dtype, non-finite values, or values outside ``[0, 1]``.
+    """
     return card[COMPONENT](check_images(images, card.spec.config.image_shape))
 
 
@@ -74,12 +111,32 @@ def _chunked(card: Card, images) -> np.ndarray:
 def probabilities(card: Card, images) -> np.ndarray:
     """Class probabilities ``(N, 10)`` (rows sum to 1) for images ``(N, 16, 16, 1)`` in [0, 1].
 
-    Runs jitted in chunks of 512 images. Raises ValueError on a wrong shape or dtype, or values
-    outside ``[0, 1]``.
+    Runs jitted in chunks of 512 images.
+
+    Args:
+        card: a ``digit-classifier`` card.
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+
+    Returns:
+        The probabilities, float32 NumPy ``(N, 10)``.
+
+    Raises:
+        ValueError: on a wrong shape or dtype, non-finite values, or values outside ``[0, 1]``.
     """
     return np.asarray(jax.nn.softmax(_chunked(card, images), axis=-1))
 
 
 def predict(card: Card, images) -> np.ndarray:
-    """The most likely digit ``(N,)`` int32 (0..9) for images ``(N, 16, 16, 1)`` in [0, 1] (as ``probabilities``)."""
+    """The most likely digit ``(N,)`` int32 (0..9) for images ``(N, 16, 16, 1)`` in [0, 1] (as ``probabilities``).
+
+    Args:
+        card: a ``digit-classifier`` card.
+        images: ``(N, 16, 16, 1)`` floating point in ``[0, 1]``, background 0 (NumPy or JAX).
+
+    Returns:
+        The digits, int32 NumPy ``(N,)``.
+
+    Raises:
+        ValueError: on a wrong shape or dtype, non-finite values, or values outside ``[0, 1]``.
+    """
     return np.argmax(_chunked(card, images), axis=-1).astype(np.int32)

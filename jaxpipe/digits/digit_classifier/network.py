@@ -21,6 +21,7 @@ from jaxpipe.digits.words import DIGIT_WORDS
 __all__ = ["MIN_PEAK", "NUM_CLASSES", "ClassifierNet", "Config"]
 
 NUM_CLASSES = len(DIGIT_WORDS)
+"""The classes: the ten digits."""
 
 MIN_PEAK = 0.1
 """Peak ink below which an image is not brightened further (a blank image's noise is not blown up)."""
@@ -33,6 +34,15 @@ class Config:
     ``widths``: channels per resolution, after the stride-2 stem (8 and 4 px for two widths);
     ``depth``: residual blocks per width; ``expansion``: the pointwise layers' hidden width per
     channel in each block.
+
+    Attributes:
+        image_size: the side ``S`` of the square grey input images.
+        widths: channels per resolution, after the stride-2 stem.
+        depth: residual blocks per width.
+        expansion: the hidden width of each block's pointwise layers, per channel.
+
+    Raises:
+        ValueError: if a size is not positive or ``image_size`` is not divisible by ``2 ** len(widths)``.
     """
 
     image_size: int = 16

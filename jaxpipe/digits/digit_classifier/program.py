@@ -31,7 +31,12 @@ def _bind(card: Card, request: Request) -> Bound:
 
 @functools.cache
 def program() -> Program:
-    """Reads ``image`` ``(H, W, 1)`` in [0, 1] and returns the artifact ``"probabilities"`` ``(10,)``."""
+    """Reads ``image`` ``(H, W, 1)`` in [0, 1] and returns the artifact ``"probabilities"`` ``(10,)``.
+
+    Returns:
+        The ``classify`` program (one shared instance); binding a request without a valid image
+        (``check_images``) raises ValueError.
+    """
     return Program(
         name="classify",
         inputs=("image",),

@@ -22,13 +22,28 @@ from jaxpipe.digits.data import ATTRIBUTE_WORDS
 from jaxpipe.digits.words import DIGIT_WORDS
 from jaxpipe.nn.layers import compute_dtype
 
+__all__ = ["HEADS", "DigitScorer", "ScorerConfig", "coordinate_channels"]
+
 HEADS: dict[str, int] = {"digit": len(DIGIT_WORDS), **{name: len(words) for name, words in ATTRIBUTE_WORDS.items()}}
 """Output heads and their class counts: digit 10, stroke 2, position 3, brightness 2."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ScorerConfig:
-    """Sizes of the scorer; the feature map is downsampled by ``2 ** (len(widths) - 1)`` before flattening."""
+    """Sizes of the scorer; the feature map is downsampled by ``2 ** (len(widths) - 1)`` before flattening.
+
+    Attributes:
+        image_size: the side ``S`` of the square input images.
+        image_channels: the input's channels ``C``.
+        widths: the stem's channels, then one stride-2 stage per further width.
+        hidden: the width of the MLP trunk.
+        coords: append the two coordinate channels (``coordinate_channels``) to the image.
+        dtype: the compute dtype's name (the logits are float32 whatever it is).
+
+    Raises:
+        ValueError: if ``widths`` is empty, ``image_size`` is not a positive multiple of ``downsample``, or
+            ``dtype`` is not a known compute dtype.
+    """
 
     image_size: int = 16
     image_channels: int = 1
@@ -49,16 +64,31 @@ class ScorerConfig:
 
     @classmethod
     def tiny(cls, **overrides) -> "ScorerConfig":
-        """The bundled ``digit-scorer`` size (16×16 grey digits, ~60k parameters)."""
+        """The bundled ``digit-scorer`` size (16×16 grey digits, ~60k parameters).
+
+        Args:
+            **overrides: fields to change.
+
+        Returns:
+            The config.
+        """
         return cls(**overrides)
 
     @classmethod
     def large(cls, **overrides) -> "ScorerConfig":
-        """128×128 RGB, ~22M parameters; for abstract construction (``nnx.eval_shape``) and accelerators."""
+        """128×128 RGB, ~22M parameters; for abstract construction (``nnx.eval_shape``) and accelerators.
+
+        Args:
+            **overrides: fields to change.
+
+        Returns:
+            The config.
+        """
         return cls(**{"image_size": 128, "image_channels": 3, "widths": (64, 128, 256, 512, 512, 512), "hidden": 1024, **overrides})
 
     @property
     def downsample(self) -> int:
+        """The factor ``2 ** (len(widths) - 1)`` the stages shrink the image side by."""
         return 2 ** (len(self.widths) - 1)
 
     @property
@@ -72,7 +102,16 @@ def _conv(cin, cout, dtype, rngs, *, stride=1):
 
 
 def coordinate_channels(batch: int, size: int, dtype=jnp.float32) -> jax.Array:
-    """``(batch, size, size, 2)`` pixel-centre coordinates: channel 0 is x (left -1 … right 1), channel 1 is y."""
+    """``(batch, size, size, 2)`` pixel-centre coordinates: channel 0 is x (left -1 … right 1), channel 1 is y.
+
+    Args:
+        batch: the number of rows ``B``.
+        size: the image side ``S``.
+        dtype: the result's dtype.
+
+    Returns:
+        The coordinates ``(batch, size, size, 2)``, in ``(-1, 1)`` (top row: y near -1).
+    """
     axis = (jnp.arange(size, dtype=jnp.float32) + 0.5) / size * 2.0 - 1.0
     y, x = jnp.meshgrid(axis, axis, indexing="ij")
     return jnp.broadcast_to(jnp.stack([x, y], axis=-1), (batch, size, size, 2)).astype(dtype)
@@ -92,7 +131,17 @@ class DigitScorer(nnx.Module):
         self.heads = nnx.Dict({name: nnx.Linear(cfg.hidden, k, dtype=dt, rngs=rngs) for name, k in HEADS.items()})
 
     def check_images(self, images) -> jax.Array:
-        """``images`` as an array, or a ValueError naming the expected ``(B, S, S, C)`` shape."""
+        """``images`` as an array, or a ValueError naming the expected ``(B, S, S, C)`` shape.
+
+        Args:
+            images: ``(B, S, S, C)`` floating point in ``[-1, 1]`` (the range is not checked).
+
+        Returns:
+            ``images`` as a ``jax.Array``.
+
+        Raises:
+            ValueError: on a wrong shape or a non-floating dtype.
+        """
         images = jnp.asarray(images)
         cfg = self.cfg
         expected = (cfg.image_size, cfg.image_size, cfg.image_channels)

@@ -14,6 +14,8 @@ from jaxpipe.digits.digit_scorer.card import COMPONENT
 from jaxpipe.program import Bound, ComponentNode, Program
 from jaxpipe.request import Request
 
+__all__ = ["program"]
+
 
 def _score(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
     logits = card[COMPONENT](reads["image"] * 2.0 - 1.0)
@@ -33,7 +35,12 @@ def _bind(card: Card, request: Request) -> Bound:
 @functools.cache
 def program() -> Program:
     """Reads ``image`` ``(H, W, C)`` in [0, 1], runs the scorer on ``2·image - 1`` and returns the
-    artifact ``"scores"``: class probabilities per head (``{head: (K,)}``)."""
+    artifact ``"scores"``: class probabilities per head (``{head: (K,)}``).
+
+    Returns:
+        The ``score`` program (one shared instance); binding a request without an image of the card's
+        ``image_shape`` raises ValueError.
+    """
     return Program(
         name="score",
         inputs=("image",),

@@ -31,7 +31,14 @@ RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m jaxpipe.digits.pretrain CARD ...``: run card ``CARD``'s recipe with the remaining arguments."""
+    """``python -m jaxpipe.digits.pretrain CARD ...``: run card ``CARD``'s recipe with the remaining arguments.
+
+    Args:
+        argv: ``[CARD, *recipe flags]`` (default: ``sys.argv[1:]``); ``CARD`` is a key of ``RECIPES``.
+
+    Raises:
+        SystemExit: with the usage and the known cards, if ``CARD`` is missing, unknown or ``-h``/``--help``.
+    """
     import importlib
     import sys
 

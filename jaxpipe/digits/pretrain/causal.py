@@ -35,17 +35,30 @@ from jaxpipe.training.fit import fit
 from jaxpipe.digits.pretrain.common import (FlowSettings, array_batches, digit_videos, encode_dataset, output_dir,
                                             run_recipe, write_report)
 
+__all__ = [
+    "BASE", "MODEL_ID", "SHARED", "CausalPretrainConfig", "Trainer", "causal_card", "causal_loss", "chunk_sigmas",
+    "main", "pretrain_causal",
+]
+
 MODEL_ID = "wan-causal"
 """The card this recipe trains."""
 
 BASE = "wan-t2v"
+"""The bundled card the run starts from (its DiT weights; its text encoder and autoencoder, shared)."""
 SHARED = ("text_encoder", "vae")
+"""The components taken from ``BASE`` unchanged and saved by reference to it."""
 
 
 @dataclasses.dataclass(frozen=True)
 class CausalPretrainConfig(FlowSettings):
     """What the run does; the defaults are the bundled card's settings. ``clean_past``, ``shift_positions``
-    and ``max_offset`` (frames): see the module docstring."""
+    and ``max_offset`` (frames): see the module docstring.
+
+    Attributes:
+        clean_past: the probability that a row's chunks before a random current chunk are clean (σ = 0).
+        shift_positions: the probability that a clip's frame positions start at a random whole chunk.
+        max_offset: the largest such start, in frames (rounded down to whole chunks).
+    """
 
     steps: int = 1200
     batch_size: int = 16
@@ -62,7 +75,14 @@ class CausalPretrainConfig(FlowSettings):
 
 def causal_card(base: Card) -> Card:
     """A ``wan-causal`` card (bundled sizes) whose components are ``base``'s: the same text encoder and
-    autoencoder, and a ``CausalDiT`` holding ``base``'s DiT weights."""
+    autoencoder, and a ``CausalDiT`` holding ``base``'s DiT weights.
+
+    Args:
+        base: a ``wan-t2v`` card of the bundled sizes.
+
+    Returns:
+        The ``wan-causal`` card.
+    """
     card = cards.build(MODEL_ID, config=digit_cards.bundled_config(MODEL_ID))
     dit = card["transformer"]
     nnx.update(dit, nnx.state(base["transformer"]))
@@ -71,7 +91,17 @@ def causal_card(base: Card) -> Card:
 
 def chunk_sigmas(key: jax.Array, batch: int, chunks: int, clean_past: float) -> jax.Array:
     """Per-chunk noise levels ``(batch, chunks)``: logit-normal per chunk; with probability ``clean_past``
-    a row picks a current chunk ``k`` uniformly and its chunks ``< k`` are clean (σ = 0)."""
+    a row picks a current chunk ``k`` uniformly and its chunks ``< k`` are clean (σ = 0).
+
+    Args:
+        key: a PRNG key.
+        batch: the number of rows.
+        chunks: chunks per row.
+        clean_past: the probability that a row's earlier chunks are clean.
+
+    Returns:
+        σ, float32 ``(batch, chunks)`` in ``[0, 1)``.
+    """
     k_sigma, k_mode, k_current = jax.random.split(key, 3)
     sigma = jax.nn.sigmoid(jax.random.normal(k_sigma, (batch, chunks)))
     current = jax.random.randint(k_current, (batch, 1), 0, chunks)
@@ -81,7 +111,20 @@ def chunk_sigmas(key: jax.Array, batch: int, chunks: int, clean_past: float) -> 
 
 def causal_loss(dit: CausalDiT, context, context_mask, x0, key, cfg: CausalPretrainConfig, chunk_frames: int):
     """Diffusion-forcing flow-matching loss of one batch of clean latents ``x0`` ``(B, T, h, w, C)``
-    (mean squared velocity error over the chunks at σ > 0)."""
+    (mean squared velocity error over the chunks at σ > 0).
+
+    Args:
+        dit: the causal DiT.
+        context: the text encoder's output for the captions, ``(B, L, D)``.
+        context_mask: ``(B, L)`` bool, True at real (non-pad) tokens.
+        x0: clean latents ``(B, T, h, w, C)``, ``T`` a multiple of ``chunk_frames``.
+        key: a PRNG key (σ per chunk, noise, position shifts).
+        cfg: the run's settings (``clean_past``, ``shift_positions``, ``max_offset``).
+        chunk_frames: latent frames per chunk.
+
+    Returns:
+        The scalar loss.
+    """
     b, t = x0.shape[:2]
     chunks = t // chunk_frames
     k_sigma, k_noise, k_shift, k_offset = jax.random.split(key, 4)
@@ -108,6 +151,16 @@ class Trainer(Supervised):
         super().__init__(models, self.batch_loss, cfg.optimizer(), frozen=("text_encoder",))
 
     def batch_loss(self, models, batch, key: jax.Array) -> tuple[jax.Array, dict]:
+        """``(loss, {"loss"})`` of one batch, each caption dropped with probability ``cond_dropout``.
+
+        Args:
+            models: ``{"text_encoder", "transformer"}``.
+            batch: ``{"latents": (B, T, h, w, C), "ids": (B, L) int}``.
+            key: a PRNG key (caption dropout and ``causal_loss``).
+
+        Returns:
+            The scalar ``causal_loss`` and ``{"loss": it}``.
+        """
         k_drop, k_loss = jax.random.split(key)
         ids = batch["ids"]
         ids = jnp.where((jax.random.uniform(k_drop, (ids.shape[0],)) >= self.cfg.cond_dropout)[:, None], ids, 0)
@@ -116,12 +169,29 @@ class Trainer(Supervised):
         return loss, {"loss": loss}
 
     def card(self, state) -> Card:
+        """The ``wan-causal`` card with ``state``'s DiT.
+
+        Args:
+            state: a training state of this trainer.
+
+        Returns:
+            The card given at construction, its ``"transformer"`` replaced.
+        """
         return self.base.replace(transformer=self.model(state)["transformer"])
 
 
 def pretrain_causal(out: str | Path | None, cfg: CausalPretrainConfig = CausalPretrainConfig(), *,
                     progress: bool = True) -> Card:
-    """Train the ``wan-causal`` card from the bundled ``wan-t2v``; save it to ``out`` (if given)."""
+    """Train the ``wan-causal`` card from the bundled ``wan-t2v``; save it to ``out`` (if given).
+
+    Args:
+        out: the directory to write the card, ``metrics.jsonl`` and ``pretrain.json`` to (``None``: write nothing).
+        cfg: the run's settings.
+        progress: show a progress bar.
+
+    Returns:
+        The trained ``wan-causal`` card.
+    """
     out = output_dir(out, "metrics.jsonl")
     start = time.perf_counter()
     card = causal_card(cards.load(BASE))
@@ -147,6 +217,11 @@ def pretrain_causal(out: str | Path | None, cfg: CausalPretrainConfig = CausalPr
 
 
 def main(argv=None) -> None:
+    """The recipe's command line: ``--out DIR``, one flag per ``CausalPretrainConfig`` field, ``--quiet``.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     run_recipe(CausalPretrainConfig, "Pretrain the bundled wan-causal card from wan-t2v (diffusion forcing).",
                pretrain_causal, argv)
 

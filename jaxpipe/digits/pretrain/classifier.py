@@ -56,6 +56,16 @@ class TrainConfig(PerturbedSettings):
     ``aspect`` (x-scale ``1 ± aspect`` relative to y), ``shear``, ``shift`` (px), ``gamma`` (ink
     ``** g`` with ``log g ~ U(±log gamma)``), ``blur`` (Gaussian sigma ``U(0, blur)`` px), ``noise``
     (pixel noise std ``U(0, noise)``, ink units). ``copies``: renders of each train digit.
+
+    Attributes:
+        network: the classifier's sizes.
+        label_smoothing: the cross-entropy's label smoothing, in ``[0, 1)``.
+        aspect: x-scale range relative to y, in ``[0, 0.5)``.
+        shift: translation range, px, >= 0.
+        gamma: ink-gamma range, >= 1 (1: none).
+
+    The other fields (``steps``, ``learning_rate``, ``rotate``, ...) are ``PerturbedSettings``', with this
+    recipe's defaults.
     """
 
     PERTURBATION = ("rotate", "zoom", "aspect", "shear", "shift", "gamma", "blur", "noise")
@@ -84,7 +94,14 @@ class TrainConfig(PerturbedSettings):
 
 
 class TrainState(NamedTuple):
-    """Network parameters, its other variables, the optimiser state and the step counter."""
+    """Network parameters, its other variables, the optimiser state and the step counter.
+
+    Attributes:
+        params: the network's ``nnx.Param`` state.
+        rest: its other variables.
+        opt_state: the optimiser's state.
+        step: the number of updates taken, an int32 scalar.
+    """
 
     params: nnx.State
     rest: nnx.State
@@ -146,6 +163,21 @@ def perturb(
 
     Affine map, then ink gamma, then blur, then noise; the result is clipped to [0, 1]. Pure and
     jittable; a piece whose amount is 0 (gamma 1) is left out statically.
+
+    Args:
+        images: ``(B, H, W, 1)`` float in ``[0, 1]``, background 0.
+        key: a PRNG key; each image draws its own amounts from it.
+        rotate: rotation range, degrees ``U(±rotate)``.
+        zoom: isotropic scale ``U(1 ± zoom)``.
+        aspect: x-scale relative to y, ``U(1 ± aspect)``.
+        shear: shear factor ``U(±shear)``.
+        shift: translation in px, ``U(±shift)`` along each axis.
+        gamma: ink exponent ``g`` with ``log g ~ U(±log gamma)`` (1: none).
+        blur: Gaussian blur sigma ``U(0, blur)`` px.
+        noise: Gaussian pixel noise of std ``U(0, noise)``, ink units.
+
+    Returns:
+        The perturbed images, ``(B, H, W, 1)`` in ``[0, 1]``, the dtype of ``images``.
     """
     b = images.shape[0]
     k_affine, k_gamma, k_blur, k_std, k_noise = jax.random.split(key, 5)
@@ -175,6 +207,14 @@ def make_step(graphdef, tx: optax.GradientTransformation, config: TrainConfig):
 
     Perturbs the batch (``perturb``), takes one clipped-AdamW step on the smoothed cross-entropy;
     metrics ``{"loss", "accuracy", "grad_norm"}`` (accuracy on the perturbed batch).
+
+    Args:
+        graphdef: the ``nnx.GraphDef`` of the ``ClassifierNet`` whose parameters the state holds.
+        tx: the optimiser (``config.optimizer().make()``).
+        config: the run's settings (its perturbation ranges and label smoothing).
+
+    Returns:
+        The jitted ``step`` function; ``key`` is a PRNG key drawing the batch's perturbations.
     """
     perturbation = config.perturbation()
 
@@ -193,7 +233,12 @@ def make_step(graphdef, tx: optax.GradientTransformation, config: TrainConfig):
 def training_data(*, seed: int = 0, copies: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """The training renders: the **train** split, ``copies`` renders each with random attributes.
 
-    Returns images ``(1438 * copies, 16, 16, 1)`` float32 in [0, 1] and digits ``(1438 * copies,)`` int32.
+    Args:
+        seed: the run's seed; the renders use ``digits.augment`` seed ``RENDER_SEED + seed``.
+        copies: renders of each train digit.
+
+    Returns:
+        Images ``(1438 * copies, 16, 16, 1)`` float32 in [0, 1] and digits ``(1438 * copies,)`` int32.
     """
     data = digits.augment(*digits.load_images("train"), seed=RENDER_SEED + seed, copies=copies)
     return ((data.image + 1.0) / 2.0).astype(np.float32), data.digit
@@ -211,7 +256,14 @@ def _batches(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int)
 def train(config: TrainConfig = TrainConfig(), *, log_every: int = 100, echo: bool = False) -> tuple[Card, list[dict]]:
     """Train a classifier card from scratch: deterministic in ``config.seed`` (init, renders, batch order, perturbations).
 
-    Returns the card and a row of metrics every ``log_every`` steps and at the last (printed if ``echo``).
+    Args:
+        config: the run's settings.
+        log_every: steps between metric rows (0: none).
+        echo: print each metric row as a JSON line.
+
+    Returns:
+        The ``digit-classifier`` card and the metric rows ``{"step", "loss", "accuracy", "grad_norm"}``, one every
+        ``log_every`` steps and one at the last step.
     """
     seed = config.seed
     k_init, k_steps = jax.random.split(jax.random.key(seed))
@@ -235,16 +287,31 @@ def train(config: TrainConfig = TrainConfig(), *, log_every: int = 100, echo: bo
 
 # ------------------------------------------------------------------------------------------------ evaluation
 def heldout_renders(*, seed: int = 1, copies: int = 2) -> digits.ImageDataset:
-    """Fresh renders of the **heldout** split (unseen in training), random attributes; images in [-1, 1]."""
+    """Fresh renders of the **heldout** split (unseen in training), random attributes; images in [-1, 1].
+
+    Args:
+        seed: the ``digits.augment`` seed.
+        copies: renders of each heldout digit.
+
+    Returns:
+        The ``ImageDataset`` of ``359 * copies`` renders: images ``(N, 16, 16, 1)`` float32 in ``[-1, 1]`` and
+        their int32 labels.
+    """
     return digits.augment(*digits.load_images("heldout"), seed=seed, copies=copies)
 
 
 def generated_images(*, repeats: int = 2, seed: int = 0, card: Card | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Images of the bundled ``flux-t2i`` generator for every full prompt (120 label combinations × ``repeats``).
 
-    Returns images ``(120 * repeats, 16, 16, 1)`` in [0, 1] and the prompted labels
-    ``{"digit"|"stroke"|"position"|"brightness": (120 * repeats,) int32}``; row ``r * 120 + i``
-    uses generation seed ``seed + 1000 * r + i`` and guidance 1.0.
+    Args:
+        repeats: images per prompt.
+        seed: the first generation seed.
+        card: the generator (default: the bundled ``flux-t2i``).
+
+    Returns:
+        Images ``(120 * repeats, 16, 16, 1)`` float32 in [0, 1] and the prompted labels
+        ``{"digit"|"stroke"|"position"|"brightness": (120 * repeats,) int32}``; row ``r * 120 + i``
+        uses generation seed ``seed + 1000 * r + i`` and guidance 1.0.
     """
     import jaxpipe as jp
 
@@ -265,6 +332,14 @@ def evaluate(card: Card) -> dict[str, Any]:
 
     Generated: accuracy against the prompted digit, agreement with the digit-scorer, and the
     scorer's own accuracy against the prompt, for comparison.
+
+    Args:
+        card: a ``digit-classifier`` card.
+
+    Returns:
+        ``{"heldout_renders", "heldout_renders_perturbed", "generated_vs_prompt", "generated_agree_with_scorer",
+        "scorer_generated_vs_prompt"}``: accuracies in ``[0, 1]``, rounded to 4 decimals (``heldout_renders``
+        of ``heldout_renders()``; generated: ``generated_images()`` of the bundled ``flux-t2i``).
     """
     import jaxpipe as jp
     from jaxpipe.digits import digit_scorer
@@ -286,7 +361,16 @@ def evaluate(card: Card) -> dict[str, Any]:
 
 def pretrain(out_dir: str | os.PathLike, config: TrainConfig = TrainConfig(), *, progress: bool = True) -> Card:
     """Train a classifier (``train``, its log lines printed with ``progress``), save it with ``save_card``
-    plus ``metrics.json`` in ``out_dir``; returns the card."""
+    plus ``metrics.json`` in ``out_dir``; returns the card.
+
+    Args:
+        out_dir: the directory to write the card and its ``metrics.json`` (``evaluate``'s accuracies) to.
+        config: the run's settings.
+        progress: print the training log lines.
+
+    Returns:
+        The trained card.
+    """
     start = time.perf_counter()
     card, history = train(config, echo=progress)
     train_seconds = time.perf_counter() - start
@@ -310,6 +394,11 @@ def pretrain(out_dir: str | os.PathLike, config: TrainConfig = TrainConfig(), *,
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The recipe's command line: ``--out DIR``, one flag per ``TrainConfig`` field, ``--quiet``.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     run_recipe(TrainConfig, __doc__.split("\n")[0], pretrain, argv, report="metrics.json")
 
 

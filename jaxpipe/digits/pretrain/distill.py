@@ -32,7 +32,15 @@ __all__ = ["Recipe", "RECIPES", "distill", "main"]
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """A distilled card: its teacher (bundled id), the DMD2 settings, prompts per step and their spec, seed."""
+    """A distilled card: its teacher (bundled id), the DMD2 settings, prompts per step and their spec, seed.
+
+    Attributes:
+        teacher: the bundled card distilled (it also provides every component but the denoiser).
+        config: the ``DMD2`` settings.
+        prompts: prompts per student step.
+        spec: the prompt distribution (``prompt_batches``).
+        seed: the seed of the initialisation (``seed``), the prompts and the steps' keys (``seed + 1``).
+    """
 
     teacher: str
     config: DMD2Config
@@ -50,11 +58,27 @@ RECIPES: dict[str, Recipe] = {
         ),
     ),
 }
+"""Distilled card id -> its ``Recipe``."""
 
 
 def distill(model_id: str, steps: int, out: str | Path | None = None, *, prompts: int | None = None, log_every: int = 10):
     """Run recipe ``model_id`` for ``steps`` student steps: ``(student card, run log dict)``; with ``out``
-    the card (denoiser only, the rest from its teacher), ``metrics.jsonl`` and ``pretrain.json`` are written there."""
+    the card (denoiser only, the rest from its teacher), ``metrics.jsonl`` and ``pretrain.json`` are written there.
+
+    Args:
+        model_id: a key of ``RECIPES``.
+        steps: student updates, at least 1.
+        out: the directory to write the card folder to (``None``: write nothing).
+        prompts: prompts per step (default: the recipe's).
+        log_every: print a JSON metrics line every ``log_every`` steps and at the last (0: never).
+
+    Returns:
+        The student card and the run's log: ``model_id``, teacher, method, settings, ``final`` (metrics
+        averaged over the last 10 steps), ``skipped_steps``, ``train_s``, jax version and backend.
+
+    Raises:
+        ValueError: if ``model_id`` has no recipe or ``steps`` < 1.
+    """
     if model_id not in RECIPES:
         raise ValueError(f"no distillation recipe {model_id!r}; known: {sorted(RECIPES)}")
     if steps < 1:
@@ -98,6 +122,11 @@ def distill(model_id: str, steps: int, out: str | Path | None = None, *, prompts
 
 
 def main(argv=None) -> None:
+    """The command line: ``MODEL_ID [--steps N] [--prompts P] [--out DIR]``; prints the run's final metrics.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     parser = argparse.ArgumentParser(description="Distil a bundled card into a few-step student (DMD2).")
     parser.add_argument("model_id", choices=sorted(RECIPES))
     parser.add_argument("--steps", type=int, default=500, help="student updates")

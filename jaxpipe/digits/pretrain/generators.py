@@ -34,12 +34,21 @@ from jaxpipe.digits.pretrain.common import (FlowSettings, VideoBatch, array_batc
 from jaxpipe.training.methods.finetune import Finetune
 from jaxpipe.training.fit import fit
 
+__all__ = [
+    "START_FROM", "VIDEO_CARDS", "PretrainConfig", "generator_data", "main", "pretrain_generator", "train_autoencoder",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig(FlowSettings, VideoBatch):
     """What a pretraining run does; the defaults are the bundled cards' settings. ``autoencoder_steps``:
     the autoencoder's run (its own optimiser, ``AutoencoderTrainConfig``'s); ``drop``: the probability that
-    ``flux-t2i``'s captions leave out each attribute word (``digits.augment``)."""
+    ``flux-t2i``'s captions leave out each attribute word (``digits.augment``).
+
+    Attributes:
+        autoencoder_steps: steps of the autoencoder's run.
+        drop: the probability that a ``flux-t2i`` caption leaves out each attribute word.
+    """
 
     autoencoder_steps: int = 1500
     drop: float = 0.3
@@ -56,6 +65,7 @@ learns motion on top of ``flux-t2i``'s text encoder, DiT (the same network: an i
 1-frame video) and autoencoder (which codes each frame on its own)."""
 
 VIDEO_CARDS = ("wan-i2v", "wan-t2v")
+"""The video cards this recipe trains (on ``digit_videos``; ``flux-t2i`` trains on images)."""
 
 
 def _as_arrays(batches):
@@ -64,7 +74,17 @@ def _as_arrays(batches):
 
 
 def train_autoencoder(model: Autoencoder, cfg: PretrainConfig, out: Path | None, *, progress: bool = True) -> Autoencoder:
-    """Reconstruction-train ``model`` on augmented train-split digits, then whiten its latents."""
+    """Reconstruction-train ``model`` on augmented train-split digits, then whiten its latents.
+
+    Args:
+        model: the card's autoencoder (freshly initialised).
+        cfg: the run's settings (``seed``, ``copies``, ``batch_size``, ``autoencoder_steps``).
+        out: the directory for ``autoencoder_metrics.jsonl`` (``None``: none).
+        progress: show a progress bar.
+
+    Returns:
+        The trained autoencoder, its latent statistics fitted on 2,048 of the training images.
+    """
     images, labels = digits.load_images("train")
     data = digits.augment(images, labels, seed=cfg.seed, copies=cfg.copies)
     optimizer = dataclasses.replace(AutoencoderTrainConfig().optimizer, total_steps=cfg.autoencoder_steps)
@@ -84,7 +104,19 @@ def train_autoencoder(model: Autoencoder, cfg: PretrainConfig, out: Path | None,
 
 
 def generator_data(model_id: str, cfg: PretrainConfig):
-    """The flow-matching data of a generator card: captioned images (t2i) or videos (i2v)."""
+    """The flow-matching data of a generator card: captioned images (t2i) or videos (i2v).
+
+    Args:
+        model_id: ``"flux-t2i"`` or one of ``VIDEO_CARDS``.
+        cfg: the run's settings (``seed``, ``copies``, ``drop``).
+
+    Returns:
+        ``flux-t2i``: an ``ImageDataset`` of train-split renders; a video card: a ``VideoDataset``
+        (``digit_videos("train")``).
+
+    Raises:
+        ValueError: if ``model_id`` has no recipe here.
+    """
     if model_id == "flux-t2i":
         return digits.augment(*digits.load_images("train"), seed=cfg.seed, copies=cfg.copies, drop=cfg.drop)
     if model_id in VIDEO_CARDS:
@@ -94,7 +126,23 @@ def generator_data(model_id: str, cfg: PretrainConfig):
 
 def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfig = PretrainConfig(), *,
                        progress: bool = True) -> Card:
-    """Train a generator card from scratch (autoencoder, then text encoder + DiT); save it to ``out``."""
+    """Train a generator card from scratch (autoencoder, then text encoder + DiT); save it to ``out``.
+
+    A card in ``START_FROM`` starts from that bundled card instead and skips the autoencoder.
+
+    Args:
+        model_id: ``"flux-t2i"`` or one of ``VIDEO_CARDS``.
+        out: the directory to write the card, its metrics and ``pretrain.json`` to (``None``: write nothing).
+        cfg: the run's settings.
+        progress: show progress bars.
+
+    Returns:
+        The trained card.
+
+    Raises:
+        KeyError: if ``model_id`` has no bundled config.
+        ValueError: if ``model_id`` has no recipe here.
+    """
     out = output_dir(out, "metrics.jsonl", "autoencoder_metrics.jsonl")
     timings = {}
     start = time.perf_counter()
@@ -131,6 +179,11 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
 
 
 def main(argv=None) -> None:
+    """The recipe's command line: ``MODEL_ID --out DIR``, one flag per ``PretrainConfig`` field, ``--quiet``.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     run_recipe(PretrainConfig, "Pretrain a bundled generator card on the digits world.",
                lambda out, cfg, *, model_id, progress: pretrain_generator(model_id, out, cfg, progress=progress), argv,
                options={"model_id": {"choices": ["flux-t2i", *VIDEO_CARDS]}})

@@ -45,6 +45,7 @@ __all__ = [
     "LMPretrainConfig",
     "LMTrainer",
     "lm_batches",
+    "main",
     "next_token_loss",
     "next_token_probs",
     "pretrain_lm",
@@ -55,12 +56,19 @@ __all__ = [
 BASE = "flux-t2i"
 """The bundled card whose generator the ``unified`` card shares (and does not store again)."""
 BASE_COMPONENTS = ("text_encoder", "transformer", "vae")
+"""The components the ``unified`` card takes from ``BASE`` (saved by reference to it)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class LMPretrainConfig(Settings):
     """What an LM pretraining run does; the defaults are the bundled card's settings. ``p_attribute``: the
-    probability that a caption names each attribute (``refinement_captions``)."""
+    probability that a caption names each attribute (``refinement_captions``).
+
+    Attributes:
+        p_attribute: the probability that a training caption names each attribute, in ``[0, 1]``.
+
+    The other fields are ``Settings``', with this recipe's defaults.
+    """
 
     steps: int = 1200
     batch_size: int = 128
@@ -78,7 +86,16 @@ class LMPretrainConfig(Settings):
 
 def refinement_captions(n: int, rng: np.random.Generator, p_attribute: float = 0.5) -> list[str]:
     """``n`` captions: a uniform digit word, then each attribute (stroke, position, brightness) present
-    with probability ``p_attribute``, its word uniform, in the canonical ``digits.caption`` order."""
+    with probability ``p_attribute``, its word uniform, in the canonical ``digits.caption`` order.
+
+    Args:
+        n: the number of captions.
+        rng: the NumPy generator drawing them.
+        p_attribute: the probability that a caption names each attribute.
+
+    Returns:
+        ``n`` captions, e.g. ``"seven thick bright"``.
+    """
     digit = rng.integers(0, len(DIGIT_WORDS), n)
     values = {}
     for name in digits.ATTRIBUTES:
@@ -90,7 +107,19 @@ def refinement_captions(n: int, rng: np.random.Generator, p_attribute: float = 0
 
 def sequences(tokenizer: Tokenizer, captions: Sequence[str], width: int) -> np.ndarray:
     """LM training rows ``(B, width)`` int32: the caption's ids, ``<eos>`` (id ``tokenizer.vocab_size``),
-    then ``<pad>`` (0)."""
+    then ``<pad>`` (0).
+
+    Args:
+        tokenizer: the card's word tokenizer.
+        captions: ``B`` captions of its words.
+        width: the row length (the text encoder's ``max_len``).
+
+    Returns:
+        The token ids, int32 ``(B, width)``.
+
+    Raises:
+        ValueError: if a caption leaves no room for ``<eos>`` in ``width``.
+    """
     ids = tokenizer.encode(list(captions), width)
     lengths = (ids != 0).sum(axis=1)
     if int(lengths.max(initial=0)) >= width:
@@ -100,7 +129,17 @@ def sequences(tokenizer: Tokenizer, captions: Sequence[str], width: int) -> np.n
 
 
 def lm_batches(tokenizer: Tokenizer, cfg: LMPretrainConfig, width: int) -> Iterator[dict[str, jax.Array]]:
-    """Endless batches ``{"ids": (batch_size, width)}``; batch ``i`` draws from ``default_rng([seed, i])``."""
+    """Endless batches ``{"ids": (batch_size, width)}``; batch ``i`` draws from ``default_rng([seed, i])``.
+
+    Args:
+        tokenizer: the card's word tokenizer.
+        cfg: the run's settings (``seed``, ``batch_size``, ``p_attribute``).
+        width: the row length (the text encoder's ``max_len``).
+
+    Returns:
+        An endless iterator of ``{"ids": int32 jax.Array (batch_size, width)}`` of ``refinement_captions``
+        (``sequences``).
+    """
     i = 0
     while True:
         rng = np.random.default_rng([cfg.seed, i])
@@ -113,7 +152,15 @@ def lm_batches(tokenizer: Tokenizer, cfg: LMPretrainConfig, width: int) -> Itera
 
 def next_token_loss(model: RefinerLM, ids: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Mean next-token cross-entropy of right-padded ``ids`` ``(B, L)`` over every non-pad target
-    after the first token: ``(loss, {"loss", "accuracy"})``. Pure, differentiable in ``model``."""
+    after the first token: ``(loss, {"loss", "accuracy"})``. Pure, differentiable in ``model``.
+
+    Args:
+        model: the refiner LM.
+        ids: right-padded token ids, int ``(B, L)`` (0: padding).
+
+    Returns:
+        The scalar loss and ``{"loss", "accuracy"}`` (accuracy: argmax hits over the same targets).
+    """
     mask = ids != 0
     logits = model(ids, mask)[:, :-1]
     targets, weights = ids[:, 1:], mask[:, 1:].astype(jnp.float32)
@@ -144,7 +191,15 @@ def _next_token_probs(llm: RefinerLM, ids: jax.Array) -> jax.Array:
 
 
 def next_token_probs(card: Card, prompts: Sequence[str]) -> np.ndarray:
-    """``(B, V)`` the card's LM's next-token distribution after each prompt (id ``V - 1`` is ``<eos>``)."""
+    """``(B, V)`` the card's LM's next-token distribution after each prompt (id ``V - 1`` is ``<eos>``).
+
+    Args:
+        card: a ``unified`` card (its ``"llm"``, tokenizer and text encoder's ``max_len``).
+        prompts: ``B`` prompts of the card's words.
+
+    Returns:
+        The probabilities, float32 NumPy ``(B, V)``.
+    """
     ids = jnp.asarray(card.spec.tokenizer.encode(list(prompts), card["text_encoder"].cfg.max_len))
     return np.asarray(_next_token_probs(card["llm"], ids))
 
@@ -167,7 +222,17 @@ def _report(card: Card) -> dict:
 def pretrain_lm(out: str | Path | None, cfg: LMPretrainConfig = LMPretrainConfig(), *, base: str = BASE,
                 progress: bool = True) -> Card:
     """Train the refiner LM of a ``unified`` card whose generator is the bundled ``base`` card;
-    save it to ``out`` (the generator by reference to ``base``)."""
+    save it to ``out`` (the generator by reference to ``base``).
+
+    Args:
+        out: the directory to write the card, ``metrics.jsonl`` and ``pretrain.json`` to (``None``: write nothing).
+        cfg: the run's settings.
+        base: the bundled card providing the text encoder, DiT and autoencoder.
+        progress: show a progress bar.
+
+    Returns:
+        The ``unified`` card with the trained ``llm``.
+    """
     out = output_dir(out, "metrics.jsonl")
     start = time.perf_counter()
     generator = cards.load(base)
@@ -196,6 +261,11 @@ def pretrain_lm(out: str | Path | None, cfg: LMPretrainConfig = LMPretrainConfig
 
 
 def main(argv=None) -> None:
+    """The recipe's command line: ``--out DIR``, one flag per ``LMPretrainConfig`` field, ``--base``, ``--quiet``.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     run_recipe(LMPretrainConfig, "Pretrain the bundled unified card's refiner LM on digits-world captions.", pretrain_lm,
                argv, options={"--base": {"default": BASE, "help": "bundled card providing the text encoder, DiT and autoencoder"}})
 

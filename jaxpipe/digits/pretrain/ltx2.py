@@ -43,12 +43,16 @@ from jaxpipe.training.fit import fit
 from jaxpipe.digits.pretrain.common import (FlowSettings, array_batches, digit_videos, encode_dataset, output_dir,
                                             run_recipe, write_report)
 
-__all__ = ["PretrainConfig", "UpsamplerTrainer", "alternate", "pretrain_ltx2", "main"]
+__all__ = [
+    "MODEL_ID", "SHARED", "START_FROM", "PretrainConfig", "UpsamplerTrainer", "alternate", "main", "pretrain_ltx2",
+    "upsampler_error", "upsampler_loss",
+]
 
 MODEL_ID = "ltx2-two-stage"
 """The card this recipe trains."""
 
 START_FROM = "wan-t2v"
+"""The bundled card the run starts from (its text encoder, DiT and autoencoder)."""
 SHARED = ("text_encoder", "vae")
 """The components taken unchanged from ``START_FROM`` (and not stored again)."""
 
@@ -59,7 +63,15 @@ class PretrainConfig(FlowSettings):
     ``batch_size`` full-resolution clips then ``base_per_full`` batches of ``base_batch_size`` pooled ones in
     turn; the upsampler ``upsampler_steps`` at peak ``upsampler_learning_rate`` on batches of
     ``base_batch_size`` clips, its input noised by up to ``upsampler_noise``. Each run warms up over
-    ``warmup_steps``, at most a tenth of the run (``run_optimizer``)."""
+    ``warmup_steps``, at most a tenth of the run (``run_optimizer``).
+
+    Attributes:
+        upsampler_steps: steps of the upsampler's run.
+        base_per_full: pooled (base-stage) DiT batches after each full-resolution one.
+        base_batch_size: clips per pooled DiT batch and per upsampler batch.
+        upsampler_learning_rate: the upsampler's peak learning rate.
+        upsampler_noise: the largest std of the noise added to the upsampler's input.
+    """
 
     steps: int = 1600
     batch_size: int = 16
@@ -79,13 +91,28 @@ class PretrainConfig(FlowSettings):
         validate.non_negative(self, "upsampler_noise")
 
     def run_optimizer(self, learning_rate: float, steps: int) -> Optimizer:
-        """The optimiser of a run of ``steps`` at peak ``learning_rate`` (the DiT's or the upsampler's)."""
+        """The optimiser of a run of ``steps`` at peak ``learning_rate`` (the DiT's or the upsampler's).
+
+        Args:
+            learning_rate: the peak learning rate.
+            steps: the run's length (the schedule's ``total_steps``).
+
+        Returns:
+            The recipe's optimiser, warming up over ``min(warmup_steps, steps // 10)`` steps.
+        """
         warmup = min(self.warmup_steps, steps // 10)
         return self.optimizer(learning_rate=learning_rate, total_steps=steps, warmup_steps=warmup)
 
 
 def alternate(*streams: Iterator) -> Iterator:
-    """Round-robin over batch streams: one batch of each in turn (step ``i`` takes stream ``i % n``)."""
+    """Round-robin over batch streams: one batch of each in turn (step ``i`` takes stream ``i % n``).
+
+    Args:
+        *streams: ``n`` endless batch iterators (one may be given more than once to weight it).
+
+    Returns:
+        The endless interleaved iterator.
+    """
     while True:
         for stream in streams:
             yield next(stream)
@@ -93,7 +120,17 @@ def alternate(*streams: Iterator) -> Iterator:
 
 def upsampler_loss(model: LatentUpsampler, batch, key: jax.Array, noise: float) -> tuple[jax.Array, dict]:
     """``mean((up(pooled + s·ε) - full)²)`` with ``s ~ U(0, noise)`` per example, on a batch
-    ``{"latents": (B, T, h, w, C)}`` of full-resolution latents (pooled here)."""
+    ``{"latents": (B, T, h, w, C)}`` of full-resolution latents (pooled here).
+
+    Args:
+        model: the upsampler.
+        batch: ``{"latents": (B, T, h, w, C)}``, ``h`` and ``w`` even.
+        key: a PRNG key (the noise).
+        noise: the largest noise std.
+
+    Returns:
+        The scalar loss and ``{"loss": it}``.
+    """
     full = batch["latents"]
     pooled = toy_two_stage.pool_latents(full)
     k_scale, k_noise = jax.random.split(key)
@@ -112,7 +149,15 @@ class UpsamplerTrainer(Supervised):
 
 
 def upsampler_error(model: LatentUpsampler, latents: np.ndarray) -> dict[str, float]:
-    """Mean squared error of the upsampler and of nearest-neighbour upsampling, pooled -> full ``latents``."""
+    """Mean squared error of the upsampler and of nearest-neighbour upsampling, pooled -> full ``latents``.
+
+    Args:
+        model: the upsampler.
+        latents: full-resolution latents ``(N, T, h, w, C)``, ``h`` and ``w`` even.
+
+    Returns:
+        ``{"upsampler_mse", "nearest_mse", "latent_var"}`` (the last: the latents' variance, for scale).
+    """
     full = jnp.asarray(latents)
     pooled = toy_two_stage.pool_latents(full)
     nearest = jnp.repeat(jnp.repeat(pooled, 2, axis=2), 2, axis=3)
@@ -122,7 +167,16 @@ def upsampler_error(model: LatentUpsampler, latents: np.ndarray) -> dict[str, fl
 
 
 def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig(), *, progress: bool = True) -> Card:
-    """Train the ``ltx2-two-stage`` card from the bundled ``wan-t2v`` (see the module docstring); save it to ``out``."""
+    """Train the ``ltx2-two-stage`` card from the bundled ``wan-t2v`` (see the module docstring); save it to ``out``.
+
+    Args:
+        out: the directory to write the card, its metrics and ``pretrain.json`` to (``None``: write nothing).
+        cfg: the run's settings.
+        progress: show progress bars.
+
+    Returns:
+        The trained ``ltx2-two-stage`` card.
+    """
     out = output_dir(out, "metrics.jsonl", "upsampler_metrics.jsonl")
     start = time.perf_counter()
     base = cards.load(START_FROM)
@@ -173,6 +227,11 @@ def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig()
 
 
 def main(argv=None) -> None:
+    """The recipe's command line: ``--out DIR``, one flag per ``PretrainConfig`` field, ``--quiet``.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     run_recipe(PretrainConfig, "Pretrain the bundled ltx2-two-stage card from the bundled wan-t2v.", pretrain_ltx2, argv)
 
 

@@ -37,12 +37,13 @@ from jaxpipe.training.fit import fit
 from jaxpipe.digits.pretrain.common import (FlowSettings, array_batches, digit_videos, encode_dataset, output_dir,
                                             run_recipe, write_report)
 
-__all__ = ["MoEPretrainConfig", "from_single", "heldout_loss", "pretrain_moe"]
+__all__ = ["BASE", "MODEL_ID", "SHARED", "MoEPretrainConfig", "from_single", "heldout_loss", "main", "pretrain_moe"]
 
 MODEL_ID = "wan22-moe"
 """The card this recipe trains."""
 
 BASE = "wan-t2v"
+"""The bundled card both experts start from (and whose text encoder and autoencoder the card shares)."""
 SHARED = ("text_encoder", "vae")
 """The components taken from ``BASE`` unchanged (and stored only there)."""
 
@@ -50,7 +51,12 @@ SHARED = ("text_encoder", "vae")
 @dataclasses.dataclass(frozen=True)
 class MoEPretrainConfig(FlowSettings):
     """What the ``wan22-moe`` run does; the defaults are the bundled card's settings. ``boundary``: the σ
-    from which the high-noise expert denoises (in (0, 1)); ``eval_videos``: held-out videos of the report's losses."""
+    from which the high-noise expert denoises (in (0, 1)); ``eval_videos``: held-out videos of the report's losses.
+
+    Attributes:
+        boundary: the σ from which the high-noise expert denoises, in ``(0, 1)``.
+        eval_videos: held-out videos the report's losses are measured on.
+    """
 
     steps: int = 450
     batch_size: int = 16
@@ -66,7 +72,18 @@ class MoEPretrainConfig(FlowSettings):
 
 def from_single(single: Card, boundary: float) -> Card:
     """A ``wan22-moe`` card whose two experts are copies of ``single``'s ``transformer`` (a ``wan-t2v``
-    card) and whose text encoder, autoencoder and sampling are ``single``'s."""
+    card) and whose text encoder, autoencoder and sampling are ``single``'s.
+
+    Args:
+        single: a ``wan-t2v`` card.
+        boundary: the router's σ boundary, in ``(0, 1)``.
+
+    Returns:
+        The ``wan22-moe`` card (``transformer_high``, ``transformer_low``: independent copies).
+
+    Raises:
+        ValueError: if ``boundary`` is not in ``(0, 1)`` (``toy_sigma_moe.Config``'s check).
+    """
     base = single.spec.config
     config = toy_sigma_moe.Config(
         image_size=base.image_size, frames=base.frames, text=base.text, dit=base.dit, vae=base.vae,
@@ -87,7 +104,18 @@ def from_single(single: Card, boundary: float) -> Card:
 def heldout_loss(card: Card, latents: jax.Array, ids: jax.Array, sigmas: np.ndarray, seed: int) -> np.ndarray:
     """``(len(sigmas),)`` flow-matching loss ``mean((v - (ε - x0))²)`` of the card's denoise loop (its
     router, no guidance) on clean ``latents`` ``(N, T, h, w, C)`` captioned by ``ids`` ``(N, L)``, at
-    each fixed σ with noise drawn from ``seed`` (the same noise for every card)."""
+    each fixed σ with noise drawn from ``seed`` (the same noise for every card).
+
+    Args:
+        card: a text-to-video card (``wan-t2v`` or ``wan22-moe``).
+        latents: clean latents ``(N, T, h, w, C)``.
+        ids: their captions' token ids ``(N, L)``.
+        sigmas: the noise levels, ``(S,)`` in ``[0, 1]``.
+        seed: the noise's seed.
+
+    Returns:
+        The loss at each σ, float64 ``(S,)``.
+    """
     loop = card.spec.loops[0]
     config = loop.config.replace(guidance=1.0)
 
@@ -106,7 +134,18 @@ def heldout_loss(card: Card, latents: jax.Array, ids: jax.Array, sigmas: np.ndar
 
 
 def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainConfig(), *, progress: bool = True) -> Card:
-    """Train both experts of a ``wan22-moe`` card from the bundled ``wan-t2v``; save it to ``out``."""
+    """Train both experts of a ``wan22-moe`` card from the bundled ``wan-t2v``; save it to ``out``.
+
+    Prints the held-out losses above and below the boundary of ``wan-t2v`` and of the trained card.
+
+    Args:
+        out: the directory to write the card, ``metrics.jsonl`` and ``pretrain.json`` to (``None``: write nothing).
+        cfg: the run's settings.
+        progress: show a progress bar.
+
+    Returns:
+        The trained ``wan22-moe`` card.
+    """
     out = output_dir(out, "metrics.jsonl")
     single = cards.load(BASE)
     card = from_single(single, cfg.boundary)
@@ -148,6 +187,11 @@ def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainCon
 
 
 def main(argv=None) -> None:
+    """The recipe's command line: ``--out DIR``, one flag per ``MoEPretrainConfig`` field, ``--quiet``.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     run_recipe(MoEPretrainConfig, "Pretrain the wan22-moe card's two experts from the bundled wan-t2v.", pretrain_moe, argv)
 
 

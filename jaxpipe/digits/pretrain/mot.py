@@ -42,16 +42,28 @@ from jaxpipe.training.fit import fit
 from jaxpipe.digits.pretrain.common import (RenderedSettings, VideoBatch, array_batches, digit_videos, output_dir,
                                             run_recipe, write_report)
 
-__all__ = ["MoTPretrainConfig", "MoTTrainer", "caption_ids", "pretrain_mot"]
+__all__ = [
+    "BASES", "BASE_COMPONENTS", "MoTPretrainConfig", "MoTTrainer", "caption_ids", "generation_text", "main",
+    "mot_loss", "pretrain_mot", "training_arrays",
+]
 
 BASE_COMPONENTS = ("vae",)
+"""The components a MoT card takes from its base card (``BASES``), saved by reference to it."""
 
 
 @dataclasses.dataclass(frozen=True)
 class MoTPretrainConfig(RenderedSettings, VideoBatch):
     """What a MoT pretraining run does; the defaults are the bundled card's settings. ``p_full`` / ``p_empty``:
     the probabilities that an image is generated from its whole caption / from nothing (``generation_text``);
-    ``text_weight``: the weight of the next-token losses; ``routing``: ``bagel-mot``'s expert routing."""
+    ``text_weight``: the weight of the next-token losses; ``routing``: ``bagel-mot``'s expert routing.
+
+    Attributes:
+        p_full: the probability that an image is generated from its whole caption + ``<eos>``.
+        p_empty: the probability that it is generated from no text (``p_full + p_empty <= 1``; otherwise
+            from a random non-empty prefix of the caption).
+        text_weight: the weight of the thinking and understanding losses.
+        routing: ``bagel-mot``'s expert routing (its bundled preset's option).
+    """
 
     p_full: float = 0.5
     p_empty: float = 0.1
@@ -79,7 +91,18 @@ def _next_token_loss(logits: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.
 def generation_text(words: jax.Array, eos: int, width: int, key: jax.Array, cfg: MoTPretrainConfig) -> jax.Array:
     """Per row, the text the image is generated from ``(B, width)``: the caption ``words`` ``(B, W)``
     (right-padded) + ``<eos>`` (probability ``p_full``), nothing (``p_empty``) or a random non-empty
-    prefix of the words."""
+    prefix of the words.
+
+    Args:
+        words: caption token ids ``(B, W)``, right-padded with 0, at least one word per row.
+        eos: the ``<eos>`` id.
+        width: the text length (``mot.cfg.max_text``), more than ``W`` so that ``<eos>`` fits.
+        key: a PRNG key.
+        cfg: the run's settings (``p_full``, ``p_empty``).
+
+    Returns:
+        The token ids ``(B, width)``, right-padded with 0.
+    """
     b, n = words.shape
     k_kind, k_len = jax.random.split(key)
     u = jax.random.uniform(k_kind, (b,))
@@ -94,7 +117,15 @@ def generation_text(words: jax.Array, eos: int, width: int, key: jax.Array, cfg:
 
 
 def caption_ids(words: jax.Array, eos: int) -> jax.Array:
-    """``<bos>`` (= ``<eos>``) + caption words ``(B, W)`` + ``<eos>``: an understanding target ``(B, W + 2)``."""
+    """``<bos>`` (= ``<eos>``) + caption words ``(B, W)`` + ``<eos>``: an understanding target ``(B, W + 2)``.
+
+    Args:
+        words: caption token ids ``(B, W)``, right-padded with 0.
+        eos: the ``<eos>`` id (also the ``<bos>`` marker).
+
+    Returns:
+        The token ids ``(B, W + 2)``, the dtype of ``words``, right-padded with 0.
+    """
     b = words.shape[0]
     marker = jnp.full((b, 1), eos, words.dtype)
     padded = jnp.concatenate([marker, words, jnp.zeros((b, 1), words.dtype)], axis=1)
@@ -103,7 +134,21 @@ def caption_ids(words: jax.Array, eos: int) -> jax.Array:
 
 
 def mot_loss(mot: MoT, batch, key: jax.Array, eos: int, cfg: MoTPretrainConfig, understand: bool) -> tuple[jax.Array, dict]:
-    """Flow matching + thinking + understanding on a batch ``{"latents", "words"}`` (pure; differentiable in ``mot``)."""
+    """Flow matching + thinking + understanding on a batch ``{"latents", "words"}`` (pure; differentiable in ``mot``).
+
+    The loss is ``flow + text_weight * (think + understand)``.
+
+    Args:
+        mot: the Mixture-of-Transformers.
+        batch: ``{"latents": (B, T, h, w, C), "words": (B, W) int}`` (clean latents, right-padded caption ids).
+        key: a PRNG key (generation text, σ and noise).
+        eos: the ``<eos>`` id.
+        cfg: the run's settings.
+        understand: add the understanding loss (``bagel-mot``; 0 when False).
+
+    Returns:
+        The scalar loss and ``{"loss", "flow", "think", "think_acc", "understand", "understand_acc"}`` scalars.
+    """
     x0, words = batch["latents"], batch["words"]
     b = x0.shape[0]
     k_text, k_sigma, k_noise = jax.random.split(key, 3)
@@ -134,7 +179,16 @@ class MoTTrainer(Supervised):
 def training_arrays(card: Card, cfg: MoTPretrainConfig, chunk: int = 256) -> dict[str, np.ndarray]:
     """``{"latents": (N, T, h, w, C), "words": (N, W)}``: train-split digits encoded once by the card's
     autoencoder — full-caption images (``bagel-mot``; W = 4) or captioned moving-digit videos
-    (``cosmos3``; ``"seven moving right"``, W = 3)."""
+    (``cosmos3``; ``"seven moving right"``, W = 3).
+
+    Args:
+        card: a MoT card with its base card's autoencoder.
+        cfg: the run's settings (``seed``, ``copies``).
+        chunk: images or videos encoded per jitted call.
+
+    Returns:
+        The latents and the captions' token ids (NumPy).
+    """
     if card.spec.family == toy_mot_video.FAMILY.name:
         data = digit_videos("train", seed=cfg.seed, copies=cfg.copies)
         pixels, field, width = data.video, "video", 3
@@ -154,7 +208,17 @@ BASES = {"bagel-mot": "flux-t2i", "cosmos3": "wan-i2v"}
 def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainConfig(), *, model_id: str = "bagel-mot",
                  progress: bool = True) -> Card:
     """Train a MoT card (``bagel-mot`` with ``cfg.routing``, or ``cosmos3``) on its bundled base card's
-    autoencoder; save it to ``out`` (the autoencoder by reference)."""
+    autoencoder; save it to ``out`` (the autoencoder by reference).
+
+    Args:
+        out: the directory to write the card, ``metrics.jsonl`` and ``pretrain.json`` to (``None``: write nothing).
+        cfg: the run's settings.
+        model_id: ``"cosmos3"`` (the video card), or the id of a ``bagel-mot``-shaped card (``"bagel-mot"``).
+        progress: show a progress bar.
+
+    Returns:
+        The trained card.
+    """
     out = output_dir(out, "metrics.jsonl")
     start = time.perf_counter()
     video = model_id == "cosmos3"
@@ -184,6 +248,11 @@ def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainCon
 
 
 def main(argv=None) -> None:
+    """The recipe's command line: ``--out DIR``, one flag per ``MoTPretrainConfig`` field, ``--model-id``, ``--quiet``.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     model_id = {"default": "bagel-mot", "help": "bagel-mot (or another id: a bagel-mot-shaped card under that id) or cosmos3"}
     run_recipe(MoTPretrainConfig, "Pretrain a Mixture-of-Transformers card on the digits world.", pretrain_mot, argv,
                options={"--model-id": model_id})

@@ -41,12 +41,14 @@ from jaxpipe.training.trainer import TrainState
 
 __all__ = [
     "DEFAULT_STEPS",
+    "LABELS",
     "TRAIN_SPLIT",
     "ScorerTrainConfig",
     "ScorerTrainer",
     "cross_entropy",
     "evaluate",
     "evaluation_data",
+    "main",
     "perturb",
     "pretrain",
     "training_data",
@@ -72,6 +74,15 @@ class ScorerTrainConfig(PerturbedSettings):
     ``gain``: the ink is scaled by ``U(1 - gain, 1 + gain)``; ``blur``: each image is mixed with
     its 3×3 binomial blur at a weight ``U(0, blur)``; ``noise``: Gaussian pixel noise with a std
     ``U(0, noise)`` per image (pixels in ``[-1, 1]``). ``copies``: renderings of each held-out digit.
+
+    Attributes:
+        scorer: the network's sizes.
+        elastic: std of ``warp``'s elastic displacement, px, >= 0.
+        gain: ink-gain range, in ``[0, 1)``.
+        blur: the largest weight of the 3×3 blur, in ``[0, 1]``.
+
+    The other fields (``steps``, ``learning_rate``, ``rotate``, ...) are ``PerturbedSettings``', with this
+    recipe's defaults.
     """
 
     PERTURBATION = ("rotate", "zoom", "shear", "elastic", "gain", "blur", "noise")
@@ -105,6 +116,17 @@ def warp(
     and a smooth elastic displacement (a 4×4 grid of ``N(0, elastic²)`` px offsets, bicubically
     upsampled); bilinear resampling, background (``-1``) outside the frame. Digit identity, stroke,
     position and brightness are kept (the centre is fixed, so a left digit stays left).
+
+    Args:
+        images: ``(B, H, W, C)`` float in ``[-1, 1]``, background -1.
+        key: a PRNG key; each image draws its own distortion from it.
+        rotate: rotation range, degrees.
+        zoom: zoom range (scale ``1 ± zoom``).
+        shear: horizontal shear range.
+        elastic: std of the elastic displacement, px.
+
+    Returns:
+        The warped images, ``(B, H, W, C)`` in ``[-1, 1]``.
     """
     b, h, w, c = images.shape
     k_rot, k_zoom, k_shear, k_el = jax.random.split(key, 4)
@@ -148,6 +170,20 @@ def perturb(
     would otherwise pass a thin bright digit off as dim — before the gain jitter and the pixel
     noise. A piece whose amount is 0 is left out (statically). Pure and jittable; the result is
     clipped to ``[-1, 1]``.
+
+    Args:
+        images: ``(B, H, W, C)`` float in ``[-1, 1]``, background -1.
+        key: a PRNG key; each image draws its own amounts from it.
+        rotate: ``warp``'s rotation range, degrees.
+        zoom: ``warp``'s zoom range.
+        shear: ``warp``'s shear range.
+        elastic: ``warp``'s elastic displacement std, px.
+        gain: ink scale range, ``U(1 ± gain)``.
+        blur: the largest weight of the 3×3 binomial blur mixed into each image.
+        noise: the largest std of the Gaussian pixel noise (pixels in ``[-1, 1]``).
+
+    Returns:
+        The perturbed images, ``(B, H, W, C)`` in ``[-1, 1]``.
     """
     b = images.shape[0]
     k_warp, k_gain, k_blur, k_std, k_noise = jax.random.split(key, 5)
@@ -174,7 +210,15 @@ def perturb(
 
 
 def cross_entropy(logits: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict]:
-    """Sum over the heads of the mean softmax cross-entropy, plus per-head loss and accuracy."""
+    """Sum over the heads of the mean softmax cross-entropy, plus per-head loss and accuracy.
+
+    Args:
+        logits: ``{head: (B, classes)}`` for each head of ``LABELS``.
+        batch: ``{head: (B,) int}`` labels for each head of ``LABELS`` (other keys are ignored).
+
+    Returns:
+        The total loss (a scalar) and ``{"loss", "loss_<head>", "acc_<head>"}`` scalars.
+    """
     metrics, total = {}, 0.0
     for name in LABELS:
         labels = batch[name]
@@ -202,17 +246,40 @@ class ScorerTrainer(Supervised):
         super().__init__(abstract, self.batch_loss, config.optimizer())
 
     def init(self, key: jax.Array) -> TrainState:
-        """A freshly initialised scorer (deterministic in ``key``) and a fresh optimiser."""
+        """A freshly initialised scorer (deterministic in ``key``) and a fresh optimiser.
+
+        Args:
+            key: the initialisation's PRNG key.
+
+        Returns:
+            The training state at step 0.
+        """
         _, params, _ = nnx.split(DigitScorer(self.config.scorer, rngs=nnx.Rngs(params=key)), nnx.Param, ...)
         return TrainState({PART: params}, {PART: self.tx.init(params)}, None, {}, jnp.zeros((), jnp.int32))
 
     def card(self, state: TrainState) -> Card:
-        """A ``digit-scorer`` card with the state's weights."""
+        """A ``digit-scorer`` card with the state's weights.
+
+        Args:
+            state: a training state of this trainer.
+
+        Returns:
+            The card.
+        """
         spec = nnx.eval_shape(lambda: digit_scorer.build(digit_scorer.Config(self.config.scorer))).spec
         return Card({digit_scorer.COMPONENT: self.model(state)}, spec)
 
     def batch_loss(self, model: DigitScorer, batch: Mapping[str, jax.Array], key: jax.Array):
-        """``(loss, metrics)`` of one batch after the in-step perturbation (pure; differentiable in the model)."""
+        """``(loss, metrics)`` of one batch after the in-step perturbation (pure; differentiable in the model).
+
+        Args:
+            model: the scorer.
+            batch: ``{"image": (B, 16, 16, 1) in [-1, 1], "digit", "stroke", "position", "brightness": (B,) int}``.
+            key: the perturbation's PRNG key.
+
+        Returns:
+            ``cross_entropy`` of the perturbed batch.
+        """
         batch = {name: batch[name] for name in ("image", *LABELS)}
         images = perturb(jnp.asarray(batch["image"]), key, **self.config.perturbation())
         return cross_entropy(model(images), batch)
@@ -220,13 +287,31 @@ class ScorerTrainer(Supervised):
 
 # ------------------------------------------------------------------------------------------------ data and evaluation
 def training_data(*, seed: int = 0, copies: int = 32) -> digits.ImageDataset:
-    """The scorer's training set: the **held-out** digits, each rendered ``copies`` times with random attributes."""
+    """The scorer's training set: the **held-out** digits, each rendered ``copies`` times with random attributes.
+
+    Args:
+        seed: the ``digits.augment`` seed.
+        copies: renderings of each held-out digit.
+
+    Returns:
+        The ``ImageDataset`` of ``359 * copies`` renders: images ``(N, 16, 16, 1)`` float32 in ``[-1, 1]`` and
+        their int32 labels.
+    """
     images, labels = digits.load_images(TRAIN_SPLIT)
     return digits.augment(images, labels, seed=seed, copies=copies)
 
 
 def evaluation_data(*, seed: int = 1, copies: int = 2) -> digits.ImageDataset:
-    """The generalisation set: the generators' **train** digits (unseen by the scorer), random attributes."""
+    """The generalisation set: the generators' **train** digits (unseen by the scorer), random attributes.
+
+    Args:
+        seed: the ``digits.augment`` seed.
+        copies: renderings of each train digit.
+
+    Returns:
+        The ``ImageDataset`` of ``1438 * copies`` renders: images ``(N, 16, 16, 1)`` float32 in ``[-1, 1]`` and
+        their int32 labels.
+    """
     images, labels = digits.load_images("train")
     return digits.augment(images, labels, seed=seed, copies=copies)
 
@@ -240,7 +325,16 @@ _predict = jax.jit(digit_scorer.predict)
 
 
 def evaluate(card: Card, dataset: digits.ImageDataset, *, batch_size: int = 512) -> dict[str, float]:
-    """Accuracy per head of ``card`` on ``dataset`` (every sample, in order)."""
+    """Accuracy per head of ``card`` on ``dataset`` (every sample, in order).
+
+    Args:
+        card: a ``digit-scorer`` card.
+        dataset: labelled renders, images in ``[-1, 1]``.
+        batch_size: images per scorer call.
+
+    Returns:
+        ``{head: accuracy in [0, 1]}`` for each head of ``LABELS``.
+    """
     hits = {name: 0 for name in LABELS}
     for start in range(0, len(dataset), batch_size):
         part = dataset.take(slice(start, start + batch_size))
@@ -262,6 +356,14 @@ def pretrain(out_dir: str | os.PathLike, config: ScorerTrainConfig = ScorerTrain
     ``config.seed`` fixes the initialisation, the data rendering, the batch order and the in-step
     perturbations. ``metrics.json`` holds the settings, the wall time and the per-head accuracy
     on the train split (unseen digits, random attributes), clean and perturbed.
+
+    Args:
+        out_dir: the directory to write the card and its ``metrics.json`` to.
+        config: the run's settings.
+        progress: show a progress bar.
+
+    Returns:
+        The trained card.
     """
     from jaxpipe.training.fit import fit
 
@@ -306,6 +408,11 @@ def pretrain(out_dir: str | os.PathLike, config: ScorerTrainConfig = ScorerTrain
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The recipe's command line: ``--out DIR``, one flag per ``ScorerTrainConfig`` field, ``--quiet``.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     run_recipe(ScorerTrainConfig, __doc__.split("\n")[0], pretrain, argv, report="metrics.json")
 
 
