@@ -19,7 +19,11 @@ def test_the_tour_notebook_runs_and_shows_its_results(tmp_path):
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-    client.execute(env={**os.environ})
+    scratch = tmp_path / "tmp"  # the kernel's temporary folder: the tour must leave nothing in it
+    scratch.mkdir()
+    client.execute(env={**os.environ, "TMPDIR": str(scratch)})
+    assert not [p for p in scratch.iterdir() if p.name.startswith("jaxpipe-tour-")]
+    assert "<your" not in notebook.cells[1].source  # the install cell works as written, no placeholder
     outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     stderr = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stderr")
