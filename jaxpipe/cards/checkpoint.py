@@ -42,11 +42,15 @@ from jaxpipe.cards import registry
 
 __all__ = [
     "CardIntegrityError", "save_card", "load_card", "abstract_card", "config_to_dict", "config_from_dict", "write_digests",
+    "FORMAT", "CONFIG_FILE", "WEIGHTS_FILE", "DIGESTS_KEY", "TYPE_KEY",
 ]
 
 FORMAT = "jaxpipe.card/1"
+"""The checkpoint format ``config.json`` records (``"format"``); ``load_card`` reads only this one."""
 CONFIG_FILE = "config.json"
+"""The name of a checkpoint's config file: format, family, model id, the family's build config, digests."""
 WEIGHTS_FILE = "weights.safetensors"
+"""The name of a checkpoint's weights file: every stored variable, by its ``/``-joined state path."""
 DIGESTS_KEY = "digests"
 """``config.json`` key: weights file name -> ``"sha256:<hex>"`` of its bytes."""
 
@@ -73,9 +77,18 @@ def _plain(value, declared=None):
 
 
 def config_to_dict(config) -> dict:
-    """A frozen config dataclass (possibly nested) as plain JSON-able data. A nested config whose
-    class is not its field's declared type (a policy behind a protocol) records its class under
-    ``"__type__"``; only jaxpipe's own classes are rebuilt from it."""
+    """A frozen config dataclass (possibly nested) as plain JSON-able data.
+
+    Nested dataclasses become dicts and tuples become lists; only ``init`` fields are kept. A nested
+    config whose class is not its field's declared type (a policy behind a protocol) records its class
+    under ``"__type__"``; only jaxpipe's own classes are rebuilt from it (``config_from_dict``).
+
+    Args:
+      config: a config dataclass instance (e.g. a family's ``Config``).
+
+    Returns:
+      Field name -> value, as ``json.loads(json.dumps(...))`` gives it back.
+    """
     hints = typing.get_type_hints(type(config))
     out = {f.name: _plain(getattr(config, f.name), hints.get(f.name)) for f in dataclasses.fields(config) if f.init}
     return json.loads(json.dumps(out))
@@ -112,7 +125,21 @@ def _coerce(tp, value):
 
 
 def config_from_dict(cls, data: dict):
-    """Rebuild config dataclass ``cls`` from ``config_to_dict`` output (nested dataclasses, tuples)."""
+    """Rebuild config dataclass ``cls`` from ``config_to_dict`` output (nested dataclasses, tuples).
+
+    Fields missing from ``data`` take their defaults.
+
+    Args:
+      cls: the config dataclass to build.
+      data: field name -> value, as ``config_to_dict`` wrote it.
+
+    Returns:
+      A ``cls`` instance.
+
+    Raises:
+      ValueError: if ``data`` names fields ``cls`` does not have (or, nested, a ``"__type__"`` outside jaxpipe).
+      TypeError: if ``data`` lacks a field that has no default.
+    """
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - names)
@@ -226,14 +253,27 @@ def save_card(
     base: str | None = None,
     base_components: Sequence[str] = (),
 ) -> Path:
-    """Write ``card`` to ``directory`` (created if needed); returns the directory. ``config.json`` records
-    the SHA-256 of the weights file, which ``load_card`` verifies.
+    """Write ``card`` to ``directory`` as ``config.json`` + ``weights.safetensors``.
 
-    Arguments:
+    ``config.json`` records the SHA-256 of the weights file, which ``load_card`` verifies.
+
+    Args:
+      card: the card to save; its family must be registered (``load_card`` rebuilds it from there).
+      directory: the folder to write (created if needed; a checkpoint already there is overwritten).
       base: a card ``jaxpipe.cards.load`` accepts (a bundled id such as ``"flux-t2i"`` is the
         portable choice) whose same-named components ``card`` shares; ``None`` stores everything.
       base_components: the components taken from ``base`` and not stored (required with ``base``).
         Each must be bit-for-bit identical to the base card's, or nothing is written.
+
+    Returns:
+      ``directory``, as a ``Path``.
+
+    Raises:
+      ValueError: if ``card``'s family is not registered; if ``base_components`` is given without ``base``,
+        or does not name distinct components of ``card``; if ``base`` is ``directory`` itself; or if a
+        component in ``base_components`` is missing from the base card or differs from its.
+      FileNotFoundError: if the base card cannot be loaded.
+      CardIntegrityError: if the base card's weights are damaged.
     """
     registry.family(card.spec.family)  # fail before writing anything for a family that cannot be loaded
     directory = Path(directory)
@@ -279,8 +319,21 @@ def save_card(
 
 
 def abstract_card(directory: str | os.PathLike) -> Card:
-    """The card a ``save_card`` directory holds, built abstractly from its config alone (leaves are
-    ``jax.ShapeDtypeStruct``; no weights read): its spec, loops and parameter count, cheaply."""
+    """The card a ``save_card`` directory holds, built abstractly from its config alone (no weights read).
+
+    Cheap: gives the card's spec, loops and parameter count without allocating or reading weights.
+
+    Args:
+      directory: a ``save_card`` folder.
+
+    Returns:
+      The card, its variables' values ``jax.ShapeDtypeStruct`` leaves.
+
+    Raises:
+      FileNotFoundError: if ``directory`` is not a card checkpoint.
+      ValueError: if its ``config.json`` is damaged, of another format, or does not load for its family
+        (also if that family is not registered).
+    """
     return _read_config(Path(directory))[2]
 
 

@@ -27,8 +27,8 @@ from jaxpipe.cards.family import Family
 from jaxpipe.program import Program
 
 __all__ = [
-    "BUNDLED", "FAMILIES", "CARDS", "RENAMED", "UPGRADES", "CardEntry", "register", "register_upgrade", "unregister", "register_card", "unregister_card", "family",
-    "family_of", "by_model_id", "by_pipeline", "card_entry", "default_program", "stacked_components",
+    "BUNDLED", "FAMILIES", "CARDS", "RENAMED", "UPGRADES", "CardEntry", "register", "register_upgrade", "unregister",
+    "register_card", "unregister_card", "family", "family_of", "by_model_id", "buildable", "by_pipeline", "card_entry", "default_program", "stacked_components",
 ]
 
 BUNDLED: tuple[Family, ...] = (
@@ -48,6 +48,7 @@ BUNDLED: tuple[Family, ...] = (
 """The families jaxpipe's core ships, one line each (a world registers its own)."""
 
 FAMILIES: dict[str, Family] = {f.name: f for f in BUNDLED}
+"""Family name -> ``Family``: the bundled families, then those added with ``register`` (a world's, a user's)."""
 
 RENAMED: dict[str, str] = {
     "flux_t2i": "toy_t2i", "wan_i2v": "toy_i2v", "wan_t2v": "toy_t2v", "ltx2_two_stage": "toy_two_stage",
@@ -64,7 +65,16 @@ reads, for fields whose format changed with the rename; a world registers the on
 
 
 def register_upgrade(old_family: str, upgrade: Callable[[dict], dict]) -> None:
-    """Read checkpoints saved under family ``old_family`` (a ``RENAMED`` key) through ``upgrade(config_dict)``."""
+    """Read checkpoints saved under family ``old_family`` (a ``RENAMED`` key) through ``upgrade(config_dict)``.
+
+    Args:
+      old_family: a family's old name (a key of ``RENAMED``), as old checkpoints record it.
+      upgrade: ``(saved config dict) -> config dict`` in the format the renamed family's ``Config`` reads;
+        applied when a checkpoint saved under ``old_family`` is loaded.
+
+    Raises:
+      KeyError: if ``old_family`` is not a key of ``RENAMED``.
+    """
     if old_family not in RENAMED:
         raise KeyError(f"{old_family!r} is not a renamed family; renamed: {sorted(RENAMED)}")
     UPGRADES[old_family] = upgrade
@@ -74,7 +84,7 @@ def register_upgrade(old_family: str, upgrade: Callable[[dict], dict]) -> None:
 class CardEntry:
     """A card id a world ships or builds.
 
-    Arguments:
+    Attributes:
       model_id: the card's id.
       family: the name of the family that builds it.
       config: ``() -> Config``, the family config ``jp.cards.build(model_id)`` builds (``None``: not buildable).
@@ -107,7 +117,20 @@ def _worlds() -> None:
 
 
 def register(new: Family, *, replace: bool = False) -> Family:
-    """Add a family (``replace=True`` to change one); returns it. Its ``model_id`` must be unique."""
+    """Add a family to the registry (``replace=True`` to change one); its ``model_id`` must be unique.
+
+    Args:
+      new: the family to add.
+      replace: replace a registered family of the same name instead of failing.
+
+    Returns:
+      ``new``.
+
+    Raises:
+      TypeError: if ``new`` is not a ``Family``.
+      ValueError: if a family named ``new.name`` is already registered (and not ``replace``), or if
+        ``new.model_id`` is already the model id of another family or a card id registered by another family.
+    """
     if not isinstance(new, Family):
         raise TypeError(f"register takes a jaxpipe.cards.Family (got {type(new).__name__})")
     if new.name in FAMILIES and not replace:
@@ -123,7 +146,14 @@ def register(new: Family, *, replace: bool = False) -> Family:
 
 
 def unregister(name: str) -> None:
-    """Remove family ``name`` (ValueError if unknown)."""
+    """Remove family ``name`` from the registry.
+
+    Args:
+      name: the registered family's name.
+
+    Raises:
+      ValueError: if no family ``name`` is registered.
+    """
     family(name)
     del FAMILIES[name]
 
@@ -138,10 +168,27 @@ def register_card(
     description: str = "",
     replace: bool = False,
 ) -> CardEntry:
-    """Register card id ``model_id``, built by family ``family_name`` from ``config()`` and/or loaded from
-    the checkpoint folder ``path`` (``rebuild``: the command that re-creates that checkpoint, named when
-    it is found damaged), with a one-line ``description``; returns its entry. A second registration of
-    the same id is an error unless it is identical or ``replace=True``."""
+    """Register card id ``model_id``, built by a family from a config and/or loaded from a checkpoint folder.
+
+    A second registration of the same id is an error unless it is identical or ``replace=True``.
+
+    Args:
+      model_id: the card id (non-empty), as ``jp.cards.build`` / ``jp.cards.load`` take it.
+      family_name: the name of the family that builds the card.
+      config: ``() -> Config``, the family config ``jp.cards.build(model_id)`` builds (``None``: not buildable).
+      path: the folder of the card's pretrained checkpoint (``save_card``'s layout), if it ships one.
+      rebuild: the command that re-creates that checkpoint (named when it is found damaged), if any.
+      description: one line saying what the card does.
+      replace: replace a different entry already registered under ``model_id`` instead of failing.
+
+    Returns:
+      The registered ``CardEntry``.
+
+    Raises:
+      ValueError: if ``model_id`` is empty or not a string, if neither ``config`` nor ``path`` is given,
+        if ``description`` is not one line of text, or if ``model_id`` is already registered with a
+        different entry (and not ``replace``).
+    """
     if not isinstance(model_id, str) or not model_id:
         raise ValueError(f"a card id must be a non-empty string (got {model_id!r})")
     if config is None and path is None:
@@ -157,20 +204,46 @@ def register_card(
 
 
 def unregister_card(model_id: str) -> None:
-    """Remove card id ``model_id`` (KeyError if unknown)."""
+    """Remove card id ``model_id`` from the registry.
+
+    Args:
+      model_id: a registered card id.
+
+    Raises:
+      KeyError: if no card ``model_id`` is registered.
+    """
     if model_id not in CARDS:
         raise KeyError(f"no card {model_id!r} is registered; registered: {sorted(CARDS)}")
     del CARDS[model_id]
 
 
 def card_entry(model_id: str) -> CardEntry | None:
-    """The registered entry of card id ``model_id`` (after the bundled worlds register), or ``None``."""
+    """The registered entry of card id ``model_id`` (after the bundled worlds register), or ``None``.
+
+    Args:
+      model_id: a card id.
+
+    Returns:
+      Its ``CardEntry``, or ``None`` if no card ``model_id`` is registered.
+    """
     _worlds()
     return CARDS.get(model_id)
 
 
 def family(name: str) -> Family:
-    """The registered family ``name`` (ValueError listing the families otherwise)."""
+    """The registered family ``name``.
+
+    An old family name (a ``RENAMED`` key) resolves to its new family, with a ``DeprecationWarning``.
+
+    Args:
+      name: a family name (``card.spec.family``, a checkpoint's ``family`` field).
+
+    Returns:
+      The ``Family``.
+
+    Raises:
+      ValueError: if no family ``name`` is registered (the message lists the known ones).
+    """
     if name in RENAMED and name not in FAMILIES:
         _worlds()  # a world may register an upgrade of the old checkpoints (``UPGRADES``)
         warnings.warn(f"card family {name!r} is now {RENAMED[name]!r}; re-save the checkpoint to use the new name",
@@ -184,13 +257,33 @@ def family(name: str) -> Family:
 
 
 def family_of(card: Card) -> Family:
-    """The family that built ``card``."""
+    """The family that built ``card``.
+
+    Args:
+      card: a card.
+
+    Returns:
+      The ``Family`` named by ``card.spec.family``.
+
+    Raises:
+      ValueError: if that family is not registered.
+    """
     return family(card.spec.family)
 
 
 def by_model_id(model_id: str) -> Family:
-    """The family whose ``build`` gives card ``model_id`` (a registered card id, or a family's own
-    ``model_id``); KeyError listing the buildable ids otherwise."""
+    """The family whose ``build`` gives card ``model_id``.
+
+    Args:
+      model_id: a registered card id, or a family's own ``model_id``.
+
+    Returns:
+      The ``Family`` that builds it.
+
+    Raises:
+      KeyError: if no card or family has that id (the message lists the buildable ids).
+      ValueError: if the card is registered under a family that is not.
+    """
     entry = card_entry(model_id)
     if entry is not None:
         return family(entry.family)
@@ -201,14 +294,28 @@ def by_model_id(model_id: str) -> Family:
 
 
 def buildable() -> list[str]:
-    """Ids of the cards that can be built from scratch (registered with a config, or a family's own id)."""
+    """Ids of the cards that can be built from scratch (registered with a config, or a family's own id).
+
+    Returns:
+      The ids, sorted.
+    """
     _worlds()
     ids = {e.model_id for e in CARDS.values() if e.config is not None}
     return sorted(ids | {f.model_id for f in FAMILIES.values() if f.model_id})
 
 
 def by_pipeline(class_name: str) -> Family:
-    """The family that loads diffusers pipeline ``class_name`` (KeyError listing the loadable ones otherwise)."""
+    """The family that loads diffusers pipeline ``class_name``.
+
+    Args:
+      class_name: a diffusers pipeline class name (``model_index.json``'s ``_class_name``).
+
+    Returns:
+      The first registered ``Family`` whose ``pipelines`` has a loader for it.
+
+    Raises:
+      KeyError: if no family loads it (the message lists the loadable class names).
+    """
     for f in FAMILIES.values():
         if class_name in f.pipelines:
             return f
@@ -217,14 +324,30 @@ def by_pipeline(class_name: str) -> Family:
 
 
 def default_program(card: Card) -> Program:
-    """The program the engine serves ``card`` with by default: its family's first."""
+    """The program the engine serves ``card`` with by default: its family's first.
+
+    Args:
+      card: a card of a registered family.
+
+    Returns:
+      The built ``Program``.
+
+    Raises:
+      ValueError: if ``card``'s family is not registered.
+    """
     return family_of(card).program()
 
 
 def stacked_components(card: Card) -> dict[str, tuple[str, ...]]:
-    """The components of ``card`` stored stacked on a leading expert axis, each mapped to its experts'
-    names in axis order (``{"refiners": ("refiner_0", ...)}`` for ``multi-expert``); ``{}`` when none
-    (or when the card's family is not registered)."""
+    """The components of ``card`` stored stacked on a leading expert axis, with their experts' names.
+
+    Args:
+      card: a card.
+
+    Returns:
+      Stacked component name -> its experts' names in axis order (``{"refiners": ("refiner_0", ...)}``
+      for ``multi-expert``); ``{}`` when none, or when the card's family is not registered.
+    """
     if card.spec.family not in FAMILIES:
         _worlds()
     f = FAMILIES.get(card.spec.family)
