@@ -3,12 +3,15 @@ the engine keeps serving after every one of them."""
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from typer.testing import CliRunner
 
 import jaxpipe as jp
+from jaxpipe import compilation
 from jaxpipe.cli import app
 from jaxpipe.engine import Engine
 from jaxpipe.loops.denoise import DenoiseConfig
@@ -75,6 +78,9 @@ def test_damaged_checkpoints_name_the_file(tmp_path, t2i_card):
     path = jp.cards.save_card(t2i_card, tmp_path / "card")
     weights = path / "weights.safetensors"
     weights.write_bytes(weights.read_bytes()[: 1000])
+    with pytest.raises(jp.cards.CardIntegrityError, match=r"weights.safetensors is damaged"):
+        jp.cards.load(path)
+    jp.cards.checkpoint.write_digests(path)  # the digest now matches: safetensors itself must refuse the file
     with pytest.raises(ValueError, match=r"weights.safetensors cannot be read .*damaged or truncated"):
         jp.cards.load(path)
     (path / "config.json").write_text("{not json")
@@ -91,19 +97,36 @@ def test_damaged_checkpoints_name_the_file(tmp_path, t2i_card):
     "args, message",
     [
         (["generate", "seven moving rigth"], "'rigth' (did you mean 'right' or 'bright'?)"),
-        (["generate", "seven", "--guidance", "nan"], "guidance must be a finite number"),
-        (["generate", "seven", "--seed", "-1"], "seed must be an int in [0, 4294967295]"),
+        (["generate", "seven", "--guidance", "nan"], "--guidance must be a finite number >= 0 (got nan)"),
+        (["generate", "seven", "--seed", "-1"], "--seed must be an int in [0, 4294967295] (got -1)"),
+        (["generate", "seven", "--seed", str(2**32)], "--seed must be an int in [0, 4294967295] (got 4294967296)"),
+        (["evaluate", "--guidance", "-1"], "--guidance must be a finite number >= 0 (got -1.0)"),
         (["generate", "seven moving up", "--video-model", "flux-t2i"], "this stage needs a card that does i2v"),
-        (["generate", "seven", "--model", "wan-i2v", "-o", "{tmp}/a.png"], "this stage needs a card that does t2i"),
+        (["generate", "seven", "--model", "wan-i2v", "-o", "{tmp}/a.png"], "'wan-i2v' (i2v) starts from an image: pass --image"),
+        (["generate", "seven moving right", "--model", "wan-t2v", "-o", "{tmp}/a.png"],
+         "'wan-t2v' makes a video: --out must end in .gif (got 'a.png')"),
+        (["generate", "seven", "--model", "wan-t2v", "--image", "{tmp}/none.png"], "--image: 'wan-t2v' (t2v) reads no image"),
+        (["generate", "seven", "--model", "wan-i2v", "--image", "{tmp}/none.png"], "--image {tmp}/none.png: no such file"),
+        (["generate", "seven", "--model", "digit-scorer"], "'digit-scorer' is a judge, not a generator: it scores images"),
+        (["generate", "seven", "--model", "digit-classifier"], "'digit-classifier' is a judge, not a generator"),
+        (["generate", "seven moving up", "--model", "wan-t2v", "--video-model", "wan-i2v"],
+         "--video-model animates a text-to-image card's image into a .gif; 'wan-t2v' makes video itself"),
+        (["generate", "seven", "--model", "video.t2v_continue"], "is a workflow, not a card: pass --workflow video.t2v_continue"),
+        (["generate", "seven", "--workflow", "video.nope"], "--workflow 'video.nope' is not a registered workflow; registered: "),
+        (["generate", "seven", "--workflow", "video.t2v_continue", "-o", "{tmp}/a.png"],
+         "--workflow video.t2v_continue makes a video: --out must end in .gif (got 'a.png')"),
+        (["generate", "seven", "--workflow", "video.t2v_continue", "--model", "wan-t2v"], "--workflow names its own cards"),
+        (["generate", "--model", "flux-t2i"], "PROMPT is missing"),
     ],
 )
 def test_the_cli_checks_before_any_compute_and_prints_one_line(args, message, tmp_path):
-    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    if "-o" not in args:
+    args, message = [a.replace("{tmp}", str(tmp_path)) for a in args], message.replace("{tmp}", str(tmp_path))
+    if "-o" not in args and args[0] == "generate":
         args += ["-o", str(tmp_path / "x.gif")]
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and message in result.output, result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert "Request." not in result.output  # the flags the user typed, not the engine's field names
     assert not list(tmp_path.iterdir())  # nothing written
 
 
@@ -128,3 +151,14 @@ def test_cards_prints_a_table():
     assert "toy_t2i" in flux and "t2i_denoise (denoise)" in flux and "text-to-image" in flux
     assert {row.split()[0] for row in rows} == set(jp.cards.available())  # every bundled card, the judges included
     assert "digit_classifier" in next(row for row in rows if row.startswith("digit-classifier "))
+    does = {row.split()[0]: row for row in rows}
+    for model_id in jp.cards.available():  # each card's own line, whole
+        assert does[model_id].endswith("  " + jp.cards.card_entry(model_id).description), does[model_id]
+    assert jp.cards.card_entry("flux-t2i").description != jp.cards.card_entry("flux-t2i-turbo").description
+    turbo = jp.cards.load("flux-t2i-turbo")  # stores its DiT only: the base's text encoder and autoencoder count too
+    stored = sum(leaf.size for leaf in jax.tree.leaves(nnx.state(turbo.components)))
+    assert f"  {stored:,}  " in does["flux-t2i-turbo"] and stored > 1_000_000
+    kept = list((compilation.cache_dir() / "jaxpipe-cards").glob("*.json"))  # each card's loops, built once
+    assert len(kept) >= len(jp.cards.available())
+    again = runner.invoke(app, ["cards"])  # read back from there
+    assert again.exit_code == 0 and again.output == result.output

@@ -1,10 +1,13 @@
 """The `jaxpipe` command line, on the bundled pretrained cards."""
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 import sys
+import time
 
+import numpy as np
 import pytest
 from PIL import Image
 from typer.testing import CliRunner
@@ -46,10 +49,12 @@ def test_generate_is_the_workflow_served_by_an_engine(tmp_path):
 
 
 def test_generate_png_only(tmp_path):
+    """A .png is the text-to-image card alone, on the prompt as typed: no digits grammar splits it."""
     out = tmp_path / "one.png"
-    result = runner.invoke(app, ["generate", "one thin left", "-o", str(out), "--steps", "3", "--seed", "4"])
+    result = runner.invoke(app, ["generate", "one thin left moving up", "-o", str(out), "--steps", "3", "--seed", "4"])
     assert result.exit_code == 0, result.output
-    assert Image.open(out).format == "PNG"
+    assert "[1/1] flux-t2i: 'one thin left moving up'" in result.output
+    assert Image.open(out).format == "PNG" and list(tmp_path.iterdir()) == [out]
 
 
 @pytest.mark.parametrize(
@@ -66,6 +71,87 @@ def test_bad_input_fails_clearly(args, message, tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_generate_renders_a_text_to_video_card(tmp_path):
+    out = tmp_path / "seven.gif"
+    result = runner.invoke(app, ["generate", "seven moving right", "--model", "wan-t2v", "-o", str(out), "--steps", "1"])
+    assert result.exit_code == 0, result.output
+    assert "[1/1] wan-t2v: 'seven moving right'" in result.output
+    gif = Image.open(out)
+    assert gif.format == "GIF" and gif.n_frames == 8 and gif.size == (128, 128)
+    assert list(tmp_path.iterdir()) == [out]  # a video card writes its video alone
+
+
+def test_generate_animates_a_given_image(tmp_path):
+    picture = np.zeros((128, 128), np.uint8)
+    picture[32:96, 56:72] = 255  # a bar, 8× upscaled as the command writes its images
+    Image.fromarray(picture).save(tmp_path / "bar.png")
+    out = tmp_path / "bar.gif"
+    result = runner.invoke(app, ["generate", "one moving left", "--model", "wan-i2v", "--image", str(tmp_path / "bar.png"),
+                                 "-o", str(out), "--steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert f"[1/1] wan-i2v: {tmp_path / 'bar.png'} 'one moving left'" in result.output
+    first = np.asarray(Image.open(out).convert("L"), np.float32) / 255.0
+    assert np.abs(first - picture / 255.0).mean() < 0.1  # frame 0 is the given image
+
+
+GENERATORS = [m for m in jp.cards.available() if m not in ("digit-scorer", "digit-classifier")]
+
+
+@pytest.mark.slow  # one compile per card (~3-20 s each from a cold cache); the default tier renders wan-t2v and flux-t2i
+@pytest.mark.parametrize("model", GENERATORS)
+def test_every_bundled_card_renders_from_the_command_line(model, tmp_path):
+    card = jp.cards.load(model)
+    video = any(c in card.spec.capabilities for c in ("t2v", "i2v"))
+    out = tmp_path / ("out.gif" if video else "out.png")
+    args = ["generate", "seven moving right" if video else "seven", "--model", model, "-o", str(out), "--steps", "1"]
+    if "i2v" in card.spec.capabilities:
+        assert runner.invoke(app, ["generate", "seven", "-o", str(tmp_path / "first.png"), "--steps", "1"]).exit_code == 0
+        args += ["--image", str(tmp_path / "first.png")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    if video:
+        assert Image.open(out).n_frames == 8
+    else:
+        assert Image.open(out).format == "PNG"
+
+
+@pytest.mark.slow  # compiles the MoT's understanding loop (~10 s cold)
+def test_bagel_mot_reads_an_image_and_answers_in_text(tmp_path):
+    drawn = tmp_path / "seven.png"
+    result = runner.invoke(app, ["generate", "seven thick", "--model", "bagel-mot", "-o", str(drawn), "--steps", "8"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["generate", "--model", "bagel-mot", "--image", str(drawn)])
+    assert result.exit_code == 0, result.output
+    caption = next(line for line in result.output.splitlines() if line.startswith("caption: "))
+    assert caption.split()[1].strip("'") == "seven"  # it reads the digit it drew
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seven.png"]  # and writes nothing
+
+
+@pytest.mark.slow  # three workflows, five cards compiled (~40 s cold)
+@pytest.mark.parametrize("flow, frames", [("image_video.t2i_i2v", 8), ("image_video.t2i_i2v_extended", 15),
+                                          ("video.t2v_continue", 16)])
+def test_every_bundled_workflow_renders_from_the_command_line(flow, frames, tmp_path):
+    out = tmp_path / "out.gif"
+    result = runner.invoke(app, ["generate", "six moving down", "--workflow", flow, "-o", str(out), "--steps", "1"])
+    assert result.exit_code == 0, result.output
+    assert Image.open(out).n_frames == frames
+    assert out.with_suffix(".png").is_file() == flow.startswith("image_video")  # the first image, where there is one
+
+
+def test_ctrl_c_in_the_first_moments_of_generate_exits_130_and_writes_nothing(tmp_path):
+    """The stop handler is in place before JAX loads: a SIGINT while it does is a clean stop, not a traceback."""
+    out = tmp_path / "x.gif"
+    command = subprocess.Popen([sys.executable, "-m", "jaxpipe.cli", "generate", "seven thick moving right", "-o", str(out)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(0.3)  # the interpreter is up; JAX is still loading
+    command.send_signal(signal.SIGINT)
+    output, _ = command.communicate(timeout=120)
+    assert command.returncode == 130, output
+    assert "stopped (SIGINT)" in output and "nothing written" in output and "Traceback" not in output
+    assert len(output.strip().splitlines()) <= 2  # the handler's notice and the command's one line
+    assert not list(tmp_path.iterdir())
 
 
 def test_console_entry_point_runs():

@@ -163,7 +163,7 @@ def test_ctrl_c_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path
 
     other = [a if a != "0,1" else "0,2" for a in TRAIN]
     result = runner.invoke(app, [*other, "--out", str(part), "--resume"])
-    assert result.exit_code == 2 and "holds a run with other settings" in result.output
+    assert result.exit_code == 2 and "holds a run with other settings: --sde-window: 0,1 (saved) vs 0,2 (now)." in result.output
     result = runner.invoke(app, [*TRAIN[:3], "2", *TRAIN[4:], "--out", str(part), "--overwrite", "--no-eval"])
     assert result.exit_code == 0 and _rows(part / "metrics.jsonl") == 2 and not (part / "before.json").exists()
 

@@ -3,31 +3,63 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import typer
 
-__all__ = ["fail", "load", "parse_options", "writable", "check_kinds"]
+__all__ = ["fail", "load", "parse_options", "writable", "writable_folder", "check_kinds"]
 
 
 def fail(message: str) -> None:
+    """Print ``error: <message>`` on one red line to stderr and end the command with exit code 2.
+
+    Args:
+      message: what went wrong and, where it helps, what to do about it.
+
+    Raises:
+      typer.Exit: always, with ``code=2``.
+    """
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
 
 
 def load(*names: str, options: dict | None = None):
-    """The cards ``names`` (bundled ids, card directories or diffusers folders); ``options`` go to the first
-    one's loader (a diffusers folder's ``height``, ``width``, ``max_sequence_length``, ``dtype`` ...)."""
+    """The cards ``names``, or one error line and exit: a card that cannot be used (unknown, unreadable, or
+    damaged: ``CardIntegrityError``, whose message names the file and what to do) fails with that line.
+
+    Args:
+      names: bundled ids, card directories or diffusers folders.
+      options: keyword arguments for the first one's loader (a diffusers folder's ``height``, ``width``,
+        ``max_sequence_length``, ``dtype`` ...).
+
+    Returns:
+      The loaded cards, in the order of ``names``.
+    """
     from jaxpipe import cards
 
     try:
         return tuple(cards.load(name, **((options or {}) if i == 0 else {})) for i, name in enumerate(names))
-    except (KeyError, FileNotFoundError, ValueError, TypeError) as err:
+    except cards.CardIntegrityError as err:
+        fail(str(err))
+    except (KeyError, OSError, ValueError, TypeError) as err:  # OSError: a weights file that cannot be read
         fail(str(err).strip('"'))
 
 
 def parse_options(items: list[str]) -> dict:
-    """``["height=16", "dtype=bfloat16"]`` -> ``{"height": 16, "dtype": "bfloat16"}`` (ints and floats read as numbers)."""
+    """Read ``--model-option KEY=VALUE`` items into a dict; values that parse as ints or floats become numbers.
+
+    ``["height=16", "dtype=bfloat16"]`` -> ``{"height": 16, "dtype": "bfloat16"}``.
+
+    Args:
+      items: ``KEY=VALUE`` strings; keys and values are stripped of surrounding spaces.
+
+    Returns:
+      The options by key (a repeated key keeps its last value).
+
+    Raises:
+      typer.Exit: via ``fail``, for an item with no ``=`` or an empty key.
+    """
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -45,7 +77,18 @@ def parse_options(items: list[str]) -> dict:
 
 
 def writable(paths: list[Path], overwrite: bool) -> None:
-    """Fail before any compute if an output exists (unless ``overwrite``) or its folder cannot be written."""
+    """Fail before any compute if an output exists (unless ``overwrite``) or its folder cannot be written.
+
+    Missing parent folders are created.
+
+    Args:
+      paths: the output files the command will write.
+      overwrite: whether an existing output file may be replaced.
+
+    Raises:
+      typer.Exit: via ``fail``, if a path exists and ``overwrite`` is false, is a directory, or its parent
+        folder cannot be created or written.
+    """
     for path in paths:
         if path.exists() and not overwrite:
             fail(f"{path} exists: pass --overwrite to replace it")
@@ -59,8 +102,41 @@ def writable(paths: list[Path], overwrite: bool) -> None:
             fail(f"cannot write to {path.parent}")
 
 
+def writable_folder(folder: Path, flag: str) -> None:
+    """Create ``folder`` if missing and fail (one line naming ``flag``) unless a file can be written in it.
+
+    A real file is created and removed: ``os.access`` answers from the mode bits and can be wrong on
+    network file systems and under ACLs.
+
+    Args:
+      folder: the output folder.
+      flag: the command-line flag that named it (e.g. ``--out``), for the error line.
+
+    Raises:
+      typer.Exit: via ``fail``, if ``folder`` cannot be created or a file cannot be written in it.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        fail(f"cannot create {flag} {folder}: {err.strerror or err}")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        fail(f"cannot write to {flag} {folder}: {err.strerror or err}")
+
+
 def check_kinds(loaded, roles) -> None:
-    """Fail unless each card can do what its flag asks (``roles``: ``(flag, capability)``, in order)."""
+    """Fail unless each card can do what its flag asks.
+
+    Args:
+      loaded: the loaded cards, e.g. what ``load`` returned.
+      roles: one ``(flag, capability)`` pair per card, in the same order: the flag that named the card and
+        the capability (one of ``card.spec.capabilities``) this stage needs from it.
+
+    Raises:
+      typer.Exit: via ``fail``, naming the first card whose spec lacks its capability.
+    """
     for card, (flag, capability) in zip(loaded, roles):
         if capability not in card.spec.capabilities:
             kinds = ", ".join(card.spec.capabilities) or "nothing this command runs"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import typer
 
-from jaxpipe.cli.common import fail, load, parse_options
+from jaxpipe.cli.common import fail, load, parse_options, writable_folder
 
 __all__ = ["train_app", "RunFlags", "PolicyFlags", "RefinerFlags", "FAILED_EXIT"]
 
@@ -56,7 +56,7 @@ class RunFlags:
     """Every training command: run length, output, batch shape, learning rate, prompts, reward, evaluation."""
 
     steps: int = _flag(..., "--steps", help="Training steps (one rollout + one update each).")
-    out: Path = _flag(..., "--out", "-o", help="Output directory: metrics.jsonl, *.png, report.json and the trained card.")
+    out: Path = _flag(..., "--out", "-o", help="Output directory (created if missing): metrics.jsonl, *.png, report.json and the trained card.")
     prompts_per_step: int = _flag(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
     group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K; RL: the group of the group-relative advantage, K >= 2).")
     lr: typing.Optional[float] = _flag(None, "--lr", help="Learning rate of the trained generator / student (default: the method's).")
@@ -74,8 +74,10 @@ class RunFlags:
     eval_seed: int = _flag(0, "--eval-seed", help="Seed of the evaluation prompts and noise (the same before and after).")
     scorer: str = _flag("digit-scorer", "--scorer", help="The digits reward model card: a bundled id or a card directory.")
     save_every: int = _flag(50, "--save-every", help="Checkpoint the training state every N steps (and always on a stop).")
-    resume: bool = _flag(False, "--resume", help="Continue the run in --out from its last checkpoint (same settings).")
+    resume: bool = _flag(False, "--resume", help="Continue the run in --out from its newest readable checkpoint (same settings; a finished run is left as it is).")
     overwrite: bool = _flag(False, "--overwrite", help="Replace the run in a non-empty --out instead of refusing.")
+    typed: typing.Dict[str, str] = dataclasses.field(default_factory=dict)
+    """The command's flags as the user types them (set by ``_with``; ``_typed_flags``)."""
 
     @property
     def custom(self) -> bool:
@@ -87,6 +89,17 @@ class RunFlags:
         return default if self.lr is None else dataclasses.replace(default, learning_rate=self.lr)
 
     def group(self, **changes):
+        """The run's ``Group``: ``--group-size`` samples per prompt.
+
+        Args:
+          **changes: other ``Group`` fields, e.g. ``adv_clip``.
+
+        Returns:
+          ``Group(self.group_size, **changes)``.
+
+        Raises:
+          ValueError: if a field is out of range (``Group``'s check, e.g. ``--group-size`` < 1).
+        """
         from jaxpipe.training import Group
 
         return Group(self.group_size, **changes)
@@ -186,6 +199,10 @@ class RefinerFlags:
                              refiner_optimizer=Optimizer(self.lm_lr), joint=not self.prompt_only, **changes)
 
 
+def _options(group: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(group) if "option" in f.metadata]
+
+
 def _with(*groups: type):
     """Add the flags of dataclasses ``groups`` to a command; it receives one instance per group (by
     the group's lowercase name, e.g. ``runflags``) and its own parameters."""
@@ -202,11 +219,15 @@ def _with(*groups: type):
             types = typing.get_type_hints(group)
             shared += [
                 inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.metadata["option"], annotation=types[f.name])
-                for f in dataclasses.fields(group)
+                for f in _options(group)
             ]
+        decls = {p.name: p.default.param_decls for p in [*shared, *own]}
 
         def run(**kwargs):
-            packed = {g.__name__.lower(): g(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(g)}) for g in groups}
+            typed = _typed_flags(kwargs, decls)
+            packed = {g.__name__.lower(): g(**{f.name: kwargs.pop(f.name) for f in _options(g)}) for g in groups}
+            if "runflags" in packed:
+                packed["runflags"].typed = typed
             return command(**packed, **kwargs)
 
         run.__name__, run.__doc__ = command.__name__, command.__doc__
@@ -234,16 +255,49 @@ def _resume_command() -> str:
     return " ".join(shlex.quote(a) for a in args + ([] if "--resume" in args else ["--resume"]))
 
 
+_NOT_SETTINGS = ("out", "steps", "save_every", "resume", "overwrite")
+"""The flags a resumed run may change: where it is, how long it runs, how often it saves, how it starts."""
+
+
+def _typed(value) -> str:
+    if value is None:
+        return "(default)"
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value)) or "(none)"
+    return str(value)
+
+
+def _typed_flags(values: dict, decls: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """A command's flag ``values`` as a user types them, by their option names ``decls``
+    (``{"--sde-window": "0,1", "--eval/--no-eval": "--no-eval"}``), but ``_NOT_SETTINGS``: recorded
+    with the run, so a resume with other settings names each flag that differs."""
+    typed = {}
+    for key, names in decls.items():
+        if key in _NOT_SETTINGS or key not in values:
+            continue
+        name, value = max(names, key=len), values[key]
+        if "/" in name:  # --eval/--no-eval: the one given
+            on, off = name.split("/", 1)
+            typed[name] = on if value else off
+        elif isinstance(value, bool):
+            typed[name] = "given" if value else "not given"
+        else:
+            typed[name] = _typed(value)
+    return typed
+
+
 def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *, name: str, needs_reward: bool = True) -> None:
     """Validate the settings (``make_config()``; ValueError = bad settings), load the cards, build the
     run and execute it, echoing progress: the digits world's (``digits_run(card, scorer, config,
     evaluation)``) or, with ``--prompts`` / ``--reward``, the user's (``method(card, reward, config)``,
     judged on the held-out prompts). SIGINT / SIGTERM stop it after the current step: checkpoint,
-    report and curves so far, exit 130 / 143."""
+    report and curves so far, exit 130 / 143. ``--out`` is created up front: one that cannot be written
+    fails before any work. The typed flags are recorded with the run: ``--resume`` with other settings
+    names each that differs; ``--resume`` on a run that already finished says so and changes nothing."""
     import jax
 
     from jaxpipe.stopping import Stopper, exit_code
-    from jaxpipe.training.runs import execute
+    from jaxpipe.training.runs import execute, finished
 
     if flags.steps <= 0:
         fail(f"--steps must be a positive integer (got {flags.steps})")
@@ -269,6 +323,7 @@ def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *,
         fail(f"--out {out} is a file, not a directory")
     if not flags.resume and not flags.overwrite and out.is_dir() and any(out.iterdir()):
         fail(f"{out} is not empty: pass --resume to continue the run in it, or --overwrite to replace it")
+    writable_folder(out, "--out")  # before any card loads: an output that cannot be written fails now
     with Stopper() as stop:
         try:
             if flags.custom:
@@ -284,11 +339,20 @@ def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *,
                 run = digits_run(card, scorer, config, evaluation)
         except ValueError as err:
             fail(str(err))
+        if flags.resume:
+            try:
+                done = finished(out, run, steps=flags.steps, seed=flags.seed, flags=flags.typed)
+            except ValueError as err:  # another run's settings: named, flag by flag
+                fail(str(err))
+            if done is not None:
+                typer.echo(f"{run.name}: the run in {out} already finished ({flags.steps} steps), nothing to resume; "
+                           f"its report: {out / 'report.json'}")
+                return
         typer.echo(f"{run.name}: {flags.steps} steps -> {out} (JAX on {jax.default_backend()})")
         try:
             report = execute(
                 run, steps=flags.steps, out=out, seed=flags.seed, log=typer.echo, save_every=flags.save_every,
-                resume=flags.resume, overwrite=flags.overwrite, should_stop=stop,
+                resume=flags.resume, overwrite=flags.overwrite, should_stop=stop, flags=flags.typed,
             )
         except ValueError as err:
             fail(str(err))

@@ -5,7 +5,7 @@ curves to draw. Worlds build them for their cards (``jaxpipe.digits.runs``: what
 runs); the run loop itself is world-free.
 """
 
-from jaxpipe.training.runs.reports import DIVERSITY_COLLAPSE, OUTPUTS, TIMING, execute, summary_lines
+from jaxpipe.training.runs.reports import DIVERSITY_COLLAPSE, OUTPUTS, TIMING, execute, finished, summary_lines
 from jaxpipe.training.runs.run import Run
 
-__all__ = ["DIVERSITY_COLLAPSE", "OUTPUTS", "Run", "TIMING", "execute", "summary_lines"]
+__all__ = ["DIVERSITY_COLLAPSE", "OUTPUTS", "Run", "TIMING", "execute", "finished", "summary_lines"]

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import jax
@@ -25,7 +25,7 @@ from jaxpipe.stopping import Stopped
 from jaxpipe.training.fit import fit, read_metrics
 from jaxpipe.training.runs.run import Run
 
-__all__ = ["DIVERSITY_COLLAPSE", "OUTPUTS", "TIMING", "execute", "summary_lines"]
+__all__ = ["DIVERSITY_COLLAPSE", "OUTPUTS", "TIMING", "execute", "finished", "summary_lines"]
 
 
 def _reward_summary(history: list[dict], keys: tuple[str, ...]) -> dict:
@@ -48,19 +48,77 @@ TIMING = ("train_seconds", "seconds_per_step", "eval_seconds")
 """Report fields that measure time: the only ones a resumed run may not reproduce."""
 
 
-def _prepare(out: Path, run: Run, *, steps: int, seed: int, resume: bool, overwrite: bool) -> dict:
+def _leaves(tree, prefix: str = "") -> Iterator[tuple[str, object]]:
+    if isinstance(tree, dict) and tree:
+        for key, value in tree.items():
+            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, tree
+
+
+def _differences(saved: Mapping, ours: Mapping) -> list[str]:
+    """``"NAME: OLD (saved) vs NEW (now)"`` for each setting that differs: the recorded flags when both runs
+    have them (as the user typed them), else the settings' own fields (``config.sampling.sde_window``)."""
+    def side(then: Mapping, now: Mapping, shown=str) -> list[str]:
+        names = [*now, *(k for k in then if k not in now)]
+        return [f"{k}: {shown(then[k]) if k in then else '(not set)'} (saved) vs {shown(now[k]) if k in now else '(not set)'} (now)"
+                for k in names if then.get(k, object) != now.get(k, object)]
+
+    lines = side({"method": saved.get("method")}, {"method": ours["method"]})
+    typed = side(saved.get("flags") or {}, ours.get("flags") or {}) if saved.get("flags") and ours.get("flags") else []
+    if typed:
+        return lines + typed
+    fields = lambda record: dict(_leaves({"seed": record.get("seed"), **(record.get("settings") or {})}))
+    return lines + side(fields(saved), fields(ours), shown=json.dumps)
+
+
+def _same_run(out: Path, run: Run, *, seed: int, flags: Mapping[str, str] | None) -> dict:
+    """The saved progress of the run in ``out`` (``{}``: none there). Raises ValueError, naming each setting
+    that differs with its saved and its current value, when it is a run of another method, settings or seed."""
+    progress_path = out / "progress.json"
+    saved = json.loads(progress_path.read_text()) if progress_path.is_file() else {}
+    if saved:
+        ours = {"method": run.name, "seed": seed, "settings": json.loads(json.dumps(run.settings))}
+        if {k: saved.get(k) for k in ours} != ours:
+            differ = "; ".join(_differences(saved, {**ours, "flags": dict(flags or {})}))
+            raise ValueError(f"{out} holds a run with other settings: {differ}. Resume it with the saved ones, "
+                             "or pass --overwrite to start it again")
+    return saved
+
+
+def finished(out: str | os.PathLike, run: Run, *, steps: int, seed: int = 0,
+             flags: Mapping[str, str] | None = None) -> dict | None:
+    """The report of the run in ``out`` when it already finished ``steps`` steps of ``run`` (its card saved),
+    else ``None``.
+
+    Args:
+        out: the run's folder.
+        run: the run it should hold (its method and settings).
+        steps: the steps asked for; a finished run of fewer steps is not finished (a resume extends it).
+        seed: the run's seed.
+        flags: the command-line flags of this run (``execute``'s), to name the settings that differ.
+
+    Returns:
+        The saved report (``status == "done"``), or ``None``.
+
+    Raises:
+        ValueError: ``out`` holds a run of another method, settings or seed (each difference named).
+    """
+    out = Path(out)
+    _same_run(out, run, seed=seed, flags=flags)
+    report_path = out / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+    done = report.get("status") == "done" and report.get("steps") == steps and report.get("completed_steps") == steps
+    done = done and all((out / name).is_file() for name in ("config.json", "weights.safetensors"))
+    return report if done else None
+
+
+def _prepare(out: Path, run: Run, *, steps: int, seed: int, resume: bool, overwrite: bool,
+             flags: Mapping[str, str] | None = None) -> dict:
     """Make ``out`` ready: refuse a non-empty folder unless resuming or overwriting; on resume, check
     that it holds a run of the same method, settings and seed. Returns the saved progress (or ``{}``)."""
-    progress_path = out / "progress.json"
     if resume:
-        saved = json.loads(progress_path.read_text()) if progress_path.is_file() else {}
-        if saved:
-            ours = {"method": run.name, "seed": seed, "settings": json.loads(json.dumps(run.settings))}
-            theirs = {k: saved.get(k) for k in ours}
-            if theirs != ours:
-                differ = sorted(k for k in ours if ours[k] != theirs[k])
-                raise ValueError(f"{out} holds a run with other {', '.join(differ)}; resume it with the same settings")
-        return saved
+        return _same_run(out, run, seed=seed, flags=flags)
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise ValueError(f"{out} is not empty: pass --resume to continue the run in it, or --overwrite to replace it")
@@ -121,6 +179,7 @@ def execute(
     resume: bool = False,
     overwrite: bool = False,
     should_stop: Callable[[], bool] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> dict:
     """Train ``run`` for ``steps`` steps and write everything to ``out``; returns the report.
 
@@ -132,20 +191,28 @@ def execute(
     when ``should_stop()`` turns true between steps: the run then returns a report with
     ``status == "stopped"`` (its curves and rewards so far, ``completed_steps``) and no card.
     The trained card is saved under its own id, the folder's name (``trained_id``), so an engine
-    serves it next to the card it was trained from. ``resume=True`` continues the run in ``out`` from its last checkpoint: the same metrics rows,
-    report (but its ``TIMING`` fields) and final card as a run that was never stopped. A non-empty
-    ``out`` is refused unless resuming or ``overwrite`` (which deletes the previous run's outputs).
+    serves it next to the card it was trained from. ``resume=True`` continues the run in ``out`` from its
+    newest readable checkpoint (a damaged one is skipped with a ``log`` line naming it: ``fit``): the same
+    metrics rows, report (but its ``TIMING`` fields) and final card as a run that was never stopped. A
+    run that already ``finished`` is left as it is: one ``log`` line, and its report comes back. A
+    non-empty ``out`` is refused unless resuming or ``overwrite`` (which deletes the previous run's outputs).
+    ``flags`` (the command line's, as typed) are recorded in ``out/progress.json``, so that resuming with
+    other settings names each flag that differs.
     """
     if steps <= 0:
         raise ValueError(f"steps must be > 0 (got {steps})")
     out = Path(out)
+    if resume and (done := finished(out, run, steps=steps, seed=seed, flags=flags)) is not None:
+        log(f"{run.name}: the run in {out} already finished ({steps} steps), nothing to resume; its report: {out / 'report.json'}")
+        return done
     first = next(run.batches)
     run.method.check_batch(first)  # a batch the method cannot train on fails now, before anything is written
     batches = itertools.chain([first], run.batches)
-    saved = _prepare(out, run, steps=steps, seed=seed, resume=resume, overwrite=overwrite)
+    saved = _prepare(out, run, steps=steps, seed=seed, resume=resume, overwrite=overwrite, flags=flags)
     out.mkdir(parents=True, exist_ok=True)
     (out / "progress.json").write_text(json.dumps(
-        {"method": run.name, "seed": seed, "settings": run.settings, "train_seconds": saved.get("train_seconds", 0.0)}, indent=2
+        {"method": run.name, "seed": seed, "settings": run.settings, "train_seconds": saved.get("train_seconds", 0.0),
+         **({"flags": dict(flags)} if flags else {})}, indent=2
     ) + "\n")
     state = run.method.init(jax.random.key(seed))
     metrics_path = out / "metrics.jsonl"
@@ -168,7 +235,7 @@ def execute(
     state, history = fit(
         run.method.step, state, batches, steps=steps, key=jax.random.key(seed), metrics_path=metrics_path,
         desc=run.name, progress=progress, checkpoint_dir=out / "checkpoints", save_every=save_every, resume=resume,
-        should_stop=should_stop,
+        should_stop=should_stop, log=log,
     )
     jax.block_until_ready(state)
     train_seconds = saved.get("train_seconds", 0.0) + time.perf_counter() - start
@@ -199,8 +266,8 @@ def execute(
             ),
         }
         report["before"], report["after"] = before, after
+    save_card(trained.with_id(trained_id(out)), out)  # first: a report that says done has its card
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    save_card(trained.with_id(trained_id(out)), out)
     for line in summary_lines(report):
         log(line)
     return report
