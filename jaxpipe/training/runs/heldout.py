@@ -58,7 +58,19 @@ class HeldOut(Judging):
 
 
 def spread(samples: np.ndarray, prompts: int, seeds: int) -> float:
-    """Mean pairwise L2 distance between the ``seeds`` samples of each of ``prompts`` prompts (rows prompt-major)."""
+    """Mean pairwise L2 distance between the ``seeds`` samples of each of ``prompts`` prompts.
+
+    The diversity measure: near 0 when every seed of a prompt gives the same picture (mode collapse).
+
+    Args:
+      samples: ``(prompts * seeds, ...)`` array, rows prompt-major (the seeds of prompt 0, then of prompt 1, ...);
+        each row is flattened and compared in float64.
+      prompts: the number of prompts.
+      seeds: samples per prompt, >= 2.
+
+    Returns:
+      The mean over prompts and over the ``seeds * (seeds - 1) / 2`` pairs of each, a Python float.
+    """
     flat = np.asarray(samples).reshape(prompts, seeds, -1).astype(np.float64)
     dist = np.linalg.norm(flat[:, :, None] - flat[:, None, :], axis=-1)
     iu = np.triu_indices(seeds, k=1)
@@ -80,7 +92,23 @@ def held_out_quality(card: Card, reward: rewards.Reward, prompts: PromptSet, set
                      should_stop: Callable[[], bool] | None = None) -> dict:
     """``card`` on held-out ``prompts``: the reward's mean (and each part's), its spread, and the diversity.
 
-    Returns ``{"samples", "reward_mean", "reward_std", "reward_parts", "diversity", "eval_seconds"}``.
+    The first ``settings.samples`` prompts are served by ``jp.generate`` (one fixed seed each, from
+    ``settings.seed``) and scored by ``reward``; the diversity is ``spread`` over the first
+    ``settings.diversity_prompts`` of them, each rendered with ``settings.diversity_seeds`` other seeds.
+
+    Args:
+      card: the card judged.
+      reward: the reward, ``reward(artifacts, prompts) -> (B,)`` (a combined one also gives its parts).
+      prompts: the held-out prompts (only as many as ``settings.samples`` are used).
+      settings: how many prompts, seeds, batch size and rendering settings.
+      should_stop: checked before each rendered batch; when it returns true the evaluation stops.
+
+    Returns:
+      ``{"samples": int, "reward_mean": float, "reward_std": float, "reward_parts": {name: mean},
+      "diversity": float, "eval_seconds": float}``.
+
+    Raises:
+      Stopped: if ``should_stop()`` turns true before a batch.
     """
     start = time.perf_counter()
     chosen = prompts.take(np.arange(min(settings.samples, len(prompts))))
@@ -124,7 +152,25 @@ def custom_run(
 ) -> Run:
     """A ``Run`` of ``method`` on ``card`` over the user's ``train`` prompts (batches of ``prompts_per_step``,
     epochs shuffled by ``seed``), judged on ``heldout`` by ``reward`` (when both are given and
-    ``evaluation`` is not ``None``): the held-out reward before and after, and the diversity."""
+    ``evaluation`` is not ``None``): the held-out reward before and after, and the diversity.
+
+    Args:
+      name: the method's command name (``"flow-grpo"``), the run's name in its report.
+      method: the training method: ``init(key)``, ``step(state, batch, key)``, ``card(state)``.
+      card: the card trained.
+      train: the training prompts.
+      prompts_per_step: prompts per batch.
+      seed: the seed of the epochs' shuffles.
+      config: the method's config (a dataclass), recorded in the run's settings.
+      reward: the reward the held-out evaluation scores with, or ``None`` (no evaluation).
+      heldout: the held-out prompts, or ``None`` (no evaluation).
+      evaluation: the held-out evaluation's settings, or ``None`` to skip it.
+      curves: PNG file name -> metric keys drawn in it (default: ``{"reward.png": ("reward_mean",)}``).
+
+    Returns:
+      The ``Run``, ready for ``execute``; its headline is the held-out reward's change
+      (``{"heldout_reward": {"before", "after", "change"}}``).
+    """
     evaluate = None
     if evaluation is not None and reward is not None and heldout is not None:
         evaluate = lambda c, stop=None: held_out_quality(c, reward, heldout, evaluation, should_stop=stop)

@@ -198,6 +198,32 @@ def execute(
     non-empty ``out`` is refused unless resuming or ``overwrite`` (which deletes the previous run's outputs).
     ``flags`` (the command line's, as typed) are recorded in ``out/progress.json``, so that resuming with
     other settings names each flag that differs.
+
+    Args:
+      run: the run: method, batches, settings, evaluation, curves and headline.
+      steps: the total number of training steps, > 0 (on ``resume``, counted from step 0).
+      out: the run's folder (created if missing).
+      seed: the seed of the initial state (``method.init``) and of the per-step keys.
+      progress: whether to show the progress bar.
+      log: where the console lines go (evaluation notices, damaged checkpoints, the summary).
+      save_every: checkpoint every this many steps, or ``None`` to checkpoint only on a stop and at the end.
+      resume: continue the run in ``out`` (its method, settings and seed must match).
+      overwrite: delete the previous run's outputs in a non-empty ``out`` and start again.
+      should_stop: checked between steps and between evaluation batches; when it returns true the run is
+        checkpointed and stops.
+      flags: the command-line flags as the user typed them, recorded in ``out/progress.json``.
+
+    Returns:
+      The report (also written to ``out/report.json``): ``status`` (``"done"`` or ``"stopped"``),
+      ``steps``, ``completed_steps``, ``seed``, ``settings``, timings, ``rewards`` (first/last window of
+      ``run.summary_keys``), ``skipped_updates``, ``curves`` and paths; when done with an evaluation,
+      ``before``, ``after`` and ``summary`` (the headline, diversity change and ``verdict``).
+
+    Raises:
+      ValueError: if ``steps <= 0``; if ``out`` is non-empty without ``resume`` or ``overwrite``; on
+        ``resume`` if ``out`` holds a run of another method, settings or seed (each difference named), or
+        from ``fit`` (e.g. no readable checkpoint, or one past ``steps``). A batch the method cannot
+        train on fails (``method.check_batch``) before anything is written.
     """
     if steps <= 0:
         raise ValueError(f"steps must be > 0 (got {steps})")
@@ -274,7 +300,15 @@ def execute(
 
 
 def summary_lines(report: dict) -> list[str]:
-    """The report's headline numbers as console lines."""
+    """The report's headline numbers as console lines.
+
+    Args:
+      report: a report of ``execute`` with ``status == "done"``.
+
+    Returns:
+      One line per compared reward metric (first -> last window), per headline / diversity number
+      (before -> after, with the change), the verdict, the training time and the files written.
+    """
     lines = []
     width = max([32, *map(len, report["rewards"]), *map(len, report.get("summary", {}))])
     for key, value in report["rewards"].items():
