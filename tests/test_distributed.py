@@ -67,6 +67,7 @@ def eight_devices(tmp_path: Path, full: bool = False) -> dict:
     return report
 
 
+@pytest.mark.slow  # ~35 s: an 8-device subprocess; the sharding plans (specs, logical axes, state shardings) are checked by default below
 def test_sharded_runs_match_one_device(tmp_path):
     eight_devices(tmp_path)
 

@@ -50,7 +50,8 @@ def prompts(card, words=("seven", "one")):
     return Prompts.from_texts(card, list(words))
 
 
-def test_vmapped_update_equals_updating_each_expert_separately():
+def _vmapped_setup():
+    """N = 4 per-expert refiners (prompt-only, vmapped), their state and one rollout."""
     base = tiny_unified()
     card = digit_cards.multi_expert(base, 4)  # N = 4 (slots cycle: stroke, position, brightness, stroke)
     card = card.replace(refiners=perturbed(card["refiners"], seed=8, scale=0.2))  # experts differ
@@ -66,6 +67,11 @@ def test_vmapped_update_equals_updating_each_expert_separately():
                                                     if getattr(x, "ndim", 0))  # one Adam state per expert, stacked
     ro = method.rollout(state, prompts(card), jax.random.key(0))
     assert ro.refinement.tokens.shape[0] == 4 and float(jnp.abs(ro.refiner_advantages).max()) > 0.5
+    return card, config, method, state, ro
+
+
+def test_vmapped_update_equals_updating_each_expert_separately():
+    card, config, method, state, ro = _vmapped_setup()
     new, metrics = method.update(state, ro)
     assert float(metrics["skipped"]) == 0.0
     one = jax.jit(method.expert_update)
@@ -82,6 +88,16 @@ def test_vmapped_update_equals_updating_each_expert_separately():
         assert not leaves_equal(take(new.params["refiner"]), take(refiners))
         np.testing.assert_allclose(float(metrics[f"refiner_{i}_loss"]), float(alone.loss), atol=1e-6)
 
+    # slot restriction held in the rollout: refiner 1 (position) only said position words or <eos>
+    tok = card.spec.tokenizer
+    said = set(np.asarray(ro.refinement.tokens[1][np.asarray(ro.refinement.mask[1])]).tolist())
+    assert said <= {tok.words.index(w) for w in ("left", "center", "right")} | {toy_unified.eos_id(card)}
+
+
+@pytest.mark.slow  # ~15 s (a second method's compile); the single vmapped update is checked against each expert by default
+def test_vmapped_minibatch_updates_equal_each_expert_over_the_same_minibatches():
+    card, config, method, state, ro = _vmapped_setup()
+    refiners, reference, refiner_opt = state.params["refiner"], state.copies["refiner_reference"], state.opt_state["refiner"]
     # several updates per rollout: the 6 rows in 3 minibatches, the vmapped update per minibatch ==
     # each expert updated alone over the same minibatches, in the same order
     config = dataclasses.replace(config, generator=dataclasses.replace(config.generator, ppo=ppo.Schedule(minibatches=3)),
@@ -102,13 +118,9 @@ def test_vmapped_update_equals_updating_each_expert_separately():
         # to ~0.25·lr per weight with XLA at -O0); a minibatch out of order or from other rows moves weights by ~lr
         for got, want in zip(jax.tree.leaves(take(new.params["refiner"])), jax.tree.leaves(params)):
             np.testing.assert_allclose(got, want, atol=4e-6, rtol=0)
-    # slot restriction held in the rollout: refiner 1 (position) only said position words or <eos>
-    tok = card.spec.tokenizer
-    said = set(np.asarray(ro.refinement.tokens[1][np.asarray(ro.refinement.mask[1])]).tolist())
-    assert said <= {tok.words.index(w) for w in ("left", "center", "right")} | {toy_unified.eos_id(card)}
 
 
-@pytest.mark.slow  # the vmapped N-way update is checked against the per-expert loop below, by default
+@pytest.mark.slow  # the vmapped N-way update is checked against the per-expert loop above, by default
 def test_one_expert_reproduces_unified_rl():
     base = tiny_unified()
     card = digit_cards.multi_expert(base, 1, slots=None, refine=base.spec.config.refine)

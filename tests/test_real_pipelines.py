@@ -182,6 +182,7 @@ def test_wan_moe_pipeline_folder_renders_like_diffusers(wan_moe_folder):
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-3)
 
 
+@pytest.mark.slow  # ~15 s; by default FlowGRPO trains a card of no world (test_own_reward.py) and the flux folder renders like diffusers (above)
 def test_flowgrpo_trains_a_real_flux_card_unchanged():
     """FlowGRPO on a tiny random ``flux`` card (no torch needed): the update's first recompute of the captured
     log-probs is at the rollout weights (ratio 1, C2) and one step moves only the transformer."""

@@ -118,6 +118,8 @@ def _portable(report: dict, out: Path):
     return report.replace(str(out), "OUT") if isinstance(report, str) else report
 
 
+@pytest.mark.slow  # ~80 s (three runs); by default: fit stops, checkpoints and resumes bit for bit (above), a real SIGTERM
+# ends a run cleanly (below), and a CLI resume gives the uninterrupted run (test_train_errors.py)
 @needs_cards
 def test_ctrl_c_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"

@@ -338,6 +338,7 @@ def seven_methods(t2i_card):
     ]
 
 
+@pytest.mark.slow  # ~14 s (a step of every method); by default: a trainer's sync during a run and a role's own versions (above)
 def test_every_method_is_a_trainer_and_sync_publishes_its_card_and_roles(t2i_card):
     """init / step / card / roles / role_card on all seven methods; ``weight_sync.track`` serves each role as
     a role of the card its ``role_card`` is (the trained card; the teacher for a critic), and ``sync`` of a
