@@ -47,11 +47,11 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """An image-to-video card with freshly initialised components (deterministic in ``seed``).
 
     Args:
-      config: the card's config.
+      config: the ``toy_i2v`` family's ``Config`` (sizes, vocabulary, sampling defaults).
       seed: the initialisation seed.
       model_id: the card's id.
 
     Returns:
-      The ``Card``.
+      The ``toy_i2v`` ``Card``.
     """
     return generator.build(config, seed=seed, model_id=model_id, family="toy_i2v", loop_id=LOOP_ID, capability="i2v")

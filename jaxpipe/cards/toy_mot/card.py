@@ -76,12 +76,12 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     Its three loops (``generate_text``, ``generate_image``, ``understand``) bind the one ``transformer``.
 
     Args:
-      config: the card's config.
+      config: the ``toy_mot`` family's ``Config`` (sizes, vocabulary, sampling defaults).
       seed: the initialisation seed.
       model_id: the card's id.
 
     Returns:
-      The ``Card``.
+      The ``toy_mot`` ``Card``.
     """
     loops = (
         LoopSpec(THINK_LOOP, "ar_decode", ("transformer",), config.think),

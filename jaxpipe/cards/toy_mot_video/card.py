@@ -60,12 +60,12 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     Its optional ``sound_decoder`` is declared, not built.
 
     Args:
-      config: the card's config.
+      config: the ``toy_mot_video`` family's ``Config`` (sizes, vocabulary, sampling defaults).
       seed: the initialisation seed.
       model_id: the card's id.
 
     Returns:
-      The ``Card``.
+      The ``toy_mot_video`` ``Card``.
     """
     loops = (
         LoopSpec(REASON_LOOP, "ar_decode", ("transformer",), config.reason),

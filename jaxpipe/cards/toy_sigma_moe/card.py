@@ -69,12 +69,12 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     Deterministic in ``seed``; the two experts draw different initial weights.
 
     Args:
-      config: the card's config.
+      config: the ``toy_sigma_moe`` family's ``Config`` (sizes, vocabulary, sampling defaults).
       seed: the initialisation seed.
       model_id: the card's id.
 
     Returns:
-      The ``Card``.
+      The ``toy_sigma_moe`` ``Card``.
     """
     from jaxpipe.nn import Autoencoder, DiT, TextEncoder
 

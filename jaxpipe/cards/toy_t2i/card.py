@@ -40,11 +40,11 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A text-to-image card with freshly initialised components (deterministic in ``seed``).
 
     Args:
-      config: the card's config.
+      config: the ``toy_t2i`` family's ``Config`` (sizes, vocabulary, sampling defaults).
       seed: the initialisation seed.
       model_id: the card's id.
 
     Returns:
-      The ``Card``.
+      The ``toy_t2i`` ``Card``.
     """
     return generator.build(config, seed=seed, model_id=model_id, family="toy_t2i", loop_id=LOOP_ID, capability="t2i")

@@ -34,11 +34,11 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A text-to-video card with freshly initialised components (deterministic in ``seed``).
 
     Args:
-      config: the card's config.
+      config: the ``toy_t2v`` family's ``Config`` (sizes, vocabulary, sampling defaults).
       seed: the initialisation seed.
       model_id: the card's id.
 
     Returns:
-      The ``Card``.
+      The ``toy_t2v`` ``Card``.
     """
     return generator.build(config, seed=seed, model_id=model_id, family="toy_t2v", loop_id=LOOP_ID, capability="t2v")
