@@ -41,7 +41,7 @@ def _drop_abandoned_reads() -> None:
     Orbax gathers one read per array on an event loop it closes as soon as one fails; the others
     finish on the closed loop (within ~50 ms), and each can only report ``Event loop is closed``
     as unraisable: hundreds of tracebacks. Only that report is dropped; anything else reaches the
-    hook that was there before. Installed once per process, on the first failed restore, and left
+    hook that was there before. Installed before each restore (once per hook in place), and left
     in place, since those reads land after ``restore`` has returned.
     """
     previous = sys.unraisablehook
@@ -101,11 +101,13 @@ class Checkpoints:
             DamagedCheckpoint: orbax cannot read it back (files truncated, overwritten or missing).
         """
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") else x, like)
+        # before the restore, not after it fails: the reads it abandons report from other threads, some
+        # before the failure reaches this one
+        _drop_abandoned_reads()
         try:
             with _quiet_orbax():
                 return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as err:  # orbax and tensorstore raise bare Exceptions for unreadable bytes
-            _drop_abandoned_reads()
             raise DamagedCheckpoint(self.directory / str(step), step, _first_line(err)) from None
 
     def restore_latest(self, like: Any, *, log: Callable[[str], None] = print) -> tuple[int, Any]:
