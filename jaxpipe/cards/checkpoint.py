@@ -218,7 +218,11 @@ def write_digests(directory: str | os.PathLike) -> Path:
     directory = Path(directory)
     if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{directory} is not a card checkpoint (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
-    meta = json.loads((directory / CONFIG_FILE).read_text())
+    return _write_config(directory, json.loads((directory / CONFIG_FILE).read_text()))
+
+
+def _write_config(directory: Path, meta: dict) -> Path:
+    """Write ``meta`` as the folder's ``config.json`` with the digest of its weights file as it is now."""
     meta[DIGESTS_KEY] = {WEIGHTS_FILE: _file_digest(directory / WEIGHTS_FILE)}
     (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return directory / CONFIG_FILE
@@ -313,8 +317,7 @@ def save_card(
         meta.update(base=base, base_components=list(names), base_digest=_digest(shared))
     directory.mkdir(parents=True, exist_ok=True)
     save_file(arrays, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT})
-    meta[DIGESTS_KEY] = {WEIGHTS_FILE: _file_digest(directory / WEIGHTS_FILE)}
-    (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    _write_config(directory, meta)
     return directory
 
 
