@@ -54,6 +54,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxpipe.nn.stacked import STACKED
+
 __all__ = [
     "AXES",
     "LOGICAL_NAMES",
@@ -242,14 +244,21 @@ def logical_axes(module_or_state: Any, table: Table, *, skip: int = 0) -> Any:
 
     def axes(path, leaf):
         name, ndim = _path_str(path[skip:]), len(leaf.shape)
+        if f"/{STACKED}/" in f"/{name}/":
+            # a scanned stack's param is its per-layer param with a leading layer axis, which stays whole
+            layer = "/".join("0" if part == STACKED else part for part in name.split("/"))
+            return PartitionSpec(None, *axes_of(layer, ndim - 1))
+        return PartitionSpec(*axes_of(name, ndim))
+
+    def axes_of(name: str, ndim: int) -> tuple[str | None, ...]:
         for pattern, names in patterns:
             if pattern.fullmatch(name):
                 if len(names) != ndim:
                     raise ValueError(
                         f"LOGICAL_AXES entry {pattern.pattern!r} gives {len(names)} axes {names} for param {name!r} of shape {tuple(leaf.shape)}"
                     )
-                return PartitionSpec(*names)
-        return PartitionSpec(*([None] * ndim))
+                return names
+        return (None,) * ndim
 
     return jax.tree_util.tree_map_with_path(axes, _param_state(module_or_state))
 

@@ -35,6 +35,7 @@ from jaxpipe.nn.flux_blocks import (
     rope,
 )
 from jaxpipe.nn.layers import check_sizes, compute_dtype
+from jaxpipe.nn.stacked import apply, blocks, check_remat
 
 __all__ = ["LOGICAL_AXES", "RENAMES", "FluxCond", "FluxConfig", "FluxTransformer", "image_ids", "load"]
 
@@ -65,8 +66,10 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 
 @dataclasses.dataclass(frozen=True)
 class FluxConfig:
-    """diffusers ``FluxTransformer2DModel`` config (same field names; defaults are FLUX.1-dev's) plus the
-    parameter / activation ``dtype`` (``"float32"`` or ``"bfloat16"``)."""
+    """diffusers ``FluxTransformer2DModel`` config (same field names; defaults are FLUX.1-dev's) plus jaxpipe's
+    own: the parameter / activation ``dtype`` (``"float32"`` or ``"bfloat16"``), ``scan_layers`` (each kind of
+    block stored stacked and run by one ``lax.scan``: compiled once, not 19 + 38 times; ``False`` keeps the
+    unrolled form) and ``remat`` (``stacked.REMAT_POLICIES``: what each block keeps for the backward pass)."""
 
     patch_size: int = 1
     in_channels: int = 64
@@ -80,6 +83,8 @@ class FluxConfig:
     guidance_embeds: bool = True
     axes_dims_rope: tuple[int, ...] = (16, 56, 56)
     dtype: str = "float32"
+    scan_layers: bool = True
+    remat: str = "none"
 
     def __post_init__(self):
         object.__setattr__(self, "axes_dims_rope", tuple(self.axes_dims_rope))
@@ -87,6 +92,9 @@ class FluxConfig:
                            "pooled_projection_dim"))
         check_sizes(self, ("num_layers", "num_single_layers"), minimum=0)
         check_sizes(self, ("out_channels",), optional=True)
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"FluxConfig.scan_layers must be a bool (got {self.scan_layers!r})")
+        check_remat(self.remat)
         if not isinstance(self.guidance_embeds, bool):
             raise ValueError(f"FluxConfig.guidance_embeds must be a bool (got {self.guidance_embeds!r})")
         axes = self.axes_dims_rope
@@ -177,11 +185,12 @@ class FluxTransformer(nnx.Module):
         self.time_text_embed = TimeTextEmbed(dim, config.pooled_projection_dim, config.guidance_embeds, dtype, keys)
         self.context_embedder = Linear(config.joint_attention_dim, dim, dtype, keys)
         self.x_embedder = Linear(config.in_channels, dim, dtype, keys)
-        self.transformer_blocks = nnx.List(
-            [FluxTransformerBlock(dim, heads, head_dim, dtype, keys) for _ in range(config.num_layers)]
+        self.transformer_blocks = blocks(
+            lambda: FluxTransformerBlock(dim, heads, head_dim, dtype, keys), config.num_layers, scan=config.scan_layers
         )
-        self.single_transformer_blocks = nnx.List(
-            [FluxSingleTransformerBlock(dim, heads, head_dim, dtype, keys) for _ in range(config.num_single_layers)]
+        self.single_transformer_blocks = blocks(
+            lambda: FluxSingleTransformerBlock(dim, heads, head_dim, dtype, keys), config.num_single_layers,
+            scan=config.scan_layers,
         )
         self.norm_out = AdaLayerNorm(dim, 2, dtype, keys)
         self.proj_out = Linear(dim, config.output_channels, dtype, keys)
@@ -230,11 +239,11 @@ class FluxTransformer(nnx.Module):
             ids = jnp.concatenate([jnp.asarray(txt_ids), jnp.asarray(img_ids)], axis=0)
         cos, sin = rope(ids, cfg.axes_dims_rope)
 
-        for block in self.transformer_blocks:
-            context, x = block(x, context, temb, cos, sin)
+        context, x = apply(
+            self.transformer_blocks, lambda block, c: block(c[1], c[0], temb, cos, sin), (context, x), remat=cfg.remat
+        )
         h = jnp.concatenate([context, x], axis=1)
-        for block in self.single_transformer_blocks:
-            h = block(h, temb, cos, sin)
+        h = apply(self.single_transformer_blocks, lambda block, h: block(h, temb, cos, sin), h, remat=cfg.remat)
         scale, shift = self.norm_out(temb)
         out = self.proj_out(modulate(h[:, t:], shift, scale))
         return out.astype(jnp.float32)
@@ -270,13 +279,15 @@ class FluxTransformer(nnx.Module):
         return sum(math.prod(p.shape) for p in jax.tree.leaves(nnx.state(self, nnx.Param)))
 
 
-def load(folder: str | Path, *, dtype: str = "float32") -> FluxTransformer:
+def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none") -> FluxTransformer:
     """A ``FluxTransformer`` from a diffusers ``transformer/`` folder (``config.json`` + safetensors, sharded
     or not).
 
     Args:
       folder: the ``transformer/`` folder.
       dtype: the parameter and compute dtype's name (parameters are cast to it).
+      scan_layers: store each kind of block stacked (diffusers' per-layer keys are stacked on load).
+      remat: the blocks' rematerialisation policy (``stacked.REMAT_POLICIES``).
 
     Returns:
       The loaded ``FluxTransformer``.
@@ -286,6 +297,7 @@ def load(folder: str | Path, *, dtype: str = "float32") -> FluxTransformer:
     """
 
     def build(config: dict[str, Any]) -> FluxTransformer:
-        return FluxTransformer(FluxConfig.from_json({**config, "dtype": dtype}), rngs=nnx.Rngs(0))
+        fields = {**config, "dtype": dtype, "scan_layers": scan_layers, "remat": remat}
+        return FluxTransformer(FluxConfig.from_json(fields), rngs=nnx.Rngs(0))
 
     return hf.load_module(folder, build, renames=RENAMES)

@@ -25,7 +25,9 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-__all__ = ["KeyMappingError", "read_config", "read_tensors", "torch_key", "to_jax", "load_into", "load_module", "count_params"]
+from jaxpipe.nn.stacked import STACKED
+
+__all__ = ["KeyMappingError", "read_config", "read_tensors", "torch_key", "to_jax", "to_torch", "torch_state", "load_into", "load_module", "count_params"]
 
 Renames = Iterable[tuple[str, str]]
 
@@ -199,24 +201,77 @@ def load_into(
     for path, var in flat:
         current = var.get_value()
         shape, dtype = current.shape, current.dtype
-        key = torch_key(path, len(shape), renames)
-        if key not in tensors:
-            missing.append(key)
-            continue
-        used.add(key)
-        value = to_jax(str(path[-1]), np.asarray(tensors[key]))
-        if key in transforms:
-            value = transforms[key](value)
-        if tuple(value.shape) != tuple(shape):
-            misshaped.append(f"{key} {tuple(np.shape(tensors[key]))} -> {tuple(value.shape)} vs {'/'.join(map(str, path))} {tuple(shape)}")
-            continue
-        updates.append((var, jnp.asarray(value, dtype)))
+        layers = []
+        for layer_path, layer_shape in _layer_paths(path, shape):
+            key = torch_key(layer_path, len(layer_shape), renames)
+            if key not in tensors:
+                missing.append(key)
+                continue
+            used.add(key)
+            value = to_jax(str(path[-1]), np.asarray(tensors[key]))
+            if key in transforms:
+                value = transforms[key](value)
+            if tuple(value.shape) != tuple(layer_shape):
+                where_ = "/".join(map(str, layer_path))
+                misshaped.append(f"{key} {tuple(np.shape(tensors[key]))} -> {tuple(value.shape)} vs {where_} {tuple(layer_shape)}")
+                continue
+            layers.append(value)
+        if len(layers) == len(_layer_paths(path, shape)):
+            value = layers[0] if STACKED not in path else np.stack(layers)
+            updates.append((var, jnp.asarray(value, dtype)))
     unexpected = set(tensors) - used
     if missing or misshaped or unexpected:
         raise KeyMappingError(where, missing, unexpected, misshaped)
     for var, value in updates:  # the state's Variables are the module's own: this writes the module
         var.set_value(value)
     return module
+
+
+def _layer_paths(path: tuple[Any, ...], shape: tuple[int, ...]) -> list[tuple[tuple[Any, ...], tuple[int, ...]]]:
+    """The per-layer (path, shape) pairs a parameter stands for: itself, or, inside a ``stacked.Stacked``
+    (its path holds ``STACKED``), one per layer with the index in the marker's place and the layer axis dropped."""
+    if STACKED not in path:
+        return [(tuple(path), tuple(shape))]
+    at = path.index(STACKED)
+    return [((*path[:at], i, *path[at + 1 :]), tuple(shape[1:])) for i in range(shape[0])]
+
+
+def to_torch(leaf: str, value: np.ndarray) -> np.ndarray:
+    """``to_jax``'s inverse: an NNX parameter named ``leaf`` in PyTorch's layout.
+
+    Args:
+      leaf: the parameter's name (the last part of its NNX path).
+      value: the NNX array.
+
+    Returns:
+      The tensor in PyTorch layout (``kernel`` ``(in, out) -> (out, in)``, a conv kernel ``(*k, in, out) -> (out, in, *k)``).
+    """
+    if leaf == "kernel":
+        if value.ndim == 2:
+            return value.T
+        if value.ndim >= 3:
+            return np.moveaxis(value, (-1, -2), (0, 1))
+    return value
+
+
+def torch_state(module: nnx.Module, *, renames: Renames = ()) -> dict[str, np.ndarray]:
+    """``module``'s parameters as a PyTorch state dict (the keys ``load_into`` reads; a stacked block split
+    back into per-layer keys), for saving in a diffusers / transformers folder.
+
+    Args:
+      module: the module.
+      renames: ``(regex, replacement)`` pairs for ``torch_key``, as loading uses.
+
+    Returns:
+      ``{PyTorch key: contiguous np.ndarray}`` in each parameter's dtype.
+    """
+    out: dict[str, np.ndarray] = {}
+    for path, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
+        value = np.asarray(var.get_value())
+        for i, (layer_path, layer_shape) in enumerate(_layer_paths(path, value.shape)):
+            layer = value[i] if STACKED in path else value
+            out[torch_key(layer_path, len(layer_shape), renames)] = np.ascontiguousarray(to_torch(str(path[-1]), layer))
+    return out
 
 
 def load_module(

@@ -1,0 +1,157 @@
+"""Repeated blocks stored stacked and applied by one ``jax.lax.scan``, with a rematerialisation policy.
+
+A network with ``n`` blocks of one structure keeps them either unrolled (an ``nnx.List``, one
+parameter per block: diffusers' own layout, ``blocks/3/attn/to_q/kernel``) or ``Stacked`` (one
+block whose every array has a leading ``(n,)`` axis, ``blocks/stacked/attn/to_q/kernel``). XLA
+compiles a scanned stack's block once, not ``n`` times — the whole point at 57 FLUX blocks — and
+``hf`` loads and saves diffusers' per-layer keys into and out of the stacked layout.
+
+``apply`` runs either form with a ``remat`` policy: ``"none"`` keeps every activation for the
+backward pass, ``"full"`` recomputes each block's, ``"dots"`` keeps only the outputs of matmuls
+without batch dimensions (the projections; attention scores are recomputed), ``"offload"`` moves
+those to pinned host memory instead of keeping them on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+__all__ = ["REMAT_POLICIES", "STACKED", "Stacked", "apply", "blocks", "check_remat", "unstack"]
+
+STACKED = "stacked"  # the path part that marks a stacked block: hf and distributed map it to per-layer indices
+REMAT_POLICIES = ("none", "full", "dots", "offload")
+
+Carry = TypeVar("Carry")
+
+
+class Stacked(nnx.Module):
+    """``n`` blocks of one structure as one block (``self.stacked``) whose every array has a leading ``(n,)`` axis.
+
+    Args:
+      layers: the blocks, at least one, all with the same structure and static attributes (their
+        arrays are stacked in order; the blocks themselves are not kept).
+
+    Raises:
+      ValueError: if there are no blocks or they differ in structure.
+    """
+
+    def __init__(self, layers: Sequence[nnx.Module]):
+        if not layers:
+            raise ValueError("Stacked needs at least one block (keep an empty nnx.List for zero)")
+        graphdefs, states = zip(*(nnx.split(layer) for layer in layers))
+        if any(g != graphdefs[0] for g in graphdefs[1:]):
+            raise ValueError(f"Stacked: the {len(layers)} blocks differ in structure or static attributes")
+        self.count = len(layers)
+        self.stacked = nnx.merge(graphdefs[0], jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def layer(self, i: int) -> nnx.Module:
+        """Block ``i`` as its own module (a slice of every stacked array)."""
+        graphdef, state = nnx.split(self.stacked)
+        return nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
+
+
+def blocks(make: Callable[[], nnx.Module], n: int, *, scan: bool) -> nnx.List | Stacked:
+    """``n`` blocks built by ``make()`` in order, as an ``nnx.List`` or (``scan`` and ``n > 0``) ``Stacked``.
+
+    Both forms draw the same parameters from the same keys, so a scanned network equals its unrolled twin.
+
+    Args:
+      make: builds one block (drawing its init keys from a shared stream).
+      n: how many.
+      scan: store them stacked for ``apply``'s ``lax.scan``.
+
+    Returns:
+      The blocks.
+    """
+    layers = [make() for _ in range(n)]
+    return Stacked(layers) if scan and layers else nnx.List(layers)
+
+
+def unstack(layers: nnx.List | Stacked) -> nnx.List:
+    """The blocks as an ``nnx.List`` (a ``Stacked`` sliced into its blocks; a list as it is)."""
+    if isinstance(layers, Stacked):
+        return nnx.List([layers.layer(i) for i in range(len(layers))])
+    return layers
+
+
+def check_remat(policy: str) -> str:
+    """``policy`` if it is one of ``REMAT_POLICIES`` and the default backend can run it, else a ``ValueError``.
+
+    Args:
+      policy: ``"none"``, ``"full"``, ``"dots"`` or ``"offload"``.
+
+    Returns:
+      ``policy``.
+
+    Raises:
+      ValueError: on an unknown policy, or ``"offload"`` where the default device has no pinned host memory.
+    """
+    if policy not in REMAT_POLICIES:
+        raise ValueError(f"remat must be one of {REMAT_POLICIES} (got {policy!r})")
+    if policy == "offload":
+        kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
+        if "pinned_host" not in kinds:
+            raise ValueError(
+                f"remat='offload' moves saved activations to pinned host memory, which the {jax.default_backend()} "
+                f"backend's device does not have (memories: {sorted(kinds)}); use 'dots' or 'full'"
+            )
+    return policy
+
+
+def _policy(policy: str):
+    if policy == "full":
+        return jax.checkpoint_policies.nothing_saveable
+    if policy == "dots":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+
+
+def apply(
+    layers: nnx.List | Stacked,
+    fn: Callable[[nnx.Module, Carry], Carry],
+    carry: Carry,
+    *,
+    remat: str = "none",
+) -> Carry:
+    """``carry = fn(block, carry)`` for every block in order: one ``lax.scan`` over a ``Stacked``, a loop over a list.
+
+    Args:
+      layers: the blocks.
+      fn: one block's step, pure in ``carry`` (a pytree of arrays; closed-over arrays are constants).
+      carry: the running value.
+      remat: one of ``REMAT_POLICIES``: what each block keeps for the backward pass.
+
+    Returns:
+      The final ``carry``.
+    """
+    check_remat(remat)
+
+    def step(state: Any, c: Carry, graphdef) -> Carry:
+        return fn(nnx.merge(graphdef, state), c)
+
+    if isinstance(layers, Stacked):
+        graphdef, state = nnx.split(layers.stacked)
+
+        def body(c: Carry, layer_state: Any) -> tuple[Carry, None]:
+            return step(layer_state, c, graphdef), None
+
+        if remat != "none":
+            # inside a scan CSE cannot merge the recomputation back into the forward: prevent_cse=False is safe and faster
+            body = jax.checkpoint(body, policy=_policy(remat), prevent_cse=False)
+        carry, _ = jax.lax.scan(body, carry, state)
+        return carry
+    for layer in layers:
+        if remat == "none":
+            carry = fn(layer, carry)
+        else:
+            graphdef, state = nnx.split(layer)
+            carry = jax.checkpoint(lambda s, c, g=graphdef: step(s, c, g), policy=_policy(remat))(state, carry)
+    return carry
