@@ -1,15 +1,20 @@
 """The Wan 2.1 video VAE (diffusers ``AutoencoderKLWan``) in Flax NNX: videos ``(B, F, H, W, 3)`` in
 [-1, 1] <-> latents ``(B, 1 + (F-1)/4, H/8, W/8, z_dim)``, loaded from a diffusers ``vae/`` folder.
 
-The whole clip is computed at once (one fused, jittable computation) and equals diffusers'
-chunked encode (frame 0, then chunks of 4 frames) and frame-by-frame decode with its feature
-cache; ``wan_vae_blocks`` says how. Wan 2.2's VAE (``is_residual``, ``patch_size``) is not covered.
+By default (``chunked=True``) ``encode`` runs the encoder on frame 0, then on chunks of
+``ENCODE_CHUNK = 4`` frames, and ``decode`` runs the decoder one latent frame at a time, as
+diffusers does; the causal convolutions' caches (the frames each needs from before the chunk,
+see ``wan_vae_blocks``) are the carry of a ``jax.lax.scan`` over the chunks, so activations are
+those of one chunk whatever the clip's length (compiled for 480p x 81 frames in float32 on CPU:
+~6 GB of temporaries instead of ~48 GB). ``chunked=False`` runs the whole clip at once through the
+same layers (zero causal padding in place of caches); both give diffusers' numbers. Wan 2.2's VAE (``is_residual``, ``patch_size``) is not covered.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +31,13 @@ from jaxpipe.nn.wan_vae_blocks import (
     ResidualBlock,
     RMSNorm,
     UpBlock,
+    sequence,
+    stateless,
 )
 
-__all__ = ["LOGICAL_AXES", "RENAMES", "WanVAE", "WanVAEConfig", "load"]
+__all__ = ["ENCODE_CHUNK", "LOGICAL_AXES", "RENAMES", "WanVAE", "WanVAEConfig", "load"]
+
+ENCODE_CHUNK = 4  # frames per encoder chunk after frame 0, as diffusers; a multiple of any allowed temporal_factor
 
 _WAN21_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
@@ -149,11 +158,16 @@ class Encoder3d(nnx.Module):
         self.conv_out = CausalConv3d(dims[-1], 2 * cfg.z_dim, 3, padding=1, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = self.conv_in(x)
-        for block in self.down_blocks:
-            x = block(x)
-        x = self.mid_block(x)
-        return self.conv_out(jax.nn.silu(self.norm_out(x)))
+        return self.chunk(x)[0]
+
+    def chunk(self, x: jax.Array, cache: Any = None) -> tuple[jax.Array, Any]:
+        """The encoder on the next frames ``x`` of a clip (``cache=None``: they start it): ``(h, cache)``.
+
+        A later chunk's frame count must be a multiple of ``temporal_factor``; it gives
+        ``T / temporal_factor`` latent frames (the first chunk ``1 + (T-1) / temporal_factor``)."""
+        steps = [self.conv_in.chunk, *(block.chunk for block in self.down_blocks), self.mid_block.chunk,
+                 stateless(lambda x: jax.nn.silu(self.norm_out(x))), self.conv_out.chunk]
+        return sequence(x, cache, steps)
 
 
 class Decoder3d(nnx.Module):
@@ -177,14 +191,44 @@ class Decoder3d(nnx.Module):
         self.conv_out = CausalConv3d(dims[-1], cfg.out_channels, 3, padding=1, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = self.mid_block(self.conv_in(x))
-        for block in self.up_blocks:
-            x = block(x)
-        return self.conv_out(jax.nn.silu(self.norm_out(x)))
+        return self.chunk(x)[0]
+
+    def chunk(self, x: jax.Array, cache: Any = None) -> tuple[jax.Array, Any]:
+        """The decoder on the next latent frames ``x`` of a clip (``cache=None``: they start it): ``(video, cache)``.
+
+        The first chunk of ``T`` latent frames gives ``1 + temporal_factor (T-1)`` frames, a later one
+        ``temporal_factor T``."""
+        steps = [self.conv_in.chunk, self.mid_block.chunk, *(block.chunk for block in self.up_blocks),
+                 stateless(lambda x: jax.nn.silu(self.norm_out(x))), self.conv_out.chunk]
+        return sequence(x, cache, steps)
+
+
+def _scan_chunks(step: Callable, x: jax.Array, size: int) -> jax.Array:
+    """``step`` (``(x, cache) -> (y, cache)``) over frame 0 of ``x`` ``(B, 1 + size k, ...)`` alone, then
+    over its ``k`` chunks of ``size`` frames in a ``jax.lax.scan`` carrying the cache; the outputs
+    concatenated along time."""
+    y0, cache = step(x[:, :1], None)
+    b, t, *rest = x.shape
+    k = (t - 1) // size
+    if k == 0:
+        return y0
+
+    def body(cache, chunk):
+        y, cache = step(chunk, cache)
+        return cache, y
+
+    chunks = jnp.moveaxis(x[:, 1:].reshape(b, k, size, *rest), 1, 0)
+    _, ys = jax.lax.scan(body, cache, chunks)  # (k, B, t', ...)
+    ys = jnp.moveaxis(ys, 0, 1)
+    return jnp.concatenate([y0, ys.reshape(b, k * ys.shape[2], *ys.shape[3:])], axis=1)
 
 
 class WanVAE(nnx.Module):
-    """``AutoencoderKLWan`` (Wan 2.1): ``encode`` videos to a diagonal Gaussian, ``decode`` latents to videos."""
+    """``AutoencoderKLWan`` (Wan 2.1): ``encode`` videos to a diagonal Gaussian, ``decode`` latents to videos.
+
+    Both run chunk by chunk in a ``jax.lax.scan`` by default (``chunked=True``: diffusers' chunks,
+    memory of one chunk) or on the whole clip at once (``chunked=False``); the results agree to
+    float rounding."""
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs):
         dtype = compute_dtype(config.dtype)
@@ -204,33 +248,61 @@ class WanVAE(nnx.Module):
         if shape[2] % cfg.spatial_factor or shape[3] % cfg.spatial_factor:
             raise ValueError(f"WanVAE.encode: height and width must be multiples of {cfg.spatial_factor}, got {shape[2:4]}")
 
-    def encode(self, video: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """The posterior of a video ``(B, F, H, W, C)`` in [-1, 1]: ``(mean, logvar)``, each
-        ``(B, 1 + (F-1)/4, H/8, W/8, z_dim)`` float32, logvar clipped to [-30, 20] as diffusers does."""
+    def encode(self, video: jax.Array, *, chunked: bool = True) -> tuple[jax.Array, jax.Array]:
+        """The posterior of a video in [-1, 1].
+
+        Args:
+          video: ``(B, F, H, W, C)`` with ``F = 1 + 4k`` and ``H``, ``W`` multiples of ``spatial_factor``.
+          chunked: encode frame 0, then ``k`` chunks of ``ENCODE_CHUNK`` frames in a ``jax.lax.scan``
+            (activations of one chunk); ``False`` encodes the whole clip at once (activations of all
+            ``F`` frames).
+
+        Returns:
+          ``(mean, logvar)``, each ``(B, 1 + (F-1)/4, H/8, W/8, z_dim)`` float32 (for Wan 2.1's factors),
+          logvar clipped to [-30, 20] as diffusers does.
+
+        Raises:
+          ValueError: for a video of another rank, channel count, frame count or size.
+        """
         self._check_video(video)
-        h = self.quant_conv(self.encoder(jnp.asarray(video, self.dtype))).astype(jnp.float32)
-        mean, logvar = jnp.split(h, 2, axis=-1)
+        x = jnp.asarray(video, self.dtype)
+        h = _scan_chunks(self.encoder.chunk, x, ENCODE_CHUNK) if chunked else self.encoder(x)
+        mean, logvar = jnp.split(self.quant_conv(h).astype(jnp.float32), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
-    def decode(self, latents: jax.Array) -> jax.Array:
-        """The video ``(B, 1 + 4 (f-1), 8 h, 8 w, C)`` float32 in [-1, 1] of latents ``(B, f, h, w, z_dim)``."""
+    def decode(self, latents: jax.Array, *, chunked: bool = True) -> jax.Array:
+        """The video of latents.
+
+        Args:
+          latents: ``(B, f, h, w, z_dim)``.
+          chunked: decode one latent frame at a time in a ``jax.lax.scan`` (activations of one
+            latent frame's video frames); ``False`` decodes all ``f`` at once.
+
+        Returns:
+          ``(B, 1 + 4 (f-1), 8 h, 8 w, C)`` float32 clipped to [-1, 1] (for Wan 2.1's factors).
+
+        Raises:
+          ValueError: for latents of another rank or channel count.
+        """
         if latents.ndim != 5 or latents.shape[-1] != self.config.z_dim:
             raise ValueError(f"WanVAE.decode: latents must be (B, f, h, w, {self.config.z_dim}), got {tuple(latents.shape)}")
-        video = self.decoder(self.post_quant_conv(jnp.asarray(latents, self.dtype)))
+        x = self.post_quant_conv(jnp.asarray(latents, self.dtype))
+        video = _scan_chunks(self.decoder.chunk, x, 1) if chunked else self.decoder(x)
         return jnp.clip(video.astype(jnp.float32), -1.0, 1.0)
 
-    def encode_latents(self, video: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    def encode_latents(self, video: jax.Array, key: jax.Array | None = None, *, chunked: bool = True) -> jax.Array:
         """Normalised latents as the Wan pipelines use them: ``(z - latents_mean) * (1 / latents_std)``
-        with ``z`` the posterior mode, or a posterior sample when ``key`` is given."""
-        mean, logvar = self.encode(video)
+        with ``z`` the posterior mode, or a posterior sample when ``key`` is given (``chunked`` as ``encode``)."""
+        mean, logvar = self.encode(video, chunked=chunked)
         z = mean if key is None else mean + jnp.exp(0.5 * logvar) * jax.random.normal(key, mean.shape)
         m, inv_std = self._stats()
         return (z - m) * inv_std
 
-    def decode_latents(self, latents: jax.Array) -> jax.Array:
-        """The video of normalised latents: ``decode(latents / (1 / latents_std) + latents_mean)``, as WanPipeline."""
+    def decode_latents(self, latents: jax.Array, *, chunked: bool = True) -> jax.Array:
+        """The video of normalised latents: ``decode(latents / (1 / latents_std) + latents_mean)``, as WanPipeline
+        (``chunked`` as ``decode``)."""
         m, inv_std = self._stats()
-        return self.decode(jnp.asarray(latents, jnp.float32) / inv_std + m)
+        return self.decode(jnp.asarray(latents, jnp.float32) / inv_std + m, chunked=chunked)
 
     def _stats(self) -> tuple[jax.Array, jax.Array]:
         mean = jnp.asarray(self.config.latents_mean, jnp.float32)
