@@ -1,6 +1,6 @@
 """One prepared GPU benchmark for a 15-minute lease of one H200; ``--quick`` runs it CPU-sized.
 
-Three sections, one process, contenders side by side, ratios reported:
+Sections, one process, contenders side by side, ratios reported:
 
 * ``flux``: the FLUX.1-dev transformer (``FluxConfig.dev()`` sizes, random weights, bfloat16 params and
   activations) at 1024² (4096 image + 512 text tokens, batch 1): jaxpipe's jitted ``denoise.step``
@@ -12,6 +12,10 @@ Three sections, one process, contenders side by side, ratios reported:
   ``jax.random`` draws cut into ``nnx.eval_shape``'s leaves; torch: built on ``meta``, ``to_empty``, filled
   in place), so no float32 copy of the 12 B parameters ever exists. Before timing, the torch network is
   checked to be jaxpipe's (tiny config, float32, CPU: torch weights loaded into JAX, velocities within 1e-4).
+* ``train`` (not in the default run: ``--sections train attention`` is the lease's second command): the
+  single-device FlowGRPO / NFT updates of ``benchmarks/fit.py`` (FLUX.1-dev at 1024², LoRA rank 64, scanned
+  blocks, full remat, chunked attention) compiled, filled with random weights and run: XLA's memory estimate
+  on the device against its measured peak, and the step time (``device_train.py``).
 * ``experts``: the N-way refiner update of ``JointMultiExpertRL`` (N = 1, 2, 4, 8, 16) as one ``jax.vmap``,
   one ``lax.map`` (``JointRLConfig.expert_map`` = ``"vmap"`` / ``"map"``) and a Python loop of N jitted
   single-expert updates, checked equal before timing; which wins per N, and whether ``"auto"`` picks it.
@@ -33,7 +37,7 @@ torch and diffusers are optional (the torch contenders are skipped, saying so, w
 """
 
 # The harness and the runner are device_harness.py; each section is its own module (device_flux.py,
-# device_experts.py, device_engine.py), registered in SECTIONS below.
+# device_train.py, device_experts.py, device_engine.py), registered in SECTIONS below.
 
 from __future__ import annotations
 
@@ -58,6 +62,7 @@ import device_harness as harness  # before JAX's imports: its clock starts the b
 import device_engine
 import device_experts
 import device_flux
+import device_train
 from report import RESULTS, write_section
 
 SECTION = "device"
@@ -67,11 +72,14 @@ DEFAULT_OUT = HERE.parent / "out" / "benchmarks" / "device.json"
 # time for it) goes after the rest, so that it cannot take time they were counting on.
 SECTIONS: tuple[harness.Section, ...] = (
     device_flux.FLUX_SECTION,
+    device_train.TRAIN_SECTION,
     device_experts.EXPERTS_SECTION,
     device_engine.ENGINE_SECTION,
     device_flux.ATTENTION_SECTION,
 )
 NAMES = tuple(s.name for s in SECTIONS)
+# what one 10-minute command runs; `--sections train attention` is the second command of the same lease
+DEFAULT = tuple(n for n in NAMES if n != "train")
 # Expected seconds on one H200, compiles included (estimates from FLOP counts and compile times of similar
 # graphs; replace with measured ones in the sections' modules): the budget starts a piece only if it still fits.
 ESTIMATE_S = harness.estimates_of(SECTIONS)
@@ -79,7 +87,9 @@ INTRO = (  # the report's opening paragraph: one sentence per section
     "`python benchmarks/device.py`: one process on one accelerator, contenders side by side. FLUX: jaxpipe's",
     "FLUX.1 transformer (random bf16 weights) under the fused `lax.scan` vs a Python loop of its jitted step vs",
     "diffusers' `FluxTransformer2DModel` in torch bf16 (eager and `torch.compile`); ms per step = median wall time",
-    "of whole runs / steps; compile = trace + XLA compile (JAX) or first run − steady run (torch). Experts: the",
+    "of whole runs / steps; compile = trace + XLA compile (JAX) or first run − steady run (torch). Train:",
+    "`benchmarks/fit.py`'s single-device FlowGRPO / NFT updates of FLUX.1-dev (LoRA 64, full remat) run on the",
+    "device: XLA's memory estimate against the measured peak, and the step time. Experts: the",
     "N refiner updates as one `jax.vmap`, one `lax.map` and a Python loop. Engine: `benchmarks/engine.py`'s",
     "`measure`. Sections that did not fit the time budget are listed as skipped.",
 )
@@ -117,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CPU-sized: tiny FLUX, 4 steps, N in (1, 2), 2 engine sizes")
     parser.add_argument("--dry-run", action="store_true", help="build the full-size FLUX setup abstractly and print the plan")
-    parser.add_argument("--sections", nargs="+", choices=NAMES, default=list(NAMES))
+    parser.add_argument("--sections", nargs="+", choices=NAMES, default=list(DEFAULT),
+                        help=f"default {' '.join(DEFAULT)}; 'train' (~4 min on an H200) is a second run's")
     parser.add_argument("--budget-s", type=float, default=570.0,
                         help="skip what no longer fits this many seconds after the start (the JSON keeps what ran)")
     parser.add_argument("--out", type=pathlib.Path, default=None, help=f"the JSON (default: {DEFAULT_OUT} on full runs)")

@@ -134,3 +134,33 @@ def test_device_quick_smoke(tmp_path):
     text = results.read_text()
     assert "<!-- BEGIN device -->" in text and "<!-- END device -->" in text and "| JAX fused `lax.scan`" in text
     assert (BENCHMARKS / "RESULTS.md").read_bytes() == results_before
+
+    out = tmp_path / "train.json"
+    done = subprocess.run([*script, "--sections", "train", "--out", str(out)], check=False, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    rows = json.loads(out.read_text())["sections"]["train"]["rows"]
+    assert [r["job"] for r in rows] == ["flux-grpo-lora64-full", "flux-nft-lora64-full"]
+    assert all("error" not in r and r["xla_estimate_gb"] > 0 and r["median_s"] > 0 for r in rows), rows
+
+
+@pytest.mark.slow  # three training-step compiles for 8 simulated devices (~1 min each on 2 cores)
+def test_fit_quick_compiles_sharded_lora_and_video_jobs(tmp_path):
+    """``fit.py --quick``: FlowGRPO with LoRA on one device, NFT under FSDP over 8 and FlowGRPO on Wan under
+    FSDP x TP compile at test sizes; remat shrinks the temporaries, and the section renders every row."""
+    import json
+
+    out, results = tmp_path / "fit.json", tmp_path / "RESULTS.md"
+    only = "flux-grpo-lora64-none,flux-grpo-lora64-full,flux-nft-fsdp8-full,wan-grpo-fsdp2tp4-full"
+    cmd = [sys.executable, str(BENCHMARKS / "fit.py"), "--quick", "--only", only, "--out", str(out), "--results", str(results)]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    rows = {r["name"]: r for r in json.loads(out.read_text())}
+    assert sorted(rows) == sorted(only.split(","))
+    lora = rows["flux-grpo-lora64-full"]
+    assert 0 < lora["trained_parameters"] < lora["parameters"] / 10  # adapters only
+    assert lora["temporaries_gb"] < rows["flux-grpo-lora64-none"]["temporaries_gb"]
+    assert rows["wan-grpo-fsdp2tp4-full"]["data"] * rows["wan-grpo-fsdp2tp4-full"]["tp"] == 8
+    assert all(r["total_gb"] > 0 and r["compile_s"] > 0 for r in rows.values())
+    text = results.read_text()
+    assert "<!-- BEGIN fit -->" in text and all(f"| {name} |" in text for name in rows)

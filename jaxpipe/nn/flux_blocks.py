@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpipe.nn.attention import attention
+
 __all__ = [
     "AdaLayerNorm",
     "FeedForward",
@@ -54,8 +56,8 @@ class KeyStream:
 
 
 class Linear(nnx.Module):
-    """``x @ kernel + bias`` with ``kernel`` ``(din, dout)``; parameters stored in ``dtype`` (a bfloat16
-    FLUX.1-dev is 24 GB, not 48) and inputs cast to it."""
+    """``x @ kernel + bias`` with ``kernel`` ``(din, dout)``, computed in ``dtype``; parameters stored in it (a
+    bfloat16 FLUX.1-dev is 24 GB, not 48), and float32 master copies a trainer merges in cast down to it."""
 
     def __init__(self, din: int, dout: int, dtype, keys: KeyStream):
         self.dtype = dtype
@@ -63,7 +65,7 @@ class Linear(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((dout,), dtype))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return jnp.matmul(x.astype(self.dtype), self.kernel[...]) + self.bias[...]
+        return jnp.matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype)) + self.bias[...].astype(self.dtype)
 
 
 def layer_norm(x: jax.Array, eps: float = EPS) -> jax.Array:
@@ -239,9 +241,11 @@ class FluxAttention(nnx.Module):
     ``pre_only`` (single blocks): no output projection.
     """
 
-    def __init__(self, dim: int, heads: int, head_dim: int, *, joint: bool, pre_only: bool, dtype, keys: KeyStream):
+    def __init__(self, dim: int, heads: int, head_dim: int, *, joint: bool, pre_only: bool, dtype, keys: KeyStream,
+                 implementation: str = "xla"):
         inner = heads * head_dim
         self.head_dim = head_dim
+        self.implementation = implementation
         self.norm_q = RMSNorm(head_dim, dtype)
         self.norm_k = RMSNorm(head_dim, dtype)
         self.to_q = Linear(dim, inner, dtype, keys)
@@ -270,7 +274,7 @@ class FluxAttention(nnx.Module):
             q = jnp.concatenate([self.norm_added_q(self._heads(self.add_q_proj(context))), q], axis=1)
             k = jnp.concatenate([self.norm_added_k(self._heads(self.add_k_proj(context))), k], axis=1)
             v = jnp.concatenate([self._heads(self.add_v_proj(context)), v], axis=1)
-        out = jax.nn.dot_product_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        out = attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, implementation=self.implementation)
         out = out.reshape(*out.shape[:2], -1)
         if context is None:
             return out if self.to_out is None else self.to_out[0](out)
@@ -282,10 +286,11 @@ class FluxTransformerBlock(nnx.Module):
     """Double-stream (MMDiT) block: image and text streams, each with its own adaLN-zero modulation,
     attention projections and FFN, attending jointly."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dtype, keys: KeyStream):
+    def __init__(self, dim: int, heads: int, head_dim: int, dtype, keys: KeyStream, implementation: str = "xla"):
         self.norm1 = AdaLayerNorm(dim, 6, dtype, keys)
         self.norm1_context = AdaLayerNorm(dim, 6, dtype, keys)
-        self.attn = FluxAttention(dim, heads, head_dim, joint=True, pre_only=False, dtype=dtype, keys=keys)
+        self.attn = FluxAttention(dim, heads, head_dim, joint=True, pre_only=False, dtype=dtype, keys=keys,
+                                  implementation=implementation)
         self.ff = FeedForward(dim, dtype, keys)
         self.ff_context = FeedForward(dim, dtype, keys)
 
@@ -305,12 +310,14 @@ class FluxSingleTransformerBlock(nnx.Module):
     """Single-stream block over the joined ``[text, image]`` tokens: attention and a tanh-GELU MLP in
     parallel, concatenated into one output projection, gated residual."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dtype, keys: KeyStream, mlp_ratio: float = 4.0):
+    def __init__(self, dim: int, heads: int, head_dim: int, dtype, keys: KeyStream, implementation: str = "xla",
+                 mlp_ratio: float = 4.0):
         hidden = int(dim * mlp_ratio)
         self.norm = AdaLayerNorm(dim, 3, dtype, keys)
         self.proj_mlp = Linear(dim, hidden, dtype, keys)
         self.proj_out = Linear(dim + hidden, dim, dtype, keys)
-        self.attn = FluxAttention(dim, heads, head_dim, joint=False, pre_only=True, dtype=dtype, keys=keys)
+        self.attn = FluxAttention(dim, heads, head_dim, joint=False, pre_only=True, dtype=dtype, keys=keys,
+                                  implementation=implementation)
 
     def __call__(self, h: jax.Array, temb: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
         """The joined stream ``(B, T + L, dim)`` updated."""
