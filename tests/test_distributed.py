@@ -118,8 +118,10 @@ def check_flow_grpo_step(result: dict) -> None:
 EXPECTED_PLACEMENTS = {
     "dit": {"blocks/0/attn/q/kernel": ("P('data', 'model')", [32, 16]), "blocks/0/mlp/fc2/kernel": ("P('model', 'data')", [64, 32]),
             "time_out/kernel": ("P('data',)", [32, 64]), "blocks/0/attn/out/bias": ("P()", [64])},
-    "flux": {"transformer_blocks/0/attn/to_q/kernel": ("P('data', 'model')", [16, 8])},
-    "wan": {"blocks/0/attn1/to_q/kernel": ("P('data', 'model')", [16, 8]), "blocks/0/ffn/net/2/kernel": ("P('model', 'data')", [16, 16])},
+    # scanned blocks (the default): the layer axis stays whole, each layer shards as it would unrolled
+    "flux": {"transformer_blocks/stacked/attn/to_q/kernel": ("P(None, 'data', 'model')", [1, 16, 8])},
+    "wan": {"blocks/stacked/attn1/to_q/kernel": ("P(None, 'data', 'model')", [1, 16, 8]),
+            "blocks/stacked/ffn/net/2/kernel": ("P(None, 'model', 'data')", [1, 16, 16])},
 }
 
 

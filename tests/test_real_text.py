@@ -162,13 +162,17 @@ def test_full_sizes_equal_transformers_and_axes_cover_them():
         count = module.param_count(config)
         assert count == _meta_count(ref_cls, ref_config), config
         assert abs(count / approx - 1) < 1e-3, (config, count)
-    # every LOGICAL_AXES rule names some parameter, with one axis name per dimension (tiny sizes, same paths)
+    # every LOGICAL_AXES rule names some parameter, with one axis name per dimension (tiny sizes, same paths; a
+    # stacked layer's param by its layer's path and rank, as distributed.logical_axes matches it)
     import re
 
     for module, config, build in ((t5, t5.T5EncoderConfig(**TINY_T5), t5.T5Encoder),
                                   (clip, clip.CLIPTextEncoderConfig(**TINY_CLIP_CONFIG), clip.CLIPTextEncoder)):
         params = nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda b=build, c=config: b(c, rngs=nnx.Rngs(0))), nnx.Param))
-        paths = {"/".join(map(str, path)): var.get_value().ndim for path, var in params}
+        paths = {}
+        for path, var in params:
+            name = "/".join(map(str, path))
+            paths[name.replace("/stacked/", "/0/")] = var.get_value().ndim - ("/stacked/" in name)
         for pattern, axes in module.LOGICAL_AXES:
             ranks = {ndim for path, ndim in paths.items() if re.fullmatch(pattern, path)}
             assert ranks == {len(axes)}, (pattern, ranks)
@@ -211,7 +215,7 @@ def test_checkpoint_layouts_and_key_errors(folders, tmp_path):
     hub = {f"text_model.{k}": v for k, v in clip_tensors.items()}
     hub["text_model.embeddings.position_ids"] = np.arange(16)[None]
     loaded = clip.load(variant("clip_hub", hub, config_folder=clip_folder), dtype="bfloat16")
-    assert loaded.encoder.layers[1].mlp.fc2.kernel[...].dtype == jnp.bfloat16
+    assert loaded.encoder.layers.layer(1).mlp.fc2.kernel[...].dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(loaded.final_layer_norm.bias[...], np.float32),
                                clip_tensors["final_layer_norm.bias"], atol=1e-2)
     with pytest.raises(hf.KeyMappingError, match=r"unexpected.*text_projection"):

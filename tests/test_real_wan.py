@@ -82,8 +82,10 @@ def test_t2v_matches_diffusers_in_float32_and_bfloat16_is_close(t2v):
     assert np.abs(out - ref).max() <= 1e-4
 
     low = wan.load(folder, dtype="bfloat16")
-    assert low.blocks[0].attn1.to_q.kernel.dtype == jnp.bfloat16
-    assert low.blocks[0].scale_shift_table.dtype == jnp.float32  # diffusers keeps modulation tables in float32
+    assert low.blocks.layer(0).attn1.to_q.kernel.dtype == jnp.bfloat16
+    assert low.blocks.layer(0).scale_shift_table.dtype == jnp.float32  # diffusers keeps modulation tables in float32
+    unrolled, scanned = hf.torch_state(wan.load(folder, scan_layers=False)), hf.torch_state(model)  # diffusers' own layout
+    assert unrolled.keys() == scanned.keys() and all(np.array_equal(v, scanned[k]) for k, v in unrolled.items())
     out16 = np.asarray(jax.jit(_jit_call)(low, *args))
     assert out16.dtype == np.float32
     assert np.abs(out16 - ref).max() <= 0.02 * np.abs(ref).max()  # measured 0.6%
@@ -142,7 +144,7 @@ def test_full_sizes_abstractly_match_diffusers_and_logical_axes_cover_them():
         with torch.device("meta"):
             reference = diffusers.WanTransformer3DModel(**kwargs)
         assert sum(p.numel() for p in reference.parameters()) == count, name
-    assert len(model.blocks) == 40 and model.blocks[39].attn2.add_k_proj.kernel.shape == (5120, 5120)
+    assert len(model.blocks) == 40 and model.blocks.stacked.attn2.add_k_proj.kernel.shape == (40, 5120, 5120)
 
     # The layer-copying abstract build is the plain nnx.eval_shape build.
     cfg = wan.WanConfig.tiny(num_layers=3, **{k: v for k, v in VARIANTS["i2v"].items() if k != "num_layers"})
@@ -151,8 +153,12 @@ def test_full_sizes_abstractly_match_diffusers_and_logical_axes_cover_them():
     shapes = lambda m: jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(m, nnx.Param))
     assert shapes(fast) == shapes(slow)
 
-    # Every LOGICAL_AXES rule names params of its rank, and every matrix of the 14B I2V as wide as the model is covered.
-    flat = {"/".join(map(str, p)): v.shape for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    # Every LOGICAL_AXES rule names params of its rank, and every matrix of the 14B I2V as wide as the model is covered
+    # (a stacked block's param by its layer's path and shape, as distributed.logical_axes matches it).
+    flat = {}
+    for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        path, shape = "/".join(map(str, p)), v.shape
+        flat[path.replace("/stacked/", "/0/")] = shape[1:] if "/stacked/" in path else shape
     for pattern, axes in wan.LOGICAL_AXES:
         ranks = {len(s) for k, s in flat.items() if re.fullmatch(pattern, k)}
         assert ranks == {len(axes)}, pattern

@@ -57,7 +57,7 @@ def _chunked(q: jax.Array, k: jax.Array, v: jax.Array, chunk: int) -> jax.Array:
     return jnp.moveaxis(out, 0, 1).reshape(b, lq + pad, h, d)[:, :lq]
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str = "xla", chunk: int = CHUNK) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str = "xla", chunk: int | None = None) -> jax.Array:
     """``softmax(q·kᵀ/√d)·v`` per head, without a mask.
 
     Args:
@@ -65,11 +65,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str =
       k: ``(B, Lk, H, D)`` keys.
       v: ``(B, Lk, H, D)`` values.
       implementation: one of ``IMPLEMENTATIONS`` (module docstring).
-      chunk: query rows per block for ``"chunked"`` (a sequence no longer than it runs in one block).
+      chunk: query rows per block for ``"chunked"`` (default ``CHUNK``; a sequence no longer than it runs in one
+        block).
 
     Returns:
       ``(B, Lq, H, D)`` in ``q``'s dtype.
     """
+    chunk = CHUNK if chunk is None else chunk
     if implementation == "chunked" and q.shape[1] > chunk:
         return _chunked(q, k, v, chunk)
     if implementation == "cudnn":

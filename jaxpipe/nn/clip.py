@@ -5,7 +5,8 @@ MLP) -> final LayerNorm. The pooled output is the final hidden state at each row
 token. Attribute names mirror transformers (``embeddings.token_embedding``,
 ``encoder.layers.0.self_attn.q_proj``, ``final_layer_norm``); ``load`` also reads the hub layout,
 whose keys carry a ``text_model.`` prefix. LayerNorms and softmax run in float32 and so does the
-residual stream; projections run in the configured ``dtype``.
+residual stream; projections run in the configured ``dtype``. The layers are stored stacked and run by
+one ``lax.scan`` (``nn.stacked``) unless ``scan_layers=False``; checkpoints keep per-layer keys.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flax import nnx
 
 from jaxpipe.nn import hf
 from jaxpipe.nn.layers import check_sizes, compute_dtype
+from jaxpipe.nn.stacked import apply, blocks, check_remat
 from jaxpipe.nn.t5 import ACTIVATIONS
 
 __all__ = ["LOGICAL_AXES", "CLIPTextEncoder", "CLIPTextEncoderConfig", "load", "param_count", "pool_eos"]
@@ -48,7 +50,9 @@ class CLIPTextEncoderConfig:
 
     ``eos_token_id`` picks the pooling rule exactly as transformers does: the legacy value 2
     (openai's configs, FLUX's) pools at the largest token id of each row, any other value at the
-    first occurrence of that id.
+    first occurrence of that id. jaxpipe's own: the parameter / compute ``dtype``, ``scan_layers`` (the
+    layers stored stacked and run by one ``lax.scan``; ``False`` keeps them unrolled) and ``remat``
+    (``stacked.REMAT_POLICIES``).
     """
 
     vocab_size: int
@@ -61,6 +65,8 @@ class CLIPTextEncoderConfig:
     layer_norm_eps: float = 1e-5
     eos_token_id: int = 49407
     dtype: str = "float32"
+    scan_layers: bool = True
+    remat: str = "none"
 
     def __post_init__(self):
         check_sizes(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -73,6 +79,9 @@ class CLIPTextEncoderConfig:
             raise TypeError(f"eos_token_id must be an int (got {self.eos_token_id!r})")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be positive (got {self.layer_norm_eps!r})")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"scan_layers must be a bool (got {self.scan_layers!r})")
+        check_remat(self.remat)
         compute_dtype(self.dtype)
 
     @property
@@ -189,12 +198,11 @@ class CLIPEncoderLayer(nnx.Module):
 
 class CLIPEncoder(nnx.Module):
     def __init__(self, cfg: CLIPTextEncoderConfig, rngs: nnx.Rngs):
-        self.layers = nnx.List([CLIPEncoderLayer(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
+        self.remat = cfg.remat
+        self.layers = blocks(lambda: CLIPEncoderLayer(cfg, rngs), cfg.num_hidden_layers, scan=cfg.scan_layers)
 
     def __call__(self, h: jax.Array, mask: jax.Array) -> jax.Array:
-        for layer in self.layers:
-            h = layer(h, mask)
-        return h
+        return apply(self.layers, lambda layer, h: layer(h, mask), h, remat=self.remat)
 
 
 class CLIPTextEncoder(nnx.Module):
@@ -234,12 +242,14 @@ def _text_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def load(folder: str | Path, *, dtype: str = "float32") -> CLIPTextEncoder:
+def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none") -> CLIPTextEncoder:
     """The CLIP text tower of a transformers ``CLIPTextModel`` folder (``config.json`` + safetensors).
 
     Args:
       folder: the model folder.
       dtype: the parameter and compute dtype's name.
+      scan_layers: store the layers stacked (transformers' per-layer keys are stacked on load).
+      remat: the layers' rematerialisation policy (``stacked.REMAT_POLICIES``).
 
     Returns:
       The loaded ``CLIPTextEncoder``.
@@ -248,7 +258,10 @@ def load(folder: str | Path, *, dtype: str = "float32") -> CLIPTextEncoder:
       ValueError: if ``config.json`` is not a ``clip_text_model``.
       hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
     """
-    build = lambda config: CLIPTextEncoder(CLIPTextEncoderConfig.from_json(config, dtype=dtype), rngs=nnx.Rngs(0))
+    def build(config: dict[str, Any]) -> CLIPTextEncoder:
+        sizes = dataclasses.replace(CLIPTextEncoderConfig.from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat)
+        return CLIPTextEncoder(sizes, rngs=nnx.Rngs(0))
+
     return hf.load_module(folder, build, prepare=_text_tensors)
 
 

@@ -3,10 +3,13 @@
 FLUX's ``text_encoder_2`` is google/t5-v1_1-xxl's encoder, Wan's ``text_encoder`` is umt5-xxl's.
 Pre-norm blocks: ``h += SelfAttention(rms(h))``, ``h += DenseReluDense(rms(h))``, then a final RMS
 norm. Attention has no ``1/sqrt(d)`` scaling; instead a learned relative position bias
-``(heads, T, T)`` is added to the scores — computed by the first block and shared by the others
+``(heads, T, T)`` is added to the scores — computed once from one table and shared by every block
 (T5), or computed by every block from its own table (UMT5). Attribute names mirror transformers
 (``shared``, ``encoder.block.0.layer.0.SelfAttention.q``, ``encoder.block.0.layer.1.DenseReluDense.wi_0``,
-``encoder.final_layer_norm``), so ``hf.torch_key`` maps every parameter without renames.
+``encoder.final_layer_norm``), so ``hf.torch_key`` maps every parameter; the one exception is T5's
+shared table, which transformers keeps in block 0 and jaxpipe in the stack (``encoder.relative_attention_bias``,
+renamed by ``RENAMES``) so that every block has one structure and the blocks can be stored stacked
+(``nn.stacked``: ``scan_layers``) and run by one ``lax.scan``.
 
 Numerics follow transformers: RMS norms and softmax in float32; the residual stream is float32
 (transformers keeps ``wo`` in float32 — ``_keep_in_fp32_modules`` — which promotes it there too);
@@ -30,14 +33,17 @@ from flax import nnx
 
 from jaxpipe.nn import hf
 from jaxpipe.nn.layers import check_sizes, compute_dtype
+from jaxpipe.nn.stacked import apply, blocks, check_remat
 
 __all__ = [
     "ACTIVATIONS",
     "LOGICAL_AXES",
+    "RENAMES",
     "T5Encoder",
     "T5EncoderConfig",
     "load",
     "param_count",
+    "position_bias",
     "relative_position_bucket",
 ]
 
@@ -56,9 +62,14 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"shared/embedding", ("vocab", "embed")),
     (r".*/SelfAttention/(q|k|v)/kernel", ("embed", "heads")),
     (r".*/SelfAttention/o/kernel", ("heads", "embed")),
-    (r".*/SelfAttention/relative_attention_bias/embedding", (None, None)),
+    (r".*relative_attention_bias/embedding", (None, None)),
     (r".*/DenseReluDense/(wi|wi_0|wi_1)/kernel", ("embed", "mlp")),
     (r".*/DenseReluDense/wo/kernel", ("mlp", "embed")),
+)
+
+# T5's shared position-bias table lives in the stack, transformers keeps it in block 0's attention
+RENAMES: tuple[tuple[str, str], ...] = (
+    (r"^encoder\.relative_attention_bias\.weight$", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
 )
 
 # transformers' T5Config / UMT5Config defaults, for keys a config.json leaves out
@@ -78,6 +89,8 @@ class T5EncoderConfig:
 
     ``feed_forward_proj`` is ``"<act>"`` (``wi -> act -> wo``) or ``"gated-<act>"``
     (``act(wi_0 x) * wi_1 x -> wo``; ``"gated-gelu"`` means the tanh-approximate ``gelu_new``).
+    jaxpipe's own: the parameter / compute ``dtype``, ``scan_layers`` (the blocks stored stacked and run
+    by one ``lax.scan``; ``False`` keeps them unrolled) and ``remat`` (``stacked.REMAT_POLICIES``).
     """
 
     vocab_size: int
@@ -92,6 +105,8 @@ class T5EncoderConfig:
     layer_norm_epsilon: float = 1e-6
     umt5: bool = False
     dtype: str = "float32"
+    scan_layers: bool = True
+    remat: str = "none"
 
     def __post_init__(self):
         check_sizes(self, ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"))
@@ -110,6 +125,9 @@ class T5EncoderConfig:
             raise ValueError(f"feed_forward_proj {self.feed_forward_proj!r}: activation {parts[-1]!r} is not one of {sorted(ACTIVATIONS)}")
         if not self.layer_norm_epsilon > 0:
             raise ValueError(f"layer_norm_epsilon must be positive (got {self.layer_norm_epsilon!r})")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"scan_layers must be a bool (got {self.scan_layers!r})")
+        check_remat(self.remat)
         compute_dtype(self.dtype)
 
     @property
@@ -192,8 +210,30 @@ def relative_position_bucket(relative_position: np.ndarray, *, num_buckets: int,
     return (buckets + np.where(rel < max_exact, rel, large)).astype(np.int32)
 
 
+def position_bias(table: jax.Array, length: int, *, num_buckets: int, max_distance: int) -> jax.Array:
+    """The ``(heads, length, length)`` float32 bias of query ``i`` attending to key ``j``.
+
+    Args:
+      table: ``(num_buckets, heads)`` the learned bias per offset bucket.
+      length: the sequence length.
+      num_buckets: the number of buckets.
+      max_distance: where the log-spaced buckets end.
+
+    Returns:
+      The bias, float32.
+    """
+    offsets = np.arange(length)[None, :] - np.arange(length)[:, None]
+    buckets = relative_position_bucket(offsets, num_buckets=num_buckets, max_distance=max_distance)
+    return jnp.transpose(jnp.take(table, jnp.asarray(buckets), axis=0), (2, 0, 1)).astype(jnp.float32)
+
+
 def _linear(din: int, dout: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
     return nnx.Linear(din, dout, use_bias=False, dtype=dtype, param_dtype=dtype, rngs=rngs)
+
+
+def _bias_table(cfg: T5EncoderConfig, rngs: nnx.Rngs) -> nnx.Embed:
+    dtype = compute_dtype(cfg.dtype)
+    return nnx.Embed(cfg.relative_attention_num_buckets, cfg.num_heads, dtype=dtype, param_dtype=dtype, rngs=rngs)
 
 
 class T5LayerNorm(nnx.Module):
@@ -210,7 +250,7 @@ class T5LayerNorm(nnx.Module):
 
 
 class T5Attention(nnx.Module):
-    """Unscaled multi-head self-attention with an additive position bias."""
+    """Unscaled multi-head self-attention with an additive position bias (its own, from its own table, if it has one)."""
 
     def __init__(self, cfg: T5EncoderConfig, *, has_relative_attention_bias: bool, rngs: nnx.Rngs):
         dtype = compute_dtype(cfg.dtype)
@@ -220,20 +260,13 @@ class T5Attention(nnx.Module):
         self.k = _linear(cfg.d_model, cfg.inner_dim, dtype, rngs)
         self.v = _linear(cfg.d_model, cfg.inner_dim, dtype, rngs)
         self.o = _linear(cfg.inner_dim, cfg.d_model, dtype, rngs)
-        self.relative_attention_bias = (
-            nnx.Embed(cfg.relative_attention_num_buckets, cfg.num_heads, dtype=dtype, param_dtype=dtype, rngs=rngs)
-            if has_relative_attention_bias else None
-        )
+        self.relative_attention_bias = _bias_table(cfg, rngs) if has_relative_attention_bias else None
 
-    def compute_bias(self, length: int) -> jax.Array:
-        """The ``(heads, length, length)`` float32 bias of query ``i`` attending to key ``j``."""
-        offsets = np.arange(length)[None, :] - np.arange(length)[:, None]
-        buckets = relative_position_bucket(offsets, num_buckets=self.num_buckets, max_distance=self.max_distance)
-        table = self.relative_attention_bias.embedding[...]
-        return jnp.transpose(jnp.take(table, jnp.asarray(buckets), axis=0), (2, 0, 1)).astype(jnp.float32)
-
-    def __call__(self, x: jax.Array, bias: jax.Array, key_mask: jax.Array | None) -> jax.Array:
+    def __call__(self, x: jax.Array, bias: jax.Array | None, key_mask: jax.Array | None) -> jax.Array:
         b, t, _ = x.shape
+        if self.relative_attention_bias is not None:
+            bias = position_bias(self.relative_attention_bias.embedding[...], t, num_buckets=self.num_buckets,
+                                 max_distance=self.max_distance)
         q, k, v = (proj(x).reshape(b, t, self.heads, self.d_kv) for proj in (self.q, self.k, self.v))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) + bias
         if key_mask is not None:
@@ -298,21 +331,23 @@ class T5Block(nnx.Module):
 
 
 class T5Stack(nnx.Module):
-    """The encoder blocks and final norm (the token table is ``T5Encoder.shared``: transformers ties them)."""
+    """The encoder blocks and final norm (the token table is ``T5Encoder.shared``: transformers ties them),
+    and T5's position-bias table, shared by every block (a UMT5 block has its own)."""
 
     def __init__(self, cfg: T5EncoderConfig, rngs: nnx.Rngs):
-        self.block = nnx.List([
-            T5Block(cfg, has_relative_attention_bias=cfg.umt5 or i == 0, rngs=rngs) for i in range(cfg.num_layers)
-        ])
+        self.remat = cfg.remat
+        self.num_buckets, self.max_distance = cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance
+        self.relative_attention_bias = None if cfg.umt5 else _bias_table(cfg, rngs)
+        self.block = blocks(lambda: T5Block(cfg, has_relative_attention_bias=cfg.umt5, rngs=rngs), cfg.num_layers,
+                            scan=cfg.scan_layers)
         self.final_layer_norm = T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon, compute_dtype(cfg.dtype))
 
     def __call__(self, h: jax.Array, key_mask: jax.Array | None) -> jax.Array:
         bias = None
-        for block in self.block:
-            attention = block.layer[0].SelfAttention
-            if attention.relative_attention_bias is not None:  # every UMT5 block; T5's first, shared onwards
-                bias = attention.compute_bias(h.shape[1])
-            h = block(h, bias, key_mask)
+        if self.relative_attention_bias is not None:
+            bias = position_bias(self.relative_attention_bias.embedding[...], h.shape[1], num_buckets=self.num_buckets,
+                                 max_distance=self.max_distance)
+        h = apply(self.block, lambda block, h: block(h, bias, key_mask), h, remat=self.remat)
         return self.final_layer_norm(h)
 
 
@@ -349,12 +384,14 @@ def _encoder_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def load(folder: str | Path, *, dtype: str = "float32") -> T5Encoder:
+def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none") -> T5Encoder:
     """The T5 / UMT5 encoder of a transformers folder (``config.json`` + safetensors).
 
     Args:
       folder: the model folder.
       dtype: the parameter and compute dtype's name.
+      scan_layers: store the blocks stacked (transformers' per-layer keys are stacked on load).
+      remat: the blocks' rematerialisation policy (``stacked.REMAT_POLICIES``).
 
     Returns:
       The loaded ``T5Encoder``.
@@ -363,8 +400,11 @@ def load(folder: str | Path, *, dtype: str = "float32") -> T5Encoder:
       ValueError: if ``config.json`` is not a T5 / UMT5 encoder.
       hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
     """
-    build = lambda config: T5Encoder(T5EncoderConfig.from_json(config, dtype=dtype), rngs=nnx.Rngs(0))
-    return hf.load_module(folder, build, prepare=_encoder_tensors)
+    def build(config: dict[str, Any]) -> T5Encoder:
+        sizes = dataclasses.replace(T5EncoderConfig.from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat)
+        return T5Encoder(sizes, rngs=nnx.Rngs(0))
+
+    return hf.load_module(folder, build, prepare=_encoder_tensors, renames=RENAMES)
 
 
 def param_count(config: T5EncoderConfig) -> int:

@@ -22,6 +22,8 @@ from flax import nnx
 
 from jaxpipe.nn import hf
 from jaxpipe.nn.layers import check_sizes, compute_dtype
+from jaxpipe.nn.attention import IMPLEMENTATIONS, check_implementation
+from jaxpipe.nn.stacked import Stacked, apply, blocks, check_remat
 from jaxpipe.nn.wan_blocks import (
     F32,
     WanRotaryPosEmbed,
@@ -66,7 +68,11 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 
 @dataclasses.dataclass(frozen=True)
 class WanConfig:
-    """``WanTransformer3DModel``'s config (same field names and defaults) plus the jaxpipe ``dtype``.
+    """``WanTransformer3DModel``'s config (same field names and defaults) plus jaxpipe's own: the parameter /
+    activation ``dtype``, ``scan_layers`` (the blocks stored stacked and run by one ``lax.scan``: compiled once,
+    not 40 times; ``False`` keeps diffusers' unrolled layout), ``remat`` (``stacked.REMAT_POLICIES``: what each
+    block keeps for the backward pass) and ``attention`` (``attention.IMPLEMENTATIONS``; the backend is checked when
+    the network first runs).
 
     ``qk_norm`` must be ``"rms_norm_across_heads"`` (the only norm diffusers builds); I2V models set
     ``image_dim`` (CLIP width) and ``added_kv_proj_dim`` (= the inner width heads·head_dim);
@@ -90,6 +96,9 @@ class WanConfig:
     rope_max_seq_len: int = 1024
     pos_embed_seq_len: int | None = None
     dtype: str = "float32"
+    scan_layers: bool = True
+    remat: str = "none"
+    attention: str = "xla"
 
     def __post_init__(self):
         patch = tuple(self.patch_size) if isinstance(self.patch_size, (list, tuple)) else (self.patch_size,)
@@ -119,6 +128,11 @@ class WanConfig:
             raise ValueError(
                 f"pos_embed_seq_len (two frames' image tokens) must be even and needs image_dim (got {self.pos_embed_seq_len})"
             )
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"scan_layers must be a bool (got {self.scan_layers!r})")
+        check_remat(self.remat)
+        if self.attention not in IMPLEMENTATIONS:
+            raise ValueError(f"attention must be one of {IMPLEMENTATIONS} (got {self.attention!r})")
         compute_dtype(self.dtype)
 
     @property
@@ -192,11 +206,12 @@ class WanTransformer(nnx.Module):
         self.condition_embedder = WanTimeTextImageEmbedding(
             dim, config.freq_dim, config.text_dim, config.image_dim, config.pos_embed_seq_len, dtype=dtype, rngs=rngs
         )
-        self.blocks = nnx.List([
-            WanTransformerBlock(dim, config.ffn_dim, config.num_attention_heads, cross_attn_norm=config.cross_attn_norm,
-                                eps=config.eps, added_kv_proj_dim=config.added_kv_proj_dim, dtype=dtype, rngs=rngs)
-            for _ in range(config.num_layers)
-        ])
+        self.blocks = blocks(
+            lambda: WanTransformerBlock(dim, config.ffn_dim, config.num_attention_heads, cross_attn_norm=config.cross_attn_norm,
+                                        eps=config.eps, added_kv_proj_dim=config.added_kv_proj_dim, dtype=dtype, rngs=rngs,
+                                        implementation=config.attention),
+            config.num_layers, scan=config.scan_layers,
+        )
         self.norm_out = fp32_layer_norm(dim, config.eps, False, rngs)
         self.proj_out = linear(dim, config.out_channels * math.prod(config.patch_size), dtype, rngs)
         self.scale_shift_table = nnx.Param(jax.random.normal(rngs.params(), (1, 2, dim), F32) / dim**0.5)
@@ -207,12 +222,15 @@ class WanTransformer(nnx.Module):
 
         ``nnx.eval_shape`` of the whole network costs time quadratic in its parameter count under
         JAX 0.10 (each RNG draw inspects every traced equation so far: 80 s for the 14B), so one
-        block is traced and copied ``num_layers`` times; the structure is the same.
+        block is traced and copied ``num_layers`` times (stacked, when ``scan_layers``); the structure is the same.
         """
-        one = dataclasses.replace(config, num_layers=1)
+        one = dataclasses.replace(config, num_layers=1, scan_layers=False)
         model = nnx.eval_shape(lambda: cls(one, rngs=nnx.Rngs(0)))
-        block = model.blocks[0]
-        model.blocks = nnx.List([block, *(nnx.clone(block) for _ in range(config.num_layers - 1))])
+        block, n = model.blocks[0], config.num_layers
+        if config.scan_layers:
+            model.blocks = nnx.eval_shape(lambda b: Stacked([b] * n), block)
+        else:
+            model.blocks = nnx.List([block, *(nnx.clone(block) for _ in range(n - 1))])
         model.config = config
         return model
 
@@ -252,6 +270,7 @@ class WanTransformer(nnx.Module):
                 raise ValueError(f"encoder_hidden_states_image must be (B={b}, S, {cfg.image_dim}) "
                                  f"(S·B = {b}·pos_embed_seq_len when set); got {image.shape}")
         dtype = compute_dtype(cfg.dtype)
+        check_implementation(cfg.attention)
         grid = (f // pt, hh // ph, ww // pw)
         rope = tuple(jnp.asarray(t) for t in self.rope(grid))
 
@@ -261,8 +280,7 @@ class WanTransformer(nnx.Module):
         if image is not None and cfg.added_kv_proj_dim is None:
             # Without added K/V the image tokens join the text as one context (diffusers concatenates image first).
             context, image = jnp.concatenate([image, context], axis=1), None
-        for block in self.blocks:
-            h = block(h, context, image, timestep_proj, rope)
+        h = apply(self.blocks, lambda block, h: block(h, context, image, timestep_proj, rope), h, remat=cfg.remat)
 
         mods = self.scale_shift_table[...] + temb.astype(F32)[:, None]
         shift, scale = mods[:, 0:1], mods[:, 1:2]
@@ -299,7 +317,9 @@ class WanTransformer(nnx.Module):
         return self.forward_channels_last(x, timestep, cond.context, cond.image_embeds)
 
 
-def load(folder: str | Path, *, dtype: str = "float32") -> WanTransformer:
+def load(
+    folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none", attention: str = "xla"
+) -> WanTransformer:
     """A ``WanTransformer`` from a diffusers ``transformer/`` folder (``config.json`` + safetensors, sharded or not).
 
     Built abstractly, then every parameter is filled from the checkpoint; missing, unexpected or
@@ -309,6 +329,9 @@ def load(folder: str | Path, *, dtype: str = "float32") -> WanTransformer:
     Args:
       folder: the ``transformer/`` folder.
       dtype: the parameter and compute dtype's name.
+      scan_layers: store the blocks stacked (diffusers' per-layer keys are stacked on load).
+      remat: the blocks' rematerialisation policy (``stacked.REMAT_POLICIES``).
+      attention: the attention implementation (``attention.IMPLEMENTATIONS``).
 
     Returns:
       The loaded ``WanTransformer``.
@@ -318,7 +341,8 @@ def load(folder: str | Path, *, dtype: str = "float32") -> WanTransformer:
       hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
     """
     folder = Path(folder)
-    config = WanConfig.from_json(hf.read_config(folder), dtype=dtype)
+    config = dataclasses.replace(WanConfig.from_json(hf.read_config(folder), dtype=dtype), scan_layers=scan_layers, remat=remat,
+                                 attention=attention)
     module = WanTransformer.abstract(config)
     tensors = {k: v for k, v in hf.read_tensors(folder).items() if not IGNORED_KEYS.fullmatch(k)}
     return hf.load_into(module, tensors, renames=RENAMES, where=str(folder))

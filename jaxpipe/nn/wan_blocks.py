@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpipe.nn.attention import attention
+
 F32 = jnp.float32
 
 __all__ = [
@@ -149,9 +151,11 @@ class WanAttention(nnx.Module):
     """Wan attention: q/k RMS-normed across heads, RoPE on self-attention, and for I2V a second
     attention of the same queries over image tokens (``add_k_proj`` / ``add_v_proj``) added to the text one."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, eps: float, *, added_kv_proj_dim: int | None = None, dtype, rngs: nnx.Rngs):
+    def __init__(self, dim: int, heads: int, head_dim: int, eps: float, *, added_kv_proj_dim: int | None = None, dtype,
+                 rngs: nnx.Rngs, implementation: str = "xla"):
         inner = heads * head_dim
         self.heads = heads
+        self.implementation = implementation
         self.to_q = linear(dim, inner, dtype, rngs)
         self.to_k = linear(dim, inner, dtype, rngs)
         self.to_v = linear(dim, inner, dtype, rngs)
@@ -184,12 +188,12 @@ class WanAttention(nnx.Module):
         v = self._heads(self.to_v(context))
         if rope is not None:
             q, k = apply_rotary_emb(q, *rope), apply_rotary_emb(k, *rope)
-        out = jax.nn.dot_product_attention(q, k, v)
+        out = attention(q, k, v, implementation=self.implementation)
         if self.has_added_kv:
             if image is None:
                 raise ValueError("this attention layer has added K/V projections (I2V) and needs image tokens")
             k_img = self._heads(self.norm_added_k(self.add_k_proj(image).astype(F32)).astype(dtype))
-            out = out + jax.nn.dot_product_attention(q, k_img, self._heads(self.add_v_proj(image)))
+            out = out + attention(q, k_img, self._heads(self.add_v_proj(image)), implementation=self.implementation)
         return self.to_out[0](out.reshape(*x.shape[:2], -1))
 
 
@@ -214,11 +218,13 @@ class WanTransformerBlock(nnx.Module):
         added_kv_proj_dim: int | None,
         dtype,
         rngs: nnx.Rngs,
+        implementation: str = "xla",
     ):
         head_dim = dim // num_heads
         self.norm1 = fp32_layer_norm(dim, eps, False, rngs)
-        self.attn1 = WanAttention(dim, num_heads, head_dim, eps, dtype=dtype, rngs=rngs)
-        self.attn2 = WanAttention(dim, num_heads, head_dim, eps, added_kv_proj_dim=added_kv_proj_dim, dtype=dtype, rngs=rngs)
+        self.attn1 = WanAttention(dim, num_heads, head_dim, eps, dtype=dtype, rngs=rngs, implementation=implementation)
+        self.attn2 = WanAttention(dim, num_heads, head_dim, eps, added_kv_proj_dim=added_kv_proj_dim, dtype=dtype, rngs=rngs,
+                                  implementation=implementation)
         self.cross_attn_norm = cross_attn_norm
         if cross_attn_norm:
             self.norm2 = fp32_layer_norm(dim, eps, True, rngs)

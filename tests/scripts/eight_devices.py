@@ -147,8 +147,8 @@ def network_checks(names):
             sharded_bytes += x.nbytes if any(spec) else 0
         checked = {
             "dit": ("blocks/0/attn/q/kernel", "blocks/0/mlp/fc2/kernel", "time_out/kernel", "blocks/0/attn/out/bias"),
-            "flux": ("transformer_blocks/0/attn/to_q/kernel", "single_transformer_blocks/0/proj_mlp/kernel"),
-            "wan": ("blocks/0/attn1/to_q/kernel", "blocks/0/ffn/net/2/kernel"),
+            "flux": ("transformer_blocks/stacked/attn/to_q/kernel", "single_transformer_blocks/stacked/proj_mlp/kernel"),
+            "wan": ("blocks/stacked/attn1/to_q/kernel", "blocks/stacked/ffn/net/2/kernel"),
         }[name]
         out[name] = {
             "loss": float(single_loss),
