@@ -19,6 +19,10 @@ cache, ``write`` stores a finished (clean, σ = 0) chunk's K/V in slot ``written
 oldest chunk slides out once the slab is full). Attention does not depend on the order of its
 keys, so the ring order of the slab is harmless: the cached path computes what the full forward
 with the same window computes, up to float reordering.
+
+With ``DiTConfig.scan_layers`` the blocks run as one ``lax.scan``, the cached path too: the cache keeps
+its per-block slabs (one format for both layouts), which the scan stacks on a leading layer axis and
+carries through alongside the blocks' stacked params, splitting the chunk's new K/V back per block.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from flax import nnx
 
 from jaxpipe.nn.dit import DiT, DiTBlock, DiTConfig
 from jaxpipe.nn.layers import compute_dtype, sincos_1d
+from jaxpipe.nn.stacked import scan
 
 __all__ = ["CausalDiT", "ChunkCache", "ChunkCond", "block_causal_mask", "frame_positions", "init_cache"]
 
@@ -200,11 +205,11 @@ class CausalDiT(DiT):
         """Every block, then the final layer: ``(out (B, L, patch_features), per-block (k, v))``."""
         per_token = lambda m: jnp.repeat(m, tokens_per_chunk, axis=1)  # chunk -> its tokens
         context = context.astype(h.dtype)
-        kvs = []
-        for i, block in enumerate(self.blocks):
-            mem = None if memory is None else (memory[0][i], memory[1][i])
-            h, kv = _block(block, h, per_token(block.ada(jax.nn.silu(cond))), context, context_mask, mask, mem)
-            kvs.append(kv)
+
+        def step(block, h, mem):
+            return _block(block, h, per_token(block.ada(jax.nn.silu(cond))), context, context_mask, mask, mem)
+
+        h, kvs = scan(self.blocks, step, h, None if memory is None else list(zip(*memory)), remat=self.cfg.remat)
         shift, scale = jnp.split(per_token(self.ada_out(jax.nn.silu(cond))), 2, axis=-1)
         return self.proj_out(_modulate(self.norm_out(h), shift, scale)), kvs
 

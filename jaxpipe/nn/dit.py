@@ -20,8 +20,9 @@ from einops import rearrange
 from flax import nnx
 
 from jaxpipe.nn.layers import MLP, Attention, compute_dtype, sincos_1d, sincos_grid
+from jaxpipe.nn.stacked import blocks, check_remat, scan
 
-__all__ = ["DiTConfig", "DiTCond", "DiTBlock", "DiT", "LOGICAL_AXES"]
+__all__ = ["DiTConfig", "DiTCond", "DiTBlock", "DiT", "LOGICAL_AXES", "LORA_TARGETS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,13 @@ class DiTConfig:
       frame_cond: adds the first-frame conditioning input (image-to-video).
       time_embed_dim: the width of the sinusoidal timestep features.
       dtype: the compute dtype's name (``"float32"`` or ``"bfloat16"``).
+      scan_layers: store the blocks stacked (``blocks/stacked/...``, one leading layer axis) and run them
+        by one ``lax.scan``: compiled once, not ``depth`` times. ``False`` (the default) keeps one
+        parameter set per block (``blocks/3/...``), the layout the bundled cards are saved in.
+      remat: what each block keeps for the backward pass (``stacked.REMAT_POLICIES``).
+
+    Raises:
+      ValueError: on a non-bool ``scan_layers`` or an unknown ``remat``.
     """
 
     latent_channels: int = 4
@@ -51,6 +59,13 @@ class DiTConfig:
     frame_cond: bool = False
     time_embed_dim: int = 256
     dtype: str = "float32"
+    scan_layers: bool = False
+    remat: str = "none"
+
+    def __post_init__(self):
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"DiTConfig.scan_layers must be a bool (got {self.scan_layers!r})")
+        check_remat(self.remat)
 
     @classmethod
     def tiny(cls, **overrides) -> "DiTConfig":
@@ -86,6 +101,10 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 )
 """Sharding (``jaxpipe.distributed``): logical axes per param dim; the first regex that fullmatches the
 "/"-joined param path (from the DiT's root) wins, unmatched params are replicated."""
+
+LORA_TARGETS: tuple[str, ...] = ("attn.q", "attn.kv", "attn.out", "cross.q", "cross.kv", "cross.out", "mlp.fc1", "mlp.fc2")
+"""LoRA's default targets (``lora.LoRAConfig.target_modules=None``), as FLUX's: every attention projection
+(self and cross) and the MLP of each block; the adaLN modulations, embedders and output layer stay as they are."""
 
 
 def _modulate(h, shift, scale):
@@ -149,6 +168,8 @@ class DiTCond(NamedTuple):
 class DiT(nnx.Module):
     """Velocity network ``v(x, σ, text[, first frame])`` for latent videos ``(B, T, H, W, C)``."""
 
+    LORA_TARGETS = LORA_TARGETS
+
     def __init__(self, cfg: DiTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         dtype = compute_dtype(cfg.dtype)
@@ -158,7 +179,7 @@ class DiT(nnx.Module):
         self.time_in = nnx.Linear(cfg.time_embed_dim, cfg.dim, dtype=dtype, rngs=rngs)
         self.time_out = nnx.Linear(cfg.dim, cfg.dim, dtype=dtype, rngs=rngs)
         self.text_pool = nnx.Linear(cfg.text_dim, cfg.dim, dtype=dtype, rngs=rngs)
-        self.blocks = nnx.List([DiTBlock(cfg, rngs) for _ in range(cfg.depth)])
+        self.blocks = blocks(lambda: DiTBlock(cfg, rngs), cfg.depth, scan=cfg.scan_layers)
         self.norm_out = nnx.LayerNorm(cfg.dim, use_bias=False, use_scale=False, dtype=dtype, rngs=rngs)
         self.ada_out = _zero_linear(cfg.dim, 2 * cfg.dim, dtype, rngs)
         self.proj_out = _zero_linear(cfg.dim, cfg.patch_features, dtype, rngs)
@@ -218,9 +239,11 @@ class DiT(nnx.Module):
             pooled = jnp.sum(context * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
         cond = t_emb + self.text_pool(pooled)
 
-        for i, block in enumerate(self.blocks):
-            skip = None if skip_blocks is None else jnp.any(skip_blocks == i, axis=-1)
-            h = block(h, cond, context.astype(dtype), context_mask, skip)
+        context = context.astype(dtype)
+        skips = None if skip_blocks is None else [jnp.any(skip_blocks == i, axis=-1) for i in range(cfg.depth)]
+        h, _ = scan(
+            self.blocks, lambda block, h, skip: (block(h, cond, context, context_mask, skip), None), h, skips, remat=cfg.remat
+        )
         shift, scale = jnp.split(self.ada_out(jax.nn.silu(cond)), 2, axis=-1)
         out = self.proj_out(_modulate(self.norm_out(h), shift, scale))
         v = rearrange(out, "b (t h w) (p q c) -> b t (h p) (w q) c", t=t, h=hh // p, w=ww // p, p=p, q=p)

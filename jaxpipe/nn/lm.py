@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpipe.nn.layers import MLP, check_sizes, compute_dtype
+from jaxpipe.nn.stacked import blocks, check_remat, scan
 
 __all__ = ["LMConfig", "KVCache", "RefinerLM", "MaskedLM"]
 
@@ -44,10 +45,15 @@ class LMConfig:
       max_len: the longest sequence (prompt + generated tokens) and the KV-cache length.
       mlp_ratio: the FFN hidden width as a multiple of ``dim``.
       dtype: the compute dtype's name (params stay float32).
+      scan_layers: store the blocks stacked (``blocks/stacked/...``) and run every entry point's blocks,
+        cached ones included, as one ``lax.scan``; ``False`` (the default) keeps one parameter set per
+        block (``blocks/3/...``), the layout the bundled cards are saved in. The ``KVCache`` is per layer
+        either way.
+      remat: what each block keeps for the backward pass (``stacked.REMAT_POLICIES``).
 
     Raises:
-      ValueError: on a non-positive size, ``dim`` not divisible by ``heads``, a non-positive ``mlp_ratio``
-        or an unknown dtype.
+      ValueError: on a non-positive size, ``dim`` not divisible by ``heads``, a non-positive ``mlp_ratio``,
+        an unknown dtype, a non-bool ``scan_layers`` or an unknown ``remat``.
     """
 
     vocab_size: int
@@ -57,6 +63,8 @@ class LMConfig:
     max_len: int = 16
     mlp_ratio: float = 4.0
     dtype: str = "float32"
+    scan_layers: bool = False
+    remat: str = "none"
 
     def __post_init__(self):
         check_sizes(self, ("vocab_size", "dim", "depth", "heads", "max_len"))
@@ -65,6 +73,9 @@ class LMConfig:
         if not self.mlp_ratio > 0:
             raise ValueError(f"mlp_ratio must be > 0 (got {self.mlp_ratio})")
         compute_dtype(self.dtype)
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"LMConfig.scan_layers must be a bool (got {self.scan_layers!r})")
+        check_remat(self.remat)
 
     @classmethod
     def tiny(cls, vocab_size: int, **overrides) -> "LMConfig":
@@ -158,7 +169,7 @@ class RefinerLM(nnx.Module):
         dtype = compute_dtype(cfg.dtype)
         self.embed = nnx.Embed(cfg.vocab_size, cfg.dim, dtype=dtype, rngs=rngs)
         self.pos = nnx.Param(jax.random.normal(rngs.params(), (cfg.max_len, cfg.dim)) * 0.02)
-        self.blocks = nnx.List([_Block(cfg, rngs) for _ in range(cfg.depth)])
+        self.blocks = blocks(lambda: _Block(cfg, rngs), cfg.depth, scan=cfg.scan_layers)
         self.norm = nnx.LayerNorm(cfg.dim, dtype=dtype, rngs=rngs)
         self.head = nnx.Linear(cfg.dim, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
 
@@ -184,12 +195,13 @@ class RefinerLM(nnx.Module):
         chex.assert_shape(key_mask, (b, length))
         attn_mask = _causal_mask(key_mask)
         h = self.embed(ids) + self.pos[:length].astype(compute_dtype(self.cfg.dtype))
-        ks, vs = [], []
-        for block in self.blocks:
+
+        def step(block, h, _):
             h, k, v = block(h, attn_mask)
-            ks.append(k)
-            vs.append(v)
-        return h, ks, vs
+            return h, (k, v)
+
+        h, kvs = scan(self.blocks, step, h, remat=self.cfg.remat)
+        return h, [k for k, _ in kvs], [v for _, v in kvs]
 
     def __call__(self, ids: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         """Next-token logits ``(B, L, V)`` float32 of right-padded ``ids`` ``(B, L)`` int32.
@@ -247,12 +259,13 @@ class RefinerLM(nnx.Module):
         self._check_cache(cache, b)
         position = jnp.asarray(position, jnp.int32)
         h = self.embed(token[:, None]) + self.pos[position][:, None].astype(compute_dtype(self.cfg.dtype))
-        ks, vs = [], []
-        for block, k_cache, v_cache in zip(self.blocks, cache.k, cache.v):
-            h, k_cache, v_cache = block.decode(h, position, k_cache, v_cache)
-            ks.append(k_cache)
-            vs.append(v_cache)
-        return self._logits(h)[:, 0], KVCache(k=tuple(ks), v=tuple(vs))
+
+        def step(block, h, kv):
+            h, k_cache, v_cache = block.decode(h, position, *kv)
+            return h, (k_cache, v_cache)
+
+        h, kvs = scan(self.blocks, step, h, list(zip(cache.k, cache.v)), remat=self.cfg.remat)
+        return self._logits(h)[:, 0], KVCache(k=tuple(k for k, _ in kvs), v=tuple(v for _, v in kvs))
 
 
 class MaskedLM:

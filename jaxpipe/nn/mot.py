@@ -40,6 +40,7 @@ from einops import rearrange
 from flax import nnx
 
 from jaxpipe.nn.layers import MLP, check_sizes, compute_dtype, sincos_1d, sincos_grid
+from jaxpipe.nn.stacked import Stacked, check_remat, scan
 
 __all__ = ["IMAGE", "LAYOUTS", "POLICIES", "TEXT", "MoT", "MoTCache", "MoTCond", "MoTConfig", "Routing"]
 
@@ -115,11 +116,17 @@ class MoTConfig:
       time_embed_dim: the width of the sinusoidal timestep features.
       routing: the modality routing, a ``Routing`` or a policy name.
       dtype: the compute dtype's name.
+      scan_layers: store the layers stacked (``layers/stacked/...``) and run every entry point's layers,
+        cached ones included, as one ``lax.scan``; ``False`` (the default) keeps one parameter set per
+        layer (``layers/3/...``), the layout the bundled cards are saved in. The caches are per layer
+        either way. Stacking needs layers of one structure: partial routing must route every layer alike.
+      remat: what each layer keeps for the backward pass (``stacked.REMAT_POLICIES``).
 
     Raises:
       TypeError: on a ``routing`` that is neither a ``Routing`` nor a policy name.
       ValueError: on a non-positive size, indivisible ``dim`` / ``latent_size``, partial routing of the
-        wrong length, or an unknown dtype.
+        wrong length (or, scanned, not the same in every layer), an unknown dtype, a non-bool
+        ``scan_layers`` or an unknown ``remat``.
     """
 
     vocab_size: int
@@ -135,6 +142,8 @@ class MoTConfig:
     time_embed_dim: int = 128
     routing: Routing = Routing()
     dtype: str = "float32"
+    scan_layers: bool = False
+    remat: str = "none"
 
     def __post_init__(self):
         if isinstance(self.routing, str):
@@ -149,6 +158,14 @@ class MoTConfig:
         if self.routing.policy == "partial" and len(self.routing.attention) != self.depth:
             raise ValueError(f"partial routing names {len(self.routing.attention)} layers; the depth is {self.depth}")
         compute_dtype(self.dtype)
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"MoTConfig.scan_layers must be a bool (got {self.scan_layers!r})")
+        check_remat(self.remat)
+        if self.scan_layers and len({self.routing.routed(i) for i in range(self.depth)}) > 1:
+            raise ValueError(
+                "scan_layers stacks layers of one structure, but this partial routing routes layers differently "
+                f"(attention {self.routing.attention}, ffn {self.routing.ffn}); use scan_layers=False"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -285,7 +302,8 @@ class MoT(nnx.Module):
         self.patch_embed = nnx.Linear(cfg.patch_features, cfg.dim, dtype=dtype, rngs=rngs)
         self.time_in = nnx.Linear(cfg.time_embed_dim, cfg.dim, dtype=dtype, rngs=rngs)
         self.time_out = nnx.Linear(cfg.dim, cfg.dim, dtype=dtype, rngs=rngs)
-        self.layers = nnx.List([_Layer(cfg, cfg.routing.routed(i), rngs) for i in range(cfg.depth)])
+        layers = [_Layer(cfg, cfg.routing.routed(i), rngs) for i in range(cfg.depth)]
+        self.layers = Stacked(layers) if cfg.scan_layers else nnx.List(layers)
         self.text_norm = nnx.LayerNorm(cfg.dim, dtype=dtype, rngs=rngs)
         self.head = nnx.Linear(cfg.dim, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
         self.image_norm = nnx.LayerNorm(cfg.dim, use_bias=False, use_scale=False, dtype=dtype, rngs=rngs)
@@ -347,12 +365,15 @@ class MoT(nnx.Module):
         ``queries``; ``keys`` = past slots then these tokens). ``past``: per-layer ``(k, v)`` of cached
         slots or ``None``. Returns the final segments and per-layer ``(k, v)`` of these tokens."""
         mask = attention_mask(queries, keys, layout)
-        kvs = []
-        for i, layer in enumerate(self.layers):
-            past_k, past_v = (None, None) if past is None else past[i]
-            segments, k, v = layer(segments, mask, past_k, past_v)
-            kvs.append((k, v))
-        return segments, kvs
+        kinds = [kind for kind, _ in segments]  # static: which expert each segment's tokens use
+
+        def step(layer, hs, past_kv):
+            past_k, past_v = (None, None) if past_kv is None else past_kv
+            out, k, v = layer(list(zip(kinds, hs)), mask, past_k, past_v)
+            return tuple(h for _, h in out), (k, v)
+
+        hs, kvs = scan(self.layers, step, tuple(h for _, h in segments), past, remat=self.cfg.remat)
+        return list(zip(kinds, hs)), kvs
 
     def forward(
         self, ids: jax.Array, text_mask: jax.Array, x: jax.Array, sigma: jax.Array
@@ -520,7 +541,8 @@ class MoT(nnx.Module):
         (each routed expert's groups), ``io`` (embeddings and heads, modality-specific by nature) and ``total``."""
         size = lambda module: sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(module, nnx.Param)))
         counts = {"shared": 0, "understanding": 0, "generation": 0}
-        for layer in self.layers:
+        # a stacked layer's arrays hold every layer (leading layer axis): counted once, they count them all
+        for layer in [self.layers.stacked] if isinstance(self.layers, Stacked) else self.layers:
             for groups in (layer.attn, layer.ffn):
                 if len(groups) == 1:
                     counts["shared"] += size(groups[0])

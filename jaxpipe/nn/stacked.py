@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["REMAT_POLICIES", "STACKED", "Stacked", "apply", "blocks", "check_remat", "unstack"]
+__all__ = ["REMAT_POLICIES", "STACKED", "Stacked", "apply", "blocks", "check_remat", "scan", "unstack"]
 
 STACKED = "stacked"  # the path part that marks a stacked block: hf and distributed map it to per-layer indices
 REMAT_POLICIES = ("none", "full", "dots", "offload")
@@ -76,7 +76,14 @@ def blocks(make: Callable[[], nnx.Module], n: int, *, scan: bool) -> nnx.List | 
 
 
 def unstack(layers: nnx.List | Stacked) -> nnx.List:
-    """The blocks as an ``nnx.List`` (a ``Stacked`` sliced into its blocks; a list as it is)."""
+    """The blocks as an ``nnx.List`` (a ``Stacked`` sliced into its blocks; a list as it is).
+
+    Args:
+      layers: the blocks, in either layout.
+
+    Returns:
+      One module per block, in order.
+    """
     if isinstance(layers, Stacked):
         return nnx.List([layers.layer(i) for i in range(len(layers))])
     return layers
@@ -155,3 +162,65 @@ def apply(
             graphdef, state = nnx.split(layer)
             carry = jax.checkpoint(lambda s, c, g=graphdef: step(s, c, g), policy=_policy(remat))(state, carry)
     return carry
+
+
+def scan(
+    layers: nnx.List | Stacked,
+    fn: Callable[[nnx.Module, Carry, Any], tuple[Carry, Any]],
+    carry: Carry,
+    inputs: Sequence[Any] | None = None,
+    *,
+    remat: str = "none",
+) -> tuple[Carry, list]:
+    """``carry, output_i = fn(block_i, carry, inputs[i])`` for every block: ``apply`` with per-layer inputs and outputs.
+
+    Per-layer values (a block's KV-cache slab in, its keys and values out) are a sequence of one pytree per
+    block on both sides, whichever layout the blocks have, so a caller's cache format does not depend on
+    ``scan_layers``. Over a ``Stacked`` they travel with the params through one ``lax.scan``: ``inputs``
+    stacked on a leading layer axis as its ``xs`` (a copy of them), its ``ys`` split back per block; over a
+    list ``fn`` runs block by block on them as they are.
+
+    Args:
+      layers: the blocks.
+      fn: one block's step ``(block, carry, input) -> (carry, output)``, pure in ``carry`` and ``input``
+        (pytrees of arrays; ``input`` is ``None`` when ``inputs`` is); closed-over arrays are constants.
+      carry: the running value.
+      inputs: one pytree per block, all of one structure and shapes, or ``None``.
+      remat: one of ``REMAT_POLICIES``: what each block keeps for the backward pass.
+
+    Returns:
+      The final ``carry`` and the list of the blocks' outputs, in block order.
+
+    Raises:
+      ValueError: if ``inputs`` does not hold one entry per block, or on an unknown ``remat``.
+    """
+    check_remat(remat)
+    n = len(layers)
+    if inputs is not None and len(inputs) != n:
+        raise ValueError(f"scan: {len(inputs)} per-layer inputs for {n} blocks")
+    per_layer = [None] * n if inputs is None else list(inputs)
+
+    def step(state: Any, c: Carry, x: Any, graphdef) -> tuple[Carry, Any]:
+        return fn(nnx.merge(graphdef, state), c, x)
+
+    if isinstance(layers, Stacked):
+        graphdef, state = nnx.split(layers.stacked)
+
+        def body(c: Carry, state_and_input: Any) -> tuple[Carry, Any]:
+            layer_state, x = state_and_input
+            return step(layer_state, c, x, graphdef)
+
+        if remat != "none":
+            body = jax.checkpoint(body, policy=_policy(remat), prevent_cse=False)  # as in apply: safe inside a scan
+        xs = None if inputs is None else jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
+        carry, ys = jax.lax.scan(body, carry, (state, xs))
+        return carry, [jax.tree.map(lambda a, i=i: a[i], ys) for i in range(n)]
+    outputs = []
+    for layer, x in zip(layers, per_layer):
+        if remat == "none":
+            carry, y = fn(layer, carry, x)
+        else:
+            graphdef, state = nnx.split(layer)
+            carry, y = jax.checkpoint(lambda s, c, x, g=graphdef: step(s, c, x, g), policy=_policy(remat))(state, carry, x)
+        outputs.append(y)
+    return carry, outputs
