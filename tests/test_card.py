@@ -176,6 +176,7 @@ def _scan_twin(scan_layers: bool) -> Card:
     return card
 
 
+@pytest.mark.slow  # ~10 s: a scanned card's save / load / generate; the stacking itself is in test_scan_layers
 def test_a_scanned_dit_card_round_trips_with_stacked_keys_and_draws_what_its_unrolled_twin_does(tmp_path):
     from jaxpipe.cards import load_card, save_card
 
