@@ -54,6 +54,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxpipe.nn.lora import BASE_LAYER
 from jaxpipe.nn.stacked import STACKED
 
 __all__ = [
@@ -244,6 +245,8 @@ def logical_axes(module_or_state: Any, table: Table, *, skip: int = 0) -> Any:
 
     def axes(path, leaf):
         name, ndim = _path_str(path[skip:]), len(leaf.shape)
+        # a LoRA-wrapped layer shards as it did unwrapped; its adapters match no entry (replicated: they are small)
+        name = "/".join(part for part in name.split("/") if part != BASE_LAYER)
         if f"/{STACKED}/" in f"/{name}/":
             # a scanned stack's param is its per-layer param with a leading layer axis, which stays whole
             layer = "/".join("0" if part == STACKED else part for part in name.split("/"))
@@ -255,7 +258,7 @@ def logical_axes(module_or_state: Any, table: Table, *, skip: int = 0) -> Any:
             if pattern.fullmatch(name):
                 if len(names) != ndim:
                     raise ValueError(
-                        f"LOGICAL_AXES entry {pattern.pattern!r} gives {len(names)} axes {names} for param {name!r} of shape {tuple(leaf.shape)}"
+                        f"LOGICAL_AXES entry {pattern.pattern!r} gives {len(names)} axes {names} for param {name!r} of {ndim} dims"
                     )
                 return names
         return (None,) * ndim

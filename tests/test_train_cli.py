@@ -3,10 +3,12 @@ clearly. (`train flow-grpo`'s outputs are checked in test_stop_resume.py, with i
 
 import json
 import math
+import re
 
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -94,6 +96,26 @@ def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_enco
 
 
 @needs_cards
+@pytest.mark.slow  # ~20 s (a compiled FlowGRPO step with adapters); LoRA training is tested by default in test_lora
+def test_train_flow_grpo_with_lora_saves_a_merged_card_that_serves(tmp_path, t2i_card):
+    out, base = tmp_path / "lora", save_card(t2i_card, tmp_path / "tiny")
+    result = runner.invoke(app, ["train", "flow-grpo", "--out", str(out), "--model", str(base), "--no-eval", "--lr", "1e-2",
+                                 "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "attn.q,attn.kv,mlp.fc1", *TINY])
+    assert result.exit_code == 0, result.output
+    read_metrics(out)
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["config"]["lora"]["rank"] == 4
+    assert report["settings"]["config"]["lora"]["target_modules"] == ["attn.q", "attn.kv", "mlp.fc1"]
+    trained, base = jp.cards.load(out), jp.cards.load(base)  # the plain DiT: the adapters are merged in
+    assert same(trained["text_encoder"], base["text_encoder"]) and not same(trained["transformer"], base["transformer"])
+    flat = lambda card: nnx.to_flat_state(nnx.state(card["transformer"], nnx.Param))
+    changed = ["/".join(map(str, path)) for (path, a), (_, b) in zip(flat(trained), flat(base))
+               if not np.array_equal(a[...], b[...])]
+    assert changed and all(re.search(r"(attn/(q|kv)|mlp/fc1)/kernel$", path) for path in changed)  # the targets only
+    jp.Engine().register(trained)
+
+
+@needs_cards
 @pytest.mark.slow  # ~18 s (a compiled DMD2 step); the run's parts are tested above and in test_dmd2
 def test_train_dmd2_writes_its_curves_and_a_few_step_student_card(tmp_path, t2i_card):
     out, base = tmp_path / "turbo", save_card(t2i_card, tmp_path / "tiny")  # a tiny teacher directory: small compiles
@@ -162,6 +184,11 @@ def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(t
         (["mot", "--token-weight", "-1"], "token_weight must be >= 0"),
         (["nft", "--beta", "0"], "beta must be in (0, 1]"),
         (["nft", "--sigma-sampling", "beta"], "noise level sampling must be one of"),
+        (["flow-grpo", "--lora-rank", "-1"], "--lora-rank must be >= 0"),
+        (["nft", "--lora-alpha", "8"], "--lora-alpha and --lora-targets set up LoRA adapters: they need --lora-rank"),
+        (["dmd2", "--lora-rank", "4", "--lora-alpha", "0"], "LoRAConfig.alpha must be a finite number > 0"),
+        (["unified", "--lora-rank", "4", "--prompt-only"], "which prompt-only RL (joint=False) keeps frozen"),
+        (["flow-grpo", "--lora-rank", "4", "--lora-targets", " , "], "--lora-targets must name layers"),
     ],
 )
 def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):
@@ -180,7 +207,9 @@ def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):
     "command, model, message", [("unified", "flux-t2i", "needs a card with a refiner LM"), ("flow-grpo", "unified", "use `train unified`"),
                                 ("mot", "unified", "needs a Mixture-of-Transformers card"),
                                 ("dmd2 --student-steps 9", "flux-t2i", "exceeds the teacher's 8 sampling steps"),
-                                ("self-forcing", "wan-t2v", "SelfForcing trains a causal card")]
+                                ("self-forcing", "wan-t2v", "SelfForcing trains a causal card"),
+                                ("flow-grpo --lora-rank 2 --lora-targets to_q", "flux-t2i",
+                                 "component 'transformer': LoRA: target_modules ('to_q',) match no linear layer of DiT")]
 )
 def test_the_wrong_card_fails_clearly(command, model, message, tmp_path):
     result = runner.invoke(app, ["train", *command.split(), "--steps", "2", "--out", str(tmp_path / "x"), "--model", model])

@@ -12,6 +12,9 @@ or a ``@jaxpipe.rewards.host`` one; repeat it to combine several, ``--reward-wei
 that reward (``jaxpipe.training.runs.heldout``). Without them, the digits world's defaults apply:
 its prompt grammar, the ``digit-scorer``'s reward over ``--terms`` and its evaluation, which puts
 independent judges (analytic readers, a classifier trained apart from the scorer) beside the scorer.
+``flow-grpo``, ``nft``, ``dmd2`` and ``unified`` take ``--lora-rank N`` (``--lora-alpha``, ``--lora-targets``):
+LoRA adapters on the denoiser train instead of all its weights (``jaxpipe.nn.lora``); the saved card has
+them merged into the base weights, so it loads and serves like any other.
 
 Flags shared by commands are declared once, as fields of a dataclass whose metadata is the typer
 option; ``_with(*groups)`` adds a group's flags to a command's signature and hands the command one
@@ -32,7 +35,7 @@ import typer
 
 from jaxpipe.cli.common import fail, load, parse_options, writable_folder
 
-__all__ = ["train_app", "RunFlags", "PolicyFlags", "RefinerFlags", "FAILED_EXIT"]
+__all__ = ["train_app", "RunFlags", "PolicyFlags", "RefinerFlags", "LoRAFlags", "FAILED_EXIT"]
 
 train_app = typer.Typer(
     no_args_is_help=True,
@@ -166,8 +169,8 @@ class PolicyFlags:
     inner_epochs: int = _flag(1, "--inner-epochs", help="Passes over each rollout's minibatches (updates per rollout = minibatches × inner epochs).")
     timestep_fraction: float = _flag(1.0, "--timestep-fraction", help="Fraction (0, 1] of the captured denoising steps each minibatch trains on, drawn per sample.")
 
-    def generator(self, run: RunFlags):
-        """The generator's ``FlowGRPOConfig``."""
+    def generator(self, run: RunFlags, lora=None):
+        """The generator's ``FlowGRPOConfig`` (``lora``: its ``LoRAConfig``, ``LoRAFlags.config``)."""
         from jaxpipe.training import FlowGRPOConfig, Sampling
         from jaxpipe.training.ppo import Schedule
 
@@ -176,7 +179,7 @@ class PolicyFlags:
                                                  sde_window=_window(self.sde_window)),
             clip_eps=self.clip_eps, beta=self.beta, kl=self.kl,
             ppo=Schedule(self.minibatches, self.inner_epochs, self.timestep_fraction),
-            optimizer=run.optimizer(FlowGRPOConfig().optimizer),
+            optimizer=run.optimizer(FlowGRPOConfig().optimizer), lora=lora,
         )
         config.ppo.check_rows(run.prompts_per_step * run.group_size)  # before any card loads
         return config
@@ -191,12 +194,45 @@ class RefinerFlags:
     lm_lr: float = _flag(1e-3, "--lm-lr", help="Refiner learning rate.")
     lm_beta: float = _flag(0.01, "--lm-beta", help="Refiner k3-KL weight to its frozen reference.")
 
-    def joint(self, policy: PolicyFlags, run: RunFlags, **changes):
-        """The ``JointRLConfig`` of the refiner and generator flags."""
+    def joint(self, policy: PolicyFlags, run: RunFlags, lora=None, **changes):
+        """The ``JointRLConfig`` of the refiner and generator flags (``lora``: the generator's ``LoRAConfig``)."""
         from jaxpipe.training import JointRLConfig, Optimizer, RefinerConfig
 
-        return JointRLConfig(generator=policy.generator(run), refiner=RefinerConfig(skip=self.skip, beta=self.lm_beta),
+        return JointRLConfig(generator=policy.generator(run, lora), refiner=RefinerConfig(skip=self.skip, beta=self.lm_beta),
                              refiner_optimizer=Optimizer(self.lm_lr), joint=not self.prompt_only, **changes)
+
+
+@dataclasses.dataclass
+class LoRAFlags:
+    """The denoiser-training commands: train LoRA adapters on the denoiser instead of all its weights."""
+
+    lora_rank: int = _flag(0, "--lora-rank", help="Train rank-N LoRA adapters on the denoiser, its base weights frozen; the trained card has them merged (0: off, train every weight).")
+    lora_alpha: typing.Optional[float] = _flag(None, "--lora-alpha", help="LoRA alpha: the adapters are scaled by alpha/rank (default: the rank, scale 1).")
+    lora_targets: typing.Optional[str] = _flag(None, "--lora-targets", help="Comma-separated layer names the adapters wrap, matched against the end of each layer's name like peft's target_modules, e.g. to_q,to_k,to_v,to_out.0 (default: the network's own: FLUX's attention and feed-forward projections, the DiT's attention and MLP).")
+
+    def config(self):
+        """The ``LoRAConfig`` of the flags (``None`` without ``--lora-rank``).
+
+        Returns:
+          The adapters' settings, or ``None``.
+
+        Raises:
+          ValueError: on a negative rank, ``--lora-alpha`` / ``--lora-targets`` without a rank, or bad values.
+        """
+        from jaxpipe.nn.lora import LoRAConfig
+
+        if self.lora_rank < 0:
+            raise ValueError(f"--lora-rank must be >= 0 (0: no adapters; got {self.lora_rank})")
+        if self.lora_rank == 0:
+            if self.lora_alpha is not None or self.lora_targets is not None:
+                raise ValueError("--lora-alpha and --lora-targets set up LoRA adapters: they need --lora-rank N (N >= 1)")
+            return None
+        targets = None
+        if self.lora_targets is not None:
+            targets = tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
+            if not targets:
+                raise ValueError(f"--lora-targets must name layers, comma-separated (got {self.lora_targets!r})")
+        return LoRAConfig(self.lora_rank, alpha=self.lora_alpha, target_modules=targets)
 
 
 def _options(group: type) -> list[dataclasses.Field]:
@@ -386,10 +422,11 @@ class _DigitsRun:
 
 
 @train_app.command("flow-grpo")
-@_with(RunFlags, PolicyFlags)
+@_with(RunFlags, PolicyFlags, LoRAFlags)
 def train_flow_grpo(
     runflags: RunFlags,
     policyflags: PolicyFlags,
+    loraflags: LoRAFlags,
     mention: float = typer.Option(1.0, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute (1 = full compositional prompts)."),
     model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."),
 ) -> None:
@@ -398,14 +435,15 @@ def train_flow_grpo(
     from jaxpipe.training import FlowGRPO
 
     flags = runflags
-    _train(flags, model, lambda: policyflags.generator(flags),
+    _train(flags, model, lambda: policyflags.generator(flags, loraflags.config()),
            _DigitsRun(runs.flow_grpo_run, flags, mention), FlowGRPO, name="flow-grpo")
 
 
 @train_app.command("nft")
-@_with(RunFlags)
+@_with(RunFlags, LoRAFlags)
 def train_nft(
     runflags: RunFlags,
+    loraflags: LoRAFlags,
     num_steps: int = typer.Option(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation."),
     beta: float = typer.Option(1.0, "--beta", help="NFT step beta in (0, 1]: the implicit policies v± = v_old ± beta·(v_θ − v_old)."),
     adv_clip: float = typer.Option(2.0, "--adv-clip", help="Advantage clip; r = 0.5 + 0.5·A/adv_clip is the optimality weight."),
@@ -428,7 +466,7 @@ def train_nft(
         return DiffusionNFTConfig(
             group=flags.group(adv_clip=adv_clip), sampling=Sampling(num_steps=num_steps, sampler=sampler, guidance=guidance),
             beta=beta, ema=EMA(ema_start, ema_end, ema_ramp), noise=NoiseLevels(sigma_sampling),
-            optimizer=flags.optimizer(DiffusionNFTConfig().optimizer),
+            optimizer=flags.optimizer(DiffusionNFTConfig().optimizer), lora=loraflags.config(),
         )
 
     _train(flags, model, config,
@@ -436,9 +474,10 @@ def train_nft(
 
 
 @train_app.command("dmd2")
-@_with(RunFlags)
+@_with(RunFlags, LoRAFlags)
 def train_dmd2(
     runflags: RunFlags,
+    loraflags: LoRAFlags,
     student_steps: int = typer.Option(2, "--student-steps", help="The student's sampling steps (1 or 2; at most the teacher's)."),
     critic_steps: int = typer.Option(5, "--critic-steps", help="Fake-score critic updates per student update."),
     critic_lr: float = typer.Option(2e-4, "--critic-lr", help="The critic's learning rate (--lr is the student's)."),
@@ -456,7 +495,8 @@ def train_dmd2(
         base = DMD2Config()
         dm = DistributionMatching(critic=dataclasses.replace(base.dm.critic, learning_rate=critic_lr),
                                   critic_steps=critic_steps, real_guidance=guidance)
-        return DMD2Config(student_steps=student_steps, group=flags.group(), student=flags.optimizer(base.student), dm=dm)
+        return DMD2Config(student_steps=student_steps, group=flags.group(), student=flags.optimizer(base.student), dm=dm,
+                          lora=loraflags.config())
 
     _train(flags, model, config,
            _DigitsRun(runs.dmd2_run, flags, mention), lambda card, reward, cfg: DMD2(card, cfg), name=f"dmd2 ({student_steps}-step student)", needs_reward=False)
@@ -501,11 +541,12 @@ def train_self_forcing(
 
 
 @train_app.command("unified")
-@_with(RunFlags, PolicyFlags, RefinerFlags)
+@_with(RunFlags, PolicyFlags, RefinerFlags, LoRAFlags)
 def train_unified(
     runflags: RunFlags,
     policyflags: PolicyFlags,
     refinerflags: RefinerFlags,
+    loraflags: LoRAFlags,
     mention: float = typer.Option(0.5, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."),
     prefer: str = typer.Option("", "--prefer", help="Digits: preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick,brightness=bright."),
     model: str = typer.Option("unified", "--model", help="Card with a refiner LM to train: a bundled id or a card directory."),
@@ -515,7 +556,7 @@ def train_unified(
     from jaxpipe.training import UnifiedRL
 
     flags = runflags
-    _train(flags, model, lambda: refinerflags.joint(policyflags, flags),
+    _train(flags, model, lambda: refinerflags.joint(policyflags, flags, loraflags.config()),
            _DigitsRun(runs.unified_run, flags, mention, prefer), UnifiedRL, name="unified" if not refinerflags.prompt_only else "unified (prompt-only)")
 
 

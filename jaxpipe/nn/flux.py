@@ -34,10 +34,11 @@ from jaxpipe.nn.flux_blocks import (
     modulate,
     rope,
 )
+from jaxpipe.nn.attention import IMPLEMENTATIONS, check_implementation
 from jaxpipe.nn.layers import check_sizes, compute_dtype
 from jaxpipe.nn.stacked import apply, blocks, check_remat
 
-__all__ = ["LOGICAL_AXES", "RENAMES", "FluxCond", "FluxConfig", "FluxTransformer", "image_ids", "load"]
+__all__ = ["LOGICAL_AXES", "LORA_TARGETS", "RENAMES", "FluxCond", "FluxConfig", "FluxTransformer", "image_ids", "load"]
 
 # The NNX tree mirrors diffusers' names exactly (dropout slots are None list entries), so no key needs renaming.
 RENAMES: tuple[tuple[str, str], ...] = ()
@@ -63,13 +64,22 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"proj_out/kernel", ("embed", None)),
 )
 
+# LoRA's default targets (lora.LoRAConfig.target_modules=None): diffusers' FLUX LoRA training default
+# (train_dreambooth_lora_flux.py, peft-style suffixes): every attention projection of both block kinds and
+# the double blocks' feed-forwards; the adaLN modulations and embedders stay as they are.
+LORA_TARGETS: tuple[str, ...] = (
+    "attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj",
+    "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class FluxConfig:
     """diffusers ``FluxTransformer2DModel`` config (same field names; defaults are FLUX.1-dev's) plus jaxpipe's
     own: the parameter / activation ``dtype`` (``"float32"`` or ``"bfloat16"``), ``scan_layers`` (each kind of
     block stored stacked and run by one ``lax.scan``: compiled once, not 19 + 38 times; ``False`` keeps the
-    unrolled form) and ``remat`` (``stacked.REMAT_POLICIES``: what each block keeps for the backward pass)."""
+    unrolled form), ``remat`` (``stacked.REMAT_POLICIES``: what each block keeps for the backward pass) and
+    ``attention`` (``attention.IMPLEMENTATIONS``; the backend is checked when the network first runs)."""
 
     patch_size: int = 1
     in_channels: int = 64
@@ -85,6 +95,7 @@ class FluxConfig:
     dtype: str = "float32"
     scan_layers: bool = True
     remat: str = "none"
+    attention: str = "xla"
 
     def __post_init__(self):
         object.__setattr__(self, "axes_dims_rope", tuple(self.axes_dims_rope))
@@ -95,6 +106,8 @@ class FluxConfig:
         if not isinstance(self.scan_layers, bool):
             raise ValueError(f"FluxConfig.scan_layers must be a bool (got {self.scan_layers!r})")
         check_remat(self.remat)
+        if self.attention not in IMPLEMENTATIONS:
+            raise ValueError(f"FluxConfig.attention must be one of {IMPLEMENTATIONS} (got {self.attention!r})")
         if not isinstance(self.guidance_embeds, bool):
             raise ValueError(f"FluxConfig.guidance_embeds must be a bool (got {self.guidance_embeds!r})")
         axes = self.axes_dims_rope
@@ -177,6 +190,8 @@ def image_ids(rows: int, cols: int) -> np.ndarray:
 class FluxTransformer(nnx.Module):
     """FLUX.1's velocity network (``FluxTransformer2DModel``); parameters only, named like diffusers'."""
 
+    LORA_TARGETS = LORA_TARGETS
+
     def __init__(self, config: FluxConfig, *, rngs: nnx.Rngs):
         self.config = config
         dtype = compute_dtype(config.dtype)
@@ -186,10 +201,11 @@ class FluxTransformer(nnx.Module):
         self.context_embedder = Linear(config.joint_attention_dim, dim, dtype, keys)
         self.x_embedder = Linear(config.in_channels, dim, dtype, keys)
         self.transformer_blocks = blocks(
-            lambda: FluxTransformerBlock(dim, heads, head_dim, dtype, keys), config.num_layers, scan=config.scan_layers
+            lambda: FluxTransformerBlock(dim, heads, head_dim, dtype, keys, config.attention), config.num_layers,
+            scan=config.scan_layers,
         )
         self.single_transformer_blocks = blocks(
-            lambda: FluxSingleTransformerBlock(dim, heads, head_dim, dtype, keys), config.num_single_layers,
+            lambda: FluxSingleTransformerBlock(dim, heads, head_dim, dtype, keys, config.attention), config.num_single_layers,
             scan=config.scan_layers,
         )
         self.norm_out = AdaLayerNorm(dim, 2, dtype, keys)
@@ -210,6 +226,7 @@ class FluxTransformer(nnx.Module):
         ``(L, 3)``, ``txt_ids`` ``(T, 3)``, ``guidance`` ``(B,)`` scale (×1000 inside) -> ``(B, L, output_channels)`` float32."""
         cfg = self.config
         dtype = compute_dtype(cfg.dtype)
+        check_implementation(cfg.attention)
         chex.assert_rank([hidden_states, encoder_hidden_states, pooled_projections], [3, 3, 2])
         b, l, t = hidden_states.shape[0], hidden_states.shape[1], encoder_hidden_states.shape[1]
         naxes = len(cfg.axes_dims_rope)
@@ -279,7 +296,9 @@ class FluxTransformer(nnx.Module):
         return sum(math.prod(p.shape) for p in jax.tree.leaves(nnx.state(self, nnx.Param)))
 
 
-def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none") -> FluxTransformer:
+def load(
+    folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none", attention: str = "xla"
+) -> FluxTransformer:
     """A ``FluxTransformer`` from a diffusers ``transformer/`` folder (``config.json`` + safetensors, sharded
     or not).
 
@@ -288,6 +307,7 @@ def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True
       dtype: the parameter and compute dtype's name (parameters are cast to it).
       scan_layers: store each kind of block stacked (diffusers' per-layer keys are stacked on load).
       remat: the blocks' rematerialisation policy (``stacked.REMAT_POLICIES``).
+      attention: the attention implementation (``attention.IMPLEMENTATIONS``).
 
     Returns:
       The loaded ``FluxTransformer``.
@@ -297,7 +317,7 @@ def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True
     """
 
     def build(config: dict[str, Any]) -> FluxTransformer:
-        fields = {**config, "dtype": dtype, "scan_layers": scan_layers, "remat": remat}
+        fields = {**config, "dtype": dtype, "scan_layers": scan_layers, "remat": remat, "attention": attention}
         return FluxTransformer(FluxConfig.from_json(fields), rngs=nnx.Rngs(0))
 
     return hf.load_module(folder, build, renames=RENAMES)

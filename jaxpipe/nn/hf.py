@@ -172,8 +172,9 @@ def load_into(
     renames: Renames = (),
     transforms: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
     where: str = "checkpoint",
+    only: Any = nnx.Param,
 ) -> nnx.Module:
-    """Write ``tensors`` (PyTorch keys) into ``module``'s ``nnx.Param``s, in place; returns it.
+    """Write ``tensors`` (PyTorch keys) into ``module``'s ``nnx.Param``s (those ``only`` selects), in place; returns it.
 
     ``transforms`` maps a PyTorch key to an extra function applied after the layout change (for a
     tensor whose meaning differs, e.g. a fused projection split in two). Every parameter must
@@ -186,6 +187,8 @@ def load_into(
       renames: ``(regex, replacement)`` pairs for ``torch_key``.
       transforms: PyTorch key -> a function applied after the layout change.
       where: what the error messages name (the folder).
+      only: an ``nnx`` filter of the parameters to write (default every ``nnx.Param``; ``lora.LoRAParam``: a
+        LoRA adapter file, whose keys name the adapters only).
 
     Returns:
       ``module``, its params written (cast to each param's dtype).
@@ -195,7 +198,7 @@ def load_into(
     """
     renames = tuple(renames)
     transforms = dict(transforms or {})
-    state = nnx.state(module, nnx.Param)
+    state = nnx.state(module, only)
     flat = nnx.to_flat_state(state)
     missing, misshaped, used, updates = [], [], set(), []
     for path, var in flat:
@@ -254,19 +257,20 @@ def to_torch(leaf: str, value: np.ndarray) -> np.ndarray:
     return value
 
 
-def torch_state(module: nnx.Module, *, renames: Renames = ()) -> dict[str, np.ndarray]:
+def torch_state(module: nnx.Module, *, renames: Renames = (), only: Any = nnx.Param) -> dict[str, np.ndarray]:
     """``module``'s parameters as a PyTorch state dict (the keys ``load_into`` reads; a stacked block split
     back into per-layer keys), for saving in a diffusers / transformers folder.
 
     Args:
       module: the module.
       renames: ``(regex, replacement)`` pairs for ``torch_key``, as loading uses.
+      only: an ``nnx`` filter of the parameters to write (default every ``nnx.Param``).
 
     Returns:
       ``{PyTorch key: contiguous np.ndarray}`` in each parameter's dtype.
     """
     out: dict[str, np.ndarray] = {}
-    for path, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
+    for path, var in nnx.to_flat_state(nnx.state(module, only)):
         value = np.asarray(var.get_value())
         for i, (layer_path, layer_shape) in enumerate(_layer_paths(path, value.shape)):
             layer = value[i] if STACKED in path else value

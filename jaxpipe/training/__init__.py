@@ -3,7 +3,8 @@
 
 The methods (``methods/``): ``Finetune`` (flow matching), ``FlowGRPO``, ``UnifiedRL`` and
 ``JointMultiExpertRL`` (refiner LM(s) + generator), ``SharedMoTRL`` (one MoT thinks and generates),
-``DiffusionNFT``, ``DMD2`` and ``SelfForcing``. Each is built from the shared pieces: ``parts`` (the
+``DiffusionNFT``, ``DMD2`` and ``SelfForcing``; the denoiser methods take ``lora`` (a ``LoRAConfig``:
+train adapters only, ``jaxpipe.nn.lora``). Each is built from the shared pieces: ``parts`` (the
 card split into trained parts), ``optim`` (``Optimizer``), ``update`` (the guarded optimiser step),
 ``rollout`` (rendering a grouped batch through the card's own program, ``Group``, ``Sampling``,
 scoring it with a ``jaxpipe.rewards`` reward), ``grpo`` (the generator's FlowGRPO objective),
@@ -24,6 +25,7 @@ from jaxpipe.training.fit import fit
 _LAZY = {
     "Trainer": "jaxpipe.training.trainer", "TrainState": "jaxpipe.training.trainer", "Method": "jaxpipe.training.trainer",
     "Optimizer": "jaxpipe.training.optim",
+    "LoRAConfig": "jaxpipe.nn.lora",
     "Group": "jaxpipe.training.rollout", "Sampling": "jaxpipe.training.rollout",
     "NoiseLevels": "jaxpipe.training.noise",
     "Supervised": "jaxpipe.training.supervised",
@@ -51,6 +53,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # the same names, for type checkers and the API reference (static analysis sees no __getattr__)
     from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
+    from jaxpipe.nn.lora import LoRAConfig
     from jaxpipe.training.distribution_matching import DistributionMatching
     from jaxpipe.training.grpo import FlowGRPOConfig
     from jaxpipe.training.losses import flow_grpo_kl, flow_grpo_loss, group_advantages, k3_kl, ppo_clip_loss, token_loss, token_pg_loss
@@ -91,6 +94,7 @@ __all__ = [
     "Group",
     "JointMultiExpertRL",
     "JointRLConfig",
+    "LoRAConfig",
     "Method",
     "MoTRLConfig",
     "NoiseLevels",

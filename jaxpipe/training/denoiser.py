@@ -3,28 +3,55 @@
 ``FlowGRPO`` and ``DiffusionNFT`` render a card through its own program and train the denoiser(s)
 its one denoise loop binds (``rollout.denoise_loop``), as the part ``"generator"``; ``DenoiserMethod``
 writes that setup once. A subclass may train fewer experts than the loop binds (FlowGRPO trains only
-the experts its SDE window reaches: ``trained_denoisers``).
+the experts its SDE window reaches: ``trained_denoisers``). With ``config.lora`` the trained denoisers
+get fresh LoRA adapters (``jaxpipe.nn.lora.apply``) and only those train (``Parts``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flax import nnx
 
 from jaxpipe.card import Card
 from jaxpipe.cards import registry
+from jaxpipe.nn import lora
 from jaxpipe.program import Program
 from jaxpipe.rewards import Reward
 from jaxpipe.training import rollout
 from jaxpipe.training.parts import Parts
 from jaxpipe.training.trainer import RolloutMethod
 
-__all__ = ["GENERATOR", "DenoiserMethod"]
+__all__ = ["GENERATOR", "DenoiserMethod", "adapted"]
 
 GENERATOR = "generator"
 """The trained part: the denoiser(s) of the card's denoise loop."""
+
+
+def adapted(card: Card, names: Sequence[str], config: lora.LoRAConfig | None) -> Card:
+    """``card`` with fresh LoRA adapters on its components ``names`` (``config``), or ``card`` itself for ``None``.
+
+    Args:
+      card: the card to train.
+      names: the components that train (its denoisers).
+      config: the adapters' settings, or ``None`` (train the components whole).
+
+    Returns:
+      The card whose ``names`` components carry adapters (``Parts`` then trains the adapters only).
+
+    Raises:
+      ValueError: as ``lora.apply`` (no layer matches the targets, the component already has adapters).
+    """
+    if config is None:
+        return card
+    components = {}
+    for name in names:
+        try:
+            components[name] = lora.apply(card[name], config)
+        except ValueError as err:
+            raise ValueError(f"card {card.model_id!r}, component {name!r}: {err}") from None
+    return card.replace(**components)
 
 
 class DenoiserMethod(RolloutMethod):
@@ -32,7 +59,8 @@ class DenoiserMethod(RolloutMethod):
 
     ``_setup`` sets ``config``, ``spec``, ``reward``, ``program``, ``loop``, ``denoisers`` (every denoiser
     the loop binds), ``sampling`` (``config.sampling`` on the loop's own settings), the part
-    ``"generator"`` (``trained_denoisers()``, float32 master weights) and its optimiser ``tx``.
+    ``"generator"`` (``trained_denoisers()``, float32 master weights; with ``config.lora``, their adapters
+    only: ``adapted``) and its optimiser ``tx``.
     """
 
     def _setup(self, card: Card, reward: Reward, config: Any, program: Program | None) -> None:
@@ -44,7 +72,8 @@ class DenoiserMethod(RolloutMethod):
         self.loop = rollout.denoise_loop(card, self.program)
         self.denoisers = self.loop.binds
         self.sampling = config.sampling.on(self.loop.config)
-        self.parts = Parts(card, {GENERATOR: self.trained_denoisers()}, master=True)
+        trained = self.trained_denoisers()
+        self.parts = Parts(adapted(card, trained, config.lora), {GENERATOR: trained}, master=True)
         self.optimizers = {GENERATOR: config.optimizer.make()}
         self.tx = self.optimizers[GENERATOR]
 

@@ -29,6 +29,7 @@ import optax
 from flax import nnx
 
 from jaxpipe.loops import denoise
+from jaxpipe.nn.lora import LoRAConfig
 from jaxpipe.precision import check_dtype
 from jaxpipe.training import losses, ppo, rollout, update
 from jaxpipe.training.optim import Optimizer
@@ -55,6 +56,8 @@ class FlowGRPOConfig:
       optimizer: the generator's optimiser (clipped Adam, lr 1e-4 by default).
       dtype: the networks' compute dtype (``"float32"`` | ``"bfloat16"``; ``None``: the card's own);
         the trainable params and Adam stay float32 either way (``jaxpipe.precision``).
+      lora: train LoRA adapters on the trained denoiser(s) instead of all their weights (``None``: full
+        training); the adapters are added at the trainer's construction (``jaxpipe.nn.lora``).
 
     Raises:
       ValueError: on construction, if K < 2, ``sampling`` is not the SDE at guidance 1, or a field is out
@@ -69,6 +72,7 @@ class FlowGRPOConfig:
     ppo: ppo.Schedule = ppo.Schedule()
     optimizer: Optimizer = Optimizer(1e-4)
     dtype: str | None = None
+    lora: LoRAConfig | None = None
 
     def __post_init__(self):
         self.group.check_relative()

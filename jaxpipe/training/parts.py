@@ -5,6 +5,10 @@ variables), keeps the parameters of each trained part apart — ``{"generator": 
 ``{"refiners": ...}``, ``{"student": ..., "critic": ...}`` — and merges them back with the frozen
 parameters whenever a network is needed inside its jitted step, or when ``card(state)`` returns
 the trained card.
+
+A trained component with LoRA adapters (``jaxpipe.nn.lora``) trains its adapters only: its part holds
+its ``LoRAParam`` leaves, and its base weights join the frozen state, under the same component key;
+``components`` merges the nested states back (``nnx.merge`` of several states).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec
+from jaxpipe.nn import lora
 
 __all__ = ["Parts", "master_weights", "copy"]
 
@@ -60,8 +65,9 @@ class Parts:
     Attributes:
       spec: the card's spec.
       trained: part name -> its components (tuples).
-      params: part name -> its parameters (``nnx.State`` keyed by component).
-      frozen: the parameters (``nnx.Param``) of every other component.
+      params: part name -> its parameters (``nnx.State`` keyed by component): of a component with LoRA
+        adapters, the adapters (``lora.LoRAParam``) alone.
+      frozen: the parameters (``nnx.Param``) of every other component, and the base weights of adapted ones.
 
     Raises:
       ValueError: if ``trained`` names a component the card lacks, or one component twice.
@@ -77,18 +83,21 @@ class Parts:
         self.spec: CardSpec = card.spec
         self.trained = {part: tuple(names) for part, names in trained.items()}
         self.graphdef, params, self.rest = nnx.split(card.components, nnx.Param, ...)
-        self.params = {
-            part: (master_weights if master else (lambda s: s))(nnx.State({k: params[k] for k in params if k in names}))
-            for part, names in self.trained.items()
-        }
-        self.frozen = nnx.State({k: params[k] for k in params if k not in owned})
+        frozen = {k: params[k] for k in params if k not in owned}
+        self.params = {}
+        for part, names in self.trained.items():
+            own = {}
+            for k in (k for k in params if k in names):
+                if lora.has_adapters(card[k]):
+                    own[k], frozen[k] = nnx.split_state(params[k], lora.LoRAParam, ...)
+                else:
+                    own[k] = params[k]
+            self.params[part] = (master_weights if master else (lambda s: s))(nnx.State(own))
+        self.frozen = nnx.State(frozen)
 
     def components(self, params: Mapping[str, nnx.State], frozen: nnx.State) -> dict:
         """The card's components (modules, name -> module) from the parts' ``params`` and ``frozen``."""
-        merged = {}
-        for state in params.values():
-            merged.update(state)
-        return nnx.merge(self.graphdef, nnx.State({**merged, **frozen}), self.rest)
+        return nnx.merge(self.graphdef, *params.values(), frozen, self.rest)
 
     def card(self, params: Mapping[str, nnx.State], frozen: nnx.State, spec: CardSpec | None = None) -> Card:
         """The card with the parts' ``params`` (and ``spec``, default the card's own)."""

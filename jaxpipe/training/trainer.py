@@ -12,6 +12,13 @@ parameters, the copies the method keeps (``"reference"``, the ``"old"`` policy, 
 and the step count. ``Method`` writes the protocol's plumbing once: the split of the card into
 parts (``jaxpipe.training.parts``), the optimisers, ``init``, ``card``, ``role_card`` and the
 jitted ``step`` with its batch check; a method adds its ``step_fn``.
+
+LoRA (``jaxpipe.nn.lora``; the denoiser methods' ``lora`` setting): a trained component with adapters
+trains the adapters alone (``Parts``: its base weights are frozen, its optimiser state adapter-sized).
+Rollouts and updates run the unmerged network (``rollout_card``, ``components``), so C2 holds exactly;
+``card`` and ``role_card`` fold the adapters into the base weights (``merged``): the trained card has the
+modules and parameter paths of the card it was trained from, so it serves, publishes and saves like it.
+To keep the adapters themselves, ``lora.save_adapters(method.components(state.params, state.frozen)[name], dir)``.
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ import optax
 
 from jaxpipe import prompts
 from jaxpipe.card import Card, CardSpec
+from jaxpipe.nn import lora
 from jaxpipe.training.parts import Parts, copy
 
-__all__ = ["Trainer", "TrainState", "Method", "RolloutMethod", "UPDATE_KEY"]
+__all__ = ["Trainer", "TrainState", "Method", "RolloutMethod", "UPDATE_KEY", "merged"]
 
 UPDATE_KEY = 1_000_003
 """``fold_in(step key, UPDATE_KEY)`` keys a step's updates (its rollout uses the step key itself)."""
@@ -72,6 +80,21 @@ class Trainer(Protocol):
         """The card with role ``role``'s weights."""
 
 
+def merged(components: Mapping[str, Any]) -> dict:
+    """``components`` with each one's LoRA adapters folded into its base weights (``lora.merge``), the rest as they are.
+
+    A trained card is served, published and saved like the card it was trained from: the same modules
+    and parameter paths, whether its denoiser trained whole or through adapters.
+
+    Args:
+      components: name -> module.
+
+    Returns:
+      Name -> module, without adapters.
+    """
+    return {name: lora.merge(m) if lora.has_adapters(m) else m for name, m in components.items()}
+
+
 class Method:
     """The base of jaxpipe's trainers: a card split into trained ``parts``, one optimiser per part.
 
@@ -111,8 +134,8 @@ class Method:
         return self.parts.components(params, frozen)
 
     def card(self, state: TrainState) -> Card:
-        """The card with the state's trained weights."""
-        return Card(self.components(state.params, state.frozen), self.spec)
+        """The card with the state's trained weights, LoRA adapters merged into their base weights (``merged``)."""
+        return Card(merged(self.components(state.params, state.frozen)), self.spec)
 
     def rollout_card(self, params: Mapping[str, Any], frozen: Any) -> Card:
         """The card at trained ``params`` (part -> state) and ``frozen``, with no gradient to them: what a
@@ -138,7 +161,7 @@ class Method:
         if role not in self.roles:
             raise KeyError(f"{type(self).__name__} keeps no role {role!r}; its roles: {sorted(self.roles) or 'none'}")
         params = {**state.params, **self.role_params(state, role)}
-        return Card(self.components(params, state.frozen), self.spec)
+        return Card(merged(self.components(params, state.frozen)), self.spec)
 
     def step_fn(self, state: TrainState, batch: Any, key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
         """The pure, unjitted step (for custom ``jit`` or sharding)."""

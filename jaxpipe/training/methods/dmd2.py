@@ -47,6 +47,8 @@ from jaxpipe.training.distribution_matching import (
     DistributionMatching, clean_estimates, critic_loss, dm_gradient, dm_surrogate, per_row,
 )
 from jaxpipe.loops import denoise
+from jaxpipe.nn.lora import LoRAConfig
+from jaxpipe.training.denoiser import adapted
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.parts import Parts
 from jaxpipe.training.rollout import Group
@@ -69,6 +71,9 @@ class DMD2Config:
       student: the student's optimiser (Adam, ``b1 = 0``).
       dm: the critic, its steps per student step, the real score's guidance and the re-noising levels.
       model_id: the student card's id (``None``: ``"<teacher id>-turbo"``).
+      lora: train LoRA adapters instead of whole denoisers (``None``: full training): the student and the
+        critic are then two adapter sets on the teacher's frozen denoiser, which is the real score
+        (``jaxpipe.nn.lora``); the student card has its adapters merged.
 
     Raises:
       ValueError: on construction, if ``student_steps`` is not an int >= 1 or ``model_id`` is empty.
@@ -79,6 +84,7 @@ class DMD2Config:
     student: Optimizer = Optimizer(1e-4, b1=0.0)
     dm: DistributionMatching = DistributionMatching()
     model_id: str | None = None
+    lora: LoRAConfig | None = None
 
     def __post_init__(self):
         if isinstance(self.student_steps, bool) or not isinstance(self.student_steps, int) or self.student_steps < 1:
@@ -176,7 +182,7 @@ class DMD2(RolloutMethod):
         self.teacher_spec = card.spec
         self.spec = student_spec(card.spec, self.loop.id, config.student_steps, config.model_id or f"{card.model_id}-turbo")
         self.sampling = self.spec.loop(self.loop.id).config
-        self.parts = Parts(card, {STUDENT: (self.denoiser,)}, master=True)
+        self.parts = Parts(adapted(card, (self.denoiser,), config.lora), {STUDENT: (self.denoiser,)}, master=True)
         self.parts.params[CRITIC] = self.parts.params[STUDENT]  # the critic starts as a copy of the teacher's denoiser
         self.optimizers = {STUDENT: config.student.make(), CRITIC: config.dm.critic.make()}
         self.roles = {CRITIC: (self.denoiser,)}

@@ -49,6 +49,7 @@ from jaxpipe.nn import MaskedLM
 from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import ppo, rollout, update
+from jaxpipe.training.denoiser import adapted
 from jaxpipe.training.grpo import FlowGRPOConfig, generator_update
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.parts import Parts
@@ -74,7 +75,8 @@ class JointRLConfig:
 
     Attributes:
       generator: the generator's FlowGRPO settings: the group (K, adv clip), its SDE rollout, PPO clip,
-        KL, updates per rollout (which both parts follow) and its optimiser.
+        KL, updates per rollout (which both parts follow), its optimiser and ``lora`` (adapters on the
+        generator, which then trains them alone; joint only).
       refiner: ``skip``, the token objective's clip and KL weight.
       refiner_optimizer: the refiners' optimiser (one Adam state per refiner).
       joint: train the generator too (``False``: prompt-only; the generator renders with the ODE).
@@ -83,8 +85,8 @@ class JointRLConfig:
       expert_map: how the N refiner updates map over the experts: ``"vmap"`` | ``"map"`` | ``"auto"``.
 
     Raises:
-      ValueError: on construction, if ``refiner.skip`` leaves no rewrite in a group, or ``credit`` /
-        ``expert_map`` is unknown.
+      ValueError: on construction, if ``refiner.skip`` leaves no rewrite in a group, ``credit`` /
+        ``expert_map`` is unknown, or ``generator.lora`` is set on prompt-only RL.
     """
 
     generator: FlowGRPOConfig = FlowGRPOConfig(beta=0.04)
@@ -101,6 +103,8 @@ class JointRLConfig:
             raise ValueError(f"credit must be one of {CREDITS} (got {self.credit!r})")
         if self.expert_map not in EXPERT_MAPS:
             raise ValueError(f"expert_map must be one of {EXPERT_MAPS} (got {self.expert_map!r})")
+        if self.generator.lora is not None and not self.joint:
+            raise ValueError("generator.lora trains adapters on the generator, which prompt-only RL (joint=False) keeps frozen")
 
     def sampling_on(self, loop: denoise.DenoiseConfig) -> denoise.DenoiseConfig:
         """The generator's rollout policy on a card's denoise loop: the SDE when joint, the ODE when prompt-only.
@@ -212,7 +216,7 @@ class _RefinerRL(RolloutMethod):
         self.ar_config = card.spec.loop(self.refine_loop).config.replace(temperature=1.0)
         self.sampling = config.sampling_on(card.spec.loop(self.denoise_loop).config)
         trained = {REFINER: (self.component,), GENERATOR: ("transformer",)} if config.joint else {REFINER: (self.component,)}
-        self.parts = Parts(card, trained)
+        self.parts = Parts(adapted(card, ("transformer",), config.generator.lora), trained)
         self.optimizers = {REFINER: config.refiner_optimizer.make()}
         if config.joint:
             self.optimizers[GENERATOR] = config.generator.optimizer.make()

@@ -58,8 +58,8 @@ class MoTRLConfig:
       token_weight: the thinking part's weight in the summed loss, >= 0.
 
     Raises:
-      ValueError: on construction, if ``thinking.skip`` leaves no thinking sample in a group or
-        ``token_weight`` is negative.
+      ValueError: on construction, if ``thinking.skip`` leaves no thinking sample in a group,
+        ``token_weight`` is negative, or ``generator.lora`` is set (the shared weights train whole).
     """
 
     generator: FlowGRPOConfig = FlowGRPOConfig(beta=0.04)
@@ -70,6 +70,8 @@ class MoTRLConfig:
         self.thinking.check_group(self.generator.group.size)
         if not self.token_weight >= 0:
             raise ValueError(f"token_weight must be >= 0 (got {self.token_weight})")
+        if self.generator.lora is not None:
+            raise ValueError("SharedMoTRL trains its shared MoT weights whole: generator.lora is not supported")
 
 
 class MoTRollout(NamedTuple):

@@ -39,6 +39,7 @@ from flax import nnx
 from jaxpipe import samplers
 from jaxpipe.card import Card
 from jaxpipe.loops import denoise
+from jaxpipe.nn.lora import LoRAConfig
 from jaxpipe.program import Program
 from jaxpipe.program import settings as loop_settings
 from jaxpipe.prompts import Prompts
@@ -89,6 +90,8 @@ class DiffusionNFTConfig:
       ema: the old policy's EMA decay schedule (module docstring).
       noise: how the update's σ is drawn (uniform on [0.02, 0.98] by default).
       optimizer: clipped Adam, lr 1e-4 by default.
+      lora: train LoRA adapters on the denoiser(s) instead of all their weights (``None``: full training);
+        the old policy is then an EMA of the adapters (``jaxpipe.nn.lora``).
 
     Raises:
       ValueError: on construction, if K < 2 or ``beta`` is not in (0, 1].
@@ -100,6 +103,7 @@ class DiffusionNFTConfig:
     ema: EMA = EMA()
     noise: NoiseLevels = NoiseLevels()
     optimizer: Optimizer = Optimizer(1e-4)
+    lora: LoRAConfig | None = None
 
     def __post_init__(self):
         self.group.check_relative()
