@@ -32,28 +32,30 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     # before JAX starts: the simulated mesh the sharded jobs compile for
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}".strip()
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import pathlib  # noqa: E402
-import time  # noqa: E402
+import argparse
+import dataclasses
+import json
+import pathlib
+import time
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import report  # noqa: E402
-from jaxpipe import distributed  # noqa: E402
-from jaxpipe.loops import denoise  # noqa: E402
-from jaxpipe.nn import flux, wan  # noqa: E402
-from jaxpipe.training import grpo, update  # noqa: E402
-from jaxpipe.training.methods import nft  # noqa: E402
-from jaxpipe.training.optim import Optimizer  # noqa: E402
-from jaxpipe.training.rollout import Generated, Group, Sampling  # noqa: E402
+import report
+
+from jaxpipe import distributed
+from jaxpipe.loops import denoise
+from jaxpipe.nn import flux, wan
+from jaxpipe.training import grpo, update
+from jaxpipe.training.methods import nft
+from jaxpipe.training.optim import Optimizer
+from jaxpipe.training.rollout import Generated, Group, Sampling
 
 GB = 1e9
 DEVICE_GB = {"H200": 141.0, "TPU v5p": 95.0}
@@ -132,6 +134,8 @@ def jobs() -> list[Job]:
     rows.append(Job("flux-grpo-lora64-full-unrolled", "flux", "grpo", lora=64, scan=False))
     for remat in ("none", "full"):
         rows.append(Job(f"wan-grpo-fsdp2tp4-{remat}", "wan", "grpo", data=2, tp=4, prompts=2, remat=remat))
+    # one prompt's K = 4 rows, one per FSDP shard: a video row's activations are what fill a device
+    rows.append(Job("wan-grpo-fsdp4tp2-1prompt-full", "wan", "grpo", data=4, tp=2, prompts=1))
     return rows
 
 
@@ -185,7 +189,7 @@ def build(job: Job, quick: bool):
     mesh = distributed.make_mesh(job.data, 1, job.tp, devices=jax.devices()[: job.devices])
     table = wan.LOGICAL_AXES if job.model == "wan" else flux.LOGICAL_AXES
     rules = distributed.FSDP_TP if job.tp > 1 else distributed.FSDP
-    shard = lambda tree: distributed.param_shardings(mesh, tree, table, rules)  # noqa: E731
+    shard = lambda tree: distributed.param_shardings(mesh, tree, table, rules)
     p_sh, f_sh = shard(params), shard(frozen)
     o_sh = distributed.opt_state_shardings(mesh, opt_state, params, p_sh)
     rows_sh = NamedSharding(mesh, P("data")) if rows % job.data == 0 else distributed.replicated(mesh)
@@ -295,7 +299,7 @@ def render(results: list[dict], info: dict) -> str:
         if "error" in r:
             lines.append(f"| {r['name']} | failed: {r['error'][:120]} |" + " |" * 12)
             continue
-        yes = lambda ok: "yes" if ok else "**no**"  # noqa: E731
+        yes = lambda ok: "yes" if ok else "**no**"
         trained = f"{r['trained_parameters'] / 1e9:.2f} B" if r["trained_parameters"] > 1e8 else f"{r['trained_parameters'] / 1e6:.1f} M"
         lines.append(
             f"| {r['name']} | {r['network']} | {r['data']} × {r['tp']} | {r['rows']} | {trained} | {r['remat']} | "

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import brightness_reward, leaves_equal, rl_batch
 from flax import nnx
 
 import jaxpipe as jp
@@ -22,11 +23,21 @@ from jaxpipe.nn import flux, hf, lora, stacked
 from jaxpipe.nn.flux import FluxConfig, FluxTransformer
 from jaxpipe.prompts import Prompts
 from jaxpipe.training import (
-    DMD2, DiffusionNFT, DiffusionNFTConfig, DMD2Config, FlowGRPO, FlowGRPOConfig, Group, LoRAConfig, MoTRLConfig, Optimizer,
-    Sampling, UnifiedRL, UnifiedRLConfig,
+    DMD2,
+    DiffusionNFT,
+    DiffusionNFTConfig,
+    DMD2Config,
+    FlowGRPO,
+    FlowGRPOConfig,
+    Group,
+    LoRAConfig,
+    MoTRLConfig,
+    Optimizer,
+    Sampling,
+    UnifiedRL,
+    UnifiedRLConfig,
 )
 from jaxpipe.training.parts import Parts
-from conftest import brightness_reward, leaves_equal, rl_batch
 
 SMALL = dict(num_layers=2, num_single_layers=2)  # a stacked block with a real layer axis
 

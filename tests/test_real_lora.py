@@ -20,7 +20,11 @@ torch = pytest.importorskip("torch", reason="the parity extra is not installed: 
 diffusers = pytest.importorskip("diffusers", reason="the parity extra is not installed: pip install -e '.[parity]'")
 peft = pytest.importorskip("peft", reason="the parity extra is not installed: pip install -e '.[parity]'")
 
-from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+from diffusers import (
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    FluxTransformer2DModel,
+)
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.utils import get_peft_model_state_dict
 from safetensors.torch import save_file

@@ -427,7 +427,8 @@ def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfi
     step after step (``lax.map`` over time): each network call then has the rollout's own shapes, so it
     is the same bfloat16 program and reproduces the captured log-probs exactly (C2). A vmap over time
     reshapes every matmul, and one flipped bfloat16 rounding moves a log-prob by ~1e-3 (measured on the
-    bundled flux-t2i: 8e-4), as large as the PPO clip.
+    bundled flux-t2i: 8e-4), as large as the PPO clip. Each step is rematerialised in the backward pass,
+    so a gradient holds one step's activations at a time, not the whole window's.
 
     Args:
       models: the loop's bound denoiser(s).
@@ -450,7 +451,9 @@ def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfi
         alone = jax.tree.map(lambda a: a[None], transition)  # a 1-step trajectory
         return denoise.trajectory_stats(models, alone, generated.cond, sampling)
 
-    log_prob, mean = jax.lax.map(one_step, generated.trajectory)
+    # checkpointed: the backward recomputes one step at a time, so only one step's activations are ever held
+    # (a video network's are tens of GB per step); the forward values are the same program's
+    log_prob, mean = jax.lax.map(jax.checkpoint(one_step), generated.trajectory)
     return log_prob[:, 0], mean[:, 0]
 
 
