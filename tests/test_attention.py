@@ -35,6 +35,7 @@ def test_cudnn_off_a_gpu_and_unknown_names_are_refused_with_the_choices():
         FluxConfig.tiny(attention="flash")
 
 
+@pytest.mark.slow  # ~5 s: three Wan forwards; the default tier checks the chunked attention itself
 def test_wan_with_chunked_attention_equals_xla():
     """The Wan transformer's self- and cross-attention take the setting; chunks smaller than its 48 tokens agree."""
     from flax import nnx

@@ -25,7 +25,8 @@ def both_ways(vae, video):
 
 
 # frame 0 + one and two 4-frame chunks (2 and 3 latent frames); 9 needs both cached frames of every conv
-@pytest.mark.parametrize("frames", [pytest.param(5, marks=pytest.mark.slow), 9])
+@pytest.mark.slow  # ~12 s of compiles (whole-clip and chunked, encode and decode); the default tier traces 480p
+@pytest.mark.parametrize("frames", [5, 9])
 def test_chunked_encode_and_decode_equal_the_whole_clip(vae, frames):
     video = jax.random.uniform(jax.random.key(frames), (2, frames, 16, 16, 3), minval=-1, maxval=1)
     (mean, logvar), (mean_w, logvar_w), decoded, decoded_w = both_ways(vae, video)
