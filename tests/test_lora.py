@@ -67,6 +67,7 @@ class Toy(nnx.Module):
         return stacked.apply(self.blocks, lambda b, h: h + b["down"](jax.nn.gelu(b["up"](h))), self.proj(x))
 
 
+@pytest.mark.slow  # ~6 s; test_real_lora checks the same on the diffusers FLUX in the default tier
 def test_fresh_adapters_are_the_base_and_merge_equals_the_unmerged_forward():
     """(The same on a diffusers FLUX, against diffusers: test_real_lora.py.)"""
     base, x = Toy(), jax.random.normal(jax.random.key(1), (2, 5, 8))
@@ -125,6 +126,7 @@ def test_bad_configs_and_targets_are_named_errors():
         lora.apply(Conv(), LoRAConfig(2))
 
 
+@pytest.mark.slow  # ~6 s; test_real_lora round-trips both formats through diffusers and peft in the default tier
 @pytest.mark.parametrize("format", lora.FORMATS)
 def test_adapter_files_round_trip(format, tmp_path):
     base = tiny_flux()
@@ -184,6 +186,7 @@ def test_parts_train_the_adapters_and_freeze_the_base(t2i_card):
     assert leaves_equal(nnx.state(back), nnx.state(card["transformer"]))
 
 
+@pytest.mark.slow  # ~11 s: one compiled FlowGRPO step; the split it relies on is test_parts_train_the_adapters_and_freeze_the_base
 def test_flow_grpo_with_lora_trains_the_adapters_alone(t2i_card):
     """One compiled step: C2 at the rollout weights (the update's ratios), and only adapter leaves move."""
     method = FlowGRPO(t2i_card, brightness_reward, CONFIG)
