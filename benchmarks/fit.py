@@ -313,15 +313,17 @@ def render(results: list[dict], info: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="test sizes: the same jobs and code paths")
-    parser.add_argument("--only", default="", help="comma-separated job-name prefixes")
+    parser.add_argument("--only", default="", help="comma-separated job names (or prefixes of names)")
     parser.add_argument("--out", type=pathlib.Path, help="write the results as JSON")
     parser.add_argument("--results", type=pathlib.Path, help="write the fit section of this RESULTS.md")
     parser.add_argument("--from-json", type=pathlib.Path, help="render the section from a JSON of an earlier run")
     args = parser.parse_args(argv)
     wanted = [p for p in args.only.split(",") if p]
     results = json.loads(args.from_json.read_text()) if args.from_json else []
+    names = {job.name for job in jobs()}
     for job in [] if args.from_json else jobs():
-        if wanted and not any(job.name.startswith(p) for p in wanted):
+        # a whole job name selects that job alone; anything else is a prefix
+        if wanted and not any(job.name == p or (p not in names and job.name.startswith(p)) for p in wanted):
             continue
         print(f"[fit] {job.name} ...", flush=True)
         try:
