@@ -139,28 +139,7 @@ def apply(
     Returns:
       The final ``carry``.
     """
-    check_remat(remat)
-
-    def step(state: Any, c: Carry, graphdef) -> Carry:
-        return fn(nnx.merge(graphdef, state), c)
-
-    if isinstance(layers, Stacked):
-        graphdef, state = nnx.split(layers.stacked)
-
-        def body(c: Carry, layer_state: Any) -> tuple[Carry, None]:
-            return step(layer_state, c, graphdef), None
-
-        if remat != "none":
-            # inside a scan CSE cannot merge the recomputation back into the forward: prevent_cse=False is safe and faster
-            body = jax.checkpoint(body, policy=_policy(remat), prevent_cse=False)
-        carry, _ = jax.lax.scan(body, carry, state)
-        return carry
-    for layer in layers:
-        if remat == "none":
-            carry = fn(layer, carry)
-        else:
-            graphdef, state = nnx.split(layer)
-            carry = jax.checkpoint(lambda s, c, g=graphdef: step(s, c, g), policy=_policy(remat))(state, carry)
+    carry, _ = scan(layers, lambda block, c, _: (fn(block, c), None), carry, remat=remat)
     return carry
 
 
@@ -211,7 +190,8 @@ def scan(
             return step(layer_state, c, x, graphdef)
 
         if remat != "none":
-            body = jax.checkpoint(body, policy=_policy(remat), prevent_cse=False)  # as in apply: safe inside a scan
+            # inside a scan CSE cannot merge the recomputation back into the forward: prevent_cse=False is safe and faster
+            body = jax.checkpoint(body, policy=_policy(remat), prevent_cse=False)
         xs = None if inputs is None else jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
         carry, ys = jax.lax.scan(body, carry, (state, xs))
         return carry, [jax.tree.map(lambda a, i=i: a[i], ys) for i in range(n)]
