@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["REMAT_POLICIES", "STACKED", "Stacked", "apply", "blocks", "check_remat", "scan", "unstack"]
+__all__ = ["REMAT_POLICIES", "STACKED", "Stacked", "apply", "blocks", "check_remat", "prefix", "scan", "unstack"]
 
 STACKED = "stacked"  # the path part that marks a stacked block: hf and distributed map it to per-layer indices
 REMAT_POLICIES = ("none", "full", "dots", "offload")
@@ -87,6 +87,26 @@ def unstack(layers: nnx.List | Stacked) -> nnx.List:
     if isinstance(layers, Stacked):
         return nnx.List([layers.layer(i) for i in range(len(layers))])
     return layers
+
+
+def prefix(layers: nnx.List | Stacked, k: int) -> nnx.List | Stacked:
+    """The first ``k`` blocks, in ``layers``' own layout (a ``Stacked`` of ``k`` slices, or a shorter list).
+
+    Args:
+      layers: the blocks.
+      k: how many to keep, ``1 <= k <= len(layers)``.
+
+    Returns:
+      The first ``k`` blocks.
+
+    Raises:
+      ValueError: if ``k`` is out of range.
+    """
+    if not 1 <= k <= len(layers):
+        raise ValueError(f"prefix: k must be in [1, {len(layers)}] (got {k})")
+    if isinstance(layers, Stacked):
+        return Stacked([layers.layer(i) for i in range(k)])
+    return nnx.List(list(layers)[:k])
 
 
 def check_remat(policy: str) -> str:
