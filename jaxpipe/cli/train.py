@@ -66,7 +66,7 @@ class RunFlags:
     model_option: typing.List[str] = _flag([], "--model-option", help="KEY=VALUE for the loader of a diffusers --model folder (e.g. height=512, width=512, max_sequence_length=128, dtype=bfloat16); repeatable.")
     prompts: typing.Optional[Path] = _flag(None, "--prompts", help="Your prompts: a .txt file (one per line) or .jsonl ({\"prompt\": ..., numeric metadata}); default: the digits world's prompt grammar.")
     heldout: float = _flag(0.1, "--heldout", help="Fraction of --prompts held out to judge the card before and after (split by --seed).")
-    reward: typing.List[str] = _flag([], "--reward", help="Your reward: module:function or path/to/file.py:function, reward(artifacts, prompts) -> (B,), a JAX function or a @jaxpipe.rewards.host one; repeat to combine. Default: the digit-scorer over --terms.")
+    reward: typing.List[str] = _flag([], "--reward", help="Your reward: module:function or path/to/file.py:function, reward(artifacts, prompts) -> (B,), a JAX function or a @jaxpipe.rewards.host one; or a reward model folder: pickscore:DIR, clipscore:DIR, aesthetic:DIR; repeat to combine. Default: the digit-scorer over --terms.")
     reward_weight: typing.List[float] = _flag([], "--reward-weight", help="The weight of each --reward, in order (default 1 each).")
     terms: str = _flag("digit,stroke,position,brightness", "--terms", help="Digits reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
     seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
@@ -117,9 +117,10 @@ class RunFlags:
             return None
         if self.reward_weight and len(self.reward_weight) != len(self.reward):
             raise ValueError(f"give one --reward-weight per --reward ({len(self.reward)}), or none (got {len(self.reward_weight)})")
-        loaded = {spec.rpartition(":")[2]: rewards.load(spec) for spec in self.reward}
-        if len(loaded) != len(self.reward):
-            raise ValueError(f"two --reward s share a function name ({self.reward}); rename one")
+        names = [rewards.spec_name(spec) for spec in self.reward]  # a reward model by its kind, not its directory
+        if len(set(names)) != len(names):
+            raise ValueError(f"two --reward s share a name ({self.reward} are named {names}); rename one")
+        loaded = {name: rewards.load(spec) for name, spec in zip(names, self.reward)}
         weights = dict(zip(loaded, self.reward_weight)) if self.reward_weight else {}
         if len(loaded) == 1 and weights in ({}, {next(iter(loaded)): 1.0}):
             return next(iter(loaded.values()))

@@ -89,7 +89,14 @@ class CLIPConfig:
 
 
 def normalize(x: jax.Array) -> jax.Array:
-    """``x / ‖x‖`` along the last axis (float32), as CLIP scores do before their dot products."""
+    """``x / ‖x‖`` along the last axis (float32), as CLIP scores do before their dot products.
+
+    Args:
+      x: ``(..., D)`` features.
+
+    Returns:
+      ``(..., D)`` float32 unit vectors.
+    """
     x = jnp.asarray(x, jnp.float32)
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
@@ -160,5 +167,12 @@ def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True
 
 
 def param_count(config: CLIPConfig) -> int:
-    """The number of parameters of ``CLIPModel(config)`` (counted abstractly: nothing is allocated)."""
+    """The number of parameters of ``CLIPModel(config)`` (counted abstractly: nothing is allocated).
+
+    Args:
+      config: the model's sizes.
+
+    Returns:
+      The parameter count.
+    """
     return hf.count_params(nnx.eval_shape(lambda: CLIPModel(config, rngs=nnx.Rngs(0))))

@@ -258,6 +258,15 @@ def load_with_projection(folder: str | Path, *, dtype: str = "float32", scan_lay
                          remat: str = "none") -> CLIPVisionWithProjection:
     """A transformers ``CLIPVisionModelWithProjection`` folder, as ``load`` (the tower plus ``visual_projection``).
 
+    Args:
+      folder: the model folder.
+      dtype: the parameter and compute dtype's name.
+      scan_layers: store the layers stacked.
+      remat: the layers' rematerialisation policy.
+
+    Returns:
+      The loaded ``CLIPVisionWithProjection``.
+
     Raises:
       ValueError, hf.KeyMappingError: as ``load``.
     """
@@ -266,7 +275,15 @@ def load_with_projection(folder: str | Path, *, dtype: str = "float32", scan_lay
 
 
 def param_count(config: CLIPVisionConfig, *, projection: bool = False) -> int:
-    """The number of parameters of ``CLIPVisionEncoder(config)`` (or ``CLIPVisionWithProjection``), counted abstractly."""
+    """The number of parameters of ``CLIPVisionEncoder(config)`` (or ``CLIPVisionWithProjection``), counted abstractly.
+
+    Args:
+      config: the tower's sizes.
+      projection: count ``CLIPVisionWithProjection`` (the tower plus ``visual_projection``).
+
+    Returns:
+      The parameter count.
+    """
     cls = CLIPVisionWithProjection if projection else CLIPVisionEncoder
     return hf.count_params(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
 
@@ -369,6 +386,13 @@ def preprocess(images: jax.Array, processing: ImageProcessing = ImageProcessing(
     (offset ``(H - crop_h) // 2``), normalises; differentiable. Crop-sized images are not resampled, so
     they give exactly ``CLIPImageProcessor``'s values on the same uint8 images; otherwise the
     interpolation differs from PIL's in detail (PIL resamples rounded uint8 pixels).
+
+    Args:
+      images: ``(B, H, W, 3)`` in [0, 1].
+      processing: the processor's settings.
+
+    Returns:
+      ``(B, crop_h, crop_w, 3)`` float32 pixel values.
 
     Raises:
       ValueError: if ``images`` is not ``(B, H, W, 3)``, or is smaller than the crop after resizing.

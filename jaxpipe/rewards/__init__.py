@@ -23,7 +23,9 @@ marked with ``@host``: it gets NumPy artifacts and the prompts as a ``list[str]`
 
 ``combine`` weighs several rewards into named parts, ``score`` calls a reward once and checks it,
 and ``load("module:function")`` / ``load("path/to/file.py:function")`` finds one for a
-``--reward`` flag.
+``--reward`` flag. Reward models ship too, as JAX rewards loaded from a folder
+(``load("pickscore:DIR")``, ``"clipscore:DIR"``, ``"aesthetic:DIR"``; ``jaxpipe.rewards.clip``,
+``jaxpipe.rewards.aesthetic``); ``text_prompts`` gives the prompts to call one on outside a trainer.
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpipe.prompts import Prompts
+from jaxpipe.prompts import Prompts, check, encode_text, text_width
 from jaxpipe.rewards.hosted import VMAP_METHODS, HostPrompts, HostReward, host
 
-__all__ = ["Reward", "HostPrompts", "HostReward", "VMAP_METHODS", "host", "combine", "score", "load"]
+__all__ = ["Reward", "HostPrompts", "HostReward", "VMAP_METHODS", "MODEL_KINDS", "host", "combine", "score", "load",
+           "spec_name", "text_prompts"]
 
 Reward = Callable[[Mapping[str, Any], Prompts], Union[jax.Array, Mapping[str, jax.Array]]]
 """``reward(artifacts, prompts) -> (B,)`` or ``{part: (B,)}``."""
@@ -187,29 +190,130 @@ def _import_module(target: str, spec: str):
         raise
 
 
+MODEL_KINDS = ("clipscore", "pickscore", "aesthetic")
+"""The reward models ``load("KIND:DIR")`` loads from a folder (``jaxpipe.rewards.clip``, ``jaxpipe.rewards.aesthetic``)."""
+
+_SPEC_FORMS = "'package.module:function', 'path/to/file.py:function' or 'KIND:DIR' (KIND one of " + ", ".join(MODEL_KINDS) + ")"
+_LOADED: dict[tuple[str, str], Reward] = {}
+_CLIP_MODELS: dict[str, Any] = {}
+
+
+def _is_path(text: str) -> bool:
+    return "/" in text or "\\" in text or text.startswith((".", "~"))
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _model_spec(spec: str) -> tuple[str, str] | None:
+    """``(kind, directory)`` when ``spec`` names a reward model (``KIND:DIR``), else ``None`` (a function spec).
+
+    ``KIND:X`` is a model spec when ``X`` is a directory or a path, or no module ``KIND`` exists (so a
+    module of yours named ``aesthetic`` with a function still loads as ``aesthetic:function``).
+    """
+    kind, _, where = spec.partition(":")
+    if kind in MODEL_KINDS and where and (Path(where).expanduser().is_dir() or _is_path(where) or not _module_exists(kind)):
+        return kind, where
+    return None
+
+
+def _load_model(kind: str, where: str, spec: str) -> Reward:
+    folder = Path(where).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"--reward {spec!r}: no {kind} model directory {folder}")
+    key = (kind, str(folder.resolve()))
+    if key in _LOADED:
+        return _LOADED[key]
+    try:
+        if kind == "aesthetic":
+            from jaxpipe.rewards import aesthetic
+
+            reward = aesthetic.load(folder)
+        else:
+            from jaxpipe.rewards import clip
+
+            # clipscore:DIR and pickscore:DIR of one folder share its CLIPModel: read once
+            model = _CLIP_MODELS.get(key[1])
+            reward = (clip.clipscore if kind == "clipscore" else clip.pickscore)(folder, model=model)
+            _CLIP_MODELS[key[1]] = reward.model
+    except (FileNotFoundError, ValueError) as err:
+        raise ValueError(f"--reward {spec!r}: {err}") from None
+    _LOADED[key] = reward
+    return reward
+
+
+def spec_name(spec: str) -> str:
+    """The name a ``--reward`` spec's reward is logged under: the kind of a ``KIND:DIR`` reward model
+    (``"pickscore"``), else the function (``"brightness"`` for ``"my_rewards.py:brightness"``).
+
+    Args:
+      spec: a spec ``load`` takes.
+
+    Returns:
+      The name.
+    """
+    model = _model_spec(spec) if isinstance(spec, str) else None
+    return model[0] if model else str(spec).rpartition(":")[2]
+
+
+def text_prompts(texts: list[str] | tuple[str, ...], metadata: Mapping[str, Any] | None = None) -> Prompts:
+    """``Prompts`` to call a reward on outside a trainer, without a card: the texts' bytes, no token ids.
+
+    ``ids`` is ``(P, 0)`` (a reward model tokenises the text itself); for a card's ids use
+    ``Prompts.from_texts(card, texts)``, which rewards take the same way.
+
+    Args:
+      texts: P prompt strings.
+      metadata: optional ``{name: (P, ...)}`` numeric arrays.
+
+    Returns:
+      The checked ``Prompts``.
+
+    Raises:
+      TypeError, ValueError: as ``jaxpipe.prompts.encode_text`` and ``check``.
+    """
+    texts = list(texts)
+    meta = {k: np.asarray(v) for k, v in (metadata or {}).items()}
+    return check(Prompts(np.zeros((len(texts), 0), np.int32), encode_text(texts, text_width(texts)), meta))
+
+
 def load(spec: str) -> Reward:
-    """The reward named by ``spec``: ``"package.module:function"`` or ``"path/to/file.py:function"``.
+    """The reward named by ``spec``: ``"package.module:function"``, ``"path/to/file.py:function"`` or a
+    reward model ``"KIND:DIR"``.
 
     A ``.py`` path (or one with a path separator) is imported as a module of its own, once per
     file; ``function`` may be dotted (``"module:Class.method"``). It is returned as is: a JAX
-    reward, or a host reward marked with ``@host``.
+    reward, or a host reward marked with ``@host``. ``KIND:DIR``, ``KIND`` one of ``MODEL_KINDS``,
+    loads that reward model from the directory (``jaxpipe.rewards.clip.pickscore`` / ``clipscore``,
+    ``jaxpipe.rewards.aesthetic.load``), once per kind and directory.
 
     Args:
-      spec: ``"package.module:function"`` or ``"path/to/file.py:function"``.
+      spec: ``"package.module:function"``, ``"path/to/file.py:function"`` or ``"pickscore:DIR"``.
 
     Returns:
       The reward callable.
 
     Raises:
       ValueError: a spec without ``":"``, a module or file that is not found, a missing
-        attribute, or one that is not callable.
+        attribute, or one that is not callable; a reward model directory that does not exist or does
+        not load (the reason named); an unknown reward model kind before a directory.
     """
     if not isinstance(spec, str) or ":" not in spec:
-        raise ValueError(f"a reward is named 'package.module:function' or 'path/to/file.py:function' (got {spec!r})")
+        raise ValueError(f"a reward is named {_SPEC_FORMS} (got {spec!r})")
+    model = _model_spec(spec)
+    if model is not None:
+        return _load_model(*model, spec)
     target, _, attribute = spec.rpartition(":")
     if not target or not attribute:
-        raise ValueError(f"a reward is named 'package.module:function' or 'path/to/file.py:function' (got {spec!r})")
+        raise ValueError(f"a reward is named {_SPEC_FORMS} (got {spec!r})")
     is_file = target.endswith(".py") or "/" in target or "\\" in target
+    if not is_file and not _module_exists(target) and (_is_path(attribute) or Path(attribute).expanduser().is_dir()):
+        raise ValueError(f"--reward {spec!r}: unknown reward model kind {target!r}; the kinds are {', '.join(MODEL_KINDS)} "
+                         f"(or name a function: 'package.module:function', 'path/to/file.py:function')")
     module = _import_file(Path(target), spec) if is_file else _import_module(target, spec)
     value = module
     for part in attribute.split("."):
