@@ -8,7 +8,8 @@ it runs:
   real 24 GB checkpoint; the reason says so);
 - ``<!-- docs-test: tiny-flux NAME -->``: first writes a tiny random diffusers ``FluxPipeline`` folder
   at ``NAME`` (needs the parity extra; skipped with the reason without it), so the block loads a real
-  folder of the real layout.
+  folder of the real layout;
+- ``<!-- docs-test: tiny-wan-i2v NAME -->``: likewise a tiny random Wan 2.1 ``WanImageToVideoPipeline`` folder.
 
 ``<!-- docs-test: slow -->`` anywhere on a page runs that page in the slow tier (long training loops).
 """
@@ -62,6 +63,13 @@ def _tiny_flux(folder: Path) -> None:
     flux_pipeline().save_pretrained(folder)
 
 
+def _tiny_wan_i2v(folder: Path) -> None:
+    pytest.importorskip("diffusers", reason="the parity extra is not installed: pip install -e '.[parity]'")
+    from test_real_wan_i2v import i2v_pipeline
+
+    i2v_pipeline().save_pretrained(folder)
+
+
 @pytest.mark.parametrize("page", [_param(p) for p in PAGES if blocks(p)])
 def test_the_pages_code_runs(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -73,6 +81,8 @@ def test_the_pages_code_runs(page, tmp_path, monkeypatch):
             continue
         if kind == "tiny-flux":
             _tiny_flux(tmp_path / arg)
+        elif kind == "tiny-wan-i2v":
+            _tiny_wan_i2v(tmp_path / arg)
         elif kind and kind != "slow":  # the page's tier marker may sit right above its first block
             raise AssertionError(f"{page.name}:{block.line}: unknown docs-test directive {kind!r}")
         code = compile(block.source, f"{os.path.relpath(page, ROOT)}:{block.line}", "exec")

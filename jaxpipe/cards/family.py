@@ -66,13 +66,15 @@ class Family:
       build: ``build(config, *, seed, model_id) -> Card``, deterministic in ``seed``; it must also
         work under ``nnx.eval_shape`` (checkpoints are rebuilt abstractly).
       programs: program name -> ``() -> Program`` (build once, e.g. ``functools.cache``); the
-        first is the default the engine serves the card with.
+        first is the default the engine serves the card with (unless ``program_for`` picks another).
       model_id: the id ``build`` gives by default (``jaxpipe.cards.build(model_id)``), if any.
       stacked: ``stacked(card) -> {component: expert names}`` for components stored stacked on a
         leading expert axis (the engine versions and publishes each expert on its own).
       flow: ``FlowData`` hooks if the family's denoise loop can be fine-tuned by flow matching.
       pipelines: diffusers pipeline class name (``model_index.json``'s ``_class_name``) -> loader
         ``load(folder, **kwargs) -> Card`` for the families that read diffusers folders.
+      program_for: ``program_for(card) -> name`` (a key of ``programs``) for a family whose cards do
+        different tasks (``wan``: text-to-video or image-to-video); ``None``: every card gets the first.
     """
 
     name: str
@@ -83,6 +85,7 @@ class Family:
     stacked: Callable[[Card], Mapping[str, tuple[str, ...]]] | None = None
     flow: FlowData | None = None
     pipelines: Mapping[str, Callable[..., Card]] = dataclasses.field(default_factory=dict)
+    program_for: Callable[[Card], str] | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -111,3 +114,17 @@ class Family:
         if name not in self.programs:
             raise KeyError(f"family {self.name!r} has no program {name!r}; it has {sorted(self.programs)}")
         return self.programs[name]()
+
+    def default_program(self, card: Card) -> Program:
+        """The program the engine serves ``card`` with: ``program_for(card)``'s, else the first.
+
+        Args:
+          card: a card of this family.
+
+        Returns:
+          The built ``Program``.
+
+        Raises:
+          KeyError: if ``program_for`` names a program the family does not have.
+        """
+        return self.program(None if self.program_for is None else self.program_for(card))

@@ -324,7 +324,8 @@ def by_pipeline(class_name: str) -> Family:
 
 
 def default_program(card: Card) -> Program:
-    """The program the engine serves ``card`` with by default: its family's first.
+    """The program the engine serves ``card`` with by default: its family's first (or the one the
+    family's ``program_for`` names for this card).
 
     Args:
       card: a card of a registered family.
@@ -335,7 +336,7 @@ def default_program(card: Card) -> Program:
     Raises:
       ValueError: if ``card``'s family is not registered.
     """
-    return family_of(card).program()
+    return family_of(card).default_program(card)
 
 
 def stacked_components(card: Card) -> dict[str, tuple[str, ...]]:

@@ -140,15 +140,25 @@ def _makes(program) -> str | None:
 
 def _serving(card, with_image: bool):
     """The program ``generate`` serves ``card`` with and what it makes: its default program, or with ``--image``
-    the first of its family's programs that reads an image (``bagel-mot``: ``understand``)."""
+    the first of its family's programs for this card that reads an image (``bagel-mot``: ``understand``)."""
     from jaxpipe import cards
+    from jaxpipe.program import ProgramError
 
     loops = ", ".join(f"{loop.id} ({loop.kind})" for loop in card.spec.loops)
     does = ", ".join(card.spec.capabilities) or "no listed task"
     if all(loop.kind == "score" for loop in card.spec.loops):
         fail(f"{card.model_id!r} is a judge, not a generator: it scores images (loops: {loops}); "
              f"`jaxpipe evaluate` and the RL rewards use it")
-    programs = [factory() for factory in cards.family_of(card).programs.values()]
+    def fits(program) -> bool:  # a family's other programs may be for its other kind of card (wan: t2v / i2v)
+        try:
+            program.check(card)
+        except ProgramError:
+            return False
+        return True
+
+    default = cards.registry.default_program(card)
+    others = (factory() for factory in cards.family_of(card).programs.values())
+    programs = [default, *(p for p in others if p is not default and fits(p))]
     if with_image:
         program = next((p for p in programs if "image" in p.inputs), None)
         if program is None:

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpipe.nn import hf
-from jaxpipe.nn.clip import CLIPEncoder, _layer_norm, _linear
+from jaxpipe.nn.clip import CLIPEncoder, _layer_norm
 from jaxpipe.nn.layers import check_sizes, compute_dtype
 from jaxpipe.nn.stacked import apply, check_remat, prefix
 from jaxpipe.nn.t5 import ACTIVATIONS
