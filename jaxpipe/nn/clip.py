@@ -164,11 +164,13 @@ class CLIPAttention(nnx.Module):
 
     def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
         b, t, d = x.shape
-        q, k, v = (proj(x).reshape(b, t, self.heads, self.head_dim) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * (self.head_dim**-0.5)
+        # heads-major before the two batched matmuls: XLA:CPU runs them ~1.4x faster than the token-major einsums
+        q, k, v = (proj(x).reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) * (self.head_dim**-0.5)
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        return self.out_proj(jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, d))
+        return self.out_proj(jnp.einsum("bhqk,bhkd->bhqd", probs, v).transpose(0, 2, 1, 3).reshape(b, t, d))
 
 
 class CLIPMLP(nnx.Module):
