@@ -164,3 +164,18 @@ def test_fit_quick_compiles_sharded_lora_and_video_jobs(tmp_path):
     assert all(r["total_gb"] > 0 and r["compile_s"] > 0 for r in rows.values())
     text = results.read_text()
     assert "<!-- BEGIN fit -->" in text and all(f"| {name} |" in text for name in rows)
+
+
+@pytest.mark.slow  # builds and saves a transformers CLIPModel, then four JAX compiles (~30 s on 2 cores)
+def test_rewards_quick_compares_jax_and_torch_on_the_same_scores():
+    """``rewards.py --quick``: CLIPScore and PickScore from one random CLIP folder, jitted JAX vs transformers eager,
+    every row timed and the two agreeing on the scores."""
+    pytest.importorskip("transformers", reason="the torch reference needs the parity extra")
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "rewards.py"), "--quick", "--batch", "2"], check=False,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith(("| clipscore", "| pickscore"))]
+    assert [r[0].strip() for r in rows] == ["clipscore", "pickscore"]
+    for row in rows:
+        assert float(row[2]) > 0 and float(row[3]) > 0
+        assert float(row[5]) < 1e-4  # the same score from both
