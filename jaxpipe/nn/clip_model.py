@@ -89,7 +89,7 @@ class CLIPConfig:
 
 
 def normalize(x: jax.Array) -> jax.Array:
-    """``x / ‖x‖`` along the last axis (float32), as CLIP scores do before their dot products.
+    """``x / ‖x‖`` along the last axis (float32), as CLIP scores do before their dot products; a zero row stays zero.
 
     Args:
       x: ``(..., D)`` features.
@@ -98,7 +98,8 @@ def normalize(x: jax.Array) -> jax.Array:
       ``(..., D)`` float32 unit vectors.
     """
     x = jnp.asarray(x, jnp.float32)
-    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
+    return x / jnp.where(norm == 0, 1.0, norm)
 
 
 class CLIPModel(nnx.Module):

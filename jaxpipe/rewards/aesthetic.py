@@ -32,10 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpipe.nn import hf
+from jaxpipe.nn import clip_model, hf
 from jaxpipe.nn.clip_vision import CLIPVisionConfig, CLIPVisionWithProjection, ImageProcessing, preprocess
 from jaxpipe.prompts import Prompts
-from jaxpipe.rewards.clip import FOLDERS, _has_processor, frames, image_processing, l2_normalize
+from jaxpipe.rewards.clip import FOLDERS, _has_processor, frames, image_processing
 
 __all__ = ["HEAD_LAYERS", "HEAD_SIZES", "AestheticScore", "check_head", "head_score", "load", "load_vision", "read_head"]
 
@@ -176,7 +176,7 @@ class AestheticScore:
 
     def image_embeddings(self, images: jax.Array) -> jax.Array:
         """L2-normalised CLIP image embeddings ``(N, D)`` of ``images`` ``(N, H, W, 3)`` in [0, 1]."""
-        return l2_normalize(self.vision(preprocess(images, self.processing)))
+        return clip_model.normalize(self.vision(preprocess(images, self.processing)))
 
     def __call__(self, artifacts: Mapping[str, Any], prompts: Prompts | None = None) -> jax.Array:
         """The predicted rating ``(B,)`` float32 of ``artifacts["image"]`` (or ``["video"]``, frames averaged)."""

@@ -46,7 +46,7 @@ from jaxpipe.prompts import Prompts, check, decode_text
 
 __all__ = [
     "CLIPSCORE_WEIGHT", "FOLDERS", "CLIPReward", "CLIPScore", "PickScore", "HostTokenizer", "clipscore", "pickscore",
-    "find_processor", "find_tokenizer", "frames", "image_processing", "l2_normalize",
+    "find_processor", "find_tokenizer", "frames", "image_processing",
 ]
 
 CLIPSCORE_WEIGHT = 2.5
@@ -159,20 +159,6 @@ def frames(artifacts: Mapping[str, Any]) -> tuple[jax.Array, int]:
     if images.shape[-1] != 3:
         raise ValueError(f"images must have 3 channels (or 1, grey) to be scored by CLIP (got {images.shape[-1]})")
     return images, t
-
-
-def l2_normalize(x: jax.Array) -> jax.Array:
-    """``x / ‖x‖₂`` along the last axis in float32, a zero row left zero (the aesthetic predictor's ``normalized``).
-
-    Args:
-      x: ``(..., D)`` embeddings.
-
-    Returns:
-      ``(..., D)`` float32 unit rows.
-    """
-    x = jnp.asarray(x, jnp.float32)
-    norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
-    return x / jnp.where(norm == 0, 1.0, norm)
 
 
 class HostTokenizer:
