@@ -64,6 +64,7 @@ def test_understanding_reads_the_image(card):
     assert float(jnp.abs(logits[0] - logits[1]).max()) > 1e-3, "the caption's first word depends on the image"
 
 
+@pytest.mark.slow  # ~12 s; C1 on bagel-mot (serial == interleaved) is in test_parity's every-bundled-card gate
 def test_serial_equals_interleaved_with_ar_and_denoise_requests_mixed(engine):
     requests = [
         jp.Request("bagel-mot", prompt="seven", seed=0, num_steps=3),

@@ -368,6 +368,7 @@ def _methods(card, reward):
             "nft": DiffusionNFT(card, reward, DiffusionNFTConfig(group=Group(2), sampling=Sampling(num_steps=2)))}
 
 
+@pytest.mark.slow  # ~10 s: two trainers' rollouts compiled with a CLIP in them; the steps below train with it
 def test_flow_grpo_and_nft_rollouts_score_with_the_reward_model(t2i_card, pickscore_reward):
     """Inside FlowGRPO's and DiffusionNFT's jitted rollouts (the grey 16×16 digits card: resized, grey as RGB) the
     rewards are PickScore's of the rendered images."""

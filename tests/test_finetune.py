@@ -58,6 +58,7 @@ def test_video_batches_condition_on_the_first_frame():
     assert np.isfinite(float(metrics["loss"])) and float(metrics["skipped"]) == 0.0
 
 
+@pytest.mark.slow  # ~11 s of its own compile; the guarded step's skip is unit-tested below in the default tier
 def test_non_finite_step_is_skipped_and_leaves_state_unchanged(image_batch):
     card = jp.cards.build("flux-t2i", seed=0)
     method = Finetune(card)

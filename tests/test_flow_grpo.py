@@ -61,6 +61,8 @@ def test_update_moves_the_velocity_toward_the_ml_velocity(method, rollout):
     assert agreement > 0  # advantage-weighted, the update moves v toward the realized samples' v_ml
 
 
+@pytest.mark.slow  # ~8 s: another update compile; a constant group's zero advantages and FlowGRPO's zero loss and gradient at
+# zero advantage are test_losses' (default tier)
 def test_constant_reward_is_a_no_op(t2i_card):
     method = FlowGRPO(t2i_card, constant_reward, CONFIG)
     state = method.init()
@@ -130,6 +132,7 @@ def test_one_minibatch_one_epoch_is_the_single_update_bit_for_bit(method, rollou
     assert bool(jnp.isfinite(loss))
 
 
+@pytest.mark.slow  # ~10 s: a second update compile (several minibatches); one-minibatch updates are the default tier's
 def test_several_minibatches_move_the_ratio_and_the_clip_binds(t2i_card, rollout):
     """4 rows in 2 minibatches × 2 epochs: the first update is at the rollout weights (ratio 1, C2), the
     later ones are not, and with a large step the clipped objective clips."""

@@ -136,6 +136,7 @@ def test_step_moves_the_video_toward_the_teacher(method, batch):
     np.testing.assert_allclose(method.serve(new, batch, key)["latents"], after, atol=1e-5)
 
 
+@pytest.mark.slow  # ~15 s of extra compiles; the non-finite guard is shared (update.step) and tested in the default tier by test_finetune
 def test_non_finite_steps_skip_each_optimiser(method, batch):
     state = method.init()._replace(step=jnp.asarray(CONFIG.critic_warmup, jnp.int32))  # past the warm-up
     poison = lambda tree, name: jax.tree_util.tree_map_with_path(

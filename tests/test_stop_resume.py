@@ -119,7 +119,7 @@ def _portable(report: dict, out: Path):
 
 
 @pytest.mark.slow  # ~80 s (three runs); by default: fit stops, checkpoints and resumes bit for bit (above), a real SIGTERM
-# ends a run cleanly (below), and a CLI resume gives the uninterrupted run (test_train_errors.py)
+# ends a run cleanly (below); a CLI resume past a damaged checkpoint gives the uninterrupted run (test_train_errors.py, slow)
 @needs_cards
 def test_ctrl_c_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"

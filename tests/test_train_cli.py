@@ -38,6 +38,7 @@ def same(a, b):
     return all(bool(np.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+@pytest.mark.slow  # ~25 s: a whole unified CLI run; the UnifiedRL trainer itself is tested in test_unified_rl
 @needs_cards
 def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_generator(tmp_path):
     out = tmp_path / "uni"

@@ -156,6 +156,7 @@ def _copy(run, tmp_path):
     return shutil.copytree(run, tmp_path / "run")
 
 
+@pytest.mark.slow  # the module's 4-step run (~20 s) serves only these resume cases; test_stop_resume resumes in the default tier
 @needs_cards
 def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run, tmp_path):
     out = _copy(finished_run, tmp_path)
@@ -167,6 +168,7 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run, tmp_p
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == files  # no report rewritten, no card re-saved
 
 
+@pytest.mark.slow  # shares the 4-step run above
 @needs_cards
 def test_resuming_with_other_settings_names_each_flag_with_its_saved_and_current_value(finished_run, tmp_path):
     out = _copy(finished_run, tmp_path)
@@ -181,6 +183,7 @@ def test_resuming_with_other_settings_names_each_flag_with_its_saved_and_current
     assert (out / "progress.json").read_bytes() == progress
 
 
+@pytest.mark.slow  # ~25 s: a resumed run redoing two steps; shares the 4-step run above
 @needs_cards
 def test_resuming_past_a_damaged_checkpoint_warns_once_and_gives_the_same_run(finished_run, tmp_path, monkeypatch, caplog):
     out = _copy(finished_run, tmp_path)

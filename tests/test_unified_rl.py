@@ -90,6 +90,7 @@ def test_c2_for_both_models_as_the_trainer_computes_it(method, rolled):
     assert abs(float(metrics["lm_ratio_mean"]) - 1.0) < 1e-5 and abs(float(metrics["gen_ratio_mean"]) - 1.0) < 1e-5
 
 
+@pytest.mark.slow  # ~12 s of its own compiles; C2 for both models (the trainer's math) stays in the default tier
 def test_update_moves_both_models_the_right_way(method, rolled):
     state, ro = rolled
     assert float(jnp.abs(ro.advantages).max()) > 0.5

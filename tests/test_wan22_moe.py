@@ -99,6 +99,7 @@ def test_a_constant_router_equals_that_expert_as_a_one_expert_card(card):
     np.testing.assert_array_equal(fixed, jp.generate(one, prompts, seed=seeds)["video"])
 
 
+@pytest.mark.slow  # ~5 s; C1 on wan22-moe is in test_parity's every-bundled-card gate
 def test_serial_equals_interleaved_bit_for_bit(card):
     engine = Engine()
     engine.register(card)
