@@ -195,7 +195,6 @@ MODEL_KINDS = ("clipscore", "pickscore", "aesthetic")
 
 _SPEC_FORMS = "'package.module:function', 'path/to/file.py:function' or 'KIND:DIR' (KIND one of " + ", ".join(MODEL_KINDS) + ")"
 _LOADED: dict[tuple[str, str], Reward] = {}
-_CLIP_MODELS: dict[str, Any] = {}
 
 
 def _is_path(text: str) -> bool:
@@ -237,9 +236,8 @@ def _load_model(kind: str, where: str, spec: str) -> Reward:
             from jaxpipe.rewards import clip
 
             # clipscore:DIR and pickscore:DIR of one folder share its CLIPModel: read once
-            model = _CLIP_MODELS.get(key[1])
-            reward = (clip.clipscore if kind == "clipscore" else clip.pickscore)(folder, model=model)
-            _CLIP_MODELS[key[1]] = reward.model
+            other = _LOADED.get(("pickscore" if kind == "clipscore" else "clipscore", key[1]))
+            reward = (clip.clipscore if kind == "clipscore" else clip.pickscore)(folder, model=None if other is None else other.model)
     except (FileNotFoundError, ValueError) as err:
         raise ValueError(f"--reward {spec!r}: {err}") from None
     _LOADED[key] = reward
