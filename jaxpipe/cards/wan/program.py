@@ -116,10 +116,14 @@ def _bind(card: Card, request: Request) -> Bound:
     if request.image is not None:
         raise ValueError(f"{card.model_id!r} renders text to video and takes no image")
     config = generator.loop_config(card, LOOP_ID, request)
+    return Bound(slots=_text_slots(card, request), settings=settings(**{LOOP_ID: config}), artifacts={"text": request.prompt})
+
+
+def _text_slots(card: Card, request: Request) -> dict[str, np.ndarray]:
+    """The slots both programs bind from the text: the prompt's and the negative prompt's ids, and the seed's key."""
     negative = request.inputs.get("negative_prompt", card.spec.config.negative_prompt)
     ids = tokenize(card, [request.prompt, negative])
-    slots = {"ids": ids[:1], "null_ids": ids[1:], "key": generator.request_keys([request.seed])}
-    return Bound(slots=slots, settings=settings(**{LOOP_ID: config}), artifacts={"text": request.prompt})
+    return {"ids": ids[:1], "null_ids": ids[1:], "key": generator.request_keys([request.seed])}
 
 
 @functools.cache
@@ -228,12 +232,10 @@ def _bind_i2v(card: Card, request: Request) -> Bound:
     if request.image.ndim != 3 or request.image.shape[-1] != 3 or min(request.image.shape[:2]) < 1:
         raise ValueError(f"{card.model_id!r}: image must be an RGB image (H, W, 3) in [0, 1]; got shape {tuple(request.image.shape)}")
     loop = generator.loop_config(card, I2V_LOOP_ID, request)
-    negative = request.inputs.get("negative_prompt", config.negative_prompt)
-    ids = tokenize(card, [request.prompt, negative])
     image = jnp.asarray(request.image, jnp.float32)
     # CLIP sees the image as given (its processor resizes and crops); the VAE sees it resized to the video
     slots = {
-        "ids": ids[:1], "null_ids": ids[1:], "key": generator.request_keys([request.seed]),
+        **_text_slots(card, request),
         "pixel_values": np.asarray(clip_vision.preprocess(image[None], config.image_processing)),
         "image": np.asarray(resize_image(image, config.height, config.width))[None],
     }
