@@ -169,14 +169,21 @@ def test_publish_bumps_only_the_published_components(engine, t2i_card):
         engine.publish("flux-t2i", {"unet": new})
 
 
-def test_engine_is_idle_guarded(engine):
-    def sneaky(event):
-        engine.register(engine.card("flux-t2i"), replace=True)
+def test_a_replacement_during_a_run_waits_for_the_card_to_drain(engine, t2i_card):
+    before = engine.run(t2i(0))
+    replaced = []
 
-    with pytest.raises(EngineError, match="engine is running requests"):
-        engine.run(t2i(0), on_step=sneaky)
-    assert engine.versions("flux-t2i")["transformer"] == 0
-    assert not engine.run(t2i(0)).cancelled  # usable after the error
+    def replace_once(event):
+        if not replaced:
+            replaced.append(engine.register(t2i_card.replace(transformer=perturbed(t2i_card["transformer"], seed=3)), replace=True))
+            assert engine.versions("flux-t2i")["transformer"] == 0  # deferred: the running request keeps its card
+            assert engine.pending_publishes()["flux-t2i"]["transformer"] == 1
+
+    out = engine.run(t2i(0), on_step=replace_once)
+    np.testing.assert_array_equal(out["image"], before["image"])  # finished on the old card, bit for bit
+    assert engine.versions("flux-t2i") == {"text_encoder": 1, "transformer": 1, "vae": 1} and not engine.pending_publishes()
+    assert float(jnp.abs(engine.run(t2i(0))["image"] - before["image"]).max()) > 1e-3
+    engine.register(t2i_card, replace=True)
 
 
 @pytest.mark.skipif(not {"flux-t2i", "wan-i2v"} <= set(jp.cards.available()), reason="bundled cards not trained yet")

@@ -24,6 +24,17 @@ versions, keeps the registered workflows, and runs requests:
   events (a request finishing) the engine fuses the steps into one call. Finished cohorts are decoded together. Results match
   serial within a measured tolerance, not bit for bit (``parity.batch_invariance``, C3).
 
+The request lifecycle: ``submit(request) -> Handle`` queues a request (validated at once) for the
+engine's own ``mode``; each ``tick()`` (one thread drives it: a loop of yours, or the server's
+front) lets new requests join the running work, advances every running request by one step (the
+batched mode: one batched step per group, so a request submitted mid-run joins the next step's
+batch), and finishes the ones done. A handle reports ``status``, ``progress``, ``result()``,
+``events()`` (``for`` / ``async for``; with ``previews=True`` the latents and decoded images) and
+``cancel()`` (its slot is freed at the next tick). A request whose own work raises fails alone,
+on its handle. ``run`` / ``run_many`` are the same core on a scheduler of their own, ticked to the
+end. Registering a replacement, publishing or unregistering while work is in flight drains the
+affected card first (below); registering new ids applies at once.
+
 Workflows run as a chain of stage requests through the same machinery, so in the interleaved
 and batched modes the stages of many workflow requests interleave or batch with each other and
 with plain card requests.
@@ -35,8 +46,8 @@ unfinished request at the next step boundary. Cancelled requests get an ``Output
 ``cancelled_at`` set; the engine stays usable.
 
 Weight sync: ``publish(model_id, {name: module})`` swaps trained components into a resident card
-and bumps only their weight versions, dropping only their feature-cache entries. During
-``run_many`` (from a callback or another thread) it drains first: requests already started on
+and bumps only their weight versions, dropping only their feature-cache entries. While work is in
+flight (``run_many``, or submitted requests; from a callback or another thread) it drains first: requests already started on
 that card finish on the old weights, bit for bit as without the publish; its requests not yet
 started wait until the card has drained, then the swap applies and they start on the new
 weights; other cards keep running. The training side calls it through
@@ -63,6 +74,7 @@ versions, registry) changes.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -71,8 +83,9 @@ from jaxpipe.cache import CacheKey, FeatureCache, content_hash
 from jaxpipe.card import Card
 from jaxpipe.engine import batch as ops
 from jaxpipe.engine.errors import EngineError, UnknownComponentError
-from jaxpipe.engine.publish import Publish, Resident, checked, stacked
-from jaxpipe.engine.scheduler import Scheduler, StepEvent
+from jaxpipe.engine.publish import Resident, checked, stacked
+from jaxpipe.engine.handle import Handle
+from jaxpipe.engine.scheduler import Load, Scheduler, StepEvent
 from jaxpipe.program import Bound, Program, config_of
 from jaxpipe.request import Output, Request
 from jaxpipe.workflow import Workflow, WorkflowRegistry
@@ -90,21 +103,27 @@ class Engine:
     Arguments:
       max_batch: the most requests one batched step carries (``mode="batched"``).
       cache: the feature cache (a fresh ``FeatureCache`` by default).
+      mode: how ``submit`` / ``tick`` serve (``MODES``; ``run_many`` takes its own).
     """
 
-    def __init__(self, *, max_batch: int = 64, cache: FeatureCache | None = None):
+    def __init__(self, *, max_batch: int = 64, cache: FeatureCache | None = None, mode: str = "batched"):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch <= 0:
             raise ValueError(f"max_batch must be a positive int (got {max_batch!r})")
+        if mode not in MODES:
+            raise EngineError(f"mode must be one of {MODES} (got {mode!r})")
         self.max_batch = max_batch
+        self.mode = mode
         self.cache = FeatureCache() if cache is None else cache
         self._cards: dict[str, Resident] = {}
         self._workflows = WorkflowRegistry()
-        self._busy = False
-        self._lock = threading.RLock()  # guards _busy and _swaps: publish may come from another thread
-        self._swaps: list[tuple[str, Publish]] = []  # deferred publishes, in order
+        # guards the registry, _swaps and the schedulers' state: publish, register and submit may come from any thread
+        self._lock = threading.RLock()
+        self._swaps: list[tuple[str, Any]] = []  # deferred changes (Publish, _Replace, _Remove), in order
         self._roles: dict[str, dict[str, str]] = {}  # card id -> {role name: the role's served id}
         self._compiled: set = set()  # (batched group layout, capacity) pairs already compiled
         self._wanted: set = set()  # (batched group layout, capacity) pairs a group wanted to shrink to
+        self._live = Scheduler(_Host(self), mode)
+        self._active: list[Scheduler] = [self._live]  # the live scheduler and those of run_many calls in flight
 
     # ---- registry -------------------------------------------------------------------------
 
@@ -130,10 +149,14 @@ class Engine:
         was trained from) with ``program`` (default: its family's).
 
         Replacing a resident card (``replace=True``) bumps every component's (and expert's) weight
-        version and drops its cache entries. Raises ``EngineError`` / ``ProgramError`` before
-        changing anything.
+        version and drops its cache entries. While the engine has work in flight, a replacement waits
+        for the card to drain (its started requests finish on the old card; its later ones start on
+        the new one, bound again). Raises ``EngineError`` / ``ProgramError`` before changing anything.
         """
-        self._idle("register")
+        with self._lock:
+            self._register(card, program, model_id, replace)
+
+    def _register(self, card: Card, program: Program | None, model_id: str | None, replace: bool) -> None:
         if not isinstance(card, Card):
             raise TypeError(f"register takes a Card (got {type(card).__name__})")
         if model_id is not None:
@@ -147,17 +170,24 @@ class Engine:
         if not isinstance(program, Program):
             raise TypeError(f"program must be a Program (got {type(program).__name__})")
         program.check(card)
+        old = self._cards.get(model_id)
+        if old is not None and old.base is not None:
+            raise EngineError(f"{model_id!r} is a role of {old.base!r}: publish to it, or remove it with unregister")
+        if old is not None and self._serving():
+            self._swaps.append((model_id, _Replace(card, program)))
+            return
+        self._install(card, program)
+
+    def _install(self, card: Card, program: Program) -> None:
+        model_id = card.model_id
         experts = stacked(card)
         old = self._cards.get(model_id)
         names = [n for c in card.components for n in experts.get(c, (c,))]
         versions = {name: (old.versions.get(name, -1) + 1 if old else 0) for name in names}
-        resident = Resident.of(card, program, versions, experts)
         if old is not None:
-            if old.base is not None:
-                raise EngineError(f"{model_id!r} is a role of {old.base!r}: publish to it, or remove it with unregister")
             self.cache.invalidate(model_id)
             self._drop_roles(model_id)
-        self._cards[model_id] = resident
+        self._cards[model_id] = Resident.of(card, program, versions, experts)
 
     def add_role(self, model_id: str, role: str, components: str | Sequence[str]) -> str:
         """Serve a role of resident card ``model_id``: a copy of its ``components`` (e.g. the
@@ -167,7 +197,10 @@ class Engine:
         components outside its scope mirror the card's publishes (their versions follow the
         card's). Raises ``EngineError`` for a role of a role, a taken name or an unknown component.
         """
-        self._idle("add_role")
+        with self._lock:
+            return self._add_role(model_id, role, components)
+
+    def _add_role(self, model_id: str, role: str, components: str | Sequence[str]) -> str:
         base = self._resident(model_id)
         if base.base is not None:
             raise EngineError(f"{model_id!r} is itself a role of {base.base!r}; add the role to {base.base!r}")
@@ -201,17 +234,30 @@ class Engine:
 
     def register_workflow(self, workflow: Workflow, *, replace: bool = False) -> None:
         """Serve ``workflow`` under its dotted id. Rejects (``WorkflowError``, nothing changed) an id that
-        collides with a card or workflow, a stage model that is not served, and a cycle."""
-        self._idle("register_workflow")
-        self._workflows.add(workflow, self._cards, replace=replace)
+        collides with a card or workflow, a stage model that is not served, and a cycle. Requests of a
+        replaced workflow already running finish as they started."""
+        with self._lock:
+            self._workflows.add(workflow, self._cards, replace=replace)
 
     def unregister(self, model_id: str) -> None:
-        """Stop serving a card (and its roles), a role, or a workflow (refused while a registered workflow requires it)."""
-        self._idle("unregister")
-        self._lookup(model_id)
-        users = [u for m in (model_id, *self._roles.get(model_id, {}).values()) for u in self._workflows.dependents(m)]
-        if users:
-            raise EngineError(f"cannot unregister {model_id!r}: workflows {users} require it")
+        """Stop serving a card (and its roles), a role, or a workflow (refused while a registered workflow requires it).
+
+        While the card has requests started, it drains first: they finish, and requests for it that
+        have not started fail with an ``EngineError``; new submissions for it are refused at once.
+        """
+        with self._lock:
+            self._lookup(model_id)
+            if model_id in self._leaving():
+                return
+            users = [u for m in (model_id, *self._roles.get(model_id, {}).values()) for u in self._workflows.dependents(m)]
+            if users:
+                raise EngineError(f"cannot unregister {model_id!r}: workflows {users} require it")
+            if model_id in self._cards and self._serving():
+                self._swaps.append((model_id, _Remove()))
+            else:
+                self._remove(model_id)
+
+    def _remove(self, model_id: str) -> None:
         if model_id in self._cards:
             resident = self._cards.pop(model_id)
             self.cache.invalidate(model_id)
@@ -226,8 +272,9 @@ class Engine:
         return model_id in self._cards or model_id in self._workflows
 
     def models(self) -> list[str]:
-        """Every id the engine serves, cards and workflows, sorted."""
-        return sorted([*self._cards, *self._workflows.ids()])
+        """Every id the engine serves, cards and workflows, sorted (a card being unregistered is left out)."""
+        leaving = self._leaving()
+        return sorted(m for m in [*self._cards, *self._workflows.ids()] if m not in leaving)
 
     def cards(self) -> list[str]:
         """The ids of the resident cards (roles included), sorted."""
@@ -335,48 +382,64 @@ class Engine:
                 mirrored = {n: m for n, m in components.items() if not role.scoped((n,))}
                 if mirrored:
                     updates.append((role_id, checked(role, mirrored)))
+            busy = self._serving()
             for target, part in updates:
-                if self._busy:
+                if busy:
                     self._swaps.append((target, part))
                 else:
                     self._swap(target, part)
-            return self._projected(model_id) if self._busy else dict(self._cards[model_id].versions)
+            return self._projected(model_id) if busy else dict(self._cards[model_id].versions)
 
     def pending_publishes(self) -> dict[str, dict[str, int]]:
-        """Publishes deferred until their card drains (only while ``run_many`` is in flight):
+        """Publishes (and replacements) deferred until their card drains (only while work is in flight):
         card id -> the versions the card will have once they apply. Empty when none."""
         with self._lock:
-            return {m: self._projected(m) for m in dict.fromkeys(m for m, _ in self._swaps)}
+            return {m: self._projected(m) for m, u in dict(self._swaps).items() if not isinstance(u, _Remove)}
 
     def _projected(self, model_id: str) -> dict[str, int]:
         versions = dict(self._cards[model_id].versions)
         for m, update in self._swaps:
-            if m == model_id:
-                versions.update({n: versions[n] + 1 for n in update.bumps})
+            if m == model_id and not isinstance(update, _Remove):
+                bumps = versions if isinstance(update, _Replace) else update.bumps
+                versions.update({n: versions[n] + 1 for n in bumps})
         return versions
 
-    def _swap(self, model_id: str, update: Publish) -> None:
+    def _swap(self, model_id: str, update: Any) -> None:
+        if isinstance(update, _Replace):
+            self._install(update.card, update.program)
+            return
+        if isinstance(update, _Remove):
+            self._remove(model_id)
+            return
         resident = self._cards[model_id]
         card = update.apply(resident.card)
         versions = {n: v + (n in update.bumps) for n, v in resident.versions.items()}
         self.cache.invalidate(model_id, update.touched)
         self._cards[model_id] = Resident.of(card, resident.program, versions, resident.experts, resident.base, resident.scope)
 
-    def _apply_swaps(self, in_flight: Callable[[str], bool] = lambda model_id: False) -> None:
-        """Apply the deferred publishes, in publish order, of every card not ``in_flight``."""
+    def _apply_swaps(self) -> None:
+        """Apply the deferred changes, in order, of every card no scheduler has a started request of."""
         with self._lock:
             keep = []
             for model_id, update in self._swaps:
-                if in_flight(model_id):
+                if any(s._in_flight(model_id) for s in self._active) or any(m == model_id for m, _ in keep):
                     keep.append((model_id, update))
                 else:
                     self._swap(model_id, update)
             self._swaps = keep
 
     def _deferred(self) -> set[str]:
-        """Cards with a deferred publish: their requests must not start yet."""
+        """Cards with a deferred change: their requests must not start yet."""
         with self._lock:
             return {m for m, _ in self._swaps}
+
+    def _leaving(self) -> set[str]:
+        """Cards whose unregistering waits for them to drain."""
+        return {m for m, u in self._swaps if isinstance(u, _Remove)}
+
+    def _serving(self) -> bool:
+        """Whether any scheduler (the live one, a ``run_many`` call) holds unfinished work."""
+        return any(not s.idle for s in self._active) or len(self._active) > 1
 
     def _lookup(self, model_id: str) -> None:
         if not self.serves(model_id):
@@ -387,10 +450,6 @@ class Engine:
         if model_id not in self._cards:
             raise EngineError(f"{model_id!r} is a workflow, not a card")
         return self._cards[model_id]
-
-    def _idle(self, what: str) -> None:
-        if self._busy:
-            raise EngineError(f"{what}: the engine is running requests; call it between run/run_many calls")
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -450,21 +509,66 @@ class Engine:
         bounds = [self._checked(i, request, len(requests)) for i, request in enumerate(requests)]
         if cancel is not None and not (callable(cancel) or hasattr(cancel, "is_set")):
             raise TypeError("cancel must be a threading.Event-like object (is_set()) or a callable returning bool")
+        scheduler = Scheduler(_Host(self), mode, on_step, fuse=on_step is None and cancel is None)
+        handles = [Handle(request) for request in requests]
+        for handle, bound in zip(handles, bounds):
+            scheduler.submit(handle, bound)
         with self._lock:
-            self._idle("run_many")
-            self._busy = True
+            self._active.append(scheduler)
         try:
-            scheduler = Scheduler(_Host(self), mode, on_step, cancel)
-            if mode == "serial":
-                for i, (request, bound) in enumerate(zip(requests, bounds)):
-                    scheduler.run([(i, request, bound)])
-            else:
-                scheduler.run(list(zip(range(len(requests)), requests, bounds)))
-            return [scheduler.outputs[i] for i in range(len(requests))]
+            while not scheduler.idle:
+                if cancel is not None and (cancel.is_set() if hasattr(cancel, "is_set") else cancel()):
+                    with self._lock:
+                        scheduler.cancel_all()
+                    break
+                with self._lock:
+                    scheduler.step()
         finally:
             with self._lock:
-                self._busy = False
-                self._apply_swaps()  # nothing is in flight any more
+                self._active.remove(scheduler)
+                self._apply_swaps()
+        for handle in handles:
+            if handle.status == "failed":
+                raise handle.exception(0)
+        return [handle.result(0) for handle in handles]
+
+    # ---- the request lifecycle ------------------------------------------------------------------
+
+    def submit(self, request: Request, *, previews: bool = False) -> Handle:
+        """Queue ``request`` for the live scheduler (``mode``): its ``Handle`` at once. Safe from any thread.
+
+        It is validated here (a bad request raises, nothing is queued) and joins the running work at
+        the next ``tick``. With ``previews``, its ``"step"`` events carry the loop's latents (and a
+        decoded image where the program decodes its loop by itself).
+        """
+        bound = self.check(request)
+        with self._lock:
+            if request.model in self._leaving():
+                raise EngineError(f"{request.model!r} is being unregistered; this engine serves {self.models()}")
+            handle = Handle(request, previews=previews)
+            self._live.submit(handle, bound)
+        return handle
+
+    def tick(self) -> bool:
+        """Advance the submitted requests by one step: new ones join, cancelled ones leave, deferred changes
+        apply once their card drains, every running request takes one loop step (one batched step per
+        group in the batched mode), finished ones get their results. Call it from one thread.
+
+        Returns:
+          Whether work remains.
+        """
+        with self._lock:
+            return self._live.step()
+
+    @property
+    def idle(self) -> bool:
+        """Whether no submitted request is queued or running."""
+        return self._live.idle
+
+    def load(self) -> Load:
+        """The submitted requests queued and running, and the batch rows stepping."""
+        with self._lock:
+            return self._live.load()
 
     # ---- feature cache ------------------------------------------------------------------------
 
@@ -516,8 +620,26 @@ class _Host:
     def held(self) -> set[str]:
         return self._engine._deferred()
 
-    def release(self, in_flight: Callable[[str], bool]) -> None:
-        self._engine._apply_swaps(in_flight)
+    def release(self) -> None:
+        self._engine._apply_swaps()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Replace:
+    """A deferred ``register(..., replace=True)``: the new card and program."""
+
+    card: Card
+    program: Program
+
+    def apply(self, card: Card) -> Card:
+        return self.card
+
+
+class _Remove:
+    """A deferred ``unregister``."""
+
+    def apply(self, card: Card) -> Card:
+        return card
 
 
 def _default_program(card: Card) -> Program:

@@ -1,4 +1,4 @@
-"""The scheduler of one ``run_many`` call: requests, workflow flows, cohorts and batched groups.
+"""The scheduler: submitted requests, workflow flows, cohorts and batched groups, advanced one ``tick`` at a time.
 
 It reaches the engine only through the narrow ``Host`` interface (look up a served model, bind a
 request, resolve its cached nodes, hold back cards with a deferred publish), so it never reads
@@ -8,26 +8,37 @@ Modes: ``serial`` runs one request at a time, ``interleaved`` advances every req
 tick; both drive each loop's jitted pure step on one request (same compiled function, same
 bits: C1). ``batched`` steps the rows of many requests as one jitted batched step (continuous
 batching, C3).
+
+Requests arrive through ``submit`` (any thread: an inbox the next ``tick`` takes from) and join
+the running work at the next tick. Each root request has a ``Handle``; a request whose own work
+raises (a workflow stage, a feature-cache node, entering or stepping its loop) fails alone, on its
+handle, and the others go on: a cohort prepared together is retried one request at a time before
+any of them is failed, and a batched step that raises fails the rows it carried.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import jax
 import numpy as np
 
 from jaxpipe.engine import batch as ops
+from jaxpipe.engine.handle import Event, Handle, Progress
 from jaxpipe.engine.publish import Resident
 from jaxpipe.loops import registry as loop_kinds
-from jaxpipe.program import Bound, Program
+from jaxpipe.program import Bound, ComponentNode, LoopNode, Program
 from jaxpipe.request import Output, Request
 from jaxpipe.workflow import Workflow, WorkflowError, initial_state, record_stage
 
-__all__ = ["Host", "Scheduler", "StepEvent", "MIN_WIDTH"]
+__all__ = ["Host", "Load", "Scheduler", "StepEvent", "MIN_WIDTH"]
+
+_log = logging.getLogger("jaxpipe.engine")
 
 MIN_WIDTH = 64
 """Batched loops pad schedules to at least this many steps, so nearly all step counts share a group."""
@@ -56,14 +67,24 @@ class Host(Protocol):
     def held(self) -> set[str]:
         """Cards with a deferred publish: their requests must not start yet."""
 
-    def release(self, in_flight: Callable[[str], bool]) -> None:
-        """Apply the deferred publishes of every card not ``in_flight``."""
+    def release(self) -> None:
+        """Apply the deferred changes (publishes, replacements, removals) of every card no scheduler has in flight."""
 
     compiled: set
     """``(group layout, capacity)`` pairs whose batched step has run (is compiled) on this engine."""
 
     wanted: set
     """``(group layout, capacity)`` pairs a group would have shrunk to, in calls so far."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """What a scheduler holds: requests ``queued`` (not started), ``running`` (started, unfinished) and the
+    batch ``rows`` stepping (one per running request outside the batched mode)."""
+
+    queued: int = 0
+    running: int = 0
+    rows: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -195,55 +216,132 @@ def _row_layout(slot: Any) -> tuple:
 
 
 class Scheduler:
-    """Runs requests to completion in one mode (``run``); outputs by root index in ``outputs``."""
+    """Runs submitted requests in one mode, a ``tick`` at a time; each root request reports on its ``Handle``.
 
-    def __init__(self, host: Host, mode: str, on_step, cancel):
+    Arguments:
+      host: the engine, through its narrow ``Host`` view.
+      mode: ``"serial"``, ``"interleaved"`` or ``"batched"``.
+      on_step: ``run_many``'s hook, called with a ``StepEvent`` after every loop step (``False`` cancels).
+      fuse: in batched mode, run the steps between scheduling events as one call (``run_many`` without
+        hooks: nothing can join or watch in between). A live engine steps once per tick.
+    """
+
+    def __init__(self, host: Host, mode: str, on_step=None, *, fuse: bool = False):
         self.host = host
         self.mode = mode
         self.on_step = on_step
-        self.cancel = cancel
-        self.outputs: dict[int, Output] = {}
+        self.fuse = fuse
+        self.handles: dict[int, Handle] = {}  # root index -> the handle of an unfinished root request
+        self.inbox: deque = deque()  # (handle, bound) from submit, taken by the next tick (deque: thread-safe)
         self.pending: list[_Job] = []
         self.cohorts: list[_Cohort] = []
         self.groups: dict[Any, _Group] = {}
         self.flows: list[_Flow] = []
         self.tick = 0
+        self._roots = itertools.count()
+        self._started: set[int] = set()
+        self._decoders: dict = {}
         self._wanted_before = set(host.wanted)
 
     # ---- the main loop -------------------------------------------------------------------
 
-    def run(self, roots: Iterable[tuple[int, Request, Bound | None]]) -> None:
-        """Runs ``roots`` to completion (or cancellation), filling ``outputs``.
+    def submit(self, handle: Handle, bound: Bound | None) -> None:
+        """Queue ``handle``'s request (``bound``: its validated binding, ``None`` for a workflow request);
+        it joins the running work at the next ``tick``. Safe from any thread."""
+        self.inbox.append((handle, bound))
 
-        Args:
-          roots: ``(index, request, bound)`` per request (``bound`` ``None`` for a workflow request).
+    @property
+    def idle(self) -> bool:
+        """Whether nothing is queued or running."""
+        return not (self.inbox or self.handles or self.pending or self.cohorts)
 
-        Raises:
-          WorkflowError: on a workflow cycle at run time, or a stage that misbehaves.
-        """
-        for index, request, bound in roots:
-            self._spawn(index, request, bound, flow=None, path="")
-        while self.pending or self.cohorts:
-            if self._cancelled():
-                self._cancel_all()
-                break
-            self.host.release(self._in_flight)
-            self._start_pending()
-            if not self.cohorts:
+    def load(self) -> Load:
+        """The requests queued and running, and the batch rows stepping."""
+        running = len(self._started & set(self.handles))
+        if self.mode == "batched":
+            rows = sum(g.active for g in self.groups.values())
+        else:
+            rows = sum(not c.jobs[0].finished for c in self.cohorts)
+        return Load(queued=len(self.inbox) + len(self.handles) - running, running=running, rows=rows)
+
+    def step(self) -> bool:
+        """One tick: take new requests, apply cancellations and the deferred changes that can apply, start
+        what may start, advance every running request by one loop step (``fuse``: up to the next
+        scheduling event), and move finished ones on. Returns whether work remains."""
+        while self.inbox:
+            handle, bound = self.inbox.popleft()
+            root = next(self._roots)
+            self.handles[root] = handle
+            if handle.cancel_requested:
+                self._deliver_root(root, Output(handle.request.model, {}, handle.request, cancelled_at=(0, 0)))
                 continue
+            try:
+                self._spawn(root, handle.request, bound, flow=None, path="")
+            except Exception as err:  # noqa: BLE001 - the request's own error, reported on its handle
+                self._fail(root, err)
+        self._reap_cancelled()
+        self.host.release()
+        self._start_pending()
+        if self.cohorts:
             self.tick += 1
             if self.mode == "batched":
                 self._tick_batched()
             else:
                 self._tick_each()
             self._settle()
-        while self.flows:  # only left when everything was cancelled
-            self._deliver_flow_cancel(self.flows[0])
+        self.host.release()  # a card that just drained takes its deferred change now, not a tick later
+        return not self.idle
 
-    def _cancelled(self) -> bool:
-        if self.cancel is None:
-            return False
-        return bool(self.cancel.is_set() if hasattr(self.cancel, "is_set") else self.cancel())
+    def _reap_cancelled(self) -> None:
+        """Requests whose handle asked to cancel stop here: pending ones at once, stepping ones free their slot."""
+        roots = {root for root, handle in self.handles.items() if handle.cancel_requested}
+        if not roots:
+            return
+        for job in [job for job in self.pending if job.root in roots]:
+            self.pending.remove(job)
+            job.cancelled_at = (0, 0)
+            self._finish_job(job, None)
+        for cohort in self.cohorts:
+            for job in cohort.jobs:
+                if job.root in roots and not job.finished:
+                    job.cancelled_at = (job.step, job.total)
+                    self._finish_job(job, None)  # reported now; its row leaves the batch before the next step
+
+    def _fail(self, root: int, error: BaseException) -> None:
+        """Root request ``root`` failed: drop its work everywhere and report ``error`` on its handle."""
+        handle = self.handles.pop(root, None)
+        self._started.discard(root)
+        self.pending = [job for job in self.pending if job.root != root]
+        self.flows = [flow for flow in self.flows if flow.root != root]
+        for cohort in self.cohorts:
+            for job in cohort.jobs:
+                if job.root == root and not job.finished:
+                    job.cancelled_at = (job.step, job.total)
+        if handle is not None:
+            _log.info("request %s (%r) failed: %s", handle.id, handle.request.model, error)
+            handle._finish(None, error, self.tick)
+
+    def cancel_all(self) -> None:
+        """Cancel everything (``run_many``'s ``cancel``): every unfinished request gets a cancelled ``Output``."""
+        while self.inbox:
+            handle, _ = self.inbox.popleft()
+            handle._finish(Output(handle.request.model, {}, handle.request, cancelled_at=(0, 0)), None, self.tick)
+        for job in self.pending:
+            job.cancelled_at = (0, 0)
+            self._finish_job(job, None)
+        self.pending = []
+        cohorts, self.cohorts = self.cohorts, []
+        for cohort in cohorts:
+            for job in cohort.jobs:
+                if job.cancelled_at is None:
+                    job.cancelled_at = (job.step, job.total)
+                self._finish_job(job, None)
+        self.groups = {}
+        while self.flows:
+            self._deliver_flow_cancel(self.flows[0])
+        for root in list(self.handles):
+            handle = self.handles[root]
+            self._deliver_root(root, Output(handle.request.model, {}, handle.request, cancelled_at=(0, 0)))
 
     # ---- spawning requests and threading workflows ----------------------------------------
 
@@ -274,23 +372,35 @@ class Scheduler:
         path = f"{flow.path}/{stage.label}" if flow.path else stage.label
         self._spawn(flow.root, request, None, flow, path)
 
+    def _deliver_root(self, root: int, output: Output) -> None:
+        self._started.discard(root)
+        handle = self.handles.pop(root, None)
+        if handle is not None:
+            handle._finish(output, None, self.tick)
+
     def _deliver(self, job_or_flow, output: Output) -> None:
         flow = job_or_flow.flow if isinstance(job_or_flow, _Job) else job_or_flow.parent
         root = job_or_flow.root
+        if root not in self.handles:  # the request failed (or was delivered) already
+            return
         if flow is None:
-            self.outputs[root] = output
+            self._deliver_root(root, output)
             return
         if output.cancelled:
             self._deliver_flow_cancel(flow, output.cancelled_at)
             return
-        stage = flow.workflow.stages[flow.stage]
-        record_stage(flow.state, stage.label, output)
-        flow.stage += 1
-        if flow.stage < len(flow.workflow.stages):
-            self._next_stage(flow)
+        try:
+            stage = flow.workflow.stages[flow.stage]
+            record_stage(flow.state, stage.label, output)
+            flow.stage += 1
+            if flow.stage < len(flow.workflow.stages):
+                self._next_stage(flow)
+                return
+            self.flows.remove(flow)
+            artifacts = flow.workflow.finish(flow.state, output)
+        except Exception as err:  # noqa: BLE001 - a workflow's own code failed: that request alone
+            self._fail(root, err)
             return
-        self.flows.remove(flow)
-        artifacts = flow.workflow.finish(flow.state, output)
         self._deliver(flow, Output(flow.workflow.id, artifacts, flow.request))
 
     def _deliver_flow_cancel(self, flow: _Flow, at: tuple[int, int] | None = None) -> None:
@@ -299,10 +409,16 @@ class Scheduler:
         self._deliver(flow, Output(flow.workflow.id, {}, flow.request, cancelled_at=at or (0, 0)))
 
     def _finish_job(self, job: _Job, artifacts: Mapping[str, Any] | None) -> None:
+        if job.root not in self.handles:
+            return
         if job.cancelled_at is not None:
             output = Output(job.request.model, {}, job.request, cancelled_at=job.cancelled_at)
         else:
-            texts = job.resident.program.texts_of(job.resident.card, artifacts)
+            try:
+                texts = job.resident.program.texts_of(job.resident.card, artifacts)
+            except Exception as err:  # noqa: BLE001 - a card's tokenizer failed on this request's ids
+                self._fail(job.root, err)
+                return
             output = Output(job.request.model, {**artifacts, **texts, **job.bound.artifacts}, job.request)
         self._deliver(job, output)
 
@@ -313,15 +429,32 @@ class Scheduler:
         return any(cohort.resident.card.model_id == model_id for cohort in self.cohorts)
 
     def _start_pending(self) -> None:
-        """Start every pending job whose card has no deferred publish (those wait for the swap)."""
+        """Start every pending job whose card has no deferred change (those wait for it to apply); serial:
+        only the earliest request's, once nothing else runs."""
         waiting = self.host.held()
-        jobs = [job for job in self.pending if job.request.model not in waiting]
-        self.pending = [job for job in self.pending if job.request.model in waiting]
-        for job in jobs:
-            # the card as it is now (a swap may have applied since the job was spawned); publish
-            # keeps every static setting, so the job's Bound is still valid
-            job.resident = self.host.resident(job.request.model)
-            job.slots = self.host.prepare(job.resident, job.bound)
+        ready = [job for job in self.pending if job.request.model not in waiting]
+        if self.mode == "serial" and ready:
+            first = min(job.root for job in ready)
+            ready = [] if self.cohorts else [job for job in ready if job.root == first]
+        self.pending = [job for job in self.pending if job not in ready]
+        jobs = []
+        for job in ready:
+            try:
+                # the card as it is now: a publish since the job was spawned keeps every static setting (its
+                # Bound stays valid); a replacement may not, so the request is bound again to the new card
+                resident = self.host.resident(job.request.model)
+                if resident.card is not job.resident.card and resident.program is not job.resident.program:
+                    job.bound = self.host.bind(job.request)
+                job.resident = resident
+                job.slots = self.host.prepare(job.resident, job.bound)
+            except Exception as err:  # noqa: BLE001 - this request's own failure
+                self._fail(job.root, err)
+                continue
+            jobs.append(job)
+            if job.root not in self._started and job.root in self.handles:
+                self._started.add(job.root)
+                self.handles[job.root]._emit(Event("started", job.path, tick=self.tick), status="running",
+                                             progress=Progress(job.path))
         if self.mode != "batched":
             for job in jobs:
                 self._start_cohort(_Cohort(job.resident, job.bound.settings, None, [job], 1))
@@ -371,10 +504,19 @@ class Scheduler:
         r = cohort.resident
         rows = [job.slots for job in cohort.jobs]
         rows += [rows[-1]] * (cohort.size - len(rows))  # padding rows: copies, dropped at the end
+        try:
+            schedule = self._schedule(cohort, 0)
+            slots, state = ops.enter(r.program, 0, cohort.settings, r.treedef, r.leaves, tuple(rows), None, schedule)
+        except Exception as err:  # noqa: BLE001 - find whose request it is: each alone, then fail that one
+            if len(cohort.jobs) == 1:
+                self._fail(cohort.jobs[0].root, err)
+                return
+            for job in cohort.jobs:
+                size = ops.bucket(1) if cohort.width is not None else 1
+                self._start_cohort(_Cohort(job.resident, cohort.settings, cohort.width, [job], size))
+            return
         for job in cohort.jobs:
             job.slots = None
-        schedule = self._schedule(cohort, 0)
-        slots, state = ops.enter(r.program, 0, cohort.settings, r.treedef, r.leaves, tuple(rows), None, schedule)
         self._after_enter(cohort, slots, state)
 
     def _after_enter(self, cohort: _Cohort, slots, state) -> None:
@@ -395,11 +537,38 @@ class Scheduler:
     # ---- stepping ---------------------------------------------------------------------------
 
     def _event(self, job: _Job, loop: str, latents: Callable[[], jax.Array]) -> None:
+        handle = self.handles.get(job.root)
+        if handle is None:
+            return
+        preview = image = None
+        if handle.previews:
+            preview = np.asarray(latents())
+            image = self._decoded(job, loop, preview)
+        handle._emit(Event("step", job.path, loop, job.step, job.total, self.tick, preview, image),
+                     progress=Progress(job.path, loop, job.step, job.total))
         if self.on_step is None:
             return
         event = StepEvent(job.root, job.request, job.path, loop, job.step, job.total, self.tick, latents)
         if self.on_step(event) is False and not job.finished:
             job.cancelled_at = (job.step, job.total)
+
+    def _decoded(self, job: _Job, loop: str, latents: np.ndarray):
+        """A preview of ``latents`` decoded by the program's own decoder of ``loop``'s result (the first node
+        after the loop that reads only that slot and writes an image or video), else ``None``."""
+        program = job.resident.program
+        key = (id(program), loop)
+        if key not in self._decoders:
+            self._decoders[key] = _decoder_of(program, loop)
+        found = self._decoders[key]
+        if found is None:
+            return None
+        name, slot, output = found
+        r = job.resident
+        try:
+            out = ops.node(program, name, (), r.treedef, r.leaves, {slot: latents[None]})
+        except Exception:  # noqa: BLE001 - a preview is best effort: the request itself goes on
+            return None
+        return np.clip(np.asarray(out[output][0]), 0.0, 1.0)
 
     def _tick_each(self) -> None:
         """Serial and interleaved: every unfinished request advances one step (its own jitted step)."""
@@ -408,10 +577,14 @@ class Scheduler:
             if job.finished:
                 continue
             r = cohort.resident
-            cohort.state = ops.step(cohort.kind, cohort.node.loop, cohort.config, r.treedef, r.leaves, cohort.state)
+            try:
+                cohort.state = ops.step(cohort.kind, cohort.node.loop, cohort.config, r.treedef, r.leaves, cohort.state)
+            except Exception as err:  # noqa: BLE001 - this request's step failed: it alone
+                self._fail(job.root, err)
+                continue
             job.step += 1
             state, drive = cohort.state, loop_kinds.driver(cohort.kind)
-            self._event(job, cohort.node.loop, lambda: drive.latents(state)[0])
+            self._event(job, cohort.node.loop, lambda state=state, drive=drive: drive.latents(state)[0])
 
     def _enqueue(self, cohort: _Cohort) -> None:
         drive = loop_kinds.driver(cohort.kind)
@@ -431,15 +604,20 @@ class Scheduler:
 
     def _tick_batched(self) -> None:
         for group in self.groups.values():
+            self._retire(group)  # rows cancelled since the last tick free their slots first
             self._admit(group)
         live = [g for g in self.groups.values() if g.active]
         if not live:
             return
         remaining = [job.total - job.step for g in live for c, i in filter(None, g.slots) for job in [c.jobs[i]]]
-        count = 1 if self.on_step is not None or self.cancel is not None else max(1, min(remaining))
+        count = max(1, min(remaining)) if self.fuse else 1
         for group in live:
             r = group.resident
-            group.batch = ops.steps(group.kind, group.loop, group.config, r.treedef, r.leaves, group.batch, count)
+            try:
+                group.batch = ops.steps(group.kind, group.loop, group.config, r.treedef, r.leaves, group.batch, count)
+            except Exception as err:  # noqa: BLE001 - the rows this step carried fail; other groups go on
+                self._drop_group(group, err)
+                continue
             self.host.compiled.add((group.layout, group.capacity))
             batch, drive = group.batch, loop_kinds.driver(group.kind)
             for slot, entry in enumerate(group.slots):
@@ -448,10 +626,18 @@ class Scheduler:
                 cohort, row = entry
                 job = cohort.jobs[row]
                 job.step += count
-                self._event(job, group.loop, lambda slot=slot: drive.latents(batch)[slot])
+                self._event(job, group.loop, lambda slot=slot, batch=batch, drive=drive: drive.latents(batch)[slot])
             self._retire(group)
         for key in [k for k, g in self.groups.items() if not g.active and not g.queue]:
             del self.groups[key]
+
+    def _drop_group(self, group: _Group, error: BaseException) -> None:
+        """A batched step raised: fail every request it carried and forget the group's rows."""
+        for cohort, row in [*filter(None, group.slots), *group.queue]:
+            cohort.queued -= 1
+            self._fail(cohort.jobs[row].root, error)
+        group.slots = [None] * group.capacity
+        group.queue.clear()
 
     def _admit(self, group: _Group) -> None:
         want = min(self.host.max_batch, ops.bucket(group.active + len(group.queue)))
@@ -519,8 +705,14 @@ class Scheduler:
                 continue
             r = cohort.resident
             cohort.loop += 1
-            slots, state = ops.enter(r.program, cohort.loop, cohort.settings, r.treedef, r.leaves,
-                                  cohort.slots, cohort.state, self._schedule(cohort, cohort.loop))
+            try:
+                slots, state = ops.enter(r.program, cohort.loop, cohort.settings, r.treedef, r.leaves,
+                                         cohort.slots, cohort.state, self._schedule(cohort, cohort.loop))
+            except Exception as err:  # noqa: BLE001 - the requests prepared together fail together here
+                self.cohorts.remove(cohort)
+                for job in live:
+                    self._fail(job.root, err)
+                continue
             if state is None:
                 self.cohorts.remove(cohort)
                 for job, artifacts in zip(cohort.jobs, slots):
@@ -528,17 +720,18 @@ class Scheduler:
             else:
                 self._after_enter(cohort, slots, state)
 
-    def _cancel_all(self) -> None:
-        for job in self.pending:
-            job.cancelled_at = (0, 0)
-            self._finish_job(job, None)
-        self.pending = []
-        cohorts, self.cohorts = self.cohorts, []
-        for cohort in cohorts:
-            for job in cohort.jobs:
-                if job.cancelled_at is None:
-                    job.cancelled_at = (job.step, job.total)
-                self._finish_job(job, None)
-        self.groups = {}
 
-
+def _decoder_of(program: Program, loop: str) -> tuple[str, str, str] | None:
+    """``(node name, slot, output)`` of the node decoding ``loop``'s result into an image / video, or ``None``."""
+    nodes = list(program.nodes)
+    at = next((i for i, n in enumerate(nodes) if isinstance(n, LoopNode) and n.loop == loop), None)
+    if at is None:
+        return None
+    written = tuple(nodes[at].writes)
+    for node in nodes[at + 1:]:
+        if not isinstance(node, ComponentNode) or node.loop is not None:
+            continue
+        out = next((w for w in node.writes if w in ("image", "video")), None)
+        if out is not None and tuple(node.reads) == written:
+            return node.name, written[0], out
+    return None
