@@ -1,7 +1,9 @@
-"""Writing artifacts: images and videos in [0, 1] to PNG and GIF files; training curves to PNG."""
+"""Reading and writing artifacts: images and videos in [0, 1] to PNG and GIF files (or their bytes), images read
+back at a card's shape; training curves to PNG."""
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -9,7 +11,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-__all__ = ["to_uint8", "save_png", "save_grid", "save_gif", "plot_curves"]
+__all__ = ["to_uint8", "encode_png", "encode_gif", "save_png", "save_grid", "save_gif", "image_shape", "read_image",
+           "plot_curves"]
 
 
 def to_uint8(image, *, upscale: int = 1) -> np.ndarray:
@@ -44,6 +47,47 @@ def _prepare(path: str | os.PathLike) -> str:
     return path
 
 
+def encode_png(image, *, upscale: int = 1) -> bytes:
+    """One image in [0, 1] as PNG bytes (8-bit; grey for one channel, RGB for three).
+
+    Args:
+      image: ``(H, W, C)`` in [0, 1], ``C`` 1 or 3.
+      upscale: the integer upscale factor.
+
+    Returns:
+      The PNG file's bytes.
+
+    Raises:
+      ValueError: as ``to_uint8``.
+    """
+    buffer = io.BytesIO()
+    Image.fromarray(to_uint8(image, upscale=upscale)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def encode_gif(video, *, upscale: int = 1, fps: int = 8) -> bytes:
+    """A video in [0, 1] as the bytes of a looping GIF (what ``save_gif`` writes).
+
+    Args:
+      video: ``(T, H, W, C)`` in [0, 1], ``C`` 1 or 3.
+      upscale: the integer upscale factor.
+      fps: frames per second.
+
+    Returns:
+      The GIF file's bytes.
+
+    Raises:
+      ValueError: if ``video`` is not 4-D, or as ``to_uint8``.
+    """
+    video = np.asarray(video)
+    if video.ndim != 4:
+        raise ValueError(f"video must be (T, H, W, C); got {video.shape}")
+    frames = [Image.fromarray(to_uint8(frame, upscale=upscale)) for frame in video]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
+    return buffer.getvalue()
+
+
 def save_png(image, path: str | os.PathLike, *, upscale: int = 8) -> str:
     """Write one image in [0, 1] as a PNG (nearest-upscaled so tiny digits are visible).
 
@@ -58,8 +102,10 @@ def save_png(image, path: str | os.PathLike, *, upscale: int = 8) -> str:
     Raises:
       ValueError: as ``to_uint8``.
     """
+    data = encode_png(image, upscale=upscale)
     path = _prepare(path)
-    Image.fromarray(to_uint8(image, upscale=upscale)).save(path, format="PNG")
+    with open(path, "wb") as file:
+        file.write(data)
     return path
 
 
@@ -104,13 +150,57 @@ def save_gif(video, path: str | os.PathLike, *, upscale: int = 8, fps: int = 8) 
     Raises:
       ValueError: if ``video`` is not 4-D, or as ``to_uint8``.
     """
-    video = np.asarray(video)
-    if video.ndim != 4:
-        raise ValueError(f"video must be (T, H, W, C); got {video.shape}")
-    frames = [Image.fromarray(to_uint8(frame, upscale=upscale)) for frame in video]
+    data = encode_gif(video, upscale=upscale, fps=fps)
     path = _prepare(path)
-    frames[0].save(path, format="GIF", save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
+    with open(path, "wb") as file:
+        file.write(data)
     return path
+
+
+def image_shape(card) -> tuple[int, int, int] | None:
+    """The ``(H, W, C)`` of the images ``card`` reads, where its config says (``image_shape``, or
+    ``image_size`` with its VAE's ``image_channels``); ``None`` where it does not.
+
+    Args:
+      card: a ``Card``.
+
+    Returns:
+      The shape, or ``None``.
+    """
+    config = card.spec.config
+    shape = getattr(config, "image_shape", None)
+    if shape is None and hasattr(config, "image_size") and hasattr(getattr(config, "vae", None), "image_channels"):
+        shape = (config.image_size, config.image_size, config.vae.image_channels)
+    return tuple(shape) if shape is not None else None
+
+
+def read_image(source, shape: tuple[int, int, int] | None = None) -> np.ndarray:
+    """An image file as ``(H, W, C)`` float32 in [0, 1], at ``shape`` where given (box-averaged: a PNG
+    ``save_png`` wrote, nearest-upscaled 8x, reads back as the image it saved).
+
+    Args:
+      source: a path, the file's bytes, or a binary file object.
+      shape: the ``(H, W, C)`` to convert to (``C`` 1: grey, 3: RGB), or ``None`` to keep the file's
+        size and read it grey or RGB by its mode.
+
+    Returns:
+      ``(H, W, C)`` float32 in [0, 1].
+
+    Raises:
+      ValueError: if ``source`` cannot be read as an image (the reason named).
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        source = io.BytesIO(bytes(source))
+    try:
+        with Image.open(source) as picture:
+            channels = shape[2] if shape else (1 if picture.mode in ("1", "L", "LA", "I", "F") else 3)
+            picture = picture.convert("L" if channels == 1 else "RGB")
+            if shape and picture.size != (shape[1], shape[0]):
+                picture = picture.resize((shape[1], shape[0]), Image.Resampling.BOX)
+            pixels = np.asarray(picture, np.float32) / 255.0
+    except (OSError, Image.DecompressionBombError) as err:  # PIL's UnidentifiedImageError is an OSError
+        raise ValueError(f"cannot be read as an image ({err})") from None
+    return pixels.reshape(pixels.shape[:2] + (channels,))
 
 
 def plot_curves(

@@ -73,3 +73,38 @@ def i2v_card():
     """A ``wan-i2v`` card at default (tiny) size with non-trivial weights."""
     card = jp.cards.build("wan-i2v", seed=1)
     return card.replace(transformer=perturbed(card["transformer"], seed=2))
+
+
+# ---- the HTTP server (jaxpipe.serve) -----------------------------------------------------------------------------
+
+SERVED_CARDS = ("flux-t2i", "wan-i2v", "unified", "bagel-mot", "digit-scorer")
+SERVED_WORKFLOWS = ("image_video.t2i_i2v",)
+
+
+@pytest.fixture(scope="session")
+def server():
+    """A live server for the HTTP tests (tests/test_serve*.py, chat, rewards), started once per session.
+
+    uvicorn runs ``jaxpipe.serve.app.create_app(front)`` in a background thread on a free loopback port, over
+    a ``jaxpipe.serve.front.Front`` (default ``Budget``) of an ``Engine(mode="batched")`` serving the bundled
+    ``SERVED_CARDS`` and the ``SERVED_WORKFLOWS``. Yields ``(url, front)`` (a ``Served`` named tuple: ``.url`` is
+    the base URL without a trailing slash, e.g. ``http://127.0.0.1:PORT``; the OpenAI client takes
+    ``url + "/v1"``; ``.front.engine`` is the engine). Tests must leave it serving: never drain or close it.
+    """
+    pytest.importorskip("fastapi")
+    from jaxpipe import workflow as workflows
+    from jaxpipe.engine import Engine
+    from jaxpipe.serve.app import create_app
+    from jaxpipe.serve.front import Front
+    from jaxpipe.serve.server import Served, serve_in_thread
+
+    engine = Engine(mode="batched")
+    for model_id in SERVED_CARDS:
+        engine.register(jp.cards.load(model_id))
+    for wf in workflows.bundled():
+        if wf.id in SERVED_WORKFLOWS:
+            engine.register_workflow(wf)
+    front = Front(engine)
+    with serve_in_thread(create_app(front)) as url:
+        yield Served(url, front)
+    front.close()

@@ -11,6 +11,7 @@
     jaxpipe train mot --steps N --out DIR [...]           # RL on shared weights (bagel-mot: one MoT thinks and generates)
     jaxpipe train joint --steps N --out DIR [...]         # N-way: N refiner experts (one vmap) + generator
     jaxpipe cards
+    jaxpipe serve [--model ID|DIR ...] [--port 8000]        # an OpenAI-compatible HTTP server (the serve extra)
 
 ``generate`` serves its request through an ``Engine`` and writes what the card's program makes: a
 ``.gif`` for a video, a ``.png`` for an image, the text it answers printed; a text-to-image card asked
@@ -53,6 +54,7 @@ _STARTING = Stopper().__enter__() if _started_as_the_command() else None
 import typer  # noqa: E402
 
 from jaxpipe.cli.common import check_kinds, fail, load, writable  # noqa: E402
+from jaxpipe.cli.serve import serve  # noqa: E402
 from jaxpipe.cli.train import train_app  # noqa: E402
 
 __all__ = ["app", "main"]
@@ -61,6 +63,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="jaxpipe: mul
 
 
 app.add_typer(train_app, name="train")
+app.command("serve")(serve)
 
 
 DEFAULT_OUT = Path("out/jaxpipe.gif")
@@ -174,34 +177,16 @@ def _serving(card, with_image: bool):
     return program, makes
 
 
-def _image_shape(card) -> tuple[int, int, int] | None:
-    """The ``(H, W, C)`` of the images ``card`` reads, where its config says."""
-    config = card.spec.config
-    shape = getattr(config, "image_shape", None)
-    if shape is None and hasattr(config, "image_size") and hasattr(getattr(config, "vae", None), "image_channels"):
-        shape = (config.image_size, config.image_size, config.vae.image_channels)
-    return tuple(shape) if shape is not None else None
-
-
 def _read_image(path: Path, card):
-    """``path`` as ``(H, W, C)`` floats in [0, 1] at ``card``'s image size (box-averaged: a PNG this command
-    wrote, nearest-upscaled 8×, reads back as the image it rendered)."""
-    import numpy as np
-    from PIL import Image
+    """``path`` as ``(H, W, C)`` floats in [0, 1] at ``card``'s image size (``jaxpipe.io.read_image``)."""
+    from jaxpipe.io import image_shape, read_image
 
     if not path.is_file():
         fail(f"--image {path}: no such file")
-    shape = _image_shape(card)
     try:
-        with Image.open(path) as picture:
-            channels = shape[2] if shape else (1 if picture.mode in ("1", "L", "LA", "I", "F") else 3)
-            picture = picture.convert("L" if channels == 1 else "RGB")
-            if shape and picture.size != (shape[1], shape[0]):
-                picture = picture.resize((shape[1], shape[0]), Image.Resampling.BOX)
-            pixels = np.asarray(picture, np.float32) / 255.0
-    except OSError as err:  # PIL's UnidentifiedImageError is one
-        fail(f"--image {path} cannot be read as an image ({err})")
-    return pixels.reshape(pixels.shape[:2] + (channels,))
+        return read_image(path, image_shape(card))
+    except ValueError as err:
+        fail(f"--image {path} {err}")
 
 
 def _card_plan(model: str | None, video_model: str | None, image: Path | None, prompt: str | None,

@@ -26,6 +26,8 @@ and ``load("module:function")`` / ``load("path/to/file.py:function")`` finds one
 ``--reward`` flag. Reward models ship too, as JAX rewards loaded from a folder
 (``load("pickscore:DIR")``, ``"clipscore:DIR"``, ``"aesthetic:DIR"``; ``jaxpipe.rewards.clip``,
 ``jaxpipe.rewards.aesthetic``); ``text_prompts`` gives the prompts to call one on outside a trainer.
+A reward can also be another server's: ``load("http://HOST:PORT/v1/rewards?model=digit-scorer")`` is a
+host reward that POSTs each batch there (``jaxpipe.rewards.remote``; ``jaxpipe serve`` serves them).
 """
 
 from __future__ import annotations
@@ -193,7 +195,8 @@ def _import_module(target: str, spec: str):
 MODEL_KINDS = ("clipscore", "pickscore", "aesthetic")
 """The reward models ``load("KIND:DIR")`` loads from a folder (``jaxpipe.rewards.clip``, ``jaxpipe.rewards.aesthetic``)."""
 
-_SPEC_FORMS = "'package.module:function', 'path/to/file.py:function' or 'KIND:DIR' (KIND one of " + ", ".join(MODEL_KINDS) + ")"
+_SPEC_FORMS = ("'package.module:function', 'path/to/file.py:function', 'KIND:DIR' (KIND one of " + ", ".join(MODEL_KINDS)
+               + ") or a reward server's URL 'http://HOST:PORT/v1/rewards?model=M'")
 _LOADED: dict[tuple[str, str], Reward] = {}
 
 
@@ -246,14 +249,23 @@ def _load_model(kind: str, where: str, spec: str) -> Reward:
 
 def spec_name(spec: str) -> str:
     """The name a ``--reward`` spec's reward is logged under: the kind of a ``KIND:DIR`` reward model
-    (``"pickscore"``), else the function (``"brightness"`` for ``"my_rewards.py:brightness"``).
+    (``"pickscore"``), the model of a reward server's URL (``"digit-scorer"`` for
+    ``"http://HOST:PORT/v1/rewards?model=digit-scorer"``), else the function (``"brightness"`` for
+    ``"my_rewards.py:brightness"``).
 
     Args:
       spec: a spec ``load`` takes.
 
     Returns:
       The name.
+
+    Raises:
+      ValueError: for a URL that names no model.
     """
+    from jaxpipe.rewards.remote import is_url, url_model
+
+    if is_url(spec):
+        return url_model(spec)
     model = _model_spec(spec) if isinstance(spec, str) else None
     return model[0] if model else str(spec).rpartition(":")[2]
 
@@ -280,17 +292,19 @@ def text_prompts(texts: list[str] | tuple[str, ...], metadata: Mapping[str, Any]
 
 
 def load(spec: str) -> Reward:
-    """The reward named by ``spec``: ``"package.module:function"``, ``"path/to/file.py:function"`` or a
-    reward model ``"KIND:DIR"``.
+    """The reward named by ``spec``: ``"package.module:function"``, ``"path/to/file.py:function"``, a
+    reward model ``"KIND:DIR"`` or a reward server's URL ``"http://HOST:PORT/v1/rewards?model=M"``.
 
     A ``.py`` path (or one with a path separator) is imported as a module of its own, once per
     file; ``function`` may be dotted (``"module:Class.method"``). It is returned as is: a JAX
     reward, or a host reward marked with ``@host``. ``KIND:DIR``, ``KIND`` one of ``MODEL_KINDS``,
     loads that reward model from the directory (``jaxpipe.rewards.clip.pickscore`` / ``clipscore``,
-    ``jaxpipe.rewards.aesthetic.load``), once per kind and directory.
+    ``jaxpipe.rewards.aesthetic.load``), once per kind and directory. An ``http://`` or ``https://``
+    URL is a host reward asking that server's ``POST /v1/rewards`` for reward model ``M``
+    (``jaxpipe.rewards.remote.remote``; nothing is sent until it is called).
 
     Args:
-      spec: ``"package.module:function"``, ``"path/to/file.py:function"`` or ``"pickscore:DIR"``.
+      spec: ``"package.module:function"``, ``"path/to/file.py:function"``, ``"pickscore:DIR"`` or a URL.
 
     Returns:
       The reward callable.
@@ -298,8 +312,13 @@ def load(spec: str) -> Reward:
     Raises:
       ValueError: a spec without ``":"``, a module or file that is not found, a missing
         attribute, or one that is not callable; a reward model directory that does not exist or does
-        not load (the reason named); an unknown reward model kind before a directory.
+        not load (the reason named); an unknown reward model kind before a directory; a URL that is not
+        http(s) or names no model.
     """
+    from jaxpipe.rewards.remote import is_url, remote
+
+    if is_url(spec):
+        return remote(spec)
     if not isinstance(spec, str) or ":" not in spec:
         raise ValueError(f"a reward is named {_SPEC_FORMS} (got {spec!r})")
     model = _model_spec(spec)
