@@ -122,7 +122,7 @@ class Engine:
         self._roles: dict[str, dict[str, str]] = {}  # card id -> {role name: the role's served id}
         self._compiled: set = set()  # (batched group layout, capacity) pairs already compiled
         self._wanted: set = set()  # (batched group layout, capacity) pairs a group wanted to shrink to
-        self._live = Scheduler(_Host(self), mode)
+        self._live = Scheduler(_Host(self), mode, cohort_rows=1)
         self._active: list[Scheduler] = [self._live]  # the live scheduler and those of run_many calls in flight
 
     # ---- registry -------------------------------------------------------------------------
@@ -287,12 +287,13 @@ class Engine:
     def card(self, model_id: str, *, pending: bool = False) -> Card:
         """The resident card ``model_id``. During ``run_many`` a deferred publish shows only once
         it applies; ``pending=True`` gives the card as it will be after the deferred publishes."""
+        if not pending:
+            return self._resident(model_id).card
         with self._lock:
             card = self._resident(model_id).card
-            if pending:
-                for m, update in self._swaps:
-                    if m == model_id:
-                        card = update.apply(card)
+            for m, update in self._swaps:
+                if m == model_id:
+                    card = update.apply(card)
             return card
 
     def program(self, model_id: str) -> Program:
@@ -541,12 +542,14 @@ class Engine:
         the next ``tick``. With ``previews``, its ``"step"`` events carry the loop's latents (and a
         decoded image where the program decodes its loop by itself).
         """
+        # No engine lock here: a tick holds it for a whole step, and a ticking thread that takes it straight
+        # back would starve submitters (one admitted per tick). The inbox is a thread-safe deque; a card
+        # unregistered between this check and the next tick fails the request alone, at that tick.
         bound = self.check(request)
-        with self._lock:
-            if request.model in self._leaving():
-                raise EngineError(f"{request.model!r} is being unregistered; this engine serves {self.models()}")
-            handle = Handle(request, previews=previews)
-            self._live.submit(handle, bound)
+        if request.model in self._leaving():
+            raise EngineError(f"{request.model!r} is being unregistered; this engine serves {self.models()}")
+        handle = Handle(request, previews=previews)
+        self._live.submit(handle, bound)
         return handle
 
     def tick(self) -> bool:

@@ -224,13 +224,18 @@ class Scheduler:
       on_step: ``run_many``'s hook, called with a ``StepEvent`` after every loop step (``False`` cancels).
       fuse: in batched mode, run the steps between scheduling events as one call (``run_many`` without
         hooks: nothing can join or watch in between). A live engine steps once per tick.
+      cohort_rows: the most requests prepared together as one cohort in batched mode (``None``: ``max_batch``).
+        A live engine prepares each request alone (1): arrivals come in every count, and each distinct
+        cohort size would compile its own entry, decode and row moves against every batch capacity; alone,
+        one compiled entry serves them all, and the rows still step together.
     """
 
-    def __init__(self, host: Host, mode: str, on_step=None, *, fuse: bool = False):
+    def __init__(self, host: Host, mode: str, on_step=None, *, fuse: bool = False, cohort_rows: int | None = None):
         self.host = host
         self.mode = mode
         self.on_step = on_step
         self.fuse = fuse
+        self.cohort_rows = cohort_rows
         self.handles: dict[int, Handle] = {}  # root index -> the handle of an unfinished root request
         self.inbox: deque = deque()  # (handle, bound) from submit, taken by the next tick (deque: thread-safe)
         self.pending: list[_Job] = []
@@ -466,8 +471,9 @@ class Scheduler:
             key = (id(job.resident), self._batch_settings(job, width), width, shapes)
             buckets.setdefault(key, []).append(job)
         for (_, settings, width, _), members in buckets.items():
-            for lo in range(0, len(members), self.host.max_batch):
-                chunk = members[lo : lo + self.host.max_batch]
+            rows = min(self.host.max_batch, self.cohort_rows or self.host.max_batch)
+            for lo in range(0, len(members), rows):
+                chunk = members[lo : lo + rows]
                 self._start_cohort(_Cohort(chunk[0].resident, settings, width, chunk, ops.bucket(len(chunk))))
 
     def _width(self, job: _Job) -> int | None:
