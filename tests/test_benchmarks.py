@@ -179,3 +179,16 @@ def test_rewards_quick_compares_jax_and_torch_on_the_same_scores():
     for row in rows:
         assert float(row[2]) > 0 and float(row[3]) > 0
         assert float(row[5]) < 1e-4  # the same score from both
+
+
+@pytest.mark.slow  # ~1 min: three `jaxpipe serve` processes; the server's endpoints are tested in test_serve*.py
+def test_serve_quick_loses_nothing_and_matches_offline_rendering():
+    """``serve.py --quick``: a mixed stream and both serving modes against real `jaxpipe serve` processes; it exits
+    non-zero on any lost request or any image off its offline rendering (C1 one at a time, C3 batched)."""
+    pytest.importorskip("fastapi", reason="the server needs the serve extra")
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "serve.py"), "--quick"], check=False, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "**lost: 0**" in done.stdout and "bit for bit" in done.stdout
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith(("| 2 ", "| 4 "))]
+    assert len(rows) == 2 and all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
