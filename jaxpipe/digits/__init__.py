@@ -49,8 +49,19 @@ __all__ = [
 
 
 def register() -> None:
-    """Register the digits world's card families, card ids, bundled checkpoints and workflows."""
+    """Register the digits world's card families, card ids, bundled checkpoints, workflows and its reward model."""
     from jaxpipe.digits import cards, workflows
+    from jaxpipe.rewards import named
 
     cards.register()
     workflows.register()
+    named.register("digit-scorer", "digit-scorer", _scoring)
+
+
+def _scoring(scorer):
+    """The ``digit-scorer`` reward model: every reward term, labelled from the prompt's words."""
+    from jaxpipe.digits.evaluators import labels_from_prompts
+    from jaxpipe.digits.rewards import REWARD_TERMS, scorer_reward
+    from jaxpipe.rewards.named import Scoring
+
+    return Scoring(scorer_reward(scorer, REWARD_TERMS), labels_from_prompts, REWARD_TERMS)

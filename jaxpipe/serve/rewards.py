@@ -213,19 +213,22 @@ class RewardModels:
 
 
 def _digit_scorer(engine: Any) -> RewardModel | None:
-    """The built-in ``digit-scorer`` reward model, or ``None`` where that card is not available."""
+    """The ``digit-scorer`` reward model a world ships (``jaxpipe.rewards.named``), or ``None`` where its card is
+    not available."""
     from jaxpipe import cards, io
+    from jaxpipe.rewards import named
 
-    if engine is not None and DIGIT_SCORER in getattr(engine, "cards", list)():
-        card = engine.card(DIGIT_SCORER)
-    elif DIGIT_SCORER in cards.available():
-        card = cards.load(DIGIT_SCORER)
+    entry = named.available().get(DIGIT_SCORER)
+    if entry is None:
+        return None
+    if engine is not None and entry.card in getattr(engine, "cards", list)():
+        card = engine.card(entry.card)
+    elif entry.card in cards.available():
+        card = cards.load(entry.card)
     else:
         return None
-    from jaxpipe.digits.evaluators import labels_from_prompts
-    from jaxpipe.digits.rewards import REWARD_TERMS, scorer_reward
-
-    return RewardModel(DIGIT_SCORER, scorer_reward(card, REWARD_TERMS), io.image_shape(card), labels_from_prompts, REWARD_TERMS)
+    scoring = entry.build(card)
+    return RewardModel(DIGIT_SCORER, scoring.reward, io.image_shape(card), scoring.labels, scoring.label_names)
 
 
 # ---- the route ------------------------------------------------------------------------------------------------
