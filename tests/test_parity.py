@@ -115,6 +115,7 @@ def test_c1_serial_equals_interleaved_on_every_bundled_card_and_workflow(bundled
     assert parity.compare(serial[:2], again, tolerance=0.0).max_abs_diff == 0.0  # same seed, same bits
 
 
+@pytest.mark.slow  # ~17 s: a fused compile per bundled card; by default test_engine and test_generate hold flux-t2i's fused path to C3
 def test_the_fused_path_is_a_c3_fast_path_on_the_bundled_cards(bundled):
     """``jp.generate`` (one jitted scan per loop) against the engine: within the C3 tolerance, measured."""
     engine, requests, serial = bundled
