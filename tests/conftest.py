@@ -108,3 +108,10 @@ def server():
     with serve_in_thread(create_app(front)) as url:
         yield Served(url, front)
     front.close()
+
+
+def assert_api_error(response, status: int, param: str | None, message: str) -> None:
+    """``response`` is an OpenAI-style error envelope with ``status``, naming ``param`` and saying ``message``."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and message in error["message"], error

@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 
+from conftest import assert_api_error
+
 from jaxpipe import Request
 
 openai = pytest.importorskip("openai")
@@ -134,10 +136,7 @@ BAD = [
 
 @pytest.mark.parametrize("body, status, param, message", BAD, ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD)])
 def test_bad_bodies_name_their_field(server, body, status, param, message):
-    response = _post(server, body)
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["param"] == param and message in error["message"], error
+    assert_api_error(_post(server, body), status, param, message)
 
 
 def test_two_images_are_refused_and_the_client_raises(server):

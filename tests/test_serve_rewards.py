@@ -10,6 +10,8 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import assert_api_error
+
 import jaxpipe as jp
 from jaxpipe import rewards
 from jaxpipe.digits.evaluators import labels_from_prompts
@@ -74,10 +76,7 @@ BAD = [
 
 @pytest.mark.parametrize("body, status, param, message", BAD, ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD)])
 def test_bad_bodies_name_their_field(server, body, status, param, message):
-    response = _post(server, body)
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["param"] == param and message in error["message"], error
+    assert_api_error(_post(server, body), status, param, message)
 
 
 def test_prompts_the_scorer_cannot_read_are_refused(server):
