@@ -143,11 +143,16 @@ def test_every_bundled_workflow_renders_from_the_command_line(flow, frames, tmp_
 def test_ctrl_c_in_the_first_moments_of_generate_exits_130_and_writes_nothing(tmp_path):
     """The stop handler is in place before JAX loads: a SIGINT while it does is a clean stop, not a traceback."""
     out = tmp_path / "x.gif"
-    command = subprocess.Popen([sys.executable, "-m", "jaxpipe.cli", "generate", "seven thick moving right", "-o", str(out)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(0.3)  # the interpreter is up; JAX is still loading
-    command.send_signal(signal.SIGINT)
-    output, _ = command.communicate(timeout=120)
+    for delay in (0.3, 0.8, 1.5):  # the interpreter is up; JAX is still loading
+        command = subprocess.Popen([sys.executable, "-m", "jaxpipe.cli", "generate", "seven thick moving right", "-o", str(out)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(delay)
+        command.send_signal(signal.SIGINT)
+        output, _ = command.communicate(timeout=120)
+        # on a loaded machine the signal can land while Python is still finding the module, before any jaxpipe
+        # code (and so the handler) exists: Python's own KeyboardInterrupt from runpy; try a little later
+        if not (command.returncode != 130 and "<frozen runpy>" in output and "jaxpipe" not in output.split("Traceback")[-1]):
+            break
     assert command.returncode == 130, output
     assert "stopped (SIGINT)" in output and "nothing written" in output and "Traceback" not in output
     assert len(output.strip().splitlines()) <= 2  # the handler's notice and the command's one line
