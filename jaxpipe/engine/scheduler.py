@@ -244,7 +244,6 @@ class Scheduler:
         self.flows: list[_Flow] = []
         self.tick = 0
         self._roots = itertools.count()
-        self._started: set[int] = set()
         self._decoders: dict = {}
         self._wanted_before = set(host.wanted)
 
@@ -262,7 +261,7 @@ class Scheduler:
 
     def load(self) -> Load:
         """The requests queued and running, and the batch rows stepping."""
-        running = len(self._started & set(self.handles))
+        running = sum(handle.status == "running" for handle in self.handles.values())
         if self.mode == "batched":
             rows = sum(g.active for g in self.groups.values())
         else:
@@ -278,7 +277,7 @@ class Scheduler:
             root = next(self._roots)
             self.handles[root] = handle
             if handle.cancel_requested:
-                self._deliver_root(root, Output(handle.request.model, {}, handle.request, cancelled_at=(0, 0)))
+                self._deliver_root(root, _cancelled(handle.request))
                 continue
             try:
                 self._spawn(root, handle.request, bound, flow=None, path="")
@@ -315,7 +314,6 @@ class Scheduler:
     def _fail(self, root: int, error: BaseException) -> None:
         """Root request ``root`` failed: drop its work everywhere and report ``error`` on its handle."""
         handle = self.handles.pop(root, None)
-        self._started.discard(root)
         self.pending = [job for job in self.pending if job.root != root]
         self.flows = [flow for flow in self.flows if flow.root != root]
         for cohort in self.cohorts:
@@ -330,7 +328,7 @@ class Scheduler:
         """Cancel everything (``run_many``'s ``cancel``): every unfinished request gets a cancelled ``Output``."""
         while self.inbox:
             handle, _ = self.inbox.popleft()
-            handle._finish(Output(handle.request.model, {}, handle.request, cancelled_at=(0, 0)), None, self.tick)
+            handle._finish(_cancelled(handle.request), None, self.tick)
         for job in self.pending:
             job.cancelled_at = (0, 0)
             self._finish_job(job, None)
@@ -346,7 +344,7 @@ class Scheduler:
             self._deliver_flow_cancel(self.flows[0])
         for root in list(self.handles):
             handle = self.handles[root]
-            self._deliver_root(root, Output(handle.request.model, {}, handle.request, cancelled_at=(0, 0)))
+            self._deliver_root(root, _cancelled(handle.request))
 
     # ---- spawning requests and threading workflows ----------------------------------------
 
@@ -378,7 +376,6 @@ class Scheduler:
         self._spawn(flow.root, request, None, flow, path)
 
     def _deliver_root(self, root: int, output: Output) -> None:
-        self._started.discard(root)
         handle = self.handles.pop(root, None)
         if handle is not None:
             handle._finish(output, None, self.tick)
@@ -456,10 +453,10 @@ class Scheduler:
                 self._fail(job.root, err)
                 continue
             jobs.append(job)
-            if job.root not in self._started and job.root in self.handles:
-                self._started.add(job.root)
-                self.handles[job.root]._emit(Event("started", job.path, tick=self.tick), status="running",
-                                             progress=Progress(job.path))
+            handle = self.handles.get(job.root)
+            if handle is not None and handle.status == "queued":  # the request's first job to start
+                handle._emit(Event("started", job.path, tick=self.tick), status="running",
+                             progress=Progress(job.path))
         if self.mode != "batched":
             for job in jobs:
                 self._start_cohort(_Cohort(job.resident, job.bound.settings, None, [job], 1))
@@ -725,6 +722,11 @@ class Scheduler:
                     self._finish_job(job, None if job.cancelled_at else artifacts)
             else:
                 self._after_enter(cohort, slots, state)
+
+
+def _cancelled(request: Request) -> Output:
+    """The ``Output`` of a request cancelled before it started."""
+    return Output(request.model, {}, request, cancelled_at=(0, 0))
 
 
 def _decoder_of(program: Program, loop: str) -> tuple[str, str, str] | None:
