@@ -25,17 +25,8 @@ second run starts without recompiling; a Ctrl-C (or SIGTERM) at any moment ends 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
-import json
-import math
-import os
-import signal
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 from jaxpipe.stopping import Stopper
 
@@ -50,6 +41,16 @@ def _started_as_the_command() -> bool:
 # The command's stop flag, installed before anything heavy loads (typer, then JAX): a Ctrl-C from the first
 # moment is a clean stop, never a traceback. Imported as a library (tests, scripts), nothing is installed here.
 _STARTING = Stopper().__enter__() if _started_as_the_command() else None
+
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
 
 import typer  # noqa: E402
 
