@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 __all__ = ["BUNDLED", "ENTRY_POINTS", "load", "loaded"]
 
-BUNDLED: tuple[str, ...] = ("jaxpipe.digits",)
+BUNDLED: tuple[str, ...] = ("jaxpipe.digits", "jaxpipe.shapes")
 """The worlds shipped inside jaxpipe, registered on first use."""
 
 ENTRY_POINTS = "jaxpipe.worlds"

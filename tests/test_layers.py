@@ -1,9 +1,10 @@
 """The dependency rule, checked on the source: imports point down the layers; the core never imports a world.
 
-A world (``jaxpipe.digits``) is a plug-in: only the world itself, the command line (whose defaults are
-the digits world's) and ``jaxpipe.worlds`` (the one place that registers the bundled worlds) may import
-it. The engine never imports training. Checked statically (every import statement of every module,
-including the ones inside functions) and by importing the whole core with ``jaxpipe.digits`` blocked.
+A world (``jaxpipe.digits``, ``jaxpipe.shapes``) is a plug-in: only the world itself, the command line
+(whose defaults are the digits world's) and ``jaxpipe.worlds`` (the one place that registers the bundled
+worlds) may import it, and one world never imports another. The engine never imports training. Checked
+statically (every import statement of every module, including the ones inside functions) and by
+importing the whole core with both worlds blocked.
 """
 
 import ast
@@ -15,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "jaxpipe"
 WORLD = "jaxpipe.digits"
-ALLOWED_TO_IMPORT_THE_WORLD = ("jaxpipe/digits/", "jaxpipe/cli/", "jaxpipe/worlds.py")
+WORLDS = ("jaxpipe.digits", "jaxpipe.shapes")
+ALLOWED_TO_IMPORT_THE_WORLD = ("jaxpipe/digits/", "jaxpipe/shapes/", "jaxpipe/cli/", "jaxpipe/worlds.py")
 
 
 def _module(path: Path) -> str:
@@ -52,12 +54,23 @@ def _core():
             yield rel, path
 
 
+def _names_a_world(module: str, worlds=WORLDS) -> bool:
+    return any(module == w or module.startswith(w + ".") for w in worlds)
+
+
 def test_no_core_module_imports_a_world():
-    offenders = {rel: sorted(m for m in _imports(path) if m == WORLD or m.startswith(WORLD + "."))
-                 for rel, path in _core()}
+    offenders = {rel: sorted(m for m in _imports(path) if _names_a_world(m)) for rel, path in _core()}
     offenders = {rel: mods for rel, mods in offenders.items() if mods}
-    assert not offenders, f"core modules import the digits world: {offenders}"
+    assert not offenders, f"core modules import a world: {offenders}"
     assert len(list(_core())) > 80  # the check saw the core
+
+
+def test_no_world_imports_another():
+    for world in WORLDS:
+        others = tuple(w for w in WORLDS if w != world)
+        paths = sorted((ROOT / world.split(".")[1]).rglob("*.py"))
+        offenders = {p.name: sorted(m for m in _imports(p) if _names_a_world(m, others)) for p in paths}
+        assert len(paths) > 5 and not {k: v for k, v in offenders.items() if v}, (world, offenders)
 
 
 def test_the_engine_never_imports_training_and_samplers_import_only_jax():
@@ -68,14 +81,15 @@ def test_the_engine_never_imports_training_and_samplers_import_only_jax():
 
 
 def test_the_core_imports_and_builds_with_the_world_blocked():
-    """Every core module imports with ``jaxpipe.digits`` unimportable; the registries then know no bundled
+    """Every core module imports with both worlds unimportable; the registries then know no bundled
     card, and a toy card with a vocabulary of its own builds (``test_own_reward`` trains one)."""
     script = r"""
 import importlib, pkgutil, sys
-sys.modules["jaxpipe.digits"] = None          # any import of the world now fails
+sys.modules["jaxpipe.digits"] = None          # any import of a world now fails
+sys.modules["jaxpipe.shapes"] = None
 import jaxpipe as jp
 import jaxpipe.training
-skipped = ("jaxpipe.digits", "jaxpipe.cli", "jaxpipe.worlds")
+skipped = ("jaxpipe.digits", "jaxpipe.shapes", "jaxpipe.cli", "jaxpipe.worlds")
 names = [m.name for m in pkgutil.walk_packages(jaxpipe.__path__, "jaxpipe.") if not m.name.startswith(skipped)]
 for name in names:
     if not name.endswith("__main__"):
@@ -97,10 +111,11 @@ def test_the_world_is_registered_lazily():
 import sys
 import jaxpipe.worlds
 import jaxpipe.cards.registry
-assert "jaxpipe.digits" not in sys.modules
+assert "jaxpipe.digits" not in sys.modules and "jaxpipe.shapes" not in sys.modules
 import jaxpipe as jp
-assert "jaxpipe.digits" not in sys.modules
+assert "jaxpipe.digits" not in sys.modules and "jaxpipe.shapes" not in sys.modules
 assert "flux-t2i" in jp.cards.available() and "jaxpipe.digits" in sys.modules
+assert "shapes-t2i" in jp.cards.available() and "jaxpipe.shapes" in sys.modules
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,0 +1,96 @@
+"""The shapes world's cards: ``shapes-t2i`` (text-to-image) and ``shapes-t2v`` (text-to-video), both core toy
+families speaking the shapes vocabulary on 32×32 RGB.
+
+``config(model_id)`` is the CPU-test-sized config ``jp.cards.build(model_id)`` builds (16×16 unless told);
+``bundled_config(model_id)`` the sizes of the pretrained card in ``assets/`` (what ``jaxpipe.shapes.pretrain``
+trains): a 4× autoencoder to 8×8×8 latents and a DiT of width 96 and depth 4 over its 2×2 patches.
+``register()`` puts both ids and their asset folders into the core's registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from jaxpipe.cards import registry, toy_t2i, toy_t2v
+from jaxpipe.cards.generator import vocab_size
+from jaxpipe.loops import denoise
+from jaxpipe.nn import AutoencoderConfig, DiTConfig, TextEncoderConfig
+from jaxpipe.shapes.words import VOCABULARY
+
+__all__ = ["ASSETS", "FAMILIES", "DESCRIPTIONS", "BUNDLED", "MAX_WORDS", "config", "bundled_config", "register"]
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+"""The bundled pretrained cards, one folder per card id."""
+FAMILIES = {"shapes-t2i": toy_t2i, "shapes-t2v": toy_t2v}
+"""Card id -> the core toy family that builds it."""
+DESCRIPTIONS = {
+    "shapes-t2i": "text-to-image: a DiT draws coloured shapes (32×32 RGB) from a GenEval-style prompt (guidance 3)",
+    "shapes-t2v": "text-to-video: shapes-t2i's networks over 8 frames of shapes moving as told",
+}
+"""Card id -> the one line ``jaxpipe cards`` prints for it."""
+BUNDLED = ("shapes-t2i", "shapes-t2v")
+"""The ids whose pretrained weights ship in ``ASSETS``."""
+MAX_WORDS = 12
+"""The longest prompt the cards read, in words (``"a big red circle moving left and a small blue square still"``)."""
+
+
+def config(model_id: str, **changes):
+    """The test-sized config of ``model_id`` (the family's CPU-test sizes, RGB, the shapes vocabulary), with ``changes``.
+
+    Args:
+        model_id: ``"shapes-t2i"`` or ``"shapes-t2v"``.
+        **changes: config fields to set.
+
+    Returns:
+        The family's ``Config``.
+
+    Raises:
+        KeyError: if ``model_id`` is not a shapes card.
+    """
+    if model_id not in FAMILIES:
+        raise KeyError(f"{model_id!r} is not a shapes card; the shapes cards are {sorted(FAMILIES)}")
+    module = FAMILIES[model_id]
+    text = TextEncoderConfig(vocab_size=vocab_size(VOCABULARY), max_len=MAX_WORDS)
+    base = module.Config(vocabulary=VOCABULARY, text=text, vae=AutoencoderConfig(image_channels=3))
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+def bundled_config(model_id: str, **changes):
+    """The config of the pretrained card ``model_id``: 32×32 RGB, a 4× autoencoder (widths 16, 32, 64) to 8
+    latent channels, a text encoder of width 64 and a DiT of width 96 × 4 blocks × 4 heads, served with 8
+    steps and guidance 3.
+
+    Args:
+        model_id: ``"shapes-t2i"`` or ``"shapes-t2v"``.
+        **changes: config fields to set.
+
+    Returns:
+        The family's ``Config`` at the bundled sizes.
+
+    Raises:
+        KeyError: if ``model_id`` is not a shapes card.
+    """
+    text = TextEncoderConfig(vocab_size=vocab_size(VOCABULARY), dim=64, depth=2, heads=4, max_len=MAX_WORDS)
+    base = config(
+        model_id,
+        image_size=32,
+        text=text,
+        dit=DiTConfig(latent_channels=8, dim=96, depth=4, heads=4, text_dim=64),
+        vae=AutoencoderConfig(image_channels=3, latent_channels=8, widths=(16, 32, 64)),
+        sampling=denoise.DenoiseConfig(num_steps=8, guidance=3.0),
+    )
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+def register() -> None:
+    """Register ``shapes-t2i`` and ``shapes-t2v`` (test-sized configs; the bundled checkpoints where they ship)."""
+    for model_id, module in FAMILIES.items():
+        path = ASSETS / model_id
+        shipped = (path / "config.json").is_file()
+        registry.register_card(
+            model_id, module.FAMILY.name, config=lambda model_id=model_id: config(model_id),
+            path=path if shipped else None,
+            rebuild=f"python -m jaxpipe.shapes.pretrain {model_id} --out {path}" if shipped else None,
+            description=DESCRIPTIONS[model_id],
+        )
