@@ -15,10 +15,9 @@ from jaxpipe.shapes.words import RELATIONS
 def test_a_scene_renders_the_same_at_every_call_anti_aliased_at_any_size():
     scene = Scene((Obj("circle", "red", "big", 0.3, 0.4), Obj("triangle", "blue", "small", 0.75, 0.7)))
     image = render(scene)
-    assert image.shape == (32, 32, 3) and image.dtype == np.float32 and -1 <= image.min() and image.max() <= 1
+    assert image.shape == (32, 32, 3) and image.dtype == np.float32 and 0 <= image.min() and image.max() <= 1
     np.testing.assert_array_equal(image, render(scene))
-    background = (np.asarray(scenes.BACKGROUND) * 2 - 1).astype(np.float32)
-    red = (np.asarray(scenes.PALETTE[0]) * 2 - 1).astype(np.float32)
+    background, red = np.asarray(scenes.BACKGROUND, np.float32), np.asarray(scenes.PALETTE[0], np.float32)
     t = (image - background) @ (red - background) / ((red - background) @ (red - background))
     assert ((t > 0.05) & (t < 0.95)).sum() > 10  # blended edge pixels: anti-aliased
     assert render(scene, 64).shape == (64, 64, 3)
@@ -87,7 +86,7 @@ def test_the_judge_fails_what_is_wrong():
     assert not judge.correct(judge.judge(render(placed), Prompt("position", right.things, "right")), "position")
     three = Prompt("counting", (Thing("red", "circle"),) * 3)
     assert not judge.correct(judge.judge(render(grammar.scene_for(three, rng)), Prompt("counting", (Thing("red", "circle"),) * 4)), "counting")
-    empty = np.full((32, 32, 3), -1.0, np.float32)
+    empty = np.zeros((32, 32, 3), np.float32)
     assert judge.judge(empty, three) == {"count": False, "shape": False, "colour": False}
     with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
         judge.detect(np.zeros((32, 32)))

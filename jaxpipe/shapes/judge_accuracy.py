@@ -31,7 +31,7 @@ def measure(per_category: int = 300, *, size: int = 32, split: str = "train", se
         split: the prompts' split.
         seed: the draw's seed (category ``c`` uses ``(seed, c)``).
         gap: the layouts' smallest gap between objects (negative: they may overlap).
-        noise: the std of Gaussian noise added to the pixels (in ``[-1, 1]`` units).
+        noise: the std of Gaussian noise added to the pixels (in ``[0, 1]``, then clipped).
         frames: the video prompts' length.
 
     Returns:
@@ -48,7 +48,7 @@ def measure(per_category: int = 300, *, size: int = 32, split: str = "train", se
             else:
                 prompt = sample(category, rng, split)
                 picture = render(scene_for(prompt, rng, gap=gap), size)
-            picture = np.clip(picture + noise * rng.standard_normal(picture.shape), -1, 1) if noise else picture
+            picture = np.clip(picture + noise * rng.standard_normal(picture.shape), 0, 1) if noise else picture
             checks = judge_video(picture, prompt) if category == "video" else judge(picture, prompt)
             right += correct(checks, category)
         out[category] = right / per_category

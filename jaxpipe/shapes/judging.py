@@ -94,7 +94,7 @@ def detect(image: np.ndarray) -> list[Detection]:
     """The objects in one image, largest first.
 
     Args:
-        image: ``(H, W, 3)`` in ``[-1, 1]`` (a render or a card's output).
+        image: ``(H, W, 3)`` in ``[0, 1]`` (a render or a card's output).
 
     Returns:
         The ``Detection`` of each coloured component at least ``MIN_AREA`` of a small circle.
@@ -106,7 +106,7 @@ def detect(image: np.ndarray) -> list[Detection]:
     if image.ndim != 3 or image.shape[-1] != 3:
         raise ValueError(f"detect reads one RGB image (H, W, 3); got shape {image.shape}")
     height, width, _ = image.shape
-    pixels = (image + 1.0) / 2.0
+    pixels = image
     distance = np.linalg.norm(pixels[:, :, None, :] - _PIXELS, axis=-1)
     label = np.argmin(distance, axis=-1)
     label[np.min(distance, axis=-1) > COLOUR_RADIUS] = len(PALETTE)
@@ -161,7 +161,7 @@ def judge(image: np.ndarray, prompt: Prompt) -> dict[str, bool]:
     colour and shape) and, for a position prompt, ``relation`` (the two things so found stand as told).
 
     Args:
-        image: ``(H, W, 3)`` in ``[-1, 1]``.
+        image: ``(H, W, 3)`` in ``[0, 1]``.
         prompt: what it should show.
 
     Returns:
@@ -188,7 +188,7 @@ def judge_video(video: np.ndarray, prompt: Prompt) -> dict[str, bool]:
     them along its direction and less than that across it (``still``: less than half the way in total).
 
     Args:
-        video: ``(T, H, W, 3)`` in ``[-1, 1]``, ``T >= 2``.
+        video: ``(T, H, W, 3)`` in ``[0, 1]``, ``T >= 2``.
         prompt: a ``"video"`` prompt.
 
     Returns:

@@ -84,7 +84,7 @@ START_FROM = {"shapes-t2v": "shapes-t2i"}
 
 def render_data(model_id: str, cfg: PretrainConfig, frames: int = 8, size: int = 32) -> tuple[list[str], np.ndarray]:
     """The run's captions and pixels: ``(N,)`` captions and ``(N, size, size, 3)`` images (``shapes-t2i``) or
-    ``(N, frames, size, size, 3)`` videos (``shapes-t2v``), in ``[-1, 1]``.
+    ``(N, frames, size, size, 3)`` videos (``shapes-t2v``), in the autoencoder's ``[-1, 1]``.
 
     Args:
         model_id: ``"shapes-t2i"`` or ``"shapes-t2v"``.
@@ -98,7 +98,7 @@ def render_data(model_id: str, cfg: PretrainConfig, frames: int = 8, size: int =
     video = model_id == "shapes-t2v"
     pairs = captioned_scenes(cfg.scenes, seed=cfg.seed, video=video, frames=frames)
     draw = (lambda s: render_video(s, frames, size)) if video else (lambda s: render(s, size))
-    return [caption for caption, _ in pairs], np.stack([draw(scene) for _, scene in pairs])
+    return [caption for caption, _ in pairs], np.stack([draw(scene) * 2.0 - 1.0 for _, scene in pairs])
 
 
 def _batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int):

@@ -20,7 +20,7 @@ def judge_scores(pictures: np.ndarray, texts: list[str]) -> np.ndarray:
     """``(B,)`` float32: the fraction of the judge's checks each picture passes against its prompt text.
 
     Args:
-        pictures: ``(B, H, W, 3)`` images or ``(B, T, H, W, 3)`` videos in ``[-1, 1]``.
+        pictures: ``(B, H, W, 3)`` images or ``(B, T, H, W, 3)`` videos in ``[0, 1]``.
         texts: the ``B`` prompt texts (the grammar's forms; each judged under the strictest category of its form).
 
     Returns:

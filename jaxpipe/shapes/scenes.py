@@ -4,7 +4,8 @@ Coordinates are fractions of the canvas side (``x`` right, ``y`` down, both in `
 renders at any resolution. An object's ``extent`` is the half-side of the box it fills: a circle of radius
 ``r``, a square of half-side ``0.85 r``, an upright triangle of apex ``(x, y - r)`` and base ``y + r``.
 Pixels are the supersampled (``4 x 4`` per pixel) coverage of each object, so edges are anti-aliased;
-the canvas is ``BACKGROUND``, every object its ``PALETTE`` colour, images in ``[-1, 1]``.
+the canvas is ``BACKGROUND``, every object its ``PALETTE`` colour, pixels in ``[0, 1]`` (as cards output
+images; the pretraining maps them to the autoencoder's ``[-1, 1]``).
 """
 
 from __future__ import annotations
@@ -103,12 +104,11 @@ def _draw(objects: tuple[Obj, ...], frame: int, size: int, supersample: int) -> 
     canvas = np.broadcast_to(np.asarray(BACKGROUND, np.float32), (n, n, 3)).copy()
     for obj in objects:
         canvas[_coverage(obj, obj.at(frame), xs, ys)] = PALETTE[COLOURS.index(obj.colour)]
-    pixels = canvas.reshape(size, supersample, size, supersample, 3).mean(axis=(1, 3))
-    return (pixels * 2.0 - 1.0).astype(np.float32)
+    return canvas.reshape(size, supersample, size, supersample, 3).mean(axis=(1, 3))
 
 
 def render(scene: Scene, size: int = 32, supersample: int = 4) -> np.ndarray:
-    """The scene's first frame, ``(size, size, 3)`` float32 in ``[-1, 1]``, anti-aliased.
+    """The scene's first frame, ``(size, size, 3)`` float32 in ``[0, 1]``, anti-aliased.
 
     Args:
         scene: what to draw.
@@ -131,6 +131,6 @@ def render_video(scene: Scene, frames: int = 8, size: int = 32, supersample: int
         supersample: points per pixel side whose coverage is averaged.
 
     Returns:
-        The video, float32 in ``[-1, 1]``.
+        The video, float32 in ``[0, 1]``.
     """
     return np.stack([_draw(scene.objects, t, size, supersample) for t in range(frames)])

@@ -1,0 +1,184 @@
+"""GenEval on the shapes world: the base ``shapes-t2i`` card, FlowGRPO and DiffusionNFT, at equal rollouts and seeds.
+
+Every method trains the bundled ``shapes-t2i`` card from the analytic judge's reward (``jaxpipe.shapes.rewards.
+judge_reward``: the fraction of the judge's checks a picture passes) on the same prompt stream (train-split
+prompts of the six categories, drawn by the seed) and the same step keys, P = 4 prompts × K = 4 samples
+per step, ``--steps`` steps. The reward IS the evaluator here (no learned reward model: the judge has no
+weights to hack, only its checks), so "reward" below is the judge's own partial score on the rollouts.
+Each card is then judged like GenEval's table: every category's all-right accuracy and their mean
+(``overall``) on the fixed test prompts (seen colour-shape pairs) and on the held-out pairs, ``--samples``
+seeds per prompt, plus the diversity (mean pairwise L2 between the seeds of a prompt).
+
+    python benchmarks/geneval.py                 # seeds 0 and 1: RESULTS.md section + docs/img/geneval_rewards.png
+    python benchmarks/geneval.py --quick         # smoke test: 2 steps, 1 prompt per category, prints only
+
+Raw results go to ``out/benchmarks/geneval.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
+from report import RESULTS, machine_info, write_section
+
+import jaxpipe as jp
+from jaxpipe.prompts import PromptSet
+from jaxpipe.shapes import evaluation, grammar
+from jaxpipe.shapes.rewards import judge_reward
+from jaxpipe.training.fit import fit
+from jaxpipe.training.grpo import FlowGRPOConfig
+from jaxpipe.training.methods.flow_grpo import FlowGRPO
+from jaxpipe.training.methods.nft import DiffusionNFT, DiffusionNFTConfig
+from jaxpipe.training.optim import Optimizer
+from jaxpipe.training.rollout import Group, Sampling
+
+SECTION = "geneval"
+HERE = pathlib.Path(__file__).resolve().parent
+PLOT = HERE.parent / "docs" / "img" / "geneval_rewards.png"
+RAW = HERE.parent / "out" / "benchmarks" / "geneval.json"
+PROMPTS_PER_STEP, GROUP, NUM_STEPS = 4, 4, 8
+
+
+def methods(card, guidance: float) -> dict:
+    """The contenders, each rolling out at ``guidance`` (the guidance they are judged at)."""
+    grpo = FlowGRPOConfig(group=Group(GROUP), beta=0.04, optimizer=Optimizer(1e-4),
+                          sampling=Sampling(num_steps=NUM_STEPS, sampler="sde", sde_window=(0, 4), guidance=guidance))
+    nft = DiffusionNFTConfig(group=Group(GROUP, adv_clip=2.0), sampling=Sampling(num_steps=NUM_STEPS, guidance=guidance),
+                             optimizer=Optimizer(1e-4))
+    return {"flow-grpo": FlowGRPO(card, judge_reward, grpo), "nft": DiffusionNFT(card, judge_reward, nft)}
+
+
+def training_prompts(n: int = 4000) -> PromptSet:
+    """The RL prompt pool: ``n`` train-split prompts, the six categories drawn equally (seed 100, not the test prompts' draw)."""
+    rng = np.random.default_rng(100)
+    texts = [grammar.sample(grammar.CATEGORIES[i % 6], rng).text for i in range(n)]
+    return PromptSet.from_list(list(dict.fromkeys(texts)))
+
+
+def judge_card(card, args) -> dict:
+    start = time.perf_counter()
+    out = {split: evaluation.geneval(card, split=split, prompts=args.prompts, samples=args.samples, num_steps=NUM_STEPS,
+                                     guidance=args.guidance, progress=not args.quick)
+           for split in grammar.SPLITS}
+    out["seconds"] = time.perf_counter() - start
+    return out
+
+
+def measure(args) -> dict:
+    card = jp.cards.load("shapes-t2i")
+    pool = training_prompts()
+    raw = {"header": [], "base": judge_card(card, args), "runs": {}}
+    for seed in args.seeds:
+        for name, method in methods(card, args.guidance).items():
+            start = time.perf_counter()
+            state, history = fit(method.step, method.init(), pool.batches(card, PROMPTS_PER_STEP, seed=seed),
+                                 steps=args.steps, key=jax.random.key(seed), desc=f"{name} seed {seed}",
+                                 progress=not args.quick)
+            seconds = time.perf_counter() - start
+            result = judge_card(method.card(state), args)
+            result.update(rewards=[row["reward_mean"] for row in history], train_seconds=seconds)
+            raw["runs"].setdefault(name, {})[str(seed)] = result
+            print(f"{name} seed {seed}: overall {result['train']['overall']:.3f} (test) "
+                  f"{result['heldout']['overall']:.3f} (held out) in {seconds:.0f} s", flush=True)
+    raw["header"] = [
+        f"Measured {machine_info()['date']} on {machine_info()['cpu']} ({machine_info()['cores']} cores), "
+        f"`python benchmarks/geneval.py --steps {args.steps} --seeds {' '.join(map(str, args.seeds))}`.",
+        f"Every card judged at guidance {args.guidance}, {NUM_STEPS} steps, {args.prompts} prompts per category "
+        f"(single object and colours: all 12 seen / 6 held-out pairs) × {args.samples} seeds. RL: P = "
+        f"{PROMPTS_PER_STEP} prompts × K = {GROUP} samples per step, {args.steps} steps, the same prompt stream and "
+        "step keys for both methods of a seed; reward = the analytic judge's partial score (the evaluator itself: no "
+        "learned reward model is involved, so there is no second score to set beside it).",
+    ]
+    return raw
+
+
+def _cell(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{100 * values[0]:.0f}"
+    return f"{100 * np.mean(values):.0f} ± {100 * (max(values) - min(values)) / 2:.0f}"
+
+
+def table(raw: dict) -> list[str]:
+    """GenEval's table for each split: rows base / methods (mean ± half the seed range), columns the categories."""
+    lines = []
+    for split, title in (("train", "test prompts (seen colour-shape pairs)"), ("heldout", "held-out colour-shape pairs")):
+        lines += [f"**{title}** — all-right accuracy, %", "",
+                  "| card | " + " | ".join(grammar.CATEGORIES) + " | overall | diversity |",
+                  "|---" * (len(grammar.CATEGORIES) + 3) + "|"]
+        rows = {"base shapes-t2i": [raw["base"]]} | {name: list(seeds.values()) for name, seeds in raw["runs"].items()}
+        for name, results in rows.items():
+            cells = [_cell([r[split]["accuracy"][c] for r in results]) for c in grammar.CATEGORIES]
+            overall = _cell([r[split]["overall"] for r in results])
+            diversity = np.mean([r[split]["diversity"] for r in results])
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | **{overall}** | {diversity:.1f} |")
+        lines.append("")
+    lines += ["| method | reward, first 10 steps | reward, last 10 steps | train s / run |", "|---|---|---|---|"]
+    for name, seeds in raw["runs"].items():
+        first = [np.mean(r["rewards"][:10]) for r in seeds.values()]
+        last = [np.mean(r["rewards"][-10:]) for r in seeds.values()]
+        seconds = np.mean([r["train_seconds"] for r in seeds.values()])
+        lines.append(f"| {name} | {np.mean(first):.3f} | {np.mean(last):.3f} | {seconds:.0f} |")
+    return lines
+
+
+def plot(raw: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, seeds in raw["runs"].items():
+        curves = np.asarray([r["rewards"] for r in seeds.values()])
+        window = max(1, min(10, curves.shape[1] // 5))
+        smooth = np.asarray([np.convolve(c, np.ones(window) / window, mode="valid") for c in curves])
+        steps = np.arange(window, curves.shape[1] + 1)
+        ax.plot(steps, smooth.mean(0), label=name)
+        ax.fill_between(steps, smooth.min(0), smooth.max(0), alpha=0.2)
+    ax.set_xlabel("step (P×K = 16 rollouts each)")
+    ax.set_ylabel("judge score of the rollouts")
+    ax.set_title("shapes-t2i: RL on the analytic judge (mean and range over seeds)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke test: 2 steps, 1 prompt per category, prints only")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--prompts", type=int, default=24, help="prompts per category")
+    parser.add_argument("--samples", type=int, default=2, help="seeds per prompt")
+    parser.add_argument("--guidance", type=float, default=None, help="guidance of rollouts and judging (default: the card's)")
+    parser.add_argument("--raw", type=pathlib.Path, default=RAW)
+    parser.add_argument("--replot", type=pathlib.Path, help="only rebuild the table and plot from this raw results file")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.seeds, args.prompts, args.samples = 2, [0], 1, 2
+    if args.guidance is None:
+        args.guidance = float(jp.cards.load("shapes-t2i").spec.loops[0].config.guidance)
+    raw = json.loads(args.replot.read_text()) if args.replot else measure(args)
+    if not args.quick and not args.replot:
+        args.raw.parent.mkdir(parents=True, exist_ok=True)
+        args.raw.write_text(json.dumps(raw))
+    body = "\n".join([f"## {SECTION}", "", *raw["header"], "", *table(raw), "", "![RL reward curves](../docs/img/geneval_rewards.png)"])
+    print(body)
+    path = pathlib.Path(tempfile.mkdtemp()) / PLOT.name if args.quick else PLOT
+    plot(raw, path)
+    if not args.quick:
+        write_section(RESULTS, SECTION, body)
+        print(f"\nwrote the {SECTION} section of {RESULTS} and {PLOT}")
+
+
+if __name__ == "__main__":
+    main()
