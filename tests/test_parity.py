@@ -101,6 +101,9 @@ def bundled():
                  for i, m in enumerate(VIDEO_CARDS) if m in engine.models()]
     if "flux-t2i-turbo" in engine.models():  # the DMD2 student: its own defaults (2 steps, guidance 1)
         requests.append(jp.Request("flux-t2i-turbo", prompt="eight thick", seed=12))
+    if "shapes-t2i" in engine.models():  # the shapes world's cards (RGB, their own words)
+        requests += [jp.Request("shapes-t2i", prompt="a red circle left of a blue triangle", seed=13, num_steps=2),
+                     jp.Request("shapes-t2v", prompt="a green square moving right", seed=14, num_steps=2)]
     if "video.t2v_continue" in engine.models():
         requests.append(jp.Request("video.t2v_continue", prompt="six moving down", seed=11, num_steps=2))
     return engine, requests, engine.run_many(requests, mode="serial")

@@ -377,36 +377,58 @@ def generate(
 
 @app.command()
 def evaluate(
-    samples: int = typer.Option(200, help="Prompts (and videos) to judge."),
+    samples: int | None = typer.Option(None, help="Prompts (and videos) to judge (default: 200; shapes: 24 prompts "
+                                       "per category, 2 seeds each)."),
     seed: int = typer.Option(0, help="Seed of the prompts and the sampling."),
     steps: int | None = typer.Option(None, help="Denoising steps (default: each card's own)."),
-    model: str = typer.Option("flux-t2i", help="Text-to-image card to judge."),
-    video_model: str = typer.Option("wan-i2v", help="Image-to-video card to judge."),
+    model: str | None = typer.Option(None, help="Text-to-image card to judge (default: the world's: flux-t2i, shapes-t2i)."),
+    video_model: str | None = typer.Option(None, help="Video card to judge (default: the world's: wan-i2v, shapes-t2v)."),
     guidance: float | None = typer.Option(None, help="Classifier-free guidance scale (default: each card's)."),
+    world: str = typer.Option("digits", help="digits: C4 quality by the digit-scorer and independent judges; "
+                              "shapes: GenEval's six categories by the analytic judge."),
     out: Path | None = typer.Option(None, "-o", "--out", help="Also write the report as JSON here."),
 ) -> None:
-    """Measure C4 quality: digit and attribute accuracy judged by the digit-scorer (the RL reward) and, under
-    "independent", by evaluators that share no weights with it (digit-classifier + pixel readers); I2V motion
-    and first-frame fidelity."""
+    """Measure quality. ``--world digits``: digit and attribute accuracy judged by the digit-scorer (the RL reward)
+    and, under "independent", by evaluators that share no weights with it (digit-classifier + pixel readers); I2V
+    motion and first-frame fidelity. ``--world shapes``: GenEval's table (six categories and overall, test and
+    held-out colour-shape pairs) and the text-to-video card's motion, by the analytic judge."""
     import json
 
-    from jaxpipe.digits import quality
     from jaxpipe.stopping import Stopped, Stopper, exit_code
 
+    if world not in ("digits", "shapes"):
+        fail(f"--world must be digits or shapes (got {world!r})")
+    samples = (200 if world == "digits" else 24) if samples is None else samples
     if samples <= 0:
         fail(f"--samples must be a positive integer (got {samples})")
     _check_settings(seed, steps, guidance)
     if out is not None:
         writable([out], overwrite=True)
-    t2i, i2v, scorer = load(model, video_model, "digit-scorer")
-    check_kinds((t2i, i2v), [("--model", "t2i"), ("--video-model", "i2v")])
+    if world == "digits":
+        t2i, i2v, scorer = load(model or "flux-t2i", video_model or "wan-i2v", "digit-scorer")
+        check_kinds((t2i, i2v), [("--model", "t2i"), ("--video-model", "i2v")])
+    else:
+        t2i, t2v = load(model or "shapes-t2i", video_model or "shapes-t2v")
+        check_kinds((t2i, t2v), [("--model", "t2i"), ("--video-model", "t2v")])
     try:
         with Stopper() as stop:
             common = dict(seed=seed, num_steps=steps, guidance=guidance, progress=True, should_stop=stop)
-            report = {
-                "t2i": quality.t2i_quality(t2i, scorer, samples=samples, **common),
-                "i2v": quality.i2v_quality(i2v, scorer, samples=max(samples // 2, 1), **common),
-            }
+            if world == "digits":
+                from jaxpipe.digits import quality
+
+                report = {
+                    "t2i": quality.t2i_quality(t2i, scorer, samples=samples, **common),
+                    "i2v": quality.i2v_quality(i2v, scorer, samples=max(samples // 2, 1), **common),
+                }
+            else:
+                from jaxpipe.shapes import evaluation
+
+                report = {
+                    "t2i": {split: evaluation.geneval(t2i, split=split, prompts=samples, **common)
+                            for split in ("train", "heldout")},
+                    "t2v": {split: evaluation.video_quality(t2v, split=split, prompts=2 * samples, **common)
+                            for split in ("train", "heldout")},
+                }
     except Stopped:
         typer.echo(f"stopped ({signal.Signals(stop.signum).name}): no report written", err=True)
         raise typer.Exit(code=exit_code(stop.signum)) from None
