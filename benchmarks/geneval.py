@@ -11,6 +11,7 @@ seeds per prompt, plus the diversity (mean pairwise L2 between the seeds of a pr
 
     python benchmarks/geneval.py                 # seeds 0 and 1: RESULTS.md section + docs/img/geneval_rewards.png
     python benchmarks/geneval.py --quick         # smoke test: 2 steps, 1 prompt per category, prints only
+    python benchmarks/geneval.py --grid          # only docs/img/shapes_grid.png: the base card on one prompt per category
 
 Raw results go to ``out/benchmarks/geneval.json``.
 """
@@ -48,11 +49,11 @@ RAW = HERE.parent / "out" / "benchmarks" / "geneval.json"
 PROMPTS_PER_STEP, GROUP, NUM_STEPS = 4, 4, 8
 
 
-def methods(card, guidance: float) -> dict:
-    """The contenders, each rolling out at ``guidance`` (the guidance they are judged at)."""
+def methods(card) -> dict:
+    """The contenders, rolling out at guidance 1 (FlowGRPO's log-probs need it; NFT's default), as on the digits world."""
     grpo = FlowGRPOConfig(group=Group(GROUP), beta=0.04, optimizer=Optimizer(1e-4),
-                          sampling=Sampling(num_steps=NUM_STEPS, sampler="sde", sde_window=(0, 4), guidance=guidance))
-    nft = DiffusionNFTConfig(group=Group(GROUP, adv_clip=2.0), sampling=Sampling(num_steps=NUM_STEPS, guidance=guidance),
+                          sampling=Sampling(num_steps=NUM_STEPS, sampler="sde", sde_window=(0, 4)))
+    nft = DiffusionNFTConfig(group=Group(GROUP, adv_clip=2.0), sampling=Sampling(num_steps=NUM_STEPS),
                              optimizer=Optimizer(1e-4))
     return {"flow-grpo": FlowGRPO(card, judge_reward, grpo), "nft": DiffusionNFT(card, judge_reward, nft)}
 
@@ -65,20 +66,23 @@ def training_prompts(n: int = 4000) -> PromptSet:
 
 
 def judge_card(card, args) -> dict:
+    """``{str(guidance): {split: geneval table}}`` at each judged guidance, and the seconds it took."""
     start = time.perf_counter()
-    out = {split: evaluation.geneval(card, split=split, prompts=args.prompts, samples=args.samples, num_steps=NUM_STEPS,
-                                     guidance=args.guidance, progress=not args.quick)
-           for split in grammar.SPLITS}
+    out = {str(g): {split: evaluation.geneval(card, split=split, prompts=args.prompts, samples=args.samples,
+                                              num_steps=NUM_STEPS, guidance=g, progress=not args.quick)
+                    for split in grammar.SPLITS}
+           for g in args.guidance}
     out["seconds"] = time.perf_counter() - start
     return out
 
 
 def measure(args) -> dict:
-    card = jp.cards.load("shapes-t2i")
+    started = time.perf_counter()
+    card = jp.cards.load(args.card)
     pool = training_prompts()
     raw = {"header": [], "base": judge_card(card, args), "runs": {}}
     for seed in args.seeds:
-        for name, method in methods(card, args.guidance).items():
+        for name, method in methods(card).items():
             start = time.perf_counter()
             state, history = fit(method.step, method.init(), pool.batches(card, PROMPTS_PER_STEP, seed=seed),
                                  steps=args.steps, key=jax.random.key(seed), desc=f"{name} seed {seed}",
@@ -87,13 +91,17 @@ def measure(args) -> dict:
             result = judge_card(method.card(state), args)
             result.update(rewards=[row["reward_mean"] for row in history], train_seconds=seconds)
             raw["runs"].setdefault(name, {})[str(seed)] = result
-            print(f"{name} seed {seed}: overall {result['train']['overall']:.3f} (test) "
-                  f"{result['heldout']['overall']:.3f} (held out) in {seconds:.0f} s", flush=True)
+            first = result[str(args.guidance[0])]
+            print(f"{name} seed {seed}: overall {first['train']['overall']:.3f} (test) "
+                  f"{first['heldout']['overall']:.3f} (held out) at guidance {args.guidance[0]}, trained in {seconds:.0f} s",
+                  flush=True)
     raw["header"] = [
         f"Measured {machine_info()['date']} on {machine_info()['cpu']} ({machine_info()['cores']} cores), "
-        f"`python benchmarks/geneval.py --steps {args.steps} --seeds {' '.join(map(str, args.seeds))}`.",
-        f"Every card judged at guidance {args.guidance}, {NUM_STEPS} steps, {args.prompts} prompts per category "
-        f"(single object and colours: all 12 seen / 6 held-out pairs) × {args.samples} seeds. RL: P = "
+        f"`python benchmarks/geneval.py --steps {args.steps} --seeds {' '.join(map(str, args.seeds))}` "
+        f"({time.perf_counter() - started:.0f} s in all).",
+        f"Every card judged at guidance {' and '.join(map(str, args.guidance))}, {NUM_STEPS} steps, {args.prompts} prompts per category "
+        f"(single object and colours: all 12 seen / 6 held-out pairs) × {args.samples} seeds. RL at guidance 1 "
+        f"(FlowGRPO: SDE on steps 0–3 of 8, lr 1e-4, β 0.04; NFT: ODE rollouts, lr 1e-4, β 1, EMA 0 → 0.5): P = "
         f"{PROMPTS_PER_STEP} prompts × K = {GROUP} samples per step, {args.steps} steps, the same prompt stream and "
         "step keys for both methods of a seed; reward = the analytic judge's partial score (the evaluator itself: no "
         "learned reward model is involved, so there is no second score to set beside it).",
@@ -108,19 +116,21 @@ def _cell(values: list[float]) -> str:
 
 
 def table(raw: dict) -> list[str]:
-    """GenEval's table for each split: rows base / methods (mean ± half the seed range), columns the categories."""
+    """GenEval's table for each guidance and split: rows base / methods (mean ± half the seed range), columns the categories."""
     lines = []
-    for split, title in (("train", "test prompts (seen colour-shape pairs)"), ("heldout", "held-out colour-shape pairs")):
-        lines += [f"**{title}** — all-right accuracy, %", "",
-                  "| card | " + " | ".join(grammar.CATEGORIES) + " | overall | diversity |",
-                  "|---" * (len(grammar.CATEGORIES) + 3) + "|"]
-        rows = {"base shapes-t2i": [raw["base"]]} | {name: list(seeds.values()) for name, seeds in raw["runs"].items()}
-        for name, results in rows.items():
-            cells = [_cell([r[split]["accuracy"][c] for r in results]) for c in grammar.CATEGORIES]
-            overall = _cell([r[split]["overall"] for r in results])
-            diversity = np.mean([r[split]["diversity"] for r in results])
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | **{overall}** | {diversity:.1f} |")
-        lines.append("")
+    guidances = [k for k in raw["base"] if k != "seconds"]
+    for g in guidances:
+        for split, title in (("train", "test prompts (seen colour-shape pairs)"), ("heldout", "held-out colour-shape pairs")):
+            lines += [f"**{title}, guidance {g}** — all-right accuracy, % (mean ± half the range over seeds)", "",
+                      "| card | " + " | ".join(grammar.CATEGORIES) + " | overall | diversity |",
+                      "|---" * (len(grammar.CATEGORIES) + 3) + "|"]
+            rows = {"base shapes-t2i": [raw["base"]]} | {name: list(seeds.values()) for name, seeds in raw["runs"].items()}
+            for name, results in rows.items():
+                cells = [_cell([r[g][split]["accuracy"][c] for r in results]) for c in grammar.CATEGORIES]
+                overall = _cell([r[g][split]["overall"] for r in results])
+                diversity = np.mean([r[g][split]["diversity"] for r in results])
+                lines.append(f"| {name} | " + " | ".join(cells) + f" | **{overall}** | {diversity:.2f} |")
+            lines.append("")
     lines += ["| method | reward, first 10 steps | reward, last 10 steps | train s / run |", "|---|---|---|---|"]
     for name, seeds in raw["runs"].items():
         first = [np.mean(r["rewards"][:10]) for r in seeds.values()]
@@ -152,21 +162,45 @@ def plot(raw: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def grid(card_id: str, path: pathlib.Path, seeds: int = 4) -> None:
+    """One test prompt of each category (rows) drawn by the base card with ``seeds`` seeds (columns), at 4× size."""
+    from PIL import Image, ImageDraw
+
+    card = jp.cards.load(card_id)
+    texts = [grammar.prompt_set(c, 3)[2].text for c in grammar.CATEGORIES]
+    images = evaluation.render_prompts(card, [t for t in texts for _ in range(seeds)], list(range(seeds)) * len(texts))
+    cell, label = 128, 300
+    canvas = Image.new("RGB", (label + seeds * (cell + 4), len(texts) * (cell + 4)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for row, text in enumerate(texts):
+        draw.text((6, row * (cell + 4) + cell // 2 - 6), text, fill="black")
+        for col in range(seeds):
+            pixels = (np.asarray(images[row * seeds + col]) * 255).round().astype(np.uint8)
+            canvas.paste(Image.fromarray(pixels).resize((cell, cell), Image.NEAREST), (label + col * (cell + 4), row * (cell + 4)))
+    canvas.save(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 steps, 1 prompt per category, prints only")
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--card", default="shapes-t2i", help="the base card: an id or a card folder")
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--prompts", type=int, default=24, help="prompts per category")
     parser.add_argument("--samples", type=int, default=2, help="seeds per prompt")
-    parser.add_argument("--guidance", type=float, default=None, help="guidance of rollouts and judging (default: the card's)")
+    parser.add_argument("--guidance", type=float, nargs="+", default=None,
+                        help="the guidances every card is judged at (default: 1, the RL rollouts', and the card's own)")
     parser.add_argument("--raw", type=pathlib.Path, default=RAW)
     parser.add_argument("--replot", type=pathlib.Path, help="only rebuild the table and plot from this raw results file")
+    parser.add_argument("--grid", action="store_true", help="only draw docs/img/shapes_grid.png (one prompt per category)")
     args = parser.parse_args()
+    if args.grid:
+        grid(args.card, HERE.parent / "docs" / "img" / "shapes_grid.png")
+        return
     if args.quick:
         args.steps, args.seeds, args.prompts, args.samples = 2, [0], 1, 2
-    if args.guidance is None:
-        args.guidance = float(jp.cards.load("shapes-t2i").spec.loops[0].config.guidance)
+    if args.guidance is None and not args.grid:
+        args.guidance = list(dict.fromkeys([1.0, float(jp.cards.load(args.card).spec.loops[0].config.guidance)]))
     raw = json.loads(args.replot.read_text()) if args.replot else measure(args)
     if not args.quick and not args.replot:
         args.raw.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ families speaking the shapes vocabulary on 32×32 RGB.
 
 ``config(model_id)`` is the CPU-test-sized config ``jp.cards.build(model_id)`` builds (16×16 unless told);
 ``bundled_config(model_id)`` the sizes of the pretrained card in ``assets/`` (what ``jaxpipe.shapes.pretrain``
-trains): a 4× autoencoder to 8×8×8 latents and a DiT of width 96 and depth 4 over its 2×2 patches.
+trains): a 4× autoencoder to 8×8×8 latents and a DiT of width 128 and depth 4 over its 2×2 patches.
 ``register()`` puts both ids and their asset folders into the core's registry.
 """
 
@@ -58,7 +58,7 @@ def config(model_id: str, **changes):
 
 def bundled_config(model_id: str, **changes):
     """The config of the pretrained card ``model_id``: 32×32 RGB, a 4× autoencoder (widths 16, 32, 64) to 8
-    latent channels, a text encoder of width 64 and a DiT of width 96 × 4 blocks × 4 heads, served with 8
+    latent channels, a text encoder of width 64 and a DiT of width 128 × 4 blocks × 4 heads, served with 8
     steps and guidance 3.
 
     Args:
@@ -76,7 +76,7 @@ def bundled_config(model_id: str, **changes):
         model_id,
         image_size=32,
         text=text,
-        dit=DiTConfig(latent_channels=8, dim=96, depth=4, heads=4, text_dim=64),
+        dit=DiTConfig(latent_channels=8, dim=128, depth=4, heads=4, text_dim=64),
         vae=AutoencoderConfig(image_channels=3, latent_channels=8, widths=(16, 32, 64)),
         sampling=denoise.DenoiseConfig(num_steps=8, guidance=3.0),
     )

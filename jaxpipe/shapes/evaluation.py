@@ -89,7 +89,7 @@ def geneval(card: Card, *, split: str = "train", prompts: int = 32, samples: int
     drawn = {c: prompt_set(c, prompts, split=split, seed=seed) for c in CATEGORIES}
     rows = [(c, p, 1000 * i + j) for c in CATEGORIES for i, p in enumerate(drawn[c]) for j in range(samples)]
     with progress_bar(total=len(rows), desc=f"{card.model_id} geneval {split}", disable=not progress) as shown:
-        images = render_prompts(card, [p.text for _, p in rows], [s for *_, s in rows], num_steps=num_steps,
+        images = render_prompts(card, [p.text for _, p, _ in rows], [s for *_, s in rows], num_steps=num_steps,
                                 guidance=guidance, batch=batch, on_batch=shown.update, should_stop=should_stop)
     verdicts = [judge(image, p) for image, (_, p, _) in zip(images, rows)]
     accuracy = {c: float(np.mean([correct(v, c) for v, (k, _, _) in zip(verdicts, rows) if k == c])) for c in CATEGORIES}

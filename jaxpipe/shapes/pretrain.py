@@ -61,7 +61,7 @@ class PretrainConfig:
     scenes: int = 24000
     autoencoder_steps: int = 1200
     autoencoder_batch: int = 32
-    steps: int = 3000
+    steps: int = 6000
     batch_size: int = 64
     learning_rate: float = 1e-3
     cond_dropout: float = 0.1
