@@ -233,5 +233,12 @@ def correct(checks: dict[str, bool], category: str) -> bool:
 
 
 def score(checks: dict[str, bool]) -> float:
-    """The fraction of ``checks`` passed: a partial-credit reward in ``[0, 1]``."""
+    """The fraction of ``checks`` passed: a partial-credit reward.
+
+    Args:
+        checks: ``judge``'s (or ``judge_video``'s) checks.
+
+    Returns:
+        The fraction, in ``[0, 1]``.
+    """
     return float(np.mean(list(checks.values())))

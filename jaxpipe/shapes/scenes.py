@@ -65,19 +65,45 @@ class Scene:
 
 
 def extent(obj: Obj) -> float:
-    """The half-side of the box ``obj`` fills (canvas fraction)."""
+    """The half-side of the box ``obj`` fills.
+
+    Args:
+        obj: the object.
+
+    Returns:
+        The half-side, a canvas fraction.
+    """
     radius = RADIUS[obj.size]
     return radius * SQUARE if obj.shape == "square" else radius
 
 
 def inside(obj: Obj, frames: int = 1, margin: float = 0.02) -> bool:
-    """Whether ``obj``'s box stays ``margin`` inside the canvas in each of ``frames`` frames."""
+    """Whether ``obj``'s box stays ``margin`` inside the canvas in each of ``frames`` frames.
+
+    Args:
+        obj: the object (it moves along its motion).
+        frames: the frames checked (0 .. frames - 1).
+        margin: the smallest distance to the canvas edge, a canvas fraction.
+
+    Returns:
+        Whether it stays inside.
+    """
     e = extent(obj) + margin
     return all(e <= c <= 1 - e for t in range(frames) for c in obj.at(t))
 
 
 def separated(a: Obj, b: Obj, frames: int = 1, gap: float = GAP) -> bool:
-    """Whether the boxes of ``a`` and ``b`` are at least ``gap`` apart (along x or y) in each of ``frames`` frames."""
+    """Whether the boxes of ``a`` and ``b`` are at least ``gap`` apart (along x or y) in each of ``frames`` frames.
+
+    Args:
+        a: one object.
+        b: the other.
+        frames: the frames checked (both move along their motions).
+        gap: the smallest gap, a canvas fraction (negative: the boxes may overlap by that much).
+
+    Returns:
+        Whether they stay apart.
+    """
     reach = extent(a) + extent(b) + gap
     for t in range(frames):
         (ax, ay), (bx, by) = a.at(t), b.at(t)
