@@ -58,11 +58,14 @@ def methods(card) -> dict:
     return {"flow-grpo": FlowGRPO(card, judge_reward, grpo), "nft": DiffusionNFT(card, judge_reward, nft)}
 
 
-def training_prompts(n: int = 4000) -> PromptSet:
-    """The RL prompt pool: ``n`` train-split prompts, the six categories drawn equally (seed 100, not the test prompts' draw)."""
+def training_prompts(test_prompts: int, n: int = 4000) -> PromptSet:
+    """The RL prompt pool: ``n`` train-split draws, the six categories equally (seed 100), less the test prompts of the
+    categories with more than one thing (the one-thing categories have only 12 texts: all of them are test prompts)."""
     rng = np.random.default_rng(100)
+    test = {p.text for c in grammar.CATEGORIES if c not in ("single_object", "colors")
+            for p in grammar.prompt_set(c, test_prompts)}
     texts = [grammar.sample(grammar.CATEGORIES[i % 6], rng).text for i in range(n)]
-    return PromptSet.from_list(list(dict.fromkeys(texts)))
+    return PromptSet.from_list([t for t in dict.fromkeys(texts) if t not in test])
 
 
 def judge_card(card, args) -> dict:
@@ -79,7 +82,7 @@ def judge_card(card, args) -> dict:
 def measure(args) -> dict:
     started = time.perf_counter()
     card = jp.cards.load(args.card)
-    pool = training_prompts()
+    pool = training_prompts(args.prompts)
     raw = {"header": [], "base": judge_card(card, args), "runs": {}}
     for seed in args.seeds:
         for name, method in methods(card).items():
@@ -102,7 +105,8 @@ def measure(args) -> dict:
         f"Every card judged at guidance {' and '.join(map(str, args.guidance))}, {NUM_STEPS} steps, {args.prompts} prompts per category "
         f"(single object and colours: all 12 seen / 6 held-out pairs) × {args.samples} seeds. RL at guidance 1 "
         f"(FlowGRPO: SDE on steps 0–3 of 8, lr 1e-4, β 0.04; NFT: ODE rollouts, lr 1e-4, β 1, EMA 0 → 0.5): P = "
-        f"{PROMPTS_PER_STEP} prompts × K = {GROUP} samples per step, {args.steps} steps, the same prompt stream and "
+        f"{PROMPTS_PER_STEP} prompts × K = {GROUP} samples per step, {args.steps} steps, from {len(pool)} train-split prompts "
+        "(the multi-object test prompts left out), the same prompt stream and "
         "step keys for both methods of a seed; reward = the analytic judge's partial score (the evaluator itself: no "
         "learned reward model is involved, so there is no second score to set beside it).",
     ]
@@ -169,7 +173,7 @@ def grid(card_id: str, path: pathlib.Path, seeds: int = 4) -> None:
     card = jp.cards.load(card_id)
     texts = [grammar.prompt_set(c, 3)[2].text for c in grammar.CATEGORIES]
     images = evaluation.render_prompts(card, [t for t in texts for _ in range(seeds)], list(range(seeds)) * len(texts))
-    cell, label = 128, 300
+    cell, label = 128, 210
     canvas = Image.new("RGB", (label + seeds * (cell + 4), len(texts) * (cell + 4)), "white")
     draw = ImageDraw.Draw(canvas)
     for row, text in enumerate(texts):

@@ -154,7 +154,7 @@ def _read_thing(text: str, words: list[str], i: int) -> tuple[Thing, int]:
     i += 1
     size = words[i] if i < len(words) and words[i] in SIZES else None
     i += size is not None
-    if i + 1 >= len(words) + 0 or words[i] not in COLOURS or i + 1 >= len(words) or words[i + 1] not in SHAPES:
+    if i + 1 >= len(words) or words[i] not in COLOURS or words[i + 1] not in SHAPES:
         got = words[i] if i < len(words) else "the end"
         raise ValueError(f"{text!r}: expected a colour ({', '.join(COLOURS)}) then a shape ({', '.join(SHAPES)}), got {got!r}")
     colour, shape, i = words[i], words[i + 1], i + 2
