@@ -21,19 +21,22 @@ def test_the_bundled_cards_load_at_their_bundled_sizes():
 
 
 def test_shapes_t2i_draws_what_the_judge_reads():
-    """Colour prompts at the card's defaults: most images are right (the measured rate is in RESULTS.md)."""
-    prompts = grammar.prompt_set("colors", 8)
-    images = evaluation.render_prompts(jp.cards.load("shapes-t2i"), [p.text for p in prompts], list(range(8)))
-    assert images.shape == (8, 32, 32, 3) and 0 <= images.min() and images.max() <= 1
-    right = [judging.correct(judging.judge(image, p), "colors") for image, p in zip(images, prompts)]
-    assert sum(right) >= 5, right
+    """GenEval on 6 prompts per category × 2 seeds at the card's defaults (the full table: RESULTS.md, 41% overall,
+    colours 79%); the same card with its DiT untrained gets nothing right. Floors well below the measured rates."""
+    card = jp.cards.load("shapes-t2i")
+    trained = evaluation.geneval(card, prompts=6, samples=2, batch=72)
+    assert trained["images"] == 72 and trained["accuracy"]["colors"] >= 0.5, trained["accuracy"]
+    assert 0.2 <= trained["overall"] < 0.9, trained  # it learnt, and it leaves room for a method to show
+    untrained = card.replace(transformer=jp.cards.build("shapes-t2i", config=cards.bundled_config("shapes-t2i"))["transformer"])
+    assert evaluation.geneval(untrained, prompts=6, samples=2, batch=72)["overall"] < 0.05
 
 
 def test_shapes_t2v_moves_what_it_is_told():
-    video = jp.generate("shapes-t2v", ["a red circle moving right", "a blue square moving down"], seed=0)["video"]
-    assert video.shape == (2, 8, 32, 32, 3)
-    checks = [judging.judge_video(v, grammar.parse(t)) for v, t in zip(video, ["a red circle moving right", "a blue square moving down"])]
-    assert any(c["motion"] for c in checks), checks
+    """16 video prompts, one seed each: measured motion 31%, identity 50% (48 prompts: 19%, 35% at guidance 4)."""
+    quality = evaluation.video_quality(jp.cards.load("shapes-t2v"), prompts=16)
+    assert quality["motion"] >= 0.1 and quality["identity"] >= 0.2, quality
+    video = jp.generate("shapes-t2v", "a red circle moving right", seed=0, num_steps=2)["video"]
+    assert video.shape == (1, 8, 32, 32, 3)
 
 
 @pytest.mark.slow  # two tiny runs of the recipe (~40 s): the same seed gives the same bits
