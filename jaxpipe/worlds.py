@@ -6,7 +6,7 @@ checkpoints (``jaxpipe.cards.register_card``) and its workflows
 (``jaxpipe.workflow.register_bundled``). The core never imports a world: this module is the one
 place that loads them, lazily, the first time a registry is asked for something it does not know.
 
-``BUNDLED`` lists the worlds that ship inside jaxpipe (``jaxpipe.digits``); other packages add
+``BUNDLED`` lists the worlds that ship inside jaxpipe (``jaxpipe.digits``, ``jaxpipe.shapes``); other packages add
 theirs through the ``jaxpipe.worlds`` entry-point group (``name = "package.module"``) or by calling
 ``load("package.module")``.
 """
