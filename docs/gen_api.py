@@ -20,8 +20,8 @@ for name in modules:
 with mkdocs_gen_files.open("api/SUMMARY.md", "w") as f:
     f.writelines(nav.build_literate_nav())
 
-# benchmarks/RESULTS.md, as a page: its figure links point next to it, the site keeps figures in img/
-results = (Path(__file__).parents[1] / "benchmarks" / "RESULTS.md").read_text()
+# benchmarks/RESULTS.md, as a page: its figure links point next to it or into docs/img/, the site keeps figures in img/
+results = (Path(__file__).parents[1] / "benchmarks" / "RESULTS.md").read_text().replace("](../docs/img/", "](img/")
 with mkdocs_gen_files.open("results.md", "w") as f:
     f.write("# Benchmark results\n\nEvery measurement behind the numbers in these pages, as the benchmarks in "
             "`benchmarks/` wrote them (`benchmarks/RESULTS.md`).\n\n" + results.replace("](nft_vs_grpo.png)", "](img/nft_vs_grpo.png)"))
