@@ -10,8 +10,8 @@ A world is a plug-in package (``jaxpipe.worlds``): the core never imports it. Th
   no training caption shows (vocabulary: ``words``);
 - the analytic judge: objects read from the pixels (colour components, shape by template,
   count, position), checked against the prompt (``judging``); measured exact on fresh renders (``judge_accuracy``);
-- the cards (``cards``): ``shapes-t2i`` and ``shapes-t2v``, and their recipes
-  (``python -m jaxpipe.shapes.pretrain CARD --out DIR``);
+- the cards (``cards``): ``shapes-t2i``, ``shapes-t2v`` and ``shapes-unified`` (a refiner LM, ``refiner``, in
+  front of ``shapes-t2i``), and their recipes (``python -m jaxpipe.shapes.pretrain CARD --out DIR``);
 - the judge as a reward (``rewards``) and the GenEval-style evaluation (``evaluation``).
 
 ``register()`` puts its cards and its reward into the core's registries.
@@ -30,7 +30,7 @@ __all__ = [
 
 
 def register() -> None:
-    """Register the shapes world's cards (``shapes-t2i``, ``shapes-t2v``)."""
+    """Register the shapes world's cards (``shapes-t2i``, ``shapes-t2v``, ``shapes-unified``)."""
     from jaxpipe.shapes import cards
 
     cards.register()

@@ -2,6 +2,7 @@
 
     python -m jaxpipe.shapes.pretrain shapes-t2i --out jaxpipe/shapes/assets/shapes-t2i
     python -m jaxpipe.shapes.pretrain shapes-t2v --out jaxpipe/shapes/assets/shapes-t2v
+    python -m jaxpipe.shapes.pretrain shapes-unified --out jaxpipe/shapes/assets/shapes-unified
 
 ``shapes-t2i``: renders ``scenes`` captioned scenes of the six categories (seen colour-shape pairs only),
 trains the autoencoder on them and fits its latent statistics, encodes them once, then trains the text
@@ -9,7 +10,8 @@ encoder and DiT by flow matching (``Finetune``, captions dropped 10% of the time
 ``shapes-t2v`` starts from the bundled ``shapes-t2i`` (every component; an image is a one-frame video, the
 autoencoder codes each frame alone and stays frozen) and learns motion on rendered videos. Each run writes
 the card (``save_card``), ``metrics.jsonl`` (one line per step) and ``pretrain.json`` (the settings, the
-command and the timings).
+command and the timings). ``shapes-unified`` is ``shapes-t2i``'s generator plus a refiner LM trained on the
+world's captions: its recipe and flags are ``refiner``'s (this command hands them on).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from jaxpipe.card import Card
 from jaxpipe.cards import generator
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.shapes import cards as shape_cards
+from jaxpipe.shapes import refiner
 from jaxpipe.shapes.grammar import captioned_scenes
 from jaxpipe.shapes.scenes import render, render_video
 from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
@@ -180,7 +184,8 @@ def pretrain(model_id: str, out: str | Path | None, cfg: PretrainConfig | None =
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m jaxpipe.shapes.pretrain CARD --out DIR [--steps N ...]``: one flag per ``PretrainConfig`` field.
+    """``python -m jaxpipe.shapes.pretrain CARD --out DIR [--steps N ...]``: one flag per ``PretrainConfig`` field
+    (``shapes-unified``: one per ``refiner.RefinerPretrainConfig`` field, ``refiner.main``).
 
     Args:
         argv: the arguments (default: ``sys.argv[1:]``).
@@ -188,8 +193,13 @@ def main(argv: list[str] | None = None) -> None:
     Raises:
         SystemExit: on a bad command line (status 2).
     """
-    parser = argparse.ArgumentParser(description="Pretrain a bundled card of the shapes world.")
-    parser.add_argument("card", choices=sorted(DEFAULTS))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == [refiner.MODEL_ID]:
+        refiner.main(argv[1:])
+        return
+    parser = argparse.ArgumentParser(description="Pretrain a bundled card of the shapes world "
+                                     f"({refiner.MODEL_ID}: see `... {refiner.MODEL_ID} --help` for its flags).")
+    parser.add_argument("card", choices=sorted([*DEFAULTS, refiner.MODEL_ID]))
     parser.add_argument("--out", required=True, help="directory to write the card to")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     for field in dataclasses.fields(PretrainConfig):
