@@ -194,12 +194,15 @@ def test_serve_quick_loses_nothing_and_matches_offline_rendering():
     assert len(rows) == 2 and all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
 
 
-@pytest.mark.slow  # ~1 min: both RL methods compile once and take 2 steps; the evaluation is tested in test_shapes*
+@pytest.mark.slow  # ~3-5 min: the three RL methods compile once and take 2 steps; the evaluation is tested in test_shapes*
 def test_geneval_quick_prints_the_table_for_every_method():
-    """``geneval.py --quick``: the base card, FlowGRPO and NFT judged at guidance 1 and the card's, both splits."""
+    """``geneval.py --quick``: both base cards, FlowGRPO, NFT and UnifiedRL judged at guidance 1 and the card's, both
+    splits, and what the unified cards' refiner appends."""
     done = subprocess.run([sys.executable, str(BENCHMARKS / "geneval.py"), "--quick"], check=False, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith(("| base shapes-t2i", "| flow-grpo", "| nft"))]
-    assert len(rows) == 3 * 2 * 2 + 2  # three cards × two splits × two guidances, then the two reward rows
-    assert "held-out colour-shape pairs, guidance 1.0" in done.stdout
+    names = ("| base shapes-t2i", "| base shapes-unified", "| flow-grpo", "| nft", "| unified-rl")
+    rows = [line for line in done.stdout.splitlines() if line.startswith(names)]
+    # five cards × two splits × two guidances, the three reward rows, the two unified cards' appended-words rows
+    assert len(rows) == 5 * 2 * 2 + 3 + 2, rows
+    assert "held-out colour-shape pairs, guidance 1.0" in done.stdout and "| unified-rl seed 0 |" in done.stdout
