@@ -156,6 +156,7 @@ def test_chunks_stream_through_on_step(engine):
     np.testing.assert_array_equal(events[1][2][:F], events[-1][2][:F])
 
 
+@pytest.mark.slow  # ~10 s: by default test_parity runs the continuation workflow (C1)
 def test_continuation_prefills_the_given_video(card, engine):
     t2v = jp.cards.build("wan-t2v", seed=3, config=digit_cards.config("wan-t2v", dit=DIT))
     engine.register(t2v.replace(transformer=perturbed(t2v["transformer"], seed=5)))

@@ -103,6 +103,7 @@ def test_bad_images_get_clear_errors(card, evaluator, images, message):
         evaluator.judge(images, {"digit": np.zeros(len(images), np.int32)})
 
 
+@pytest.mark.slow  # ~5 s: by default the bundled card loads and reaches its bar
 def test_build_is_deterministic_and_abstract_friendly():
     a, b = classifier.build(seed=3), classifier.build(seed=3)
     leaves = lambda c: jax.tree.leaves(c)

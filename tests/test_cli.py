@@ -180,6 +180,7 @@ def test_evaluate_reports_the_scorer_and_the_independent_judges(tmp_path):
     assert "last_frame_digit_accuracy" in i2v["independent"]
 
 
+@pytest.mark.slow  # ~12 s: GenEval's table through the CLI; by default the digits world's evaluate runs through it
 def test_evaluate_the_shapes_world_prints_geneval_s_table(tmp_path):
     out = tmp_path / "geneval.json"
     result = CliRunner().invoke(app, ["evaluate", "--world", "shapes", "--samples", "1", "--steps", "2", "-o", str(out)])

@@ -121,6 +121,7 @@ def test_non_finite_step_is_skipped(method, rollout):
     assert leaves_equal((new.params, new.opt_state, new.copies), (state.params, state.opt_state, state.copies))
 
 
+@pytest.mark.slow  # ~6 s: a learning run; by default one update moves the student against the DM gradient
 def test_a_few_steps_move_the_student_toward_the_teacher(method, rollout, t2i_card):
     """Summed over prompts, the squared distance between the per-prompt mean latent of the student's 2-step
     samples and of the teacher's 8-step guidance-2 samples falls (measured: 264 -> 150-160 after 5-8 updates;

@@ -121,6 +121,7 @@ assert "shapes-t2i" in jp.cards.available() and "jaxpipe.shapes" in sys.modules
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.slow  # ~12 s: a compatibility path; by default every bundled card loads
 def test_a_checkpoint_saved_under_an_old_family_name_loads_with_a_warning(tmp_path):
     """jaxpipe 0.1 saved ``multi_expert`` cards with slots named by attribute; they load as ``toy_multi_expert``."""
     import json

@@ -39,6 +39,7 @@ def request(seed=0, base=8, refine=3, prompt=PROMPT):
 
 
 # ------------------------------------------------------------------------------------------ the two stages
+@pytest.mark.slow  # ~12 s: by default both stages are held to C1 and C3 in one run
 def test_the_refine_loop_starts_from_the_renoised_upsampled_base_latents(card, engine):
     prog = ltx2.program()
     bound = prog.bind(card, request(seed=5, base=2, refine=2))
@@ -192,6 +193,7 @@ def test_bad_input_is_refused(card):
 
 
 # ------------------------------------------------------------------------------------------ the bundled card
+@pytest.mark.slow  # ~8 s: a quality run of the bundled card; by default both stages are held to C1 and C3 here (small card)
 @pytest.mark.skipif("ltx2-two-stage" not in jp.cards.available(), reason="bundled card missing")
 def test_the_bundled_card_shares_wan_t2v_components_and_upsamples_better_than_nearest():
     bundled, base = jp.cards.load("ltx2-two-stage"), jp.cards.load("wan-t2v")

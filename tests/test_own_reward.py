@@ -68,6 +68,7 @@ def test_your_reward_and_prompt_file_train_a_card_of_no_world(card, prompt_file)
     assert after["samples"] == 2 and after["diversity"] > 0
 
 
+@pytest.mark.slow  # ~15 s: a second trainer compile; by default your reward and prompt file train a card of no world
 def test_a_host_reward_scores_inside_the_one_jitted_step_like_the_jax_one(card):
     rows = prompts.PromptSet.from_list(PROMPTS[:2])
     batch = next(rows.batches(card, 2, seed=0))

@@ -74,48 +74,84 @@ BUNDLED = {"flux-t2i", "wan-i2v", "unified"} <= set(jp.cards.available())
 
 
 @pytest.fixture(scope="module")
-def bundled():
+def bundled_engine():
     if not BUNDLED:
         pytest.skip("bundled cards missing")
-    from jaxpipe.cards import toy_multi_expert
-    from jaxpipe.digits import data as digits
-
     engine = Engine.default()
     engine.register(digit_cards.multi_expert(engine.card("unified"), 3))
-    image = (digits.load_images("heldout")[0][0] + 1.0) / 2.0
+    return engine
+
+
+def _image():
+    from jaxpipe.digits import data as digits
+
+    return (digits.load_images("heldout")[0][0] + 1.0) / 2.0
+
+
+def default_requests(engine) -> list:
+    """A request of every bundled card family and workflow: each image card, wan-t2v, the σ-MoE and MoT cards, the
+    continuation workflow and the shapes image card."""
     requests = [
         jp.Request("flux-t2i", prompt="seven thick", seed=0),  # the card's defaults: guidance 2, 8 steps
         jp.Request("flux-t2i", prompt="one thin left", seed=1, guidance=1.0),
-        jp.Request("wan-i2v", prompt="seven moving right", image=image, seed=2, num_steps=4),
+        jp.Request("wan-i2v", prompt="seven moving right", image=_image(), seed=2, num_steps=4),
         jp.Request("unified", prompt="three", seed=3, num_steps=4),
         jp.Request("multi-expert", prompt="seven", seed=4, num_steps=4),
         jp.Request("image_video.t2i_i2v", prompt="two bright moving up", seed=5, num_steps=4),
+        jp.Request("wan-t2v", prompt="five moving left", seed=7, num_steps=2),
     ]
     # the MoT cards: one resident transformer stepped by an AR loop and a denoise loop in one run
     if "bagel-mot" in engine.models():  # cosmos3 is the same family's structure with shared routing (test_cosmos3.py)
         requests.append(jp.Request("bagel-mot", prompt="four", seed=6, num_steps=3))
-    # the video cards at their bundled sizes (ltx2: both stages; wan-causal: all 4 chunks), 2 steps per stage /
-    # chunk to keep the run short (C1 is about each step's bits, not their number); and the continuation workflow
-    requests += [jp.Request(m, prompt="five moving left", seed=7 + i, num_steps=2,
-                            inputs={"refine_steps": 2} if m == "ltx2-two-stage" else {})
-                 for i, m in enumerate(VIDEO_CARDS) if m in engine.models()]
-    if "flux-t2i-turbo" in engine.models():  # the DMD2 student: its own defaults (2 steps, guidance 1)
-        requests.append(jp.Request("flux-t2i-turbo", prompt="eight thick", seed=12))
+    if "wan22-moe" in engine.models():  # two experts switched by σ inside one compiled step
+        requests.append(jp.Request("wan22-moe", prompt="five moving left", seed=9, num_steps=2))
     if "shapes-t2i" in engine.models():  # the shapes world's cards (RGB, their own words)
-        requests += [jp.Request("shapes-t2i", prompt="a red circle left of a blue triangle", seed=13, num_steps=2),
-                     jp.Request("shapes-t2v", prompt="a green square moving right", seed=14, num_steps=2)]
+        requests.append(jp.Request("shapes-t2i", prompt="a red circle left of a blue triangle", seed=13, num_steps=2))
     if "video.t2v_continue" in engine.models():
         requests.append(jp.Request("video.t2v_continue", prompt="six moving down", seed=11, num_steps=2))
-    return engine, requests, engine.run_many(requests, mode="serial")
+    return requests
 
 
-def test_c1_serial_equals_interleaved_on_every_bundled_card_and_workflow(bundled):
-    engine, requests, serial = bundled
+def slow_requests(engine) -> list:
+    """The bundled cards whose family another default C1 check covers: the staged and causal video cards (their
+    own files' serial == interleaved tests), the DMD2 student (``flux-t2i``'s family) and the shapes video card
+    (``wan-t2v``'s family)."""
+    # at their bundled sizes (ltx2: both stages; wan-causal: all 4 chunks), 2 steps per stage / chunk to keep the
+    # run short (C1 is about each step's bits, not their number)
+    requests = [jp.Request(m, prompt="five moving left", seed=8 + i, num_steps=2,
+                           inputs={"refine_steps": 2} if m == "ltx2-two-stage" else {})
+                for i, m in enumerate(("ltx2-two-stage", "wan-causal")) if m in engine.models()]
+    if "flux-t2i-turbo" in engine.models():  # the DMD2 student: its own defaults (2 steps, guidance 1)
+        requests.append(jp.Request("flux-t2i-turbo", prompt="eight thick", seed=12))
+    if "shapes-t2v" in engine.models():
+        requests.append(jp.Request("shapes-t2v", prompt="a green square moving right", seed=14, num_steps=2))
+    return requests
+
+
+@pytest.fixture(scope="module")
+def bundled(bundled_engine):
+    requests = default_requests(bundled_engine)
+    return bundled_engine, requests, bundled_engine.run_many(requests, mode="serial")
+
+
+def assert_c1(engine, requests, serial) -> None:
     interleaved = engine.run_many(requests, mode="interleaved")
     report = parity.compare(serial, interleaved, tolerance=0.0, modes=("serial", "interleaved"))
     assert report.passed and report.max_abs_diff == 0.0, report
+
+
+def test_c1_serial_equals_interleaved_on_every_bundled_card_family_and_workflow(bundled):
+    engine, requests, serial = bundled
+    assert_c1(engine, requests, serial)
     again = engine.run_many(requests[:2], mode="serial")
     assert parity.compare(serial[:2], again, tolerance=0.0).max_abs_diff == 0.0  # same seed, same bits
+
+
+@pytest.mark.slow  # ~25 s: a compile per card; by default another C1 check covers each card's family (slow_requests)
+def test_c1_serial_equals_interleaved_on_the_other_bundled_cards(bundled_engine):
+    requests = slow_requests(bundled_engine)
+    assert len(requests) == 4
+    assert_c1(bundled_engine, requests, bundled_engine.run_many(requests, mode="serial"))
 
 
 @pytest.mark.slow  # ~17 s: a fused compile per bundled card; by default test_engine and test_generate hold flux-t2i's fused path to C3

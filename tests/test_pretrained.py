@@ -20,11 +20,13 @@ def test_every_bundled_card_loads(bundled):
         assert card.model_id == name and card.num_params() > 1000
 
 
+@pytest.mark.slow  # ~10 s: a quality run of the bundled card; by default test_parity renders it (C1) and test_cli draws it
 def test_flux_draws_the_prompted_digit(bundled):
     report = quality.t2i_quality(bundled["flux-t2i"], bundled["digit-scorer"], samples=40, seed=1)
     assert report["digit_accuracy"] >= 0.6, report
 
 
+@pytest.mark.slow  # ~10 s: a quality run of the bundled card; by default test_parity renders it (C1)
 def test_wan_moves_as_prompted_and_keeps_the_first_frame(bundled):
     report = quality.i2v_quality(bundled["wan-i2v"], bundled["digit-scorer"], samples=20, seed=1)
     assert report["motion_accuracy"] >= 0.6, report

@@ -80,6 +80,7 @@ def test_vision_tower_matches_transformers(folders, scan_layers):
         ours.hidden_state(pixels, 4)
 
 
+@pytest.mark.slow  # ~8 s: by default the vision tower is held to transformers (scanned and unrolled)
 def test_projected_tower_and_clip_model_match_transformers(folders):
     model, path = folders["projected"]
     pixels = _pixels(1)

@@ -160,6 +160,7 @@ def wan_moe_folder(tmp_path_factory):
     return folder, WanPipeline.from_pretrained(folder)
 
 
+@pytest.mark.slow  # ~12 s: the two-expert folder; by default the FLUX folder and the Wan networks are held to diffusers
 def test_wan_moe_pipeline_folder_renders_like_diffusers(wan_moe_folder):
     folder, pipe = wan_moe_folder
     steps = 4  # σ = 1, .9, .75, .5 after the shift of 3: two steps on each expert of the 0.8 boundary

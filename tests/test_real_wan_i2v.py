@@ -151,6 +151,7 @@ def test_i2v_pipeline_folder_renders_like_diffusers(i2v_folder, i2v_card):
     assert float(np.abs(other - ours).max()) > 1e-2
 
 
+@pytest.mark.slow  # ~8 s: the engine on the folder card; by default the folder renders like diffusers
 def test_engine_serves_the_i2v_card_like_generate(i2v_card):  # ~5 s from a cold compile cache
     image = _image(0) / 255.0
     engine = Engine()

@@ -37,6 +37,7 @@ def reference(tmp_path_factory):
     return ref, folder
 
 
+@pytest.mark.slow  # ~10 s: by default the Wan pipeline folders render like diffusers through this autoencoder
 def test_encode_and_decode_match_diffusers(reference):
     ref, folder = reference
     vae = wan_vae.load(folder)

@@ -155,6 +155,7 @@ def test_a_few_trainer_steps_reduce_the_loss(tiny):
     assert isinstance(trainer.card(state), jp.Card)
 
 
+@pytest.mark.slow  # ~10 s: by default a few trainer steps reduce the loss and the bundled weights are checked
 def test_trainer_is_deterministic_and_skips_non_finite_batches(tiny):
     trainer, batch = tiny
     runs = []

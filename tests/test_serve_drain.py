@@ -57,6 +57,7 @@ class _Serve:
             self.proc.wait()
 
 
+@pytest.mark.slow  # ~15 s: a real server process; by default test_stop_resume sends SIGTERM to the CLI and the drain is tested in-process
 def test_sigterm_stops_admitting_lets_running_work_finish_and_exits_0():
     serve = _Serve("--model", "flux-t2i", "--model", "wan-i2v", "--grace", str(GRACE_S))
     try:

@@ -20,6 +20,7 @@ def test_the_bundled_cards_load_at_their_bundled_sizes():
     assert "shapes-t2i" in jp.cards.buildable() and jp.cards.build("shapes-t2i").spec.loops[0].latent_shape == (1, 8, 8, 4)
 
 
+@pytest.mark.slow  # ~20 s: GenEval floors of the bundled card (a quality run); by default test_parity holds shapes-t2i to C1 and test_shapes_unified renders its generator
 def test_shapes_t2i_draws_what_the_judge_reads():
     """GenEval on 6 prompts per category × 2 seeds at the card's defaults (the full table: RESULTS.md, 41% overall,
     colours 79%); the same card with its DiT untrained gets nothing right. Floors well below the measured rates."""
@@ -31,6 +32,7 @@ def test_shapes_t2i_draws_what_the_judge_reads():
     assert evaluation.geneval(untrained, prompts=6, samples=2, batch=72)["overall"] < 0.05
 
 
+@pytest.mark.slow  # ~15 s: the video card's motion on 16 prompts (a quality run); by default test_parity holds wan-t2v, its family, to C1
 def test_shapes_t2v_moves_what_it_is_told():
     """16 video prompts, one seed each: measured motion 31%, identity 50% (48 prompts: 19%, 35% at guidance 4)."""
     quality = evaluation.video_quality(jp.cards.load("shapes-t2v"), prompts=16)

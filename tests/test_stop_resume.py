@@ -170,6 +170,7 @@ def test_ctrl_c_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path
     assert result.exit_code == 0 and _rows(part / "metrics.jsonl") == 2 and not (part / "before.json").exists()
 
 
+@pytest.mark.slow  # ~20 s: two real CLI processes signalled; by default fit stops, checkpoints and resumes bit for bit
 @needs_cards
 def test_sigterm_during_evaluation_and_ctrl_c_during_generate_end_cleanly(tmp_path):
     out = tmp_path / "early"

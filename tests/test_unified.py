@@ -293,6 +293,7 @@ def _t2i_with_stream_one():
     )
 
 
+@pytest.mark.slow  # ~12 s: by default test_parity holds the bundled unified card to C1
 def test_serial_equals_interleaved_and_batched_within_tolerance(engine, serial):
     requests = [jp.Request("unified", prompt=p, seed=s, num_steps=n) for p, s, n in REQUESTS]
     interleaved = engine.run_many(requests, mode="interleaved")
