@@ -29,7 +29,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from jaxpipe import cards, validate
 from jaxpipe.card import Card
@@ -40,7 +39,7 @@ from jaxpipe.shapes import cards as shape_cards
 from jaxpipe.shapes.grammar import CATEGORIES, prompt_set, sample
 from jaxpipe.training.fit import fit
 from jaxpipe.training.optim import Optimizer
-from jaxpipe.training.supervised import Supervised
+from jaxpipe.training.next_token import NextTokenTrainer, next_token_loss, next_token_probs, sequences
 
 __all__ = [
     "MODEL_ID", "BASE", "BASE_COMPONENTS", "RefinerPretrainConfig", "captions", "sequences", "lm_batches",
@@ -115,28 +114,6 @@ def captions(n: int, rng: np.random.Generator, size_words: float = 0.3) -> list[
             for _ in range(n)]
 
 
-def sequences(tokenizer: Tokenizer, texts: Sequence[str], width: int) -> np.ndarray:
-    """LM training rows ``(B, width)`` int32: each text's ids, ``<eos>`` (id ``tokenizer.vocab_size``), then ``<pad>`` (0).
-
-    Args:
-        tokenizer: the card's word tokenizer.
-        texts: ``B`` texts of its words.
-        width: the row length (the text encoder's ``max_len``).
-
-    Returns:
-        The token ids, int32 ``(B, width)``.
-
-    Raises:
-        ValueError: if a text leaves no room for ``<eos>`` in ``width``.
-    """
-    ids = tokenizer.encode(list(texts), width)
-    lengths = (ids != 0).sum(axis=1)
-    if int(lengths.max(initial=0)) >= width:
-        raise ValueError(f"a text of {int(lengths.max())} words leaves no room for <eos> in width {width}")
-    ids[np.arange(len(ids)), lengths] = tokenizer.vocab_size
-    return ids
-
-
 def lm_batches(tokenizer: Tokenizer, cfg: RefinerPretrainConfig, width: int) -> Iterator[dict[str, jax.Array]]:
     """Endless batches ``{"ids": (batch_size, width)}`` of ``captions``; batch ``i`` draws from ``default_rng([seed, i])``.
 
@@ -158,63 +135,20 @@ def lm_batches(tokenizer: Tokenizer, cfg: RefinerPretrainConfig, width: int) -> 
 # -------------------------------------------------------------------------------------------- loss
 
 
-def next_token_loss(model: RefinerLM, ids: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Mean next-token cross-entropy of right-padded ``ids`` ``(B, L)`` over every non-pad target after the
-    first token: ``(loss, {"loss", "accuracy"})``. Pure, differentiable in ``model``.
-
-    Args:
-        model: the refiner LM.
-        ids: right-padded token ids, int ``(B, L)`` (0: padding).
-
-    Returns:
-        The scalar loss and ``{"loss", "accuracy"}`` (accuracy: argmax hits over the same targets).
-    """
-    mask = ids != 0
-    logits = model(ids, mask)[:, :-1]
-    targets, weights = ids[:, 1:], mask[:, 1:].astype(jnp.float32)
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    count = jnp.maximum(weights.sum(), 1.0)
-    loss = jnp.sum(nll * weights) / count
-    accuracy = jnp.sum((jnp.argmax(logits, -1) == targets) * weights) / count
-    return loss, {"loss": loss, "accuracy": accuracy}
-
-
-class LMTrainer(Supervised):
-    """``init(key)``, jitted ``step(state, {"ids": (B, L)}, key)``, ``model(state)``: next-token training.
+class LMTrainer(NextTokenTrainer):
+    """``NextTokenTrainer`` with this recipe's optimiser (``cfg.optimizer()``).
 
     Args:
         model: the refiner LM to train.
-        cfg: the run's settings (its ``optimizer()``).
+        cfg: the run's settings.
     """
 
     def __init__(self, model: RefinerLM, cfg: RefinerPretrainConfig = RefinerPretrainConfig()):
         self.cfg = cfg
-        super().__init__(model, lambda m, batch, key: next_token_loss(m, batch["ids"]), cfg.optimizer())
+        super().__init__(model, cfg.optimizer())
 
 
 # -------------------------------------------------------------------------------------------- evaluation
-
-
-@jax.jit
-def _next_token_probs(llm: RefinerLM, ids: jax.Array) -> jax.Array:
-    lengths = jnp.sum(ids != 0, axis=1)
-    logits = llm(ids, ids != 0)
-    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
-    return jax.nn.softmax(last, axis=-1)
-
-
-def next_token_probs(card: Card, prompts: Sequence[str]) -> np.ndarray:
-    """``(B, V)`` the card's LM's next-token distribution after each prompt (id ``V - 1`` is ``<eos>``).
-
-    Args:
-        card: a ``toy_unified`` card (its ``"llm"``, tokenizer and text encoder's ``max_len``).
-        prompts: ``B`` prompts of the card's words.
-
-    Returns:
-        The probabilities, float32 NumPy ``(B, V)``.
-    """
-    ids = jnp.asarray(card.spec.tokenizer.encode(list(prompts), card["text_encoder"].cfg.max_len))
-    return np.asarray(_next_token_probs(card["llm"], ids))
 
 
 def _top(probs: np.ndarray, words: Sequence[str], floor: float = 0.01) -> dict[str, float]:
