@@ -135,8 +135,9 @@ def measure(args) -> dict:
             print(f"{name} seed {seed}: overall {first['train']['overall']:.3f} (test) "
                   f"{first['heldout']['overall']:.3f} (held out) at guidance {args.guidance[0]}, trained in {seconds:.0f} s",
                   flush=True)
+    machine = machine_info()
     raw["header"] = [
-        f"Measured {machine_info()['date']} on {machine_info()['cpu']} ({machine_info()['cores']} cores), "
+        f"Measured {machine['date']} on {machine['cpu']} ({machine['cores']} cores), "
         f"`python benchmarks/geneval.py --steps {args.steps} --seeds {' '.join(map(str, args.seeds))}` "
         f"({time.perf_counter() - started:.0f} s in all).",
         f"Every card judged at guidance {' and '.join(map(str, args.guidance))}, {NUM_STEPS} steps, {args.prompts} prompts per category "

@@ -29,13 +29,13 @@ import numpy as np
 
 from jaxpipe import cards, validate
 from jaxpipe.card import Card
-from jaxpipe.cards import generator
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.shapes import cards as shape_cards
 from jaxpipe.shapes import refiner
 from jaxpipe.shapes.grammar import captioned_scenes
 from jaxpipe.shapes.scenes import render, render_video
 from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
+from jaxpipe.training.data import array_batches, encode_captioned
 from jaxpipe.training.fit import fit
 from jaxpipe.training.methods.finetune import Finetune, FinetuneConfig
 from jaxpipe.training.optim import Optimizer
@@ -105,15 +105,6 @@ def render_data(model_id: str, cfg: PretrainConfig, frames: int = 8, size: int =
     return [caption for caption, _ in pairs], np.stack([draw(scene) * 2.0 - 1.0 for _, scene in pairs])
 
 
-def _batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int):
-    """Endless shuffled batches (jax arrays) of equally long arrays; epoch ``e`` is permuted by ``(seed, e)``."""
-    n = len(next(iter(arrays.values())))
-    for epoch in range(1 << 30):
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-        for i in range(0, n - batch_size + 1, batch_size):
-            yield {k: jnp.asarray(v[order[i : i + batch_size]]) for k, v in arrays.items()}
-
-
 def _optimizer(rate: float, steps: int) -> Optimizer:
     return Optimizer(rate, weight_decay=1e-4, schedule="warmup_cosine", warmup_steps=100, total_steps=steps, end_fraction=0.1)
 
@@ -152,7 +143,7 @@ def pretrain(model_id: str, out: str | Path | None, cfg: PretrainConfig | None =
         start = time.perf_counter()
         images = pixels.reshape(-1, *pixels.shape[-3:])
         trainer = AutoencoderTrainer(card["vae"], AutoencoderTrainConfig(optimizer=_optimizer(2e-3, cfg.autoencoder_steps)))
-        state, _ = fit(trainer.step, trainer.init(), _batches({"image": images}, cfg.autoencoder_batch, cfg.seed),
+        state, _ = fit(trainer.step, trainer.init(), array_batches({"image": images}, cfg.autoencoder_batch, seed=cfg.seed),
                        steps=cfg.autoencoder_steps, key=jax.random.key(cfg.seed), desc="autoencoder", progress=progress,
                        metrics_path=None if out is None else out / "autoencoder_metrics.jsonl")
         sample = jnp.asarray(images[np.random.default_rng(cfg.seed).permutation(len(images))[:2048]])
@@ -162,13 +153,9 @@ def pretrain(model_id: str, out: str | Path | None, cfg: PretrainConfig | None =
         raise ValueError(f"{model_id} starts from nothing: it needs autoencoder_steps > 0")
 
     start = time.perf_counter()
-    encode = jax.jit(lambda vae, x: generator.TEXT_FLOW.latents({"vae": vae}, x))
-    name = "video" if pixels.ndim == 5 else "image"
-    latents = np.concatenate([np.asarray(encode(card["vae"], {name: jnp.asarray(pixels[i : i + 256])}))
-                              for i in range(0, len(pixels), 256)])
-    ids = card.spec.tokenizer.encode(captions, card["text_encoder"].cfg.max_len)
+    arrays = encode_captioned(card, pixels, captions)
     method = Finetune(card, FinetuneConfig(optimizer=_optimizer(cfg.learning_rate, cfg.steps), cond_dropout=cfg.cond_dropout))
-    state, history = fit(method.step, method.init(), _batches({"latents": latents, "ids": ids}, cfg.batch_size, cfg.seed + 1),
+    state, history = fit(method.step, method.init(), array_batches(arrays, cfg.batch_size, seed=cfg.seed + 1),
                          steps=cfg.steps, key=jax.random.key(cfg.seed + 1), desc=model_id, progress=progress,
                          metrics_path=None if out is None else out / "metrics.jsonl")
     timings["generator_s"] = time.perf_counter() - start

@@ -27,7 +27,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxpipe import cards, validate
@@ -39,7 +38,7 @@ from jaxpipe.shapes import cards as shape_cards
 from jaxpipe.shapes.grammar import CATEGORIES, prompt_set, sample
 from jaxpipe.training.fit import fit
 from jaxpipe.training.optim import Optimizer
-from jaxpipe.training.next_token import NextTokenTrainer, next_token_loss, next_token_probs, sequences
+from jaxpipe.training.next_token import NextTokenTrainer, next_token_loss, next_token_probs, sequences, text_batches
 
 __all__ = [
     "MODEL_ID", "BASE", "BASE_COMPONENTS", "RefinerPretrainConfig", "captions", "sequences", "lm_batches",
@@ -125,11 +124,7 @@ def lm_batches(tokenizer: Tokenizer, cfg: RefinerPretrainConfig, width: int) -> 
     Returns:
         An endless iterator of ``{"ids": int32 jax.Array (batch_size, width)}`` (``sequences``).
     """
-    i = 0
-    while True:
-        rng = np.random.default_rng([cfg.seed, i])
-        yield {"ids": jnp.asarray(sequences(tokenizer, captions(cfg.batch_size, rng, cfg.size_words), width))}
-        i += 1
+    return text_batches(tokenizer, lambda n, rng: captions(n, rng, cfg.size_words), cfg.batch_size, cfg.seed, width)
 
 
 # -------------------------------------------------------------------------------------------- loss

@@ -9,7 +9,7 @@ LM says next after each prompt.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ from jaxpipe.nn import RefinerLM, Tokenizer
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.supervised import Supervised
 
-__all__ = ["sequences", "next_token_loss", "NextTokenTrainer", "next_token_probs"]
+__all__ = ["sequences", "text_batches", "next_token_loss", "NextTokenTrainer", "next_token_probs"]
 
 
 def sequences(tokenizer: Tokenizer, texts: Sequence[str], width: int) -> np.ndarray:
@@ -44,6 +44,26 @@ def sequences(tokenizer: Tokenizer, texts: Sequence[str], width: int) -> np.ndar
         raise ValueError(f"a text of {int(lengths.max())} words leaves no room for <eos> in width {width}")
     ids[np.arange(len(ids)), lengths] = tokenizer.vocab_size
     return ids
+
+
+def text_batches(tokenizer: Tokenizer, draw: Callable[[int, np.random.Generator], Sequence[str]], batch_size: int,
+                 seed: int, width: int) -> Iterator[dict[str, jax.Array]]:
+    """Endless LM batches ``{"ids": (batch_size, width)}``: batch ``i`` is ``draw(batch_size, default_rng([seed, i]))``.
+
+    Args:
+        tokenizer: the card's word tokenizer.
+        draw: ``(n, rng) -> n texts``, a world's caption sampler.
+        batch_size: texts per batch.
+        seed: the run's seed (batch ``i`` depends on ``(seed, i)`` alone, so a resumed run sees the same data).
+        width: the row length (the text encoder's ``max_len``).
+
+    Returns:
+        An endless iterator of ``{"ids": int32 jax.Array (batch_size, width)}`` (``sequences``).
+    """
+    i = 0
+    while True:
+        yield {"ids": jnp.asarray(sequences(tokenizer, draw(batch_size, np.random.default_rng([seed, i])), width))}
+        i += 1
 
 
 def next_token_loss(model: RefinerLM, ids: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:

@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import ClassVar
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxpipe import validate
 from jaxpipe.card import Card
-from jaxpipe.cards import generator
 from jaxpipe.cards.checkpoint import config_to_dict
 from jaxpipe.digits import data as digits
+from jaxpipe.training.data import array_batches, encode_captioned
 from jaxpipe.training.methods.finetune import FinetuneConfig
 from jaxpipe.training.optim import Optimizer
 
@@ -348,7 +347,7 @@ def write_metrics(out: Path, recipe: str, settings: Settings, card: Card, *, tra
 
 
 def encode_dataset(card: Card, data, chunk: int = 256) -> dict[str, np.ndarray]:
-    """``{"latents": (N, T, h, w, C), "ids": (N, L)}``: a dataset encoded once by the card's (frozen) autoencoder.
+    """``{"latents": (N, T, h, w, C), "ids": (N, L)}``: a digits dataset encoded once (``encode_captioned``).
 
     Args:
         card: a text-to-image/video card with ``"vae"`` and ``"text_encoder"`` components.
@@ -359,38 +358,6 @@ def encode_dataset(card: Card, data, chunk: int = 256) -> dict[str, np.ndarray]:
         The latents (NumPy, the autoencoder's dtype) and the captions' token ids ``(N, L)``, ``L`` the text
         encoder's ``max_len``.
     """
-    encode = jax.jit(lambda vae, x: generator.TEXT_FLOW.latents({"vae": vae}, x))
-    pixels = data.video if hasattr(data, "video") else data.image
-    name = "video" if hasattr(data, "video") else "image"
-    latents = np.concatenate([np.asarray(encode(card["vae"], {name: jnp.asarray(pixels[i : i + chunk])}))
-                              for i in range(0, len(pixels), chunk)])
-    ids = card.spec.tokenizer.encode(list(data.caption), card["text_encoder"].cfg.max_len)
-    return {"latents": latents, "ids": ids}
+    return encode_captioned(card, data.video if hasattr(data, "video") else data.image, data.caption, chunk)
 
 
-def array_batches(arrays: dict[str, np.ndarray], batch_size: int, *, seed: int):
-    """Endless shuffled fixed-size batches (as jax arrays) of equally long arrays; epoch ``e`` uses ``(seed, e)``.
-
-    Each epoch is a fresh permutation; its last ``n % batch_size`` rows are left out.
-
-    Args:
-        arrays: ``{name: (n, ...)}`` arrays of one length ``n``.
-        batch_size: rows per batch, in ``1..n``.
-        seed: the shuffling seed.
-
-    Returns:
-        An endless iterator of ``{name: (batch_size, ...) jax.Array}``.
-
-    Raises:
-        ValueError: if ``batch_size`` is not in ``1..n`` (on the first ``next``: it is a generator).
-    """
-    n = len(next(iter(arrays.values())))
-    if not 0 < batch_size <= n:
-        raise ValueError(f"batch_size must be in 1..{n} (got {batch_size})")
-    epoch = 0
-    while True:
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-        for i in range(0, n - batch_size + 1, batch_size):
-            idx = order[i : i + batch_size]
-            yield {k: jnp.asarray(v[idx]) for k, v in arrays.items()}
-        epoch += 1

@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxpipe import cards, validate
@@ -34,7 +33,7 @@ from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
 from jaxpipe.digits.words import DIGIT_WORDS
 from jaxpipe.nn import RefinerLM, Tokenizer
-from jaxpipe.training.next_token import NextTokenTrainer, next_token_loss, next_token_probs, sequences
+from jaxpipe.training.next_token import NextTokenTrainer, next_token_loss, next_token_probs, sequences, text_batches
 from jaxpipe.digits.pretrain.common import Settings, output_dir, run_recipe, write_report
 from jaxpipe.training.fit import fit
 
@@ -116,11 +115,8 @@ def lm_batches(tokenizer: Tokenizer, cfg: LMPretrainConfig, width: int) -> Itera
         An endless iterator of ``{"ids": int32 jax.Array (batch_size, width)}`` of ``refinement_captions``
         (``sequences``).
     """
-    i = 0
-    while True:
-        rng = np.random.default_rng([cfg.seed, i])
-        yield {"ids": jnp.asarray(sequences(tokenizer, refinement_captions(cfg.batch_size, rng, cfg.p_attribute), width))}
-        i += 1
+    return text_batches(tokenizer, lambda n, rng: refinement_captions(n, rng, cfg.p_attribute), cfg.batch_size, cfg.seed,
+                        width)
 
 
 # -------------------------------------------------------------------------------------------- loss
