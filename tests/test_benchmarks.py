@@ -50,7 +50,7 @@ def _rl_step_smoke(tmp_path, method: str, row: str):
     fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {fast_compile}".strip()}
     cmd = [sys.executable, str(BENCHMARKS / "rl_step.py"), "--quick", "--methods", method, "--results", str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]  # fails if driven != jitted rollout
     text = out.read_text()
     assert "<!-- BEGIN rl_step -->" in text and "<!-- END rl_step -->" in text
@@ -89,7 +89,7 @@ def test_joint_rl_quick_smoke(tmp_path):
     fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {fast_compile}".strip()}
     cmd = [sys.executable, str(BENCHMARKS / "joint_rl.py"), "--quick", "--results", str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     text = out.read_text()
     assert "<!-- BEGIN joint_rl -->" in text and "<!-- END joint_rl -->" in text
@@ -121,7 +121,7 @@ def test_device_quick_smoke(tmp_path):
 
     out, results = tmp_path / "device.json", tmp_path / "RESULTS.md"
     cmd = [*script, "--sections", "flux", "attention", "--out", str(out), "--results", str(results)]
-    done = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]  # fails if torch's FLUX != jaxpipe's
     sections = json.loads(out.read_text())["sections"]
     flux, runs = sections["flux"], sections["flux"]["contenders"]
@@ -137,7 +137,7 @@ def test_device_quick_smoke(tmp_path):
 
     out = tmp_path / "train.json"
     done = subprocess.run([*script, "--sections", "train", "--out", str(out)], check=False, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     rows = json.loads(out.read_text())["sections"]["train"]["rows"]
     assert [r["job"] for r in rows] == ["flux-grpo-lora64-full", "flux-nft-lora64-full"]
@@ -153,7 +153,7 @@ def test_fit_quick_compiles_sharded_lora_and_video_jobs(tmp_path):
     out, results = tmp_path / "fit.json", tmp_path / "RESULTS.md"
     only = "flux-grpo-lora64-none,flux-grpo-lora64-full,flux-nft-fsdp8-full,wan-grpo-fsdp2tp4-full"
     cmd = [sys.executable, str(BENCHMARKS / "fit.py"), "--quick", "--only", only, "--out", str(out), "--results", str(results)]
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     rows = {r["name"]: r for r in json.loads(out.read_text())}
     assert sorted(rows) == sorted(only.split(","))
@@ -172,7 +172,7 @@ def test_rewards_quick_compares_jax_and_torch_on_the_same_scores():
     every row timed and the two agreeing on the scores."""
     pytest.importorskip("transformers", reason="the torch reference needs the parity extra")
     done = subprocess.run([sys.executable, str(BENCHMARKS / "rewards.py"), "--quick", "--batch", "2"], check=False,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith(("| clipscore", "| pickscore"))]
     assert [r[0].strip() for r in rows] == ["clipscore", "pickscore"]
@@ -187,7 +187,7 @@ def test_serve_quick_loses_nothing_and_matches_offline_rendering():
     non-zero on any lost request or any image off its offline rendering (C1 one at a time, C3 batched)."""
     pytest.importorskip("fastapi", reason="the server needs the serve extra")
     done = subprocess.run([sys.executable, str(BENCHMARKS / "serve.py"), "--quick"], check=False, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "**lost: 0**" in done.stdout and "bit for bit" in done.stdout
     rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith(("| 2 ", "| 4 "))]
@@ -199,7 +199,7 @@ def test_geneval_quick_prints_the_table_for_every_method():
     """``geneval.py --quick``: both base cards, FlowGRPO, NFT and UnifiedRL judged at guidance 1 and the card's, both
     splits, and what the unified cards' refiner appends."""
     done = subprocess.run([sys.executable, str(BENCHMARKS / "geneval.py"), "--quick"], check=False, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     names = ("| base shapes-t2i", "| base shapes-unified", "| flow-grpo", "| nft", "| unified-rl")
     rows = [line for line in done.stdout.splitlines() if line.startswith(names)]

@@ -52,7 +52,7 @@ def eight_devices(tmp_path: Path, full: bool = False) -> dict:
     JointMultiExpertRL step and the FLUX- / Wan-shaped networks, and leaves ``reference.npz`` in ``tmp_path``."""
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "eight_devices.py"), str(tmp_path), *(["--all"] if full else [])], env=cpu_env(8),
-        capture_output=True, text=True, timeout=900, check=False,
+        capture_output=True, text=True, timeout=2400, check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = last_json(done.stdout)
@@ -154,7 +154,7 @@ def check_two_processes(tmp_path: Path, reference) -> None:
             procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "two_process.py"), str(i), str(port), str(tmp_path)],
                                           env=cpu_env(4), stdout=out, stderr=err))
         try:
-            codes = [p.wait(timeout=600) for p in procs]
+            codes = [p.wait(timeout=2400) for p in procs]
         finally:
             for p in procs:
                 if p.poll() is None:
