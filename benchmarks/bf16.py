@@ -37,9 +37,9 @@ import numpy as np
 
 import jaxpipe as jp
 from jaxpipe import precision
-from jaxpipe.digits import quality
 from jaxpipe.card import Card
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import quality
 from jaxpipe.nn import DiTCond
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs

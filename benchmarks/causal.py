@@ -36,11 +36,10 @@ import numpy as np
 
 import jaxpipe as jp
 from jaxpipe import samplers
-from jaxpipe.digits import quality
 from jaxpipe.card import Card
 from jaxpipe.cards import generator
-from jaxpipe.digits import digit_scorer
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import digit_scorer, quality
 from jaxpipe.digits.evaluators import default_evaluator
 from jaxpipe.loops import chunk as chunk_loop
 from jaxpipe.loops import policies

@@ -63,12 +63,12 @@ def flux_flops(setup: FluxSetup) -> float:
     """Matmul FLOPs of one velocity call (2 per multiply-add): per-token projections, joint attention
     (QKᵀ and PV over ``S = T + L`` tokens) and the per-sample adaLN / embedders."""
     cfg, b = setup.config, setup.batch
-    d, mlp, t, l = cfg.inner_dim, 4 * cfg.inner_dim, setup.text_len, setup.image_tokens
-    s = t + l
+    d, mlp, t, n_img = cfg.inner_dim, 4 * cfg.inner_dim, setup.text_len, setup.image_tokens
+    s = t + n_img
     attention = 4 * s * s * d
     double = 2 * (4 * d * d + 2 * d * mlp) * s + attention  # each stream's q/k/v/out + FFN on its own tokens
     single = 2 * (3 * d * d + d * mlp + (d + mlp) * d) * s + attention
-    io = 2 * (cfg.in_channels * d * l + cfg.joint_attention_dim * d * t + d * cfg.output_channels * l)
+    io = 2 * (cfg.in_channels * d * n_img + cfg.joint_attention_dim * d * t + d * cfg.output_channels * n_img)
     per_sample = 2 * d * d * (12 * cfg.num_layers + 3 * cfg.num_single_layers + 2 + 3)
     return float(b * (cfg.num_layers * double + cfg.num_single_layers * single + io + per_sample))
 

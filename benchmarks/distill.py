@@ -28,8 +28,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling 
 from report import RESULTS, machine_info, write_section
 
 import jaxpipe as jp
-from jaxpipe.digits import quality
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import quality
 
 SECTION = "distill"
 

@@ -52,7 +52,7 @@ import numpy as np
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe.cards import toy_t2i, generator
+from jaxpipe.cards import generator, toy_t2i
 from jaxpipe.digits import DIGIT_WORDS, POSITIONS, STROKES
 from jaxpipe.engine import batch as engine_ops
 from jaxpipe.loops import denoise
@@ -60,6 +60,7 @@ from jaxpipe.nn import DiTCond
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
 from report import RESULTS, machine_info, write_section  # noqa: E402
+
 from jaxpipe.digits import cards as digit_cards
 
 SECTION = "engine"
@@ -199,7 +200,7 @@ def step_scaling(card: jp.Card, sizes=(1, 4, 16, 64), steps: int = 8) -> dict[in
         uncond = encode(jnp.zeros_like(ids)) if config.guide.needs_uncond else None
         state = denoise.init(jax.random.split(jax.random.key(0), b), loop.latent_shape, encode(ids), config, uncond)
         jax.block_until_ready(run(leaves, state))
-        best = min(_time(lambda: run(leaves, state)) for _ in range(5))
+        best = min(_time(lambda state=state: run(leaves, state)) for _ in range(5))
         out[b] = best / steps / b * 1e3
     return out
 

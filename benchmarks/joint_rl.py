@@ -144,7 +144,7 @@ def expert_args(method: JointMultiExpertRL, state, ro) -> tuple:
 
 def slice_experts(args: tuple, n: int) -> list[tuple]:
     """Expert ``i``'s arguments for every ``i`` (concrete arrays, so slicing is never timed)."""
-    return [jax.block_until_ready(jax.tree.map(lambda x: x[i], args)) for i in range(n)]
+    return [jax.block_until_ready(jax.tree.map(lambda x, i=i: x[i], args)) for i in range(n)]
 
 
 def check_same_update(stacked, per_expert: list, tol: float = TOLERANCE) -> float:
@@ -220,7 +220,7 @@ class Row:
         return self.best["loop"] / self.best["vmap"]
 
     @classmethod
-    def of(cls, case: Case) -> "Row":
+    def of(cls, case: Case) -> Row:
         median = {k: statistics.median(v) for k, v in case.times.items()}
         best = {k: min(v) for k, v in case.times.items()}
         repeats = min(map(len, case.times.values()))
@@ -315,7 +315,7 @@ def table(rows: list[Row], joint: bool) -> str:
     lines = [head, "|---|" + "---:|" * (head.count("|") - 2)]
     for r in rows:
         m, c = r.median, r.compile_s
-        ms = lambda k: f"{m[k]:.2f}" if k in m else "–"
+        ms = lambda k, m=m: f"{m[k]:.2f}" if k in m else "–"
         lines.append(
             f"| {r.prompts} × {r.group} ({r.rows}) | {r.experts} | {m['vmap']:.2f} | {m['loop']:.2f} | "
             f"**{r.ratio:.2f}×** | {r.best_ratio:.2f}× | {m['vmap'] / r.experts:.2f} | {m['loop'] / r.experts:.2f} | "

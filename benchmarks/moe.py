@@ -32,9 +32,9 @@ import numpy as np
 from flax import nnx
 
 import jaxpipe as jp
-from jaxpipe.digits import quality
 from jaxpipe.card import Card
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import quality
 from jaxpipe.loops import policies
 
 

@@ -26,13 +26,12 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs
+from flax import nnx
 from report import RESULTS, machine_info, write_section
 
-from flax import nnx
-
 import jaxpipe as jp
-from jaxpipe.digits import quality
 from jaxpipe.cards import toy_mot
+from jaxpipe.digits import quality
 from jaxpipe.nn.mot import MoT, Routing
 
 SECTION = "mot"

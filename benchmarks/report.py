@@ -42,7 +42,7 @@ def machine_info(**extra) -> dict:
         "jax": jax.__version__,
         "jax backend": jax.default_backend(),
         **extra,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 

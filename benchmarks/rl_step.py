@@ -53,11 +53,11 @@ import jaxpipe as jp
 from jaxpipe import program as programs
 from jaxpipe.card import Card
 from jaxpipe.cards import toy_unified
-from jaxpipe.digits import data as digits
-from jaxpipe.loops import ar, denoise
 from jaxpipe.digits import cards as digit_cards
+from jaxpipe.digits import data as digits
 from jaxpipe.digits.prompts import TEXT_WIDTH
 from jaxpipe.digits.rewards import REWARD_TERMS, scorer_reward
+from jaxpipe.loops import ar, denoise
 from jaxpipe.prompts import Prompts
 from jaxpipe.training import rollout
 from jaxpipe.training.grpo import FlowGRPOConfig

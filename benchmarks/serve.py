@@ -35,7 +35,6 @@ import pathlib
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time

@@ -111,7 +111,7 @@ def main() -> None:
     for name, r in results.items():
         b, a = r["before"], r["after"]
         # a role one of the two parts never reaches (no parameters, or a zero gradient) has no cosine
-        reached = lambda role: role == "all" or all(np.mean([row.get(f"{part}_grad_norm_{role}", 0.0) for row in r["rows"]]) > 0
+        reached = lambda role, r=r: role == "all" or all(np.mean([row.get(f"{part}_grad_norm_{role}", 0.0) for row in r["rows"]]) > 0
                                                     for part in ("token", "gen"))
         cos = {role: np.mean([row[f"cos_{role}"] for row in r["rows"]]) if f"cos_{role}" in r["rows"][0] and reached(role)
                else np.nan for role in ("all",) + ROLES}

@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxpipe as jp
-from jaxpipe.digits import quality
 from jaxpipe.card import Card
 from jaxpipe.cards import toy_two_stage
+from jaxpipe.digits import quality
 from jaxpipe.loops import denoise
 from jaxpipe.nn import DiTCond
 
@@ -55,12 +55,12 @@ def dit_flops(card: Card, loop_id: str) -> float:
 
 def video_gflops(card: Card, steps: dict[str, int]) -> float:
     """DiT GFLOPs of one video: per loop, steps × forwards per step × one forward's FLOPs."""
-    return sum(n * forwards_per_step(card.spec.loop(l).config) * dit_flops(card, l) for l, n in steps.items()) / 1e9
+    return sum(n * forwards_per_step(card.spec.loop(lp).config) * dit_flops(card, lp) for lp, n in steps.items()) / 1e9
 
 
 def with_loop(card: Card, loop_id: str, **changes) -> Card:
     """The card with ``loop_id``'s default config changed (e.g. ``stg=0``)."""
-    loops = tuple(dataclasses.replace(l, config=l.config.replace(**changes)) if l.id == loop_id else l for l in card.spec.loops)
+    loops = tuple(dataclasses.replace(lp, config=lp.config.replace(**changes)) if lp.id == loop_id else lp for lp in card.spec.loops)
     return Card(card.components, dataclasses.replace(card.spec, loops=loops))
 
 
@@ -94,7 +94,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     scorer, wan, ltx = jp.cards.load("digit-scorer"), jp.cards.load("wan-t2v"), jp.cards.load("ltx2-two-stage")
-    base, refine = (ltx.spec.loop(l).config for l in (toy_two_stage.BASE_LOOP, toy_two_stage.REFINE_LOOP))
+    base, refine = (ltx.spec.loop(lp).config for lp in (toy_two_stage.BASE_LOOP, toy_two_stage.REFINE_LOOP))
     ltx_gflops = video_gflops(ltx, {toy_two_stage.BASE_LOOP: base.num_steps, toy_two_stage.REFINE_LOOP: refine.num_steps})
     wan_loop = wan.spec.recipe[0]
     per_step = video_gflops(wan, {wan_loop: 1})

@@ -32,9 +32,9 @@ import numpy as np
 from flax import nnx
 
 import jaxpipe as jp
-from jaxpipe.digits import quality
 from jaxpipe.card import Card
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import quality
 from jaxpipe.engine import Engine
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling report module, however this runs

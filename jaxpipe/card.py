@@ -95,7 +95,7 @@ class CardSpec:
         for loop in self.loops:
             if loop.id == loop_id:
                 return loop
-        raise KeyError(f"card {self.model_id!r} declares no loop {loop_id!r}; it has {[l.id for l in self.loops]}")
+        raise KeyError(f"card {self.model_id!r} declares no loop {loop_id!r}; it has {[lp.id for lp in self.loops]}")
 
 
 def validate(spec: CardSpec, component_names) -> None:
@@ -195,11 +195,11 @@ class Card:
         """Total parameter count over all components (``nnx.Param`` leaves)."""
         return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(self.components, nnx.Param))))
 
-    def with_id(self, model_id: str) -> "Card":
+    def with_id(self, model_id: str) -> Card:
         """The same card (same components, loops, config) under another model id."""
         return Card(self.components, dataclasses.replace(self.spec, model_id=model_id))
 
-    def replace(self, **components) -> "Card":
+    def replace(self, **components) -> Card:
         """A new card with some components swapped (the spec is revalidated)."""
         unknown = sorted(set(components) - set(self.components))
         if unknown:
@@ -208,4 +208,4 @@ class Card:
 
     def __repr__(self) -> str:
         comps = ", ".join(f"{n}={type(m).__name__}" for n, m in sorted(self.components.items()))
-        return f"Card({self.model_id!r}, {comps}, loops={[l.id for l in self.spec.loops]})"
+        return f"Card({self.model_id!r}, {comps}, loops={[lp.id for lp in self.spec.loops]})"

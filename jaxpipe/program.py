@@ -514,7 +514,7 @@ def split_rows(batched: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
     Returns:
       ``[{name: (...)}, ...]``, ``count`` dicts.
     """
-    return [{k: jax.tree.map(lambda a: a[i], v) for k, v in batched.items()} for i in range(count)]
+    return [{k: jax.tree.map(lambda a, i=i: a[i], v) for k, v in batched.items()} for i in range(count)]
 
 
 class Execution(NamedTuple):

@@ -183,7 +183,7 @@ class Prompts:
         *,
         width: int | None = None,
         program: Program | None = None,
-    ) -> "Prompts":
+    ) -> Prompts:
         """Checked ``Prompts`` of ``texts`` for ``card``: ids ``tokenize(card, texts)``, text
         ``encode_text(texts, width)`` (default ``text_width(texts)``) and numpy ``metadata``."""
         texts = list(texts)
@@ -198,13 +198,13 @@ class Prompts:
         """The P prompt strings, exactly as given (host-side)."""
         return decode_text(_host(self.text, "Prompts.strings()"))
 
-    def repeat(self, k: int) -> "Prompts":
+    def repeat(self, k: int) -> Prompts:
         """Each prompt ``k`` times in a row: row ``p·k + j`` is copy ``j`` of prompt ``p`` (RL's group layout)."""
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k <= 0:
             raise ValueError(f"repeat takes a positive int (got {k!r})")
         return jax.tree.map(lambda a: _xp(a).repeat(a, int(k), axis=0), self)
 
-    def take(self, rows: Any) -> "Prompts":
+    def take(self, rows: Any) -> Prompts:
         """The prompts at ``rows`` (int indices, ``(R,)``), in that order."""
         return jax.tree.map(lambda a: _xp(a).take(a, rows, axis=0), self)
 
@@ -357,12 +357,12 @@ class PromptSet:
         self.source = source
 
     @classmethod
-    def from_list(cls, texts: Sequence[str], metadata: Mapping[str, Any] | None = None) -> "PromptSet":
+    def from_list(cls, texts: Sequence[str], metadata: Mapping[str, Any] | None = None) -> PromptSet:
         """A set of ``texts`` with optional numeric ``metadata`` ``{name: (N, ...)}``."""
         return cls(texts, metadata)
 
     @classmethod
-    def read(cls, path: str | os.PathLike) -> "PromptSet":
+    def read(cls, path: str | os.PathLike) -> PromptSet:
         """The prompts of a ``.txt`` or ``.jsonl`` file (see ``jaxpipe.prompts.read``)."""
         return read(path)
 
@@ -387,12 +387,12 @@ class PromptSet:
     def __repr__(self) -> str:
         return f"PromptSet({len(self)} prompts from {self.source}, metadata={sorted(self._metadata)})"
 
-    def take(self, rows: Sequence[int]) -> "PromptSet":
+    def take(self, rows: Sequence[int]) -> PromptSet:
         """The prompts at ``rows``, in that order (a new set)."""
         rows = np.asarray(rows, np.int64).reshape(-1)
         return PromptSet([self._texts[i] for i in rows], {k: v[rows] for k, v in self._metadata.items()}, source=self.source)
 
-    def split(self, heldout: float | int = 0.1, *, seed: int = 0) -> tuple["PromptSet", "PromptSet"]:
+    def split(self, heldout: float | int = 0.1, *, seed: int = 0) -> tuple[PromptSet, PromptSet]:
         """A deterministic ``(train, heldout)`` split.
 
         Args:

@@ -71,7 +71,7 @@ class Request:
             raise TypeError(f"Request.image must be an array (H, W, C) in [0, 1] (got {type(self.image).__name__})")
         object.__setattr__(self, "inputs", MappingProxyType(dict(self.inputs)))
 
-    def replace(self, **changes) -> "Request":
+    def replace(self, **changes) -> Request:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -138,7 +138,7 @@ class Output(Mapping):
     def __len__(self) -> int:
         return len(self._artifacts)
 
-    def block_until_ready(self) -> "Output":
+    def block_until_ready(self) -> Output:
         """Wait for every array artifact to be computed (for timing); returns ``self``."""
         jax.block_until_ready([v for v in self._artifacts.values() if isinstance(v, jax.Array)])
         return self

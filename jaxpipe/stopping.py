@@ -73,7 +73,7 @@ class Stopper:
         if self.signum is not None:
             raise Stopped(self.signum)
 
-    def __enter__(self) -> "Stopper":
+    def __enter__(self) -> Stopper:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)

@@ -104,7 +104,7 @@ class Workflow:
         if not self.stages:
             raise WorkflowError(f"workflow {self.id!r} has no stages")
         labels = [s.label for s in self.stages]
-        dupes = sorted({l for l in labels if labels.count(l) > 1})
+        dupes = sorted({label for label in labels if labels.count(label) > 1})
         if dupes:
             raise WorkflowError(f"workflow {self.id!r}: duplicate stage labels {dupes}")
 

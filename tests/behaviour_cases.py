@@ -32,6 +32,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 import jax
 import numpy as np
+
 from jaxpipe.digits import cards as digit_cards
 
 DATA = Path(__file__).resolve().parent / "data" / "behaviour.json"
@@ -168,7 +169,7 @@ def nft():
 def dmd2():
     import jaxpipe as jp
     from jaxpipe.digits.prompts import PromptSpec, prompt_batches
-    from jaxpipe.training import DMD2, DMD2Config, DistributionMatching, Group, Optimizer
+    from jaxpipe.training import DMD2, DistributionMatching, DMD2Config, Group, Optimizer
 
     card = jp.cards.load("flux-t2i")
     config = DMD2Config(student_steps=2, group=Group(2),
@@ -290,7 +291,6 @@ def _digest(out) -> dict:
 def bundled_outputs():
     """Digests of the engine's serial outputs (and ``jp.generate``'s) for the bundled cards and workflows."""
     import jaxpipe as jp
-    from jaxpipe.cards import toy_multi_expert
     from jaxpipe.digits import data as digits
 
     engine = jp.Engine.default()

@@ -10,8 +10,8 @@ from conftest import perturbed
 import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe.cards import toy_mot
-from jaxpipe.engine import Engine
 from jaxpipe.digits import cards as digit_cards
+from jaxpipe.engine import Engine
 
 UNDERSTAND_ID = "bagel-mot:understand"
 

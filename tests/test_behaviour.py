@@ -9,9 +9,8 @@ processor or jaxlib rounds differently; ``behaviour_cases.environment`` says wha
 
 import warnings
 
-import pytest
-
 import behaviour_cases
+import pytest
 
 RECORDED = behaviour_cases.recorded()
 

@@ -12,13 +12,13 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import parity, workflow
-from jaxpipe.cards import generator, toy_causal
+from jaxpipe.cards import generator
+from jaxpipe.digits import cards as digit_cards
+from jaxpipe.digits import workflows
 from jaxpipe.engine import Engine
 from jaxpipe.loops import chunk
 from jaxpipe.nn import DiTCond, DiTConfig
 from jaxpipe.nn.causal_dit import ChunkCond, init_cache
-from jaxpipe.digits import cards as digit_cards
-from jaxpipe.digits import workflows
 
 F = 2  # frames per chunk
 DIT = DiTConfig(dim=32, depth=2, heads=2)

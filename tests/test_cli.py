@@ -3,9 +3,9 @@
 import json
 import signal
 import subprocess
-from pathlib import Path
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +13,9 @@ from PIL import Image
 from typer.testing import CliRunner
 
 import jaxpipe as jp
+import jaxpipe.shapes as jp_shapes
 from jaxpipe.cli import app
 from jaxpipe.digits import workflows
-import jaxpipe.shapes as jp_shapes
 
 runner = CliRunner()
 pytestmark = pytest.mark.skipif(

@@ -287,7 +287,7 @@ def test_rewards_are_differentiable_in_the_images(scorers):
     prompts = rewards.text_prompts(TEXTS)
     for name in ("pickscore", "aesthetic"):
         reward = scorers[name][0]
-        grad = jax.jit(jax.grad(lambda x: jnp.sum(reward({"image": x}, prompts))))(images)
+        grad = jax.jit(jax.grad(lambda x, reward=reward: jnp.sum(reward({"image": x}, prompts))))(images)
         assert grad.shape == images.shape and bool(jnp.all(jnp.isfinite(grad))), name
         assert float(jnp.max(jnp.abs(grad))) > 1e-6, name
 

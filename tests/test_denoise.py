@@ -145,7 +145,7 @@ def test_guidance_one_runs_one_forward_and_cfg_runs_a_doubled_batch(t2i_card):
         seen.clear()
         config = DenoiseConfig(num_steps=2, guidance=guidance)
         state = setup(t2i_card, config, with_uncond=True)
-        jax.eval_shape(lambda s: denoise.step(counting, s, config), state)
+        jax.eval_shape(lambda s, config=config: denoise.step(counting, s, config), state)
         assert seen == [expected]
     base = DenoiseConfig(num_steps=4)
     state = setup(t2i_card, base, with_uncond=True)
@@ -162,7 +162,7 @@ def test_requests_at_different_steps_share_one_batch(t2i_card):
     state = state._replace(step=jnp.array([0, 3, 6], jnp.int32))  # the third request is finished
     mixed, rec = one_step(model, state, config)
     for b in range(2):
-        alone = jax.tree.map(lambda a: a[b : b + 1], state)
+        alone = jax.tree.map(lambda a, b=b: a[b : b + 1], state)
         single, _ = one_step(model, alone, config)
         np.testing.assert_allclose(mixed.x[b], single.x[0], atol=1e-5)
     np.testing.assert_array_equal(mixed.x[2], state.x[2])

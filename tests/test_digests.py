@@ -9,10 +9,10 @@ import shutil
 import struct
 
 import pytest
+from conftest import leaves_equal
 from typer.testing import CliRunner
 
 import jaxpipe as jp
-from conftest import leaves_equal
 from jaxpipe.cards import CardIntegrityError
 from jaxpipe.cards.checkpoint import load_card, save_card, write_digests
 from jaxpipe.cli import app

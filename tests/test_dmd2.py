@@ -7,12 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import leaves_equal, rl_batch
 
 import jaxpipe as jp
 from jaxpipe.engine import Engine
-from jaxpipe.training import DMD2, DMD2Config, DistributionMatching, Group, NoiseLevels, Optimizer
+from jaxpipe.training import DMD2, DistributionMatching, DMD2Config, Group, NoiseLevels, Optimizer
 from jaxpipe.training.distribution_matching import clean_estimates, dm_gradient, dm_surrogate
-from conftest import leaves_equal, rl_batch
 
 CONFIG = DMD2Config(student_steps=2, group=Group(size=8), student=Optimizer(1e-3, b1=0.0),
                     dm=DistributionMatching(critic=Optimizer(1e-3, b1=0.0), critic_steps=2, real_guidance=2.0))

@@ -78,7 +78,7 @@ def test_continuous_batching_with_mixed_step_counts(engine):
     events = []
     outs = engine.run_many(requests, "batched", on_step=lambda e: events.append((e.tick, e.index, e.step, e.num_steps)))
     ticks = {}
-    for tick, index, step, total in events:
+    for tick, index, _step, _total in events:
         ticks.setdefault(tick, []).append(index)
     assert max(len(v) for v in ticks.values()) == 4  # max_batch requests advance in one batched step
     assert len(ticks) < sum(steps)  # far fewer ticks than steps: they really shared steps

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import toy_family as toy
+from conftest import leaves_equal
 
 import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe.training import Finetune, FinetuneConfig, Optimizer
 from jaxpipe.training.fit import fit
-from conftest import leaves_equal
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import leaves_equal
 
 import jaxpipe as jp
 from jaxpipe.digits import data as digits
 from jaxpipe.training import Finetune, FinetuneConfig, NoiseLevels, Optimizer, update
 from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
 from jaxpipe.training.fit import fit
-from conftest import leaves_equal
 
 
 def warmup_cosine(learning_rate, warmup_steps, total_steps, weight_decay=1e-4):

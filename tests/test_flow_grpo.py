@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import brightness_reward, leaves_equal, rl_batch
 
 import jaxpipe as jp
 from jaxpipe import rewards, samplers
 from jaxpipe.digits.rewards import scorer_reward
 from jaxpipe.prompts import Prompts
 from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, Sampling, ppo
-from conftest import brightness_reward, leaves_equal, rl_batch
 
 CONFIG = FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)),
                         optimizer=Optimizer(1e-4))

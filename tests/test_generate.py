@@ -11,8 +11,8 @@ from PIL import Image
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe.io import save_gif, save_grid, save_png
 from jaxpipe.digits import workflows
+from jaxpipe.io import save_gif, save_grid, save_png
 
 ROOT = Path(__file__).resolve().parents[1]
 

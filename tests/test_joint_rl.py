@@ -77,7 +77,7 @@ def test_vmapped_update_equals_updating_each_expert_separately():
     one = jax.jit(method.expert_update)
     refiners, reference, refiner_opt = state.params["refiner"], state.copies["refiner_reference"], state.opt_state["refiner"]
     for i in range(4):
-        take = lambda tree: jax.tree.map(lambda x: x[i], tree)
+        take = lambda tree, i=i: jax.tree.map(lambda x: x[i], tree)
         alone = one(take(refiners), take(reference), take(refiner_opt), method.allowed[i], take(ro.refinement),
                     ro.refiner_advantages[i])
         assert bool(alone.finite)
@@ -109,10 +109,10 @@ def test_vmapped_minibatch_updates_equal_each_expert_over_the_same_minibatches()
     rows = ppo.minibatch_rows(jax.random.fold_in(key, 0), 6, config.generator.ppo)[0]  # ppo.run's order
     one = jax.jit(method.expert_update)
     for i in range(4):
-        take = lambda tree: jax.tree.map(lambda x: x[i], tree)
+        take = lambda tree, i=i: jax.tree.map(lambda x: x[i], tree)
         params, opt = take(refiners), take(refiner_opt)
         for idx in rows:
-            minibatch = jax.tree.map(lambda x: x[i][idx], ro.refinement)
+            minibatch = jax.tree.map(lambda x, i=i, idx=idx: x[i][idx], ro.refinement)
             params, opt, *_ = one(params, take(reference), opt, method.allowed[i], minibatch, ro.refiner_advantages[i][idx])
         # three Adam steps of lr 1e-5, each sensitive to float reordering in near-zero gradients (measured up
         # to ~0.25·lr per weight with XLA at -O0); a minibatch out of order or from other rows moves weights by ~lr

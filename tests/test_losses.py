@@ -10,7 +10,6 @@ import pytest
 from jaxpipe import samplers
 from jaxpipe.training import losses
 
-
 # Every call goes through jit (the losses must trace; eager op-by-op dispatch would also be slow).
 L = SimpleNamespace(
     group_advantages=jax.jit(losses.group_advantages, static_argnames=("adv_clip", "eps")),
@@ -313,7 +312,7 @@ def test_token_pg_ppo_form_and_zero_advantage():
     ppo = jgrad(lambda x: L.token_pg_loss(x, mask, adv, old_log_probs=now, clip_eps=0.2)[0])(jnp.asarray(now))
     np.testing.assert_allclose(ppo, plain, rtol=1e-5, atol=1e-7)
     for kw in ({}, {"old_log_probs": old, "clip_eps": 0.2}):
-        f = lambda x: L.token_pg_loss(x, mask, jnp.zeros(B), **kw)[0]
+        f = lambda x, kw=kw: L.token_pg_loss(x, mask, jnp.zeros(B), **kw)[0]
         assert float(f(now)) == 0.0 and np.all(np.asarray(jgrad(f)(jnp.asarray(now))) == 0.0)
     with pytest.raises(ValueError, match="clip_eps"):
         L.token_pg_loss(now, mask, adv, old_log_probs=old)

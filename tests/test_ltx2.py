@@ -11,10 +11,11 @@ import pytest
 from conftest import perturbed
 
 import jaxpipe as jp
-from jaxpipe import parity, program as programs
+from jaxpipe import parity
+from jaxpipe import program as programs
 from jaxpipe.cards import toy_two_stage as ltx2
-from jaxpipe.digits import cards as digit_cards
 from jaxpipe.cards.toy_two_stage.program import REFINE_STREAM
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.loops import denoise, policies
 from jaxpipe.nn import DiTCond, LatentUpsamplerConfig
 

@@ -97,7 +97,7 @@ def _modality_and_reference(mot, ids, x, sigma):
     per_type = lambda fn: jnp.concatenate([fn(t, h[:, i : i + 1]) for i, t in enumerate(types)], axis=1)
     for layer in mot.layers:
         a = layer.attn
-        qkv = per_type(lambda t, hi: _linear(a[t].qkv, _layer_norm(hi, a[t].norm.scale[...], a[t].norm.bias[...])))
+        qkv = per_type(lambda t, hi, a=a: _linear(a[t].qkv, _layer_norm(hi, a[t].norm.scale[...], a[t].norm.bias[...])))
         b, length, _ = qkv.shape
         q, k, v = (qkv.reshape(b, length, 3, heads, hd)[:, :, j] for j in range(3))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
@@ -105,7 +105,7 @@ def _modality_and_reference(mot, ids, x, sigma):
         y = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(b, length, -1)
         h = h + jnp.concatenate([_linear(a[t].out, y[:, i : i + 1]) for i, t in enumerate(types)], axis=1)
         f = layer.ffn
-        mlp = lambda t, hi: _linear(
+        mlp = lambda t, hi, f=f: _linear(
             f[t].mlp.fc2, jax.nn.gelu(_linear(f[t].mlp.fc1, _layer_norm(hi, f[t].norm.scale[...], f[t].norm.bias[...])))
         )
         h = h + per_type(mlp)

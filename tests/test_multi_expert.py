@@ -12,17 +12,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import leaves_equal
 from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe.cards import generator, load_card, toy_multi_expert, save_card
+from jaxpipe.cards import generator, load_card, save_card, toy_multi_expert
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits.data import ATTRIBUTE_WORDS
 from jaxpipe.engine import Engine, EngineError, UnknownComponentError
 from jaxpipe.nn import LMConfig, RefinerLM
 from jaxpipe.training import weight_sync
-from conftest import leaves_equal
-from jaxpipe.digits import cards as digit_cards
 
 MODEL = "multi-expert"
 N = 3

@@ -6,10 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from jaxpipe.training import EMA, DiffusionNFT, DiffusionNFTConfig, Group, NoiseLevels, Optimizer, Sampling, rollout as rollouts
-from jaxpipe.training.methods.nft import ema_decay, nft_loss, optimality_weight
 from conftest import brightness_reward, leaves_equal, rl_batch
+
+from jaxpipe.training import EMA, DiffusionNFT, DiffusionNFTConfig, Group, NoiseLevels, Optimizer, Sampling
+from jaxpipe.training import rollout as rollouts
+from jaxpipe.training.methods.nft import ema_decay, nft_loss, optimality_weight
 
 CONFIG = DiffusionNFTConfig(group=Group(4, adv_clip=2.0), sampling=Sampling(num_steps=3), optimizer=Optimizer(1e-3),
                             beta=0.7, ema=EMA(start=0.0, end=0.5, ramp_steps=4))

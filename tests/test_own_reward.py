@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import perturbed
 
 import jaxpipe as jp
 from jaxpipe import prompts, rewards
@@ -18,7 +19,6 @@ from jaxpipe.cards import toy_t2i
 from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, Sampling, rollout
 from jaxpipe.training.fit import fit
 from jaxpipe.training.runs.heldout import HeldOut, held_out_quality
-from conftest import perturbed
 
 WORDS = ("red", "blue", "green", "circle", "square", "small", "big")
 PROMPTS = ["red circle", "blue square", "green circle", "big red square", "small blue circle", "green square",

@@ -5,8 +5,8 @@ import pytest
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe.engine import Engine
 from jaxpipe.digits import cards as digit_cards
+from jaxpipe.engine import Engine
 
 
 @pytest.fixture(scope="module")

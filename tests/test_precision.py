@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import precision
 from jaxpipe.cards import toy_multi_expert
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
 from jaxpipe.loops import ar
 from jaxpipe.nn import DiTCond
@@ -27,7 +27,6 @@ from jaxpipe.training.methods.joint_rl import (
     map_experts,
     resolve_expert_map,
 )
-from jaxpipe.digits import cards as digit_cards
 
 PROMPTS = ["seven thick", "one thin left", "three bright", "nine right dim"]
 

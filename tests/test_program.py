@@ -8,7 +8,7 @@ import pytest
 import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe import program as P
-from jaxpipe.cards import toy_t2i, generator, toy_i2v
+from jaxpipe.cards import generator, toy_i2v, toy_t2i
 from jaxpipe.loops import denoise
 from jaxpipe.program import ComponentNode, LoopNode, Program, ProgramError
 

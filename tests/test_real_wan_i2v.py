@@ -15,6 +15,9 @@ diffusers = pytest.importorskip("diffusers", reason="the parity extra is not ins
 transformers = pytest.importorskip("transformers", reason="the parity extra is not installed: pip install -e '.[parity]'")
 Image = pytest.importorskip("PIL.Image")
 
+from conftest import leaves_equal  # noqa: E402
+from test_real_pipelines import PROMPT, WORDS, _randomise, _tokenizer  # noqa: E402
+
 import jaxpipe as jp  # noqa: E402
 from jaxpipe import parity  # noqa: E402
 from jaxpipe.cards import generator, wan  # noqa: E402
@@ -23,8 +26,6 @@ from jaxpipe.engine import Engine  # noqa: E402
 from jaxpipe.loops import denoise  # noqa: E402
 from jaxpipe.nn import clip_vision, hf  # noqa: E402
 from jaxpipe.nn import wan as wan_nn  # noqa: E402
-from conftest import leaves_equal  # noqa: E402
-from test_real_pipelines import PROMPT, WORDS, _randomise, _tokenizer  # noqa: E402
 
 SIZE, FRAMES, STEPS = 32, 5, 2  # latents (2, 4, 4, 4): 8 transformer tokens; σ = 1, .75 after the shift of 3
 NEGATIVE = "the moon"
@@ -41,7 +42,12 @@ def _image(seed: int, height: int = SIZE, width: int = SIZE) -> np.ndarray:
 def i2v_pipeline():
     """A tiny random diffusers Wan 2.1 ``WanImageToVideoPipeline`` (every parameter random): 32×32 video, a
     CLIP tower on 32² images, word-level UMT5 tokens over ``WORDS`` padded to 512 (as diffusers' I2V attention assumes)."""
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline, WanTransformer3DModel
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanImageToVideoPipeline,
+        WanTransformer3DModel,
+    )
 
     torch.manual_seed(2)
     transformer = WanTransformer3DModel(

@@ -1,5 +1,6 @@
 """jaxpipe.rewards: JAX and host rewards inside jit, combine, score and load."""
 
+import conftest
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +9,6 @@ import pytest
 from jaxpipe import prompts as jpp
 from jaxpipe import rewards
 from jaxpipe.prompts import Prompts
-import conftest
 
 B = 4  # two prompts, two samples each
 

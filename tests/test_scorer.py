@@ -9,9 +9,9 @@ import pytest
 from flax import nnx
 
 import jaxpipe as jp
-from jaxpipe.digits import digit_scorer
 from jaxpipe.cards import load_card, save_card
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import digit_scorer
 from jaxpipe.digits.digit_scorer.network import HEADS, DigitScorer, ScorerConfig
 from jaxpipe.digits.pretrain import scorer as training
 

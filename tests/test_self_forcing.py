@@ -12,15 +12,14 @@ from flax import nnx
 
 import jaxpipe as jp
 from jaxpipe import samplers
-from jaxpipe.cards import toy_causal, toy_t2v
 from jaxpipe.cards.checkpoint import save_card
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.loops import chunk
 from jaxpipe.nn import DiTConfig
 from jaxpipe.nn.causal_dit import ChunkCond
 from jaxpipe.training import DistributionMatching, NoiseLevels, Optimizer, Sampling
 from jaxpipe.training.distribution_matching import dm_gradient
 from jaxpipe.training.methods.self_forcing import LOSS_KEY, SelfForcing, SelfForcingConfig
-from jaxpipe.digits import cards as digit_cards
 
 DIT = DiTConfig(dim=32, depth=1, heads=2)
 CHUNKS = 2  # of 2 frames: a 4-frame video (8x8 latents), the smallest with a cache to fill and read
@@ -88,7 +87,7 @@ def test_gradient_flows_only_through_each_chunks_last_step(method, batch):
             model = method.components({"student": p}, state.frozen)[method.denoiser]
             total = 0.0
             for c in range(method.sampling.chunks):
-                cache = jax.tree.map(lambda a: a[c], trace.cache)
+                cache = jax.tree.map(lambda a, c=c: a[c], trace.cache)
                 cond = ChunkCond(start.cond.context, start.cond.context_mask, cache)
                 v = model.velocity(trace.x[c], trace.sigma[c], cond)
                 clean = samplers.euler_step(trace.x[c], v, trace.sigma[c], jnp.zeros_like(trace.sigma[c]))

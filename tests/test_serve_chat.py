@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import assert_api_error
 
 from jaxpipe import Request

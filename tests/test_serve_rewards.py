@@ -9,7 +9,6 @@ import socket
 import jax
 import numpy as np
 import pytest
-
 from conftest import assert_api_error
 
 import jaxpipe as jp

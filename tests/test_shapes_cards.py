@@ -2,11 +2,10 @@
 
 import json
 
-import numpy as np
 import pytest
 
 import jaxpipe as jp
-from jaxpipe.shapes import cards, evaluation, grammar, judging, pretrain
+from jaxpipe.shapes import cards, evaluation, pretrain
 
 pytestmark = pytest.mark.skipif(not {"shapes-t2i", "shapes-t2v"} <= set(jp.cards.available()), reason="bundled cards missing")
 

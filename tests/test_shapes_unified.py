@@ -9,9 +9,9 @@ import dataclasses
 import functools
 import json
 
+import jax
 import numpy as np
 import pytest
-import jax
 from flax import nnx
 
 import jaxpipe as jp

@@ -16,6 +16,7 @@ import time
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import leaves_equal
 from typer.testing import CliRunner
 
 import jaxpipe as jp
@@ -23,8 +24,6 @@ from jaxpipe.cli import app
 from jaxpipe.training.checkpoints import DamagedCheckpoint
 from jaxpipe.training.fit import fit, read_metrics
 from jaxpipe.training.runs import Run, finished
-
-from conftest import leaves_equal
 
 runner = CliRunner()
 needs_cards = pytest.mark.skipif(

@@ -18,12 +18,12 @@ from flax import nnx
 import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe.card import Card
-from jaxpipe.cards import toy_t2i, load_card, save_card, toy_unified
+from jaxpipe.cards import load_card, save_card, toy_t2i, toy_unified
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
+from jaxpipe.digits.pretrain import lm as pretrain_lm
 from jaxpipe.loops import ar, registry
 from jaxpipe.nn import DiTConfig, LMConfig
-from jaxpipe.digits.pretrain import lm as pretrain_lm
-from jaxpipe.digits import cards as digit_cards
 
 BUNDLED = "unified" in jp.cards.available()
 needs_bundled = pytest.mark.skipif(not BUNDLED, reason="bundled unified card missing")

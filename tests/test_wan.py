@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 import jaxpipe as jp
-from jaxpipe.cards import toy_i2v
 from jaxpipe.digits import cards as digit_cards
 
 

@@ -17,13 +17,13 @@ from flax import nnx
 import jaxpipe as jp
 from jaxpipe import parity
 from jaxpipe.card import Card
-from jaxpipe.cards import generator, toy_sigma_moe, toy_t2v
+from jaxpipe.cards import generator, toy_sigma_moe
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.engine import Engine
 from jaxpipe.loops import denoise, policies
-from jaxpipe.nn import DiTConfig, DiTCond
+from jaxpipe.nn import DiTCond, DiTConfig
 from jaxpipe.prompts import Prompts
 from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, Sampling, weight_sync
-from jaxpipe.digits import cards as digit_cards
 
 MODEL = "wan22-moe"
 LOOP = toy_sigma_moe.LOOP_ID

@@ -9,10 +9,9 @@ from conftest import perturbed
 
 import jaxpipe as jp
 from jaxpipe import parity
-from jaxpipe.cards import toy_t2v
+from jaxpipe.digits import cards as digit_cards
 from jaxpipe.engine import Engine
 from jaxpipe.nn import DiTConfig
-from jaxpipe.digits import cards as digit_cards
 
 
 @pytest.fixture(scope="module")

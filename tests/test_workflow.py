@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 import jaxpipe as jp
-from jaxpipe import parity, workflow
+from jaxpipe import parity
+from jaxpipe.digits import workflows
 from jaxpipe.engine import Engine
 from jaxpipe.workflow import Stage, Workflow, WorkflowError
-from jaxpipe.digits import workflows
 
 
 @pytest.fixture()

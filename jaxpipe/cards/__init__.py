@@ -17,14 +17,36 @@ import os
 from pathlib import Path
 
 from jaxpipe.card import Card
-from jaxpipe.cards import flux, generator, registry, toy_i2v, toy_multi_expert, toy_t2i, toy_t2v, toy_unified, wan
-from jaxpipe.cards import toy_causal, toy_mot, toy_mot_video, toy_sigma_moe, toy_two_stage  # noqa: F401
+from jaxpipe.cards import (
+    flux,
+    generator,
+    registry,
+    toy_causal,
+    toy_i2v,
+    toy_mot,
+    toy_mot_video,
+    toy_multi_expert,
+    toy_sigma_moe,
+    toy_t2i,
+    toy_t2v,
+    toy_two_stage,
+    toy_unified,
+    wan,
+)
 from jaxpipe.cards.checkpoint import CardIntegrityError, load_card, save_card
 from jaxpipe.cards.family import Family, FlowData
-from jaxpipe.cards.registry import CardEntry, buildable, card_entry, family, family_of, register_card, stacked_components
+from jaxpipe.cards.registry import (
+    CardEntry,
+    buildable,
+    card_entry,
+    family,
+    family_of,
+    register_card,
+    stacked_components,
+    unregister_card,
+)
 from jaxpipe.cards.registry import register as register_family
 from jaxpipe.cards.registry import unregister as unregister_family
-from jaxpipe.cards.registry import unregister_card
 
 
 def available() -> list[str]:

@@ -68,7 +68,7 @@ class FlowSchedule:
         return float(math.exp(mu))
 
     @classmethod
-    def from_json(cls, config: dict[str, Any]) -> "FlowSchedule":
+    def from_json(cls, config: dict[str, Any]) -> FlowSchedule:
         """From a ``scheduler_config.json``; refuses schedulers whose sigmas jaxpipe's Euler loop would not reproduce.
 
         Args:

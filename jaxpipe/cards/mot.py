@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec

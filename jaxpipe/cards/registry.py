@@ -21,8 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from jaxpipe.card import Card
-from jaxpipe.cards import flux, toy_causal, toy_i2v, toy_mot, toy_mot_video, toy_multi_expert, toy_sigma_moe, toy_t2i
-from jaxpipe.cards import toy_t2v, toy_two_stage, toy_unified, wan
+from jaxpipe.cards import (
+    flux,
+    toy_causal,
+    toy_i2v,
+    toy_mot,
+    toy_mot_video,
+    toy_multi_expert,
+    toy_sigma_moe,
+    toy_t2i,
+    toy_t2v,
+    toy_two_stage,
+    toy_unified,
+    wan,
+)
 from jaxpipe.cards.family import Family
 from jaxpipe.program import Program
 

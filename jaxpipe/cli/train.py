@@ -62,12 +62,12 @@ class RunFlags:
     out: Path = _flag(..., "--out", "-o", help="Output directory (created if missing): metrics.jsonl, *.png, report.json and the trained card.")
     prompts_per_step: int = _flag(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
     group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K; RL: the group of the group-relative advantage, K >= 2).")
-    lr: typing.Optional[float] = _flag(None, "--lr", help="Learning rate of the trained generator / student (default: the method's).")
-    model_option: typing.List[str] = _flag([], "--model-option", help="KEY=VALUE for the loader of a diffusers --model folder (e.g. height=512, width=512, max_sequence_length=128, dtype=bfloat16); repeatable.")
-    prompts: typing.Optional[Path] = _flag(None, "--prompts", help="Your prompts: a .txt file (one per line) or .jsonl ({\"prompt\": ..., numeric metadata}); default: the digits world's prompt grammar.")
+    lr: float | None = _flag(None, "--lr", help="Learning rate of the trained generator / student (default: the method's).")
+    model_option: list[str] = _flag([], "--model-option", help="KEY=VALUE for the loader of a diffusers --model folder (e.g. height=512, width=512, max_sequence_length=128, dtype=bfloat16); repeatable.")
+    prompts: Path | None = _flag(None, "--prompts", help="Your prompts: a .txt file (one per line) or .jsonl ({\"prompt\": ..., numeric metadata}); default: the digits world's prompt grammar.")
     heldout: float = _flag(0.1, "--heldout", help="Fraction of --prompts held out to judge the card before and after (split by --seed).")
-    reward: typing.List[str] = _flag([], "--reward", help="Your reward: module:function or path/to/file.py:function, reward(artifacts, prompts) -> (B,), a JAX function or a @jaxpipe.rewards.host one; or a reward model folder: pickscore:DIR, clipscore:DIR, aesthetic:DIR; repeat to combine. Default: the digit-scorer over --terms.")
-    reward_weight: typing.List[float] = _flag([], "--reward-weight", help="The weight of each --reward, in order (default 1 each).")
+    reward: list[str] = _flag([], "--reward", help="Your reward: module:function or path/to/file.py:function, reward(artifacts, prompts) -> (B,), a JAX function or a @jaxpipe.rewards.host one; or a reward model folder: pickscore:DIR, clipscore:DIR, aesthetic:DIR; repeat to combine. Default: the digit-scorer over --terms.")
+    reward_weight: list[float] = _flag([], "--reward-weight", help="The weight of each --reward, in order (default 1 each).")
     terms: str = _flag("digit,stroke,position,brightness", "--terms", help="Digits reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
     seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
     run_eval: bool = _flag(True, "--eval/--no-eval", help="Judge the card before and after (digits: GenEval-style accuracy by the scorer and by independent judges, diversity; --reward: the held-out reward, diversity).")
@@ -79,7 +79,7 @@ class RunFlags:
     save_every: int = _flag(50, "--save-every", help="Checkpoint the training state every N steps (and always on a stop).")
     resume: bool = _flag(False, "--resume", help="Continue the run in --out from its newest readable checkpoint (same settings; a finished run is left as it is).")
     overwrite: bool = _flag(False, "--overwrite", help="Replace the run in a non-empty --out instead of refusing.")
-    typed: typing.Dict[str, str] = dataclasses.field(default_factory=dict)
+    typed: dict[str, str] = dataclasses.field(default_factory=dict)
     """The command's flags as the user types them (set by ``_with``; ``_typed_flags``)."""
 
     @property
@@ -208,8 +208,8 @@ class LoRAFlags:
     """The denoiser-training commands: train LoRA adapters on the denoiser instead of all its weights."""
 
     lora_rank: int = _flag(0, "--lora-rank", help="Train rank-N LoRA adapters on the denoiser, its base weights frozen; the trained card has them merged (0: off, train every weight).")
-    lora_alpha: typing.Optional[float] = _flag(None, "--lora-alpha", help="LoRA alpha: the adapters are scaled by alpha/rank (default: the rank, scale 1).")
-    lora_targets: typing.Optional[str] = _flag(None, "--lora-targets", help="Comma-separated layer names the adapters wrap, matched against the end of each layer's name like peft's target_modules, e.g. to_q,to_k,to_v,to_out.0 (default: the network's own: FLUX's attention and feed-forward projections, the DiT's attention and MLP).")
+    lora_alpha: float | None = _flag(None, "--lora-alpha", help="LoRA alpha: the adapters are scaled by alpha/rank (default: the rank, scale 1).")
+    lora_targets: str | None = _flag(None, "--lora-targets", help="Comma-separated layer names the adapters wrap, matched against the end of each layer's name like peft's target_modules, e.g. to_q,to_k,to_v,to_out.0 (default: the network's own: FLUX's attention and feed-forward projections, the DiT's attention and MLP).")
 
     def config(self):
         """The ``LoRAConfig`` of the flags (``None`` without ``--lora-rank``).
@@ -482,13 +482,13 @@ def train_dmd2(
     student_steps: int = typer.Option(2, "--student-steps", help="The student's sampling steps (1 or 2; at most the teacher's)."),
     critic_steps: int = typer.Option(5, "--critic-steps", help="Fake-score critic updates per student update."),
     critic_lr: float = typer.Option(2e-4, "--critic-lr", help="The critic's learning rate (--lr is the student's)."),
-    guidance: typing.Optional[float] = typer.Option(None, "--guidance", help="The teacher's (real score's) CFG scale (default: the teacher card's)."),
+    guidance: float | None = typer.Option(None, "--guidance", help="The teacher's (real score's) CFG scale (default: the teacher card's)."),
     mention: float = typer.Option(0.5, "--mention", help="Digits prompts: probability that a training prompt names each attribute."),
     model: str = typer.Option("flux-t2i", "--model", help="Text-to-image teacher card: a bundled id, a card directory or a diffusers folder."),
 ) -> None:
     """DMD2: distil a text-to-image card into a 1-2 step student (its card is served like any other)."""
     from jaxpipe.digits import runs
-    from jaxpipe.training import DMD2, DMD2Config, DistributionMatching
+    from jaxpipe.training import DMD2, DistributionMatching, DMD2Config
 
     flags = runflags
 
@@ -508,10 +508,10 @@ def train_dmd2(
 def train_self_forcing(
     runflags: RunFlags,
     teacher: str = typer.Option("wan-t2v", "--teacher", help="Bidirectional text-to-video teacher (the real score): a bundled id or a card directory."),
-    critic_steps: typing.Optional[int] = typer.Option(None, "--critic-steps", help="Fake-score critic updates per student update (default: SelfForcingConfig's)."),
-    critic_lr: typing.Optional[float] = typer.Option(None, "--critic-lr", help="The critic's learning rate; --lr is the student's (defaults: SelfForcingConfig's)."),
-    critic_warmup: typing.Optional[int] = typer.Option(None, "--critic-warmup", help="First steps that train only the critic (default: SelfForcingConfig's)."),
-    num_steps: typing.Optional[int] = typer.Option(None, "--num-steps", help="Denoising steps per chunk, in training and in the card it returns (default: the card's)."),
+    critic_steps: int | None = typer.Option(None, "--critic-steps", help="Fake-score critic updates per student update (default: SelfForcingConfig's)."),
+    critic_lr: float | None = typer.Option(None, "--critic-lr", help="The critic's learning rate; --lr is the student's (defaults: SelfForcingConfig's)."),
+    critic_warmup: int | None = typer.Option(None, "--critic-warmup", help="First steps that train only the critic (default: SelfForcingConfig's)."),
+    num_steps: int | None = typer.Option(None, "--num-steps", help="Denoising steps per chunk, in training and in the card it returns (default: the card's)."),
     model: str = typer.Option("wan-causal", "--model", help="Causal (chunk_rollout) card to train: a bundled id or a card directory."),
 ) -> None:
     """SelfForcing: a causal video card trained on its own chunked rollouts against a bidirectional teacher."""

@@ -14,8 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jaxpipe.card import Card
-from jaxpipe.cards import registry, toy_causal, toy_i2v, toy_mot, toy_mot_video, toy_multi_expert, toy_sigma_moe
-from jaxpipe.cards import toy_t2i, toy_t2v, toy_two_stage, toy_unified
+from jaxpipe.cards import (
+    registry,
+    toy_causal,
+    toy_i2v,
+    toy_mot,
+    toy_mot_video,
+    toy_multi_expert,
+    toy_sigma_moe,
+    toy_t2i,
+    toy_t2v,
+    toy_two_stage,
+    toy_unified,
+)
 from jaxpipe.digits import digit_classifier, digit_scorer
 from jaxpipe.digits.captions import ATTRIBUTE_WORDS, ATTRIBUTES
 from jaxpipe.digits.words import VOCABULARY

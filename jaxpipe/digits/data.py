@@ -91,7 +91,7 @@ class _Dataset:
         """Every field by name: arrays with a leading ``N`` axis and ``"caption"`` (a tuple of str)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    def take(self, index) -> "_Dataset":
+    def take(self, index) -> _Dataset:
         """The samples at ``index`` (ints, a slice or a boolean mask), as the same dataset type."""
         index = np.arange(len(self))[index]
         out = {}

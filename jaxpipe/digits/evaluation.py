@@ -17,17 +17,16 @@ from collections.abc import Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpipe.digits import quality
 from jaxpipe.card import Card
 from jaxpipe.cards import registry
-from jaxpipe.digits import digit_scorer
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import digit_scorer, quality
+from jaxpipe.digits.evaluators import Evaluator, default_evaluator
+from jaxpipe.digits.prompts import Captions, PromptSpec, sample_prompts
+from jaxpipe.digits.rewards import label_probabilities
 from jaxpipe.generate import generate
 from jaxpipe.stopping import Stopped
 from jaxpipe.training.runs.heldout import Judging, spread
-from jaxpipe.digits.rewards import label_probabilities
-from jaxpipe.digits.prompts import Captions, PromptSpec, sample_prompts
-from jaxpipe.digits.evaluators import Evaluator, default_evaluator
 
 __all__ = ["EvalSettings", "serve", "judge", "diversity", "generator_quality", "refinement_quality",
            "video_quality"]

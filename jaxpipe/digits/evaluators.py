@@ -23,8 +23,8 @@ import numpy as np
 from jaxpipe import cards
 from jaxpipe.card import Card
 from jaxpipe.digits import data as digits
-from jaxpipe.digits.words import DIGIT_WORDS
 from jaxpipe.digits import digit_classifier, readers
+from jaxpipe.digits.words import DIGIT_WORDS
 
 __all__ = ["TERMS", "Evaluator", "compare", "default_evaluator", "judge", "labels_from_prompts"]
 

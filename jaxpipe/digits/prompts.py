@@ -15,9 +15,9 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxpipe.card import Card
-from jaxpipe.prompts import Prompts
 from jaxpipe.digits import data as digits
 from jaxpipe.digits.rewards import REWARD_TERMS
+from jaxpipe.prompts import Prompts
 
 __all__ = ["PromptSpec", "Captions", "TEXT_WIDTH", "parse_terms", "parse_preferences", "sample_prompts", "prompt_batches", "motion_batches"]
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from jaxpipe.card import Card
 from jaxpipe.cards import registry
-from jaxpipe.digits import digit_scorer
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import digit_scorer
 from jaxpipe.digits.evaluators import Evaluator, default_evaluator
 from jaxpipe.generate import generate
 from jaxpipe.progress import progress_bar
@@ -49,8 +49,8 @@ def _in_batches(fn, n: int, batch: int, bar=None, should_stop: Callable[[], bool
 def _denoise_defaults(card: Card):
     """The settings of the card's first sampling loop (``denoise``, ``chunk_rollout``, ...): what
     ``num_steps=None`` / ``guidance=None`` mean."""
-    return next(card.spec.loop(l).config for l in card.spec.recipe
-                if hasattr(card.spec.loop(l).config, "num_steps") and hasattr(card.spec.loop(l).config, "guidance"))
+    return next(card.spec.loop(lp).config for lp in card.spec.recipe
+                if hasattr(card.spec.loop(lp).config, "num_steps") and hasattr(card.spec.loop(lp).config, "guidance"))
 
 
 def t2i_quality(

@@ -83,8 +83,8 @@ from jaxpipe.cache import CacheKey, FeatureCache, content_hash
 from jaxpipe.card import Card
 from jaxpipe.engine import batch as ops
 from jaxpipe.engine.errors import EngineError, UnknownComponentError
-from jaxpipe.engine.publish import Resident, checked, stacked
 from jaxpipe.engine.handle import Handle
+from jaxpipe.engine.publish import Resident, checked, stacked
 from jaxpipe.engine.scheduler import Load, Scheduler, StepEvent
 from jaxpipe.program import Bound, Program, config_of
 from jaxpipe.request import Output, Request
@@ -128,7 +128,7 @@ class Engine:
     # ---- registry -------------------------------------------------------------------------
 
     @classmethod
-    def default(cls, **kwargs) -> "Engine":
+    def default(cls, **kwargs) -> Engine:
         """An engine serving every bundled card (``jp.cards.available()``) and every bundled
         workflow whose cards are bundled (``image_video.t2i_i2v``, its extended variant)."""
         from jaxpipe import cards

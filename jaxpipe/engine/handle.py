@@ -84,7 +84,7 @@ class Handle:
         self._error: BaseException | None = None
         self._cancel = False
         self._events: list[Event] = [Event("queued")]
-        self._callbacks: list[Callable[["Handle"], None]] = []
+        self._callbacks: list[Callable[[Handle], None]] = []
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self._cond = threading.Condition()
 
@@ -143,7 +143,7 @@ class Handle:
         self._wait(timeout)
         return self._error
 
-    def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
+    def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         """Call ``fn(handle)`` when the request finishes (at once if it has; else on the ticking thread)."""
         with self._cond:
             if not self.done():
@@ -151,7 +151,7 @@ class Handle:
                 return
         fn(self)
 
-    def events(self) -> "EventStream":
+    def events(self) -> EventStream:
         """The request's events from the first (``queued``) to the final one: ``for`` or ``async for``."""
         return EventStream(self)
 

@@ -51,7 +51,7 @@ class Resident:
 
     @classmethod
     def of(cls, card: Card, program: Program, versions: dict[str, int], experts: dict[str, tuple[str, ...]],
-           base: str | None = None, scope: tuple[str, ...] = ()) -> "Resident":
+           base: str | None = None, scope: tuple[str, ...] = ()) -> Resident:
         """A resident card; ``base`` / ``scope``: for a role (``Engine.add_role``), the card it is a
         role of and the components it tracks on its own.
 

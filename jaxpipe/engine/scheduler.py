@@ -125,7 +125,7 @@ class _Flow:
     workflow: Workflow
     request: Request
     root: int
-    parent: "_Flow | None"
+    parent: _Flow | None
     path: str
     ancestry: tuple[str, ...]
     state: dict

@@ -145,7 +145,7 @@ class ARConfig:
         if e is not None:
             object.__setattr__(self, "eos_id", int(e))
 
-    def replace(self, **changes) -> "ARConfig":
+    def replace(self, **changes) -> ARConfig:
         """A copy with ``changes`` applied (``dataclasses.replace``; the fields are validated again).
 
         Args:

@@ -97,7 +97,7 @@ class ChunkConfig:
         """Frames generated per request."""
         return self.chunks * self.chunk_frames
 
-    def replace(self, **changes) -> "ChunkConfig":
+    def replace(self, **changes) -> ChunkConfig:
         """A copy with ``changes`` applied (``dataclasses.replace``; the fields are validated again).
 
         Args:

@@ -160,7 +160,7 @@ class DenoiseConfig:
         """The SDE window policy (every step when ``sde_window`` is ``None``)."""
         return policies.SDEWindow() if self.sde_window is None else policies.SDEWindow(*self.sde_window)
 
-    def replace(self, **changes) -> "DenoiseConfig":
+    def replace(self, **changes) -> DenoiseConfig:
         """A copy with ``changes`` applied (``dataclasses.replace``; the fields are validated again).
 
         Args:

@@ -68,17 +68,17 @@ class DiTConfig:
         check_remat(self.remat)
 
     @classmethod
-    def tiny(cls, **overrides) -> "DiTConfig":
+    def tiny(cls, **overrides) -> DiTConfig:
         """The CPU-test size (the defaults), with ``overrides`` of any field."""
         return cls(**overrides)
 
     @classmethod
-    def small(cls, **overrides) -> "DiTConfig":
+    def small(cls, **overrides) -> DiTConfig:
         """Width 128, 4 blocks, 4 heads, with ``overrides`` of any field."""
         return cls(**{"dim": 128, "depth": 4, "heads": 4, **overrides})
 
     @classmethod
-    def xl_1b(cls, **overrides) -> "DiTConfig":
+    def xl_1b(cls, **overrides) -> DiTConfig:
         """About a billion parameters; for abstract construction and real accelerators."""
         return cls(**{"latent_channels": 16, "dim": 2048, "depth": 12, "heads": 16, "text_dim": 1024, **overrides})
 
@@ -153,7 +153,7 @@ class DiTCond(NamedTuple):
     first_frame: jax.Array | None = None
     skip_blocks: jax.Array | None = None
 
-    def skipping(self, blocks: Sequence[int], width: int | None = None) -> "DiTCond":
+    def skipping(self, blocks: Sequence[int], width: int | None = None) -> DiTCond:
         """This conditioning with self-attention skipped in ``blocks`` on every row: ``skip_blocks``
         ``(B, width)`` (default ``len(blocks)``) holding ``blocks`` then -1 padding. ``skipping((), k)``
         skips nothing and computes the plain forward."""

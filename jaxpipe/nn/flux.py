@@ -24,6 +24,7 @@ from einops import rearrange
 from flax import nnx
 
 from jaxpipe.nn import hf
+from jaxpipe.nn.attention import IMPLEMENTATIONS, check_implementation
 from jaxpipe.nn.flux_blocks import (
     AdaLayerNorm,
     FluxSingleTransformerBlock,
@@ -34,7 +35,6 @@ from jaxpipe.nn.flux_blocks import (
     modulate,
     rope,
 )
-from jaxpipe.nn.attention import IMPLEMENTATIONS, check_implementation
 from jaxpipe.nn.layers import check_sizes, compute_dtype
 from jaxpipe.nn.stacked import apply, blocks, check_remat
 
@@ -228,14 +228,14 @@ class FluxTransformer(nnx.Module):
         dtype = compute_dtype(cfg.dtype)
         check_implementation(cfg.attention)
         chex.assert_rank([hidden_states, encoder_hidden_states, pooled_projections], [3, 3, 2])
-        b, l, t = hidden_states.shape[0], hidden_states.shape[1], encoder_hidden_states.shape[1]
+        b, n_img, t = hidden_states.shape[0], hidden_states.shape[1], encoder_hidden_states.shape[1]
         naxes = len(cfg.axes_dims_rope)
         for name, value, shape in (
-            ("hidden_states", hidden_states, (b, l, cfg.in_channels)),
+            ("hidden_states", hidden_states, (b, n_img, cfg.in_channels)),
             ("encoder_hidden_states", encoder_hidden_states, (b, t, cfg.joint_attention_dim)),
             ("pooled_projections", pooled_projections, (b, cfg.pooled_projection_dim)),
             ("timestep", timestep, (b,)),
-            ("img_ids", img_ids, (l, naxes)),
+            ("img_ids", img_ids, (n_img, naxes)),
             ("txt_ids", txt_ids, (t, naxes)),
         ):
             if tuple(np.shape(value)) != shape:

@@ -78,12 +78,12 @@ class LMConfig:
         check_remat(self.remat)
 
     @classmethod
-    def tiny(cls, vocab_size: int, **overrides) -> "LMConfig":
+    def tiny(cls, vocab_size: int, **overrides) -> LMConfig:
         """The CPU-test-sized LM (the defaults) over ``vocab_size`` ids, with ``overrides`` of any field."""
         return cls(vocab_size=vocab_size, **overrides)
 
     @classmethod
-    def large(cls, vocab_size: int, **overrides) -> "LMConfig":
+    def large(cls, vocab_size: int, **overrides) -> LMConfig:
         """About 1.2B parameters (at a 32k vocabulary); for abstract construction and real accelerators."""
         return cls(**{"vocab_size": vocab_size, "dim": 2048, "depth": 24, "heads": 16, "max_len": 2048, **overrides})
 

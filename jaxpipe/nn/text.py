@@ -123,12 +123,12 @@ class TextEncoderConfig:
     dtype: str = "float32"
 
     @classmethod
-    def tiny(cls, vocab_size: int) -> "TextEncoderConfig":
+    def tiny(cls, vocab_size: int) -> TextEncoderConfig:
         """The CPU-test size (the defaults) over ``vocab_size`` ids."""
         return cls(vocab_size=vocab_size)
 
     @classmethod
-    def large(cls, vocab_size: int) -> "TextEncoderConfig":
+    def large(cls, vocab_size: int) -> TextEncoderConfig:
         """Width 1024, 12 blocks, 16 heads, 128 tokens, over ``vocab_size`` ids."""
         return cls(vocab_size=vocab_size, dim=1024, depth=12, heads=16, max_len=128)
 

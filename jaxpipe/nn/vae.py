@@ -31,12 +31,12 @@ class AutoencoderConfig:
     dtype: str = "float32"
 
     @classmethod
-    def tiny(cls, **overrides) -> "AutoencoderConfig":
+    def tiny(cls, **overrides) -> AutoencoderConfig:
         """The CPU-test size (the defaults), with ``overrides`` of any field."""
         return cls(**overrides)
 
     @classmethod
-    def large(cls, **overrides) -> "AutoencoderConfig":
+    def large(cls, **overrides) -> AutoencoderConfig:
         """RGB, 16 latent channels, widths ``(128, 256, 512, 512)`` (8× downsampling), with ``overrides``."""
         return cls(**{"image_channels": 3, "latent_channels": 16, "widths": (128, 256, 512, 512), **overrides})
 
@@ -102,7 +102,7 @@ class Autoencoder(nnx.Module):
             h = h + jax.nn.silu(mix(h))
         return self.dec_out(h).astype(jnp.float32)
 
-    def fit_latent_stats(self, images: jax.Array) -> "Autoencoder":
+    def fit_latent_stats(self, images: jax.Array) -> Autoencoder:
         """A copy whose ``encode`` maps ``images`` to zero-mean, unit-std latents per channel."""
         model = nnx.clone(self)
         z = model.encode(images) * self.latent_std[...] + self.latent_mean[...]

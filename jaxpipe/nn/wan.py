@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpipe.nn import hf
-from jaxpipe.nn.layers import check_sizes, compute_dtype
 from jaxpipe.nn.attention import IMPLEMENTATIONS, check_implementation
+from jaxpipe.nn.layers import check_sizes, compute_dtype
 from jaxpipe.nn.stacked import Stacked, apply, blocks, check_remat
 from jaxpipe.nn.wan_blocks import (
     F32,

@@ -92,8 +92,8 @@ def apply_rotary_emb(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     Returns:
       The rotated ``x``, same shape and dtype.
     """
-    b, l, n, h = x.shape
-    pairs = x.astype(F32).reshape(b, l, n, h // 2, 2)
+    b, length, n, h = x.shape
+    pairs = x.astype(F32).reshape(b, length, n, h // 2, 2)
     x1, x2 = pairs[..., 0], pairs[..., 1]
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     return jnp.stack([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1).reshape(x.shape).astype(x.dtype)

@@ -40,7 +40,7 @@ import numbers
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import chex
 import jax
@@ -53,7 +53,7 @@ from jaxpipe.rewards.hosted import VMAP_METHODS, HostPrompts, HostReward, host
 __all__ = ["Reward", "HostPrompts", "HostReward", "VMAP_METHODS", "MODEL_KINDS", "host", "combine", "score", "load",
            "spec_name", "text_prompts"]
 
-Reward = Callable[[Mapping[str, Any], Prompts], Union[jax.Array, Mapping[str, jax.Array]]]
+Reward = Callable[[Mapping[str, Any], Prompts], jax.Array | Mapping[str, jax.Array]]
 """``reward(artifacts, prompts) -> (B,)`` or ``{part: (B,)}``."""
 
 

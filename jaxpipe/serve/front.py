@@ -428,7 +428,7 @@ class Front:
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
-    def __enter__(self) -> "Front":
+    def __enter__(self) -> Front:
         return self
 
     def __exit__(self, *exc) -> None:

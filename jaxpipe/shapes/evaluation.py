@@ -17,9 +17,9 @@ import numpy as np
 from jaxpipe.card import Card
 from jaxpipe.generate import generate
 from jaxpipe.progress import progress_bar
-from jaxpipe.stopping import Stopped
 from jaxpipe.shapes.grammar import CATEGORIES, prompt_set, sample_video
 from jaxpipe.shapes.judging import correct, judge, judge_video, score
+from jaxpipe.stopping import Stopped
 from jaxpipe.training.runs.heldout import spread
 
 __all__ = ["geneval", "render_prompts", "video_quality"]

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxpipe.shapes.scenes import RADIUS, GAP, Obj, Scene, extent, inside, separated
+from jaxpipe.shapes.scenes import GAP, RADIUS, Obj, Scene, extent, inside, separated
 from jaxpipe.shapes.words import COLOURS, COUNTS, MOTIONS, PLURALS, RELATIONS, SHAPES, SIZES
 
 __all__ = [

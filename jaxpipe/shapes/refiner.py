@@ -37,8 +37,8 @@ from jaxpipe.nn import RefinerLM, Tokenizer
 from jaxpipe.shapes import cards as shape_cards
 from jaxpipe.shapes.grammar import CATEGORIES, prompt_set, sample
 from jaxpipe.training.fit import fit
-from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.next_token import NextTokenTrainer, next_token_loss, next_token_probs, sequences, text_batches
+from jaxpipe.training.optim import Optimizer
 
 __all__ = [
     "MODEL_ID", "BASE", "BASE_COMPONENTS", "RefinerPretrainConfig", "captions", "sequences", "lm_batches",

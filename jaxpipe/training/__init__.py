@@ -52,24 +52,32 @@ _LAZY = {
 
 
 if TYPE_CHECKING:  # the same names, for type checkers and the API reference (static analysis sees no __getattr__)
-    from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
     from jaxpipe.nn.lora import LoRAConfig
+    from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
     from jaxpipe.training.distribution_matching import DistributionMatching
     from jaxpipe.training.grpo import FlowGRPOConfig
-    from jaxpipe.training.losses import flow_grpo_kl, flow_grpo_loss, group_advantages, k3_kl, ppo_clip_loss, token_loss, token_pg_loss
+    from jaxpipe.training.losses import (
+        flow_grpo_kl,
+        flow_grpo_loss,
+        group_advantages,
+        k3_kl,
+        ppo_clip_loss,
+        token_loss,
+        token_pg_loss,
+    )
     from jaxpipe.training.methods.dmd2 import DMD2, DMD2Config
     from jaxpipe.training.methods.finetune import Finetune, FinetuneConfig
     from jaxpipe.training.methods.flow_grpo import FlowGRPO
     from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointRLConfig, UnifiedRL, UnifiedRLConfig
     from jaxpipe.training.methods.mot_rl import MoTRLConfig, SharedMoTRL
-    from jaxpipe.training.methods.nft import DiffusionNFT, DiffusionNFTConfig, EMA
+    from jaxpipe.training.methods.nft import EMA, DiffusionNFT, DiffusionNFTConfig
     from jaxpipe.training.methods.self_forcing import SelfForcing, SelfForcingConfig
     from jaxpipe.training.noise import NoiseLevels
     from jaxpipe.training.optim import Optimizer
     from jaxpipe.training.refine import RefinerConfig
     from jaxpipe.training.rollout import Group, Sampling
     from jaxpipe.training.supervised import Supervised
-    from jaxpipe.training.trainer import Method, TrainState, Trainer
+    from jaxpipe.training.trainer import Method, Trainer, TrainState
 
 
 def __getattr__(name: str):

@@ -151,7 +151,7 @@ class Checkpoints:
         self._manager.wait_until_finished()
         self._manager.close()
 
-    def __enter__(self) -> "Checkpoints":
+    def __enter__(self) -> Checkpoints:
         return self
 
     def __exit__(self, *exc) -> None:

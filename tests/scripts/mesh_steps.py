@@ -9,12 +9,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpipe import distributed
 import jaxpipe as jp
+from jaxpipe import distributed
 from jaxpipe.digits import cards as digit_cards
 from jaxpipe.nn import DiTConfig, dit
 from jaxpipe.prompts import Prompts
-from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, JointMultiExpertRL, JointRLConfig, Optimizer, RefinerConfig, Sampling
+from jaxpipe.training import (
+    FlowGRPO,
+    FlowGRPOConfig,
+    Group,
+    JointMultiExpertRL,
+    JointRLConfig,
+    Optimizer,
+    RefinerConfig,
+    Sampling,
+)
 
 JOINT_MESH = {"data": 2, "expert": 4}
 FLOW_MESH = {"data": 2, "expert": 1, "model": 4}

@@ -14,7 +14,6 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-
 from flax import nnx
 
 from jaxpipe.card import Card, CardSpec, LoopSpec
@@ -161,12 +160,12 @@ class Config:
         return Tokenizers(self.tokenizer, self.tokenizer_2, self.clip_length, self.max_sequence_length)
 
     @classmethod
-    def tiny(cls, **overrides) -> "Config":
+    def tiny(cls, **overrides) -> Config:
         """The tiny random test card (the defaults), with ``overrides`` of any field."""
         return cls(**overrides)
 
     @classmethod
-    def dev(cls, **overrides) -> "Config":
+    def dev(cls, **overrides) -> Config:
         """FLUX.1-dev at 1024×1024, 28 steps, embedded guidance 3.5."""
         sizes = dict(
             transformer=flux.FluxConfig.dev(), vae=autoencoder_kl.AutoencoderKLConfig.flux(),
@@ -176,13 +175,13 @@ class Config:
         return cls(**{**sizes, **overrides})
 
     @classmethod
-    def schnell(cls, **overrides) -> "Config":
+    def schnell(cls, **overrides) -> Config:
         """FLUX.1-schnell: no guidance embedding, 4 steps, 256 T5 tokens, a fixed shift of 1."""
         return cls.dev(**{"transformer": flux.FluxConfig.schnell(), "max_sequence_length": 256, "num_steps": 4,
                           "guidance": None, "schedule": FlowSchedule(shift=1.0, dynamic=False), **overrides})
 
     @classmethod
-    def from_diffusers(cls, path: str | Path, **overrides) -> "Config":
+    def from_diffusers(cls, path: str | Path, **overrides) -> Config:
         """The config of a diffusers ``FluxPipeline`` folder (sizes from each component's ``config.json``,
         the schedule from ``scheduler/``, the tokenizers when their folders are there).
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-
 from jaxpipe.card import Card
 from jaxpipe.cards import generator
 from jaxpipe.loops.chunk import ChunkConfig

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.cards.mot import MoTCardConfig, build_card, eos_id
 from jaxpipe.loops import ar

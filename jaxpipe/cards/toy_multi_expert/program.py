@@ -24,7 +24,15 @@ import jax.numpy as jnp
 
 from jaxpipe.card import Card
 from jaxpipe.cards import generator
-from jaxpipe.cards.toy_multi_expert.card import COMPONENT, DENOISE_LOOP, MODEL_ID, REFINE_LOOP, compose, expert_keys, slot_models
+from jaxpipe.cards.toy_multi_expert.card import (
+    COMPONENT,
+    DENOISE_LOOP,
+    MODEL_ID,
+    REFINE_LOOP,
+    compose,
+    expert_keys,
+    slot_models,
+)
 from jaxpipe.cards.toy_unified import eos_id
 from jaxpipe.cards.toy_unified.program import bind_refined
 from jaxpipe.loops import ar

@@ -3,7 +3,16 @@ world's ``unified`` is one."""
 
 from jaxpipe.cards import generator
 from jaxpipe.cards.family import Family
-from jaxpipe.cards.toy_unified.card import DENOISE_LOOP, MODEL_ID, REFINE_LOOP, Config, build, compact, eos_id, refined_ids
+from jaxpipe.cards.toy_unified.card import (
+    DENOISE_LOOP,
+    MODEL_ID,
+    REFINE_LOOP,
+    Config,
+    build,
+    compact,
+    eos_id,
+    refined_ids,
+)
 from jaxpipe.cards.toy_unified.program import program
 
 FAMILY = Family(

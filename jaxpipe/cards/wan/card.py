@@ -155,28 +155,28 @@ class Config:
         return self.tokenizer
 
     @classmethod
-    def tiny(cls, **overrides) -> "Config":
+    def tiny(cls, **overrides) -> Config:
         """The tiny random test card (the defaults), with ``overrides`` of any field."""
         return cls(**overrides)
 
     @classmethod
-    def t2v_1_3b(cls, **overrides) -> "Config":
+    def t2v_1_3b(cls, **overrides) -> Config:
         """Wan2.1-T2V-1.3B at 480×832, 81 frames, 50 steps, guidance 5, shift 3."""
         return cls(**{**_published(wan.WanConfig.t2v_1_3b(), shift=3.0), **overrides})
 
     @classmethod
-    def t2v_14b(cls, **overrides) -> "Config":
+    def t2v_14b(cls, **overrides) -> Config:
         """Wan2.1-T2V-14B at 720×1280 (shift 5)."""
         return cls(**{**_published(wan.WanConfig.t2v_14b(), shift=5.0, height=720, width=1280), **overrides})
 
     @classmethod
-    def t2v_a14b(cls, **overrides) -> "Config":
+    def t2v_a14b(cls, **overrides) -> Config:
         """Wan2.2-T2V-A14B: two 14 B experts switched at σ = 0.875 (the published boundary ratio)."""
         return cls(**{**_published(wan.WanConfig.t2v_14b(), shift=12.0, height=720, width=1280, guidance=4.0,
                                    boundary_ratio=0.875, num_steps=40), **overrides})
 
     @classmethod
-    def tiny_i2v(cls, **overrides) -> "Config":
+    def tiny_i2v(cls, **overrides) -> Config:
         """A tiny random image-to-video card: the tiny transformer with 12 input channels and image K/V,
         a tiny CLIP tower (32² images), with ``overrides`` of any field."""
         encoder = clip_vision.CLIPVisionConfig.tiny()
@@ -185,17 +185,17 @@ class Config:
                       "image_processing": clip_vision.ImageProcessing.openai(encoder.image_size), **overrides})
 
     @classmethod
-    def i2v_14b(cls, **overrides) -> "Config":
+    def i2v_14b(cls, **overrides) -> Config:
         """Wan2.1-I2V-14B-480P at 480×832, 81 frames (shift 3): CLIP ViT-H/14's penultimate layer as image tokens."""
         return cls(**{**_published(wan.WanConfig.i2v_14b(), shift=3.0, **_clip_h14()), **overrides})
 
     @classmethod
-    def i2v_14b_720p(cls, **overrides) -> "Config":
+    def i2v_14b_720p(cls, **overrides) -> Config:
         """Wan2.1-I2V-14B-720P at 720×1280 (shift 5)."""
         return cls(**{**_published(wan.WanConfig.i2v_14b(), shift=5.0, height=720, width=1280, **_clip_h14()), **overrides})
 
     @classmethod
-    def from_diffusers(cls, path: str | Path, **overrides) -> "Config":
+    def from_diffusers(cls, path: str | Path, **overrides) -> Config:
         """The config of a diffusers ``WanPipeline`` folder (Wan 2.1, or Wan 2.2 with ``transformer_2``
         and ``boundary_ratio`` in ``model_index.json``), or of a Wan 2.1 ``WanImageToVideoPipeline`` folder
         (with ``image_encoder/`` and ``image_processor/``).

@@ -2,7 +2,15 @@
 
 from jaxpipe.cards.family import Family
 from jaxpipe.digits.digit_classifier.card import (
-    COMPONENT, FAMILY_NAME, LOOP_ID, MODEL_ID, build, check_images, logits, predict, probabilities,
+    COMPONENT,
+    FAMILY_NAME,
+    LOOP_ID,
+    MODEL_ID,
+    build,
+    check_images,
+    logits,
+    predict,
+    probabilities,
 )
 from jaxpipe.digits.digit_classifier.network import ClassifierNet, Config
 from jaxpipe.digits.digit_classifier.program import program

@@ -63,7 +63,7 @@ class ScorerConfig:
         compute_dtype(self.dtype)
 
     @classmethod
-    def tiny(cls, **overrides) -> "ScorerConfig":
+    def tiny(cls, **overrides) -> ScorerConfig:
         """The bundled ``digit-scorer`` size (16×16 grey digits, ~60k parameters).
 
         Args:
@@ -75,7 +75,7 @@ class ScorerConfig:
         return cls(**overrides)
 
     @classmethod
-    def large(cls, **overrides) -> "ScorerConfig":
+    def large(cls, **overrides) -> ScorerConfig:
         """128×128 RGB, ~22M parameters; for abstract construction (``nnx.eval_shape``) and accelerators.
 
         Args:

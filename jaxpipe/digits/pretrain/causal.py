@@ -29,11 +29,18 @@ from jaxpipe import cards, samplers, validate
 from jaxpipe.card import Card
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import cards as digit_cards
+from jaxpipe.digits.pretrain.common import (
+    FlowSettings,
+    array_batches,
+    digit_videos,
+    encode_dataset,
+    output_dir,
+    run_recipe,
+    write_report,
+)
 from jaxpipe.nn.causal_dit import CausalDiT
-from jaxpipe.training.supervised import Supervised
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.common import (FlowSettings, array_batches, digit_videos, encode_dataset, output_dir,
-                                            run_recipe, write_report)
+from jaxpipe.training.supervised import Supervised
 
 __all__ = [
     "BASE", "MODEL_ID", "SHARED", "CausalPretrainConfig", "Trainer", "causal_card", "causal_loss", "chunk_sigmas",

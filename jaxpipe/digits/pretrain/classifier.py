@@ -30,11 +30,11 @@ import optax
 from flax import nnx
 
 import jaxpipe.cards
+from jaxpipe import validate
 from jaxpipe.card import Card
 from jaxpipe.digits import data as digits
 from jaxpipe.digits.digit_classifier import COMPONENT, ClassifierNet, Config, build, predict
 from jaxpipe.digits.digit_classifier.network import NUM_CLASSES
-from jaxpipe import validate
 from jaxpipe.digits.pretrain.common import PerturbedSettings, run_recipe, write_metrics
 from jaxpipe.digits.words import BRIGHTNESS, DIGIT_WORDS, POSITIONS, STROKES
 

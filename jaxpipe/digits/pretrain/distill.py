@@ -22,10 +22,10 @@ import numpy as np
 
 from jaxpipe import cards
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
+from jaxpipe.digits.prompts import PromptSpec, prompt_batches
 from jaxpipe.training.distribution_matching import DistributionMatching
 from jaxpipe.training.methods.dmd2 import DMD2, DMD2Config
 from jaxpipe.training.optim import Optimizer
-from jaxpipe.digits.prompts import PromptSpec, prompt_batches
 
 __all__ = ["Recipe", "RECIPES", "distill", "main"]
 

@@ -27,12 +27,20 @@ from jaxpipe.card import Card
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
+from jaxpipe.digits.pretrain.common import (
+    FlowSettings,
+    VideoBatch,
+    array_batches,
+    digit_videos,
+    encode_dataset,
+    output_dir,
+    run_recipe,
+    write_report,
+)
 from jaxpipe.nn import Autoencoder
 from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
-from jaxpipe.digits.pretrain.common import (FlowSettings, VideoBatch, array_batches, digit_videos, encode_dataset,
-                                            output_dir, run_recipe, write_report)
-from jaxpipe.training.methods.finetune import Finetune
 from jaxpipe.training.fit import fit
+from jaxpipe.training.methods.finetune import Finetune
 
 __all__ = [
     "START_FROM", "VIDEO_CARDS", "PretrainConfig", "generator_data", "main", "pretrain_generator", "train_autoencoder",

@@ -31,11 +31,11 @@ from jaxpipe.cards import toy_unified
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
+from jaxpipe.digits.pretrain.common import Settings, output_dir, run_recipe, write_report
 from jaxpipe.digits.words import DIGIT_WORDS
 from jaxpipe.nn import RefinerLM, Tokenizer
-from jaxpipe.training.next_token import NextTokenTrainer, next_token_loss, next_token_probs, sequences, text_batches
-from jaxpipe.digits.pretrain.common import Settings, output_dir, run_recipe, write_report
 from jaxpipe.training.fit import fit
+from jaxpipe.training.next_token import NextTokenTrainer, next_token_loss, next_token_probs, sequences, text_batches
 
 __all__ = [
     "BASE",

@@ -35,13 +35,20 @@ from jaxpipe.card import Card
 from jaxpipe.cards import toy_two_stage
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import cards as digit_cards
+from jaxpipe.digits.pretrain.common import (
+    FlowSettings,
+    array_batches,
+    digit_videos,
+    encode_dataset,
+    output_dir,
+    run_recipe,
+    write_report,
+)
 from jaxpipe.nn import LatentUpsampler
+from jaxpipe.training.fit import fit
 from jaxpipe.training.methods.finetune import Finetune
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.supervised import Supervised
-from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.common import (FlowSettings, array_batches, digit_videos, encode_dataset, output_dir,
-                                            run_recipe, write_report)
 
 __all__ = [
     "MODEL_ID", "SHARED", "START_FROM", "PretrainConfig", "UpsamplerTrainer", "alternate", "main", "pretrain_ltx2",

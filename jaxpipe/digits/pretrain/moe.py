@@ -31,11 +31,18 @@ from jaxpipe.card import Card
 from jaxpipe.cards import generator, toy_sigma_moe
 from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.digits import data as digits
+from jaxpipe.digits.pretrain.common import (
+    FlowSettings,
+    array_batches,
+    digit_videos,
+    encode_dataset,
+    output_dir,
+    run_recipe,
+    write_report,
+)
 from jaxpipe.loops import denoise
-from jaxpipe.training.methods.finetune import Finetune
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.common import (FlowSettings, array_batches, digit_videos, encode_dataset, output_dir,
-                                            run_recipe, write_report)
+from jaxpipe.training.methods.finetune import Finetune
 
 __all__ = ["BASE", "MODEL_ID", "SHARED", "MoEPretrainConfig", "from_single", "heldout_loss", "main", "pretrain_moe"]
 
@@ -175,8 +182,8 @@ def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainCon
     above = sigmas >= cfg.boundary
     losses = {name: heldout_loss(c, held["latents"], held["ids"], sigmas, cfg.seed + 2)
               for name, c in ((BASE, single), ("wan22-moe", card))}
-    report_loss = {name: {"above_boundary": float(l[above].mean()), "below_boundary": float(l[~above].mean()),
-                          "by_sigma": [round(float(x), 5) for x in l]} for name, l in losses.items()}
+    report_loss = {name: {"above_boundary": float(loss[above].mean()), "below_boundary": float(loss[~above].mean()),
+                          "by_sigma": [round(float(x), 5) for x in loss]} for name, loss in losses.items()}
     if out is not None:
         save_card(card, out, base=BASE, base_components=SHARED)
         write_report(out, {"model_id": MODEL_ID, "settings": config_to_dict(cfg), "start_from": BASE,

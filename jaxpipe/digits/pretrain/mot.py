@@ -36,11 +36,18 @@ from jaxpipe.cards.checkpoint import config_to_dict, save_card
 from jaxpipe.cards.mot import eos_id
 from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import data as digits
+from jaxpipe.digits.pretrain.common import (
+    RenderedSettings,
+    VideoBatch,
+    array_batches,
+    digit_videos,
+    output_dir,
+    run_recipe,
+    write_report,
+)
 from jaxpipe.nn.mot import MoT
-from jaxpipe.training.supervised import Supervised
 from jaxpipe.training.fit import fit
-from jaxpipe.digits.pretrain.common import (RenderedSettings, VideoBatch, array_batches, digit_videos, output_dir,
-                                            run_recipe, write_report)
+from jaxpipe.training.supervised import Supervised
 
 __all__ = [
     "BASES", "BASE_COMPONENTS", "MoTPretrainConfig", "MoTTrainer", "caption_ids", "generation_text", "main",

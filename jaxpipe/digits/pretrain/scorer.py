@@ -29,12 +29,12 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card
-from jaxpipe.digits import digit_scorer
 from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.digits import data as digits
+from jaxpipe.digits import digit_scorer
 from jaxpipe.digits.digit_scorer.network import HEADS, DigitScorer, ScorerConfig
-from jaxpipe import validate
 from jaxpipe.digits.pretrain.common import PerturbedSettings, run_recipe, write_metrics
 from jaxpipe.training.supervised import PART, Supervised
 from jaxpipe.training.trainer import TrainState

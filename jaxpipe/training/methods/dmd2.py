@@ -39,16 +39,21 @@ from flax import nnx
 
 from jaxpipe.card import Card, CardSpec
 from jaxpipe.cards import generator, registry
+from jaxpipe.loops import denoise
+from jaxpipe.nn.lora import LoRAConfig
 from jaxpipe.program import Program
 from jaxpipe.program import settings as loop_settings
 from jaxpipe.prompts import Prompts
 from jaxpipe.training import rollout, update
-from jaxpipe.training.distribution_matching import (
-    DistributionMatching, clean_estimates, critic_loss, dm_gradient, dm_surrogate, per_row,
-)
-from jaxpipe.loops import denoise
-from jaxpipe.nn.lora import LoRAConfig
 from jaxpipe.training.denoiser import adapted
+from jaxpipe.training.distribution_matching import (
+    DistributionMatching,
+    clean_estimates,
+    critic_loss,
+    dm_gradient,
+    dm_surrogate,
+    per_row,
+)
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.parts import Parts
 from jaxpipe.training.rollout import Group
@@ -131,7 +136,7 @@ def student_spec(spec: CardSpec, loop_id: str, student_steps: int, model_id: str
     """
     loop = spec.loop(loop_id)
     sampling = loop.config.replace(num_steps=student_steps, guidance=1.0, sampler="ode", sde_window=None, stg=0.0)
-    loops = tuple(dataclasses.replace(l, config=sampling) if l.id == loop_id else l for l in spec.loops)
+    loops = tuple(dataclasses.replace(lp, config=sampling) if lp.id == loop_id else lp for lp in spec.loops)
     config = spec.config
     if dataclasses.is_dataclass(config) and any(f.name == "sampling" for f in dataclasses.fields(config)):
         config = dataclasses.replace(config, sampling=sampling)

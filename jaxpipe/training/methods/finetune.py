@@ -79,7 +79,7 @@ class Finetune(Supervised):
     roles = MappingProxyType({})
 
     def __init__(self, card: Card, config: FinetuneConfig = FinetuneConfig(), *, loop_id: str | None = None):
-        loops = [l for l in card.spec.loops if l.kind == "denoise"]
+        loops = [lp for lp in card.spec.loops if lp.kind == "denoise"]
         if loop_id is not None:
             loops = [card.spec.loop(loop_id)]
         if not loops or loops[0].kind != "denoise":

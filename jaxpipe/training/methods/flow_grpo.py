@@ -36,8 +36,8 @@ from jaxpipe.program import settings as loop_settings
 from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import ppo, rollout, update
-from jaxpipe.training.grpo import FlowGRPOConfig, generator_update
 from jaxpipe.training.denoiser import GENERATOR, DenoiserMethod
+from jaxpipe.training.grpo import FlowGRPOConfig, generator_update
 from jaxpipe.training.trainer import TrainState
 
 __all__ = ["FlowGRPO", "FlowGRPOConfig", "Rollout", "GENERATOR"]

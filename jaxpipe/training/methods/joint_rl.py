@@ -53,7 +53,15 @@ from jaxpipe.training.denoiser import adapted
 from jaxpipe.training.grpo import FlowGRPOConfig, generator_update
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.parts import Parts
-from jaxpipe.training.refine import RefinerConfig, check_room, prefixed, refiner_update, render_rewrites, restrict, reward_stats
+from jaxpipe.training.refine import (
+    RefinerConfig,
+    check_room,
+    prefixed,
+    refiner_update,
+    render_rewrites,
+    restrict,
+    reward_stats,
+)
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 
 __all__ = [

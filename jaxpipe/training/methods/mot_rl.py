@@ -35,7 +35,15 @@ from jaxpipe.rewards import Reward
 from jaxpipe.training import ppo, rollout, update
 from jaxpipe.training.grpo import FlowGRPOConfig, generator_loss
 from jaxpipe.training.parts import Parts
-from jaxpipe.training.refine import RefinerConfig, check_room, prefixed, render_rewrites, restrict, reward_stats, token_objective
+from jaxpipe.training.refine import (
+    RefinerConfig,
+    check_room,
+    prefixed,
+    render_rewrites,
+    restrict,
+    reward_stats,
+    token_objective,
+)
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 
 __all__ = ["ROLES", "MoTRLConfig", "MoTRollout", "SharedMoTRL", "gradient_roles", "role_cosines", "text_cond", "MODEL"]

@@ -45,10 +45,10 @@ from jaxpipe.program import settings as loop_settings
 from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import rollout, update
+from jaxpipe.training.denoiser import GENERATOR, DenoiserMethod
 from jaxpipe.training.noise import NoiseLevels
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.rollout import Group, Sampling
-from jaxpipe.training.denoiser import GENERATOR, DenoiserMethod
 from jaxpipe.training.trainer import TrainState
 
 __all__ = ["EMA", "DiffusionNFTConfig", "NFTRollout", "DiffusionNFT", "nft_loss", "optimality_weight", "ema_decay"]

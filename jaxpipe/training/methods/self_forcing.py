@@ -45,7 +45,13 @@ from jaxpipe.program import Program
 from jaxpipe.program import settings as loop_settings
 from jaxpipe.prompts import Prompts
 from jaxpipe.training import rollout, update
-from jaxpipe.training.distribution_matching import DistributionMatching, clean_estimates, critic_loss, dm_gradient, dm_surrogate
+from jaxpipe.training.distribution_matching import (
+    DistributionMatching,
+    clean_estimates,
+    critic_loss,
+    dm_gradient,
+    dm_surrogate,
+)
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.parts import Parts, copy
 from jaxpipe.training.rollout import Group, Sampling
@@ -130,7 +136,7 @@ def with_sampling(card: Card, loop_id: str, sampling: chunk.ChunkConfig) -> Card
     Returns:
       The new ``Card``.
     """
-    loops = tuple(dataclasses.replace(l, config=sampling) if l.id == loop_id else l for l in card.spec.loops)
+    loops = tuple(dataclasses.replace(lp, config=sampling) if lp.id == loop_id else lp for lp in card.spec.loops)
     spec = dataclasses.replace(card.spec, loops=loops, config=dataclasses.replace(card.spec.config, sampling=sampling))
     return Card(card.components, spec)
 

@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from jaxpipe import rewards
+from jaxpipe import rewards, validate
 from jaxpipe.card import Card
 from jaxpipe.cards.checkpoint import config_to_dict
 from jaxpipe.generate import generate
-from jaxpipe import validate
 from jaxpipe.prompts import Prompts, PromptSet
 from jaxpipe.stopping import Stopped
 from jaxpipe.training.runs.run import Run
