@@ -101,8 +101,11 @@ def final_difference(cards: dict[str, Card], n: int) -> dict:
     outs = {name: render(card, prompts, first) for name, card in cards.items()}
     a, b = (np.asarray(outs[k][artifact]) for k in ("float32", "bfloat16"))
     diff = np.abs(a - b)
-    result = {"pixels_mean_abs": float(diff.mean()), "pixels_max_abs": float(diff.max()),
-              "rows_max_abs_over_0.1": float(np.mean(diff.reshape(n, -1).max(axis=1) > 0.1))}
+    result = {
+        "pixels_mean_abs": float(diff.mean()),
+        "pixels_max_abs": float(diff.max()),
+        "rows_max_abs_over_0.1": float(np.mean(diff.reshape(n, -1).max(axis=1) > 0.1)),
+    }
     texts = [outs[k].get("refined_text") for k in ("float32", "bfloat16")]
     if cards["float32"].spec.family == "unified" and texts[0] is not None:
         result["refined_prompts_differ"] = float(np.mean([x != y for x, y in zip(texts[0], texts[1])]))
@@ -121,7 +124,7 @@ def timings(cards: dict[str, Card], inputs: dict, n_render: int, repeats: int) -
         compile_ms[f"render {name}"] = _ms(lambda c=card: render(c, prompts, first))
     times = {(what, name): [] for what in ("velocity", "render") for name in cards}
     for r in range(repeats):
-        for name in (("float32", "bfloat16") if r % 2 == 0 else ("bfloat16", "float32")):
+        for name in ("float32", "bfloat16") if r % 2 == 0 else ("bfloat16", "float32"):
             card = cards[name]
             times[("velocity", name)].append(_ms(lambda c=card: card_velocity(c, inputs)))
             times[("render", name)].append(_ms(lambda c=card: render(c, prompts, first)))
@@ -144,14 +147,15 @@ def rl_step_times(card: Card, scorer: Card, prompts: int, group: int, repeats: i
     batch = Prompts.from_texts(card, captions, metadata, width=TEXT_WIDTH)
     methods, states, out = {}, {}, {"compile_ms": {}}
     for dtype in ("float32", "bfloat16"):
-        config = FlowGRPOConfig(group=Group(group), sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)),
-                                dtype=dtype)
+        config = FlowGRPOConfig(
+            group=Group(group), sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)), dtype=dtype
+        )
         methods[dtype] = FlowGRPO(card, scorer_reward(scorer, REWARD_TERMS), config)
         states[dtype] = methods[dtype].init()
         out["compile_ms"][dtype] = _ms(lambda d=dtype: methods[d].step(states[d], batch, jax.random.key(0)))
     times = {d: [] for d in methods}
     for r in range(repeats):
-        for d in (("float32", "bfloat16") if r % 2 == 0 else ("bfloat16", "float32")):
+        for d in ("float32", "bfloat16") if r % 2 == 0 else ("bfloat16", "float32"):
             times[d].append(_ms(lambda d=d, r=r: methods[d].step(states[d], batch, jax.random.key(r))))
     out["median"] = {d: statistics.median(v) for d, v in times.items()}
     _, m = methods["bfloat16"].step(states["bfloat16"], batch, jax.random.key(0))
@@ -162,13 +166,20 @@ def rl_step_times(card: Card, scorer: Card, prompts: int, group: int, repeats: i
 def card_quality(card: Card, scorer: Card, samples: int) -> dict:
     if card.spec.family == "toy_i2v":
         q = quality.i2v_quality(card, scorer, samples=max(samples // 2, 1))
-        return {"motion accuracy": q["motion_accuracy"], "last-frame digit accuracy (scorer)": q["last_frame_digit_accuracy"],
-                "last-frame digit accuracy (independent)": q["independent"]["last_frame_digit_accuracy"],
-                "samples": q["samples"]}
+        return {
+            "motion accuracy": q["motion_accuracy"],
+            "last-frame digit accuracy (scorer)": q["last_frame_digit_accuracy"],
+            "last-frame digit accuracy (independent)": q["independent"]["last_frame_digit_accuracy"],
+            "samples": q["samples"],
+        }
     q = quality.t2i_quality(card, scorer, samples=samples)
-    return {"digit accuracy (scorer)": q["digit_accuracy"], "digit accuracy (independent)": q["independent"]["digit_accuracy"],
-            "all attributes right (scorer)": q["all_attributes_correct"],
-            "all attributes right (independent)": q["independent"]["all_attributes_correct"], "samples": q["samples"]}
+    return {
+        "digit accuracy (scorer)": q["digit_accuracy"],
+        "digit accuracy (independent)": q["independent"]["digit_accuracy"],
+        "all attributes right (scorer)": q["all_attributes_correct"],
+        "all attributes right (independent)": q["independent"]["all_attributes_correct"],
+        "samples": q["samples"],
+    }
 
 
 def run_card(model_id: str, scorer: Card, args) -> dict:
@@ -179,22 +190,30 @@ def run_card(model_id: str, scorer: Card, args) -> dict:
     d = np.abs(v16 - v32)
     result = {
         "dit": f32.spec.config.dit,
-        "velocity": {"max_rel": float(d.max() / np.abs(v32).max()), "mean_rel": float(d.mean() / np.abs(v32).mean()),
-                     "dtype": str(v16.dtype)},
+        "velocity": {
+            "max_rel": float(d.max() / np.abs(v32).max()),
+            "mean_rel": float(d.mean() / np.abs(v32).mean()),
+            "dtype": str(v16.dtype),
+        },
         "final": final_difference(cards, args.final),
         "time": timings(cards, inputs, args.render, args.repeats),
     }
     if args.samples:
         result["quality"] = {name: card_quality(card, scorer, args.samples) for name, card in cards.items()}
-    print(f"{model_id}: velocity max rel {result['velocity']['max_rel']:.4f}, mean rel {result['velocity']['mean_rel']:.4f}; "
-          f"final {result['final']}; time {result['time']['median']}; quality {result.get('quality')}", flush=True)
+    print(
+        f"{model_id}: velocity max rel {result['velocity']['max_rel']:.4f}, mean rel {result['velocity']['mean_rel']:.4f}; "
+        f"final {result['final']}; time {result['time']['median']}; quality {result.get('quality')}",
+        flush=True,
+    )
     return result
 
 
 def table(results: dict, rl: dict | None, args) -> str:
     lines = [
-        ("| card | velocity max / mean rel. error | final pixels mean / max abs diff | quality float32 → bfloat16 "
-         "| denoiser call ms f32 / bf16 (**bf16 / f32**) | default sampling ms f32 / bf16 (**bf16 / f32**) |"),
+        (
+            "| card | velocity max / mean rel. error | final pixels mean / max abs diff | quality float32 → bfloat16 "
+            "| denoiser call ms f32 / bf16 (**bf16 / f32**) | default sampling ms f32 / bf16 (**bf16 / f32**) |"
+        ),
         "|---|---:|---:|---|---:|---:|",
     ]
     for model_id, r in results.items():
@@ -205,7 +224,11 @@ def table(results: dict, rl: dict | None, args) -> str:
             pairs = [f"{k} {q['float32'][k]:.3f} → {q['bfloat16'][k]:.3f}" for k in q["float32"] if k != "samples"]
             qual = "; ".join(pairs) + f" ({q['float32']['samples']})"
         final = r["final"]
-        extra = f"; refined prompts differ {final['refined_prompts_differ']:.0%}" if "refined_prompts_differ" in final else ""
+        extra = (
+            f"; refined prompts differ {final['refined_prompts_differ']:.0%}"
+            if "refined_prompts_differ" in final
+            else ""
+        )
         lines.append(
             f"| {model_id} | {r['velocity']['max_rel']:.4f} / {r['velocity']['mean_rel']:.4f} "
             f"| {final['pixels_mean_abs']:.4f} / {final['pixels_max_abs']:.3f}{extra} | {qual} "
@@ -218,11 +241,13 @@ def table(results: dict, rl: dict | None, args) -> str:
         m = rl["median"]
         lines += [
             "",
-            (f"FlowGRPO step on flux-t2i ({args.rl_prompts} prompts × {args.rl_group} samples, 8 steps, SDE window (0, 4), "
-            f"scorer reward, rollout + update in one jit): float32 {m['float32']:.0f} ms, bfloat16 {m['bfloat16']:.0f} ms "
-            f"(**{m['bfloat16'] / m['float32']:.2f}×**); compile {rl['compile_ms']['float32'] / 1e3:.1f} s / "
-            f"{rl['compile_ms']['bfloat16'] / 1e3:.1f} s. The bf16 update at the rollout weights: ratio_mean "
-            f"{rl['bf16_ratio_mean']:.7f}, approx_kl {rl['bf16_approx_kl']:.1e} (C2)."),
+            (
+                f"FlowGRPO step on flux-t2i ({args.rl_prompts} prompts × {args.rl_group} samples, 8 steps, SDE window (0, 4), "
+                f"scorer reward, rollout + update in one jit): float32 {m['float32']:.0f} ms, bfloat16 {m['bfloat16']:.0f} ms "
+                f"(**{m['bfloat16'] / m['float32']:.2f}×**); compile {rl['compile_ms']['float32'] / 1e3:.1f} s / "
+                f"{rl['compile_ms']['bfloat16'] / 1e3:.1f} s. The bf16 update at the rollout weights: ratio_mean "
+                f"{rl['bf16_ratio_mean']:.7f}, approx_kl {rl['bf16_approx_kl']:.1e} (C2)."
+            ),
         ]
     return "\n".join(lines)
 
@@ -232,7 +257,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cards", default=",".join(CARDS))
     parser.add_argument("--rows", type=int, default=32, help="velocity-error rows (and the timed denoiser batch)")
-    parser.add_argument("--final", type=int, default=64, help="prompts rendered in both dtypes for the final difference")
+    parser.add_argument(
+        "--final", type=int, default=64, help="prompts rendered in both dtypes for the final difference"
+    )
     parser.add_argument("--render", type=int, default=16, help="prompts per timed default sampling call")
     parser.add_argument("--samples", type=int, default=200, help="quality prompts per card (0: skip quality)")
     parser.add_argument("--repeats", type=int, default=15)
@@ -248,27 +275,37 @@ def main() -> None:
     start = time.perf_counter()
     scorer = jp.cards.load("digit-scorer")
     results = {model_id: run_card(model_id, scorer, args) for model_id in args.cards.split(",")}
-    rl = rl_step_times(jp.cards.load("flux-t2i"), scorer, args.rl_prompts, args.rl_group, args.rl_repeats) if args.rl else None
+    rl = (
+        rl_step_times(jp.cards.load("flux-t2i"), scorer, args.rl_prompts, args.rl_group, args.rl_repeats)
+        if args.rl
+        else None
+    )
     body = table(results, rl, args)
     print(body)
     if args.quick:
         return
-    info = machine_info(**{"load average (1 min) before / after": f"{load:.2f} / {os.getloadavg()[0]:.2f}",
-                           "whole run": f"{time.perf_counter() - start:.0f} s"})
+    info = machine_info(
+        **{
+            "load average (1 min) before / after": f"{load:.2f} / {os.getloadavg()[0]:.2f}",
+            "whole run": f"{time.perf_counter() - start:.0f} s",
+        }
+    )
     header = [
         "## bf16",
         "",
-        ("**bf16 compute policy.** `python benchmarks/bf16.py`: each bundled card as shipped (float32) against "
-        "`jaxpipe.precision.with_dtype(card, \"bfloat16\")` (networks in bfloat16 with float32 master weights; "
-        "norm statistics, softmax, sampler, log-probs and outputs in float32), side by side in one process. "
-        f"Velocity error: the denoiser on {args.rows} real held-out digits (float32-encoded latents noised at σ = 1 … 1/8, "
-        "their own captions through each card's own text encoder): max |Δv| / max |v| and mean |Δv| / mean |v|. "
-        f"Final difference: {args.final} prompts and seeds rendered with the card's default sampling in both dtypes "
-        "(pixels in [0, 1]). Quality: `jaxpipe.digits.quality` (t2i: digit accuracy on plain prompts and all attributes "
-        f"right on full prompts, {args.samples} prompts; wan-i2v: motion and last-frame digit accuracy, "
-        f"{max(args.samples // 2, 1)} videos), each read by the digit-scorer (scorer) and by the independent evaluators "
-        "(digit-classifier + analytic readers, no weights shared with the scorer; independent). Time: medians of {args.repeats} interleaved repeats of one denoiser "
-        f"call on the {args.rows} rows and of one default sampling call of {args.render} prompts."),
+        (
+            "**bf16 compute policy.** `python benchmarks/bf16.py`: each bundled card as shipped (float32) against "
+            '`jaxpipe.precision.with_dtype(card, "bfloat16")` (networks in bfloat16 with float32 master weights; '
+            "norm statistics, softmax, sampler, log-probs and outputs in float32), side by side in one process. "
+            f"Velocity error: the denoiser on {args.rows} real held-out digits (float32-encoded latents noised at σ = 1 … 1/8, "
+            "their own captions through each card's own text encoder): max |Δv| / max |v| and mean |Δv| / mean |v|. "
+            f"Final difference: {args.final} prompts and seeds rendered with the card's default sampling in both dtypes "
+            "(pixels in [0, 1]). Quality: `jaxpipe.digits.quality` (t2i: digit accuracy on plain prompts and all attributes "
+            f"right on full prompts, {args.samples} prompts; wan-i2v: motion and last-frame digit accuracy, "
+            f"{max(args.samples // 2, 1)} videos), each read by the digit-scorer (scorer) and by the independent evaluators "
+            "(digit-classifier + analytic readers, no weights shared with the scorer; independent). Time: medians of {args.repeats} interleaved repeats of one denoiser "
+            f"call on the {args.rows} rows and of one default sampling call of {args.render} prompts."
+        ),
         "",
         *[f"- {k}: {v}" for k, v in info.items()],
         "",

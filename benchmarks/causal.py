@@ -51,8 +51,12 @@ def with_chunks(card: Card, chunk_frames: int) -> Card:
     loop = card.spec.loops[0]
     sampling = loop.config.replace(chunk_frames=chunk_frames, chunks=loop.latent_shape[0] // chunk_frames)
     config = dataclasses.replace(card.spec.config, sampling=sampling)
-    spec = dataclasses.replace(card.spec, loops=(dataclasses.replace(loop, config=sampling),), config=config,
-                               model_id=f"{card.model_id}-f{chunk_frames}")
+    spec = dataclasses.replace(
+        card.spec,
+        loops=(dataclasses.replace(loop, config=sampling),),
+        config=config,
+        model_id=f"{card.model_id}-f{chunk_frames}",
+    )
     return Card(card.components, spec)
 
 
@@ -101,21 +105,34 @@ def continuation(t2v: Card, causal: Card, scorer: Card, samples: int, keep: int 
     for i, text in enumerate(texts):
         first = np.asarray(jp.generate(t2v, text, seed=i)["video"][0])
         references.append(first)
-        videos.append(np.asarray(jp.generate(causal, text, seed=i + 1, inputs={"video": first[:keep], "chunks": chunks})["video"][0]))
+        videos.append(
+            np.asarray(
+                jp.generate(causal, text, seed=i + 1, inputs={"video": first[:keep], "chunks": chunks})["video"][0]
+            )
+        )
     read = lambda frames: np.asarray(digit_scorer.predict(scorer, jnp.asarray(frames) * 2.0 - 1.0)["digit"])
 
     def judge(videos: np.ndarray) -> dict:
         centroids = quality.ink_centroids(videos)
         last, given = read(videos[:, -1]), read(videos[:, keep - 1])
-        return {"motion_accuracy": float(np.mean(quality.moves_as_told(centroids[:, -1] - centroids[:, keep - 1], motion))),
-                "last_frame_digit_accuracy": float(np.mean(last == digit)),
-                "given_frame_digit_accuracy": float(np.mean(given == digit)),
-                "keeps_given_digit": float(np.mean(last == given)),
-                "independent": {"last_frame_digit_accuracy": float(np.mean(default_evaluator().predict(videos[:, -1]) == digit))}}
+        return {
+            "motion_accuracy": float(np.mean(quality.moves_as_told(centroids[:, -1] - centroids[:, keep - 1], motion))),
+            "last_frame_digit_accuracy": float(np.mean(last == digit)),
+            "given_frame_digit_accuracy": float(np.mean(given == digit)),
+            "keeps_given_digit": float(np.mean(last == given)),
+            "independent": {
+                "last_frame_digit_accuracy": float(np.mean(default_evaluator().predict(videos[:, -1]) == digit))
+            },
+        }
 
     videos = np.stack(videos)
-    return {"samples": samples, "given_frames": keep, "frames_added": int(videos.shape[1] - keep),
-            **judge(videos), "wan-t2v alone": judge(np.stack(references)[:, : videos.shape[1]])}
+    return {
+        "samples": samples,
+        "given_frames": keep,
+        "frames_added": int(videos.shape[1] - keep),
+        **judge(videos),
+        "wan-t2v alone": judge(np.stack(references)[:, : videos.shape[1]]),
+    }
 
 
 def recompute_rollout(dit, keys, cond: DiTCond, uncond: DiTCond | None, config: chunk_loop.ChunkConfig, shape):
@@ -207,44 +224,66 @@ def main() -> None:
     report: dict = {"samples": args.samples, "render": args.render, "repeats": args.repeats}
 
     if not args.timing_only:
-        report["quality"] = {name: quality.t2v_quality(card, scorer, samples=args.samples, progress=True)["full"]
-                             for name, card in (("wan-t2v", t2v), ("wan-causal", causal))}
+        report["quality"] = {
+            name: quality.t2v_quality(card, scorer, samples=args.samples, progress=True)["full"]
+            for name, card in (("wan-t2v", t2v), ("wan-causal", causal))
+        }
         report["continuation"] = continuation(t2v, causal, scorer, args.continue_samples)
     texts, _, _ = prompts(args.render, seed=1)
-    settings = {"wan-t2v": t2v, **{f"wan-causal, {8 // f} chunk(s) of {f}": with_chunks(causal, f) for f in (8, 4, 2, 1)}}
+    settings = {
+        "wan-t2v": t2v,
+        **{f"wan-causal, {8 // f} chunk(s) of {f}": with_chunks(causal, f) for f in (8, 4, 2, 1)},
+    }
     report["ms_per_video"] = time_per_video(settings, texts, args.repeats)
     if not args.skip_cache:
         report["cache"] = cache_speedup(causal, args.render, args.repeats)
 
     lines = []
     if not args.timing_only:
-        lines += ["| card | motion as prompted | digit, first frame (scorer) | digit, last frame (scorer) "
-                  "| digit, first frame (independent) | digit, last frame (independent) |", "|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "| card | motion as prompted | digit, first frame (scorer) | digit, last frame (scorer) "
+            "| digit, first frame (independent) | digit, last frame (independent) |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for name, r in report["quality"].items():
             ind = r["independent"]
-            lines.append(f"| `{name}` | {100 * r['motion_accuracy']:.0f}% | {100 * r['first_frame_digit_accuracy']:.0f}% "
-                         f"| {100 * r['last_frame_digit_accuracy']:.0f}% | {100 * ind['first_frame_digit_accuracy']:.0f}% "
-                         f"| {100 * ind['last_frame_digit_accuracy']:.0f}% |")
+            lines.append(
+                f"| `{name}` | {100 * r['motion_accuracy']:.0f}% | {100 * r['first_frame_digit_accuracy']:.0f}% "
+                f"| {100 * r['last_frame_digit_accuracy']:.0f}% | {100 * ind['first_frame_digit_accuracy']:.0f}% "
+                f"| {100 * ind['last_frame_digit_accuracy']:.0f}% |"
+            )
         c = report["continuation"]
-        lines += ["", f"continuation ({c['given_frames']} given + {c['frames_added']} new frames, {c['samples']} prompts): "
-                  f"motion as prompted {100 * c['motion_accuracy']:.0f}%, digit in the last frame (scorer) "
-                  f"{100 * c['last_frame_digit_accuracy']:.0f}% (last given frame: {100 * c['given_frame_digit_accuracy']:.0f}%; "
-                  f"independent classifier, last frame: {100 * c['independent']['last_frame_digit_accuracy']:.0f}%), "
-                  f"the scorer reads the same digit in the last given and the last new frame {100 * c['keeps_given_digit']:.0f}%; "
-                  f"wan-t2v's own frames on the same prompts and seeds: motion {100 * c['wan-t2v alone']['motion_accuracy']:.0f}%, "
-                  f"digit in frame {c['given_frames'] + c['frames_added']} {100 * c['wan-t2v alone']['last_frame_digit_accuracy']:.0f}%, "
-                  f"same digit as in frame {c['given_frames']} {100 * c['wan-t2v alone']['keeps_given_digit']:.0f}%", ""]
+        lines += [
+            "",
+            f"continuation ({c['given_frames']} given + {c['frames_added']} new frames, {c['samples']} prompts): "
+            f"motion as prompted {100 * c['motion_accuracy']:.0f}%, digit in the last frame (scorer) "
+            f"{100 * c['last_frame_digit_accuracy']:.0f}% (last given frame: {100 * c['given_frame_digit_accuracy']:.0f}%; "
+            f"independent classifier, last frame: {100 * c['independent']['last_frame_digit_accuracy']:.0f}%), "
+            f"the scorer reads the same digit in the last given and the last new frame {100 * c['keeps_given_digit']:.0f}%; "
+            f"wan-t2v's own frames on the same prompts and seeds: motion {100 * c['wan-t2v alone']['motion_accuracy']:.0f}%, "
+            f"digit in frame {c['given_frames'] + c['frames_added']} {100 * c['wan-t2v alone']['last_frame_digit_accuracy']:.0f}%, "
+            f"same digit as in frame {c['given_frames']} {100 * c['wan-t2v alone']['keeps_given_digit']:.0f}%",
+            "",
+        ]
     lines += ["| setting | ms / video |", "|---|---:|"]
     lines += [f"| {name} | {ms:.1f} |" for name, ms in report["ms_per_video"].items()]
     if "cache" in report:
-        lines += ["", "| rollout | cached ms / video | recomputing finished chunks | speed-up |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "| rollout | cached ms / video | recomputing finished chunks | speed-up |",
+            "|---|---:|---:|---:|",
+        ]
         for name, k in report["cache"].items():
-            lines.append(f"| {name} | {k['cached_ms_per_video']:.1f} | {k['recomputed_ms_per_video']:.1f} | {k['speedup']:.2f}x |")
+            lines.append(
+                f"| {name} | {k['cached_ms_per_video']:.1f} | {k['recomputed_ms_per_video']:.1f} | {k['speedup']:.2f}x |"
+            )
         first = next(iter(report["cache"].values()))
         lines.append(f"max |cached - recomputed| latents at guidance 1: {first['max_abs_diff_guidance_1']:.2e}")
     print("\n".join(lines))
-    print(f"samples {args.samples} (seed 0), time: median of {args.repeats} x {args.render} prompts; "
-          f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    print(
+        f"samples {args.samples} (seed 0), time: median of {args.repeats} x {args.render} prompts; "
+        f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}"
+    )
     if not args.quick:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=2)

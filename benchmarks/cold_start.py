@@ -58,8 +58,14 @@ def child(n: int, mode: str, cache: str, repeats: int = 1) -> dict:
     import json
 
     env = {k: v for k, v in os.environ.items() if k != "JAXPIPE_CACHE_DIR"}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(n), mode, cache, str(repeats)], env=env, capture_output=True,
-                          text=True, timeout=1200, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(n), mode, cache, str(repeats)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -99,7 +105,9 @@ def main() -> None:
         lines.append(f"| {state} | {s:.2f} | {b:.2f} | **{b / s:.2f}×** |")
     lines += ["", "| calls 1, 2, 3, 4 in one process (no persistent cache) | serial s | batched s |", "|---|---|---|"]
     per_call = {m: [statistics.median(c[i] for c in steady[m]) for i in range(4)] for m in modes}
-    lines.append("| median over processes | " + " | ".join(", ".join(f"{t:.2f}" for t in per_call[m]) for m in modes) + " |")
+    lines.append(
+        "| median over processes | " + " | ".join(", ".join(f"{t:.2f}" for t in per_call[m]) for m in modes) + " |"
+    )
     body = "\n".join(["## cold_start", "", *lines])
     print(body)
     if not args.quick:

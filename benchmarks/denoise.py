@@ -61,8 +61,6 @@ BATCHES = (1, 16)
 STEPS = (8, 28)
 
 
-
-
 def torch_sincos_1d(positions: torch.Tensor, dim: int, max_period: float = 10_000.0) -> torch.Tensor:
     half = dim // 2
     freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / max(half, 1))
@@ -443,8 +441,17 @@ def bench_case(
     med = {k: statistics.median(v) for k, v in times.items()}
     best = {k: min(v) for k, v in times.items()}
     return Row(
-        name, batch, num_steps, med["fused"], med["driven"], med["torch"], med["torch1"], fused_compile,
-        driven_compile, best, (min(map(len, times.values())), max(map(len, times.values()))),
+        name,
+        batch,
+        num_steps,
+        med["fused"],
+        med["driven"],
+        med["torch"],
+        med["torch1"],
+        fused_compile,
+        driven_compile,
+        best,
+        (min(map(len, times.values())), max(map(len, times.values()))),
     )
 
 
@@ -489,8 +496,6 @@ def targets(rows: list[Row]) -> list[str]:
     return out
 
 
-
-
 def parity_text(errs: dict) -> str:
     return (
         f"velocity {errs['velocity']:.1e} (|v| up to {errs['velocity_scale']:.1f}), 4-step trajectory "
@@ -532,8 +537,6 @@ def section_body(info, errs, report, target_lines, elapsed, load_before, load_af
     )
 
 
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few repeats, print only (a smoke test)")
@@ -542,7 +545,10 @@ def main(argv=None) -> int:
         "--torch-threads", type=int, default=None, help="torch intra-op threads (default: the core count)"
     )
     parser.add_argument(
-        "--results", type=pathlib.Path, default=None, help=f"write the section here (default: {RESULTS.name} on full runs)"
+        "--results",
+        type=pathlib.Path,
+        default=None,
+        help=f"write the section here (default: {RESULTS.name} on full runs)",
     )
     args = parser.parse_args(argv)
 
@@ -568,8 +574,15 @@ def main(argv=None) -> int:
                 reps = repeats_for(cfg, batch, num_steps, args.quick)
                 budget, least = (2.0, 3) if args.quick else (CASE_BUDGET_S, MIN_REPEATS)
                 row = bench_case(
-                    name, model, tmodel, batch, num_steps,
-                    repeats=reps, budget_s=budget, min_repeats=least, torch_threads=threads,
+                    name,
+                    model,
+                    tmodel,
+                    batch,
+                    num_steps,
+                    repeats=reps,
+                    budget_s=budget,
+                    min_repeats=least,
+                    torch_threads=threads,
                 )
                 rows.append(row)
                 print(
@@ -590,7 +603,9 @@ def main(argv=None) -> int:
 
     out = args.results if args.results is not None else (None if args.quick else RESULTS)
     if out is not None:
-        write_section(out, SECTION, section_body(info, errs, report, target_lines, elapsed, load[1], load[0], args.quick))
+        write_section(
+            out, SECTION, section_body(info, errs, report, target_lines, elapsed, load[1], load[0], args.quick)
+        )
         print(f"wrote the {SECTION} section of {out}")
     return 0
 

@@ -125,23 +125,45 @@ def main(argv: list[str] | None = None) -> int:
       The exit status: 1 if a section or a contender failed, else 0.
     """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CPU-sized: tiny FLUX, 4 steps, N in (1, 2), 2 engine sizes")
-    parser.add_argument("--dry-run", action="store_true", help="build the full-size FLUX setup abstractly and print the plan")
-    parser.add_argument("--sections", nargs="+", choices=NAMES, default=list(DEFAULT),
-                        help=f"default {' '.join(DEFAULT)}; 'train' (~4 min on an H200) is a second run's")
-    parser.add_argument("--budget-s", type=float, default=570.0,
-                        help="skip what no longer fits this many seconds after the start (the JSON keeps what ran)")
-    parser.add_argument("--out", type=pathlib.Path, default=None, help=f"the JSON (default: {DEFAULT_OUT} on full runs)")
-    parser.add_argument("--results", type=pathlib.Path, default=None,
-                        help=f"write the markdown section here (default: {RESULTS.name} on full runs)")
+    parser.add_argument(
+        "--quick", action="store_true", help="CPU-sized: tiny FLUX, 4 steps, N in (1, 2), 2 engine sizes"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="build the full-size FLUX setup abstractly and print the plan"
+    )
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        choices=NAMES,
+        default=list(DEFAULT),
+        help=f"default {' '.join(DEFAULT)}; 'train' (~4 min on an H200) is a second run's",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=570.0,
+        help="skip what no longer fits this many seconds after the start (the JSON keeps what ran)",
+    )
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help=f"the JSON (default: {DEFAULT_OUT} on full runs)"
+    )
+    parser.add_argument(
+        "--results",
+        type=pathlib.Path,
+        default=None,
+        help=f"write the markdown section here (default: {RESULTS.name} on full runs)",
+    )
     parser.add_argument("--no-results", action="store_true", help="write no markdown section")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="time torch.compile (default: on a GPU only)")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time torch.compile (default: on a GPU only)",
+    )
     parser.add_argument("--compile-mode", default="default", help="torch.compile mode, e.g. max-autotune-no-cudagraphs")
     parser.add_argument("--from-json", type=pathlib.Path, default=None, help="only render a saved run's JSON")
     args = parser.parse_args(argv)
     results = None if args.no_results else args.results or (None if args.quick or args.dry_run else RESULTS)
-
 
     if args.from_json:
         data = json.loads(args.from_json.read_text())
@@ -157,8 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     out = args.out or (None if args.quick else DEFAULT_OUT)
-    args_record = {"quick": args.quick, "sections": args.sections, "budget_s": args.budget_s,
-                   "compile": args.compile, "compile_mode": args.compile_mode, "argv": sys.argv[1:] if argv is None else argv}
+    args_record = {
+        "quick": args.quick,
+        "sections": args.sections,
+        "budget_s": args.budget_s,
+        "compile": args.compile,
+        "compile_mode": args.compile_mode,
+        "argv": sys.argv[1:] if argv is None else argv,
+    }
     run = harness.Run(out, {"machine": info, "args": args_record, "sections": {}})
     budget = harness.Budget(args.budget_s, {k: 1.0 for k in ESTIMATE_S} if args.quick else dict(ESTIMATE_S))
     harness.run_sections([s for s in SECTIONS if s.name in args.sections], args, run, budget)

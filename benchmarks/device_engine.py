@@ -25,7 +25,10 @@ def section_engine(args, budget: Budget, sec: dict, save, reserve: float) -> Non
     elif "flux-t2i" in jp.cards.available():
         card, source = jp.cards.load("flux-t2i"), "bundled checkpoint"
     else:
-        card, source = eng._perturbed(jp.cards.build("flux-t2i", config=digit_cards.bundled_config("flux-t2i")), 1), "random, bundled size"
+        card, source = (
+            eng._perturbed(jp.cards.build("flux-t2i", config=digit_cards.bundled_config("flux-t2i")), 1),
+            "random, bundled size",
+        )
     sec["setup"] = {"card": "flux-t2i", "source": source, "about": eng.describe(card), "step_counts": list(eng.STEPS)}
     engine = jp.Engine(max_batch=64)
     engine.register(card)
@@ -37,13 +40,17 @@ def section_engine(args, budget: Budget, sec: dict, save, reserve: float) -> Non
             skipped[str(n)] = refused
             log(f"engine N={n}: skipped ({refused})")
             continue
-        row = eng.measure(engine, n, 3 if args.quick else 5, budget_s=1.0 if args.quick else 8.0)  # 3: a resize may compile once
+        row = eng.measure(
+            engine, n, 3 if args.quick else 5, budget_s=1.0 if args.quick else 8.0
+        )  # 3: a resize may compile once
         rows.append(row)
         sec["rows"] = rows
         save()
         med = row["median"]
-        log(f"engine N={n}: serial {med['serial'] * 1e3:.1f} ms, batched {med['batched'] * 1e3:.1f} ms, fused "
-            f"{med['fused'] * 1e3:.1f} ms; batched/serial {row['ratio']:.2f}x; C3 passed {row['c3_passed']}")
+        log(
+            f"engine N={n}: serial {med['serial'] * 1e3:.1f} ms, batched {med['batched'] * 1e3:.1f} ms, fused "
+            f"{med['fused'] * 1e3:.1f} ms; batched/serial {row['ratio']:.2f}x; C3 passed {row['c3_passed']}"
+        )
     sec["skipped_n"] = skipped
     if not args.quick and not budget.refuse("engine_n", reserve):
         sec["scaling_ms"] = {str(b): v for b, v in eng.step_scaling(card).items()}
@@ -57,8 +64,10 @@ def render_engine(sec: dict) -> list[str]:
     lines = [
         f"### Engine: {s['card']} ({s['about']}; {s['source']}), mixed step counts {s['step_counts']}",
         "",
-        ("| N | steps | serial ms | batched ms | fused ms | batched req/s | batched / serial | batched / fused | "
-         "compile s (serial / batched / fused) | C3 passed | repeats |"),
+        (
+            "| N | steps | serial ms | batched ms | fused ms | batched req/s | batched / serial | batched / fused | "
+            "compile s (serial / batched / fused) | C3 passed | repeats |"
+        ),
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in rows:
@@ -69,15 +78,20 @@ def render_engine(sec: dict) -> list[str]:
             f"{f['serial']:.1f} / {f['batched']:.1f} / {f['fused']:.1f} | {r['c3_passed']} | {r['repeats']} |"
         )
     if sec.get("scaling_ms"):
-        lines += ["", "Raw denoise cost, ms per request-step by batch: "
-                  + ", ".join(f"{b}: {v:.3f}" for b, v in sec["scaling_ms"].items())]
+        lines += [
+            "",
+            "Raw denoise cost, ms per request-step by batch: "
+            + ", ".join(f"{b}: {v:.3f}" for b, v in sec["scaling_ms"].items()),
+        ]
     return lines
 
 
 def summary_engine(sections: dict) -> list[str]:
     """One line per N: batched against serial and against the fused path."""
-    return [f"engine N={r['n']}: batched/serial {r['ratio']:.2f}x, batched/fused {r['ratio_fused']:.2f}x"
-            for r in sections.get("engine", {}).get("rows", [])]
+    return [
+        f"engine N={r['n']}: batched/serial {r['ratio']:.2f}x, batched/fused {r['ratio_fused']:.2f}x"
+        for r in sections.get("engine", {}).get("rows", [])
+    ]
 
 
 def expected_engine(estimates: dict, quick: bool) -> float:

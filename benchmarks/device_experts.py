@@ -32,8 +32,15 @@ def section_experts(args, budget: Budget, sec: dict, save, reserve: float) -> No
     ns = QUICK_EXPERTS if args.quick else EXPERTS
     prompts, group = QUICK_EXPERT_SIZE if args.quick else EXPERT_SIZE
     auto = resolve_expert_map("auto")
-    sec["setup"] = {"experts": list(ns), "prompts": prompts, "group": group, "rows": prompts * group,
-                    "auto": auto, "backend": jax.default_backend(), "devices": jax.device_count()}
+    sec["setup"] = {
+        "experts": list(ns),
+        "prompts": prompts,
+        "group": group,
+        "rows": prompts * group,
+        "auto": auto,
+        "backend": jax.default_backend(),
+        "devices": jax.device_count(),
+    }
     # One card with the most experts and one rollout; N experts = the first N of its stacked refiners (every
     # expert has the same shapes, and expert_update does not depend on N): one rollout compile instead of five.
     card = jp.cards.build("multi-expert", config=jr.make_config(max(ns), bundled=not args.quick))
@@ -70,8 +77,11 @@ def section_experts(args, budget: Budget, sec: dict, save, reserve: float) -> No
         for go in contenders.values():
             jax.block_until_ready(go())
         cases.append(jr.Case(prompts, group, n, contenders, compile_s, diff))
-        log(f"experts N={n}: prepared in {time.perf_counter() - start:.1f} s, compile s "
-            + ", ".join(f"{k} {v:.1f}" for k, v in compile_s.items()) + f", max diff {diff:.1e}")
+        log(
+            f"experts N={n}: prepared in {time.perf_counter() - start:.1f} s, compile s "
+            + ", ".join(f"{k} {v:.1f}" for k, v in compile_s.items())
+            + f", max diff {diff:.1e}"
+        )
     sec["skipped_n"] = skipped
     if not cases:
         raise RuntimeError("no N fitted the budget")
@@ -84,14 +94,28 @@ def section_experts(args, budget: Budget, sec: dict, save, reserve: float) -> No
         winner = min(med, key=med.get)
         policy = min(("vmap", "map"), key=med.get)
         agrees = med[auto] <= TIE * med[policy]  # within TIE of the faster policy: a tie, not a contradiction
-        rows.append({"n": case.experts, "median_ms": med, "best_ms": best, "compile_s": case.compile_s,
-                     "max_diff": case.max_diff, "winner": winner, "policy_winner": policy, "auto_agrees": agrees})
-        log(f"experts N={case.experts}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items())
+        rows.append(
+            {
+                "n": case.experts,
+                "median_ms": med,
+                "best_ms": best,
+                "compile_s": case.compile_s,
+                "max_diff": case.max_diff,
+                "winner": winner,
+                "policy_winner": policy,
+                "auto_agrees": agrees,
+            }
+        )
+        log(
+            f"experts N={case.experts}: "
+            + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items())
             + f" -> {winner} wins; of the policies {policy}; auto picks {auto}: "
-            + ("agrees" if agrees else "CONTRADICTS"))
+            + ("agrees" if agrees else "CONTRADICTS")
+        )
     sec["rows"], sec["rounds"] = rows, rounds
     sec["verdict"] = expert_verdict(rows, auto) + (
-        " (--quick: a CPU-sized card and two rounds; noise, not a verdict)" if args.quick else "")
+        " (--quick: a CPU-sized card and two rounds; noise, not a verdict)" if args.quick else ""
+    )
     print(sec["verdict"], flush=True)
 
 
@@ -100,15 +124,19 @@ def expert_verdict(rows: list[dict], auto: str) -> str:
     backend = jax.default_backend()
     against = [r for r in rows if not r["auto_agrees"]]
     if not against:
-        return (f"expert_map='auto' resolves to '{auto}' on this backend ({backend}, {jax.device_count()} device(s)), "
-                f"and '{auto}' is the faster policy (or within {TIE - 1:.0%} of it) at every N measured: auto should "
-                "(and does) pick it here.")
+        return (
+            f"expert_map='auto' resolves to '{auto}' on this backend ({backend}, {jax.device_count()} device(s)), "
+            f"and '{auto}' is the faster policy (or within {TIE - 1:.0%} of it) at every N measured: auto should "
+            "(and does) pick it here."
+        )
     ns = ", ".join(str(r["n"]) for r in against)
     other = against[-1]["policy_winner"]
     worst = max(r["median_ms"][auto] / r["median_ms"][r["policy_winner"]] for r in against)
-    return (f"The measurement CONTRADICTS expert_map='auto' on this backend ({backend}): auto picks '{auto}', but "
-            f"'{other}' is faster at N = {ns} (auto's choice up to {worst:.2f}× slower); auto should pick the measured "
-            f"winner here (jaxpipe.training.methods.joint_rl.resolve_expert_map).")
+    return (
+        f"The measurement CONTRADICTS expert_map='auto' on this backend ({backend}): auto picks '{auto}', but "
+        f"'{other}' is faster at N = {ns} (auto's choice up to {worst:.2f}× slower); auto should pick the measured "
+        f"winner here (jaxpipe.training.methods.joint_rl.resolve_expert_map)."
+    )
 
 
 def render_experts(sec: dict) -> list[str]:
@@ -121,8 +149,10 @@ def render_experts(sec: dict) -> list[str]:
         "",
         s.get("about", ""),
         "",
-        ("| N | vmap ms | map ms | loop ms | map / vmap | loop / vmap | fastest | faster policy | auto picks | "
-         "compile s (vmap / map / one expert) | max abs diff |"),
+        (
+            "| N | vmap ms | map ms | loop ms | map / vmap | loop / vmap | fastest | faster policy | auto picks | "
+            "compile s (vmap / map / one expert) | max abs diff |"
+        ),
         "|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|",
     ]
     for r in rows:
@@ -134,16 +164,24 @@ def render_experts(sec: dict) -> list[str]:
             f"{r['max_diff']:.0e} |"
         )
     skipped = sec.get("skipped_n") or {}
-    lines += ["", f"Medians of {sec.get('rounds')} interleaved rounds; vmap == map == loop checked within 1e-6 first."
-              + (f" Skipped N: {', '.join(skipped)} (budget)." if skipped else ""), "", sec.get("verdict", "")]
+    lines += [
+        "",
+        f"Medians of {sec.get('rounds')} interleaved rounds; vmap == map == loop checked within 1e-6 first."
+        + (f" Skipped N: {', '.join(skipped)} (budget)." if skipped else ""),
+        "",
+        sec.get("verdict", ""),
+    ]
     return lines
 
 
 def summary_experts(sections: dict) -> list[str]:
     """One line per N: the three medians, the winner, and whether ``"auto"`` agrees."""
-    return [f"experts N={r['n']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["median_ms"].items())
-            + f" ms -> {r['winner']}; auto {'agrees' if r['auto_agrees'] else 'CONTRADICTS'}"
-            for r in sections.get("experts", {}).get("rows", [])]
+    return [
+        f"experts N={r['n']}: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in r["median_ms"].items())
+        + f" ms -> {r['winner']}; auto {'agrees' if r['auto_agrees'] else 'CONTRADICTS'}"
+        for r in sections.get("experts", {}).get("rows", [])
+    ]
 
 
 def expected_experts(estimates: dict, quick: bool) -> float:

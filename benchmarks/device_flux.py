@@ -62,8 +62,12 @@ def section_flux(args, budget: Budget, sec: dict, save, reserve: float) -> None:
     if attempt(runs, "jax_init", functools.partial(init_into, jx, setup), save) is None:
         return
     reps = (5, 3, 3) if args.quick else (10, 3, 2)  # step, fused, driven / torch loops
-    per_image = lambda t: {**t, "s_per_image": t["median_s"], "ms_per_step": t["median_s"] / steps * 1e3,
-                           "tflops": flux_flops(setup) * steps / t["median_s"] / 1e12}
+    per_image = lambda t: {
+        **t,
+        "s_per_image": t["median_s"],
+        "ms_per_step": t["median_s"] / steps * 1e3,
+        "tflops": flux_flops(setup) * steps / t["median_s"] / 1e12,
+    }
 
     def jax_step():
         out, step["fn"] = time_jax_step(jx, setup, reps[0])
@@ -76,8 +80,13 @@ def section_flux(args, budget: Budget, sec: dict, save, reserve: float) -> None:
         out = jax.block_until_ready(fn(params, state).x)
         first = time.perf_counter() - start
         t = timings(lambda: jax.block_until_ready(fn(params, state).x), reps[1])
-        return {"compile_s": compile_s, "first_s": first, **per_image(t), "finite": bool(jnp.all(jnp.isfinite(out))),
-                "x_abs_max": float(jnp.max(jnp.abs(out)))}
+        return {
+            "compile_s": compile_s,
+            "first_s": first,
+            **per_image(t),
+            "finite": bool(jnp.all(jnp.isfinite(out))),
+            "x_abs_max": float(jnp.max(jnp.abs(out))),
+        }
 
     def jax_driven():
         def loop():
@@ -90,8 +99,13 @@ def section_flux(args, budget: Budget, sec: dict, save, reserve: float) -> None:
 
     attempt(runs, "jax_step", jax_step, save)
     attempt(runs, "jax_fused", jax_fused, save)
-    attempt(runs, "jax_driven", jax_driven, save,
-            "the jitted step failed" if "fn" not in step else budget.refuse("jax_driven", reserve))
+    attempt(
+        runs,
+        "jax_driven",
+        jax_driven,
+        save,
+        "the jitted step failed" if "fn" not in step else budget.refuse("jax_driven", reserve),
+    )
     jx.clear()
     step.clear()
     gc.collect()  # the JAX weights go before torch's arrive
@@ -100,9 +114,13 @@ def section_flux(args, budget: Budget, sec: dict, save, reserve: float) -> None:
     if torch is not None and device == "cpu" and args.quick:
         torch.set_num_threads(1)  # OpenMP threads stall when other processes hold the cores (see the denoise notes)
     if no_torch is None:
-        sec["torch"] = {"device": device, "torch": torch.__version__, "diffusers": diffusers.__version__,
-                        "threads": torch.get_num_threads(),
-                        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None}
+        sec["torch"] = {
+            "device": device,
+            "torch": torch.__version__,
+            "diffusers": diffusers.__version__,
+            "threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        }
     tmade = {}
 
     def torch_loop(compile_mode: str | None):
@@ -113,8 +131,11 @@ def section_flux(args, budget: Budget, sec: dict, save, reserve: float) -> None:
                 tmade["model"] = torch_flux(cfg, torch, device, dtype)
                 tmade["inputs"] = torch_inputs(setup, torch, device, dtype)
                 tmade["build_s"] = time.perf_counter() - start
-            model = tmade["model"] if compile_mode is None else torch.compile(
-                tmade["model"], mode=None if compile_mode == "default" else compile_mode)
+            model = (
+                tmade["model"]
+                if compile_mode is None
+                else torch.compile(tmade["model"], mode=None if compile_mode == "default" else compile_mode)
+            )
             x0, kwargs, timesteps, dts = tmade["inputs"]
             sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
@@ -128,15 +149,29 @@ def section_flux(args, budget: Budget, sec: dict, save, reserve: float) -> None:
             first = time.perf_counter() - start
             t = timings(loop, reps[2])
             extra = {"mode": compile_mode, "compile_s": first - t["median_s"]} if compile_mode else {}
-            return {"build_s": tmade["build_s"], "first_s": first, **per_image(t), **extra,
-                    "finite": bool(torch.isfinite(out).all())}
+            return {
+                "build_s": tmade["build_s"],
+                "first_s": first,
+                **per_image(t),
+                **extra,
+                "finite": bool(torch.isfinite(out).all()),
+            }
+
         return go
 
     attempt(runs, "torch_eager", torch_loop(None), save, no_torch or budget.refuse("torch_eager", reserve))
-    no_compile = no_torch or (None if (args.compile if args.compile is not None else device == "cuda")
-                              else "torch.compile on a CPU run is off (pass --compile)")
-    attempt(runs, "torch_compile", torch_loop(args.compile_mode), save,
-            no_compile or budget.refuse("torch_compile", reserve))
+    no_compile = no_torch or (
+        None
+        if (args.compile if args.compile is not None else device == "cuda")
+        else "torch.compile on a CPU run is off (pass --compile)"
+    )
+    attempt(
+        runs,
+        "torch_compile",
+        torch_loop(args.compile_mode),
+        save,
+        no_compile or budget.refuse("torch_compile", reserve),
+    )
     tmade.clear()
     if no_torch is None:
         torch._dynamo.reset()  # compiled graphs hold the model's weights
@@ -186,8 +221,10 @@ def dry_run(args) -> dict:
         info[f"{name}_xla_flops"] = float(cost.get("flops", float("nan")))  # a scan's body is counted once
         out = lowered.out_info.x
         info[f"{name}_out"] = [list(out.shape), str(out.dtype)]
-        log(f"jit({name}) lowered on abstract params in {info[f'{name}_lower_s']:.1f} s: x {info[f'{name}_out']}, "
-            f"XLA cost analysis {info[f'{name}_xla_flops']:.3e} FLOP")
+        log(
+            f"jit({name}) lowered on abstract params in {info[f'{name}_lower_s']:.1f} s: x {info[f'{name}_out']}, "
+            f"XLA cost analysis {info[f'{name}_xla_flops']:.3e} FLOP"
+        )
     info["flops_per_step"] = flux_flops(setup)
     heads, s = cfg.num_attention_heads, setup.text_len + setup.image_tokens
     info["xla_attention_scores_gb"] = setup.batch * heads * s * s * 4 / 1e9  # float32 logits of one layer
@@ -223,10 +260,12 @@ def render_flux(sec: dict, attention: dict) -> list[str]:
     steps = s["steps"]
     fused = runs.get("jax_fused", {}).get("ms_per_step")
     lines = [
-        (f"### {s['name']} transformer ({s['blocks']} blocks, width {s['width']}, {s['params']:,} params, "
-         f"{s['param_bytes'] / 1e9:.3g} GB {s['dtype']}): {s['image']}² image -> latents {tuple(s['latents'])} -> "
-         f"{s['image_tokens']} image + {s['text_tokens']} text tokens, batch {s['batch']}, {steps} Euler steps, "
-         f"{s['flops_per_step'] / 1e12:.3g} TFLOP per step"),
+        (
+            f"### {s['name']} transformer ({s['blocks']} blocks, width {s['width']}, {s['params']:,} params, "
+            f"{s['param_bytes'] / 1e9:.3g} GB {s['dtype']}): {s['image']}² image -> latents {tuple(s['latents'])} -> "
+            f"{s['image_tokens']} image + {s['text_tokens']} text tokens, batch {s['batch']}, {steps} Euler steps, "
+            f"{s['flops_per_step'] / 1e12:.3g} TFLOP per step"
+        ),
         "",
         "| contender | compile s | first run s | ms / step | s / image | time / JAX fused | TFLOP/s | repeats | status |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -246,18 +285,28 @@ def render_flux(sec: dict, attention: dict) -> list[str]:
         )
     p = runs.get("parity", {})
     init = runs.get("jax_init", {})
-    lines += ["", f"JAX weights made on the device in {num(init.get('init_s'), '.1f')} s; torch model built and filled "
-              f"in {num(runs.get('torch_eager', {}).get('build_s'), '.1f')} s. "
-              + (f"Torch network checked against jaxpipe's ({p['config']}): max abs error {p['max_abs_err']:.1e} "
-                 f"(|v| up to {p['velocity_scale']:.2f})." if p.get("status") == "done"
-                 else f"Parity check: {p.get('status', 'not run')} {p.get('reason') or p.get('error', '')}.")]
+    lines += [
+        "",
+        f"JAX weights made on the device in {num(init.get('init_s'), '.1f')} s; torch model built and filled "
+        f"in {num(runs.get('torch_eager', {}).get('build_s'), '.1f')} s. "
+        + (
+            f"Torch network checked against jaxpipe's ({p['config']}): max abs error {p['max_abs_err']:.1e} "
+            f"(|v| up to {p['velocity_scale']:.2f})."
+            if p.get("status") == "done"
+            else f"Parity check: {p.get('status', 'not run')} {p.get('reason') or p.get('error', '')}."
+        ),
+    ]
     xla, fast = runs.get("jax_step", {}).get("ms_per_step"), runs["jax_step_cudnn"].get("ms_per_step")
     if xla and fast:
-        lines.append(f"Attention: the jitted step takes {xla:.1f} ms with XLA's attention (jaxpipe's default) and "
-                     f"{fast:.1f} ms with cuDNN's fused attention: {xla / fast:.2f}×.")
+        lines.append(
+            f"Attention: the jitted step takes {xla:.1f} ms with XLA's attention (jaxpipe's default) and "
+            f"{fast:.1f} ms with cuDNN's fused attention: {xla / fast:.2f}×."
+        )
     t = sec.get("torch")
     if t:
-        lines.append(f"torch {t['torch']}, diffusers {t['diffusers']} on {t['gpu'] or t['device']} ({t['threads']} CPU threads).")
+        lines.append(
+            f"torch {t['torch']}, diffusers {t['diffusers']} on {t['gpu'] or t['device']} ({t['threads']} CPU threads)."
+        )
     return lines
 
 

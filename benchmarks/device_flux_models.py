@@ -242,10 +242,16 @@ def parity_check(torch, seed: int = 0) -> dict:
         velocity = jax.jit(lambda m, *a: m.velocity(a[0], a[1], FluxCond(*a[2:])))
         ours = np.asarray(velocity(model, x, sigma, text, pooled, guidance))
     with torch.no_grad():
-        out = tmodel(hidden_states=pack(torch.from_numpy(x)), encoder_hidden_states=torch.from_numpy(text),
-                     pooled_projections=torch.from_numpy(pooled), timestep=torch.from_numpy(sigma),
-                     img_ids=torch.from_numpy(image_ids(h // 2, w // 2)), txt_ids=torch.zeros(t, 3),
-                     guidance=torch.from_numpy(guidance), return_dict=False)[0]
+        out = tmodel(
+            hidden_states=pack(torch.from_numpy(x)),
+            encoder_hidden_states=torch.from_numpy(text),
+            pooled_projections=torch.from_numpy(pooled),
+            timestep=torch.from_numpy(sigma),
+            img_ids=torch.from_numpy(image_ids(h // 2, w // 2)),
+            txt_ids=torch.zeros(t, 3),
+            guidance=torch.from_numpy(guidance),
+            return_dict=False,
+        )[0]
     ref = unpack(out, h, w).numpy()
     err, scale = float(np.max(np.abs(ours - ref))), float(np.max(np.abs(ref)))
     if not err <= PARITY_TOL * max(1.0, scale):
@@ -263,10 +269,18 @@ def flux_facts(setup: FluxSetup) -> dict:
     cfg = setup.config
     leaves = jax.tree.leaves(abstract_flux(cfg)[1])
     return {
-        "name": setup.name, "dtype": cfg.dtype, "image": setup.image, "latents": [setup.batch, *setup.latent_shape],
-        "image_tokens": setup.image_tokens, "text_tokens": setup.text_len, "steps": setup.steps, "batch": setup.batch,
-        "params": int(sum(x.size for x in leaves)), "param_bytes": int(sum(x.size * x.dtype.itemsize for x in leaves)),
-        "flops_per_step": flux_flops(setup), "width": cfg.inner_dim,
+        "name": setup.name,
+        "dtype": cfg.dtype,
+        "image": setup.image,
+        "latents": [setup.batch, *setup.latent_shape],
+        "image_tokens": setup.image_tokens,
+        "text_tokens": setup.text_len,
+        "steps": setup.steps,
+        "batch": setup.batch,
+        "params": int(sum(x.size for x in leaves)),
+        "param_bytes": int(sum(x.size * x.dtype.itemsize for x in leaves)),
+        "flops_per_step": flux_flops(setup),
+        "width": cfg.inner_dim,
         "blocks": f"{cfg.num_layers} double + {cfg.num_single_layers} single",
     }
 
@@ -293,8 +307,13 @@ def time_jax_step(jx: dict, setup: FluxSetup, repeats: int, attention: str | Non
     fn, compile_s = aot(jx["programs"]["step"], params, state, attention=attention)
     first = timings(lambda: jax.block_until_ready(fn(params, state).x), 1)["best_s"]
     t = timings(lambda: jax.block_until_ready(fn(params, state).x), repeats)
-    return {"compile_s": compile_s, "first_s": first, **t, "ms_per_step": t["median_s"] * 1e3,
-            "tflops": flux_flops(setup) / t["median_s"] / 1e12}, fn
+    return {
+        "compile_s": compile_s,
+        "first_s": first,
+        **t,
+        "ms_per_step": t["median_s"] * 1e3,
+        "tflops": flux_flops(setup) / t["median_s"] / 1e12,
+    }, fn
 
 
 def torch_flux_meta(setup: FluxSetup, torch) -> dict:
@@ -304,8 +323,11 @@ def torch_flux_meta(setup: FluxSetup, torch) -> dict:
     model = torch_flux(setup.config, torch, "meta", dtype)
     x, kwargs, timesteps, dts = torch_inputs(setup, torch, "cpu", dtype)
     meta = lambda t: t.to("meta")
-    out = torch_euler(model, meta(x), {k: meta(v) for k, v in kwargs.items()}, [meta(timesteps[0])], dts[:1], torch, dtype)
+    out = torch_euler(
+        model, meta(x), {k: meta(v) for k, v in kwargs.items()}, [meta(timesteps[0])], dts[:1], torch, dtype
+    )
     count = sum(p.numel() for p in model.parameters())
-    log(f"diffusers FluxTransformer2DModel on meta: {count:,} params; one torch_euler step -> {tuple(out.shape)} {out.dtype}")
+    log(
+        f"diffusers FluxTransformer2DModel on meta: {count:,} params; one torch_euler step -> {tuple(out.shape)} {out.dtype}"
+    )
     return {"torch_params": count, "torch_step_out": [list(out.shape), str(out.dtype)]}
-

@@ -56,7 +56,9 @@ class Budget:
         need = self.estimates.get(piece, 0.0)
         if self.left() >= need + reserve:
             return None
-        return f"budget: {self.left():.0f} s left, {piece} needs ~{need:.0f} s + {reserve:.0f} s kept for later sections"
+        return (
+            f"budget: {self.left():.0f} s left, {piece} needs ~{need:.0f} s + {reserve:.0f} s kept for later sections"
+        )
 
 
 class Run:
@@ -92,8 +94,9 @@ def _jsonable(value):
     return str(value)
 
 
-def attempt(into: dict, name: str, fn: Callable[[], dict], save: Callable[[], None],
-            refused: str | None = None) -> dict | None:
+def attempt(
+    into: dict, name: str, fn: Callable[[], dict], save: Callable[[], None], refused: str | None = None
+) -> dict | None:
     """Run ``fn() -> dict`` as contender ``name``, recording done / skipped (``refused``) / failed in ``into``.
 
     Returns:
@@ -109,8 +112,12 @@ def attempt(into: dict, name: str, fn: Callable[[], dict], save: Callable[[], No
     try:
         out = fn()
     except Exception as err:  # noqa: BLE001 - one broken contender must not cost the rest of the lease
-        into[name] = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:1500],
-                      "traceback": traceback.format_exc()[-3000:], "elapsed_s": time.perf_counter() - start}
+        into[name] = {
+            "status": "failed",
+            "error": f"{type(err).__name__}: {err}"[:1500],
+            "traceback": traceback.format_exc()[-3000:],
+            "elapsed_s": time.perf_counter() - start,
+        }
         log(f"{name}: FAILED {type(err).__name__}: {str(err)[:300]}")
         save()
         return None
@@ -151,7 +158,9 @@ class Plan:
         need = self.estimates[name]
         fits = self.budget_s - self.t >= need + reserve
         self.t += need if fits else 0.0
-        self.lines.append(f"{label}: " + (f"ends ~{self.t:.0f} s" if fits else f"SKIPPED ({self.budget_s - self.t:.0f} s left)"))
+        self.lines.append(
+            f"{label}: " + (f"ends ~{self.t:.0f} s" if fits else f"SKIPPED ({self.budget_s - self.t:.0f} s left)")
+        )
         return fits
 
     def wait(self, seconds: float, label: str) -> None:
@@ -232,7 +241,9 @@ def run_sections(sections: Sequence[Section], args, run: Run, budget: Budget) ->
             section.run(args, budget, sec, run.save, reserve)
             sec["status"] = "done"
         except Exception as err:  # noqa: BLE001 - a broken section must not cost the others
-            sec.update(status="failed", error=f"{type(err).__name__}: {err}"[:1500], traceback=traceback.format_exc()[-3000:])
+            sec.update(
+                status="failed", error=f"{type(err).__name__}: {err}"[:1500], traceback=traceback.format_exc()[-3000:]
+            )
             log(f"section {name}: FAILED {type(err).__name__}: {str(err)[:300]}")
         sec["elapsed_s"] = budget.seconds - budget.left() - sec["start_s"]
         log(f"section {name}: {sec['status']} in {sec['elapsed_s']:.1f} s")
@@ -269,8 +280,10 @@ def render(data: dict, sections: Sequence[Section], intro: Sequence[str]) -> str
     ]
     for name, sec in data["sections"].items():
         note = sec.get("reason") or sec.get("error", "")
-        lines.append(f"| {name} | {sec.get('status')} | {num(sec.get('start_s'), '.0f')} | {num(sec.get('elapsed_s'), '.0f')} "
-                     f"| {note[:200]} |")
+        lines.append(
+            f"| {name} | {sec.get('status')} | {num(sec.get('start_s'), '.0f')} | {num(sec.get('elapsed_s'), '.0f')} "
+            f"| {note[:200]} |"
+        )
     for section in sections:
         part = section.render(data["sections"]) if section.render else []
         if part:

@@ -46,8 +46,7 @@ def run_job(name: str, quick: bool) -> dict:
     jitted = jax.jit(step, in_shardings=shardings, donate_argnums=donated)
     compiled = jitted.lower(*args).compile()
     mem = compiled.memory_analysis()
-    estimate = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-                - mem.alias_size_in_bytes)
+    estimate = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
     state = list(_filled(args, shardings, jax.random.key(0)))
 
     def once():
@@ -61,9 +60,16 @@ def run_job(name: str, quick: bool) -> dict:
     times = timings(once, 2 if quick else 3)
     stats = jax.devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use")
-    return {"job": name, "rows": job.prompts * fit.GROUP, "lora": job.lora, "remat": job.remat,
-            "xla_estimate_gb": estimate / GB, "temporaries_gb": mem.temp_size_in_bytes / GB,
-            "peak_gb": None if peak is None else peak / GB, **times}
+    return {
+        "job": name,
+        "rows": job.prompts * fit.GROUP,
+        "lora": job.lora,
+        "remat": job.remat,
+        "xla_estimate_gb": estimate / GB,
+        "temporaries_gb": mem.temp_size_in_bytes / GB,
+        "peak_gb": None if peak is None else peak / GB,
+        **times,
+    }
 
 
 def section_train(args, budget: Budget, sec: dict, save, reserve: float) -> None:
@@ -91,24 +97,35 @@ def render_train(sec: dict) -> list[str]:
     rows = sec.get("rows", [])
     if not rows:
         return []
-    lines = ["### Real-size RL updates on one device (`fit.py`'s single-device jobs: FLUX.1-dev, 1024², LoRA 64, full remat)",
-             "", "| job | rows | XLA estimate GB | measured peak GB | peak / estimate | step s (median) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "### Real-size RL updates on one device (`fit.py`'s single-device jobs: FLUX.1-dev, 1024², LoRA 64, full remat)",
+        "",
+        "| job | rows | XLA estimate GB | measured peak GB | peak / estimate | step s (median) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['job']} | failed: {r['error'][:200]} | | | | |")
             continue
         ratio = r["peak_gb"] / r["xla_estimate_gb"] if r.get("peak_gb") else None
-        lines.append(f"| {r['job']} | {r['rows']} | {num(r['xla_estimate_gb'], '.1f')} | {num(r.get('peak_gb'), '.1f')} | "
-                     f"{num(ratio)} | {num(r['median_s'])} |")
+        lines.append(
+            f"| {r['job']} | {r['rows']} | {num(r['xla_estimate_gb'], '.1f')} | {num(r.get('peak_gb'), '.1f')} | "
+            f"{num(ratio)} | {num(r['median_s'])} |"
+        )
     return lines
 
 
 def summary_train(sections: dict) -> list[str]:
     """One line per job."""
-    return [f"train {r['job']}: " + (r["error"][:120] if "error" in r else
-            f"estimate {r['xla_estimate_gb']:.1f} GB, peak {num(r.get('peak_gb'), '.1f')} GB, {r['median_s']:.2f} s/step")
-            for r in sections.get("train", {}).get("rows", [])]
+    return [
+        f"train {r['job']}: "
+        + (
+            r["error"][:120]
+            if "error" in r
+            else f"estimate {r['xla_estimate_gb']:.1f} GB, peak {num(r.get('peak_gb'), '.1f')} GB, {r['median_s']:.2f} s/step"
+        )
+        for r in sections.get("train", {}).get("rows", [])
+    ]
 
 
 def plan_train(p: Plan, reserve: float) -> None:

@@ -39,11 +39,17 @@ def diversity(card, *, num_steps: int, guidance: float, prompts: int, seeds: int
     rng = np.random.default_rng([seed, 2])
     captions = []
     for _ in range(prompts):
-        labels = [int(rng.integers(0, 10))] + [int(rng.integers(0, len(digits.ATTRIBUTE_WORDS[a]))) for a in digits.ATTRIBUTES]
+        labels = [int(rng.integers(0, 10))] + [
+            int(rng.integers(0, len(digits.ATTRIBUTE_WORDS[a]))) for a in digits.ATTRIBUTES
+        ]
         captions.append(digits.caption(*labels))
     batch = [c for c in captions for _ in range(seeds)]
-    images = np.asarray(jp.generate(card, batch, seed=[500_000 + i for i in range(len(batch))], num_steps=num_steps,
-                                    guidance=guidance)["image"], np.float64).reshape(prompts, seeds, -1)
+    images = np.asarray(
+        jp.generate(card, batch, seed=[500_000 + i for i in range(len(batch))], num_steps=num_steps, guidance=guidance)[
+            "image"
+        ],
+        np.float64,
+    ).reshape(prompts, seeds, -1)
     dist = np.linalg.norm(images[:, :, None] - images[:, None, :], axis=-1)
     iu = np.triu_indices(seeds, k=1)
     return float(dist[:, iu[0], iu[1]].mean())
@@ -64,12 +70,17 @@ def measure(rows, scorer, args) -> list[dict]:
     for name, card, steps, guidance in rows:
         q = quality.t2i_quality(card, scorer, samples=args.samples, seed=args.seed, num_steps=steps, guidance=guidance)
         row = {
-            "model": name, "steps": steps, "guidance": guidance,
-            "digit_accuracy": q["digit_accuracy"], "digit_accuracy_compositional": q["digit_accuracy_compositional"],
+            "model": name,
+            "steps": steps,
+            "guidance": guidance,
+            "digit_accuracy": q["digit_accuracy"],
+            "digit_accuracy_compositional": q["digit_accuracy_compositional"],
             "all_right": q["all_attributes_correct"],
             "independent": {k: q["independent"][k] for k in ("digit_accuracy", "digit_accuracy_compositional")}
             | {"all_right": q["independent"]["all_attributes_correct"]},
-            "diversity": diversity(card, num_steps=steps, guidance=guidance, prompts=args.div_prompts, seeds=args.div_seeds),
+            "diversity": diversity(
+                card, num_steps=steps, guidance=guidance, prompts=args.div_prompts, seeds=args.div_seeds
+            ),
             "ms_per_image": 1e3 * seconds_per_image(card, num_steps=steps, guidance=guidance, batch=args.batch),
         }
         print(json.dumps(row), flush=True)
@@ -112,9 +123,12 @@ def main(argv=None) -> None:
     g = teacher.spec.loop(teacher.spec.recipe[0]).config.guidance
     n = teacher.spec.loop(teacher.spec.recipe[0]).config.num_steps
     rows = [
-        (args.teacher, teacher, n, g), (args.teacher, teacher, n, 1.0),
-        (args.teacher, teacher, 2, g), (args.teacher, teacher, 1, g),
-        (student.model_id, student, 2, 1.0), (student.model_id, student, 1, 1.0),
+        (args.teacher, teacher, n, g),
+        (args.teacher, teacher, n, 1.0),
+        (args.teacher, teacher, 2, g),
+        (args.teacher, teacher, 1, g),
+        (student.model_id, student, 2, 1.0),
+        (student.model_id, student, 1, 1.0),
     ]
     start = time.perf_counter()
     results = measure(rows, scorer, args)

@@ -72,8 +72,6 @@ ENGINE_MODES = ("serial", "batched")
 JITTED = ("enter", "node", "step", "steps", "empty", "admit", "retire", "resize")  # jaxpipe.engine.batch
 
 
-
-
 def _perturbed(card: jp.Card, seed: int) -> jp.Card:
     """Random non-zero weights in the zero-initialised adaLN / output layers (a fresh DiT outputs 0)."""
     from flax import nnx
@@ -114,7 +112,9 @@ def requests(n: int, seed: int = 0) -> list[jp.Request]:
     out = []
     for i in range(n):
         words = [DIGIT_WORDS[rng.integers(10)], STROKES[rng.integers(2)], POSITIONS[rng.integers(3)]]
-        out.append(jp.Request("flux-t2i", prompt=" ".join(words), seed=seed * 1000 + i, num_steps=STEPS[i % len(STEPS)]))
+        out.append(
+            jp.Request("flux-t2i", prompt=" ".join(words), seed=seed * 1000 + i, num_steps=STEPS[i % len(STEPS)])
+        )
     return out
 
 
@@ -157,7 +157,10 @@ def measure(engine: jp.Engine, n: int, repeats: int, budget_s: float) -> dict:
         first[mode], outs[mode] = timed_run(engine, reqs, mode)  # compiles
     images = {m: [{"image": o["image"]} for o in outs[m]] for m in ENGINE_MODES}
     images["fused"] = per_request(reqs, outs["fused"])
-    c3 = {m: parity.compare(images["serial"], images[m], tolerance=parity.TOLERANCE, level="C3") for m in ("batched", "fused")}
+    c3 = {
+        m: parity.compare(images["serial"], images[m], tolerance=parity.TOLERANCE, level="C3")
+        for m in ("batched", "fused")
+    }
     times = {m: [] for m in MODES}
     start = time.perf_counter()
     for r in range(repeats):
@@ -261,13 +264,11 @@ PIECES = {
 }
 
 
-
-
 def report(results: dict, info: dict, loads: tuple[float, float], elapsed: float, quick: bool) -> str:
     lines = [
         "## engine",
         "",
-        "`python benchmarks/engine.py`: `engine.run_many(requests, mode=\"batched\")` vs `mode=\"serial\"` (each request",
+        '`python benchmarks/engine.py`: `engine.run_many(requests, mode="batched")` vs `mode="serial"` (each request',
         "alone, its loop driven one jitted step per call) vs the fused path (`jp.generate`, one jitted encode -> scan ->",
         "decode call per distinct step count, batching that step count's requests) for N concurrent text-to-image",
         f"requests with mixed step counts ({', '.join(map(str, STEPS))} steps, cycling), distinct seeds and prompts, one",
@@ -306,7 +307,11 @@ def report(results: dict, info: dict, loads: tuple[float, float], elapsed: float
             + f" -> the most batching can save on compute here is {scaling[min(scaling)] / min(scaling.values()):.2f}×.",
         ]
         if res.get("breakdown"):
-            lines += ["", "Where the time goes at N = 16 (every jitted engine call synchronised and timed; ms per run):", ""]
+            lines += [
+                "",
+                "Where the time goes at N = 16 (every jitted engine call synchronised and timed; ms per run):",
+                "",
+            ]
             lines += ["| piece | serial ms (calls) | batched ms (calls) |", "|---|---:|---:|"]
             keys = list(dict.fromkeys([*res["breakdown"]["serial"], *res["breakdown"]["batched"]]))
             keys = [k for k in keys if k != "total"] + ["total"]
@@ -328,12 +333,12 @@ def report(results: dict, info: dict, loads: tuple[float, float], elapsed: float
     return "\n".join(lines) + "\n"
 
 
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="sizes 1 and 4, few repeats, print only")
-    parser.add_argument("--results", type=pathlib.Path, default=None, help=f"write the section here (default: {RESULTS.name})")
+    parser.add_argument(
+        "--results", type=pathlib.Path, default=None, help=f"write the section here (default: {RESULTS.name})"
+    )
     args = parser.parse_args(argv)
     sizes = (1, 4) if args.quick else SIZES
     repeats = 2 if args.quick else 7

@@ -30,7 +30,9 @@ import sys
 DEVICES = 8
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     # before JAX starts: the simulated mesh the sharded jobs compile for
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}".strip()
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}".strip()
+    )
 
 import argparse
 import dataclasses
@@ -79,7 +81,9 @@ def models(quick: bool) -> dict[str, Model]:
     """The networks the jobs train: FLUX.1-dev at 1024² and Wan 2.1 14B at 480p × 81 frames (or test sizes)."""
     if quick:
         return {
-            "flux": Model("FLUX tiny", flux.FluxConfig.tiny(num_layers=2, num_single_layers=2), (8, 8, 4), (8, 32), 32, 24),
+            "flux": Model(
+                "FLUX tiny", flux.FluxConfig.tiny(num_layers=2, num_single_layers=2), (8, 8, 4), (8, 32), 32, 24
+            ),
             "wan": Model("Wan tiny", wan.WanConfig.tiny(), (3, 8, 8, 4), (8, 32), tokens=48),
         }
     return {
@@ -161,8 +165,9 @@ def cond_of(job: Job, model: Model, rows: int):
     text = jax.ShapeDtypeStruct((rows, *model.text), jnp.bfloat16)
     if job.model == "wan":
         return wan.WanCond(text)
-    return flux.FluxCond(text, jax.ShapeDtypeStruct((rows, model.pooled), jnp.bfloat16),
-                         jax.ShapeDtypeStruct((rows,), jnp.float32))
+    return flux.FluxCond(
+        text, jax.ShapeDtypeStruct((rows, model.pooled), jnp.bfloat16), jax.ShapeDtypeStruct((rows,), jnp.float32)
+    )
 
 
 def _master(state):
@@ -207,16 +212,25 @@ def build(job: Job, quick: bool):
         config = grpo.FlowGRPOConfig(group=Group(size=GROUP), sampling=Sampling(sampler="sde", num_steps=10))
         latents = jax.ShapeDtypeStruct((WINDOW, rows, *model.latent), jnp.float32)
         per_step = jax.ShapeDtypeStruct((WINDOW, rows), jnp.float32)
-        trajectory = denoise.Transition(latents, latents, latents, per_step, per_step, per_step, per_step,
-                                        jax.ShapeDtypeStruct((WINDOW, rows), jnp.int32))
+        trajectory = denoise.Transition(
+            latents,
+            latents,
+            latents,
+            per_step,
+            per_step,
+            per_step,
+            per_step,
+            jax.ShapeDtypeStruct((WINDOW, rows), jnp.int32),
+        )
         generated = Generated(jax.ShapeDtypeStruct((rows, 1), jnp.float32), cond, trajectory)
         generated_sh = Generated(rows_sh, cond_sh, jax.tree.map(lambda _: time_rows_sh, trajectory))
         advantages = jax.ShapeDtypeStruct((rows,), jnp.float32)
 
         def step(params, reference, opt_state, frozen, generated, advantages):
             frozen_arg[0] = frozen
-            out = grpo.generator_update(tx, models_of, params, reference, opt_state, generated, advantages, None, None,
-                                        config, sampling)
+            out = grpo.generator_update(
+                tx, models_of, params, reference, opt_state, generated, advantages, None, None, config, sampling
+            )
             return out.params, out.opt_state, out.aux
 
         args = (params, params, opt_state, frozen, generated, advantages)
@@ -285,12 +299,15 @@ def measure(job: Job, quick: bool) -> dict:
 def render(results: list[dict], info: dict) -> str:
     """The ``fit`` section of RESULTS.md."""
     lines = [
-        "## fit", "",
+        "## fit",
+        "",
         f"`python benchmarks/fit.py`: {info['cpu']}, {info['cores']} cores, JAX {info['jax']}, {info['date']}; "
-        f"{DEVICES} simulated CPU devices.", "",
+        f"{DEVICES} simulated CPU devices.",
+        "",
         "Per device, GB, from XLA's `compiled.memory_analysis()` of the whole training step (one optimiser step; "
         "total = arguments + outputs + temporaries − donated aliases). Trained weights float32 + Adam + the "
-        "reference / old copy; frozen weights and compute bfloat16; attention `chunked` unless said.", "",
+        "reference / old copy; frozen weights and compute bfloat16; attention `chunked` unless said.",
+        "",
         "| job | network | mesh (data × model) | rows | trained params | remat | scan | attention | arguments | "
         "temporaries | total | fits H200 (141) | fits v5p (95) | trace + compile s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -300,7 +317,11 @@ def render(results: list[dict], info: dict) -> str:
             lines.append(f"| {r['name']} | failed: {r['error'][:120]} |" + " |" * 12)
             continue
         yes = lambda ok: "yes" if ok else "**no**"
-        trained = f"{r['trained_parameters'] / 1e9:.2f} B" if r["trained_parameters"] > 1e8 else f"{r['trained_parameters'] / 1e6:.1f} M"
+        trained = (
+            f"{r['trained_parameters'] / 1e9:.2f} B"
+            if r["trained_parameters"] > 1e8
+            else f"{r['trained_parameters'] / 1e6:.1f} M"
+        )
         lines.append(
             f"| {r['name']} | {r['network']} | {r['data']} × {r['tp']} | {r['rows']} | {trained} | {r['remat']} | "
             f"{'yes' if r['scan'] else 'no'} | {r['attention']} | {r['arguments_gb']:.1f} | {r['temporaries_gb']:.1f} | "

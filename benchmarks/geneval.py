@@ -59,20 +59,32 @@ def methods(card, unified) -> dict:
     """The contenders, rolling out at guidance 1 (FlowGRPO's log-probs need it; NFT's default), as on the digits world:
     FlowGRPO and NFT on ``card``, UnifiedRL on ``unified`` (its generator half FlowGRPO's very config; the refiner
     at its defaults: 1 of K samples keeps the prompt as written, lr 1e-3, token clip 0.2, KL β 0.01)."""
-    grpo = FlowGRPOConfig(group=Group(GROUP), beta=0.04, optimizer=Optimizer(1e-4),
-                          sampling=Sampling(num_steps=NUM_STEPS, sampler="sde", sde_window=(0, 4)))
-    nft = DiffusionNFTConfig(group=Group(GROUP, adv_clip=2.0), sampling=Sampling(num_steps=NUM_STEPS),
-                             optimizer=Optimizer(1e-4))
-    return {"flow-grpo": (card, FlowGRPO(card, judge_reward, grpo)), "nft": (card, DiffusionNFT(card, judge_reward, nft)),
-            "unified-rl": (unified, UnifiedRL(unified, judge_reward, UnifiedRLConfig(generator=grpo)))}
+    grpo = FlowGRPOConfig(
+        group=Group(GROUP),
+        beta=0.04,
+        optimizer=Optimizer(1e-4),
+        sampling=Sampling(num_steps=NUM_STEPS, sampler="sde", sde_window=(0, 4)),
+    )
+    nft = DiffusionNFTConfig(
+        group=Group(GROUP, adv_clip=2.0), sampling=Sampling(num_steps=NUM_STEPS), optimizer=Optimizer(1e-4)
+    )
+    return {
+        "flow-grpo": (card, FlowGRPO(card, judge_reward, grpo)),
+        "nft": (card, DiffusionNFT(card, judge_reward, nft)),
+        "unified-rl": (unified, UnifiedRL(unified, judge_reward, UnifiedRLConfig(generator=grpo))),
+    }
 
 
 def training_prompts(test_prompts: int, n: int = 4000) -> PromptSet:
     """The RL prompt pool: ``n`` train-split draws, the six categories equally (seed 100), less the test prompts of the
     categories with more than one thing (the one-thing categories have only 12 texts: all of them are test prompts)."""
     rng = np.random.default_rng(100)
-    test = {p.text for c in grammar.CATEGORIES if c not in ("single_object", "colors")
-            for p in grammar.prompt_set(c, test_prompts)}
+    test = {
+        p.text
+        for c in grammar.CATEGORIES
+        if c not in ("single_object", "colors")
+        for p in grammar.prompt_set(c, test_prompts)
+    }
     texts = [grammar.sample(grammar.CATEGORIES[i % 6], rng).text for i in range(n)]
     return PromptSet.from_list([t for t in dict.fromkeys(texts) if t not in test])
 
@@ -80,10 +92,21 @@ def training_prompts(test_prompts: int, n: int = 4000) -> PromptSet:
 def judge_card(card, args) -> dict:
     """``{str(guidance): {split: geneval table}}`` at each judged guidance, and the seconds it took."""
     start = time.perf_counter()
-    out = {str(g): {split: evaluation.geneval(card, split=split, prompts=args.prompts, samples=args.samples,
-                                              num_steps=NUM_STEPS, guidance=g, progress=not args.quick)
-                    for split in grammar.SPLITS}
-           for g in args.guidance}
+    out = {
+        str(g): {
+            split: evaluation.geneval(
+                card,
+                split=split,
+                prompts=args.prompts,
+                samples=args.samples,
+                num_steps=NUM_STEPS,
+                guidance=g,
+                progress=not args.quick,
+            )
+            for split in grammar.SPLITS
+        }
+        for g in args.guidance
+    }
     out["seconds"] = time.perf_counter() - start
     return out
 
@@ -93,20 +116,28 @@ def appended(card, args, top: int = 8) -> dict:
     seeds and so the same LM draws as its geneval renders, whatever the guidance or steps): the fraction of renders
     with extra words (overall and per category), the mean extra words, and the ``top`` commonest appended words and
     whole appendices."""
-    rows = [(c, p.text, 1000 * i + j) for c in grammar.CATEGORIES
-            for i, p in enumerate(grammar.prompt_set(c, args.prompts)) for j in range(args.samples)]
+    rows = [
+        (c, p.text, 1000 * i + j)
+        for c in grammar.CATEGORIES
+        for i, p in enumerate(grammar.prompt_set(c, args.prompts))
+        for j in range(args.samples)
+    ]
     refined = []
     for start in range(0, len(rows), 64):  # one denoise step: the refinement does not depend on the denoiser
-        chunk = rows[start:start + 64]
+        chunk = rows[start : start + 64]
         refined += jp.generate(card, [t for _, t, _ in chunk], seed=[s for *_, s in chunk], num_steps=1)["refined_text"]
-    extra = [r.split()[len(t.split()):] for (_, t, _), r in zip(rows, refined)]
+    extra = [r.split()[len(t.split()) :] for (_, t, _), r in zip(rows, refined)]
     words = Counter(w for e in extra for w in e)
     tails = Counter(" ".join(e) for e in extra if e)
     return {
-        "renders": len(rows), "with_extra_words": float(np.mean([bool(e) for e in extra])),
+        "renders": len(rows),
+        "with_extra_words": float(np.mean([bool(e) for e in extra])),
         "mean_extra_words": float(np.mean([len(e) for e in extra])),
-        "by_category": {c: float(np.mean([bool(e) for e, (k, _, _) in zip(extra, rows) if k == c])) for c in grammar.CATEGORIES},
-        "top_words": words.most_common(top), "top_appendices": tails.most_common(top),
+        "by_category": {
+            c: float(np.mean([bool(e) for e, (k, _, _) in zip(extra, rows) if k == c])) for c in grammar.CATEGORIES
+        },
+        "top_words": words.most_common(top),
+        "top_appendices": tails.most_common(top),
     }
 
 
@@ -119,22 +150,35 @@ def measure(args) -> dict:
     for seed in args.seeds:
         for name, (start_card, method) in methods(card, unified).items():
             start = time.perf_counter()
-            state, history = fit(method.step, method.init(), pool.batches(start_card, PROMPTS_PER_STEP, seed=seed),
-                                 steps=args.steps, key=jax.random.key(seed), desc=f"{name} seed {seed}",
-                                 progress=not args.quick)
+            state, history = fit(
+                method.step,
+                method.init(),
+                pool.batches(start_card, PROMPTS_PER_STEP, seed=seed),
+                steps=args.steps,
+                key=jax.random.key(seed),
+                desc=f"{name} seed {seed}",
+                progress=not args.quick,
+            )
             seconds = time.perf_counter() - start
             trained = method.card(state)
             result = judge_card(trained, args)
             result.update(rewards=[row["reward_mean"] for row in history], train_seconds=seconds)
-            if "refined_tokens" in history[0]:  # the joint run: its rollouts' rewrite lengths (<eos> counted) and rewards
-                result.update(refined_tokens=[row["refined_tokens"] for row in history],
-                              reward_refined=[row["reward_refined"] for row in history],
-                              reward_original=[row["reward_original"] for row in history], appended=appended(trained, args))
+            if (
+                "refined_tokens" in history[0]
+            ):  # the joint run: its rollouts' rewrite lengths (<eos> counted) and rewards
+                result.update(
+                    refined_tokens=[row["refined_tokens"] for row in history],
+                    reward_refined=[row["reward_refined"] for row in history],
+                    reward_original=[row["reward_original"] for row in history],
+                    appended=appended(trained, args),
+                )
             raw["runs"].setdefault(name, {})[str(seed)] = result
             first = result[str(args.guidance[0])]
-            print(f"{name} seed {seed}: overall {first['train']['overall']:.3f} (test) "
-                  f"{first['heldout']['overall']:.3f} (held out) at guidance {args.guidance[0]}, trained in {seconds:.0f} s",
-                  flush=True)
+            print(
+                f"{name} seed {seed}: overall {first['train']['overall']:.3f} (test) "
+                f"{first['heldout']['overall']:.3f} (held out) at guidance {args.guidance[0]}, trained in {seconds:.0f} s",
+                flush=True,
+            )
     machine = machine_info()
     raw["header"] = [
         f"Measured {machine['date']} on {machine['cpu']} ({machine['cores']} cores), "
@@ -166,11 +210,19 @@ def table(raw: dict) -> list[str]:
     lines = []
     guidances = [k for k in raw["base"] if k != "seconds"]
     for g in guidances:
-        for split, title in (("train", "test prompts (seen colour-shape pairs)"), ("heldout", "held-out colour-shape pairs")):
-            lines += [f"**{title}, guidance {g}** — all-right accuracy, % (mean ± half the range over seeds)", "",
-                      "| card | " + " | ".join(grammar.CATEGORIES) + " | overall | diversity |",
-                      "|---" * (len(grammar.CATEGORIES) + 3) + "|"]
-            rows = {"base shapes-t2i": [raw["base"]]} | ({"base shapes-unified": [raw["base_unified"]]} if "base_unified" in raw else {})
+        for split, title in (
+            ("train", "test prompts (seen colour-shape pairs)"),
+            ("heldout", "held-out colour-shape pairs"),
+        ):
+            lines += [
+                f"**{title}, guidance {g}** — all-right accuracy, % (mean ± half the range over seeds)",
+                "",
+                "| card | " + " | ".join(grammar.CATEGORIES) + " | overall | diversity |",
+                "|---" * (len(grammar.CATEGORIES) + 3) + "|",
+            ]
+            rows = {"base shapes-t2i": [raw["base"]]} | (
+                {"base shapes-unified": [raw["base_unified"]]} if "base_unified" in raw else {}
+            )
             rows |= {name: list(seeds.values()) for name, seeds in raw["runs"].items()}
             for name, results in rows.items():
                 cells = [_cell([r[g][split]["accuracy"][c] for r in results]) for c in grammar.CATEGORIES]
@@ -186,17 +238,28 @@ def table(raw: dict) -> list[str]:
         lines.append(f"| {name} | {np.mean(first):.3f} | {np.mean(last):.3f} | {seconds:.0f} |")
     if "base_unified" not in raw:
         return lines
-    lines += ["", "What the refiner appends to the test prompts (the train split's judged renders, the refinement its geneval "
-              "renders drew): renders with extra words, mean extra words, the commonest appendices (count of renders)", "",
-              "| card | renders with extra words | mean extra words | one-object prompts with extra words | commonest appendices |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "What the refiner appends to the test prompts (the train split's judged renders, the refinement its geneval "
+        "renders drew): renders with extra words, mean extra words, the commonest appendices (count of renders)",
+        "",
+        "| card | renders with extra words | mean extra words | one-object prompts with extra words | commonest appendices |",
+        "|---|---|---|---|---|",
+    ]
     shown = {"base shapes-unified": [raw["base_unified"]]} if "base_unified" in raw else {}
-    shown |= {f"{name} seed {seed}": [r] for name, seeds in raw["runs"].items() for seed, r in seeds.items() if "appended" in r}
+    shown |= {
+        f"{name} seed {seed}": [r]
+        for name, seeds in raw["runs"].items()
+        for seed, r in seeds.items()
+        if "appended" in r
+    }
     for name, (result,) in shown.items():
         a = result["appended"]
         one = np.mean([a["by_category"][c] for c in ("single_object", "colors")])
         tails = ", ".join(f"`{t}` {n}" for t, n in a["top_appendices"][:4]) or "none"
-        lines.append(f"| {name} | {100 * a['with_extra_words']:.0f}% | {a['mean_extra_words']:.2f} | {100 * one:.0f}% | {tails} |")
+        lines.append(
+            f"| {name} | {100 * a['with_extra_words']:.0f}% | {a['mean_extra_words']:.2f} | {100 * one:.0f}% | {tails} |"
+        )
     return lines
 
 
@@ -236,7 +299,10 @@ def grid(card_id: str, path: pathlib.Path, seeds: int = 4) -> None:
         draw.text((6, row * (cell + 4) + cell // 2 - 6), text, fill="black")
         for col in range(seeds):
             pixels = (np.asarray(images[row * seeds + col]) * 255).round().astype(np.uint8)
-            canvas.paste(Image.fromarray(pixels).resize((cell, cell), Image.NEAREST), (label + col * (cell + 4), row * (cell + 4)))
+            canvas.paste(
+                Image.fromarray(pixels).resize((cell, cell), Image.NEAREST),
+                (label + col * (cell + 4), row * (cell + 4)),
+            )
     canvas.save(path)
 
 
@@ -244,17 +310,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 steps, 1 prompt per category, prints only")
     parser.add_argument("--card", default="shapes-t2i", help="the base card: an id or a card folder")
-    parser.add_argument("--unified-card", default="shapes-unified",
-                        help="the joint run's card (a refiner LM in front of --card's generator): an id or a card folder")
+    parser.add_argument(
+        "--unified-card",
+        default="shapes-unified",
+        help="the joint run's card (a refiner LM in front of --card's generator): an id or a card folder",
+    )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--prompts", type=int, default=24, help="prompts per category")
     parser.add_argument("--samples", type=int, default=2, help="seeds per prompt")
-    parser.add_argument("--guidance", type=float, nargs="+", default=None,
-                        help="the guidances every card is judged at (default: 1, the RL rollouts', and the card's own)")
+    parser.add_argument(
+        "--guidance",
+        type=float,
+        nargs="+",
+        default=None,
+        help="the guidances every card is judged at (default: 1, the RL rollouts', and the card's own)",
+    )
     parser.add_argument("--raw", type=pathlib.Path, default=RAW)
-    parser.add_argument("--replot", type=pathlib.Path, help="only rebuild the table and plot from this raw results file")
-    parser.add_argument("--grid", action="store_true", help="only draw docs/img/shapes_grid.png (one prompt per category)")
+    parser.add_argument(
+        "--replot", type=pathlib.Path, help="only rebuild the table and plot from this raw results file"
+    )
+    parser.add_argument(
+        "--grid", action="store_true", help="only draw docs/img/shapes_grid.png (one prompt per category)"
+    )
     args = parser.parse_args()
     if args.grid:
         grid(args.card, HERE.parent / "docs" / "img" / "shapes_grid.png")
@@ -267,7 +345,17 @@ def main() -> None:
     if not args.quick and not args.replot:
         args.raw.parent.mkdir(parents=True, exist_ok=True)
         args.raw.write_text(json.dumps(raw))
-    body = "\n".join([f"## {SECTION}", "", *raw["header"], "", *table(raw), "", "![RL reward curves](../docs/img/geneval_rewards.png)"])
+    body = "\n".join(
+        [
+            f"## {SECTION}",
+            "",
+            *raw["header"],
+            "",
+            *table(raw),
+            "",
+            "![RL reward curves](../docs/img/geneval_rewards.png)",
+        ]
+    )
     print(body)
     path = pathlib.Path(tempfile.mkdtemp()) / PLOT.name if args.quick else PLOT
     plot(raw, path)

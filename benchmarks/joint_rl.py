@@ -138,8 +138,14 @@ def make_batch(card: Card, prompts: int, seed: int = 0) -> Prompts:
 
 def expert_args(method: JointMultiExpertRL, state, ro) -> tuple:
     """``expert_update``'s arguments stacked on the expert axis (what ``update`` vmaps over)."""
-    return (state.params["refiner"], state.copies["refiner_reference"], state.opt_state["refiner"], method.allowed,
-            ro.refinement, ro.refiner_advantages)
+    return (
+        state.params["refiner"],
+        state.copies["refiner_reference"],
+        state.opt_state["refiner"],
+        method.allowed,
+        ro.refinement,
+        ro.refiner_advantages,
+    )
 
 
 def slice_experts(args: tuple, n: int) -> list[tuple]:
@@ -309,8 +315,11 @@ def table(rows: list[Row], joint: bool) -> str:
     context = ("update", "step") + (("joint",) if joint else ())
     head = (
         "| P × K (rows) | N | vmap ms | loop ms | **loop / vmap** | best-of loop / vmap | vmap ms / N | loop ms / N "
-        "| scan ms | dispatch ms | update ms | step ms" + (" | joint step ms" if joint else "")
-        + " | compile s (vmap / one expert / scan / " + " / ".join(context) + ") | max abs diff | repeats |"
+        "| scan ms | dispatch ms | update ms | step ms"
+        + (" | joint step ms" if joint else "")
+        + " | compile s (vmap / one expert / scan / "
+        + " / ".join(context)
+        + ") | max abs diff | repeats |"
     )
     lines = [head, "|---|" + "---:|" * (head.count("|") - 2)]
     for r in rows:
@@ -397,13 +406,26 @@ def describe(card: Card) -> str:
 
 
 def section_body(
-    info: dict, rows: list[Row], about: str, loads: tuple[float, float], elapsed: float, quick: bool, joint: bool, rounds: int
+    info: dict,
+    rows: list[Row],
+    about: str,
+    loads: tuple[float, float],
+    elapsed: float,
+    quick: bool,
+    joint: bool,
+    rounds: int,
 ) -> str:
     busy = " (other processes were using the CPU: medians are noisy; see best-of)" if max(loads) >= 0.5 else ""
     fit_lines = fits(rows)
-    fit_text = "".join(
-        ["Linear fits of the medians (`t(N) ≈ fixed + per-expert · N`, ms):\n\n"] + [f"- {f}\n" for f in fit_lines] + ["\n"]
-    ) if fit_lines else ""
+    fit_text = (
+        "".join(
+            ["Linear fits of the medians (`t(N) ≈ fixed + per-expert · N`, ms):\n\n"]
+            + [f"- {f}\n" for f in fit_lines]
+            + ["\n"]
+        )
+        if fit_lines
+        else ""
+    )
     return (
         "## joint_rl\n\n"
         "`python benchmarks/joint_rl.py`: the N refiner updates of `JointMultiExpertRL` as ONE `jax.vmap` vs a\n"
@@ -478,7 +500,10 @@ def main(argv=None) -> int:
     parser.add_argument("--no-joint", dest="joint", action="store_false", help="skip the joint-step context column")
     parser.add_argument("--experts", type=int, nargs="+", default=None, help=f"N values (default {EXPERTS})")
     parser.add_argument(
-        "--results", type=pathlib.Path, default=None, help=f"write the section here (default: {RESULTS.name} on full runs)"
+        "--results",
+        type=pathlib.Path,
+        default=None,
+        help=f"write the section here (default: {RESULTS.name} on full runs)",
     )
     args = parser.parse_args(argv)
     joint = args.joint and not args.quick

@@ -57,7 +57,9 @@ def with_router(card: Card, router, model_id: str) -> Card:
 def time_per_video(cards: dict[str, Card], render: int, repeats: int) -> dict[str, float]:
     """Card -> median ms per video of one ``jp.generate`` call of ``render`` prompts."""
     rng = np.random.default_rng(1)
-    batch = [digits.caption(int(d), motion=int(m)) for d, m in zip(rng.integers(0, 10, render), rng.integers(0, 5, render))]
+    batch = [
+        digits.caption(int(d), motion=int(m)) for d, m in zip(rng.integers(0, 10, render), rng.integers(0, 5, render))
+    ]
     seeds = list(range(render))
     for card in cards.values():
         jax.block_until_ready(jp.generate(card, batch, seed=seeds)["video"])
@@ -94,22 +96,30 @@ def main() -> None:
         rows[name] = {**q, "params": card.num_params(), "step_params": step_params(card)}
     for name, ms in time_per_video(cards, args.render, args.repeats).items():
         rows[name]["ms_per_video"] = ms
-    lines = ["| card | motion as prompted | digit, first frame (scorer) | digit, last frame (scorer) "
-             "| digit, first frame (independent) | digit, last frame (independent) | ms / video | params (all / per step) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| card | motion as prompted | digit, first frame (scorer) | digit, last frame (scorer) "
+        "| digit, first frame (independent) | digit, last frame (independent) | ms / video | params (all / per step) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     pct = lambda r, k: f"{100 * r[k]:.0f}%" if k in r else "–"
     for name, r in rows.items():
         ind = r.get("independent", {})
-        lines.append(f"| `{name}` | {pct(r, 'motion_accuracy')} | {pct(r, 'first_frame_digit_accuracy')} "
-                     f"| {pct(r, 'last_frame_digit_accuracy')} | {pct(ind, 'first_frame_digit_accuracy')} "
-                     f"| {pct(ind, 'last_frame_digit_accuracy')} | {r['ms_per_video']:.1f} "
-                     f"| {r['params'] / 1e6:.2f} M / {r['step_params'] / 1e6:.2f} M |")
+        lines.append(
+            f"| `{name}` | {pct(r, 'motion_accuracy')} | {pct(r, 'first_frame_digit_accuracy')} "
+            f"| {pct(r, 'last_frame_digit_accuracy')} | {pct(ind, 'first_frame_digit_accuracy')} "
+            f"| {pct(ind, 'last_frame_digit_accuracy')} | {r['ms_per_video']:.1f} "
+            f"| {r['params'] / 1e6:.2f} M / {r['step_params'] / 1e6:.2f} M |"
+        )
     print("\n".join(lines))
-    print(f"samples {args.samples} (seed 0), time: median of {args.repeats} x {args.render} prompts; "
-          f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    print(
+        f"samples {args.samples} (seed 0), time: median of {args.repeats} x {args.render} prompts; "
+        f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}"
+    )
     if not args.quick:
         with open(args.json, "w") as f:
-            json.dump({"samples": args.samples, "render": args.render, "repeats": args.repeats, "rows": rows}, f, indent=2)
+            json.dump(
+                {"samples": args.samples, "render": args.render, "repeats": args.repeats, "rows": rows}, f, indent=2
+            )
 
 
 if __name__ == "__main__":

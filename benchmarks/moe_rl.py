@@ -45,7 +45,9 @@ def batches(card, prompts: int, seed: int):
 
 
 def same(a, b) -> bool:
-    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b))))
+    return all(
+        bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b)))
+    )
 
 
 def main() -> None:
@@ -58,8 +60,12 @@ def main() -> None:
     parser.add_argument("--json", default="/tmp/moe_rl.json")
     args = parser.parse_args()
     card, scorer = jp.cards.load("wan22-moe"), jp.cards.load("digit-scorer")
-    config = FlowGRPOConfig(group=Group(4), sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 3)),
-                            beta=args.beta, optimizer=Optimizer(args.learning_rate))
+    config = FlowGRPOConfig(
+        group=Group(4),
+        sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 3)),
+        beta=args.beta,
+        optimizer=Optimizer(args.learning_rate),
+    )
     method = FlowGRPO(card, scorer_reward(scorer, ("digit",)), config)
     print("trained experts:", method.trained_experts)
     before = quality.t2v_quality(card, scorer, samples=args.samples)["full"]
@@ -81,10 +87,17 @@ def main() -> None:
         "trained_experts": list(method.trained_experts),
         "low_expert_bit_identical": same(trained["transformer_low"], card["transformer_low"]),
         "high_expert_changed": not same(trained["transformer_high"], card["transformer_high"]),
-        "reward_first_quarter": float(np.mean(rewards[:k])), "reward_last_quarter": float(np.mean(rewards[-k:])),
-        "rewards": rewards, "train_s": train_s, "steps": args.steps, "prompts_per_step": args.prompts,
-        "group_size": config.group.size, "learning_rate": args.learning_rate, "beta": args.beta,
-        "versions_before": versions_before, "versions_after": versions_after,
+        "reward_first_quarter": float(np.mean(rewards[:k])),
+        "reward_last_quarter": float(np.mean(rewards[-k:])),
+        "rewards": rewards,
+        "train_s": train_s,
+        "steps": args.steps,
+        "prompts_per_step": args.prompts,
+        "group_size": config.group.size,
+        "learning_rate": args.learning_rate,
+        "beta": args.beta,
+        "versions_before": versions_before,
+        "versions_after": versions_after,
         "quality_before": {k2: v for k2, v in before.items() if k2 != "motion_accuracy_by_direction"},
         "quality_after": {k2: v for k2, v in after.items() if k2 != "motion_accuracy_by_direction"},
     }

@@ -77,7 +77,9 @@ def bagel_table(results: dict) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=200)
-    parser.add_argument("--shared", type=pathlib.Path, help="a bagel-mot card trained with --routing shared (equal compute)")
+    parser.add_argument(
+        "--shared", type=pathlib.Path, help="a bagel-mot card trained with --routing shared (equal compute)"
+    )
     parser.add_argument("--raw", type=pathlib.Path, default=pathlib.Path("out/benchmarks/mot.json"))
     parser.add_argument("--quick", action="store_true", help="smoke test: 4 samples, prints only")
     args = parser.parse_args()
@@ -98,9 +100,15 @@ def main() -> None:
         video = quality.t2v_quality(jp.cards.load("cosmos3"), scorer, samples=max(args.samples // 2, 1))
     counts = {}
     base = jp.cards.load("bagel-mot")["transformer"].cfg
-    for label, routing in (("shared", "shared"), ("modality", "modality"), ("partial: FFNs routed", Routing.ffn_only(base.depth)),
-                           ("partial: first 2 layers shared", Routing.first_shared(base.depth, 2))):
-        abstract = nnx.eval_shape(lambda routing=routing: MoT(dataclasses.replace(base, routing=routing), rngs=nnx.Rngs(0)))
+    for label, routing in (
+        ("shared", "shared"),
+        ("modality", "modality"),
+        ("partial: FFNs routed", Routing.ffn_only(base.depth)),
+        ("partial: first 2 layers shared", Routing.first_shared(base.depth, 2)),
+    ):
+        abstract = nnx.eval_shape(
+            lambda routing=routing: MoT(dataclasses.replace(base, routing=routing), rngs=nnx.Rngs(0))
+        )
         counts[label] = abstract.param_counts()
     if not args.quick:
         args.raw.parent.mkdir(parents=True, exist_ok=True)
@@ -127,8 +135,10 @@ def main() -> None:
         "",
         "| policy | shared | understanding expert | generation expert | io | total |",
         "|---|---|---|---|---|---|",
-        *[f"| {k} | {c['shared']:,} | {c['understanding']:,} | {c['generation']:,} | {c['io']:,} | {c['total']:,} |"
-          for k, c in counts.items()],
+        *[
+            f"| {k} | {c['shared']:,} | {c['understanding']:,} | {c['generation']:,} | {c['io']:,} | {c['total']:,} |"
+            for k, c in counts.items()
+        ],
     ]
     if video:
         f, d = video["full"], video["digit_only"]

@@ -58,8 +58,12 @@ HERE = pathlib.Path(__file__).resolve().parent
 PLOT = HERE / "nft_vs_grpo.png"
 RAW = HERE.parent / "out" / "benchmarks" / "nft_vs_grpo.json"
 PROMPTS_PER_STEP, GROUP, NUM_STEPS = 4, 4, 8
-GRPO = FlowGRPOConfig(group=Group(GROUP), sampling=Sampling(num_steps=NUM_STEPS, sampler="sde", sde_window=(0, 4)),
-                      beta=0.04, optimizer=Optimizer(1e-4))
+GRPO = FlowGRPOConfig(
+    group=Group(GROUP),
+    sampling=Sampling(num_steps=NUM_STEPS, sampler="sde", sde_window=(0, 4)),
+    beta=0.04,
+    optimizer=Optimizer(1e-4),
+)
 """FlowGRPO as the README's FlowGRPO section and ``jaxpipe train flow-grpo`` run it."""
 SWEEP = (
     {"learning_rate": 3e-5, "beta": 1.0, "ema_end": 0.5},
@@ -77,10 +81,17 @@ SWEEP = (
 """The ``--sweep`` grid of NFT settings (the rest as ``nft_config``)."""
 
 
-def nft_config(learning_rate: float, beta: float, ema_end: float, adv_clip: float = 2.0, ema_ramp_steps: int = 100) -> DiffusionNFTConfig:
+def nft_config(
+    learning_rate: float, beta: float, ema_end: float, adv_clip: float = 2.0, ema_ramp_steps: int = 100
+) -> DiffusionNFTConfig:
     """DiffusionNFT on the same P, K and 8-step schedule as FlowGRPO (ODE rollouts, guidance 1)."""
-    return DiffusionNFTConfig(group=Group(GROUP, adv_clip=adv_clip), sampling=Sampling(num_steps=NUM_STEPS), beta=beta,
-                              ema=EMA(end=ema_end, ramp_steps=ema_ramp_steps), optimizer=Optimizer(learning_rate))
+    return DiffusionNFTConfig(
+        group=Group(GROUP, adv_clip=adv_clip),
+        sampling=Sampling(num_steps=NUM_STEPS),
+        beta=beta,
+        ema=EMA(end=ema_end, ramp_steps=ema_ramp_steps),
+        optimizer=Optimizer(learning_rate),
+    )
 
 
 def parse_grid(text: str) -> tuple[dict, ...]:
@@ -101,8 +112,15 @@ def judge(card: Card, scorer: Card, spec: PromptSpec, settings: EvalSettings) ->
     digit-scorer (the reward's own weights) and, under ``"independent"``, by the independent evaluators
     (digit-classifier + analytic readers, ``quality.t2i_quality``'s own second reading of the same images)."""
     start = time.perf_counter()
-    q = quality.t2i_quality(card, scorer, samples=settings.samples, seed=settings.seed, num_steps=NUM_STEPS, guidance=1.0,
-                            batch=settings.batch)
+    q = quality.t2i_quality(
+        card,
+        scorer,
+        samples=settings.samples,
+        seed=settings.seed,
+        num_steps=NUM_STEPS,
+        guidance=1.0,
+        batch=settings.batch,
+    )
     return {
         "all_right": q["all_attributes_correct"],
         "digit_accuracy": q["digit_accuracy"],
@@ -147,15 +165,18 @@ class Runner:
     """One method's training run, advanced a step at a time: key ``i`` = ``fold_in(key(seed), i)``; per-step
     train reward and warm seconds (evaluations excluded); ``evaluate(card)`` every ``every`` steps."""
 
-    def __init__(self, method, batches: Iterator[Prompts], seed: int, every: int, evaluate: Callable[[Card], dict] | None):
+    def __init__(
+        self, method, batches: Iterator[Prompts], seed: int, every: int, evaluate: Callable[[Card], dict] | None
+    ):
         self.method, self.batches, self.every, self.evaluate = method, batches, every, evaluate
         self.state, self.key = method.init(jax.random.key(seed)), jax.random.key(seed)
         self.steps, self.spent = 0, 0.0
         self.rewards, self.times, self.evals = [], [], {}
 
     def step(self) -> None:
-        self.state, metrics, seconds = _timed_step(self.method, self.state, next(self.batches),
-                                                   jax.random.fold_in(self.key, self.steps))
+        self.state, metrics, seconds = _timed_step(
+            self.method, self.state, next(self.batches), jax.random.fold_in(self.key, self.steps)
+        )
         self.steps, self.spent = self.steps + 1, self.spent + seconds
         self.rewards.append(float(metrics["reward_mean"]))
         self.times.append(seconds)
@@ -207,11 +228,22 @@ def measure(args) -> dict:
     spec = PromptSpec()
     reward = scorer_reward(scorer, spec.terms)
     lrs = [float(v) for v in args.nft_lr.split(",")]
-    configs = {f"NFT lr {np.format_float_scientific(lr, trim='-', exp_digits=1)}": nft_config(lr, args.nft_beta, args.nft_ema_end, args.nft_adv_clip, args.nft_ema_ramp) for lr in lrs}
+    configs = {
+        f"NFT lr {np.format_float_scientific(lr, trim='-', exp_digits=1)}": nft_config(
+            lr, args.nft_beta, args.nft_ema_end, args.nft_adv_clip, args.nft_ema_ramp
+        )
+        for lr in lrs
+    }
     nft = next(iter(configs.values()))
-    methods = {"FlowGRPO": FlowGRPO(flux, reward, GRPO), **{name: DiffusionNFT(flux, reward, c) for name, c in configs.items()}}
-    settings = EvalSettings(samples=8 if args.quick else 200, diversity_prompts=2 if args.quick else 10,
-                            diversity_seeds=2 if args.quick else 6)
+    methods = {
+        "FlowGRPO": FlowGRPO(flux, reward, GRPO),
+        **{name: DiffusionNFT(flux, reward, c) for name, c in configs.items()},
+    }
+    settings = EvalSettings(
+        samples=8 if args.quick else 200,
+        diversity_prompts=2 if args.quick else 10,
+        diversity_seeds=2 if args.quick else 6,
+    )
     evaluate = lambda card: judge(card, scorer, spec, settings)
     steps, every = (4, 2) if args.quick else (args.steps, args.every)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -221,14 +253,22 @@ def measure(args) -> dict:
     base = evaluate(flux)
     results = {}
     for seed in seeds:
-        cost = step_costs(methods, prompt_batches(flux, spec, PROMPTS_PER_STEP, 10_000 + seed), seed, 2 if args.quick else args.rounds)
+        cost = step_costs(
+            methods, prompt_batches(flux, spec, PROMPTS_PER_STEP, 10_000 + seed), seed, 2 if args.quick else args.rounds
+        )
         print(f"seed {seed}: s/step " + ", ".join(f"{name} {c['step_s']:.3f}" for name, c in cost.items()), flush=True)
         print(f"seed {seed}: FlowGRPO {steps} steps and NFT in the same time, raced ...", flush=True)
-        runners = {name: Runner(m, prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), seed, every, evaluate)
-                   for name, m in methods.items()}
+        runners = {
+            name: Runner(m, prompt_batches(flux, spec, PROMPTS_PER_STEP, seed), seed, every, evaluate)
+            for name, m in methods.items()
+        }
         wall_steps = race(runners["FlowGRPO"], {name: runners[name] for name in configs}, steps)
         print(f"seed {seed}: steps in FlowGRPO's {runners['FlowGRPO'].spent:.1f} s: {wall_steps}", flush=True)
-        results[str(seed)] = {"cost": cost, "wall_steps": wall_steps, "runs": {name: r.record() for name, r in runners.items()}}
+        results[str(seed)] = {
+            "cost": cost,
+            "wall_steps": wall_steps,
+            "runs": {name: r.record() for name, r in runners.items()},
+        }
     header = [
         (
             "`python benchmarks/nft_vs_grpo.py`: `flux-t2i`, digit-scorer reward (digit + stroke + position + "
@@ -239,8 +279,8 @@ def measure(args) -> dict:
             f"EMA decay {nft.ema.start:g} → {nft.ema.end:g} over {nft.ema.ramp_steps} steps, σ {nft.noise.sampling} on "
             f"[{nft.noise.min:g}, {nft.noise.max:g}]. Judged on {settings.samples} held-out full prompts (all right) and "
             f"plain digits (digit accuracy) at guidance 1, eval seed {settings.seed}, each read twice: by the "
-            "digit-scorer (the reward's own weights; \"scorer\") and by the independent evaluators (digit-classifier + "
-            "analytic readers, sharing no weights with the reward; \"independent\"); diversity over "
+            'digit-scorer (the reward\'s own weights; "scorer") and by the independent evaluators (digit-classifier + '
+            'analytic readers, sharing no weights with the reward; "independent"); diversity over '
             f"{settings.diversity_prompts} prompts × {settings.diversity_seeds} seeds. Train s: sum of the warm step "
             "times (compiles and evaluations excluded). The runs of a seed are raced on one clock (whichever has "
             "spent the least step time steps next, so load from other jobs hits all alike); equal wall time: NFT's step "
@@ -252,7 +292,14 @@ def measure(args) -> dict:
         f"- load average (1 min) before / after: {load:.2f} / {os.getloadavg()[0]:.2f}",
         f"- whole benchmark: {time.perf_counter() - start:.0f} s",
     ]
-    return {"steps": steps, "every": every, "header": header, "base": base, "results": results, "nft_runs": list(configs)}
+    return {
+        "steps": steps,
+        "every": every,
+        "header": header,
+        "base": base,
+        "results": results,
+        "nft_runs": list(configs),
+    }
 
 
 def nft_runs(raw: dict) -> list[str]:
@@ -293,7 +340,9 @@ def plot(raw: dict, path: pathlib.Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     seeds = list(raw["results"])
-    for name, color in zip(["FlowGRPO", *nft_runs(raw)], ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")):
+    for name, color in zip(
+        ["FlowGRPO", *nft_runs(raw)], ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+    ):
         n = min(len(r["runs"][name]["rewards"]) for r in raw["results"].values())
         reward = moving(_mean_over_seeds(raw, name, "rewards", n), 20)
         wall = np.cumsum(_mean_over_seeds(raw, name, "times", n))
@@ -301,11 +350,19 @@ def plot(raw: dict, path: pathlib.Path) -> None:
         axes[0].plot(np.arange(1, n + 1), reward, color=color, label=label)
         axes[1].plot(wall, reward, color=color, label=label)
         marks = checkpoints(raw, name)
-        right = [np.mean([r["runs"][name]["evals"][str(m)]["all_right"] for r in raw["results"].values()]) for m in marks]
-        axes[2].plot([0] + marks, 100 * np.array([raw["base"]["all_right"]] + right), marker="o", color=color, label=label)
+        right = [
+            np.mean([r["runs"][name]["evals"][str(m)]["all_right"] for r in raw["results"].values()]) for m in marks
+        ]
+        axes[2].plot(
+            [0] + marks, 100 * np.array([raw["base"]["all_right"]] + right), marker="o", color=color, label=label
+        )
     grpo_budget = np.mean([sum(r["runs"]["FlowGRPO"]["times"]) for r in raw["results"].values()])
     axes[1].axvline(grpo_budget, color="gray", ls=":", lw=1, label="FlowGRPO's budget")
-    axes[0].set(title="train reward (moving mean 20) vs rollouts", xlabel="rollouts (steps of P·K = 16 samples)", ylabel="reward")
+    axes[0].set(
+        title="train reward (moving mean 20) vs rollouts",
+        xlabel="rollouts (steps of P·K = 16 samples)",
+        ylabel="reward",
+    )
     axes[1].set(title="train reward vs training wall time", xlabel="seconds (warm steps, compiles excluded)")
     axes[2].set(title="held-out all attributes right (scorer), %", xlabel="rollouts (steps)")
     for ax in axes:
@@ -372,8 +429,10 @@ def table(raw: dict) -> list[str]:
     ]
     for name in names:
         label = name.replace("NFT", "DiffusionNFT")
-        lines += [row(f"{label}, equal rollouts", name, [steps] * len(results)),
-                  row(f"{label}, equal wall time", name, [wall_steps(r, name) for r in results])]
+        lines += [
+            row(f"{label}, equal rollouts", name, [steps] * len(results)),
+            row(f"{label}, equal wall time", name, [wall_steps(r, name) for r in results]),
+        ]
     cost = lambda name: _cell([r["cost"][name]["step_s"] for r in results], f3)
     in_run = lambda name: _cell([float(np.median(r["runs"][name]["times"])) for r in results], f3)
     lines += [
@@ -382,19 +441,25 @@ def table(raw: dict) -> list[str]:
         "process, s (compile + 1 step) |",
         "|---|---:|---:|---:|",
     ]
-    lines += [f"| {name.replace('NFT', 'DiffusionNFT')} | {in_run(name)} | {cost(name)} | {results[0]['cost'][name]['first_call_s']:.1f} |"
-              for name in ["FlowGRPO", *names]]
+    lines += [
+        f"| {name.replace('NFT', 'DiffusionNFT')} | {in_run(name)} | {cost(name)} | {results[0]['cost'][name]['first_call_s']:.1f} |"
+        for name in ["FlowGRPO", *names]
+    ]
     marks = [m for m in checkpoints(raw, names[0]) if m % max(raw["every"], 100) == 0 or m == steps]  # a readable width
     head = " | ".join(f"{m}" for m in marks)
-    lines += ["", f"| held-out all right / digit accuracy (scorer) / diversity after … steps | 0 | {head} |",
-              "|---|" + "---:|" * (len(marks) + 1)]
+    lines += [
+        "",
+        f"| held-out all right / digit accuracy (scorer) / diversity after … steps | 0 | {head} |",
+        "|---|" + "---:|" * (len(marks) + 1),
+    ]
     for name in ["FlowGRPO", *names]:
         label = name.replace("NFT", "DiffusionNFT")
         cells = [
             f"{100 * np.mean([r['runs'][name]['evals'][str(m)]['all_right'] for r in results]):.1f} / "
             f"{100 * np.mean([r['runs'][name]['evals'][str(m)]['digit_accuracy'] for r in results]):.1f}% / "
             f"{np.mean([r['runs'][name]['evals'][str(m)]['diversity'] for r in results]):.2f}"
-            if m in checkpoints(raw, name) else "—"
+            if m in checkpoints(raw, name)
+            else "—"
             for m in marks
         ]
         base_cell = f"{100 * base['all_right']:.1f} / {100 * base['digit_accuracy']:.1f}% / {base['diversity']:.2f}"
@@ -408,21 +473,33 @@ def sweep(args) -> None:
     flux, scorer = jp.cards.load("flux-t2i"), jp.cards.load("digit-scorer")
     spec = PromptSpec()
     reward = scorer_reward(scorer, spec.terms)
-    settings = EvalSettings(samples=8 if args.quick else 100, diversity_prompts=2 if args.quick else 6,
-                            diversity_seeds=2 if args.quick else 6)
+    settings = EvalSettings(
+        samples=8 if args.quick else 100,
+        diversity_prompts=2 if args.quick else 6,
+        diversity_seeds=2 if args.quick else 6,
+    )
     steps = 4 if args.quick else args.steps
     base = judge(flux, scorer, spec, settings)
-    print(f"base: all right {100 * base['all_right']:.1f}% (independent {100 * base['independent']['all_right']:.1f}%), "
-          f"digit {100 * base['digit_accuracy']:.1f}% (independent {100 * base['independent']['digit_accuracy']:.1f}%), "
-          f"diversity {base['diversity']:.3f}")
-    print("| lr | β | EMA end | adv clip | reward first → last 10% | all right (scorer / independent) "
-          "| digit accuracy (scorer / independent) | diversity | s / step |")
+    print(
+        f"base: all right {100 * base['all_right']:.1f}% (independent {100 * base['independent']['all_right']:.1f}%), "
+        f"digit {100 * base['digit_accuracy']:.1f}% (independent {100 * base['independent']['digit_accuracy']:.1f}%), "
+        f"diversity {base['diversity']:.3f}"
+    )
+    print(
+        "| lr | β | EMA end | adv clip | reward first → last 10% | all right (scorer / independent) "
+        "| digit accuracy (scorer / independent) | diversity | s / step |"
+    )
     print("|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     grid = parse_grid(args.grid) if args.grid else SWEEP
     for point in grid[:1] if args.quick else grid:
         method = DiffusionNFT(flux, reward, nft_config(**point))
-        out = train(method, prompt_batches(flux, spec, PROMPTS_PER_STEP, 0), steps, 0,
-                    lambda card: judge(card, scorer, spec, settings))
+        out = train(
+            method,
+            prompt_batches(flux, spec, PROMPTS_PER_STEP, 0),
+            steps,
+            0,
+            lambda card: judge(card, scorer, spec, settings),
+        )
         e, r, n = out["evals"][str(steps)], out["rewards"], max(1, steps // 10)
         print(
             f"| {point['learning_rate']:g} | {point['beta']:g} | {point['ema_end']:g} | {point.get('adv_clip', 2.0):g} | {np.mean(r[:n]):.3f} → {np.mean(r[-n:]):.3f} | "
@@ -448,7 +525,9 @@ def main() -> None:
     parser.add_argument("--grid", help="--sweep's points, 'lr,beta,ema_end[,adv_clip];...' (default: SWEEP)")
     parser.add_argument("--sweep", action="store_true", help="only the NFT settings sweep (prints a table)")
     parser.add_argument("--raw", type=pathlib.Path, default=RAW, help="where the raw results are written")
-    parser.add_argument("--replot", type=pathlib.Path, help="only rebuild the table and plot from this raw results file")
+    parser.add_argument(
+        "--replot", type=pathlib.Path, help="only rebuild the table and plot from this raw results file"
+    )
     args = parser.parse_args()
     if args.sweep:
         return sweep(args)
@@ -461,7 +540,9 @@ def main() -> None:
             args.raw.write_text(json.dumps(raw))
     body = "\n".join([f"## {SECTION}", "", *raw["header"], "", *table(raw), "", f"![NFT vs FlowGRPO]({PLOT.name})"])
     print(body)
-    path = pathlib.Path(tempfile.mkdtemp()) / PLOT.name if args.quick else PLOT  # a smoke test draws, but not over the plot
+    path = (
+        pathlib.Path(tempfile.mkdtemp()) / PLOT.name if args.quick else PLOT
+    )  # a smoke test draws, but not over the plot
     plot(raw, path)
     if args.quick:
         print(f"\nplot in {path}")

@@ -38,7 +38,9 @@ import report  # noqa: E402
 def _spec(settings: dict) -> runs.PromptSpec:
     prompts = settings["prompts"]
     prefer = ",".join(f"{name}={word}" for name, word in prompts["prefer"].items())
-    return runs.PromptSpec(terms=tuple(prompts["terms"]), mention=prompts["mention"], prefer=runs.parse_preferences(prefer))
+    return runs.PromptSpec(
+        terms=tuple(prompts["terms"]), mention=prompts["mention"], prefer=runs.parse_preferences(prefer)
+    )
 
 
 def rebuild(report: dict):
@@ -72,27 +74,46 @@ def rejudge(folder: Path, cache: dict) -> dict:
     """Judge the run in ``folder`` before and after (``cache``: starting card id -> its judgement, reused)."""
     report = json.loads((folder / "report.json").read_text())
     run, start = rebuild(report)
-    key = json.dumps([report["method"].split(" (")[0], report["settings"]["prompts"], report["settings"]["evaluation"],
-                      report["settings"].get("refiners")])
+    key = json.dumps(
+        [
+            report["method"].split(" (")[0],
+            report["settings"]["prompts"],
+            report["settings"]["evaluation"],
+            report["settings"].get("refiners"),
+        ]
+    )
     t0 = time.perf_counter()
     if key not in cache:
         cache[key] = run.evaluate(start)
     before = cache[key]
     after = run.evaluate(jp.cards.load(folder))
-    judged = {"run": report["method"], "steps": report["steps"], "headline": run.headline(before, after),
-              "diversity": {"before": before["diversity"], "after": after["diversity"],
-                            "relative_change": (after["diversity"] - before["diversity"]) / before["diversity"]},
-              "before": before, "after": after, "seconds": round(time.perf_counter() - t0, 1)}
+    judged = {
+        "run": report["method"],
+        "steps": report["steps"],
+        "headline": run.headline(before, after),
+        "diversity": {
+            "before": before["diversity"],
+            "after": after["diversity"],
+            "relative_change": (after["diversity"] - before["diversity"]) / before["diversity"],
+        },
+        "before": before,
+        "after": after,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     (folder / "judged.json").write_text(json.dumps(judged, indent=2) + "\n")
     return judged
 
 
 def lines(folder: Path, judged: dict) -> list[str]:
-    out = [f"== {folder} ({judged['run']}, {judged['steps']} steps; diversity "
-           f"{100 * judged['diversity']['relative_change']:+.1f}%)"]
+    out = [
+        f"== {folder} ({judged['run']}, {judged['steps']} steps; diversity "
+        f"{100 * judged['diversity']['relative_change']:+.1f}%)"
+    ]
     for name, value in judged["headline"].items():
         if isinstance(value, dict) and value.get("before") is not None and "change" in value:
-            out.append(f"  {name:44s} {100 * value['before']:5.1f} -> {100 * value['after']:5.1f}% ({100 * value['change']:+.1f})")
+            out.append(
+                f"  {name:44s} {100 * value['before']:5.1f} -> {100 * value['after']:5.1f}% ({100 * value['change']:+.1f})"
+            )
         elif isinstance(value, str):
             out.append(f"  {value}")
     return out
@@ -100,8 +121,10 @@ def lines(folder: Path, judged: dict) -> list[str]:
 
 def table(judged: dict[Path, dict]) -> str:
     """The ``rejudge`` section: one row per headline number of each run, scorer and independent side by side."""
-    rows = ["| run | steps | measure | scorer: before → after | independent: before → after | scorer gain − independent gain | diversity | reward vs independent |",
-            "|---|---:|---|---:|---:|---:|---:|---|"]
+    rows = [
+        "| run | steps | measure | scorer: before → after | independent: before → after | scorer gain − independent gain | diversity | reward vs independent |",
+        "|---|---:|---|---:|---:|---:|---:|---|",
+    ]
     for folder, j in judged.items():
         head = j["headline"]
         verdict = "**reward hacking**" if head["reward_vs_independent"].startswith("REWARD HACKING") else "agree"
@@ -115,15 +138,19 @@ def table(judged: dict[Path, dict]) -> str:
                 f"| {100 * j['diversity']['relative_change']:+.1f}% | {verdict} |"
             )
     info = ", ".join(f"{k} {v}" for k, v in report.machine_info().items())
-    return ("## rejudge\n\nThe README's RL runs judged before and after by the digit-scorer (the reward) and by the "
-            "independent evaluators (digit-classifier + analytic readers), 200 prompts at guidance 1, eval seed 0 "
-            f"(`python benchmarks/rejudge.py DIR ...`). A gap above {100 * runs.HACKING_GAP:.0f} points is flagged as "
-            f"reward hacking.\n\n{info}\n\n" + "\n".join(rows) + "\n")
+    return (
+        "## rejudge\n\nThe README's RL runs judged before and after by the digit-scorer (the reward) and by the "
+        "independent evaluators (digit-classifier + analytic readers), 200 prompts at guidance 1, eval seed 0 "
+        f"(`python benchmarks/rejudge.py DIR ...`). A gap above {100 * runs.HACKING_GAP:.0f} points is flagged as "
+        f"reward hacking.\n\n{info}\n\n" + "\n".join(rows) + "\n"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="run folders written by jaxpipe train (report.json + card)")
+    parser.add_argument(
+        "folders", nargs="+", type=Path, help="run folders written by jaxpipe train (report.json + card)"
+    )
     parser.add_argument("--reuse", action="store_true", help="read each folder's judged.json instead of judging again")
     args = parser.parse_args()
     enable_cache()

@@ -38,8 +38,12 @@ import report
 
 from jaxpipe import rewards
 
-PROMPTS = ("a photo of a red circle", "two cats on a sofa", "a watercolour of a lighthouse at dusk",
-           "an astronaut riding a horse")
+PROMPTS = (
+    "a photo of a red circle",
+    "two cats on a sofa",
+    "a watercolour of a lighthouse at dusk",
+    "an astronaut riding a horse",
+)
 
 
 def _vocab(size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -60,16 +64,40 @@ def clip_folder(root: pathlib.Path, *, quick: bool) -> pathlib.Path:
 
     torch.manual_seed(0)
     if quick:
-        text = dict(vocab_size=600, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
-                    max_position_embeddings=77)
-        vision = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2, image_size=32,
-                      patch_size=8)
+        text = dict(
+            vocab_size=600,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=77,
+        )
+        vision = dict(
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        )
         projection, size = 16, 32
     else:  # openai/clip-vit-base-patch16
-        text = dict(vocab_size=49408, hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8,
-                    max_position_embeddings=77)
-        vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224,
-                      patch_size=16)
+        text = dict(
+            vocab_size=49408,
+            hidden_size=512,
+            intermediate_size=2048,
+            num_hidden_layers=12,
+            num_attention_heads=8,
+            max_position_embeddings=77,
+        )
+        vision = dict(
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            image_size=224,
+            patch_size=16,
+        )
         projection, size = 512, 224
     text.update(bos_token_id=text["vocab_size"] - 2, eos_token_id=text["vocab_size"] - 1)
     config = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=projection)
@@ -81,7 +109,9 @@ def clip_folder(root: pathlib.Path, *, quick: bool) -> pathlib.Path:
     (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
     tokenizer = transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
     tokenizer.save_pretrained(folder)
-    transformers.CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size}).save_pretrained(folder)
+    transformers.CLIPImageProcessor(
+        size={"shortest_edge": size}, crop_size={"height": size, "width": size}
+    ).save_pretrained(folder)
     return folder
 
 
@@ -117,8 +147,10 @@ def torch_scores(folder: pathlib.Path, images: np.ndarray, texts: list[str]) -> 
             text = text / text.norm(dim=-1, keepdim=True)
             return (image * text).sum(-1)
 
-    return {"clipscore": lambda: (2.5 * torch.clamp(cosine(), min=0)).numpy(),
-            "pickscore": lambda: (model.logit_scale.exp() * cosine()).detach().numpy()}
+    return {
+        "clipscore": lambda: (2.5 * torch.clamp(cosine(), min=0)).numpy(),
+        "pickscore": lambda: (model.logit_scale.exp() * cosine()).detach().numpy(),
+    }
 
 
 def main() -> None:
@@ -143,12 +175,24 @@ def main() -> None:
             for kind in ("clipscore", "pickscore"):
                 reward = rewards.load(f"{kind}:{folder}")
                 jitted = jax.jit(lambda artifacts, prompts, reward=reward: rewards.score(reward, artifacts, prompts)[0])
-                t_jax, ours = _timed(lambda f=jitted, x={"image": images}, p=prompts: f(x, p).block_until_ready(), repeats)
+                t_jax, ours = _timed(
+                    lambda f=jitted, x={"image": images}, p=prompts: f(x, p).block_until_ready(), repeats
+                )
                 t_torch, theirs = _timed(reference[kind], repeats)
-                rows.append({"reward": kind, "batch": batch, "jax": batch / t_jax, "torch": batch / t_torch,
-                             "gap": float(np.max(np.abs(np.asarray(ours) - theirs)))})
-                print(f"{kind} B={batch}: jax {batch / t_jax:.2f} img/s, torch {batch / t_torch:.2f} img/s, "
-                      f"max score gap {rows[-1]['gap']:.1e}", flush=True)
+                rows.append(
+                    {
+                        "reward": kind,
+                        "batch": batch,
+                        "jax": batch / t_jax,
+                        "torch": batch / t_torch,
+                        "gap": float(np.max(np.abs(np.asarray(ours) - theirs))),
+                    }
+                )
+                print(
+                    f"{kind} B={batch}: jax {batch / t_jax:.2f} img/s, torch {batch / t_torch:.2f} img/s, "
+                    f"max score gap {rows[-1]['gap']:.1e}",
+                    flush=True,
+                )
     size_name = "tiny CLIP (--quick)" if args.quick else "ViT-B/16 (openai/clip-vit-base-patch16's sizes)"
     lines = [
         f"`python benchmarks/rewards.py{' --quick' if args.quick else ''}`: {size_name}, random weights, 224² images "
@@ -161,8 +205,10 @@ def main() -> None:
         "",
         "| reward | images per call | jax (img/s) | torch eager (img/s) | jax / torch | max score gap |",
         "|---|---|---|---|---|---|",
-        *[f"| {r['reward']} | {r['batch']} | {r['jax']:.2f} | {r['torch']:.2f} | {r['jax'] / r['torch']:.2f}× | {r['gap']:.1e} |"
-          for r in rows],
+        *[
+            f"| {r['reward']} | {r['batch']} | {r['jax']:.2f} | {r['torch']:.2f} | {r['jax'] / r['torch']:.2f}× | {r['gap']:.1e} |"
+            for r in rows
+        ],
     ]
     body = "\n".join(["## rewards", "", *lines])
     print(body)

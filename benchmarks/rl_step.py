@@ -95,7 +95,12 @@ def load_cards() -> tuple[Card, Card, Card, str]:
     except (ValueError, OSError, KeyError) as err:
         fresh = jp.cards.build("unified", config=digit_cards.bundled_config("unified"))
         card = fresh.replace(**{k: t2i[k] for k in ("text_encoder", "transformer", "vae")})
-        return t2i, card, scorer, f"bundled flux-t2i; unified = its components + a fresh bundled-size refiner LM ({err})"
+        return (
+            t2i,
+            card,
+            scorer,
+            f"bundled flux-t2i; unified = its components + a fresh bundled-size refiner LM ({err})",
+        )
 
 
 def make_batch(card: Card, prompts: int, *, attribute_words: bool, seed: int = 0) -> Prompts:
@@ -105,7 +110,9 @@ def make_batch(card: Card, prompts: int, *, attribute_words: bool, seed: int = 0
     labels = {"digit": rng.integers(0, 10, prompts)}
     labels.update({name: rng.integers(0, len(words), prompts) for name, words in digits.ATTRIBUTE_WORDS.items()})
     captions = [
-        digits.caption(int(labels["digit"][i]), *((int(labels[a][i]) for a in digits.ATTRIBUTES) if attribute_words else ()))
+        digits.caption(
+            int(labels["digit"][i]), *((int(labels[a][i]) for a in digits.ATTRIBUTES) if attribute_words else ())
+        )
         for i in range(prompts)
     ]
     return Prompts.from_texts(card, captions, {k: np.asarray(v, np.int32) for k, v in labels.items()}, width=TEXT_WIDTH)
@@ -203,7 +210,10 @@ class DrivenUnifiedRL(DrivenProgram):
     def __init__(self, method: UnifiedRL):
         if not method.config.joint:
             raise ValueError("the driven baseline covers joint UnifiedRL (SDE rollout with capture)")
-        super().__init__(method, programs.settings(**{toy_unified.REFINE_LOOP: method.ar_config, toy_unified.DENOISE_LOOP: method.sampling}))
+        super().__init__(
+            method,
+            programs.settings(**{toy_unified.REFINE_LOOP: method.ar_config, toy_unified.DENOISE_LOOP: method.sampling}),
+        )
         self.sampling = method.sampling
         card = method.card(method.init())
         self._token = jitted_step(card["llm"], ar.step, method.ar_config)
@@ -227,8 +237,16 @@ class DrivenUnifiedRL(DrivenProgram):
         refinement = restrict(rollout.refinement(run, toy_unified.REFINE_LOOP), refined)
         generated = rollout.generated(run, toy_unified.DENOISE_LOOP)
         scored = rollout.score_rollout(m.reward, rollout.artifacts_of(run, self.program), rows, cfg.generator.group)
-        return JointRollout(refinement, refined, run.slots["refined"], generated, scored.rewards, scored.parts,
-                            scored.advantages, scored.advantages)  # UnifiedRL: the refiner shares the advantages
+        return JointRollout(
+            refinement,
+            refined,
+            run.slots["refined"],
+            generated,
+            scored.rewards,
+            scored.parts,
+            scored.advantages,
+            scored.advantages,
+        )  # UnifiedRL: the refiner shares the advantages
 
     def rollout(self, state, batch, key) -> JointRollout:
         slots, lm_start, rows = self._start(state, batch, key)
@@ -266,17 +284,27 @@ def check_same_rollout(reference, driven, tol: float = TOLERANCE) -> dict[str, f
         if not err <= tol * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0):
             bad.append(f"{name}: max abs difference {err:.2e}")
     if bad:
-        raise AssertionError("the Python-driven rollout differs from the jitted rollout (same key):\n  " + "\n  ".join(bad))
+        raise AssertionError(
+            "the Python-driven rollout differs from the jitted rollout (same key):\n  " + "\n  ".join(bad)
+        )
     return errors
 
 
 def summarise_errors(errors: dict[str, float]) -> dict[str, float]:
     """The largest difference per group of fields: trajectory, log-probs, images, rewards / advantages."""
-    groups = {"trajectory": ("trajectory",), "log_prob": ("log_prob",), "images": ("images",),
-              "reward/adv": ("rewards", "parts", "advantages")}
+    groups = {
+        "trajectory": ("trajectory",),
+        "log_prob": ("log_prob",),
+        "images": ("images",),
+        "reward/adv": ("rewards", "parts", "advantages"),
+    }
     out = {}
     for group, needles in groups.items():
-        hits = [e for name, e in errors.items() if any(n in name for n in needles) and (group == "log_prob" or "log_prob" not in name)]
+        hits = [
+            e
+            for name, e in errors.items()
+            if any(n in name for n in needles) and (group == "log_prob" or "log_prob" not in name)
+        ]
         out[group] = max(hits) if hits else 0.0
     return out
 
@@ -298,7 +326,9 @@ class Row:
     prompts: int
     group: int
     steps: int
-    median: dict  # measure -> median ms: fused, split_rollout, split_update, split, driven_rollout, driven_update, driven
+    median: (
+        dict  # measure -> median ms: fused, split_rollout, split_update, split, driven_rollout, driven_update, driven
+    )
     best: dict  # measure -> fastest repeat, ms
     compile_s: dict  # fused, split, driven -> first call, s
     parity: dict  # field group -> max abs difference driven vs jitted rollout
@@ -313,7 +343,9 @@ class Row:
         return values[a] / values[b]
 
 
-def bench_case(name: str, method, driven, batch: dict, key, *, steps: int, repeats: int, budget_s: float, min_repeats: int) -> Row:
+def bench_case(
+    name: str, method, driven, batch: dict, key, *, steps: int, repeats: int, budget_s: float, min_repeats: int
+) -> Row:
     """Compile each contender (timed), check the driven rollout, then time interleaved rounds."""
     state = method.init()
     compile_s = {}
@@ -396,7 +428,9 @@ def describe(t2i: Card, uni: Card, source: str) -> str:
     )
 
 
-def section_body(info: dict, rows: list[Row], about: str, loads: tuple[float, float], elapsed: float, quick: bool) -> str:
+def section_body(
+    info: dict, rows: list[Row], about: str, loads: tuple[float, float], elapsed: float, quick: bool
+) -> str:
     busy = " (other processes were using the CPU: medians are noisy; see best-of)" if max(loads) >= 0.5 else ""
     return (
         "## rl_step\n\n"
@@ -446,9 +480,15 @@ def run(quick: bool, methods: tuple[str, ...] = METHODS) -> tuple[list[Row], str
             cases["FlowGRPO"] = (method, DrivenFlowGRPO(method), make_batch(t2i, prompts, attribute_words=True))
         if "unified" in methods:
             method = UnifiedRL(uni, reward, UnifiedRLConfig(generator=rl_config(group, steps, beta=0.04)))
-            cases["UnifiedRL (joint)"] = (method, DrivenUnifiedRL(method), make_batch(uni, prompts, attribute_words=False))
+            cases["UnifiedRL (joint)"] = (
+                method,
+                DrivenUnifiedRL(method),
+                make_batch(uni, prompts, attribute_words=False),
+            )
         for name, (method, driven, batch) in cases.items():
-            row = bench_case(name, method, driven, batch, key, steps=steps, repeats=most, budget_s=budget, min_repeats=least)
+            row = bench_case(
+                name, method, driven, batch, key, steps=steps, repeats=most, budget_s=budget, min_repeats=least
+            )
             rows.append(row)
             m = row.median
             print(
@@ -468,7 +508,10 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument(
-        "--results", type=pathlib.Path, default=None, help=f"write the section here (default: {RESULTS.name} on full runs)"
+        "--results",
+        type=pathlib.Path,
+        default=None,
+        help=f"write the section here (default: {RESULTS.name} on full runs)",
     )
     args = parser.parse_args(argv)
     load_before, wall = os.getloadavg()[0], time.perf_counter()

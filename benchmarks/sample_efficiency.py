@@ -65,22 +65,35 @@ class Timed:
 
 def experiments(quick: bool):
     flux, unified, scorer = (jp.cards.load(name) for name in ("flux-t2i", "unified", "digit-scorer"))
-    common = {"group": Group(4), "sampling": Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)), "beta": 0.04,
-              "optimizer": Optimizer(1e-4)}
+    common = {
+        "group": Group(4),
+        "sampling": Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)),
+        "beta": 0.04,
+        "optimizer": Optimizer(1e-4),
+    }
     spec_fg = runs.PromptSpec()
     spec_un = runs.PromptSpec(mention=0.5, prefer=(("stroke", 1),))
-    evaluation = runs.EvalSettings(samples=8 if quick else 200, diversity_prompts=2 if quick else 10,
-                                   diversity_seeds=2 if quick else 6)
+    evaluation = runs.EvalSettings(
+        samples=8 if quick else 200, diversity_prompts=2 if quick else 10, diversity_seeds=2 if quick else 6
+    )
     for updates in UPDATES:
         fg = FlowGRPOConfig(**common, ppo=Schedule(minibatches=updates))
-        yield ("FlowGRPO (flux-t2i)", updates, 300,
-               lambda fg=fg: runs.flow_grpo_run(flux, scorer, fg, spec_fg, prompts_per_step=4, evaluation=evaluation),
-               "all_attributes_correct")
+        yield (
+            "FlowGRPO (flux-t2i)",
+            updates,
+            300,
+            lambda fg=fg: runs.flow_grpo_run(flux, scorer, fg, spec_fg, prompts_per_step=4, evaluation=evaluation),
+            "all_attributes_correct",
+        )
     for updates in UPDATES:
         un = UnifiedRLConfig(generator=FlowGRPOConfig(**{**common, "beta": 0.2}, ppo=Schedule(minibatches=updates)))
-        yield ("UnifiedRL joint (unified)", updates, 500,
-               lambda un=un: runs.unified_run(unified, scorer, un, spec_un, prompts_per_step=4, evaluation=evaluation),
-               "refined_all_right")
+        yield (
+            "UnifiedRL joint (unified)",
+            updates,
+            500,
+            lambda un=un: runs.unified_run(unified, scorer, un, spec_un, prompts_per_step=4, evaluation=evaluation),
+            "refined_all_right",
+        )
 
 
 def all_right(report: dict, key: str) -> float:
@@ -104,13 +117,21 @@ def run_one(build, steps: int, segment: int, out: pathlib.Path, key: str, seed: 
         run = build()
         timed = Timed(run.method)
         run.method = timed
-        report = runs.execute(run, steps=done, out=out, seed=seed, resume=out.exists(), progress=False, log=lambda *_: None)
+        report = runs.execute(
+            run, steps=done, out=out, seed=seed, resume=out.exists(), progress=False, log=lambda *_: None
+        )
         times.extend(timed.times)
         curve.append((done, all_right(report, key), report["after"]["diversity"], all_right_independent(report, key)))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     before = json.loads((out / "before.json").read_text())
-    return {"curve": curve, "times": times, "rows": rows, "before": all_right({"after": before}, key),
-            "before_independent": all_right_independent({"after": before}, key), "diversity_before": before["diversity"]}
+    return {
+        "curve": curve,
+        "times": times,
+        "rows": rows,
+        "before": all_right({"after": before}, key),
+        "before_independent": all_right_independent({"after": before}, key),
+        "diversity_before": before["diversity"],
+    }
 
 
 def moving(values, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -170,8 +191,10 @@ def row(name: str, updates: str, runs_: list[dict]) -> str:
     kl = np.array([series(r["rows"], "kl", "gen_kl") for r in runs_])
     diversity = [(r["curve"][-1][2] - r["diversity_before"]) / r["diversity_before"] for r in runs_]
     if all("before_independent" in r and len(r["curve"][-1]) > 3 for r in runs_):  # not in raw files from before it
-        independent = (f"{percent(np.mean([r['before_independent'] for r in runs_]))} → "
-                       f"{' / '.join(percent(r['curve'][-1][3]) for r in runs_)}")
+        independent = (
+            f"{percent(np.mean([r['before_independent'] for r in runs_]))} → "
+            f"{' / '.join(percent(r['curve'][-1][3]) for r in runs_)}"
+        )
     else:
         independent = "—"
     return (
@@ -200,11 +223,15 @@ def table(raw: dict) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke test: 4 steps, tiny evaluation, prints only")
-    parser.add_argument("--steps", type=int, help="steps of every run (default: 300 FlowGRPO, 500 UnifiedRL, as the README)")
+    parser.add_argument(
+        "--steps", type=int, help="steps of every run (default: 300 FlowGRPO, 500 UnifiedRL, as the README)"
+    )
     parser.add_argument("--segment", type=int, default=100, help="steps between evaluations")
     parser.add_argument("--seeds", default="0,1", help="training seeds (prompts and rollouts), comma-separated")
     parser.add_argument("--raw", type=pathlib.Path, default=RAW, help="where the raw results are written")
-    parser.add_argument("--replot", type=pathlib.Path, help="only rebuild the table and curves from this raw results file")
+    parser.add_argument(
+        "--replot", type=pathlib.Path, help="only rebuild the table and curves from this raw results file"
+    )
     args = parser.parse_args()
     if args.replot:
         raw = json.loads(args.replot.read_text())
@@ -247,7 +274,9 @@ def measure(args) -> dict:
                 print(f"{name}: {updates} update(s) per rollout, {steps} steps, seed {seed} ...", flush=True)
                 out = pathlib.Path(tmp) / f"run{i}_seed{seed}"
                 start = time.perf_counter()
-                results.setdefault(name, {}).setdefault(str(updates), {})[str(seed)] = run_one(build, steps, segment, out, key, seed)
+                results.setdefault(name, {}).setdefault(str(updates), {})[str(seed)] = run_one(
+                    build, steps, segment, out, key, seed
+                )
                 elapsed += time.perf_counter() - start
                 if not args.quick:
                     args.raw.parent.mkdir(parents=True, exist_ok=True)

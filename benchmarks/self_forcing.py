@@ -72,10 +72,19 @@ def drift(card: Card, scorer: Card, samples: int, chunks: int | None, seed: int 
     ink brightness, motion."""
     texts, digit, motion = motion_prompts(samples, seed)
     inputs = {} if chunks is None else {"chunks": chunks}
-    videos = np.concatenate([
-        np.asarray(jp.generate(card, texts[i : i + batch], seed=list(range(seed + i, seed + min(i + batch, samples))),
-                               inputs=inputs)["video"])
-        for i in range(0, samples, batch)])
+    videos = np.concatenate(
+        [
+            np.asarray(
+                jp.generate(
+                    card,
+                    texts[i : i + batch],
+                    seed=list(range(seed + i, seed + min(i + batch, samples))),
+                    inputs=inputs,
+                )["video"]
+            )
+            for i in range(0, samples, batch)
+        ]
+    )
     n, t = videos.shape[:2]
     frames = videos.reshape((n * t,) + videos.shape[2:])
     read = np.asarray(digit_scorer.predict(scorer, frames * 2.0 - 1.0)["digit"])
@@ -89,19 +98,31 @@ def drift(card: Card, scorer: Card, samples: int, chunks: int | None, seed: int 
     for w in range(t // WINDOW):
         s = slice(w * WINDOW, (w + 1) * WINDOW)
         moved = quality.moves_as_told(centroids[:, s.stop - 1] - centroids[:, s.start], motion)
-        out.append({"frames": f"{s.start}-{s.stop - 1}", "digit_read": float(read[:, s].mean()),
-                    "digit_read_independent": float(read_independent[:, s].mean()),
-                    "ink_mass": float(mass[:, s].mean()), "ink_brightness": float(bright[:, s].mean()),
-                    "moves_as_told": float(moved.mean())})
+        out.append(
+            {
+                "frames": f"{s.start}-{s.stop - 1}",
+                "digit_read": float(read[:, s].mean()),
+                "digit_read_independent": float(read_independent[:, s].mean()),
+                "ink_mass": float(mass[:, s].mean()),
+                "ink_brightness": float(bright[:, s].mean()),
+                "moves_as_told": float(moved.mean()),
+            }
+        )
     return {"samples": samples, "chunks": chunks, "windows": out}
 
 
 def evaluate(card: Card, scorer: Card, samples: int, drift_samples: int, chunks: int | None) -> dict:
     q = quality.t2v_quality(card, scorer, samples=samples)["full"]
-    independent = {f"{k} (independent)": q["independent"][k] for k in ("first_frame_digit_accuracy", "last_frame_digit_accuracy")}
-    return {"quality": {**{k: q[k] for k in ("motion_accuracy", "first_frame_digit_accuracy", "last_frame_digit_accuracy")},
-                        **independent},
-            "drift": drift(card, scorer, drift_samples, chunks)}
+    independent = {
+        f"{k} (independent)": q["independent"][k] for k in ("first_frame_digit_accuracy", "last_frame_digit_accuracy")
+    }
+    return {
+        "quality": {
+            **{k: q[k] for k in ("motion_accuracy", "first_frame_digit_accuracy", "last_frame_digit_accuracy")},
+            **independent,
+        },
+        "drift": drift(card, scorer, drift_samples, chunks),
+    }
 
 
 def train(method: SelfForcing, card: Card, steps: int, minutes: float, prompts: int, seed: int) -> tuple:
@@ -122,13 +143,19 @@ def train(method: SelfForcing, card: Card, steps: int, minutes: float, prompts: 
 
 def table(before: dict, after: dict, teacher: dict) -> str:
     rows = ["| | bundled wan-causal | self-forced | wan-t2v (teacher, 8 frames) |", "|---|---|---|---|"]
-    for k in ("motion_accuracy", "first_frame_digit_accuracy", "last_frame_digit_accuracy",
-              "first_frame_digit_accuracy (independent)", "last_frame_digit_accuracy (independent)"):
+    for k in (
+        "motion_accuracy",
+        "first_frame_digit_accuracy",
+        "last_frame_digit_accuracy",
+        "first_frame_digit_accuracy (independent)",
+        "last_frame_digit_accuracy (independent)",
+    ):
         name, _, judge = k.partition(" (")
         judge = judge.rstrip(")") or ("" if k == "motion_accuracy" else "scorer")
         label = f"{name} ({judge + '; ' if judge else ''}8 frames, t2v_quality)"
-        rows.append(f"| {label} | {before['quality'][k]:.3f} | {after['quality'][k]:.3f} | "
-                    f"{teacher['quality'][k]:.3f} |")
+        rows.append(
+            f"| {label} | {before['quality'][k]:.3f} | {after['quality'][k]:.3f} | {teacher['quality'][k]:.3f} |"
+        )
     windows = zip(before["drift"]["windows"], after["drift"]["windows"])
     names = {"digit_read": "digit_read (scorer)", "digit_read_independent": "digit_read (independent)"}
     for w, (wb, wa) in enumerate(windows):
@@ -151,8 +178,14 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--critic-learning-rate", type=float, default=2e-4)
     parser.add_argument("--critic-steps", type=int, default=4)
-    parser.add_argument("--critic-warmup", "--warmup-steps", dest="critic_warmup", type=int, default=None,
-                        help="critic-only steps first (50; --quick 5)")
+    parser.add_argument(
+        "--critic-warmup",
+        "--warmup-steps",
+        dest="critic_warmup",
+        type=int,
+        default=None,
+        help="critic-only steps first (50; --quick 5)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="/tmp/selfforcing/wan-causal-sf", help="where the trained card is saved")
     parser.add_argument("--json", default="/tmp/selfforcing/self_forcing.json")
@@ -177,28 +210,40 @@ def main() -> None:
     # the training rollout (guided, 8 steps per chunk) is the served one: same keys, same latents
     check = next(batches(causal, args.prompts, args.seed + 999))
     served = method.serve(method.init(), check, jax.random.key(0))["latents"]
-    rollout_gap = float(np.abs(np.asarray(method.render(method.init(), check, jax.random.key(0))) - np.asarray(served)).max())
+    rollout_gap = float(
+        np.abs(np.asarray(method.render(method.init(), check, jax.random.key(0))) - np.asarray(served)).max()
+    )
     print(f"max |training rollout - served rollout| (latents): {rollout_gap:.2e}", flush=True)
     state, done, train_s, history = train(method, causal, steps, minutes, args.prompts, args.seed)
     trained = method.card(state)
     out = save_card(trained, args.out, base="wan-causal", base_components=("text_encoder", "vae"))
     reloaded = jp.cards.load(str(out))
     after = evaluate(reloaded, scorer, samples, drift_samples, args.long_chunks)
-    result = {"config": {**config_to_dict(config), "prompts_per_step": args.prompts},
-              "rollout_gap": rollout_gap, "steps": done, "train_s": round(train_s, 1), "eval_s_per_card": round(eval_s, 1), "saved": str(out),
-              "before": before, "after": after, "teacher": reference,
-              "history": history}
+    result = {
+        "config": {**config_to_dict(config), "prompts_per_step": args.prompts},
+        "rollout_gap": rollout_gap,
+        "steps": done,
+        "train_s": round(train_s, 1),
+        "eval_s_per_card": round(eval_s, 1),
+        "saved": str(out),
+        "before": before,
+        "after": after,
+        "teacher": reference,
+        "history": history,
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
-    body = (f"## self_forcing\n\n`python benchmarks/self_forcing.py{' --quick' if args.quick else ''}`: {done} SelfForcing steps "
-            f"({args.prompts} prompts each, {config.dm.critic_steps} critic updates per step, the first {config.critic_warmup} critic-only, lr {config.student.learning_rate:g} / "
-            f"critic {config.dm.critic.learning_rate:g}) in {train_s:.0f} s from the bundled wan-causal against wan-t2v "
-            f"(guidance 2); t2v_quality on {samples} prompts, drift on {drift_samples} videos of {args.long_chunks} "
-            f"chunks ({2 * args.long_chunks} frames; trained on 4 chunks = 8 frames). The training rollout equals the "
-            f"served one to {rollout_gap:.1e} (max abs latent difference, same keys, guidance 2). Trained card: "
-            f"`{out}` (`jp.cards.load` it). Digit reads: by the digit-scorer (the reward's own weights; scorer) and by "
-            f"the independent digit-classifier (no weights shared with the scorer; independent).\n\n"
-            + table(before, after, reference))
+    body = (
+        f"## self_forcing\n\n`python benchmarks/self_forcing.py{' --quick' if args.quick else ''}`: {done} SelfForcing steps "
+        f"({args.prompts} prompts each, {config.dm.critic_steps} critic updates per step, the first {config.critic_warmup} critic-only, lr {config.student.learning_rate:g} / "
+        f"critic {config.dm.critic.learning_rate:g}) in {train_s:.0f} s from the bundled wan-causal against wan-t2v "
+        f"(guidance 2); t2v_quality on {samples} prompts, drift on {drift_samples} videos of {args.long_chunks} "
+        f"chunks ({2 * args.long_chunks} frames; trained on 4 chunks = 8 frames). The training rollout equals the "
+        f"served one to {rollout_gap:.1e} (max abs latent difference, same keys, guidance 2). Trained card: "
+        f"`{out}` (`jp.cards.load` it). Digit reads: by the digit-scorer (the reward's own weights; scorer) and by "
+        f"the independent digit-classifier (no weights shared with the scorer; independent).\n\n"
+        + table(before, after, reference)
+    )
     print(body)
     if os.environ.get("SELF_FORCING_NO_RESULTS") != "1":
         from report import write_section

@@ -73,8 +73,23 @@ class Server:
         import httpx
 
         models = [a for card in CARDS for a in ("--model", card)]
-        cmd = [sys.executable, "-m", "jaxpipe.cli", "serve", "--port", str(self.port), *models, "--mode", self.mode,
-               "--max-rows", str(self.max_rows), "--max-queued", "4096", "--grace", "30"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "jaxpipe.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            *models,
+            "--mode",
+            self.mode,
+            "--max-rows",
+            str(self.max_rows),
+            "--max-queued",
+            "4096",
+            "--grace",
+            "30",
+        ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -126,7 +141,9 @@ class Tally:
 async def image(client, tally: Tally, body: dict) -> None:
     started = time.monotonic()
     try:
-        r = await client.post("/v1/images/generations", json={**body, "response_format": "b64_json", "output_format": "npy"})
+        r = await client.post(
+            "/v1/images/generations", json={**body, "response_format": "b64_json", "output_format": "npy"}
+        )
     except Exception as err:  # noqa: BLE001 - a transport error is a lost request
         tally.lose("image", repr(err))
         return
@@ -195,7 +212,9 @@ async def chat(client, tally: Tally, body: dict) -> None:
 async def bad(client, tally: Tally, rng: random.Random) -> None:
     started = time.monotonic()
     try:
-        r = await client.post("/v1/images/generations", json={"model": "flux-t2i", "prompt": "seven purple", "seed": rng.randrange(99)})
+        r = await client.post(
+            "/v1/images/generations", json={"model": "flux-t2i", "prompt": "seven purple", "seed": rng.randrange(99)}
+        )
     except Exception as err:  # noqa: BLE001
         tally.lose("bad body", repr(err))
         return
@@ -215,19 +234,43 @@ async def mixed_client(url: str, index: int, seconds: float, tally: Tally) -> No
             roll = rng.random()
             seed = rng.randrange(10_000)
             if roll < 0.65:
-                await image(client, tally, {"model": "flux-t2i", "prompt": prompt_of(rng), "seed": seed,
-                                            "num_steps": rng.choice(STEPS)})
+                await image(
+                    client,
+                    tally,
+                    {"model": "flux-t2i", "prompt": prompt_of(rng), "seed": seed, "num_steps": rng.choice(STEPS)},
+                )
             elif roll < 0.75:
-                await job(client, tally, {"model": "image_video.t2i_i2v", "prompt": prompt_of(rng) + " moving right",
-                                          "seed": seed, "num_steps": 4}, cancel=False)
+                await job(
+                    client,
+                    tally,
+                    {
+                        "model": "image_video.t2i_i2v",
+                        "prompt": prompt_of(rng) + " moving right",
+                        "seed": seed,
+                        "num_steps": 4,
+                    },
+                    cancel=False,
+                )
             elif roll < 0.85:
-                await chat(client, tally, {"model": "unified", "messages": [{"role": "user", "content": rng.choice(DIGITS)}],
-                                           "seed": seed})
+                await chat(
+                    client,
+                    tally,
+                    {"model": "unified", "messages": [{"role": "user", "content": rng.choice(DIGITS)}], "seed": seed},
+                )
             elif roll < 0.93:
                 await bad(client, tally, rng)
             else:
-                await job(client, tally, {"model": "image_video.t2i_i2v",
-                                          "prompt": prompt_of(rng) + " moving left", "seed": seed, "num_steps": 8}, cancel=True)
+                await job(
+                    client,
+                    tally,
+                    {
+                        "model": "image_video.t2i_i2v",
+                        "prompt": prompt_of(rng) + " moving left",
+                        "seed": seed,
+                        "num_steps": 8,
+                    },
+                    cancel=True,
+                )
 
 
 async def image_clients(url: str, clients: int, per_client: int, tally: Tally) -> float:
@@ -238,8 +281,11 @@ async def image_clients(url: str, clients: int, per_client: int, tally: Tally) -
         rng = random.Random(1000 + index)
         async with httpx.AsyncClient(base_url=url, timeout=600) as client:
             for _ in range(per_client):
-                await image(client, tally, {"model": "flux-t2i", "prompt": prompt_of(rng), "seed": rng.randrange(10_000),
-                                            "num_steps": 8})
+                await image(
+                    client,
+                    tally,
+                    {"model": "flux-t2i", "prompt": prompt_of(rng), "seed": rng.randrange(10_000), "num_steps": 8},
+                )
 
     started = time.monotonic()
     await asyncio.gather(*(one(i) for i in range(clients)))
@@ -256,8 +302,11 @@ def check_images(images: list[tuple[dict, np.ndarray]], exact: bool) -> tuple[in
         CHECK_ENGINE["engine"] = engine
     bad_count, gap = 0, 0.0
     for body, served in images:
-        offline = np.asarray(engine.run(jp.Request("flux-t2i", prompt=body["prompt"], seed=body["seed"],
-                                                   num_steps=body["num_steps"]))["image"])
+        offline = np.asarray(
+            engine.run(jp.Request("flux-t2i", prompt=body["prompt"], seed=body["seed"], num_steps=body["num_steps"]))[
+                "image"
+            ]
+        )
         diff = float(np.abs(offline - served).max())
         gap = max(gap, diff)
         ok = np.array_equal(offline, served) if exact else diff <= jp.parity.TOLERANCE
@@ -277,11 +326,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients of the mixed stream")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the mixed stream runs")
-    parser.add_argument("--warmup", type=float, default=40.0, help="seconds of unrecorded mixed stream first (compiles)")
-    parser.add_argument("--per-client", type=int, default=8, help="image requests per client in the batched-vs-serial part")
+    parser.add_argument(
+        "--warmup", type=float, default=40.0, help="seconds of unrecorded mixed stream first (compiles)"
+    )
+    parser.add_argument(
+        "--per-client", type=int, default=8, help="image requests per client in the batched-vs-serial part"
+    )
     parser.add_argument("--sizes", default="16,64", help="client counts of the batched-vs-serial part")
-    parser.add_argument("--quick", action="store_true", help="4 clients for 5 s, sizes 2 and 4, prints only (the smoke test)")
-    parser.add_argument("--results", type=pathlib.Path, default=None, help="write the 'serve' section of this RESULTS.md")
+    parser.add_argument(
+        "--quick", action="store_true", help="4 clients for 5 s, sizes 2 and 4, prints only (the smoke test)"
+    )
+    parser.add_argument(
+        "--results", type=pathlib.Path, default=None, help="write the 'serve' section of this RESULTS.md"
+    )
     args = parser.parse_args()
     if args.quick:
         args.clients, args.seconds, args.per_client, args.sizes, args.warmup = 4, 5.0, 1, "2,4", 0.0
@@ -299,6 +356,7 @@ def main() -> None:
 
             asyncio.run(warm())
         started = time.monotonic()
+
         async def stream() -> None:
             clients = asyncio.gather(*(mixed_client(url, i, args.seconds, mixed) for i in range(args.clients)))
             await asyncio.wait_for(clients, args.seconds + 600)
@@ -320,15 +378,21 @@ def main() -> None:
                 cold_seconds = asyncio.run(image_clients(url, size, args.per_client, cold))
                 seconds = asyncio.run(image_clients(url, size, args.per_client, tally))
             bad_count, gap = check_images(tally.images, exact=mode == "serial")
-            results[mode] = (len(tally.images) / seconds, len(tally.lost) + len(cold.lost), bad_count, gap,
-                             percentile(tally.latency["image"], 0.5), len(cold.images) / cold_seconds)
+            results[mode] = (
+                len(tally.images) / seconds,
+                len(tally.lost) + len(cold.lost),
+                bad_count,
+                gap,
+                percentile(tally.latency["image"], 0.5),
+                len(cold.images) / cold_seconds,
+            )
         rows.append((size, results))
 
     info = report.machine_info(**{"server": "jaxpipe serve (uvicorn), loopback", "cards": ", ".join(CARDS)})
     lines = [
         f"`python benchmarks/serve.py{' --quick' if args.quick else ''}`: a real `jaxpipe serve` process on a loopback port; "
         f"httpx async clients in the benchmark's process. Images are checked against `Engine.run` of the same request "
-        f"(float32 through `output_format=\"npy\"`): bit for bit one at a time (C1), within {__import__('jaxpipe').parity.TOLERANCE:g} batched (C3).",
+        f'(float32 through `output_format="npy"`): bit for bit one at a time (C1), within {__import__("jaxpipe").parity.TOLERANCE:g} batched (C3).',
         "",
         *[f"- {k}: {v}" for k, v in info.items()],
         "",
@@ -342,20 +406,28 @@ def main() -> None:
         lat = mixed.latency.get(kind, [])
         lines.append(f"| {kind} | {outcome} | {count} | {percentile(lat, 0.5):.2f} | {percentile(lat, 0.99):.2f} |")
     total = sum(mixed.outcomes.values())
-    lines += ["", f"- requests: {total} in {wall:.1f} s ({total / wall:.2f} / s); **lost: {len(mixed.lost)}**"
-              + (f" ({'; '.join(mixed.lost[:5])})" if mixed.lost else ""),
-              f"- images checked against offline rendering: {len(mixed.images)}, outside C3: {mixed_bad} (max gap {mixed_gap:.1e})",
-              "", "### batched vs one at a time (flux-t2i, 8 steps, images only)", "",
-              "Warm: the second pass of the same load on the same server. Cold: the first pass of a fresh server "
-              "process (compiling as it meets new batch shapes).", "",
-              "| clients | batched (img/s) | one at a time (img/s) | batched / one at a time | cold: batched / one at a time (img/s) | p50 batched (s) | p50 one at a time (s) | lost | C1 (one at a time) | C3 (batched, max gap) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"- requests: {total} in {wall:.1f} s ({total / wall:.2f} / s); **lost: {len(mixed.lost)}**"
+        + (f" ({'; '.join(mixed.lost[:5])})" if mixed.lost else ""),
+        f"- images checked against offline rendering: {len(mixed.images)}, outside C3: {mixed_bad} (max gap {mixed_gap:.1e})",
+        "",
+        "### batched vs one at a time (flux-t2i, 8 steps, images only)",
+        "",
+        "Warm: the second pass of the same load on the same server. Cold: the first pass of a fresh server "
+        "process (compiling as it meets new batch shapes).",
+        "",
+        "| clients | batched (img/s) | one at a time (img/s) | batched / one at a time | cold: batched / one at a time (img/s) | p50 batched (s) | p50 one at a time (s) | lost | C1 (one at a time) | C3 (batched, max gap) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for size, r in rows:
         b, s = r["batched"], r["serial"]
         c1 = "bit for bit" if s[2] == 0 else f"{s[2]} differ"
         c3 = f"{'ok' if b[2] == 0 else f'{b[2]} outside'} ({b[3]:.1e})"
-        lines.append(f"| {size} | {b[0]:.2f} | {s[0]:.2f} | **{b[0] / s[0]:.2f}×** | {b[5]:.2f} / {s[5]:.2f} | {b[4]:.2f} | "
-                     f"{s[4]:.2f} | {b[1] + s[1]} | {c1} | {c3} |")
+        lines.append(
+            f"| {size} | {b[0]:.2f} | {s[0]:.2f} | **{b[0] / s[0]:.2f}×** | {b[5]:.2f} / {s[5]:.2f} | {b[4]:.2f} | "
+            f"{s[4]:.2f} | {b[1] + s[1]} | {c1} | {c3} |"
+        )
     body = "\n".join(lines)
     print(body)
     if args.results and not args.quick:

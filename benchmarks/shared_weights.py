@@ -41,8 +41,12 @@ from jaxpipe.training.rollout import Group, Sampling
 
 SECTION = "shared_weights"
 IMAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "img" / "shared_weights.png"
-GENERATOR = FlowGRPOConfig(group=Group(4), sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)), beta=0.2,
-                           optimizer=Optimizer(1e-4))
+GENERATOR = FlowGRPOConfig(
+    group=Group(4),
+    sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)),
+    beta=0.2,
+    optimizer=Optimizer(1e-4),
+)
 """The image part's settings every contender shares (the MoT's one optimiser; ``unified``'s generator; its refiner LM
 keeps the default lr 1e-3)."""
 
@@ -56,17 +60,24 @@ def moving(values, window: int = 25) -> tuple[np.ndarray, np.ndarray]:
 def contenders(shared: pathlib.Path | None, quick: bool):
     scorer = jp.cards.load("digit-scorer")
     spec = runs.PromptSpec(mention=0.5, prefer=(("stroke", 1),))
-    evaluation = runs.EvalSettings(samples=8 if quick else 200, diversity_prompts=2 if quick else 10,
-                                   diversity_seeds=2 if quick else 6)
+    evaluation = runs.EvalSettings(
+        samples=8 if quick else 200, diversity_prompts=2 if quick else 10, diversity_seeds=2 if quick else 6
+    )
     mot = MoTRLConfig(generator=GENERATOR)
-    yield "SharedMoTRL, bagel-mot (modality)", lambda: runs.mot_run(jp.cards.load("bagel-mot"), scorer, mot, spec,
-                                                                   evaluation=evaluation)
+    yield (
+        "SharedMoTRL, bagel-mot (modality)",
+        lambda: runs.mot_run(jp.cards.load("bagel-mot"), scorer, mot, spec, evaluation=evaluation),
+    )
     if shared is not None:
-        yield f"SharedMoTRL, {shared.name} (shared)", lambda: runs.mot_run(jp.cards.load(shared), scorer, mot, spec,
-                                                                          evaluation=evaluation)
+        yield (
+            f"SharedMoTRL, {shared.name} (shared)",
+            lambda: runs.mot_run(jp.cards.load(shared), scorer, mot, spec, evaluation=evaluation),
+        )
     unified = UnifiedRLConfig(generator=GENERATOR)
-    yield "UnifiedRL, unified (two models)", lambda: runs.unified_run(jp.cards.load("unified"), scorer, unified, spec,
-                                                                     evaluation=evaluation)
+    yield (
+        "UnifiedRL, unified (two models)",
+        lambda: runs.unified_run(jp.cards.load("unified"), scorer, unified, spec, evaluation=evaluation),
+    )
 
 
 def main() -> None:
@@ -86,8 +97,13 @@ def main() -> None:
             report = runs.execute(build(), steps=steps, out=out, seed=0, progress=False, log=lambda *_: None)
             rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
             before = json.loads((out / "before.json").read_text())
-            results[name] = {"before": before, "after": report["after"], "rows": rows, "seconds": time.perf_counter() - t,
-                             "seconds_per_step": report["seconds_per_step"]}
+            results[name] = {
+                "before": before,
+                "after": report["after"],
+                "rows": rows,
+                "seconds": time.perf_counter() - t,
+                "seconds_per_step": report["seconds_per_step"],
+            }
     pct = lambda x: f"{100 * x:.1f}%"
     lines = [
         f"`python benchmarks/shared_weights.py --steps {steps}{' --shared ' + str(args.shared) if args.shared else ''}`: "
@@ -111,10 +127,19 @@ def main() -> None:
     for name, r in results.items():
         b, a = r["before"], r["after"]
         # a role one of the two parts never reaches (no parameters, or a zero gradient) has no cosine
-        reached = lambda role, r=r: role == "all" or all(np.mean([row.get(f"{part}_grad_norm_{role}", 0.0) for row in r["rows"]]) > 0
-                                                    for part in ("token", "gen"))
-        cos = {role: np.mean([row[f"cos_{role}"] for row in r["rows"]]) if f"cos_{role}" in r["rows"][0] and reached(role)
-               else np.nan for role in ("all",) + ROLES}
+        reached = lambda role, r=r: (
+            role == "all"
+            or all(
+                np.mean([row.get(f"{part}_grad_norm_{role}", 0.0) for row in r["rows"]]) > 0
+                for part in ("token", "gen")
+            )
+        )
+        cos = {
+            role: np.mean([row[f"cos_{role}"] for row in r["rows"]])
+            if f"cos_{role}" in r["rows"][0] and reached(role)
+            else np.nan
+            for role in ("all",) + ROLES
+        }
         cell = lambda v: "—" if np.isnan(v) else f"{v:+.3f}"
         lines.append(
             f"| {name} | {pct(b['refined']['all_right'])} → {pct(a['refined']['all_right'])} | "
@@ -123,7 +148,8 @@ def main() -> None:
             f"{pct(b['original']['independent']['all_right'])} → {pct(a['original']['independent']['all_right'])} | "
             f"{pct(b['preferred_word_rate'] or 0)} → {pct(a['preferred_word_rate'] or 0)} | "
             f"{100 * (a['diversity'] / b['diversity'] - 1):+.1f}% | {r['seconds_per_step']:.2f} | "
-            + " | ".join(cell(cos[k]) for k in ("all",) + ROLES) + " |"
+            + " | ".join(cell(cos[k]) for k in ("all",) + ROLES)
+            + " |"
         )
     body = "\n".join(["## shared_weights", "", *lines])
     print(body)
@@ -139,7 +165,9 @@ def main() -> None:
                     right.plot(*moving(values), style, label=f"{name.split(', ')[1]}: {role}")
     left.set(xlabel="rollouts (steps)", ylabel="reward (moving mean, 25)", title="reward per rollout")
     right.axhline(0, color="grey", lw=0.5)
-    right.set(xlabel="rollouts (steps)", ylabel="cosine (moving mean, 25)", title="thinking vs image gradient, per role")
+    right.set(
+        xlabel="rollouts (steps)", ylabel="cosine (moving mean, 25)", title="thinking vs image gradient, per role"
+    )
     left.legend(fontsize=8)
     right.legend(fontsize=8)
     fig.tight_layout()

@@ -46,7 +46,10 @@ def dit_flops(card: Card, loop_id: str) -> float:
     loop = card.spec.loop(loop_id)
     dit = card[loop.binds[0]]
     x = jnp.zeros((1, *loop.latent_shape), jnp.float32)
-    cond = DiTCond(jnp.zeros((1, card["text_encoder"].cfg.max_len, dit.cfg.text_dim)), jnp.ones((1, card["text_encoder"].cfg.max_len), bool))
+    cond = DiTCond(
+        jnp.zeros((1, card["text_encoder"].cfg.max_len, dit.cfg.text_dim)),
+        jnp.ones((1, card["text_encoder"].cfg.max_len), bool),
+    )
     compiled = jax.jit(lambda m, x, c: m.velocity(x, jnp.ones((1,)), c)).lower(dit, x, cond).compile()
     analysis = compiled.cost_analysis()
     analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
@@ -60,7 +63,10 @@ def video_gflops(card: Card, steps: dict[str, int]) -> float:
 
 def with_loop(card: Card, loop_id: str, **changes) -> Card:
     """The card with ``loop_id``'s default config changed (e.g. ``stg=0``)."""
-    loops = tuple(dataclasses.replace(lp, config=lp.config.replace(**changes)) if lp.id == loop_id else lp for lp in card.spec.loops)
+    loops = tuple(
+        dataclasses.replace(lp, config=lp.config.replace(**changes)) if lp.id == loop_id else lp
+        for lp in card.spec.loops
+    )
     return Card(card.components, dataclasses.replace(card.spec, loops=loops))
 
 
@@ -73,7 +79,10 @@ def nearest_upsampler(card: Card) -> Card:
 def times_per_video(settings: list[tuple[Card, int | None]], prompts: list[str], repeats: int) -> list[float]:
     """Per setting ``(card, num_steps)``: median wall ms of one compiled ``jp.generate`` call of ``prompts``, per
     prompt. Every setting is compiled first, then the settings take turns in each repeat (load drifts hit all alike)."""
-    runs = [lambda c=c, n=n: jax.block_until_ready(jp.generate(c, prompts, seed=0, num_steps=n)["video"]) for c, n in settings]
+    runs = [
+        lambda c=c, n=n: jax.block_until_ready(jp.generate(c, prompts, seed=0, num_steps=n)["video"])
+        for c, n in settings
+    ]
     for run in runs:
         run()
     times = [[] for _ in runs]
@@ -95,7 +104,9 @@ def main(argv=None) -> None:
 
     scorer, wan, ltx = jp.cards.load("digit-scorer"), jp.cards.load("wan-t2v"), jp.cards.load("ltx2-two-stage")
     base, refine = (ltx.spec.loop(lp).config for lp in (toy_two_stage.BASE_LOOP, toy_two_stage.REFINE_LOOP))
-    ltx_gflops = video_gflops(ltx, {toy_two_stage.BASE_LOOP: base.num_steps, toy_two_stage.REFINE_LOOP: refine.num_steps})
+    ltx_gflops = video_gflops(
+        ltx, {toy_two_stage.BASE_LOOP: base.num_steps, toy_two_stage.REFINE_LOOP: refine.num_steps}
+    )
     wan_loop = wan.spec.recipe[0]
     per_step = video_gflops(wan, {wan_loop: 1})
     matched = max(1, round(ltx_gflops / per_step))
@@ -112,28 +123,38 @@ def main(argv=None) -> None:
         steps = steps or {toy_two_stage.BASE_LOOP: base.num_steps, toy_two_stage.REFINE_LOOP: refine.num_steps}
         report = quality.t2v_quality(card, scorer, samples=args.samples, seed=0, num_steps=num_steps)
         full = report["full"]
-        rows.append({
-            "setting": name,
-            "steps": " + ".join(str(n) for n in steps.values()),
-            "dit_gflops_per_video": video_gflops(card, steps),
-            "motion_accuracy": full["motion_accuracy"],
-            "first_frame_digit_accuracy": full["first_frame_digit_accuracy"],
-            "last_frame_digit_accuracy": full["last_frame_digit_accuracy"],
-            "independent": {k: full["independent"][k] for k in ("first_frame_digit_accuracy", "last_frame_digit_accuracy")},
-        })
+        rows.append(
+            {
+                "setting": name,
+                "steps": " + ".join(str(n) for n in steps.values()),
+                "dit_gflops_per_video": video_gflops(card, steps),
+                "motion_accuracy": full["motion_accuracy"],
+                "first_frame_digit_accuracy": full["first_frame_digit_accuracy"],
+                "last_frame_digit_accuracy": full["last_frame_digit_accuracy"],
+                "independent": {
+                    k: full["independent"][k] for k in ("first_frame_digit_accuracy", "last_frame_digit_accuracy")
+                },
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
-    timed = times_per_video([(card, num_steps) for _, card, num_steps, _ in settings], prompts[: args.render], args.repeats)
+    timed = times_per_video(
+        [(card, num_steps) for _, card, num_steps, _ in settings], prompts[: args.render], args.repeats
+    )
     for row, ms in zip(rows, timed):
         row["ms_per_video"] = ms
     print(f"\n{args.samples} prompts per row, seed 0; jax {jax.__version__} on {jax.default_backend()}\n")
-    print("| setting | steps | DiT GFLOPs / video | motion acc. | first-frame digit (scorer) | last-frame digit (scorer) "
-          "| first-frame digit (independent) | last-frame digit (independent) | ms / video |")
+    print(
+        "| setting | steps | DiT GFLOPs / video | motion acc. | first-frame digit (scorer) | last-frame digit (scorer) "
+        "| first-frame digit (independent) | last-frame digit (independent) | ms / video |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ind = r["independent"]
-        print(f"| {r['setting']} | {r['steps']} | {r['dit_gflops_per_video']:.2f} | {r['motion_accuracy']:.2f} | "
-              f"{r['first_frame_digit_accuracy']:.2f} | {r['last_frame_digit_accuracy']:.2f} | "
-              f"{ind['first_frame_digit_accuracy']:.2f} | {ind['last_frame_digit_accuracy']:.2f} | {r['ms_per_video']:.1f} |")
+        print(
+            f"| {r['setting']} | {r['steps']} | {r['dit_gflops_per_video']:.2f} | {r['motion_accuracy']:.2f} | "
+            f"{r['first_frame_digit_accuracy']:.2f} | {r['last_frame_digit_accuracy']:.2f} | "
+            f"{ind['first_frame_digit_accuracy']:.2f} | {ind['last_frame_digit_accuracy']:.2f} | {r['ms_per_video']:.1f} |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

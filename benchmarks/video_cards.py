@@ -80,10 +80,15 @@ def real_videos_row(scorer: Card, samples: int, seed: int = 0) -> dict:
     centroids = quality.ink_centroids(videos)
     moved = quality.moves_as_told(centroids[:, -1] - centroids[:, 0], np.asarray(data.motion))
     independent = lambda t: np.asarray(default_evaluator().predict(videos[:, t]))
-    return {"motion_accuracy": float(np.mean(moved)), "first_frame_digit_accuracy": float(np.mean(read(0) == data.digit)),
-            "last_frame_digit_accuracy": float(np.mean(read(-1) == data.digit)),
-            "independent": {"first_frame_digit_accuracy": float(np.mean(independent(0) == data.digit)),
-                            "last_frame_digit_accuracy": float(np.mean(independent(-1) == data.digit))}}
+    return {
+        "motion_accuracy": float(np.mean(moved)),
+        "first_frame_digit_accuracy": float(np.mean(read(0) == data.digit)),
+        "last_frame_digit_accuracy": float(np.mean(read(-1) == data.digit)),
+        "independent": {
+            "first_frame_digit_accuracy": float(np.mean(independent(0) == data.digit)),
+            "last_frame_digit_accuracy": float(np.mean(independent(-1) == data.digit)),
+        },
+    }
 
 
 def prompts(n: int, seed: int = 1) -> list[str]:
@@ -109,24 +114,31 @@ def time_per_video(cards: dict[str, Card], render: int, repeats: int) -> dict[st
 
 
 def table(rows: dict[str, dict], args) -> str:
-    head = ("| card | loop steps per video | motion as prompted | digit, first frame (scorer) | digit, last frame (scorer) "
-            "| digit, first frame (independent) | digit, last frame (independent) "
-            "| ms / video | params (all / one step's denoiser) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    head = (
+        "| card | loop steps per video | motion as prompted | digit, first frame (scorer) | digit, last frame (scorer) "
+        "| digit, first frame (independent) | digit, last frame (independent) "
+        "| ms / video | params (all / one step's denoiser) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    )
     lines = [head]
     frames = ("first_frame_digit_accuracy", "last_frame_digit_accuracy")
     if "real" in rows:
         r = rows.pop("real")
-        lines.append(f"| real videos (held-out digits moved as captioned) | – | {100 * r['motion_accuracy']:.0f}% | "
-                     + " | ".join(f"{100 * q[k]:.0f}%" for q in (r, r["independent"]) for k in frames) + " | – | – |")
+        lines.append(
+            f"| real videos (held-out digits moved as captioned) | – | {100 * r['motion_accuracy']:.0f}% | "
+            + " | ".join(f"{100 * q[k]:.0f}%" for q in (r, r["independent"]) for k in frames)
+            + " | – | – |"
+        )
     for model_id, r in rows.items():
         q = r["quality"]["full"] if r["quality"] else {}
         ind = q.get("independent", {})
         pct = lambda k, q=q: f"{100 * q[k]:.0f}%" if k in q else "–"
         steps = " + ".join(f"{n} `{loop}`" for loop, n in r["steps"].items())
-        lines.append(f"| `{model_id}` | {steps} | {pct('motion_accuracy')} | {pct('first_frame_digit_accuracy')} "
-                     f"| {pct('last_frame_digit_accuracy')} | {pct('first_frame_digit_accuracy', ind)} "
-                     f"| {pct('last_frame_digit_accuracy', ind)} "
-                     f"| {r['ms']:.1f} | {r['params'] / 1e6:.2f} M / {r['active'] / 1e6:.2f} M |")
+        lines.append(
+            f"| `{model_id}` | {steps} | {pct('motion_accuracy')} | {pct('first_frame_digit_accuracy')} "
+            f"| {pct('last_frame_digit_accuracy')} | {pct('first_frame_digit_accuracy', ind)} "
+            f"| {pct('last_frame_digit_accuracy', ind)} "
+            f"| {r['ms']:.1f} | {r['params'] / 1e6:.2f} M / {r['active'] / 1e6:.2f} M |"
+        )
     return "\n".join(lines)
 
 
@@ -165,17 +177,23 @@ def main() -> None:
     print(body)
     if args.quick:
         return
-    info = machine_info(**{"load average (1 min) before / after": f"{load:.2f} / {os.getloadavg()[0]:.2f}",
-                           "whole run": f"{time.perf_counter() - start:.0f} s"})
+    info = machine_info(
+        **{
+            "load average (1 min) before / after": f"{load:.2f} / {os.getloadavg()[0]:.2f}",
+            "whole run": f"{time.perf_counter() - start:.0f} s",
+        }
+    )
     header = [
         "## video_cards",
         "",
-        ("**Text-to-video cards side by side.** `python benchmarks/video_cards.py`: each bundled card at its "
-         f"default sampling. Quality: `jaxpipe.digits.quality.t2v_quality` on {args.samples} prompts naming a digit and a "
-         "motion (seed 0), the digit read by `digit-scorer` (scorer) and by the independent `digit-classifier` "
-         "(independent: no weights shared with the scorer). Time: median of "
-         f"{args.repeats} repeats of one `jp.generate` call of {args.render} prompts, per video, the cards interleaved "
-         "in each repeat. Loop steps: the engine's `on_step` events of one request."),
+        (
+            "**Text-to-video cards side by side.** `python benchmarks/video_cards.py`: each bundled card at its "
+            f"default sampling. Quality: `jaxpipe.digits.quality.t2v_quality` on {args.samples} prompts naming a digit and a "
+            "motion (seed 0), the digit read by `digit-scorer` (scorer) and by the independent `digit-classifier` "
+            "(independent: no weights shared with the scorer). Time: median of "
+            f"{args.repeats} repeats of one `jp.generate` call of {args.render} prompts, per video, the cards interleaved "
+            "in each repeat. Loop steps: the engine's `on_step` events of one request."
+        ),
         "",
         "| | |\n|---|---|",
         *[f"| {k} | {v} |" for k, v in info.items()],

@@ -38,11 +38,18 @@ def main() -> None:
 
     card, scorer = jp.cards.load("flux-t2i"), jp.cards.load("digit-scorer")
     config = FlowGRPOConfig(
-        group=Group(4), sampling=Sampling(num_steps=args.num_steps, sampler="sde", sde_window=(0, min(4, args.num_steps))),
-        beta=0.04, optimizer=Optimizer(1e-4),
+        group=Group(4),
+        sampling=Sampling(num_steps=args.num_steps, sampler="sde", sde_window=(0, min(4, args.num_steps))),
+        beta=0.04,
+        optimizer=Optimizer(1e-4),
     )
     run = rl_runs.flow_grpo_run(
-        card, scorer, config, rl_runs.PromptSpec(mention=args.mention), prompts_per_step=4, seed=args.seed,
+        card,
+        scorer,
+        config,
+        rl_runs.PromptSpec(mention=args.mention),
+        prompts_per_step=4,
+        seed=args.seed,
         evaluation=rl_runs.EvalSettings(samples=args.eval_samples),
     )
     report = rl_runs.execute(run, steps=args.steps, out=args.out, seed=args.seed)

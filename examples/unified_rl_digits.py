@@ -38,11 +38,18 @@ def main() -> None:
     args = parser.parse_args()
 
     card, scorer = jp.cards.load("unified"), jp.cards.load("digit-scorer")
-    generator = FlowGRPOConfig(group=Group(4), sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)), beta=0.04)
+    generator = FlowGRPOConfig(
+        group=Group(4), sampling=Sampling(num_steps=8, sampler="sde", sde_window=(0, 4)), beta=0.04
+    )
     config = UnifiedRLConfig(generator=generator, refiner=RefinerConfig(skip=1), joint=not args.prompt_only)
     prompts = rl_runs.PromptSpec(mention=0.5, prefer=rl_runs.parse_preferences(args.prefer))
     run = rl_runs.unified_run(
-        card, scorer, config, prompts, prompts_per_step=4, seed=args.seed,
+        card,
+        scorer,
+        config,
+        prompts,
+        prompts_per_step=4,
+        seed=args.seed,
         evaluation=rl_runs.EvalSettings(samples=args.eval_samples),
     )
     report = rl_runs.execute(run, steps=args.steps, out=args.out, seed=args.seed)

@@ -14,9 +14,16 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Card": "jaxpipe.card", "CardSpec": "jaxpipe.card", "CardValidationError": "jaxpipe.card", "LoopSpec": "jaxpipe.card",
-    "Output": "jaxpipe.request", "Request": "jaxpipe.request", "Program": "jaxpipe.program",
-    "Stage": "jaxpipe.workflow", "Workflow": "jaxpipe.workflow", "Engine": "jaxpipe.engine",
+    "Card": "jaxpipe.card",
+    "CardSpec": "jaxpipe.card",
+    "CardValidationError": "jaxpipe.card",
+    "LoopSpec": "jaxpipe.card",
+    "Output": "jaxpipe.request",
+    "Request": "jaxpipe.request",
+    "Program": "jaxpipe.program",
+    "Stage": "jaxpipe.workflow",
+    "Workflow": "jaxpipe.workflow",
+    "Engine": "jaxpipe.engine",
 }
 
 if TYPE_CHECKING:  # the same names, for type checkers and the API reference (static analysis sees no __getattr__)
@@ -59,6 +66,21 @@ class _Package(types.ModuleType):
 sys.modules[__name__].__class__ = _Package
 
 __all__ = [
-    "Card", "CardSpec", "CardValidationError", "LoopSpec", "cards", "loops", "nn", "samplers",
-    "Engine", "Output", "Program", "Request", "Stage", "Workflow", "cache", "generate", "parity",
+    "Card",
+    "CardSpec",
+    "CardValidationError",
+    "LoopSpec",
+    "cards",
+    "loops",
+    "nn",
+    "samplers",
+    "Engine",
+    "Output",
+    "Program",
+    "Request",
+    "Stage",
+    "Workflow",
+    "cache",
+    "generate",
+    "parity",
 ]

@@ -43,7 +43,9 @@ class LoopSpec:
 
     def __post_init__(self):
         if self.kind not in loop_kinds.KINDS:
-            raise CardValidationError(f"loop {self.id!r}: kind must be one of {sorted(loop_kinds.KINDS)} (got {self.kind!r})")
+            raise CardValidationError(
+                f"loop {self.id!r}: kind must be one of {sorted(loop_kinds.KINDS)} (got {self.kind!r})"
+            )
         if isinstance(self.binds, str):
             object.__setattr__(self, "binds", (self.binds,))
         object.__setattr__(self, "binds", tuple(self.binds))
@@ -52,7 +54,9 @@ class LoopSpec:
         if self.latent_shape is not None:
             shape = tuple(int(n) for n in self.latent_shape)
             if not shape or min(shape) <= 0:
-                raise CardValidationError(f"loop {self.id!r}: latent_shape must be positive sizes (got {self.latent_shape})")
+                raise CardValidationError(
+                    f"loop {self.id!r}: latent_shape must be positive sizes (got {self.latent_shape})"
+                )
             object.__setattr__(self, "latent_shape", shape)
         hash(self.config)
         driver = loop_kinds.KINDS[self.kind]
@@ -165,7 +169,9 @@ class Card:
             return self.components[name]
         except KeyError:
             if name in self.spec.optional:
-                raise KeyError(f"card {self.spec.model_id!r} declares the optional component {name!r} but does not have it") from None
+                raise KeyError(
+                    f"card {self.spec.model_id!r} declares the optional component {name!r} but does not have it"
+                ) from None
             raise KeyError(
                 f"card {self.spec.model_id!r} has no component {name!r}; it has {sorted(self.components)}"
             ) from None

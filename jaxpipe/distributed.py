@@ -130,7 +130,9 @@ TP = Rules(heads="model", mlp="model", vocab="model")
 FSDP_TP = Rules(embed="data", heads="model", mlp="model", vocab="model")
 
 
-def make_mesh(data: int | None = None, expert: int = 1, model: int = 1, *, devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    data: int | None = None, expert: int = 1, model: int = 1, *, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
     """A ``(data, expert, model)`` mesh over ``devices``.
 
     Args:
@@ -155,7 +157,9 @@ def make_mesh(data: int | None = None, expert: int = 1, model: int = 1, *, devic
             raise ValueError(f"{len(devices)} devices do not split into expert={expert} × model={model}")
         data = len(devices) // (expert * model)
     if data * expert * model != len(devices):
-        raise ValueError(f"mesh data={data} × expert={expert} × model={model} needs {data * expert * model} devices; have {len(devices)}")
+        raise ValueError(
+            f"mesh data={data} × expert={expert} × model={model} needs {data * expert * model} devices; have {len(devices)}"
+        )
     return Mesh(np.asarray(devices).reshape(data, expert, model), AXES)
 
 
@@ -206,7 +210,9 @@ def _compiled(table: Table) -> tuple[tuple[re.Pattern, tuple[str | None, ...]], 
     for pattern, names in table:
         for name in names:
             if name is not None and name not in LOGICAL_NAMES:
-                raise ValueError(f"LOGICAL_AXES entry {pattern!r} names unknown logical axis {name!r}; choose from {LOGICAL_NAMES} or None")
+                raise ValueError(
+                    f"LOGICAL_AXES entry {pattern!r} names unknown logical axis {name!r}; choose from {LOGICAL_NAMES} or None"
+                )
         compiled.append((re.compile(pattern), tuple(names)))
     return tuple(compiled)
 
@@ -348,7 +354,13 @@ def opt_state_shardings(mesh: Mesh, opt_state: Any, params: Any, shardings: Any)
 
 # ----------------------------------------------------------------------------------- train states
 def state_sharding(
-    mesh: Mesh, state: Any, table: Table = (), rules: Rules = REPLICATE, *, stacked: tuple[str, ...] = (), skip: int = 1,
+    mesh: Mesh,
+    state: Any,
+    table: Table = (),
+    rules: Rules = REPLICATE,
+    *,
+    stacked: tuple[str, ...] = (),
+    skip: int = 1,
     frozen_tables: Mapping[str, Table] | None = None,
 ) -> Any:
     """Shardings for a trainer's ``TrainState`` (``jaxpipe.training.trainer``), same structure.
@@ -389,13 +401,19 @@ def state_sharding(
             params[part] = param_shardings(mesh, value, table, rules, skip=skip)
             opt_state[part] = opt_state_shardings(mesh, state.opt_state[part], value, params[part])
     by_structure = {jax.tree.structure(value): params[part] for part, value in state.params.items()}
-    copies = {name: by_structure.get(jax.tree.structure(value), _tree_of(rest, value)) for name, value in state.copies.items()}
+    copies = {
+        name: by_structure.get(jax.tree.structure(value), _tree_of(rest, value)) for name, value in state.copies.items()
+    }
     frozen = _tree_of(rest, state.frozen)
     if frozen_tables and state.frozen is not None:
-        frozen = type(state.frozen)({
-            name: param_shardings(mesh, value, frozen_tables[name], rules) if name in frozen_tables else _tree_of(rest, value)
-            for name, value in dict(state.frozen).items()
-        })
+        frozen = type(state.frozen)(
+            {
+                name: param_shardings(mesh, value, frozen_tables[name], rules)
+                if name in frozen_tables
+                else _tree_of(rest, value)
+                for name, value in dict(state.frozen).items()
+            }
+        )
     return type(state)(params, opt_state, frozen, copies, _tree_of(rest, state.step))
 
 
@@ -499,7 +517,9 @@ def abstract_sharded(factory: Callable[[], nnx.Module], mesh: Mesh, table: Table
     abstract = nnx.eval_shape(factory)
     params = nnx.state(abstract, nnx.Param)
     shardings = param_shardings(mesh, params, table, rules)
-    nnx.update(abstract, jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), params, shardings))
+    nnx.update(
+        abstract, jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), params, shardings)
+    )
     return abstract
 
 
@@ -575,4 +595,6 @@ def sharded_step(step: Callable, mesh: Mesh, state, batch, *, shardings: Any = N
     """
     state_shardings = state_sharding(mesh, state) if shardings is None else shardings
     data = _tree_of(batch_sharding(mesh), batch)
-    return jax.jit(step, in_shardings=(state_shardings, data, replicated(mesh)), out_shardings=(state_shardings, replicated(mesh)))
+    return jax.jit(
+        step, in_shardings=(state_shardings, data, replicated(mesh)), out_shardings=(state_shardings, replicated(mesh))
+    )

@@ -51,7 +51,9 @@ def _images(image: Any, n: int) -> list[Any]:
     if np.ndim(image) == 3:
         return [image] * n
     if np.ndim(image) != 4 or np.shape(image)[0] != n:
-        raise ValueError(f"image: give one (H, W, C) image or one per prompt (B={n}, H, W, C); got shape {np.shape(image)}")
+        raise ValueError(
+            f"image: give one (H, W, C) image or one per prompt (B={n}, H, W, C); got shape {np.shape(image)}"
+        )
     return [image[i] for i in range(n)]
 
 

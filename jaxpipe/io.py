@@ -11,8 +11,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-__all__ = ["to_uint8", "encode_png", "encode_gif", "save_png", "save_grid", "save_gif", "image_shape", "read_image",
-           "plot_curves"]
+__all__ = [
+    "to_uint8",
+    "encode_png",
+    "encode_gif",
+    "save_png",
+    "save_grid",
+    "save_gif",
+    "image_shape",
+    "read_image",
+    "plot_curves",
+]
 
 
 def to_uint8(image, *, upscale: int = 1) -> np.ndarray:

@@ -37,7 +37,16 @@ import numpy as np
 
 from jaxpipe.request import Output, Request
 
-__all__ = ["LADDER", "TOLERANCE", "ParityReport", "compare", "interleave_gate", "batch_invariance", "same_seed", "structural"]
+__all__ = [
+    "LADDER",
+    "TOLERANCE",
+    "ParityReport",
+    "compare",
+    "interleave_gate",
+    "batch_invariance",
+    "same_seed",
+    "structural",
+]
 
 LADDER: dict[str, str] = {
     "C0": "structural: artifacts have the declared shapes and dtypes and are finite",

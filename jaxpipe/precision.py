@@ -109,7 +109,8 @@ def _replace_dtype(config, dtype: str, selected: frozenset[str] | None, path: st
     fields = [f.name for f in dataclasses.fields(config) if f.init]
     changes = {
         name: _replace_dtype(getattr(config, name), dtype, selected, f"{path}.{name}" if path else name)
-        for name in fields if name != "dtype"
+        for name in fields
+        if name != "dtype"
     }
     changes = {k: v for k, v in changes.items() if v is not getattr(config, k)}
     chosen = selected is None or (path or "<config>") in selected
@@ -154,9 +155,7 @@ def cast_params(card: Card, dtype: str) -> Card:
     return Card(nnx.merge(graphdef, jax.tree.map(cast, params), rest), card.spec)
 
 
-def with_dtype(
-    card: Card, dtype: str, *, networks: Sequence[str] | None = None, params: str | None = None
-) -> Card:
+def with_dtype(card: Card, dtype: str, *, networks: Sequence[str] | None = None, params: str | None = None) -> Card:
     """``card`` with its networks computing in ``dtype`` (``"float32"`` or ``"bfloat16"``), same weights.
 
     The family config's network configs get ``dtype`` (so checkpoints keep it) and the components
@@ -193,7 +192,9 @@ def with_dtype(
         networks = (networks,)
     unknown = sorted(set(networks or ()) - set(known))
     if unknown or (networks is not None and not networks):
-        raise ValueError(f"networks must name some of card {card.model_id!r}'s network configs {sorted(known)} (got {networks})")
+        raise ValueError(
+            f"networks must name some of card {card.model_id!r}'s network configs {sorted(known)} (got {networks})"
+        )
     new_config = _replace_dtype(config, dtype, None if networks is None else frozenset(networks))
     if new_config is not config:
         family = registry.family(card.spec.family)

@@ -154,7 +154,9 @@ class ComponentNode:
         if not self.writes:
             raise ProgramError(f"node {self.name!r} writes no slot")
         if self.cached and self.component is None:
-            raise ProgramError(f"node {self.name!r} is cached but names no component (its weight version keys the cache)")
+            raise ProgramError(
+                f"node {self.name!r} is cached but names no component (its weight version keys the cache)"
+            )
 
     def __call__(self, card: Card, slots: Mapping[str, Any], settings_: Settings = ()) -> Slots:
         reads = {r: slots[r] for r in self.reads}
@@ -436,8 +438,10 @@ def concat_rows(rows: Sequence[Mapping[str, Any]]) -> Slots:
     rows = list(rows)
     if len(rows) == 1:
         return {k: jax.tree.map(jnp.asarray, v) for k, v in rows[0].items()}
-    return {k: jax.tree.map(lambda *xs: jnp.concatenate([jnp.asarray(x) for x in xs], axis=0), *[r[k] for r in rows])
-            for k in rows[0]}
+    return {
+        k: jax.tree.map(lambda *xs: jnp.concatenate([jnp.asarray(x) for x in xs], axis=0), *[r[k] for r in rows])
+        for k in rows[0]
+    }
 
 
 def _apply(card: Card, slots: Slots, nodes: Sequence[ComponentNode], settings_: Settings) -> Slots:
@@ -534,7 +538,12 @@ class Execution(NamedTuple):
 
 
 def execute(
-    program: Program, settings_: Settings, card: Card, slots: Mapping[str, Any], *, capture: bool | tuple[str, ...] = False
+    program: Program,
+    settings_: Settings,
+    card: Card,
+    slots: Mapping[str, Any],
+    *,
+    capture: bool | tuple[str, ...] = False,
 ) -> dict[str, jax.Array] | Execution:
     """The whole program on batched input ``slots``: artifacts ``{name: (B, ...)}``, or, unless
     ``capture`` is ``False``, an ``Execution`` (``capture=True``: every loop records its trajectory;
@@ -559,7 +568,9 @@ def execute(
     for i, node in enumerate(program.loops):
         spec = card.spec.loop(node.loop)
         record = capture is True or (bool(capture) and node.loop in capture)
-        state, records = driver(spec.kind).run(card.bound(node.loop), state, config_of(settings_, node.loop), capture=record)
+        state, records = driver(spec.kind).run(
+            card.bound(node.loop), state, config_of(settings_, node.loop), capture=record
+        )
         captures[node.loop] = (state, records)
         slots, state = enter(program, i + 1, settings_, card, slots, state)
     out = artifacts(program, slots)

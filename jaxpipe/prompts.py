@@ -390,7 +390,9 @@ class PromptSet:
     def take(self, rows: Sequence[int]) -> PromptSet:
         """The prompts at ``rows``, in that order (a new set)."""
         rows = np.asarray(rows, np.int64).reshape(-1)
-        return PromptSet([self._texts[i] for i in rows], {k: v[rows] for k, v in self._metadata.items()}, source=self.source)
+        return PromptSet(
+            [self._texts[i] for i in rows], {k: v[rows] for k, v in self._metadata.items()}, source=self.source
+        )
 
     def split(self, heldout: float | int = 0.1, *, seed: int = 0) -> tuple[PromptSet, PromptSet]:
         """A deterministic ``(train, heldout)`` split.
@@ -443,7 +445,11 @@ class PromptSet:
           an iterator of host ``Prompts``: ids ``(P, L)`` int32, text ``(P, self.width)`` uint8,
           metadata ``{name: (P, ...)}``.
         """
-        if isinstance(prompts_per_step, bool) or not isinstance(prompts_per_step, numbers.Integral) or prompts_per_step <= 0:
+        if (
+            isinstance(prompts_per_step, bool)
+            or not isinstance(prompts_per_step, numbers.Integral)
+            or prompts_per_step <= 0
+        ):
             raise ValueError(f"prompts_per_step must be a positive int (got {prompts_per_step!r})")
         every = self.prompts(card, program=program)
         return _batches(every, len(self), int(prompts_per_step), seed)
@@ -501,18 +507,20 @@ def _read_jsonl(path: Path) -> PromptSet:
         except json.JSONDecodeError as err:
             raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{where}: each line must be a JSON object with a \"prompt\" (got {type(record).__name__})")
+            raise ValueError(f'{where}: each line must be a JSON object with a "prompt" (got {type(record).__name__})')
         if "prompt" not in record:
-            raise ValueError(f"{where}: no \"prompt\" key (keys: {sorted(record)})")
+            raise ValueError(f'{where}: no "prompt" key (keys: {sorted(record)})')
         if not isinstance(record["prompt"], str):
-            raise ValueError(f"{where}: \"prompt\" must be a string (got {record['prompt']!r})")
+            raise ValueError(f'{where}: "prompt" must be a string (got {record["prompt"]!r})')
         names = set(record) - {"prompt"}
         if keys is None:
             keys, first, columns = names, lineno, {k: [] for k in sorted(names)}
         elif names != keys:
             missing, extra = sorted(keys - names), sorted(names - keys)
             detail = "; ".join(
-                part for part in (f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else "") if part
+                part
+                for part in (f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else "")
+                if part
             )
             raise ValueError(f"{where}: metadata keys differ from line {first}'s {sorted(keys)}: {detail}")
         for key in columns:
@@ -524,7 +532,7 @@ def _read_jsonl(path: Path) -> PromptSet:
             columns[key].append((lineno, value))
         texts.append(record["prompt"])
     if not texts:
-        raise ValueError(f"{path}: no prompts (one JSON object with a \"prompt\" per line)")
+        raise ValueError(f'{path}: no prompts (one JSON object with a "prompt" per line)')
     metadata = {}
     for key, values in columns.items():
         kinds = {v.dtype.kind for _, v in values}
@@ -557,7 +565,9 @@ def read(path: str | os.PathLike) -> PromptSet:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".txt", ".jsonl"):
-        raise ValueError(f"{path}: unsupported prompt file suffix {path.suffix!r}; use .txt (one prompt per line) or .jsonl")
+        raise ValueError(
+            f"{path}: unsupported prompt file suffix {path.suffix!r}; use .txt (one prompt per line) or .jsonl"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"no prompt file {path}")
     return _read_txt(path) if suffix == ".txt" else _read_jsonl(path)

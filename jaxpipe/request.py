@@ -55,16 +55,28 @@ class Request:
             raise ValueError(f"Request.model must be a non-empty model id string (got {self.model!r})")
         if self.prompt is not None and not isinstance(self.prompt, str):
             raise TypeError(f"Request.prompt must be a str or None (got {type(self.prompt).__name__})")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed <= MAX_SEED:
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, (int, np.integer))
+            or not 0 <= self.seed <= MAX_SEED
+        ):
             raise ValueError(f"Request.seed must be an int in [0, {MAX_SEED}] (got {self.seed!r})")
         object.__setattr__(self, "seed", int(self.seed))
         if self.num_steps is not None:
-            if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, (int, np.integer)) or self.num_steps <= 0:
+            if (
+                isinstance(self.num_steps, bool)
+                or not isinstance(self.num_steps, (int, np.integer))
+                or self.num_steps <= 0
+            ):
                 raise ValueError(f"Request.num_steps must be a positive int or None (got {self.num_steps!r})")
             object.__setattr__(self, "num_steps", int(self.num_steps))
         if self.guidance is not None:
-            if (isinstance(self.guidance, bool) or not isinstance(self.guidance, (int, float, np.floating, np.integer))
-                    or not math.isfinite(self.guidance) or self.guidance < 0):
+            if (
+                isinstance(self.guidance, bool)
+                or not isinstance(self.guidance, (int, float, np.floating, np.integer))
+                or not math.isfinite(self.guidance)
+                or self.guidance < 0
+            ):
                 raise ValueError(f"Request.guidance must be a finite number >= 0 or None (got {self.guidance!r})")
             object.__setattr__(self, "guidance", float(self.guidance))
         if self.image is not None and not hasattr(self.image, "shape"):
@@ -129,7 +141,9 @@ class Output(Mapping):
         except KeyError:
             if self.cancelled:
                 step, total = self.cancelled_at
-                raise KeyError(f"the {self.model!r} request was cancelled at step {step}/{total}: it has no {name!r}") from None
+                raise KeyError(
+                    f"the {self.model!r} request was cancelled at step {step}/{total}: it has no {name!r}"
+                ) from None
             raise KeyError(f"{self.model!r} produced no artifact {name!r}; it has {sorted(self._artifacts)}") from None
 
     def __iter__(self) -> Iterator[str]:

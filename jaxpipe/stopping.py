@@ -90,5 +90,7 @@ class Stopper:
             sys.stderr.flush()
             os._exit(exit_code(signum))
         self.signum = signum
-        sys.stderr.write(f"\n{signal.Signals(signum).name}: stopping at the next safe point (send it again to exit at once)\n")
+        sys.stderr.write(
+            f"\n{signal.Signals(signum).name}: stopping at the next safe point (send it again to exit at once)\n"
+        )
         sys.stderr.flush()

@@ -57,7 +57,7 @@ def load(names: Iterable[str] | None = None) -> tuple[str, ...]:
       TypeError: if a world has no callable ``register``.
     """
     explicit = names is not None
-    for name in (tuple(names) if explicit else BUNDLED + _installed()):
+    for name in tuple(names) if explicit else BUNDLED + _installed():
         if name in _LOADED or name in _LOADING:
             continue
         _LOADING.add(name)

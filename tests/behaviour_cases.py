@@ -68,8 +68,13 @@ def _generator(ppo=None, **changes):
     from jaxpipe.training import FlowGRPOConfig, Group, Sampling
     from jaxpipe.training.ppo import Schedule
 
-    return FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=4, sampler="sde", sde_window=(0, 2)), beta=0.04,
-                          ppo=ppo or Schedule(), **changes)
+    return FlowGRPOConfig(
+        group=Group(2),
+        sampling=Sampling(num_steps=4, sampler="sde", sde_window=(0, 2)),
+        beta=0.04,
+        ppo=ppo or Schedule(),
+        **changes,
+    )
 
 
 def flow_grpo(ppo=None, **changes):
@@ -172,8 +177,9 @@ def dmd2():
     from jaxpipe.training import DMD2, DistributionMatching, DMD2Config, Group, Optimizer
 
     card = jp.cards.load("flux-t2i")
-    config = DMD2Config(student_steps=2, group=Group(2),
-                        dm=DistributionMatching(critic=Optimizer(2e-4, b1=0.0), critic_steps=2))
+    config = DMD2Config(
+        student_steps=2, group=Group(2), dm=DistributionMatching(critic=Optimizer(2e-4, b1=0.0), critic_steps=2)
+    )
     return _fit(DMD2(card, config), prompt_batches(card, PromptSpec(mention=0.5), 2, 0))
 
 
@@ -192,7 +198,9 @@ def pretrain_generator(model_id: str):
     def case():
         from jaxpipe.digits.pretrain.generators import PretrainConfig, pretrain_generator
 
-        cfg = PretrainConfig(autoencoder_steps=PRETRAIN_STEPS, steps=PRETRAIN_STEPS, batch_size=16, video_batch_size=4, copies=1)
+        cfg = PretrainConfig(
+            autoencoder_steps=PRETRAIN_STEPS, steps=PRETRAIN_STEPS, batch_size=16, video_batch_size=4, copies=1
+        )
         with tempfile.TemporaryDirectory() as out:
             pretrain_generator(model_id, out, cfg)
             rows = {"finetune": _read(Path(out) / "metrics.jsonl")}
@@ -242,7 +250,9 @@ def pretrain_causal():
 def pretrain_ltx2():
     from jaxpipe.digits.pretrain.ltx2 import PretrainConfig, pretrain_ltx2
 
-    cfg = PretrainConfig(steps=PRETRAIN_STEPS, upsampler_steps=PRETRAIN_STEPS, batch_size=4, base_batch_size=4, copies=1)
+    cfg = PretrainConfig(
+        steps=PRETRAIN_STEPS, upsampler_steps=PRETRAIN_STEPS, batch_size=4, base_batch_size=4, copies=1
+    )
     with tempfile.TemporaryDirectory() as out:
         pretrain_ltx2(out, cfg)
         return {"dit": _read(Path(out) / "metrics.jsonl"), "upsampler": _read(Path(out) / "upsampler_metrics.jsonl")}
@@ -318,7 +328,9 @@ def bundled_outputs():
     outs = engine.run_many(requests, mode="serial")
     rows = {f"engine {r.model} {r.prompt!r} seed {r.seed}": _digest(o) for r, o in zip(requests, outs)}
     for model, prompt in (("flux-t2i", "seven thick"), ("unified", "three"), ("wan-t2v", "five moving left")):
-        rows[f"generate {model} {prompt!r}"] = _digest(dict(jp.generate(engine.card(model), [prompt], seed=0, num_steps=2)))
+        rows[f"generate {model} {prompt!r}"] = _digest(
+            dict(jp.generate(engine.card(model), [prompt], seed=0, num_steps=2))
+        )
     scorer = engine.card("digit-scorer")
     from jaxpipe.digits import digit_scorer
 
@@ -366,11 +378,17 @@ def classifier_recipe(out: Path) -> dict:
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the bundled run used XLA's default flags
-    subprocess.run([sys.executable, "-m", "jaxpipe.digits.pretrain", "digit-classifier", "--out", str(out), "--quiet"],
-                   check=True, env=env, cwd=Path(__file__).resolve().parent.parent)
+    subprocess.run(
+        [sys.executable, "-m", "jaxpipe.digits.pretrain", "digit-classifier", "--out", str(out), "--quiet"],
+        check=True,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     metrics = json.loads((Path(out) / "metrics.json").read_text())
-    return {"sha256": hashlib.sha256((Path(out) / "weights.safetensors").read_bytes()).hexdigest(),
-            "heldout_renders": metrics["accuracy"]["heldout_renders"]}
+    return {
+        "sha256": hashlib.sha256((Path(out) / "weights.safetensors").read_bytes()).hexdigest(),
+        "heldout_renders": metrics["accuracy"]["heldout_renders"],
+    }
 
 
 RECIPES = {"digit-classifier": classifier_recipe}
@@ -412,9 +430,17 @@ def environment() -> dict:
     import jaxlib
 
     model, flags = _cpu()
-    return {"machine": platform.machine(), "cpu": model, "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:12],
-            "caches": _caches(), "cpus": os.cpu_count(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-            "numpy": np.__version__, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    return {
+        "machine": platform.machine(),
+        "cpu": model,
+        "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:12],
+        "caches": _caches(),
+        "cpus": os.cpu_count(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "numpy": np.__version__,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
 
 
 def environment_key(env: dict | None = None) -> str:
@@ -459,7 +485,11 @@ def _series(rows, path: str = "") -> dict[str, list]:
 
 
 def _float(value):
-    return float.fromhex(value) if isinstance(value, str) and value.startswith(("0x", "-0x", "inf", "-inf", "nan")) else value
+    return (
+        float.fromhex(value)
+        if isinstance(value, str) and value.startswith(("0x", "-0x", "inf", "-inf", "nan"))
+        else value
+    )
 
 
 def differences(name: str, got, want) -> list[str]:
@@ -509,7 +539,9 @@ def reference(data: dict, key: str | None = None) -> tuple[str, dict, bool]:
 def _record(data: dict, key: str, section: str, name: str, value) -> None:
     import datetime
 
-    entry = data.setdefault(key, {"environment": environment(), "recorded": datetime.date.today().isoformat(), "cases": {}})
+    entry = data.setdefault(
+        key, {"environment": environment(), "recorded": datetime.date.today().isoformat(), "cases": {}}
+    )
     entry.setdefault(section, {})[name] = value
     DATA.parent.mkdir(parents=True, exist_ok=True)
     DATA.write_text(json.dumps({"environments": data}, indent=1, sort_keys=True) + "\n")
@@ -546,7 +578,12 @@ def main(argv: list[str]) -> int:
         else:
             off = differences(name, rows, cases[name])
             bad += bool(off)
-            print(f"{name}: {'within float noise of ' + ref_key if not off else 'DIFFERENT'}", *off, sep="\n  ", flush=True)
+            print(
+                f"{name}: {'within float noise of ' + ref_key if not off else 'DIFFERENT'}",
+                *off,
+                sep="\n  ",
+                flush=True,
+            )
     return 1 if bad else 0
 
 

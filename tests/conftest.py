@@ -25,8 +25,16 @@ os.environ["JAXPIPE_CACHE_DIR"] = str(compilation.enable_cache())
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
-LONGEST_FIRST = ("test_stop_resume.py", "test_parity.py", "test_notebook.py", "test_distributed.py", "test_joint_rl.py",
-                 "test_self_forcing.py", "test_unified_rl.py", "test_own_reward.py")
+LONGEST_FIRST = (
+    "test_stop_resume.py",
+    "test_parity.py",
+    "test_notebook.py",
+    "test_distributed.py",
+    "test_joint_rl.py",
+    "test_self_forcing.py",
+    "test_unified_rl.py",
+    "test_own_reward.py",
+)
 """Files holding the suite's longest tests (``--durations``), started first: pytest-xdist's work stealing then
 balances the short rest across both workers instead of one worker finishing a long test alone at the end."""
 

@@ -14,8 +14,7 @@ import pytest
 
 import jaxpipe
 
-MODULES = sorted(m.name for m in pkgutil.walk_packages(jaxpipe.__path__, "jaxpipe.")
-                 if not m.name.endswith("__main__"))
+MODULES = sorted(m.name for m in pkgutil.walk_packages(jaxpipe.__path__, "jaxpipe.") if not m.name.endswith("__main__"))
 
 
 def _own(module, obj) -> bool:
@@ -39,7 +38,9 @@ def _takes_arguments(fn) -> bool:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return any(p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values())
+    return any(
+        p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()
+    )
 
 
 def _problems(module) -> list[str]:
@@ -84,8 +85,14 @@ def test_the_lazy_training_names_are_visible_to_static_analysis():
 
     assert callable(training.fit) and training.fit.__name__ == "fit"
     tree = ast.parse(inspect.getsource(training))
-    static = {alias.name: node.module for block in tree.body if isinstance(block, ast.If)
-              for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    static = {
+        alias.name: node.module
+        for block in tree.body
+        if isinstance(block, ast.If)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
     assert static == training._LAZY
     assert set(training.__all__) == set(training._LAZY) | {"fit"}
     for name in training.__all__:

@@ -17,7 +17,9 @@ from jaxpipe.engine import Engine
 from jaxpipe.loops.denoise import DenoiseConfig
 
 runner = CliRunner()
-needs_cards = pytest.mark.skipif(not {"flux-t2i", "wan-i2v"} <= set(jp.cards.available()), reason="bundled cards missing")
+needs_cards = pytest.mark.skipif(
+    not {"flux-t2i", "wan-i2v"} <= set(jp.cards.available()), reason="bundled cards missing"
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +47,27 @@ def test_requests_refuse_what_would_render_garbage(fields, message):
 
 
 def test_sampling_settings_refuse_non_finite_and_out_of_range_values():
-    for bad, message in [(dict(guidance=float("inf")), "guidance must be a finite"), (dict(noise_level=float("nan")), "noise_level"),
-                         (dict(noise_level=1.5), r"noise_level \(the SDE's η\) must be in \[0, 1.0\]"),
-                         (dict(shift=float("inf")), "shift must be a finite")]:
+    for bad, message in [
+        (dict(guidance=float("inf")), "guidance must be a finite"),
+        (dict(noise_level=float("nan")), "noise_level"),
+        (dict(noise_level=1.5), r"noise_level \(the SDE's η\) must be in \[0, 1.0\]"),
+        (dict(shift=float("inf")), "shift must be a finite"),
+    ]:
         with pytest.raises(ValueError, match=message):
             DenoiseConfig(**bad)
 
 
 def test_run_many_names_the_bad_request_and_runs_nothing(engine):
     before = engine.cache.stats()
-    requests = [jp.Request("flux-t2i", prompt="seven", num_steps=2), jp.Request("flux-t2i", prompt="sevn thik", num_steps=2)]
-    with pytest.raises(ValueError, match=r"request 1 of 2 \('flux-t2i'\): unknown word\(s\) 'sevn' \(did you mean 'seven'\?\), "
-                                         r"'thik' \(did you mean 'thick' or 'thin'\?\)"):
+    requests = [
+        jp.Request("flux-t2i", prompt="seven", num_steps=2),
+        jp.Request("flux-t2i", prompt="sevn thik", num_steps=2),
+    ]
+    with pytest.raises(
+        ValueError,
+        match=r"request 1 of 2 \('flux-t2i'\): unknown word\(s\) 'sevn' \(did you mean 'seven'\?\), "
+        r"'thik' \(did you mean 'thick' or 'thin'\?\)",
+    ):
         engine.run_many(requests)
     with pytest.raises(ValueError, match=r"request 0 of 2 \('wan-i2v'\): 'wan-i2v' animates a first frame"):
         engine.run_many([jp.Request("wan-i2v", prompt="seven still"), requests[0]])
@@ -77,7 +88,7 @@ def test_a_card_serves_under_another_id_next_to_its_base(engine, t2i_card):
 def test_damaged_checkpoints_name_the_file(tmp_path, t2i_card):
     path = jp.cards.save_card(t2i_card, tmp_path / "card")
     weights = path / "weights.safetensors"
-    weights.write_bytes(weights.read_bytes()[: 1000])
+    weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(jp.cards.CardIntegrityError, match=r"weights.safetensors is damaged"):
         jp.cards.load(path)
     jp.cards.checkpoint.write_digests(path)  # the digest now matches: safetensors itself must refuse the file
@@ -86,8 +97,11 @@ def test_damaged_checkpoints_name_the_file(tmp_path, t2i_card):
     (path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
         jp.cards.load(path)
-    (path / "config.json").write_text(json.dumps({"format": "jaxpipe.card/1", "family": "toy_t2i", "model_id": "x",
-                                                  "config": {"dit": {"depth": "four"}}}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {"format": "jaxpipe.card/1", "family": "toy_t2i", "model_id": "x", "config": {"dit": {"depth": "four"}}}
+        )
+    )
     with pytest.raises(ValueError, match=r"config.json: its toy_t2i config does not load"):
         jp.cards.load(path)
 
@@ -102,20 +116,47 @@ def test_damaged_checkpoints_name_the_file(tmp_path, t2i_card):
         (["generate", "seven", "--seed", str(2**32)], "--seed must be an int in [0, 4294967295] (got 4294967296)"),
         (["evaluate", "--guidance", "-1"], "--guidance must be a finite number >= 0 (got -1.0)"),
         (["generate", "seven moving up", "--video-model", "flux-t2i"], "this stage needs a card that does i2v"),
-        (["generate", "seven", "--model", "wan-i2v", "-o", "{tmp}/a.png"], "'wan-i2v' (i2v) starts from an image: pass --image"),
-        (["generate", "seven moving right", "--model", "wan-t2v", "-o", "{tmp}/a.png"],
-         "'wan-t2v' makes a video: --out must end in .gif (got 'a.png')"),
-        (["generate", "seven", "--model", "wan-t2v", "--image", "{tmp}/none.png"], "--image: 'wan-t2v' (t2v) reads no image"),
-        (["generate", "seven", "--model", "wan-i2v", "--image", "{tmp}/none.png"], "--image {tmp}/none.png: no such file"),
-        (["generate", "seven", "--model", "digit-scorer"], "'digit-scorer' is a judge, not a generator: it scores images"),
+        (
+            ["generate", "seven", "--model", "wan-i2v", "-o", "{tmp}/a.png"],
+            "'wan-i2v' (i2v) starts from an image: pass --image",
+        ),
+        (
+            ["generate", "seven moving right", "--model", "wan-t2v", "-o", "{tmp}/a.png"],
+            "'wan-t2v' makes a video: --out must end in .gif (got 'a.png')",
+        ),
+        (
+            ["generate", "seven", "--model", "wan-t2v", "--image", "{tmp}/none.png"],
+            "--image: 'wan-t2v' (t2v) reads no image",
+        ),
+        (
+            ["generate", "seven", "--model", "wan-i2v", "--image", "{tmp}/none.png"],
+            "--image {tmp}/none.png: no such file",
+        ),
+        (
+            ["generate", "seven", "--model", "digit-scorer"],
+            "'digit-scorer' is a judge, not a generator: it scores images",
+        ),
         (["generate", "seven", "--model", "digit-classifier"], "'digit-classifier' is a judge, not a generator"),
-        (["generate", "seven moving up", "--model", "wan-t2v", "--video-model", "wan-i2v"],
-         "--video-model animates a text-to-image card's image into a .gif; 'wan-t2v' makes video itself"),
-        (["generate", "seven", "--model", "video.t2v_continue"], "is a workflow, not a card: pass --workflow video.t2v_continue"),
-        (["generate", "seven", "--workflow", "video.nope"], "--workflow 'video.nope' is not a registered workflow; registered: "),
-        (["generate", "seven", "--workflow", "video.t2v_continue", "-o", "{tmp}/a.png"],
-         "--workflow video.t2v_continue makes a video: --out must end in .gif (got 'a.png')"),
-        (["generate", "seven", "--workflow", "video.t2v_continue", "--model", "wan-t2v"], "--workflow names its own cards"),
+        (
+            ["generate", "seven moving up", "--model", "wan-t2v", "--video-model", "wan-i2v"],
+            "--video-model animates a text-to-image card's image into a .gif; 'wan-t2v' makes video itself",
+        ),
+        (
+            ["generate", "seven", "--model", "video.t2v_continue"],
+            "is a workflow, not a card: pass --workflow video.t2v_continue",
+        ),
+        (
+            ["generate", "seven", "--workflow", "video.nope"],
+            "--workflow 'video.nope' is not a registered workflow; registered: ",
+        ),
+        (
+            ["generate", "seven", "--workflow", "video.t2v_continue", "-o", "{tmp}/a.png"],
+            "--workflow video.t2v_continue makes a video: --out must end in .gif (got 'a.png')",
+        ),
+        (
+            ["generate", "seven", "--workflow", "video.t2v_continue", "--model", "wan-t2v"],
+            "--workflow names its own cards",
+        ),
         (["generate", "--model", "flux-t2i"], "PROMPT is missing"),
     ],
 )

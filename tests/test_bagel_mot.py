@@ -19,7 +19,9 @@ UNDERSTAND_ID = "bagel-mot:understand"
 @pytest.fixture(scope="module")
 def card():
     base = digit_cards.config("bagel-mot")
-    card = jp.cards.build("bagel-mot", config=dataclasses.replace(base, mot=dataclasses.replace(base.mot, depth=1)), seed=0)  # one layer: compiles fast
+    card = jp.cards.build(
+        "bagel-mot", config=dataclasses.replace(base, mot=dataclasses.replace(base.mot, depth=1)), seed=0
+    )  # one layer: compiles fast
     return card.replace(transformer=perturbed(card["transformer"], seed=3))
 
 
@@ -91,13 +93,19 @@ def test_serial_equals_interleaved_with_ar_and_denoise_requests_mixed(engine):
     for tick, loop in calls:
         ticks.setdefault(tick, set()).add(loop)
     ar_loops = {toy_mot.THINK_LOOP, toy_mot.UNDERSTAND_LOOP}
-    assert any(toy_mot.IMAGE_LOOP in loops and loops & ar_loops for loops in ticks.values()), \
+    assert any(toy_mot.IMAGE_LOOP in loops and loops & ar_loops for loops in ticks.values()), (
         "AR and denoise steps ran in the same tick, as separate groups"
+    )
 
 
 def test_publishing_the_transformer_drops_exactly_its_cache_entries(engine, card):
-    engine.run_many([jp.Request("bagel-mot", prompt="three", seed=0, num_steps=2),
-                     jp.Request(UNDERSTAND_ID, image=image(0.5), seed=0)], "serial")
+    engine.run_many(
+        [
+            jp.Request("bagel-mot", prompt="three", seed=0, num_steps=2),
+            jp.Request(UNDERSTAND_ID, image=image(0.5), seed=0),
+        ],
+        "serial",
+    )
     keys = engine.cache.keys()
     components = {(k.model, k.component) for k in keys}
     assert ("bagel-mot", "transformer") in components  # the prompt's text K/V

@@ -31,8 +31,11 @@ def test_the_recorded_numbers_are_reproduced(name):
         else:
             assert behaviour_cases.recorded_part(got, want) == want, name
         return
-    warnings.warn(f"{name}: this environment ({behaviour_cases.environment_key()}) has no recording, so the "
-                  f"numbers are held to {key}'s within float noise, not bit for bit", stacklevel=1)
+    warnings.warn(
+        f"{name}: this environment ({behaviour_cases.environment_key()}) has no recording, so the "
+        f"numbers are held to {key}'s within float noise, not bit for bit",
+        stacklevel=1,
+    )
     off = behaviour_cases.differences(name, got, want)
     assert not off, f"{name} moved beyond float noise from environment {key}:\n" + "\n".join(off[:20])
 
@@ -40,7 +43,9 @@ def test_the_recorded_numbers_are_reproduced(name):
 def test_another_environment_is_held_within_float_noise_and_no_further():
     rows = [{"loss": 0.25, "kl": 7.4e-9, "step": 1.0}, {"loss": 0.5, "kl": 3e-6, "step": 2.0}]
     want = behaviour_cases.exact(rows)
-    noisy = behaviour_cases.exact([{"loss": 0.25 + 4e-6, "kl": 0.0, "step": 1.0}, {"loss": 0.5, "kl": 3.3e-6, "step": 2.0}])
+    noisy = behaviour_cases.exact(
+        [{"loss": 0.25 + 4e-6, "kl": 0.0, "step": 1.0}, {"loss": 0.5, "kl": 3.3e-6, "step": 2.0}]
+    )
     assert behaviour_cases.differences("flow_grpo", noisy, want) == []
     moved = behaviour_cases.exact([{"loss": 0.25 * 1.01, "kl": 7.4e-9, "step": 1.0}, rows[1]])
     assert [d.split(":")[0] for d in behaviour_cases.differences("flow_grpo", moved, want)] == ["/loss"]

@@ -112,8 +112,14 @@ def test_device_quick_smoke(tmp_path):
     script = [sys.executable, str(BENCHMARKS / "device.py"), "--quick"]
 
     out = tmp_path / "none.json"
-    done = subprocess.run([*script, "--budget-s", "0", "--out", str(out)], check=False, env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [*script, "--budget-s", "0", "--out", str(out)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     sections = json.loads(out.read_text())["sections"]
     assert list(sections) == ["flux", "experts", "engine", "attention"]
@@ -136,8 +142,14 @@ def test_device_quick_smoke(tmp_path):
     assert (BENCHMARKS / "RESULTS.md").read_bytes() == results_before
 
     out = tmp_path / "train.json"
-    done = subprocess.run([*script, "--sections", "train", "--out", str(out)], check=False, env=env,
-                          capture_output=True, text=True, timeout=2400)
+    done = subprocess.run(
+        [*script, "--sections", "train", "--out", str(out)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     rows = json.loads(out.read_text())["sections"]["train"]["rows"]
     assert [r["job"] for r in rows] == ["flux-grpo-lora64-full", "flux-nft-lora64-full"]
@@ -152,7 +164,17 @@ def test_fit_quick_compiles_sharded_lora_and_video_jobs(tmp_path):
 
     out, results = tmp_path / "fit.json", tmp_path / "RESULTS.md"
     only = "flux-grpo-lora64-none,flux-grpo-lora64-full,flux-nft-fsdp8-full,wan-grpo-fsdp2tp4-full"
-    cmd = [sys.executable, str(BENCHMARKS / "fit.py"), "--quick", "--only", only, "--out", str(out), "--results", str(results)]
+    cmd = [
+        sys.executable,
+        str(BENCHMARKS / "fit.py"),
+        "--quick",
+        "--only",
+        only,
+        "--out",
+        str(out),
+        "--results",
+        str(results),
+    ]
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     rows = {r["name"]: r for r in json.loads(out.read_text())}
@@ -171,10 +193,17 @@ def test_rewards_quick_compares_jax_and_torch_on_the_same_scores():
     """``rewards.py --quick``: CLIPScore and PickScore from one random CLIP folder, jitted JAX vs transformers eager,
     every row timed and the two agreeing on the scores."""
     pytest.importorskip("transformers", reason="the torch reference needs the parity extra")
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "rewards.py"), "--quick", "--batch", "2"], check=False,
-                          capture_output=True, text=True, timeout=2400)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "rewards.py"), "--quick", "--batch", "2"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith(("| clipscore", "| pickscore"))]
+    rows = [
+        line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith(("| clipscore", "| pickscore"))
+    ]
     assert [r[0].strip() for r in rows] == ["clipscore", "pickscore"]
     for row in rows:
         assert float(row[2]) > 0 and float(row[3]) > 0
@@ -186,8 +215,13 @@ def test_serve_quick_loses_nothing_and_matches_offline_rendering():
     """``serve.py --quick``: a mixed stream and both serving modes against real `jaxpipe serve` processes; it exits
     non-zero on any lost request or any image off its offline rendering (C1 one at a time, C3 batched)."""
     pytest.importorskip("fastapi", reason="the server needs the serve extra")
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "serve.py"), "--quick"], check=False, capture_output=True,
-                          text=True, timeout=2400)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "serve.py"), "--quick"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "**lost: 0**" in done.stdout and "bit for bit" in done.stdout
     rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith(("| 2 ", "| 4 "))]
@@ -198,8 +232,13 @@ def test_serve_quick_loses_nothing_and_matches_offline_rendering():
 def test_geneval_quick_prints_the_table_for_every_method():
     """``geneval.py --quick``: both base cards, FlowGRPO, NFT and UnifiedRL judged at guidance 1 and the card's, both
     splits, and what the unified cards' refiner appends."""
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "geneval.py"), "--quick"], check=False, capture_output=True,
-                          text=True, timeout=2400)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "geneval.py"), "--quick"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     names = ("| base shapes-t2i", "| base shapes-unified", "| flow-grpo", "| nft", "| unified-rl")
     rows = [line for line in done.stdout.splitlines() if line.startswith(names)]

@@ -40,7 +40,9 @@ def test_cached_and_uncached_runs_give_the_same_bits(engine, t2i_card):
     first = engine.run(group("seven thick", 1)[0])  # miss: encodes
     second = engine.run(group("seven thick", 1)[0])  # hit
     np.testing.assert_array_equal(first["image"], second["image"])
-    np.testing.assert_allclose(first["image"], jp.generate(t2i_card, "seven thick", num_steps=2)["image"][0], atol=parity.TOLERANCE)
+    np.testing.assert_allclose(
+        first["image"], jp.generate(t2i_card, "seven thick", num_steps=2)["image"][0], atol=parity.TOLERANCE
+    )
 
 
 def test_publishing_a_component_invalidates_only_its_entries(engine, t2i_card):

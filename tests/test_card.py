@@ -156,7 +156,8 @@ def test_checkpoint_round_trip_gives_identical_outputs(tmp_path, t2i_card):
     for a, b in zip(jax.tree.leaves(t2i_card), jax.tree.leaves(loaded)):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(
-        jp.generate(t2i_card, "seven thick", num_steps=3)["image"], jp.generate(loaded, "seven thick", num_steps=3)["image"]
+        jp.generate(t2i_card, "seven thick", num_steps=3)["image"],
+        jp.generate(loaded, "seven thick", num_steps=3)["image"],
     )
     with pytest.raises(FileNotFoundError, match="not a card checkpoint"):
         load_card(tmp_path)
@@ -172,7 +173,9 @@ def _scan_twin(scan_layers: bool) -> Card:
     card = jp.cards.build("flux-t2i", seed=0, config=dataclasses.replace(config, dit=dit))
     tensors = hf.torch_state(card["transformer"])
     rng = np.random.default_rng(1)
-    hf.load_into(card["transformer"], {k: tensors[k] + 0.05 * rng.standard_normal(tensors[k].shape) for k in sorted(tensors)})
+    hf.load_into(
+        card["transformer"], {k: tensors[k] + 0.05 * rng.standard_normal(tensors[k].shape) for k in sorted(tensors)}
+    )
     return card
 
 
@@ -190,5 +193,8 @@ def test_a_scanned_dit_card_round_trips_with_stacked_keys_and_draws_what_its_unr
     assert loaded.spec == scanned.spec and isinstance(loaded["transformer"].blocks, Stacked)
     for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(loaded)):
         np.testing.assert_array_equal(a, b)
-    np.testing.assert_allclose(jp.generate(loaded, "seven thick", num_steps=3)["image"],
-                               jp.generate(unrolled, "seven thick", num_steps=3)["image"], atol=1e-5)
+    np.testing.assert_allclose(
+        jp.generate(loaded, "seven thick", num_steps=3)["image"],
+        jp.generate(unrolled, "seven thick", num_steps=3)["image"],
+        atol=1e-5,
+    )

@@ -40,8 +40,9 @@ def inputs():
 
 
 # One compiled function each, reused by every test below.
-_full = jax.jit(lambda dit, x, sigma, ctx, mask, window: dit(x, sigma, ctx, mask, chunk_frames=F, window=window),
-                static_argnums=5)
+_full = jax.jit(
+    lambda dit, x, sigma, ctx, mask, window: dit(x, sigma, ctx, mask, chunk_frames=F, window=window), static_argnums=5
+)
 _velocity = jax.jit(lambda dit, x, sigma, cond: dit.velocity(x, sigma, cond))
 _write = jax.jit(lambda dit, x, cond: dit.write(x, cond))
 
@@ -131,7 +132,9 @@ def test_batched_rows_at_different_chunks(card, engine, inputs):
     step = jax.jit(lambda s: chunk.step((dit,), s, config))
 
     def start(seed, ctx):
-        return chunk.init(dit, generator.request_keys([seed]), (8, 8, 8, 4), DiTCond(ctx, jnp.ones((1, 5), bool)), config)
+        return chunk.init(
+            dit, generator.request_keys([seed]), (8, 8, 8, 4), DiTCond(ctx, jnp.ones((1, 5), bool)), config
+        )
 
     _, context, _ = inputs
     ahead, fresh = start(0, context[:1]), start(1, context[1:])
@@ -148,7 +151,9 @@ def test_batched_rows_at_different_chunks(card, engine, inputs):
 
 def test_chunks_stream_through_on_step(engine):
     events = []
-    engine.run_many(_requests()[:1], mode="serial", on_step=lambda e: events.append((e.step, e.num_steps, np.asarray(e.latents))))
+    engine.run_many(
+        _requests()[:1], mode="serial", on_step=lambda e: events.append((e.step, e.num_steps, np.asarray(e.latents)))
+    )
     assert [(s, n) for s, n, _ in events] == [(i, 8) for i in range(1, 9)]  # 4 chunks x 2 steps
     filled = [int((np.abs(lat).reshape(4, -1).max(axis=1) > 0).sum()) for _, _, lat in events]
     assert filled == [0, 1, 1, 2, 2, 3, 3, 4]  # a chunk appears when its last step is done
@@ -199,7 +204,9 @@ def test_bundled_card_shares_wan_t2v_components():
     assert type(causal["transformer"]).__name__ == "CausalDiT"
     assert causal.spec.loops[0].kind == "chunk_rollout" and causal.spec.config.sampling.chunks == 4
     for name in ("text_encoder", "vae"):  # stored once, in wan-t2v (save_card base=)
-        for mine, base in zip(jax.tree.leaves(nnx.state(causal[name])), jax.tree.leaves(nnx.state(t2v[name])), strict=True):
+        for mine, base in zip(
+            jax.tree.leaves(nnx.state(causal[name])), jax.tree.leaves(nnx.state(t2v[name])), strict=True
+        ):
             np.testing.assert_array_equal(mine, base)
 
 

@@ -67,8 +67,12 @@ def test_probabilities_are_distributions_and_predict_is_their_argmax(card, heldo
 
 def test_the_class_does_not_depend_on_brightness(card):
     images, labels = digits.load_images("heldout")
-    render = lambda b: (digits.augment(images[:64], labels[:64], seed=5, stroke=1, position=0, brightness=b).image + 1) / 2
-    np.testing.assert_allclose(classifier.probabilities(card, render(0)), classifier.probabilities(card, render(1)), atol=1e-5)
+    render = lambda b: (
+        (digits.augment(images[:64], labels[:64], seed=5, stroke=1, position=0, brightness=b).image + 1) / 2
+    )
+    np.testing.assert_allclose(
+        classifier.probabilities(card, render(0)), classifier.probabilities(card, render(1)), atol=1e-5
+    )
 
 
 def test_the_program_serves_the_same_probabilities(card, heldout):
@@ -137,15 +141,23 @@ def test_the_recipe_reproduces_the_bundled_card(tmp_path):
     import behaviour_cases
 
     made = behaviour_cases.classifier_recipe(tmp_path)
-    shipped = json.loads((jp.cards.path("digit-classifier") / "metrics.json").read_text())["accuracy"]["heldout_renders"]
+    shipped = json.loads((jp.cards.path("digit-classifier") / "metrics.json").read_text())["accuracy"][
+        "heldout_renders"
+    ]
     assert abs(made["heldout_renders"] - shipped) <= 0.01, (made, shipped)
-    if made["sha256"] == hashlib.sha256((jp.cards.path("digit-classifier") / "weights.safetensors").read_bytes()).hexdigest():
+    if (
+        made["sha256"]
+        == hashlib.sha256((jp.cards.path("digit-classifier") / "weights.safetensors").read_bytes()).hexdigest()
+    ):
         return  # the bundled weights themselves
     key = behaviour_cases.environment_key()
     want = behaviour_cases.recorded().get(key, {}).get("recipes", {}).get("digit-classifier")
     if want is None:
-        warnings.warn(f"environment {key} has no recording of the digit-classifier recipe: its weights are held "
-                      "to the bundled card's accuracy, not bit for bit", stacklevel=1)
+        warnings.warn(
+            f"environment {key} has no recording of the digit-classifier recipe: its weights are held "
+            "to the bundled card's accuracy, not bit for bit",
+            stacklevel=1,
+        )
     else:
         assert made["sha256"] == want, "the recipe no longer makes what it made in this environment"
 
@@ -187,7 +199,10 @@ def test_compare_counts_exactly():
 def test_labels_from_prompts():
     labels = evaluators.labels_from_prompts(["seven thick left bright", "one dim"])
     assert {k: v.tolist() for k, v in labels.items()} == {
-        "digit": [7, 1], "stroke": [1, -1], "position": [0, -1], "brightness": [1, 0]
+        "digit": [7, 1],
+        "stroke": [1, -1],
+        "position": [0, -1],
+        "brightness": [1, 0],
     }
 
 

@@ -76,7 +76,9 @@ def test_bad_input_fails_clearly(args, message, tmp_path):
 
 def test_generate_renders_a_text_to_video_card(tmp_path):
     out = tmp_path / "seven.gif"
-    result = runner.invoke(app, ["generate", "seven moving right", "--model", "wan-t2v", "-o", str(out), "--steps", "1"])
+    result = runner.invoke(
+        app, ["generate", "seven moving right", "--model", "wan-t2v", "-o", str(out), "--steps", "1"]
+    )
     assert result.exit_code == 0, result.output
     assert "[1/1] wan-t2v: 'seven moving right'" in result.output
     gif = Image.open(out)
@@ -89,8 +91,21 @@ def test_generate_animates_a_given_image(tmp_path):
     picture[32:96, 56:72] = 255  # a bar, 8× upscaled as the command writes its images
     Image.fromarray(picture).save(tmp_path / "bar.png")
     out = tmp_path / "bar.gif"
-    result = runner.invoke(app, ["generate", "one moving left", "--model", "wan-i2v", "--image", str(tmp_path / "bar.png"),
-                                 "-o", str(out), "--steps", "2"])
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "one moving left",
+            "--model",
+            "wan-i2v",
+            "--image",
+            str(tmp_path / "bar.png"),
+            "-o",
+            str(out),
+            "--steps",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert f"[1/1] wan-i2v: {tmp_path / 'bar.png'} 'one moving left'" in result.output
     first = np.asarray(Image.open(out).convert("L"), np.float32) / 255.0
@@ -107,10 +122,16 @@ def test_every_bundled_card_renders_from_the_command_line(model, tmp_path):
     video = any(c in card.spec.capabilities for c in ("t2v", "i2v"))
     out = tmp_path / ("out.gif" if video else "out.png")
     digits = "seven" in card.spec.tokenizer.words  # a card of another world speaks its own words
-    prompt = ("seven moving right" if video else "seven") if digits else ("a red circle moving right" if video else "a red circle")
+    prompt = (
+        ("seven moving right" if video else "seven")
+        if digits
+        else ("a red circle moving right" if video else "a red circle")
+    )
     args = ["generate", prompt, "--model", model, "-o", str(out), "--steps", "1"]
     if "i2v" in card.spec.capabilities:
-        assert runner.invoke(app, ["generate", "seven", "-o", str(tmp_path / "first.png"), "--steps", "1"]).exit_code == 0
+        assert (
+            runner.invoke(app, ["generate", "seven", "-o", str(tmp_path / "first.png"), "--steps", "1"]).exit_code == 0
+        )
         args += ["--image", str(tmp_path / "first.png")]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -133,8 +154,9 @@ def test_bagel_mot_reads_an_image_and_answers_in_text(tmp_path):
 
 
 @pytest.mark.slow  # three workflows, five cards compiled (~40 s cold)
-@pytest.mark.parametrize("flow, frames", [("image_video.t2i_i2v", 8), ("image_video.t2i_i2v_extended", 15),
-                                          ("video.t2v_continue", 16)])
+@pytest.mark.parametrize(
+    "flow, frames", [("image_video.t2i_i2v", 8), ("image_video.t2i_i2v_extended", 15), ("video.t2v_continue", 16)]
+)
 def test_every_bundled_workflow_renders_from_the_command_line(flow, frames, tmp_path):
     out = tmp_path / "out.gif"
     result = runner.invoke(app, ["generate", "six moving down", "--workflow", flow, "-o", str(out), "--steps", "1"])
@@ -147,8 +169,12 @@ def test_ctrl_c_in_the_first_moments_of_generate_exits_130_and_writes_nothing(tm
     """The stop handler is in place before JAX loads: a SIGINT while it does is a clean stop, not a traceback."""
     out = tmp_path / "x.gif"
     for delay in (0.3, 0.8, 1.5):  # the interpreter is up; JAX is still loading
-        command = subprocess.Popen([sys.executable, "-m", "jaxpipe.cli", "generate", "seven thick moving right", "-o", str(out)],
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        command = subprocess.Popen(
+            [sys.executable, "-m", "jaxpipe.cli", "generate", "seven thick moving right", "-o", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         time.sleep(delay)
         command.send_signal(signal.SIGINT)
         output, _ = command.communicate(timeout=120)
@@ -164,7 +190,9 @@ def test_ctrl_c_in_the_first_moments_of_generate_exits_130_and_writes_nothing(tm
 
 
 def test_console_entry_point_runs():
-    result = subprocess.run([sys.executable, "-m", "jaxpipe.cli", "--help"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxpipe.cli", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and "generate" in result.stdout
 
 
@@ -183,7 +211,9 @@ def test_evaluate_reports_the_scorer_and_the_independent_judges(tmp_path):
 @pytest.mark.slow  # ~12 s: GenEval's table through the CLI; by default the digits world's evaluate runs through it
 def test_evaluate_the_shapes_world_prints_geneval_s_table(tmp_path):
     out = tmp_path / "geneval.json"
-    result = CliRunner().invoke(app, ["evaluate", "--world", "shapes", "--samples", "1", "--steps", "2", "-o", str(out)])
+    result = CliRunner().invoke(
+        app, ["evaluate", "--world", "shapes", "--samples", "1", "--steps", "2", "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     for split in ("train", "heldout"):

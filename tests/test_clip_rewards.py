@@ -15,15 +15,25 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the parity extra is not installed: pip install -e '.[parity]'")
-transformers = pytest.importorskip("transformers", reason="the parity extra is not installed: pip install -e '.[parity]'")
+transformers = pytest.importorskip(
+    "transformers", reason="the parity extra is not installed: pip install -e '.[parity]'"
+)
 tokenizers = pytest.importorskip("tokenizers", reason="the parity extra is not installed: pip install -e '.[parity]'")
 
 import jaxpipe as jp  # noqa: E402
 from jaxpipe import rewards  # noqa: E402
 from jaxpipe.rewards import aesthetic, clip  # noqa: E402
 
-CORPUS = ["a photo of a cat", "a red fox jumps over the lazy dog", "two cats sit on a mat", "photo of the sea at night",
-          "a red cat on the moon", "the red moon", "a seven", "a cat"]
+CORPUS = [
+    "a photo of a cat",
+    "a red fox jumps over the lazy dog",
+    "two cats sit on a mat",
+    "photo of the sea at night",
+    "a red cat on the moon",
+    "the red moon",
+    "a seven",
+    "a cat",
+]
 TEXTS = ["a photo of a cat", "the red moon", "two cats sit on a mat", "a fox at night"]
 SIDE = 32  # the tiny towers' image size: images of this size are not resized
 MAX_LENGTH = 16  # the tiny text tower's positions
@@ -74,10 +84,20 @@ def _image_processor():
 def _clip_model(tokenizer, seed: int, logit_scale: float, eos_token_id: int):
     """A tiny random CLIPModel; ``eos_token_id`` 2 pools at the largest id (openai's / LAION's legacy configs),
     another at the first end-of-text token."""
-    text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
-                max_position_embeddings=MAX_LENGTH, eos_token_id=eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                pad_token_id=tokenizer.pad_token_id)
-    vision = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, image_size=SIDE, patch_size=8)
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=MAX_LENGTH,
+        eos_token_id=eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    vision = dict(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, image_size=SIDE, patch_size=8
+    )
     torch.manual_seed(seed)
     model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
     _randomise(model, seed)
@@ -92,9 +112,15 @@ class _Head(torch.nn.Module):
     def __init__(self, sizes=aesthetic.HEAD_SIZES):
         super().__init__()
         self.layers = torch.nn.Sequential(
-            torch.nn.Linear(sizes[0], sizes[1]), torch.nn.Dropout(0.2), torch.nn.Linear(sizes[1], sizes[2]),
-            torch.nn.Dropout(0.2), torch.nn.Linear(sizes[2], sizes[3]), torch.nn.Dropout(0.1),
-            torch.nn.Linear(sizes[3], sizes[4]), torch.nn.Linear(sizes[4], sizes[5]))
+            torch.nn.Linear(sizes[0], sizes[1]),
+            torch.nn.Dropout(0.2),
+            torch.nn.Linear(sizes[1], sizes[2]),
+            torch.nn.Dropout(0.2),
+            torch.nn.Linear(sizes[2], sizes[3]),
+            torch.nn.Dropout(0.1),
+            torch.nn.Linear(sizes[3], sizes[4]),
+            torch.nn.Linear(sizes[4], sizes[5]),
+        )
 
     def forward(self, x):
         return self.layers(x)
@@ -135,9 +161,17 @@ def folders(tmp_path_factory):
     os.symlink(root / "laion", root / "pick-dir" / "processor")
 
     torch.manual_seed(2)
-    vision = transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(
-        hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, image_size=SIDE, patch_size=8,
-        projection_dim=aesthetic.HEAD_SIZES[0]))
+    vision = transformers.CLIPVisionModelWithProjection(
+        transformers.CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=SIDE,
+            patch_size=8,
+            projection_dim=aesthetic.HEAD_SIZES[0],
+        )
+    )
     _randomise(vision, 2)
     vision.eval().save_pretrained(root / "aesthetic" / "clip")
     head = _head(3)
@@ -147,8 +181,15 @@ def folders(tmp_path_factory):
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, root / "aesthetic-st" / "head.safetensors")
     small = _head(4, sizes=(16, 32, 8, 8, 4, 1))
     save_file({k: v.contiguous() for k, v in small.state_dict().items()}, root / "small-head.safetensors")
-    return {"root": root, "clip_ref": clip_ref, "pick_ref": pick_ref, "vision_ref": vision, "head_ref": head,
-            "small_head_ref": small, "processor": transformers.CLIPProcessor.from_pretrained(root / "laion")}
+    return {
+        "root": root,
+        "clip_ref": clip_ref,
+        "pick_ref": pick_ref,
+        "vision_ref": vision,
+        "head_ref": head,
+        "small_head_ref": small,
+        "processor": transformers.CLIPProcessor.from_pretrained(root / "laion"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -235,8 +276,12 @@ def test_clipscore_matches_w_max_cos_0(folders, scorers):
     assert (cosines < 0).any() and (cosines > 0).any()  # the clamp at 0 is exercised on both sides
     np.testing.assert_allclose(ours, 2.5 * np.maximum(cosines, 0), rtol=1e-6, atol=1e-6)
     w100 = clip.clipscore(folders["root"] / "clip", weight=100.0, model=reward.model)  # torchmetrics' w
-    np.testing.assert_allclose(jax.jit(w100)({"image": images}, prompts), _clipscore_reference(folders, u8, TEXTS, w=100),
-                               rtol=TOLERANCE, atol=100 * TOLERANCE)
+    np.testing.assert_allclose(
+        jax.jit(w100)({"image": images}, prompts),
+        _clipscore_reference(folders, u8, TEXTS, w=100),
+        rtol=TOLERANCE,
+        atol=100 * TOLERANCE,
+    )
 
 
 def test_aesthetic_matches_the_published_predictor(folders, scorers):
@@ -252,8 +297,9 @@ def test_aesthetic_matches_the_published_predictor(folders, scorers):
     root = folders["root"]
     on_clip = aesthetic.load(root / "aesthetic", clip=root / "clip", head=root / "small-head.safetensors")
     clip_ref = folders["clip_ref"]
-    want = _aesthetic_reference(lambda pixels: _tensor(clip_ref.get_image_features(pixel_values=pixels)),
-                                folders["small_head_ref"], u8)
+    want = _aesthetic_reference(
+        lambda pixels: _tensor(clip_ref.get_image_features(pixel_values=pixels)), folders["small_head_ref"], u8
+    )
     np.testing.assert_allclose(jax.jit(on_clip)({"image": images}), want, rtol=TOLERANCE, atol=TOLERANCE)
 
 
@@ -261,8 +307,9 @@ def test_resized_images_match_within_a_looser_tolerance(folders, scorers):
     """40×48 images are resized to 32×38 and centre cropped; jaxpipe's antialiased bicubic resize of the float
     images differs from PIL's of the uint8 ones by interpolation detail: PickScore (scale e^1.7 ≈ 5.5) within 0.05."""
     u8, images = _images(h=40, w=48, seed=3)
-    pick = clip.pickscore(folders["root"] / "pick", processor=folders["root"] / "laion",
-                          model=scorers["pickscore"][0].model)
+    pick = clip.pickscore(
+        folders["root"] / "pick", processor=folders["root"] / "laion", model=scorers["pickscore"][0].model
+    )
     ours = jax.jit(pick)({"image": images}, rewards.text_prompts(TEXTS))
     want = _pickscore_reference(folders, u8, TEXTS)
     np.testing.assert_allclose(ours, want, rtol=0, atol=0.05)
@@ -276,8 +323,12 @@ def test_videos_average_their_frames_and_grey_is_rgb(scorers):
     video = jax.jit(reward)({"video": images.reshape(2, 3, SIDE, SIDE, 3)}, prompts)
     np.testing.assert_allclose(video, per_frame.reshape(2, 3).mean(axis=1), rtol=1e-5, atol=1e-5)
     grey = images[:2, ..., :1]
-    np.testing.assert_allclose(jax.jit(reward)({"image": grey}, prompts),
-                               jax.jit(reward)({"image": np.repeat(grey, 3, axis=-1)}, prompts), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        jax.jit(reward)({"image": grey}, prompts),
+        jax.jit(reward)({"image": np.repeat(grey, 3, axis=-1)}, prompts),
+        rtol=1e-6,
+        atol=1e-6,
+    )
     with pytest.raises(ValueError, match="prompts.repeat"):
         reward({"image": images}, prompts)
 
@@ -299,12 +350,17 @@ def test_load_reward_models_by_kind_and_directory(folders, scorers, monkeypatch)
     assert isinstance(pick, clip.PickScore) and pick.__name__ == "pickscore"
     assert rewards.load(f"pickscore:{root / 'pick-dir'}") is pick  # cached per kind and directory
     u8, images = _images()
-    np.testing.assert_allclose(jax.jit(pick)({"image": images}, rewards.text_prompts(TEXTS)),
-                               _pickscore_reference(folders, u8, TEXTS), rtol=TOLERANCE, atol=TOLERANCE)
+    np.testing.assert_allclose(
+        jax.jit(pick)({"image": images}, rewards.text_prompts(TEXTS)),
+        _pickscore_reference(folders, u8, TEXTS),
+        rtol=TOLERANCE,
+        atol=TOLERANCE,
+    )
     score = rewards.load(f"clipscore:{root / 'pick-dir'}")  # the same folder's CLIPModel (shared, not read again)
     cosines = jax.jit(score.cosines)({"image": images}, rewards.text_prompts(TEXTS))[:, 0]
-    np.testing.assert_allclose(jax.jit(pick)({"image": images}, rewards.text_prompts(TEXTS)), np.exp(1.7) * cosines,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        jax.jit(pick)({"image": images}, rewards.text_prompts(TEXTS)), np.exp(1.7) * cosines, rtol=1e-5, atol=1e-5
+    )
     assert isinstance(rewards.load(f"aesthetic:{root / 'aesthetic'}"), aesthetic.AestheticScore)
     monkeypatch.chdir(root)  # a relative directory
     assert rewards.load("pickscore:pick-dir") is pick
@@ -312,14 +368,17 @@ def test_load_reward_models_by_kind_and_directory(folders, scorers, monkeypatch)
     assert rewards.spec_name("my_rewards.py:brightness") == "brightness"
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("pickscore:{root}/absent", "no pickscore model directory"),
-    ("hpsv2:{root}/pick-dir", "unknown reward model kind 'hpsv2'; the kinds are clipscore, pickscore, aesthetic"),
-    ("pickscore:{root}/pick", "no CLIP tokenizer"),  # PickScore_v1 alone: its processor is another folder's
-    ("aesthetic:{root}/clip", "no clip/ folder .* put the CLIP in a clip/ sub-folder"),
-    ("clipscore:{root}/aesthetic", "no config.json"),
-    ("clipscore:{root}/aesthetic/clip", "model_type must be 'clip'"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("pickscore:{root}/absent", "no pickscore model directory"),
+        ("hpsv2:{root}/pick-dir", "unknown reward model kind 'hpsv2'; the kinds are clipscore, pickscore, aesthetic"),
+        ("pickscore:{root}/pick", "no CLIP tokenizer"),  # PickScore_v1 alone: its processor is another folder's
+        ("aesthetic:{root}/clip", "no clip/ folder .* put the CLIP in a clip/ sub-folder"),
+        ("clipscore:{root}/aesthetic", "no config.json"),
+        ("clipscore:{root}/aesthetic/clip", "model_type must be 'clip'"),
+    ],
+)
 def test_load_errors_name_the_problem(folders, spec, message):
     with pytest.raises(ValueError, match=message):
         rewards.load(spec.format(root=folders["root"]))
@@ -344,8 +403,12 @@ def test_run_flags_name_reward_models_by_kind(folders, tmp_path):
     from jaxpipe.cli.train import RunFlags
 
     root = folders["root"]
-    flags = RunFlags(steps=1, out=tmp_path, reward=[f"pickscore:{root / 'pick-dir'}", f"aesthetic:{root / 'aesthetic'}"],
-                     reward_weight=[1.0, 0.5])
+    flags = RunFlags(
+        steps=1,
+        out=tmp_path,
+        reward=[f"pickscore:{root / 'pick-dir'}", f"aesthetic:{root / 'aesthetic'}"],
+        reward_weight=[1.0, 0.5],
+    )
     combined = flags.user_reward()
     _, images = _images()
     parts = jax.jit(combined)({"image": images}, rewards.text_prompts(TEXTS))
@@ -364,8 +427,12 @@ def pickscore_reward(folders):
 def _methods(card, reward):
     from jaxpipe.training import DiffusionNFT, DiffusionNFTConfig, FlowGRPO, FlowGRPOConfig, Group, Sampling
 
-    return {"flow-grpo": FlowGRPO(card, reward, FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=2, sampler="sde"))),
-            "nft": DiffusionNFT(card, reward, DiffusionNFTConfig(group=Group(2), sampling=Sampling(num_steps=2)))}
+    return {
+        "flow-grpo": FlowGRPO(
+            card, reward, FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=2, sampler="sde"))
+        ),
+        "nft": DiffusionNFT(card, reward, DiffusionNFTConfig(group=Group(2), sampling=Sampling(num_steps=2))),
+    }
 
 
 @pytest.mark.slow  # ~10 s: two trainers' rollouts compiled with a CLIP in them; the steps below train with it
@@ -377,7 +444,9 @@ def test_flow_grpo_and_nft_rollouts_score_with_the_reward_model(t2i_card, picksc
     batch = rl_batch(t2i_card)
     for name, method in _methods(t2i_card, pickscore_reward).items():
         ro = method.rollout(method.init(), batch, jax.random.key(0))
-        want = jax.jit(pickscore_reward)({"image": ro.images if name == "nft" else ro.generated.images}, batch.repeat(2))
+        want = jax.jit(pickscore_reward)(
+            {"image": ro.images if name == "nft" else ro.generated.images}, batch.repeat(2)
+        )
         np.testing.assert_allclose(ro.rewards, want, rtol=1e-5, atol=1e-5, err_msg=name)
         assert float(jnp.std(ro.rewards)) > 0, name
 
@@ -414,13 +483,18 @@ def test_flow_grpo_raises_the_pickscore_of_a_tiny_flux_card(flux_folder, picksco
     from jaxpipe.training.fit import fit
 
     card = jp.cards.load(flux_folder, height=16, width=16, max_sequence_length=16)
-    config = FlowGRPOConfig(group=Group(4), sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 2)), beta=0.0,
-                            optimizer=Optimizer(1e-3))
+    config = FlowGRPOConfig(
+        group=Group(4),
+        sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 2)),
+        beta=0.0,
+        optimizer=Optimizer(1e-3),
+    )
     method = FlowGRPO(card, pickscore_reward, config)
     train = prompts.PromptSet.from_list(FLUX_PROMPTS)
     start = method.init()
-    state, history = fit(method.step, start, train.batches(card, 2, seed=0), steps=24, key=jax.random.key(0),
-                         progress=False)
+    state, history = fit(
+        method.step, start, train.batches(card, 2, seed=0), steps=24, key=jax.random.key(0), progress=False
+    )
     assert len(history) == 24 and all(np.isfinite(row["reward_mean"]) for row in history)
     # (the per-step reward_mean swings by ±1.4 with the step's two prompts: judge every prompt under the same noise)
     every, key = train.prompts(card), jax.random.key(123)
@@ -437,15 +511,56 @@ def test_jaxpipe_train_flow_grpo_with_reward_pickscore_dir(flux_folder, folders,
     (tmp_path / "prompts.txt").write_text("\n".join(FLUX_PROMPTS) + "\n")
 
     def train(reward: str, out):
-        return CliRunner().invoke(app, [
-            "train", "flow-grpo", "--model", str(flux_folder), "--model-option", "height=16", "--model-option", "width=16",
-            "--model-option", "max_sequence_length=16", "--prompts", str(tmp_path / "prompts.txt"), "--reward", reward,
-            "--steps", "4", "--out", str(out), "-P", "2", "-K", "4", "--num-steps", "2", "--sde-window", "all", "--beta", "0",
-            "--lr", "1e-3", "--heldout", "0.34", "--eval-samples", "2", "--diversity-prompts", "2", "--diversity-seeds", "2",
-            "--save-every", "100"])
+        return CliRunner().invoke(
+            app,
+            [
+                "train",
+                "flow-grpo",
+                "--model",
+                str(flux_folder),
+                "--model-option",
+                "height=16",
+                "--model-option",
+                "width=16",
+                "--model-option",
+                "max_sequence_length=16",
+                "--prompts",
+                str(tmp_path / "prompts.txt"),
+                "--reward",
+                reward,
+                "--steps",
+                "4",
+                "--out",
+                str(out),
+                "-P",
+                "2",
+                "-K",
+                "4",
+                "--num-steps",
+                "2",
+                "--sde-window",
+                "all",
+                "--beta",
+                "0",
+                "--lr",
+                "1e-3",
+                "--heldout",
+                "0.34",
+                "--eval-samples",
+                "2",
+                "--diversity-prompts",
+                "2",
+                "--diversity-seeds",
+                "2",
+                "--save-every",
+                "100",
+            ],
+        )
 
     missing = train(f"pickscore:{tmp_path / 'absent'}", tmp_path / "nothing")
-    assert missing.exit_code == 2 and "no pickscore model directory" in missing.output, missing.output  # before any card loads
+    assert missing.exit_code == 2 and "no pickscore model directory" in missing.output, (
+        missing.output
+    )  # before any card loads
     result = train(f"pickscore:{folders['root'] / 'pick-dir'}", tmp_path / "run")
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -109,7 +109,9 @@ def test_capture_off_allocates_no_trajectory(t2i_card):
     assert off[1] is None
     assert jax.tree.structure(off[0]) == jax.tree.structure(state)
     assert on[1].x.shape == (8,) + state.x.shape
-    out_bytes = lambda capture: fused.lower(model, state, config, capture).compile().memory_analysis().output_size_in_bytes
+    out_bytes = lambda capture: (
+        fused.lower(model, state, config, capture).compile().memory_analysis().output_size_in_bytes
+    )
     assert out_bytes(False) < out_bytes(True) / 4
 
 

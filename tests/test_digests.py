@@ -67,8 +67,11 @@ def test_save_and_load_record_and_verify_the_digest(tmp_path, t2i_card):
     assert (folder / "config.json").read_bytes() == config
 
     _flip_a_tensor_byte(folder / WEIGHTS)
-    with pytest.raises(CardIntegrityError, match=r"weights.safetensors is damaged: its SHA-256 is \w{12}\.\.\., "
-                                                  r"config.json records \w{12}\.\.\.; re-download 'flux-t2i'"):
+    with pytest.raises(
+        CardIntegrityError,
+        match=r"weights.safetensors is damaged: its SHA-256 is \w{12}\.\.\., "
+        r"config.json records \w{12}\.\.\.; re-download 'flux-t2i'",
+    ):
         load_card(folder)
 
 
@@ -101,8 +104,11 @@ def test_a_bundled_card_damaged_in_place_says_how_to_rebuild_it(tmp_path, monkey
     entry = jp.cards.registry.CARDS["flux-t2i"]
     monkeypatch.setitem(jp.cards.registry.CARDS, "flux-t2i", dataclasses.replace(entry, path=folder))
     _flip_a_tensor_byte(folder / WEIGHTS)
-    with pytest.raises(CardIntegrityError, match=r"; reinstall the package that ships it, or rebuild the card with "
-                                                  r"`python -m jaxpipe.digits.pretrain flux-t2i --out .*`$"):
+    with pytest.raises(
+        CardIntegrityError,
+        match=r"; reinstall the package that ships it, or rebuild the card with "
+        r"`python -m jaxpipe.digits.pretrain flux-t2i --out .*`$",
+    ):
         jp.cards.load("flux-t2i")
 
 

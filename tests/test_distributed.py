@@ -34,7 +34,11 @@ FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_
 
 
 def cpu_env(devices: int) -> dict:
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}", "JAX_PLATFORMS": "cpu"}
+    return {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}",
+        "JAX_PLATFORMS": "cpu",
+    }
 
 
 def last_json(text: str) -> dict:
@@ -51,8 +55,12 @@ def eight_devices(tmp_path: Path, full: bool = False) -> dict:
     """The 8-device run, checked: the FlowGRPO step and the digits DiT; ``full`` (the slow test) also the
     JointMultiExpertRL step and the FLUX- / Wan-shaped networks, and leaves ``reference.npz`` in ``tmp_path``."""
     done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "eight_devices.py"), str(tmp_path), *(["--all"] if full else [])], env=cpu_env(8),
-        capture_output=True, text=True, timeout=2400, check=False,
+        [sys.executable, str(SCRIPTS / "eight_devices.py"), str(tmp_path), *(["--all"] if full else [])],
+        env=cpu_env(8),
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = last_json(done.stdout)
@@ -116,12 +124,18 @@ def check_flow_grpo_step(result: dict) -> None:
 
 
 EXPECTED_PLACEMENTS = {
-    "dit": {"blocks/0/attn/q/kernel": ("P('data', 'model')", [32, 16]), "blocks/0/mlp/fc2/kernel": ("P('model', 'data')", [64, 32]),
-            "time_out/kernel": ("P('data',)", [32, 64]), "blocks/0/attn/out/bias": ("P()", [64])},
+    "dit": {
+        "blocks/0/attn/q/kernel": ("P('data', 'model')", [32, 16]),
+        "blocks/0/mlp/fc2/kernel": ("P('model', 'data')", [64, 32]),
+        "time_out/kernel": ("P('data',)", [32, 64]),
+        "blocks/0/attn/out/bias": ("P()", [64]),
+    },
     # scanned blocks (the default): the layer axis stays whole, each layer shards as it would unrolled
     "flux": {"transformer_blocks/stacked/attn/to_q/kernel": ("P(None, 'data', 'model')", [1, 16, 8])},
-    "wan": {"blocks/stacked/attn1/to_q/kernel": ("P(None, 'data', 'model')", [1, 16, 8]),
-            "blocks/stacked/ffn/net/2/kernel": ("P(None, 'model', 'data')", [1, 16, 16])},
+    "wan": {
+        "blocks/stacked/attn1/to_q/kernel": ("P(None, 'data', 'model')", [1, 16, 8]),
+        "blocks/stacked/ffn/net/2/kernel": ("P(None, 'model', 'data')", [1, 16, 16]),
+    },
 }
 
 
@@ -151,8 +165,14 @@ def check_two_processes(tmp_path: Path, reference) -> None:
         procs = []
         for i in range(2):
             out, err = (files.enter_context(open(tmp_path / f"{kind}{i}", "w")) for kind in ("out", "err"))
-            procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "two_process.py"), str(i), str(port), str(tmp_path)],
-                                          env=cpu_env(4), stdout=out, stderr=err))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(SCRIPTS / "two_process.py"), str(i), str(port), str(tmp_path)],
+                    env=cpu_env(4),
+                    stdout=out,
+                    stderr=err,
+                )
+            )
         try:
             codes = [p.wait(timeout=2400) for p in procs]
         finally:
@@ -219,12 +239,21 @@ def test_state_sharding_of_an_abstract_flow_grpo_state():
     net = nnx.state(nnx.eval_shape(lambda: dit.DiT(dit.DiTConfig(depth=1), rngs=nnx.Rngs(0))), nnx.Param)
     params, frozen = nnx.State({"transformer": net}), nnx.State({"text": net, "vae": net})
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
-    state = TrainState({"generator": params}, {"generator": jax.eval_shape(tx.init, params)}, frozen,
-                       {"reference": params}, jax.ShapeDtypeStruct((), np.int32))
-    out = distributed.state_sharding(MESH, state, dit.LOGICAL_AXES, distributed.FSDP_TP, frozen_tables={"text": dit.LOGICAL_AXES})
+    state = TrainState(
+        {"generator": params},
+        {"generator": jax.eval_shape(tx.init, params)},
+        frozen,
+        {"reference": params},
+        jax.ShapeDtypeStruct((), np.int32),
+    )
+    out = distributed.state_sharding(
+        MESH, state, dit.LOGICAL_AXES, distributed.FSDP_TP, frozen_tables={"text": dit.LOGICAL_AXES}
+    )
     q = lambda tree: tree["blocks"][0]["attn"]["q"]["kernel"].get_value().spec
     generator = out.params["generator"]
-    assert q(generator["transformer"]) == P("data", "model") and out.copies["reference"] is generator  # the copy as its part
+    assert (
+        q(generator["transformer"]) == P("data", "model") and out.copies["reference"] is generator
+    )  # the copy as its part
     adam = out.opt_state["generator"][1][0]
     assert adam.mu is generator and adam.count.spec == P() and out.step.spec == P()
     assert q(out.frozen["text"]) == P("data", "model") and q(out.frozen["vae"]) == P()  # frozen: only by its own table

@@ -14,8 +14,12 @@ from jaxpipe.engine import Engine
 from jaxpipe.training import DMD2, DistributionMatching, DMD2Config, Group, NoiseLevels, Optimizer
 from jaxpipe.training.distribution_matching import clean_estimates, dm_gradient, dm_surrogate
 
-CONFIG = DMD2Config(student_steps=2, group=Group(size=8), student=Optimizer(1e-3, b1=0.0),
-                    dm=DistributionMatching(critic=Optimizer(1e-3, b1=0.0), critic_steps=2, real_guidance=2.0))
+CONFIG = DMD2Config(
+    student_steps=2,
+    group=Group(size=8),
+    student=Optimizer(1e-3, b1=0.0),
+    dm=DistributionMatching(critic=Optimizer(1e-3, b1=0.0), critic_steps=2, real_guidance=2.0),
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +32,17 @@ def jitted(method):
     """The student's clean estimate and DMD2's gradient, compiled once for the tests that recompute them."""
 
     def dm_terms(teacher, critic, frozen, x0, ro, key):  # the real and fake scores at x0 re-noised, as DMD2._update
-        x0_real, x0_fake = clean_estimates((method._model(teacher, frozen),), (method._model(critic, frozen),), x0, key,
-                                           ro.cond, ro.uncond, method.real, method.plain, method.config.dm.noise)
+        x0_real, x0_fake = clean_estimates(
+            (method._model(teacher, frozen),),
+            (method._model(critic, frozen),),
+            x0,
+            key,
+            ro.cond,
+            ro.uncond,
+            method.real,
+            method.plain,
+            method.config.dm.noise,
+        )
         return dm_gradient(x0, x0_real, x0_fake)
 
     return jax.jit(method.student_x0), jax.jit(dm_terms)
@@ -106,7 +119,9 @@ def test_update_moves_the_student_against_the_dm_gradient(method, rollout, jitte
     x0_new = student_x0(new.params["student"], new.frozen, ro)
     _, k_dm = jax.random.split(key)  # the draws DMD2._update makes; the critic is the updated one
     g = dm_terms(state.copies["teacher"], new.params["critic"], state.frozen, x0_old, ro, k_dm)
-    np.testing.assert_allclose(float(metrics["dm_loss"]), float(0.5 * jnp.mean(jnp.sum(g**2, axis=(1, 2, 3, 4)))), rtol=1e-4)
+    np.testing.assert_allclose(
+        float(metrics["dm_loss"]), float(0.5 * jnp.mean(jnp.sum(g**2, axis=(1, 2, 3, 4)))), rtol=1e-4
+    )
     assert float(jnp.sum(g * (x0_new - x0_old))) < 0
 
 
@@ -128,8 +143,9 @@ def test_a_few_steps_move_the_student_toward_the_teacher(method, rollout, t2i_ca
     about 100 of it is the 8-sample estimates' own noise)."""
     state, _ = rollout
     batch, k = rl_batch(t2i_card), CONFIG.group.size
-    teacher = np.asarray(jp.generate(t2i_card, ["seven thick"] * k + ["one thin"] * k, seed=list(range(2 * k)),
-                                     guidance=2.0)["latents"]).reshape(2, k, -1)
+    teacher = np.asarray(
+        jp.generate(t2i_card, ["seven thick"] * k + ["one thin"] * k, seed=list(range(2 * k)), guidance=2.0)["latents"]
+    ).reshape(2, k, -1)
 
     def distance(state):
         latents = np.asarray(method.rollout(state, batch, jax.random.key(99)).latents).reshape(2, k, -1)

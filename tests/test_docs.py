@@ -46,8 +46,14 @@ def blocks(page: Path) -> list[Block]:
     for match in FENCE.finditer(text):
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         directive = DIRECTIVE.search(before)
-        found.append(Block(page, text.count("\n", 0, match.start()) + 2, match.group(1),
-                           (directive.group(1), directive.group(2)) if directive else None))
+        found.append(
+            Block(
+                page,
+                text.count("\n", 0, match.start()) + 2,
+                match.group(1),
+                (directive.group(1), directive.group(2)) if directive else None,
+            )
+        )
     return found
 
 

@@ -175,13 +175,18 @@ def test_a_replacement_during_a_run_waits_for_the_card_to_drain(engine, t2i_card
 
     def replace_once(event):
         if not replaced:
-            replaced.append(engine.register(t2i_card.replace(transformer=perturbed(t2i_card["transformer"], seed=3)), replace=True))
+            replaced.append(
+                engine.register(t2i_card.replace(transformer=perturbed(t2i_card["transformer"], seed=3)), replace=True)
+            )
             assert engine.versions("flux-t2i")["transformer"] == 0  # deferred: the running request keeps its card
             assert engine.pending_publishes()["flux-t2i"]["transformer"] == 1
 
     out = engine.run(t2i(0), on_step=replace_once)
     np.testing.assert_array_equal(out["image"], before["image"])  # finished on the old card, bit for bit
-    assert engine.versions("flux-t2i") == {"text_encoder": 1, "transformer": 1, "vae": 1} and not engine.pending_publishes()
+    assert (
+        engine.versions("flux-t2i") == {"text_encoder": 1, "transformer": 1, "vae": 1}
+        and not engine.pending_publishes()
+    )
     assert float(jnp.abs(engine.run(t2i(0))["image"] - before["image"]).max()) > 1e-3
     engine.register(t2i_card, replace=True)
 

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(script: str, *args: str) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], capture_output=True, text=True,
-                          timeout=2400)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script), *args], capture_output=True, text=True, timeout=2400
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 
 

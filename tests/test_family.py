@@ -52,8 +52,9 @@ def test_register_build_serve_finetune_and_round_trip(family, tmp_path):
     config = FinetuneConfig(optimizer=optimizer, trainable=("embed", "denoiser"))
     method = Finetune(card, config)
     batch, key = toy.data(128), jax.random.key(0)
-    state, history = fit(lambda s, b, k: method.step(s, b, key), method.init(), iter([batch] * 150), steps=150,
-                         key=key, progress=False)
+    state, history = fit(
+        lambda s, b, k: method.step(s, b, key), method.init(), iter([batch] * 150), steps=150, key=key, progress=False
+    )
     first, last = np.mean([h["loss"] for h in history[:5]]), np.mean([h["loss"] for h in history[-5:]])
     assert last < 0.5 * first, (first, last)
     trained = method.card(state)
@@ -69,7 +70,9 @@ def test_register_build_serve_finetune_and_round_trip(family, tmp_path):
     # checkpoints: saved through the registry, rebuilt abstractly, identical weights and outputs
     loaded = jp.cards.load(jp.cards.save_card(trained, tmp_path / "toy"))
     assert loaded.spec == trained.spec and leaves_equal(loaded.components, trained.components)
-    np.testing.assert_array_equal(jp.generate(loaded, "3", seed=5)["sample"], jp.generate(trained, "3", seed=5)["sample"])
+    np.testing.assert_array_equal(
+        jp.generate(loaded, "3", seed=5)["sample"], jp.generate(trained, "3", seed=5)["sample"]
+    )
 
 
 def test_registry_errors_name_the_problem(family):
@@ -77,7 +80,9 @@ def test_registry_errors_name_the_problem(family):
         jp.cards.register_family(toy.FAMILY)
     with pytest.raises(ValueError, match="unknown card family 'nope'"):
         jp.cards.family("nope")
-    clash = jp.cards.Family(name="other", config=toy.Config, build=toy.build, programs={"p": toy.program}, model_id="flux-t2i")
+    clash = jp.cards.Family(
+        name="other", config=toy.Config, build=toy.build, programs={"p": toy.program}, model_id="flux-t2i"
+    )
     with pytest.raises(ValueError, match="already built by family 'toy_t2i'"):
         jp.cards.register_family(clash)
     with pytest.raises(ValueError, match="names no program"):

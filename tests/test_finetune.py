@@ -19,8 +19,13 @@ from jaxpipe.training.fit import fit
 
 def warmup_cosine(learning_rate, warmup_steps, total_steps, weight_decay=1e-4):
     """The pretraining recipes' schedule (``FinetuneConfig``'s default optimiser) at other settings."""
-    return Optimizer(learning_rate, weight_decay=weight_decay, schedule="warmup_cosine", warmup_steps=warmup_steps,
-                     total_steps=total_steps)
+    return Optimizer(
+        learning_rate,
+        weight_decay=weight_decay,
+        schedule="warmup_cosine",
+        warmup_steps=warmup_steps,
+        total_steps=total_steps,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +41,14 @@ def test_flow_matching_loss_falls_and_frozen_parts_stay(image_batch):
     method = Finetune(card, FinetuneConfig(optimizer=warmup_cosine(3e-3, 5, 60), cond_dropout=0.0))
     key = jax.random.key(0)
     # Same key every step: the loss is evaluated on identical (σ, ε) draws, so the drop is learning, not noise.
-    state, history = fit(lambda s, b, k: method.step(s, b, key), method.init(), iter([image_batch] * 60),
-                         steps=60, key=key, progress=False)
+    state, history = fit(
+        lambda s, b, k: method.step(s, b, key),
+        method.init(),
+        iter([image_batch] * 60),
+        steps=60,
+        key=key,
+        progress=False,
+    )
     assert history[-1]["loss"] < 0.6 * history[0]["loss"]
     trained = method.card(state)
     assert leaves_equal(trained["vae"], card["vae"])
@@ -90,14 +101,24 @@ def test_bad_finetune_configs():
 def test_autoencoder_learns_to_reconstruct_and_whitens(image_batch):
     ae = jp.cards.build("flux-t2i", seed=0)["vae"]
     trainer = AutoencoderTrainer(ae, AutoencoderTrainConfig(optimizer=warmup_cosine(3e-3, 5, 80, weight_decay=0.0)))
-    state, history = fit(trainer.step, trainer.init(), iter([{"image": image_batch["image"]}] * 80),
-                         steps=80, key=jax.random.key(0), progress=False)
+    state, history = fit(
+        trainer.step,
+        trainer.init(),
+        iter([{"image": image_batch["image"]}] * 80),
+        steps=80,
+        key=jax.random.key(0),
+        progress=False,
+    )
     assert history[-1]["recon"] < 0.3 * history[0]["recon"]
     model = trainer.model(state).fit_latent_stats(image_batch["image"])
     z = model.encode(image_batch["image"])
     np.testing.assert_allclose(z.mean(axis=(0, 1, 2)), 0.0, atol=1e-4)
     np.testing.assert_allclose(z.std(axis=(0, 1, 2)), 1.0, atol=1e-3)
-    err_before = float(jnp.mean((trainer.model(state).decode(trainer.model(state).encode(image_batch["image"])) - image_batch["image"]) ** 2))
+    err_before = float(
+        jnp.mean(
+            (trainer.model(state).decode(trainer.model(state).encode(image_batch["image"])) - image_batch["image"]) ** 2
+        )
+    )
     err_after = float(jnp.mean((model.decode(z) - image_batch["image"]) ** 2))
     assert err_after == pytest.approx(err_before, rel=1e-3)  # whitening is invisible to reconstruction
 

@@ -14,8 +14,9 @@ from jaxpipe.digits.rewards import scorer_reward
 from jaxpipe.prompts import Prompts
 from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, Sampling, ppo
 
-CONFIG = FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)),
-                        optimizer=Optimizer(1e-4))
+CONFIG = FlowGRPOConfig(
+    group=Group(2), sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)), optimizer=Optimizer(1e-4)
+)
 
 
 def constant_reward(artifacts, prompts):
@@ -84,8 +85,9 @@ def test_scorer_reward_and_bad_configs(t2i_card):
     scorer = jp.cards.build("digit-scorer")
     reward = scorer_reward(scorer, ("digit", "stroke"))
     images = jnp.full((3, 16, 16, 1), 0.5)
-    prompts = Prompts.from_texts(t2i_card, ["seven thick", "one", "two thin"],
-                                 {"digit": [7, 1, 2], "stroke": [1, -1, 0]})
+    prompts = Prompts.from_texts(
+        t2i_card, ["seven thick", "one", "two thin"], {"digit": [7, 1, 2], "stroke": [1, -1, 0]}
+    )
     parts = reward({"image": images}, prompts)
     assert sorted(parts) == ["digit", "stroke"] and bool(jnp.all(parts["stroke"][1] == 0.0))  # -1: not rewarded
     r = rewards.score(reward, {"image": images}, prompts)[0]
@@ -120,8 +122,19 @@ def test_one_minibatch_one_epoch_is_the_single_update_bit_for_bit(method, rollou
         def models_of(p):
             return (method.components({"generator": p}, s.frozen)[method.transformer],)
 
-        out = generator_update(method.tx, models_of, s.params["generator"], s.copies["reference"],
-                               s.opt_state["generator"], ro.generated, ro.advantages, None, None, CONFIG, method.sampling)
+        out = generator_update(
+            method.tx,
+            models_of,
+            s.params["generator"],
+            s.copies["reference"],
+            s.opt_state["generator"],
+            ro.generated,
+            ro.advantages,
+            None,
+            None,
+            CONFIG,
+            method.sampling,
+        )
         new = s._replace(params={"generator": out.params}, opt_state={"generator": out.opt_state}, step=s.step + 1)
         return new, {**out.aux, "grad_norm": out.grad_norm, "skipped": update.skipped(out.finite)}, out.loss
 
@@ -137,8 +150,9 @@ def test_several_minibatches_move_the_ratio_and_the_clip_binds(t2i_card, rollout
     """4 rows in 2 minibatches × 2 epochs: the first update is at the rollout weights (ratio 1, C2), the
     later ones are not, and with a large step the clipped objective clips."""
     state, ro = rollout
-    config = dataclasses.replace(CONFIG, ppo=ppo.Schedule(minibatches=2, inner_epochs=2, timestep_fraction=0.5),
-                                 optimizer=Optimizer(3e-3))
+    config = dataclasses.replace(
+        CONFIG, ppo=ppo.Schedule(minibatches=2, inner_epochs=2, timestep_fraction=0.5), optimizer=Optimizer(3e-3)
+    )
     method = FlowGRPO(t2i_card, brightness_reward, config)
     new, metrics = method.update(state, ro, jax.random.key(4))
     assert float(metrics["skipped"]) == 0.0 and not leaves_equal(new.params, state.params)
@@ -167,7 +181,10 @@ def test_minibatches_partition_the_rollout_and_steps_are_drawn_per_row():
     for bad in (dict(minibatches=0), dict(inner_epochs=-1), dict(timestep_fraction=0.0), dict(timestep_fraction=1.5)):
         with pytest.raises(ValueError):
             ppo.Schedule(**bad)
-    assert ppo.Schedule(timestep_fraction=0.5).steps_kept(4) == 2 and ppo.Schedule(timestep_fraction=0.1).steps_kept(4) == 1
+    assert (
+        ppo.Schedule(timestep_fraction=0.5).steps_kept(4) == 2
+        and ppo.Schedule(timestep_fraction=0.1).steps_kept(4) == 1
+    )
 
     S, B = 6, 5
     field = jnp.arange(S * B, dtype=jnp.float32).reshape(S, B)

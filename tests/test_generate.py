@@ -74,6 +74,19 @@ def test_png_grid_and_gif_are_valid(tmp_path):
 @pytest.mark.slow  # CI runs the README's `jaxpipe generate` itself; the example calls the same jp.generate
 def test_quickstart_example_writes_a_png(tmp_path):
     out = tmp_path / "q.png"
-    subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py"), "one thin", "-o", str(out), "--steps", "3", "--random"],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "quickstart.py"),
+            "one thin",
+            "-o",
+            str(out),
+            "--steps",
+            "3",
+            "--random",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert Image.open(out).size == (128, 128)

@@ -30,8 +30,12 @@ from jaxpipe.training import (
 def small(lr=1e-3, minibatches=1, **changes):
     """K = 3 (skip 1), 2 denoise steps with the SDE on the first, refiner lr ``lr``; ``changes``: other
     ``JointRLConfig`` fields."""
-    generator = FlowGRPOConfig(group=Group(3), sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 1)),
-                               beta=0.04, ppo=ppo.Schedule(minibatches=minibatches))
+    generator = FlowGRPOConfig(
+        group=Group(3),
+        sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 1)),
+        beta=0.04,
+        ppo=ppo.Schedule(minibatches=minibatches),
+    )
     return JointRLConfig(generator=generator, refiner=RefinerConfig(skip=1), refiner_optimizer=Optimizer(lr), **changes)
 
 
@@ -43,7 +47,9 @@ def parts_reward(artifacts, prompts):
 
 def tiny_unified():
     card = jp.cards.build("unified", seed=5)
-    return card.replace(transformer=perturbed(card["transformer"], seed=6), llm=perturbed(card["llm"], seed=7, scale=0.2))
+    return card.replace(
+        transformer=perturbed(card["transformer"], seed=6), llm=perturbed(card["llm"], seed=7, scale=0.2)
+    )
 
 
 def prompts(card, words=("seven", "one")):
@@ -63,8 +69,9 @@ def _vmapped_setup():
     method = JointMultiExpertRL(card, parts_reward, config)
     assert method.expert_map == "vmap" and method.stacked == ("refiner",)
     state = method.init(jax.random.key(0))
-    assert set(state.params) == {"refiner"} and all(x.shape[0] == 4 for x in jax.tree.leaves(state.opt_state["refiner"])
-                                                    if getattr(x, "ndim", 0))  # one Adam state per expert, stacked
+    assert set(state.params) == {"refiner"} and all(
+        x.shape[0] == 4 for x in jax.tree.leaves(state.opt_state["refiner"]) if getattr(x, "ndim", 0)
+    )  # one Adam state per expert, stacked
     ro = method.rollout(state, prompts(card), jax.random.key(0))
     assert ro.refinement.tokens.shape[0] == 4 and float(jnp.abs(ro.refiner_advantages).max()) > 0.5
     return card, config, method, state, ro
@@ -75,11 +82,21 @@ def test_vmapped_update_equals_updating_each_expert_separately():
     new, metrics = method.update(state, ro)
     assert float(metrics["skipped"]) == 0.0
     one = jax.jit(method.expert_update)
-    refiners, reference, refiner_opt = state.params["refiner"], state.copies["refiner_reference"], state.opt_state["refiner"]
+    refiners, reference, refiner_opt = (
+        state.params["refiner"],
+        state.copies["refiner_reference"],
+        state.opt_state["refiner"],
+    )
     for i in range(4):
         take = lambda tree, i=i: jax.tree.map(lambda x: x[i], tree)
-        alone = one(take(refiners), take(reference), take(refiner_opt), method.allowed[i], take(ro.refinement),
-                    ro.refiner_advantages[i])
+        alone = one(
+            take(refiners),
+            take(reference),
+            take(refiner_opt),
+            method.allowed[i],
+            take(ro.refinement),
+            ro.refiner_advantages[i],
+        )
         assert bool(alone.finite)
         for got, want in zip(jax.tree.leaves(take(new.params["refiner"])), jax.tree.leaves(alone.params)):
             np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
@@ -97,11 +114,18 @@ def test_vmapped_update_equals_updating_each_expert_separately():
 @pytest.mark.slow  # ~15 s (a second method's compile); the single vmapped update is checked against each expert by default
 def test_vmapped_minibatch_updates_equal_each_expert_over_the_same_minibatches():
     card, config, method, state, ro = _vmapped_setup()
-    refiners, reference, refiner_opt = state.params["refiner"], state.copies["refiner_reference"], state.opt_state["refiner"]
+    refiners, reference, refiner_opt = (
+        state.params["refiner"],
+        state.copies["refiner_reference"],
+        state.opt_state["refiner"],
+    )
     # several updates per rollout: the 6 rows in 3 minibatches, the vmapped update per minibatch ==
     # each expert updated alone over the same minibatches, in the same order
-    config = dataclasses.replace(config, generator=dataclasses.replace(config.generator, ppo=ppo.Schedule(minibatches=3)),
-                                 refiner_optimizer=Optimizer(1e-5))
+    config = dataclasses.replace(
+        config,
+        generator=dataclasses.replace(config.generator, ppo=ppo.Schedule(minibatches=3)),
+        refiner_optimizer=Optimizer(1e-5),
+    )
     method = JointMultiExpertRL(card, parts_reward, config)
     key = jax.random.key(11)
     new, metrics = method.update(state, ro, key)
@@ -113,7 +137,9 @@ def test_vmapped_minibatch_updates_equal_each_expert_over_the_same_minibatches()
         params, opt = take(refiners), take(refiner_opt)
         for idx in rows:
             minibatch = jax.tree.map(lambda x, i=i, idx=idx: x[i][idx], ro.refinement)
-            params, opt, *_ = one(params, take(reference), opt, method.allowed[i], minibatch, ro.refiner_advantages[i][idx])
+            params, opt, *_ = one(
+                params, take(reference), opt, method.allowed[i], minibatch, ro.refiner_advantages[i][idx]
+            )
         # three Adam steps of lr 1e-5, each sensitive to float reordering in near-zero gradients (measured up
         # to ~0.25·lr per weight with XLA at -O0); a minibatch out of order or from other rows moves weights by ~lr
         for got, want in zip(jax.tree.leaves(take(new.params["refiner"])), jax.tree.leaves(params)):
@@ -195,7 +221,10 @@ def test_refiners_learn_their_preferred_words_prompt_only(bundled, credit):
     card, scorer = bundled
     config = JointRLConfig(
         generator=FlowGRPOConfig(group=Group(4), sampling=Sampling(num_steps=4, sampler="sde"), beta=0.04),
-        refiner=RefinerConfig(skip=1), refiner_optimizer=Optimizer(3e-3), joint=False, credit=credit,
+        refiner=RefinerConfig(skip=1),
+        refiner_optimizer=Optimizer(3e-3),
+        joint=False,
+        credit=credit,
     )
     method = JointMultiExpertRL(card, scorer_reward(scorer, tuple(PREFER)), config)
     state = start = method.init(jax.random.key(0))

@@ -68,7 +68,9 @@ def boom(state):
 @pytest.mark.parametrize("mode", ["interleaved", "batched"])
 def test_a_failing_request_fails_alone(t2i_card, offline, mode):
     engine = live(t2i_card, mode)
-    engine.register_workflow(Workflow("test.broken", (Stage("t2i", "flux-t2i", lambda s: t2i(0)), Stage("again", "flux-t2i", boom))))
+    engine.register_workflow(
+        Workflow("test.broken", (Stage("t2i", "flux-t2i", lambda s: t2i(0)), Stage("again", "flux-t2i", boom)))
+    )
     good = [engine.submit(t2i(0)), engine.submit(t2i(1))]
     bad = engine.submit(jp.Request("test.broken", prompt="seven"))
     drive(engine)
@@ -158,7 +160,9 @@ def test_changes_while_serving_drain_the_card_first(t2i_card, offline):
     drive(engine)
     published = Engine()
     published.register(t2i_card.replace(transformer=new))
-    np.testing.assert_array_equal(running.result()["image"], published.run(t2i(1))["image"])  # on the card it started on
+    np.testing.assert_array_equal(
+        running.result()["image"], published.run(t2i(1))["image"]
+    )  # on the card it started on
     assert not engine.serves("flux-t2i")
 
 

@@ -51,7 +51,11 @@ def randomised(module, seed: int, scale: float = 0.2):
     graphdef, adapters, rest = nnx.split(module, lora.LoRAParam, ...)
     leaves, treedef = jax.tree.flatten(adapters)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return nnx.merge(graphdef, jax.tree.unflatten(treedef, [scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]), rest)
+    return nnx.merge(
+        graphdef,
+        jax.tree.unflatten(treedef, [scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]),
+        rest,
+    )
 
 
 class Toy(nnx.Module):
@@ -60,8 +64,9 @@ class Toy(nnx.Module):
     def __init__(self, scan: bool = True):
         rngs = nnx.Rngs(0)
         self.proj = nnx.Linear(8, 16, rngs=rngs)
-        self.blocks = stacked.blocks(lambda: nnx.Dict(up=nnx.Linear(16, 32, rngs=rngs), down=nnx.Linear(32, 16, rngs=rngs)),
-                                     3, scan=scan)
+        self.blocks = stacked.blocks(
+            lambda: nnx.Dict(up=nnx.Linear(16, 32, rngs=rngs), down=nnx.Linear(32, 16, rngs=rngs)), 3, scan=scan
+        )
 
     def __call__(self, x):
         return stacked.apply(self.blocks, lambda b, h: h + b["down"](jax.nn.gelu(b["up"](h))), self.proj(x))
@@ -97,17 +102,25 @@ def test_stacked_and_unrolled_layouts_get_the_same_adapters():
     assert 0.5 * bound < np.abs(A).max() <= bound
     assert not np.array_equal(A, a["transformer_blocks.1.attn.to_q.lora_A.weight"])
     assert lora.adapter_names(stacked) == lora.adapter_names(unrolled)
-    assert lora.param_count(stacked) == 2 * 2 * (3 * (32 + 32) + 3 * (128 + 32))  # to_q + (ff.net.2 | proj_mlp), 4 blocks
+    assert lora.param_count(stacked) == 2 * 2 * (
+        3 * (32 + 32) + 3 * (128 + 32)
+    )  # to_q + (ff.net.2 | proj_mlp), 4 blocks
 
 
 def test_bad_configs_and_targets_are_named_errors():
-    for bad, message in (({"rank": 0}, "rank must be an int >= 1"), ({"rank": 2, "alpha": -1.0}, "alpha must be"),
-                         ({"rank": 2, "target_modules": ()}, "non-empty"), ({"rank": 2, "target_modules": "("}, "valid regex")):
+    for bad, message in (
+        ({"rank": 0}, "rank must be an int >= 1"),
+        ({"rank": 2, "alpha": -1.0}, "alpha must be"),
+        ({"rank": 2, "target_modules": ()}, "non-empty"),
+        ({"rank": 2, "target_modules": "("}, "valid regex"),
+    ):
         with pytest.raises(ValueError, match=message):
             LoRAConfig(**bad)
     assert LoRAConfig(2, target_modules=["to_q"]).target_modules == ("to_q",) and LoRAConfig(4, alpha=8).scale == 2.0
     base = tiny_flux()
-    with pytest.raises(ValueError, match=r"\('to_query',\) match no linear layer of FluxTransformer.*include: context_embedder"):
+    with pytest.raises(
+        ValueError, match=r"\('to_query',\) match no linear layer of FluxTransformer.*include: context_embedder"
+    ):
         lora.apply(base, LoRAConfig(2, target_modules=("to_query",)))
     with pytest.raises(ValueError, match="only some layers of the stacked block transformer_blocks.stacked.attn.to_q"):
         lora.apply(base, LoRAConfig(2, target_modules=r"transformer_blocks\.0\.attn\.to_q"))
@@ -130,7 +143,9 @@ def test_bad_configs_and_targets_are_named_errors():
 @pytest.mark.parametrize("format", lora.FORMATS)
 def test_adapter_files_round_trip(format, tmp_path):
     base = tiny_flux()
-    trained = randomised(lora.apply(base, LoRAConfig(4, alpha=2.0, target_modules=("to_q", "to_v", "proj_out"))), seed=2)
+    trained = randomised(
+        lora.apply(base, LoRAConfig(4, alpha=2.0, target_modules=("to_q", "to_v", "proj_out"))), seed=2
+    )
     file = lora.save_adapters(trained, tmp_path, format=format)
     loaded = lora.load_adapters(base, tmp_path)
     assert leaves_equal(nnx.state(loaded, lora.LoRAParam), nnx.state(trained, lora.LoRAParam))
@@ -149,7 +164,9 @@ def test_adapter_files_round_trip(format, tmp_path):
             metadata, tensors = f.metadata(), {k: f.get_tensor(k).astype(jnp.bfloat16) for k in f.keys()}
         save_file(tensors, str(tmp_path / "bf16.safetensors"), metadata=metadata)
         half = lora.load_adapters(base, tmp_path / "bf16.safetensors")
-        for x, y in zip(jax.tree.leaves(nnx.state(half, lora.LoRAParam)), jax.tree.leaves(nnx.state(trained, lora.LoRAParam))):
+        for x, y in zip(
+            jax.tree.leaves(nnx.state(half, lora.LoRAParam)), jax.tree.leaves(nnx.state(trained, lora.LoRAParam))
+        ):
             assert x.dtype == jnp.float32 and np.allclose(x, y, rtol=1e-2, atol=1e-3)
     with pytest.raises(hf.KeyMappingError, match="unexpected"):
         lora.load_adapters(tiny_flux(scan_layers=True).context_embedder, file)  # no layer of this module is named so
@@ -170,8 +187,13 @@ def test_a_wrapped_layer_shards_as_before_and_the_dev_model_builds_abstractly():
 
 # ------------------------------------------------------------------------------------------ FlowGRPO
 # clip_eps 1e-6: the update's clip_frac == 0 says every captured step's ratio is within 1e-6 of 1 (C2)
-CONFIG = FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)),
-                        clip_eps=1e-6, optimizer=Optimizer(1e-3), lora=LoRAConfig(4))
+CONFIG = FlowGRPOConfig(
+    group=Group(2),
+    sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)),
+    clip_eps=1e-6,
+    optimizer=Optimizer(1e-3),
+    lora=LoRAConfig(4),
+)
 
 
 def test_parts_train_the_adapters_and_freeze_the_base(t2i_card):
@@ -226,15 +248,21 @@ def test_nft_dmd2_and_unified_rl_train_adapters_only(t2i_card):
     nft = DiffusionNFT(t2i_card, brightness_reward, DiffusionNFTConfig(group=Group(2), lora=adapters))
     dmd2 = DMD2(t2i_card, DMD2Config(lora=adapters))
     unified = UnifiedRL(unified_card, brightness_reward, UnifiedRLConfig(generator=FlowGRPOConfig(lora=adapters)))
-    for method, parts, copies, card in ((nft, ("generator",), ("old",), t2i_card),
-                                        (dmd2, ("student", "critic"), ("teacher",), t2i_card),
-                                        (unified, ("generator",), ("generator_reference",), unified_card)):
+    for method, parts, copies, card in (
+        (nft, ("generator",), ("old",), t2i_card),
+        (dmd2, ("student", "critic"), ("teacher",), t2i_card),
+        (unified, ("generator",), ("generator_reference",), unified_card),
+    ):
         state = method.init()
-        assert all(_adapters_only(state.params[p]) for p in parts) and all(_adapters_only(state.copies[c]) for c in copies)
+        assert all(_adapters_only(state.params[p]) for p in parts) and all(
+            _adapters_only(state.copies[c]) for c in copies
+        )
         merged = method.card(state)["transformer"]  # fresh adapters merge to the base exactly
         assert not lora.has_adapters(merged)
         assert leaves_equal(nnx.state(merged, nnx.Param), nnx.state(card["transformer"], nnx.Param))
-    assert not jax.tree.leaves(nnx.filter_state(unified.init().params["refiner"], lora.LoRAParam))  # the LM trains whole
+    assert not jax.tree.leaves(
+        nnx.filter_state(unified.init().params["refiner"], lora.LoRAParam)
+    )  # the LM trains whole
     with pytest.raises(ValueError, match="prompt-only RL"):
         UnifiedRLConfig(generator=FlowGRPOConfig(lora=adapters), joint=False)
     with pytest.raises(ValueError, match="SharedMoTRL trains its shared MoT weights whole"):
@@ -249,15 +277,27 @@ def test_one_step_of_each_denoiser_method_with_lora_keeps_the_base(name, t2i_car
     adapters = LoRAConfig(2)
     if name == "unified":
         card = jp.cards.build("unified", seed=3)
-        method = UnifiedRL(card, brightness_reward, UnifiedRLConfig(
-            generator=FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 1)),
-                                     lora=adapters)))
+        method = UnifiedRL(
+            card,
+            brightness_reward,
+            UnifiedRLConfig(
+                generator=FlowGRPOConfig(
+                    group=Group(2), sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 1)), lora=adapters
+                )
+            ),
+        )
         batch = Prompts.from_texts(card, ["seven", "one thin"])
     else:
         card, batch = t2i_card, rl_batch(t2i_card)
-        method = (DiffusionNFT(card, brightness_reward, DiffusionNFTConfig(group=Group(2), sampling=Sampling(num_steps=2),
-                                                                            lora=adapters)) if name == "nft"
-                  else DMD2(card, DMD2Config(group=Group(2), lora=adapters)))
+        method = (
+            DiffusionNFT(
+                card,
+                brightness_reward,
+                DiffusionNFTConfig(group=Group(2), sampling=Sampling(num_steps=2), lora=adapters),
+            )
+            if name == "nft"
+            else DMD2(card, DMD2Config(group=Group(2), lora=adapters))
+        )
     state = method.init()
     new, metrics = method.step(state, batch, jax.random.key(0))
     assert float(metrics["skipped"]) == 0.0

@@ -157,7 +157,9 @@ def test_kl_conventions_official_flowgrpo_equals_exact_times_dt():
     sig = np.repeat(sigmas[:-1, None], B, axis=1)
     sig_next = np.repeat(sigmas[1:, None], B, axis=1)
     x, v = g.normal(size=(2, S, B, 1, 4, 4, 2)).astype(np.float32)
-    steps = jax.vmap(lambda *a: samplers.sde_step(*a, noise_level=eta))(x, v, sig.astype(np.float32), sig_next.astype(np.float32), x)
+    steps = jax.vmap(lambda *a: samplers.sde_step(*a, noise_level=eta))(
+        x, v, sig.astype(np.float32), sig_next.astype(np.float32), x
+    )
     mu, mu_ref = np.asarray(steps.mean), np.asarray(steps.mean) + 0.1 * g.normal(size=x.shape).astype(np.float32)
     sigma_eff = np.asarray(steps.std).reshape(S, B)
     dt = (sig_next - sig).astype(np.float32)
@@ -174,7 +176,9 @@ def test_kl_conventions_official_flowgrpo_equals_exact_times_dt():
     now = old = np.zeros((S, B), np.float32)
     adv = np.zeros(B, np.float32)
     _, m_exact = losses.flow_grpo_loss(now, old, adv, mu, mu_ref, sigma_eff, clip_eps=0.2, beta=0.04)
-    _, m_flow = losses.flow_grpo_loss(now, old, adv, mu, mu_ref, sigma_eff, clip_eps=0.2, beta=0.04, kl="flowgrpo", dt=dt)
+    _, m_flow = losses.flow_grpo_loss(
+        now, old, adv, mu, mu_ref, sigma_eff, clip_eps=0.2, beta=0.04, kl="flowgrpo", dt=dt
+    )
     assert float(m_flow["kl"]) == pytest.approx(float(np.mean(np.asarray(exact) * np.abs(dt))), rel=1e-5)
     assert float(m_exact["kl"]) == pytest.approx(float(np.mean(exact)), rel=1e-5)
     with pytest.raises(ValueError, match="needs dt"):

@@ -25,7 +25,9 @@ PROMPT = "seven moving right"
 @pytest.fixture(scope="module")
 def card():
     built = jp.cards.build("ltx2-two-stage", seed=3)
-    return built.replace(transformer=perturbed(built["transformer"], seed=4), upsampler=perturbed(built["upsampler"], seed=5))
+    return built.replace(
+        transformer=perturbed(built["transformer"], seed=4), upsampler=perturbed(built["upsampler"], seed=5)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,10 @@ def test_steps_per_stage_are_honoured_by_the_engine(engine):
 
 
 def test_serial_equals_interleaved_bit_for_bit_and_batched_within_c3(engine):
-    requests = [request(seed=0, base=2, refine=2, prompt="seven moving up"), request(seed=1, base=3, refine=1, prompt="one")]
+    requests = [
+        request(seed=0, base=2, refine=2, prompt="seven moving up"),
+        request(seed=1, base=3, refine=1, prompt="one"),
+    ]
     report = parity.interleave_gate(engine, requests)
     assert report.passed and report.max_abs_diff == 0.0, report
     # batched: the rows share each stage's step while at different steps of it (and one waits at the hand-off)
@@ -133,7 +138,9 @@ def test_stg_composes_with_cfg_in_one_batched_call(dit_inputs):
     np.testing.assert_allclose(guided, v_c + (cfg - 1) * (v_c - v_u) + stg * (v_c - v_p), atol=1e-5)
     alone = denoise.DenoiseConfig(stg=stg, stg_blocks=(0,)).guide  # STG without CFG: two forwards, no uncond
     calls.clear()
-    np.testing.assert_allclose(jax.jit(lambda d, *a: alone(velocity, *a))(dit, x, sigma, cond), v_c + stg * (v_c - v_p), atol=1e-5)
+    np.testing.assert_allclose(
+        jax.jit(lambda d, *a: alone(velocity, *a))(dit, x, sigma, cond), v_c + stg * (v_c - v_p), atol=1e-5
+    )
     assert calls == [4] and not alone.needs_uncond
     # stg == 0 keeps exactly today's policies (CFG through samplers.cfg_combine)
     assert denoise.DenoiseConfig(guidance=cfg).guide == policies.CFG(cfg)
@@ -186,7 +193,9 @@ def test_bad_input_is_refused(card):
     with pytest.raises(ValueError, match="latent sizes not divisible"):
         dataclasses.replace(digit_cards.config("ltx2-two-stage"), image_size=20)
     with pytest.raises(ValueError, match="use init_from_latents"):
-        denoise.init(jax.random.split(jax.random.key(0), 1), (2,), {"c": jnp.zeros((1,))}, denoise.DenoiseConfig(start_sigma=0.5))
+        denoise.init(
+            jax.random.split(jax.random.key(0), 1), (2,), {"c": jnp.zeros((1,))}, denoise.DenoiseConfig(start_sigma=0.5)
+        )
     with pytest.raises(ValueError, match=r"inputs\['refine_steps'\] .* must be a positive int"):
         ltx2.program().bind(card, request(refine=0))
     with pytest.raises(ValueError, match="takes no image"):
@@ -199,7 +208,9 @@ def test_bad_input_is_refused(card):
 def test_the_bundled_card_shares_wan_t2v_components_and_upsamples_better_than_nearest():
     bundled, base = jp.cards.load("ltx2-two-stage"), jp.cards.load("wan-t2v")
     for name in ("text_encoder", "vae"):
-        same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), jax.tree.leaves(bundled[name]), jax.tree.leaves(base[name]))
+        same = jax.tree.map(
+            lambda a, b: bool(jnp.array_equal(a, b)), jax.tree.leaves(bundled[name]), jax.tree.leaves(base[name])
+        )
         assert all(same), name
     assert bundled["upsampler"].cfg.scale == ltx2.RATIO
     from jaxpipe.digits import data as digits
@@ -214,12 +225,16 @@ def test_the_bundled_card_shares_wan_t2v_components_and_upsamples_better_than_ne
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not {"ltx2-two-stage", "wan-t2v", "digit-scorer"} <= set(jp.cards.available()), reason="bundled cards missing")
+@pytest.mark.skipif(
+    not {"ltx2-two-stage", "wan-t2v", "digit-scorer"} <= set(jp.cards.available()), reason="bundled cards missing"
+)
 def test_the_bundled_card_matches_wan_t2v_at_fewer_dit_flops():
     """The README's table in small (``benchmarks/two_stage.py`` measures it in full): motion 1.00 and digit
     accuracy 0.56 / 0.47 (first / last frame) at 200 prompts, like ``wan-t2v`` at matched FLOPs."""
     from jaxpipe.digits import quality
 
-    report = quality.t2v_quality(jp.cards.load("ltx2-two-stage"), jp.cards.load("digit-scorer"), samples=200, seed=0)["full"]
+    report = quality.t2v_quality(jp.cards.load("ltx2-two-stage"), jp.cards.load("digit-scorer"), samples=200, seed=0)[
+        "full"
+    ]
     assert report["motion_accuracy"] > 0.9, report
     assert report["first_frame_digit_accuracy"] > 0.45 and report["last_frame_digit_accuracy"] > 0.38, report

@@ -42,7 +42,9 @@ def _generate_mask(valid, n_image):
     total = length + n_image
     causal = jnp.tril(jnp.ones((length, length), bool))[None] & valid[:, None, :]
     top = jnp.concatenate([causal, jnp.zeros((b, length, n_image), bool)], axis=2)
-    bottom = jnp.concatenate([jnp.broadcast_to(valid[:, None, :], (b, n_image, length)), jnp.ones((b, n_image, n_image), bool)], 2)
+    bottom = jnp.concatenate(
+        [jnp.broadcast_to(valid[:, None, :], (b, n_image, length)), jnp.ones((b, n_image, n_image), bool)], 2
+    )
     return (jnp.concatenate([top, bottom], axis=1) | jnp.eye(total, dtype=bool)[None])[:, None]
 
 
@@ -122,8 +124,10 @@ def test_modality_routing_is_two_experts_with_one_joint_softmax(batch):
 
 
 def test_parameter_counts_per_policy():
-    counts = {name: make(r).param_counts() for name, r in
-              [("shared", "shared"), ("modality", "modality"), ("partial", Routing.ffn_only(CFG.depth))]}
+    counts = {
+        name: make(r).param_counts()
+        for name, r in [("shared", "shared"), ("modality", "modality"), ("partial", Routing.ffn_only(CFG.depth))]
+    }
     assert counts["shared"]["understanding"] == counts["shared"]["generation"] == 0
     assert counts["modality"]["shared"] == 0
     assert counts["modality"]["understanding"] == counts["modality"]["generation"] == counts["shared"]["shared"]
@@ -160,8 +164,9 @@ def _cached_and_uncached(mot, ids, lengths, x, sigma):
 @pytest.mark.parametrize("routing", ["modality", pytest.param("shared", marks=pytest.mark.slow)])
 def test_kv_reuse_equals_recompute(batch, routing):
     ids, lengths, x, sigma = batch
-    full, decoded, v_cached, v_full, after_prefill, after_decode, understood = _cached_and_uncached(make(routing), ids, lengths,
-                                                                                                  x, sigma)
+    full, decoded, v_cached, v_full, after_prefill, after_decode, understood = _cached_and_uncached(
+        make(routing), ids, lengths, x, sigma
+    )
     # Text: prefill then cached decoding == one teacher-forced forward (a padded row's logits are not a decode's).
     valid = np.asarray(ids != 0)
     np.testing.assert_allclose(np.asarray(decoded)[valid], np.asarray(full)[valid], atol=1e-5)

@@ -27,8 +27,9 @@ from jaxpipe.training.methods.mot_rl import role_cosines
 
 def generator_config(**changes):
     """K = 2, three denoise steps with the SDE on the first two."""
-    return FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)), beta=0.04,
-                          **changes)
+    return FlowGRPOConfig(
+        group=Group(2), sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)), beta=0.04, **changes
+    )
 
 
 CONFIG = MoTRLConfig(generator=generator_config(), thinking=RefinerConfig(skip=1), token_weight=0.5)
@@ -45,7 +46,11 @@ def batch(card, prompts=("two", "three seven")):
 
 def method(routing="modality", config=CONFIG):
     base = digit_cards.config("bagel-mot")
-    card = jp.cards.build("bagel-mot", config=dataclasses.replace(base, mot=dataclasses.replace(base.mot, routing=routing, depth=1)), seed=1)
+    card = jp.cards.build(
+        "bagel-mot",
+        config=dataclasses.replace(base, mot=dataclasses.replace(base.mot, routing=routing, depth=1)),
+        seed=1,
+    )
     card = card.replace(transformer=perturbed(card["transformer"], seed=4))
     return SharedMoTRL(card, brightness, config), card
 
@@ -66,7 +71,9 @@ def test_c2_on_both_loops(rolled):
     tokens = rollout.token_log_probs(mot, ro.thought)
     np.testing.assert_allclose(tokens, ro.thought.log_prob, atol=1e-5)
     assert int(ro.thought.mask.sum()) > 0 and not bool(ro.thought.mask[~ro.think].any())
-    (_, token_metrics), (_, gen_metrics) = [part[0] for part in gradients(state.params["model"], state.copies["reference"], state.frozen, ro)]
+    (_, token_metrics), (_, gen_metrics) = [
+        part[0] for part in gradients(state.params["model"], state.copies["reference"], state.frozen, ro)
+    ]
     assert abs(float(token_metrics["ratio_mean"]) - 1.0) < 1e-5
     assert abs(float(gen_metrics["ratio_mean"]) - 1.0) < 1e-4  # the text K/V recomputed under θ: reuse == recompute
     assert float(gen_metrics["clip_frac"]) == 0.0

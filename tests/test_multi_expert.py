@@ -81,7 +81,11 @@ def request(prompt="seven", seed=0, steps=2):
 
 @pytest.mark.parametrize("n", [1, 3, 4])
 def test_builds_for_any_number_of_refiners(built, n):
-    card = built if n == N else nnx.eval_shape(lambda: jp.cards.build(MODEL, config=digit_cards.config("multi-expert", num_refiners=n)))
+    card = (
+        built
+        if n == N
+        else nnx.eval_shape(lambda: jp.cards.build(MODEL, config=digit_cards.config("multi-expert", num_refiners=n)))
+    )
     assert set(card.components) == {"text_encoder", "refiners", "transformer", "vae"}
     assert toy_multi_expert.expert_names(card) == tuple(f"refiner_{i}" for i in range(n))
     assert jp.cards.stacked_components(card) == {"refiners": toy_multi_expert.expert_names(card)}
@@ -93,7 +97,13 @@ def test_builds_for_any_number_of_refiners(built, n):
 def test_constructs_abstractly_at_a_large_size():
     # wide rather than deep: tracing cost grows with the number of parameters, not their size
     base = digit_cards.bundled_config("multi-expert", num_refiners=1)
-    config = digit_cards.bundled_config("multi-expert", num_refiners=8, text=dataclasses.replace(base.text, max_len=32), lm=LMConfig(vocab_size=base.lm.vocab_size, dim=4096, depth=2, heads=32, max_len=64), dit=dataclasses.replace(base.dit, dim=2048, heads=16))
+    config = digit_cards.bundled_config(
+        "multi-expert",
+        num_refiners=8,
+        text=dataclasses.replace(base.text, max_len=32),
+        lm=LMConfig(vocab_size=base.lm.vocab_size, dim=4096, depth=2, heads=32, max_len=64),
+        dit=dataclasses.replace(base.dit, dim=2048, heads=16),
+    )
     card = nnx.eval_shape(lambda: jp.cards.build("multi-expert", config=config))
     assert card["refiners"].blocks[0].mlp.fc1.kernel.shape == (8, 4096, 16384)
     assert card.num_params() > 8 * 2 * 12 * 4096**2  # eight 2-layer LMs of width 4096 (~400M each)
@@ -104,7 +114,9 @@ def test_expert_is_the_unstacked_lm(built):
     for i in range(N):
         assert leaves_equal(toy_multi_expert.expert(built, i), RefinerLM(config.lm, rngs=nnx.Rngs(1 + i)))
     assert not leaves_equal(toy_multi_expert.expert(built, 0), toy_multi_expert.expert(built, 1))
-    assert leaves_equal(toy_multi_expert.stack([toy_multi_expert.expert(built, i) for i in range(N)]), built["refiners"])
+    assert leaves_equal(
+        toy_multi_expert.stack([toy_multi_expert.expert(built, i) for i in range(N)]), built["refiners"]
+    )
     with pytest.raises(IndexError, match="out of range for 3"):
         toy_multi_expert.expert(built, N)
 
@@ -113,11 +125,13 @@ def test_compose_orders_by_expert_and_drops_eos():
     eos = 9
     ids = jnp.array([[5, 6, 0, 0, 0, 0, 0], [7, 0, 0, 0, 0, 0, 0]])
     # (N=3, B=2, T=4): buffers hold the prompt, then each expert's generated tokens
-    tokens = jnp.array([
-        [[5, 6, 1, eos], [7, 1, 2, 0]],
-        [[5, 6, eos, 0], [7, 3, 0, 0]],
-        [[5, 6, 4, 2], [7, eos, 0, 0]],
-    ])
+    tokens = jnp.array(
+        [
+            [[5, 6, 1, eos], [7, 1, 2, 0]],
+            [[5, 6, eos, 0], [7, 3, 0, 0]],
+            [[5, 6, 4, 2], [7, eos, 0, 0]],
+        ]
+    )
     prompt_lengths = jnp.array([[2, 1]] * 3)
     generated = (jnp.arange(4) >= prompt_lengths[..., None]) & (tokens != 0)
     out = toy_multi_expert.compose(ids, tokens, generated, eos, 7)
@@ -141,7 +155,9 @@ def test_each_refiner_says_only_its_slot(card):
         allowed = {words.index(w) for w in ATTRIBUTE_WORDS[config.slot(i)]} | {eos}
         assert set(emitted[i].tolist()) <= allowed, (i, config.slot(i))
         assert set(emitted[i].tolist()) - {eos}  # the slot's words are actually said
-    assert np.asarray(config.allowed_tokens()).sum(axis=1).tolist() == [len(ATTRIBUTE_WORDS[config.slot(i)]) + 1 for i in range(N)]
+    assert np.asarray(config.allowed_tokens()).sum(axis=1).tolist() == [
+        len(ATTRIBUTE_WORDS[config.slot(i)]) + 1 for i in range(N)
+    ]
 
 
 def test_checkpoint_round_trip(card, tmp_path):
@@ -181,7 +197,9 @@ def test_versions_per_expert_and_the_text_encoder_cache_survives(engine, card):
     lm = noisy(toy_multi_expert.expert(card, 1), 3, 1e-3)  # moves the weights, not the words
     assert engine.publish(MODEL, {"refiner_1": lm}) == {**V0, "refiner_1": 1}
     assert engine.versions(MODEL) == {**V0, "refiner_1": 1}
-    assert [k for k in engine.cache.keys() if k.component == "text_encoder"] == [k for k in keys if k.component == "text_encoder"]
+    assert [k for k in engine.cache.keys() if k.component == "text_encoder"] == [
+        k for k in keys if k.component == "text_encoder"
+    ]
     assert not [k for k in engine.cache.keys() if k.component == "refiners"]  # only the refiners' entries went
     served = engine.card(MODEL)
     assert leaves_equal(toy_multi_expert.expert(served, 1), lm)
@@ -197,7 +215,12 @@ def test_versions_per_expert_and_the_text_encoder_cache_survives(engine, card):
     np.testing.assert_array_equal(after["image"], served_by_a_fresh_engine(with_expert(card, 1, lm), "seven", 0))
     assert {(k.component, k.version) for k in engine.cache.keys()} == {("text_encoder", 0), ("refiners", 1)}
 
-    assert engine.publish(MODEL, {"refiners": card["refiners"]}) == {**V0, "refiner_0": 1, "refiner_1": 2, "refiner_2": 1}
+    assert engine.publish(MODEL, {"refiners": card["refiners"]}) == {
+        **V0,
+        "refiner_0": 1,
+        "refiner_1": 2,
+        "refiner_2": 1,
+    }
     assert leaves_equal(engine.card(MODEL)["refiners"], card["refiners"])
     engine.register(card, replace=True)
     assert engine.versions(MODEL) == {**{n: 1 for n in V0}, "refiner_0": 2, "refiner_1": 3, "refiner_2": 2}
@@ -235,7 +258,13 @@ def test_weight_sync_publishes_only_the_changed_experts(engine, card):
     assert weight_sync.changed_components(engine, both) == ("refiner_0", "transformer")
     assert weight_sync.publish(engine, both) == {**V0, "refiner_0": 1, "refiner_2": 1, "transformer": 1}
     # named experts are published even when equal
-    assert weight_sync.publish(engine, both, "refiner_1") == {**V0, "refiner_0": 1, "refiner_1": 1, "refiner_2": 1, "transformer": 1}
+    assert weight_sync.publish(engine, both, "refiner_1") == {
+        **V0,
+        "refiner_0": 1,
+        "refiner_1": 1,
+        "refiner_2": 1,
+        "transformer": 1,
+    }
     with pytest.raises(UnknownComponentError, match=r"refiner_7.*experts \['refiner_0'"):
         weight_sync.publish(engine, both, ("refiner_7",))
 
@@ -248,7 +277,10 @@ def test_bad_publish_raises_and_changes_nothing(engine, card):
     wrong_shape = jax.tree.unflatten(treedef, [leaves[0][..., :-1], *leaves[1:]])
     four = toy_multi_expert.stack([lm] * 4)
 
-    with pytest.raises(UnknownComponentError, match=r"\['refiner_7'\].*stacked 'refiners' has experts \['refiner_0', 'refiner_1', 'refiner_2'\]"):
+    with pytest.raises(
+        UnknownComponentError,
+        match=r"\['refiner_7'\].*stacked 'refiners' has experts \['refiner_0', 'refiner_1', 'refiner_2'\]",
+    ):
         engine.publish(MODEL, {"refiner_7": lm})
     with pytest.raises(UnknownComponentError):  # nothing applies when any name is unknown
         engine.publish(MODEL, {"refiner_1": lm, "refiner_7": lm})
@@ -268,7 +300,9 @@ def test_bad_publish_raises_and_changes_nothing(engine, card):
 
 
 def test_register_rejects_a_stacked_component_of_the_wrong_size(card):
-    bad = jp.Card({**card.components, "refiners": toy_multi_expert.stack([toy_multi_expert.expert(card, 0)] * 2)}, card.spec)
+    bad = jp.Card(
+        {**card.components, "refiners": toy_multi_expert.stack([toy_multi_expert.expert(card, 0)] * 2)}, card.spec
+    )
     engine = Engine()
     with pytest.raises(EngineError, match="3 experts, but leaves of shape \\(2,"):
         engine.register(bad)

@@ -12,8 +12,13 @@ from jaxpipe.training import EMA, DiffusionNFT, DiffusionNFTConfig, Group, Noise
 from jaxpipe.training import rollout as rollouts
 from jaxpipe.training.methods.nft import ema_decay, nft_loss, optimality_weight
 
-CONFIG = DiffusionNFTConfig(group=Group(4, adv_clip=2.0), sampling=Sampling(num_steps=3), optimizer=Optimizer(1e-3),
-                            beta=0.7, ema=EMA(start=0.0, end=0.5, ramp_steps=4))
+CONFIG = DiffusionNFTConfig(
+    group=Group(4, adv_clip=2.0),
+    sampling=Sampling(num_steps=3),
+    optimizer=Optimizer(1e-3),
+    beta=0.7,
+    ema=EMA(start=0.0, end=0.5, ramp_steps=4),
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +46,9 @@ def test_loss_and_weights_match_numpy():
     loss, metrics = nft_loss(jnp.asarray(v_theta), jnp.asarray(v_old), jnp.asarray(target), jnp.asarray(r), beta)
     np.testing.assert_allclose(float(loss), per_row.mean(), rtol=1e-5)
     # v_old is a constant: the gradient in v_θ is the NumPy derivative of the same objective
-    grad = jax.grad(lambda v: nft_loss(v, jnp.asarray(v_old), jnp.asarray(target), jnp.asarray(r), beta)[0])(jnp.asarray(v_theta))
+    grad = jax.grad(lambda v: nft_loss(v, jnp.asarray(v_old), jnp.asarray(target), jnp.asarray(r), beta)[0])(
+        jnp.asarray(v_theta)
+    )
     n = v_theta[0].size
     rr = r[:, None, None, None]
     expected = (2 * beta / n / 5) * (rr * (v_pos - target) - (1 - rr) * (v_neg - target))
@@ -91,8 +98,12 @@ def test_update_moves_the_velocity_toward_high_reward_samples(method, rollout):
     s = sigma.reshape((-1,) + (1,) * (x0.ndim - 1))
     x_sigma, target = (1 - s) * x0 + s * noise, noise - x0
     cond = ro.cond
-    v_old = method.components(state.params, state.frozen)[method.transformer](x_sigma, sigma, cond.context, cond.context_mask)
-    v_new = method.components(new.params, new.frozen)[method.transformer](x_sigma, sigma, cond.context, cond.context_mask)
+    v_old = method.components(state.params, state.frozen)[method.transformer](
+        x_sigma, sigma, cond.context, cond.context_mask
+    )
+    v_new = method.components(new.params, new.frozen)[method.transformer](
+        x_sigma, sigma, cond.context, cond.context_mask
+    )
     per_row = jnp.sum((v_new - v_old) * (target - v_old), axis=tuple(range(1, x0.ndim)))
     assert float(jnp.sum(ro.advantages * per_row)) > 0
     after, _ = jax.jit(method.loss)(new.params["generator"], state, ro, key)
@@ -102,7 +113,9 @@ def test_update_moves_the_velocity_toward_high_reward_samples(method, rollout):
 def test_constant_reward_leaves_the_weights_bit_identical(method, rollout, t2i_card):
     state, ro = rollout
     constant = lambda artifacts, prompts: jnp.ones(artifacts["image"].shape[0])
-    scored = rollouts.score_rollout(constant, {"image": ro.images}, rl_batch(t2i_card).repeat(CONFIG.group.size), CONFIG.group)
+    scored = rollouts.score_rollout(
+        constant, {"image": ro.images}, rl_batch(t2i_card).repeat(CONFIG.group.size), CONFIG.group
+    )
     adv = scored.advantages
     const = ro._replace(rewards=scored.rewards, advantages=adv, weights=optimality_weight(adv, CONFIG.group.adv_clip))
     assert bool(jnp.all(const.weights == 0.5))

@@ -17,8 +17,9 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "tour.ipynb"
 @pytest.mark.slow  # ~40 s; the docs build (`mkdocs build --strict`, in .ci/run) executes the notebook as well
 def test_the_tour_notebook_runs_and_shows_its_results(tmp_path):
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client = nbclient.NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    )
     scratch = tmp_path / "tmp"  # the kernel's temporary folder: the tour must leave nothing in it
     scratch.mkdir()
     client.execute(env={**os.environ, "TMPDIR": str(scratch)})

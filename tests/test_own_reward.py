@@ -21,10 +21,22 @@ from jaxpipe.training.fit import fit
 from jaxpipe.training.runs.heldout import HeldOut, held_out_quality
 
 WORDS = ("red", "blue", "green", "circle", "square", "small", "big")
-PROMPTS = ["red circle", "blue square", "green circle", "big red square", "small blue circle", "green square",
-           "big green circle", "small red square"]
-CONFIG = FlowGRPOConfig(group=Group(4), sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)), beta=0.0,
-                        optimizer=Optimizer(3e-3))
+PROMPTS = [
+    "red circle",
+    "blue square",
+    "green circle",
+    "big red square",
+    "small blue circle",
+    "green square",
+    "big green circle",
+    "small red square",
+]
+CONFIG = FlowGRPOConfig(
+    group=Group(4),
+    sampling=Sampling(num_steps=3, sampler="sde", sde_window=(0, 2)),
+    beta=0.0,
+    optimizer=Optimizer(3e-3),
+)
 
 
 def brightness(artifacts, prompts):
@@ -59,8 +71,9 @@ def test_your_reward_and_prompt_file_train_a_card_of_no_world(card, prompt_file)
     method = FlowGRPO(card, brightness, CONFIG)
     settings = HeldOut(samples=2, diversity_prompts=2, diversity_seeds=2, num_steps=3, guidance=1.0)
     before = held_out_quality(card, brightness, heldout, settings)
-    state, history = fit(method.step, method.init(), train.batches(card, 2, seed=0), steps=12, key=jax.random.key(0),
-                         progress=False)
+    state, history = fit(
+        method.step, method.init(), train.batches(card, 2, seed=0), steps=12, key=jax.random.key(0), progress=False
+    )
     rewards_seen = [row["reward_mean"] for row in history]
     assert np.mean(rewards_seen[-4:]) > np.mean(rewards_seen[:4]) + 0.05, rewards_seen
     after = held_out_quality(method.card(state), brightness, heldout, settings)
@@ -120,11 +133,48 @@ def test_jaxpipe_train_takes_your_model_folder_prompts_and_reward(flux_folder, t
         "    return jnp.mean(artifacts['image'], axis=(1, 2, 3))\n"
     )
     out = tmp_path / "run"
-    args = ["train", "flow-grpo", "--model", str(flux_folder), "--model-option", "height=16", "--model-option", "width=16",
-            "--model-option", "max_sequence_length=16", "--prompts", str(tmp_path / "prompts.txt"),
-            "--reward", f"{tmp_path / 'my_reward.py'}:brightness", "--steps", "8", "--out", str(out), "-P", "2", "-K", "4",
-            "--num-steps", "2", "--sde-window", "all", "--beta", "0", "--lr", "1e-3", "--heldout", "0.34",
-            "--eval-samples", "2", "--diversity-prompts", "2", "--diversity-seeds", "2", "--save-every", "100"]
+    args = [
+        "train",
+        "flow-grpo",
+        "--model",
+        str(flux_folder),
+        "--model-option",
+        "height=16",
+        "--model-option",
+        "width=16",
+        "--model-option",
+        "max_sequence_length=16",
+        "--prompts",
+        str(tmp_path / "prompts.txt"),
+        "--reward",
+        f"{tmp_path / 'my_reward.py'}:brightness",
+        "--steps",
+        "8",
+        "--out",
+        str(out),
+        "-P",
+        "2",
+        "-K",
+        "4",
+        "--num-steps",
+        "2",
+        "--sde-window",
+        "all",
+        "--beta",
+        "0",
+        "--lr",
+        "1e-3",
+        "--heldout",
+        "0.34",
+        "--eval-samples",
+        "2",
+        "--diversity-prompts",
+        "2",
+        "--diversity-seeds",
+        "2",
+        "--save-every",
+        "100",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -118,9 +118,17 @@ def slow_requests(engine) -> list:
     (``wan-t2v``'s family)."""
     # at their bundled sizes (ltx2: both stages; wan-causal: all 4 chunks), 2 steps per stage / chunk to keep the
     # run short (C1 is about each step's bits, not their number)
-    requests = [jp.Request(m, prompt="five moving left", seed=8 + i, num_steps=2,
-                           inputs={"refine_steps": 2} if m == "ltx2-two-stage" else {})
-                for i, m in enumerate(("ltx2-two-stage", "wan-causal")) if m in engine.models()]
+    requests = [
+        jp.Request(
+            m,
+            prompt="five moving left",
+            seed=8 + i,
+            num_steps=2,
+            inputs={"refine_steps": 2} if m == "ltx2-two-stage" else {},
+        )
+        for i, m in enumerate(("ltx2-two-stage", "wan-causal"))
+        if m in engine.models()
+    ]
     if "flux-t2i-turbo" in engine.models():  # the DMD2 student: its own defaults (2 steps, guidance 1)
         requests.append(jp.Request("flux-t2i-turbo", prompt="eight thick", seed=12))
     if "shapes-t2v" in engine.models():
@@ -162,11 +170,22 @@ def test_the_fused_path_is_a_c3_fast_path_on_the_bundled_cards(bundled):
     for request, out in zip(requests, serial):
         if request.model not in engine.cards() or request.model in MOT_CARDS + VIDEO_CARDS + ("flux-t2i-turbo",):
             continue  # the MoT cards' C1 is checked above; their fused path would cost two more compiles here
-        fused = jp.generate(engine.card(request.model), request.prompt, seed=request.seed, num_steps=request.num_steps,
-                            guidance=request.guidance, image=request.image)
+        fused = jp.generate(
+            engine.card(request.model),
+            request.prompt,
+            seed=request.seed,
+            num_steps=request.num_steps,
+            guidance=request.guidance,
+            image=request.image,
+        )
         as_outputs = [jp.Output(request.model, {k: fused[k][0] for k in out if not isinstance(out[k], str)})]
-        report = parity.compare([jp.Output(request.model, {k: v for k, v in out.items() if not isinstance(v, str)})],
-                                as_outputs, tolerance=parity.TOLERANCE, level="C3", modes=("engine", "fused"))
+        report = parity.compare(
+            [jp.Output(request.model, {k: v for k, v in out.items() if not isinstance(v, str)})],
+            as_outputs,
+            tolerance=parity.TOLERANCE,
+            level="C3",
+            modes=("engine", "fused"),
+        )
         assert report.passed, (request, report)
         worst = max(worst, report.max_abs_diff)
     print(f"fused vs engine on the bundled cards: max |diff| = {worst:.3g}")

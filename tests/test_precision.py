@@ -109,8 +109,9 @@ def test_bad_names_error_clearly(flux):
 def test_lax_map_over_experts_equals_vmap():
     """One refiner update step at N = 3: the ``lax.map`` policy gives the vmap's params, Adam states, losses."""
     card = digit_cards.multi_expert(jp.cards.load("unified"), 3)
-    config = JointRLConfig(joint=False, refiner_optimizer=Optimizer(1e-4),
-                           refiner=RefinerConfig(clip_eps=100.0, beta=0.0))  # a wide clip: every row learns
+    config = JointRLConfig(
+        joint=False, refiner_optimizer=Optimizer(1e-4), refiner=RefinerConfig(clip_eps=100.0, beta=0.0)
+    )  # a wide clip: every row learns
     method = JointMultiExpertRL(card, lambda artifacts, prompts: jnp.mean(artifacts["image"], axis=(1, 2, 3)), config)
     params = method.init().params["refiner"]  # the stacked refiners' parameters
     assert sorted(params) == [toy_multi_expert.COMPONENT]
@@ -123,7 +124,9 @@ def test_lax_map_over_experts_equals_vmap():
         n, (b, t) = allowed.shape[0], prompt.shape
         tokens = jnp.broadcast_to(jnp.asarray(prompt), (n, b, t)).at[:, :, 1].set(jnp.argmax(allowed, axis=1)[:, None])
         mask = jnp.zeros((n, b, t), bool).at[:, :, 1].set(True)
-        refinement = ar.Continuation(tokens, jnp.ones((n, b), jnp.int32), jnp.full((n, b), 2, jnp.int32), mask, jnp.where(mask, -2.0, 0.0))
+        refinement = ar.Continuation(
+            tokens, jnp.ones((n, b), jnp.int32), jnp.full((n, b), 2, jnp.int32), mask, jnp.where(mask, -2.0, 0.0)
+        )
         opt = jax.vmap(method.refiner_tx.init)(params)
         return map_experts(method.expert_update, how, params, params, opt, allowed, refinement, advantages)
 
@@ -134,5 +137,7 @@ def test_lax_map_over_experts_equals_vmap():
     assert len(got_leaves) == len(want_leaves)
     for got, want in zip(got_leaves, want_leaves):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # float32 reordering on values up to ~15
-    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(by_vmap.params), jax.tree.leaves(params)))
+    moved = max(
+        float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(by_vmap.params), jax.tree.leaves(params))
+    )
     assert moved > 1e-5

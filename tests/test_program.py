@@ -28,19 +28,39 @@ def test_card_programs_declare_their_nodes():
     assert dict(prog.outputs) == {"image": "image", "latents": "latents"}
     assert [n.name for n in prog.cached_nodes] == ["encode_text", "encode_null"]
     assert [n.loop for n in prog.loops] == ["t2i_denoise"]
-    assert [n.name for n in toy_i2v.program().nodes] == ["encode_text", "encode_null", "encode_image", "i2v_denoise", "decode"]
+    assert [n.name for n in toy_i2v.program().nodes] == [
+        "encode_text",
+        "encode_null",
+        "encode_image",
+        "i2v_denoise",
+        "decode",
+    ]
 
 
 def test_reading_a_slot_nobody_writes_is_an_error_naming_it():
     with pytest.raises(ProgramError, match=r"node 'decode' reads slot 'latents', which no earlier node writes"):
-        Program("broken", ("a",), (ComponentNode("decode", _identity, reads=("latents",), writes=("b",)),), (("b", "b"),), _bind)
+        Program(
+            "broken",
+            ("a",),
+            (ComponentNode("decode", _identity, reads=("latents",), writes=("b",)),),
+            (("b", "b"),),
+            _bind,
+        )
     with pytest.raises(ProgramError, match=r"writes slot 'a', already a request input"):
         Program("broken", ("a",), (ComponentNode("n", _identity, reads=("a",), writes=("a",)),), (("a", "a"),), _bind)
     with pytest.raises(ProgramError, match="output 'image' reads slot 'image', which nothing writes"):
-        Program("broken", ("a",), (ComponentNode("n", _identity, reads=("a",), writes=("b",)),), (("image", "image"),), _bind)
+        Program(
+            "broken",
+            ("a",),
+            (ComponentNode("n", _identity, reads=("a",), writes=("b",)),),
+            (("image", "image"),),
+            _bind,
+        )
     with pytest.raises(ProgramError, match="two nodes are named 'n'"):
         node = ComponentNode("n", _identity, reads=("a",), writes=("b",))
-        Program("broken", ("a",), (node, ComponentNode("n", _identity, reads=("b",), writes=("c",))), (("c", "c"),), _bind)
+        Program(
+            "broken", ("a",), (node, ComponentNode("n", _identity, reads=("b",), writes=("c",))), (("c", "c"),), _bind
+        )
     with pytest.raises(ProgramError, match="exactly one slot"):
         LoopNode("loop", generator.start_denoise(), reads=("a",), writes=("x", "y"))
 
@@ -50,7 +70,11 @@ def test_a_program_is_checked_against_its_card(t2i_card):
     with pytest.raises(ProgramError, match="declares no loop 't2i_denoise'"):
         toy_t2i.program().check(jp.cards.build("wan-i2v"))
     custom = Program(
-        "custom", ("a",), (ComponentNode("n", _identity, reads=("a",), writes=("b",), component="unet"),), (("b", "b"),), _bind
+        "custom",
+        ("a",),
+        (ComponentNode("n", _identity, reads=("a",), writes=("b",), component="unet"),),
+        (("b", "b"),),
+        _bind,
     )
     with pytest.raises(ProgramError, match="uses component 'unet'"):
         custom.check(t2i_card)
@@ -92,7 +116,9 @@ def test_execute_with_capture_returns_every_loops_trajectory(t2i_card):
 
 def test_generate_is_the_program_on_a_batch(t2i_card):
     prog = toy_t2i.program()
-    bounds = [prog.bind(t2i_card, jp.Request("flux-t2i", prompt=p, seed=s, num_steps=2)) for p, s in [("one", 0), ("two", 1)]]
+    bounds = [
+        prog.bind(t2i_card, jp.Request("flux-t2i", prompt=p, seed=s, num_steps=2)) for p, s in [("one", 0), ("two", 1)]
+    ]
     out = jp.generate(t2i_card, ["one", "two"], num_steps=2)
     np.testing.assert_array_equal(prog.run(t2i_card, bounds)["image"], out["image"])
     assert out["text"] == ["one", "two"] and out["latents"].shape == (2, 1, 8, 8, 4)

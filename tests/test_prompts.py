@@ -17,8 +17,13 @@ TEXTS = ["seven thick", "café au lait", "数字 七 🎲", "", "one"]
 
 
 def small_prompts(texts=("seven thick", "one", "two dim"), width=64, **metadata):
-    return jpp.check(Prompts(np.arange(len(texts) * 4, dtype=np.int32).reshape(len(texts), 4),
-                             jpp.encode_text(list(texts), width), metadata))
+    return jpp.check(
+        Prompts(
+            np.arange(len(texts) * 4, dtype=np.int32).reshape(len(texts), 4),
+            jpp.encode_text(list(texts), width),
+            metadata,
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------ text bytes
@@ -99,7 +104,9 @@ def test_tokenize_gives_the_ids_the_card_serves(t2i_card):
 
 
 def test_tokenize_needs_a_program_that_reads_ids():
-    scorer_like = Card({}, CardSpec("scorer-like", "digit_scorer", loops=()))  # the digit scorer's program reads an image
+    scorer_like = Card(
+        {}, CardSpec("scorer-like", "digit_scorer", loops=())
+    )  # the digit scorer's program reads an image
     with pytest.raises(ValueError, match="program 'score' takes no token ids"):
         jpp.tokenize(scorer_like, ["one"])
 
@@ -121,8 +128,10 @@ def test_read_txt_skips_blank_and_comment_lines(tmp_path):
 
 
 def test_read_jsonl_with_metadata(tmp_path):
-    rows = [{"prompt": "seven thick", "digit": 7, "score": 0.5, "box": [1, 2]},
-            {"prompt": "one", "digit": 1, "score": 1, "box": [3, 4]}]
+    rows = [
+        {"prompt": "seven thick", "digit": 7, "score": 0.5, "box": [1, 2]},
+        {"prompt": "one", "digit": 1, "score": 1, "box": [3, 4]},
+    ]
     path = write(tmp_path, "p.jsonl", [json.dumps(rows[0]), "", json.dumps(rows[1], ensure_ascii=False)])
     s = jpp.read(path)
     assert s.texts == ("seven thick", "one")
@@ -199,7 +208,7 @@ def test_batches_visit_every_prompt_once_per_epoch_with_fixed_shapes(t2i_card, m
     assert {(b.ids.shape, b.text.shape, b.metadata["row"].shape) for b in batches} == {((3, 8), (3, 64), (3,))}
     rows = np.concatenate([b.metadata["row"] for b in batches])
     for epoch in range(3):
-        np.testing.assert_array_equal(rows[7 * epoch: 7 * epoch + 7], np.random.default_rng([5, epoch]).permutation(7))
+        np.testing.assert_array_equal(rows[7 * epoch : 7 * epoch + 7], np.random.default_rng([5, epoch]).permutation(7))
     strings = sum((b.strings() for b in batches), [])
     assert strings == [texts[r] for r in rows]
     served = jpp.tokenize(t2i_card, texts)

@@ -10,15 +10,32 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the parity reference needs torch (the `parity` extra)")
-transformers = pytest.importorskip("transformers", reason="the parity reference needs transformers (the `parity` extra)")
+transformers = pytest.importorskip(
+    "transformers", reason="the parity reference needs transformers (the `parity` extra)"
+)
 
 from jaxpipe.nn import clip_model, clip_vision  # noqa: E402
 
 TOL = 1e-5
-VISION = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=3, num_attention_heads=4, image_size=32,
-              patch_size=8, projection_dim=16, hidden_act="gelu")
-TEXT = dict(vocab_size=99, hidden_size=24, intermediate_size=29, num_hidden_layers=2, num_attention_heads=2,
-            max_position_embeddings=16, eos_token_id=2)
+VISION = dict(
+    hidden_size=32,
+    intermediate_size=37,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    image_size=32,
+    patch_size=8,
+    projection_dim=16,
+    hidden_act="gelu",
+)
+TEXT = dict(
+    vocab_size=99,
+    hidden_size=24,
+    intermediate_size=29,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=16,
+    eos_token_id=2,
+)
 
 
 def close(actual, desired, tol: float = TOL) -> None:
@@ -50,10 +67,15 @@ def folders(tmp_path_factory):
     _randomise(bare, 0)
     projected = transformers.CLIPVisionModelWithProjection(vision_config).eval()
     _randomise(projected, 1)
-    full = transformers.CLIPModel(transformers.CLIPConfig(text_config=TEXT, vision_config=VISION, projection_dim=16)).eval()
+    full = transformers.CLIPModel(
+        transformers.CLIPConfig(text_config=TEXT, vision_config=VISION, projection_dim=16)
+    ).eval()
     _randomise(full, 2)
-    return {"bare": (bare, _save(bare, root / "bare")), "projected": (projected, _save(projected, root / "projected")),
-            "full": (full, _save(full, root / "full"))}
+    return {
+        "bare": (bare, _save(bare, root / "bare")),
+        "projected": (projected, _save(projected, root / "projected")),
+        "full": (full, _save(full, root / "full")),
+    }
 
 
 def _pixels(seed: int, b: int = 3) -> np.ndarray:
@@ -93,7 +115,9 @@ def test_projected_tower_and_clip_model_match_transformers(folders):
     ids = np.array([[0, 5, 17, 40, 2, 1, 1, 1], [0, 9, 2, 1, 1, 1, 1, 1], [0, 3, 4, 5, 6, 7, 8, 2]], np.int64)
     mask = (np.arange(8)[None] <= np.argmax(ids, axis=1)[:, None]).astype(np.int64)
     with torch.no_grad():
-        out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), pixel_values=_torch_pixels(pixels))
+        out = model(
+            input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), pixel_values=_torch_pixels(pixels)
+        )
     image, text = ours.image_features(pixels), ours.text_features(ids, mask)
     close(image, _unnormalised(model, pixels))
     close(clip_model.normalize(image), out.image_embeds.numpy())
@@ -126,13 +150,22 @@ def test_preprocess_equals_clip_image_processor():
     ref = processor(images=list(exact), return_tensors="np")["pixel_values"].transpose(0, 2, 3, 1)
     np.testing.assert_allclose(np.asarray(clip_vision.preprocess(exact / 255.0, processing)), ref, atol=1e-5)
     # resized (48×40 -> shortest edge 32 -> 38×32 -> crop 32×32): JAX's antialiased bicubic vs PIL's on uint8
-    smooth = np.clip(0.5 + 0.4 * np.sin(np.linspace(0, 3, 48))[None, :, None, None] * np.cos(np.linspace(0, 2, 40))[None, None, :, None]
-                     * np.array([1.0, 0.6, -0.8]), 0, 1)
+    smooth = np.clip(
+        0.5
+        + 0.4
+        * np.sin(np.linspace(0, 3, 48))[None, :, None, None]
+        * np.cos(np.linspace(0, 2, 40))[None, None, :, None]
+        * np.array([1.0, 0.6, -0.8]),
+        0,
+        1,
+    )
     uint8 = np.round(smooth * 255).astype(np.uint8)
     ref = processor(images=list(uint8), return_tensors="np")["pixel_values"].transpose(0, 2, 3, 1)
     ours = np.asarray(clip_vision.preprocess(uint8 / 255.0, processing))
     assert ours.shape == ref.shape == (1, 32, 32, 3)
-    assert np.max(np.abs(ours - ref)) < 0.05, np.max(np.abs(ours - ref))  # normalised units (std ≈ 0.27): under 1.5/255 of a pixel
+    assert np.max(np.abs(ours - ref)) < 0.05, np.max(
+        np.abs(ours - ref)
+    )  # normalised units (std ≈ 0.27): under 1.5/255 of a pixel
 
 
 def test_preprocess_errors():
@@ -145,16 +178,26 @@ def test_preprocess_errors():
 
 
 @pytest.mark.slow  # building the 1 B parameter trees abstractly (ours and transformers' on meta) takes ~20 s
-@pytest.mark.parametrize("name, hub", [("vit_l14", "openai/clip-vit-large-patch14"), ("vit_h14", "laion/CLIP-ViT-H-14")])
+@pytest.mark.parametrize(
+    "name, hub", [("vit_l14", "openai/clip-vit-large-patch14"), ("vit_h14", "laion/CLIP-ViT-H-14")]
+)
 def test_published_sizes_count_like_transformers(name, hub):
     ours = getattr(clip_model.CLIPConfig, name)()
-    text = {f.name: getattr(ours.text, f.name) for f in dataclasses.fields(ours.text)
-            if f.name not in ("dtype", "scan_layers", "remat")}
-    vision = {f.name: getattr(ours.vision, f.name) for f in dataclasses.fields(ours.vision)
-              if f.name not in ("dtype", "scan_layers", "remat", "projection_dim")}
+    text = {
+        f.name: getattr(ours.text, f.name)
+        for f in dataclasses.fields(ours.text)
+        if f.name not in ("dtype", "scan_layers", "remat")
+    }
+    vision = {
+        f.name: getattr(ours.vision, f.name)
+        for f in dataclasses.fields(ours.vision)
+        if f.name not in ("dtype", "scan_layers", "remat", "projection_dim")
+    }
     config = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=ours.projection_dim)
     with torch.device("meta"):
         full = transformers.CLIPModel(config)
-        tower = transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**vision, projection_dim=ours.projection_dim))
+        tower = transformers.CLIPVisionModelWithProjection(
+            transformers.CLIPVisionConfig(**vision, projection_dim=ours.projection_dim)
+        )
     assert clip_model.param_count(ours) == sum(p.numel() for p in full.parameters()), hub
     assert clip_vision.param_count(ours.vision, projection=True) == sum(p.numel() for p in tower.parameters()), hub

@@ -25,8 +25,15 @@ from jaxpipe.nn import hf
 from jaxpipe.nn.flux import LOGICAL_AXES, FluxCond, FluxConfig, FluxTransformer, load
 
 TINY = dict(
-    in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-    joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=(4, 6, 6),
+    in_channels=16,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    pooled_projection_dim=32,
+    guidance_embeds=True,
+    axes_dims_rope=(4, 6, 6),
 )
 B, T, H, W = 2, 5, 4, 6  # batch, text tokens, latent height / width (a 2x3 grid of packed tokens)
 
@@ -67,14 +74,28 @@ def test_parity_with_diffusers(reference):
     txt_ids = torch.zeros(T, 3)
     with torch.no_grad():
         ref = model(
-            hidden_states=packed, encoder_hidden_states=torch.from_numpy(text), pooled_projections=torch.from_numpy(pooled),
-            timestep=torch.from_numpy(sigma), img_ids=img_ids, txt_ids=txt_ids, guidance=torch.from_numpy(guidance),
+            hidden_states=packed,
+            encoder_hidden_states=torch.from_numpy(text),
+            pooled_projections=torch.from_numpy(pooled),
+            timestep=torch.from_numpy(sigma),
+            img_ids=img_ids,
+            txt_ids=txt_ids,
+            guidance=torch.from_numpy(guidance),
             return_dict=False,
         )[0]
     ref_velocity = FluxPipeline._unpack_latents(ref, H * 8, W * 8, 8).numpy().transpose(0, 2, 3, 1)  # NHWC
     ref = ref.numpy()
 
-    inputs = (packed.numpy(), text, pooled, sigma, img_ids.numpy(), txt_ids.numpy(), guidance, latents.transpose(0, 2, 3, 1))
+    inputs = (
+        packed.numpy(),
+        text,
+        pooled,
+        sigma,
+        img_ids.numpy(),
+        txt_ids.numpy(),
+        guidance,
+        latents.transpose(0, 2, 3, 1),
+    )
     ours = load(folder)
     out, velocity = run(ours, *inputs)
     assert out.dtype == velocity.dtype == jnp.float32
@@ -103,7 +124,11 @@ def test_checkpoint_key_errors(reference, tmp_path):
     with pytest.raises(hf.KeyMappingError) as err:
         load(tmp_path)
     message = str(err.value)
-    for key in ("missing key(s): proj_out.bias", "unexpected key(s): pos_embed.extra", "mis-shaped key(s): x_embedder.weight"):
+    for key in (
+        "missing key(s): proj_out.bias",
+        "unexpected key(s): pos_embed.extra",
+        "mis-shaped key(s): x_embedder.weight",
+    ):
         assert key in message
 
 

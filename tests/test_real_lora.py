@@ -32,8 +32,15 @@ from safetensors.torch import save_file
 from jaxpipe.nn import flux, lora
 
 TINY = dict(
-    in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
-    joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=(4, 6, 6),
+    in_channels=16,
+    num_layers=2,
+    num_single_layers=2,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    pooled_projection_dim=32,
+    guidance_embeds=True,
+    axes_dims_rope=(4, 6, 6),
 )
 B, T, H, W = 2, 5, 4, 6
 TOL = 1e-4
@@ -85,7 +92,11 @@ def randomised(module, seed: int, scale: float = 0.2):
     graphdef, adapters, rest = nnx.split(module, lora.LoRAParam, ...)
     leaves, treedef = jax.tree.flatten(adapters)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return nnx.merge(graphdef, jax.tree.unflatten(treedef, [scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]), rest)
+    return nnx.merge(
+        graphdef,
+        jax.tree.unflatten(treedef, [scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]),
+        rest,
+    )
 
 
 def randomise_torch(model, seed: int, scale: float = 0.2) -> None:
@@ -98,8 +109,15 @@ def randomise_torch(model, seed: int, scale: float = 0.2) -> None:
 
 def bare_pipeline(transformer) -> FluxPipeline:
     """A ``FluxPipeline`` holding only the transformer: what ``load_lora_weights`` loads into."""
-    return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=None, text_encoder=None, tokenizer=None,
-                        text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+    return FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=None,
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=None,
+        tokenizer_2=None,
+        transformer=transformer,
+    )
 
 
 def test_jaxpipe_adapters_load_in_diffusers_and_peft(reference, inputs, tmp_path):
@@ -155,14 +173,22 @@ def test_diffusers_saved_adapters_load_in_jaxpipe(reference, inputs, tmp_path):
     transformer.add_adapter(LoraConfig(r=4, lora_alpha=2, target_modules=list(flux.LORA_TARGETS)))
     randomise_torch(transformer, seed=3)
     layers = get_peft_model_state_dict(transformer)
-    FluxPipeline.save_lora_weights(tmp_path / "meta", transformer_lora_layers=layers,
-                                   transformer_lora_adapter_metadata=transformer.peft_config["default"].to_dict())
+    FluxPipeline.save_lora_weights(
+        tmp_path / "meta",
+        transformer_lora_layers=layers,
+        transformer_lora_adapter_metadata=transformer.peft_config["default"].to_dict(),
+    )
     expected = torch_out(transformer, named)
     loaded = lora.load_adapters(ours, tmp_path / "meta")
     assert np.max(np.abs(np.asarray(run(loaded, *args)) - expected)) <= TOL
 
-    alphas = {f"transformer.{k.removesuffix('.lora_A.weight')}.alpha": torch.tensor(2.0) for k in layers if "lora_A" in k}
-    save_file({**{f"transformer.{k}": v.contiguous() for k, v in layers.items()}, **alphas}, str(tmp_path / "alpha.safetensors"))
+    alphas = {
+        f"transformer.{k.removesuffix('.lora_A.weight')}.alpha": torch.tensor(2.0) for k in layers if "lora_A" in k
+    }
+    save_file(
+        {**{f"transformer.{k}": v.contiguous() for k, v in layers.items()}, **alphas},
+        str(tmp_path / "alpha.safetensors"),
+    )
     pipe = bare_pipeline(copy.deepcopy(model))
     pipe.load_lora_weights(tmp_path / "alpha.safetensors")
     np.testing.assert_allclose(torch_out(pipe.transformer, named), expected, atol=1e-6)  # diffusers: alpha 2 too

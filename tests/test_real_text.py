@@ -15,20 +15,38 @@ import pytest
 from flax import nnx
 
 torch = pytest.importorskip("torch", reason="the parity extra is not installed: pip install -e '.[parity]'")
-transformers = pytest.importorskip("transformers", reason="the parity extra is not installed: pip install -e '.[parity]'")
+transformers = pytest.importorskip(
+    "transformers", reason="the parity extra is not installed: pip install -e '.[parity]'"
+)
 tokenizers = pytest.importorskip("tokenizers", reason="the parity extra is not installed: pip install -e '.[parity]'")
 from safetensors.numpy import load_file, save_file
 
 from jaxpipe.nn import clip, hf, t5
 from jaxpipe.nn.tokenizer import HFTokenizer
 
-TINY_T5 = {"vocab_size": 100, "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 2, "num_heads": 2,
-           "feed_forward_proj": "gated-gelu",
-           # few buckets so 10 tokens reach the exact, logarithmic and clamped ranges
-           "relative_attention_num_buckets": 8, "relative_attention_max_distance": 6}
-TINY_CLIP = {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-             "intermediate_size": 37, "max_position_embeddings": 16, "eos_token_id": 50, "bos_token_id": 49,
-             "pad_token_id": 0}
+TINY_T5 = {
+    "vocab_size": 100,
+    "d_model": 32,
+    "d_kv": 8,
+    "d_ff": 48,
+    "num_layers": 2,
+    "num_heads": 2,
+    "feed_forward_proj": "gated-gelu",
+    # few buckets so 10 tokens reach the exact, logarithmic and clamped ranges
+    "relative_attention_num_buckets": 8,
+    "relative_attention_max_distance": 6,
+}
+TINY_CLIP = {
+    "vocab_size": 99,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 37,
+    "max_position_embeddings": 16,
+    "eos_token_id": 50,
+    "bos_token_id": 49,
+    "pad_token_id": 0,
+}
 TINY_CLIP_CONFIG = {k: v for k, v in TINY_CLIP.items() if k not in ("bos_token_id", "pad_token_id")}
 
 
@@ -102,30 +120,64 @@ def _write_tokenizers(root):
     and left sides), and a CLIP folder of only vocab.json + merges.txt, like FLUX's ``tokenizer/``."""
     from tokenizers import models, normalizers, pre_tokenizers, processors, trainers
 
-    corpus = ["a photo of a cat", "a red fox jumps over the lazy dog", "two cats sit on a mat", "photo of the sea at night"]
+    corpus = [
+        "a photo of a cat",
+        "a red fox jumps over the lazy dog",
+        "two cats sit on a mat",
+        "photo of the sea at night",
+    ]
     bpe = tokenizers.Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.normalizer, bpe.pre_tokenizer = normalizers.Lowercase(), pre_tokenizers.Whitespace()
     bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=60, special_tokens=["<pad>", "</s>", "<unk>"]))
     bpe.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
     for side in ("right", "left"):
         transformers.PreTrainedTokenizerFast(
-            tokenizer_object=bpe, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", padding_side=side, truncation_side=side
+            tokenizer_object=bpe,
+            pad_token="<pad>",
+            eos_token="</s>",
+            unk_token="<unk>",
+            padding_side=side,
+            truncation_side=side,
         ).save_pretrained(root / f"t5_{side}")
     byte_bpe = tokenizers.Tokenizer(models.BPE(continuing_subword_prefix="", end_of_word_suffix="</w>"))
     byte_bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    byte_bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=300, end_of_word_suffix="</w>", special_tokens=["<|startoftext|>", "<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    byte_bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            end_of_word_suffix="</w>",
+            special_tokens=["<|startoftext|>", "<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     model = json.loads(byte_bpe.to_str())["model"]
     (root / "clip").mkdir()
     (root / "clip" / "vocab.json").write_text(json.dumps(model["vocab"]))
     (root / "clip" / "merges.txt").write_text("#version: 0.2\n" + "".join(" ".join(m) + "\n" for m in model["merges"]))
-    special = {"content": "", "lstrip": False, "normalized": True, "rstrip": False, "single_word": False, "special": True}
-    (root / "clip" / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "CLIPTokenizer", "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>",
-        "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "model_max_length": 77,
-        "added_tokens_decoder": {"0": {**special, "content": "<|startoftext|>"}, "1": {**special, "content": "<|endoftext|>"}},
-    }))
+    special = {
+        "content": "",
+        "lstrip": False,
+        "normalized": True,
+        "rstrip": False,
+        "single_word": False,
+        "special": True,
+    }
+    (root / "clip" / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "CLIPTokenizer",
+                "bos_token": "<|startoftext|>",
+                "eos_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>",
+                "unk_token": "<|endoftext|>",
+                "model_max_length": 77,
+                "added_tokens_decoder": {
+                    "0": {**special, "content": "<|startoftext|>"},
+                    "1": {**special, "content": "<|endoftext|>"},
+                },
+            }
+        )
+    )
     return ["t5_right", "t5_left", "clip"]
 
 
@@ -149,14 +201,41 @@ def _meta_count(model_cls, config):
 
 def test_full_sizes_equal_transformers_and_axes_cover_them():
     cases = [
-        (t5, t5.T5EncoderConfig.t5_xxl(), transformers.T5EncoderModel,
-         transformers.T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
-                               feed_forward_proj="gated-gelu"), 4.76e9),
-        (t5, t5.T5EncoderConfig.umt5_xxl(), transformers.UMT5EncoderModel,
-         transformers.UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64), 5.68e9),
-        (clip, clip.CLIPTextEncoderConfig.vit_l14(), transformers.CLIPTextModel,
-         transformers.CLIPTextConfig(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_hidden_layers=12,
-                                     projection_dim=768), 123.06e6),
+        (
+            t5,
+            t5.T5EncoderConfig.t5_xxl(),
+            transformers.T5EncoderModel,
+            transformers.T5Config(
+                vocab_size=32128,
+                d_model=4096,
+                d_kv=64,
+                d_ff=10240,
+                num_layers=24,
+                num_heads=64,
+                feed_forward_proj="gated-gelu",
+            ),
+            4.76e9,
+        ),
+        (
+            t5,
+            t5.T5EncoderConfig.umt5_xxl(),
+            transformers.UMT5EncoderModel,
+            transformers.UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64),
+            5.68e9,
+        ),
+        (
+            clip,
+            clip.CLIPTextEncoderConfig.vit_l14(),
+            transformers.CLIPTextModel,
+            transformers.CLIPTextConfig(
+                hidden_size=768,
+                intermediate_size=3072,
+                num_attention_heads=12,
+                num_hidden_layers=12,
+                projection_dim=768,
+            ),
+            123.06e6,
+        ),
     ]
     for module, config, ref_cls, ref_config, approx in cases:
         count = module.param_count(config)
@@ -166,9 +245,13 @@ def test_full_sizes_equal_transformers_and_axes_cover_them():
     # stacked layer's param by its layer's path and rank, as distributed.logical_axes matches it)
     import re
 
-    for module, config, build in ((t5, t5.T5EncoderConfig(**TINY_T5), t5.T5Encoder),
-                                  (clip, clip.CLIPTextEncoderConfig(**TINY_CLIP_CONFIG), clip.CLIPTextEncoder)):
-        params = nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda b=build, c=config: b(c, rngs=nnx.Rngs(0))), nnx.Param))
+    for module, config, build in (
+        (t5, t5.T5EncoderConfig(**TINY_T5), t5.T5Encoder),
+        (clip, clip.CLIPTextEncoderConfig(**TINY_CLIP_CONFIG), clip.CLIPTextEncoder),
+    ):
+        params = nnx.to_flat_state(
+            nnx.state(nnx.eval_shape(lambda b=build, c=config: b(c, rngs=nnx.Rngs(0))), nnx.Param)
+        )
         paths = {}
         for path, var in params:
             name = "/".join(map(str, path))
@@ -193,9 +276,17 @@ def test_checkpoint_layouts_and_key_errors(folders, tmp_path):
 
     # the tied token table saved under either name or both; a seq2seq checkpoint's decoder is ignored
     rest = {k: v for k, v in tensors.items() if k != "shared.weight"}
-    for name, extra in [("embed_only", {"encoder.embed_tokens.weight": shared}),
-                        ("both", {"shared.weight": shared, "encoder.embed_tokens.weight": shared,
-                                  "decoder.final_layer_norm.weight": np.ones(32, np.float32)})]:
+    for name, extra in [
+        ("embed_only", {"encoder.embed_tokens.weight": shared}),
+        (
+            "both",
+            {
+                "shared.weight": shared,
+                "encoder.embed_tokens.weight": shared,
+                "decoder.final_layer_norm.weight": np.ones(32, np.float32),
+            },
+        ),
+    ]:
         loaded = t5.load(variant(name, {**rest, **extra}))
         np.testing.assert_array_equal(np.asarray(loaded.shared.embedding[...]), shared)
     # missing, unexpected and mis-shaped keys are named
@@ -206,7 +297,9 @@ def test_checkpoint_layouts_and_key_errors(folders, tmp_path):
     with pytest.raises(hf.KeyMappingError, match=r"mis-shaped.*wi_0\.weight"):
         t5.load(variant("d_ff", tensors, d_ff=64))
     # UMT5 has a bias table in every block: the T5 checkpoint lacks block 1's
-    with pytest.raises(hf.KeyMappingError, match=r"missing.*block\.1\.layer\.0\.SelfAttention\.relative_attention_bias"):
+    with pytest.raises(
+        hf.KeyMappingError, match=r"missing.*block\.1\.layer\.0\.SelfAttention\.relative_attention_bias"
+    ):
         t5.load(variant("as_umt5", tensors, model_type="umt5"))
 
     # the hub's CLIP layout: text_model. prefix and a persisted position_ids buffer
@@ -216,11 +309,17 @@ def test_checkpoint_layouts_and_key_errors(folders, tmp_path):
     hub["text_model.embeddings.position_ids"] = np.arange(16)[None]
     loaded = clip.load(variant("clip_hub", hub, config_folder=clip_folder), dtype="bfloat16")
     assert loaded.encoder.layers.layer(1).mlp.fc2.kernel[...].dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(loaded.final_layer_norm.bias[...], np.float32),
-                               clip_tensors["final_layer_norm.bias"], atol=1e-2)
+    np.testing.assert_allclose(
+        np.asarray(loaded.final_layer_norm.bias[...], np.float32), clip_tensors["final_layer_norm.bias"], atol=1e-2
+    )
     with pytest.raises(hf.KeyMappingError, match=r"unexpected.*text_projection"):
-        clip.load(variant("clip_proj", {**clip_tensors, "text_projection.weight": np.zeros((32, 32), np.float32)},
-                          config_folder=clip_folder))
+        clip.load(
+            variant(
+                "clip_proj",
+                {**clip_tensors, "text_projection.weight": np.zeros((32, 32), np.float32)},
+                config_folder=clip_folder,
+            )
+        )
 
 
 def test_bad_configs_inputs_and_tokenizer_folders(tmp_path):
@@ -238,8 +337,17 @@ def test_bad_configs_inputs_and_tokenizer_folders(tmp_path):
         t5.T5EncoderConfig.t5_xxl(dtype="float16")
     with pytest.raises(ValueError, match="relative_attention_max_distance"):
         t5.T5EncoderConfig.t5_xxl(relative_attention_max_distance=4)
-    xxl = t5.T5EncoderConfig.from_json({"model_type": "umt5", "vocab_size": 256384, "d_model": 4096, "d_ff": 10240,
-                                        "num_layers": 24, "num_heads": 64, "num_decoder_layers": 3})
+    xxl = t5.T5EncoderConfig.from_json(
+        {
+            "model_type": "umt5",
+            "vocab_size": 256384,
+            "d_model": 4096,
+            "d_ff": 10240,
+            "num_layers": 24,
+            "num_heads": 64,
+            "num_decoder_layers": 3,
+        }
+    )
     assert xxl == t5.T5EncoderConfig.umt5_xxl() and xxl.act == "gelu_new" and xxl.is_gated
     with pytest.raises(ValueError, match="text tower"):
         clip.CLIPTextEncoderConfig.from_json({"model_type": "clip"})
@@ -247,7 +355,9 @@ def test_bad_configs_inputs_and_tokenizer_folders(tmp_path):
         clip.CLIPTextEncoderConfig.vit_l14(num_attention_heads=5)
     with pytest.raises(ValueError, match="hidden_act"):
         clip.CLIPTextEncoderConfig.vit_l14(hidden_act="tanh")
-    tiny = nnx.eval_shape(lambda: clip.CLIPTextEncoder(clip.CLIPTextEncoderConfig(**TINY_CLIP_CONFIG), rngs=nnx.Rngs(0)))
+    tiny = nnx.eval_shape(
+        lambda: clip.CLIPTextEncoder(clip.CLIPTextEncoderConfig(**TINY_CLIP_CONFIG), rngs=nnx.Rngs(0))
+    )
     with pytest.raises(ValueError, match="at most 16"):
         tiny(jnp.zeros((1, 17), jnp.int32))
 

@@ -22,7 +22,14 @@ from jaxpipe.loops.denoise import Denoiser
 from jaxpipe.nn import hf, wan
 
 # 2 heads × head_dim 16: the RoPE splits 16 into t=8, h=4, w=4 (h = w = 2·(16 // 6)).
-TINY = {"num_attention_heads": 2, "attention_head_dim": 16, "out_channels": 4, "text_dim": 32, "freq_dim": 32, "ffn_dim": 64}
+TINY = {
+    "num_attention_heads": 2,
+    "attention_head_dim": 16,
+    "out_channels": 4,
+    "text_dim": 32,
+    "freq_dim": 32,
+    "ffn_dim": 64,
+}
 VARIANTS = {
     "t2v": {"num_layers": 2, "in_channels": 4},
     # I2V in the FLF2V form (the superset): 4 latent + 4 mask + 4 condition channels, CLIP-like image tokens
@@ -84,7 +91,10 @@ def test_t2v_matches_diffusers_in_float32_and_bfloat16_is_close(t2v):
     low = wan.load(folder, dtype="bfloat16")
     assert low.blocks.layer(0).attn1.to_q.kernel.dtype == jnp.bfloat16
     assert low.blocks.layer(0).scale_shift_table.dtype == jnp.float32  # diffusers keeps modulation tables in float32
-    unrolled, scanned = hf.torch_state(wan.load(folder, scan_layers=False)), hf.torch_state(model)  # diffusers' own layout
+    unrolled, scanned = (
+        hf.torch_state(wan.load(folder, scan_layers=False)),
+        hf.torch_state(model),
+    )  # diffusers' own layout
     assert unrolled.keys() == scanned.keys() and all(np.array_equal(v, scanned[k]) for k, v in unrolled.items())
     out16 = np.asarray(jax.jit(_jit_call)(low, *args))
     assert out16.dtype == np.float32
@@ -98,10 +108,16 @@ def test_i2v_velocity_on_channels_last_latents_matches_diffusers(i2v):
     latents = np.moveaxis(inputs["hidden_states"], 1, -1)  # (B, F, H, W, 12)
     cond = wan.WanCond(
         context=jnp.asarray(inputs["encoder_hidden_states"]),
-        image_embeds=jnp.asarray(inputs["encoder_hidden_states_image"].reshape(B, 10, 24)),  # two frames' tokens per sample
-        condition=jnp.asarray(latents[..., C:]),  # mask + first-frame latent, concatenated after x like WanImageToVideoPipeline
+        image_embeds=jnp.asarray(
+            inputs["encoder_hidden_states_image"].reshape(B, 10, 24)
+        ),  # two frames' tokens per sample
+        condition=jnp.asarray(
+            latents[..., C:]
+        ),  # mask + first-frame latent, concatenated after x like WanImageToVideoPipeline
     )
-    v = np.asarray(jax.jit(lambda m, x, s, c: m.velocity(x, s, c))(model, jnp.asarray(latents[..., :C]), TIMESTEPS / 1000, cond))
+    v = np.asarray(
+        jax.jit(lambda m, x, s, c: m.velocity(x, s, c))(model, jnp.asarray(latents[..., :C]), TIMESTEPS / 1000, cond)
+    )
     assert v.shape == (B, F, H, W, C) and v.dtype == np.float32
     assert np.abs(v - np.moveaxis(ref, 1, -1)).max() <= 1e-4
 
@@ -169,7 +185,12 @@ def test_full_sizes_abstractly_match_diffusers_and_logical_axes_cover_them():
 def test_bad_configs_and_inputs_are_named():
     with pytest.raises(ValueError, match="unknown WanTransformer3DModel config key.*window_size"):
         wan.WanConfig.from_json({"_class_name": "WanTransformer3DModel", "num_layers": 2, "window_size": [-1, -1]})
-    assert wan.WanConfig.from_json({"_diffusers_version": "0.33", "patch_size": [1, 2, 2], "out_channels": None}).out_channels == 16
+    assert (
+        wan.WanConfig.from_json(
+            {"_diffusers_version": "0.33", "patch_size": [1, 2, 2], "out_channels": None}
+        ).out_channels
+        == 16
+    )
     bad = {
         "qk_norm": {"qk_norm": "layer_norm"},
         "added_kv_proj_dim must equal": {"image_dim": 24, "added_kv_proj_dim": 48},
@@ -192,6 +213,7 @@ def test_bad_configs_and_inputs_are_named():
         model.velocity(jnp.zeros((1, 2, 4, 4, 4)), jnp.ones(1), wan.WanCond(context, jnp.zeros((1, 5, 24))))
     with pytest.raises(ValueError, match="rope_max_seq_len=2"):
         wan.WanTransformer.abstract(wan.WanConfig.tiny(rope_max_seq_len=2)).velocity(
-            jnp.zeros((1, 3, 4, 4, 4)), jnp.ones(1), wan.WanCond(context))
+            jnp.zeros((1, 3, 4, 4, 4)), jnp.ones(1), wan.WanCond(context)
+        )
     with pytest.raises(FileNotFoundError, match="no config.json"):
         wan.load("/nonexistent-wan-folder")

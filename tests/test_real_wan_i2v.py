@@ -12,7 +12,9 @@ from flax import nnx
 
 torch = pytest.importorskip("torch", reason="the parity extra is not installed: pip install -e '.[parity]'")
 diffusers = pytest.importorskip("diffusers", reason="the parity extra is not installed: pip install -e '.[parity]'")
-transformers = pytest.importorskip("transformers", reason="the parity extra is not installed: pip install -e '.[parity]'")
+transformers = pytest.importorskip(
+    "transformers", reason="the parity extra is not installed: pip install -e '.[parity]'"
+)
 Image = pytest.importorskip("PIL.Image")
 
 from conftest import leaves_equal  # noqa: E402
@@ -51,26 +53,65 @@ def i2v_pipeline():
 
     torch.manual_seed(2)
     transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=12, out_channels=4, text_dim=32,
-        freq_dim=32, ffn_dim=64, num_layers=1, rope_max_seq_len=32, image_dim=32, added_kv_proj_dim=32,
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=12,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=32,
+        ffn_dim=64,
+        num_layers=1,
+        rope_max_seq_len=32,
+        image_dim=32,
+        added_kv_proj_dim=32,
     )
-    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True],
-                           latents_mean=[0.1, -0.2, 0.3, 0.0], latents_std=[1.5, 0.8, 1.2, 2.0])
-    umt5 = transformers.UMT5EncoderModel(transformers.UMT5Config(
-        vocab_size=len(WORDS) + 3, d_model=32, d_kv=8, d_ff=48, num_layers=1, num_heads=2, relative_attention_num_buckets=8,
-        relative_attention_max_distance=16, feed_forward_proj="gated-gelu",
-    ))
-    clip = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(
-        hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, image_size=SIZE, patch_size=8,
-        hidden_act="gelu",  # Wan's ViT-H/14 uses plain GELU
-    ))
+    vae = AutoencoderKLWan(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        latents_mean=[0.1, -0.2, 0.3, 0.0],
+        latents_std=[1.5, 0.8, 1.2, 2.0],
+    )
+    umt5 = transformers.UMT5EncoderModel(
+        transformers.UMT5Config(
+            vocab_size=len(WORDS) + 3,
+            d_model=32,
+            d_kv=8,
+            d_ff=48,
+            num_layers=1,
+            num_heads=2,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+            feed_forward_proj="gated-gelu",
+        )
+    )
+    clip = transformers.CLIPVisionModel(
+        transformers.CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=SIZE,
+            patch_size=8,
+            hidden_act="gelu",  # Wan's ViT-H/14 uses plain GELU
+        )
+    )
     processor = transformers.CLIPImageProcessor(size={"shortest_edge": SIZE}, crop_size={"height": SIZE, "width": SIZE})
     for i, module in enumerate((transformer, vae, umt5, clip)):
         _randomise(module, 20 + i)
     # diffusers' I2V attention takes the last 512 context tokens as text: its prompts are always padded to 512
-    return WanImageToVideoPipeline(tokenizer=_tokenizer(WORDS, clip=False, max_length=512), text_encoder=umt5, vae=vae,
-                                   scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), image_processor=processor,
-                                   image_encoder=clip, transformer=transformer)
+    return WanImageToVideoPipeline(
+        tokenizer=_tokenizer(WORDS, clip=False, max_length=512),
+        text_encoder=umt5,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        image_processor=processor,
+        image_encoder=clip,
+        transformer=transformer,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -95,24 +136,38 @@ def _ftfy(monkeypatch):
 
 @pytest.fixture(scope="module")
 def i2v_card(i2v_folder):
-    return jp.cards.load(i2v_folder[0], height=SIZE, width=SIZE, frames=FRAMES, max_sequence_length=512, num_steps=STEPS,
-                         guidance=3.0)
+    return jp.cards.load(
+        i2v_folder[0], height=SIZE, width=SIZE, frames=FRAMES, max_sequence_length=512, num_steps=STEPS, guidance=3.0
+    )
 
 
 def _diffusers_video(pipe, card, image: np.ndarray, seed: int) -> np.ndarray:
     """diffusers' video from the initial latents jaxpipe draws for ``seed``, on jaxpipe's sigmas."""
     loop = card.spec.loop(wan.I2V_LOOP_ID)
-    x0 = denoise.init(generator.request_keys([seed]), loop.latent_shape, {"c": np.zeros((1,))}, loop.config,
-                      {"c": np.zeros((1,))}).x
+    x0 = denoise.init(
+        generator.request_keys([seed]), loop.latent_shape, {"c": np.zeros((1,))}, loop.config, {"c": np.zeros((1,))}
+    ).x
     latents = torch.from_numpy(np.array(x0)).permute(0, 4, 1, 2, 3)
     # diffusers' Wan default schedule is not linspace(1, 0): give its Euler scheduler jaxpipe's sigmas (shifted by it)
     set_timesteps = pipe.scheduler.set_timesteps
-    pipe.scheduler.set_timesteps = lambda n, device=None: set_timesteps(sigmas=np.linspace(1.0, 1.0 / n, n), device=device)
+    pipe.scheduler.set_timesteps = lambda n, device=None: set_timesteps(
+        sigmas=np.linspace(1.0, 1.0 / n, n), device=device
+    )
     try:
         with torch.no_grad():
-            return pipe(Image.fromarray(image), PROMPT, negative_prompt=NEGATIVE, height=SIZE, width=SIZE, num_frames=FRAMES,
-                        num_inference_steps=STEPS, guidance_scale=3.0, latents=latents, max_sequence_length=512,
-                        output_type="np").frames
+            return pipe(
+                Image.fromarray(image),
+                PROMPT,
+                negative_prompt=NEGATIVE,
+                height=SIZE,
+                width=SIZE,
+                num_frames=FRAMES,
+                num_inference_steps=STEPS,
+                guidance_scale=3.0,
+                latents=latents,
+                max_sequence_length=512,
+                output_type="np",
+            ).frames
     finally:
         pipe.scheduler.set_timesteps = set_timesteps
 
@@ -121,7 +176,9 @@ def test_i2v_folder_loads_as_an_i2v_card(i2v_card):
     config = i2v_card.spec.config
     assert config.i2v and i2v_card.spec.family == "wan" and i2v_card.spec.capabilities == ("i2v",)
     assert i2v_card.spec.loop(wan.I2V_LOOP_ID).binds == ("transformer",)
-    assert config.image_encoder == clip_vision.CLIPVisionConfig.tiny(intermediate_size=37, hidden_act="gelu", projection_dim=512)
+    assert config.image_encoder == clip_vision.CLIPVisionConfig.tiny(
+        intermediate_size=37, hidden_act="gelu", projection_dim=512
+    )
     assert config.image_processing == clip_vision.ImageProcessing.openai(SIZE)
     assert jp.cards.registry.default_program(i2v_card) is wan.i2v_program()
 
@@ -147,13 +204,17 @@ def test_i2v_card_round_trips_through_a_checkpoint(i2v_card, tmp_path):
 def test_i2v_pipeline_folder_renders_like_diffusers(i2v_folder, i2v_card):
     pipe = i2v_folder[1]
     image = _image(0)
-    ours = np.asarray(jp.generate(i2v_card, PROMPT, image=image / 255.0, seed=5, inputs={"negative_prompt": NEGATIVE})["video"])
+    ours = np.asarray(
+        jp.generate(i2v_card, PROMPT, image=image / 255.0, seed=5, inputs={"negative_prompt": NEGATIVE})["video"]
+    )
     theirs = _diffusers_video(pipe, i2v_card, image, seed=5)
     assert ours.shape == theirs.shape == (1, FRAMES, SIZE, SIZE, 3)
     assert float(np.std(theirs)) > 1e-2
     np.testing.assert_allclose(ours, theirs, atol=1e-3)
     # the image matters: another first frame gives another video
-    other = np.asarray(jp.generate(i2v_card, PROMPT, image=_image(1) / 255.0, seed=5, inputs={"negative_prompt": NEGATIVE})["video"])
+    other = np.asarray(
+        jp.generate(i2v_card, PROMPT, image=_image(1) / 255.0, seed=5, inputs={"negative_prompt": NEGATIVE})["video"]
+    )
     assert float(np.abs(other - ours).max()) > 1e-2
 
 
@@ -162,7 +223,9 @@ def test_engine_serves_the_i2v_card_like_generate(i2v_card):  # ~5 s from a cold
     image = _image(0) / 255.0
     engine = Engine()
     engine.register(i2v_card)
-    request = lambda seed: jp.Request(i2v_card.model_id, prompt=PROMPT, image=image, seed=seed, inputs={"negative_prompt": NEGATIVE})
+    request = lambda seed: jp.Request(
+        i2v_card.model_id, prompt=PROMPT, image=image, seed=seed, inputs={"negative_prompt": NEGATIVE}
+    )
     served = engine.run(request(5))
     fused = jp.generate(i2v_card, PROMPT, image=image, seed=5, inputs={"negative_prompt": NEGATIVE})
     assert served["video"].shape == (FRAMES, SIZE, SIZE, 3)
@@ -185,7 +248,9 @@ def test_a_larger_image_is_resized_to_the_video_like_diffusers():
 
 def test_any_image_size_renders_close_to_diffusers(i2v_folder, i2v_card):
     image = _image(4, 48, 40)  # CLIP resizes its shortest edge and centre crops; the VAE's copy is squeezed to 32×32
-    ours = np.asarray(jp.generate(i2v_card, PROMPT, image=image / 255.0, seed=6, inputs={"negative_prompt": NEGATIVE})["video"])
+    ours = np.asarray(
+        jp.generate(i2v_card, PROMPT, image=image / 255.0, seed=6, inputs={"negative_prompt": NEGATIVE})["video"]
+    )
     theirs = _diffusers_video(i2v_folder[1], i2v_card, image, seed=6)
     # the interpolations differ in detail (PIL resamples uint8 pixels): measured 3e-3 at most, 2.5e-4 on average
     assert float(np.abs(ours - theirs).max()) <= 1e-2 and float(np.abs(ours - theirs).mean()) <= 1e-3
@@ -223,7 +288,9 @@ def test_published_i2v_sizes_fit_together():
     # diffusers' Wan2.1-I2V-14B transformer (tests/test_real_wan.py), CLIP ViT-H/14 224² -> 257 tokens of 1280
     assert wan_nn.WanTransformer.abstract(config.transformer).param_count() == 16_394_878_784
     assert config.image_encoder.hidden_size == config.transformer.image_dim == 1280
-    assert config.image_encoder.num_patches + 1 == 257 and config.image_processing == clip_vision.ImageProcessing.openai()
+    assert (
+        config.image_encoder.num_patches + 1 == 257 and config.image_processing == clip_vision.ImageProcessing.openai()
+    )
     assert wan.Config.i2v_14b_720p().latent_shape == (21, 90, 160, 16)
 
 

@@ -14,9 +14,16 @@ diffusers = pytest.importorskip("diffusers", reason="the parity extra is not ins
 
 from jaxpipe.nn import hf, wan_vae
 
-TINY = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1, "attn_scales": [],
-        "temperal_downsample": [False, True, True], "latents_mean": [0.1, -0.2, 0.3, 0.0],
-        "latents_std": [1.5, 0.5, 2.0, 1.0]}
+TINY = {
+    "base_dim": 8,
+    "z_dim": 4,
+    "dim_mult": [1, 2, 2, 2],
+    "num_res_blocks": 1,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    "latents_mean": [0.1, -0.2, 0.3, 0.0],
+    "latents_std": [1.5, 0.5, 2.0, 1.0],
+}
 
 
 def channels_last(t):
@@ -55,8 +62,14 @@ def test_encode_and_decode_match_diffusers(reference):
 
     (mv, lv), (mi, li), dv, di = run(vae, *(channels_last(t) for t in (video, image, posts[0].mean, posts[1].mean)))
     assert mv.shape == (1, 3, 2, 2, 4) and mi.shape == (1, 1, 2, 2, 4) and dv.shape == (1, 9, 16, 16, 3)
-    pairs = [(mv, posts[0].mean), (lv, posts[0].logvar), (mi, posts[1].mean), (li, posts[1].logvar),
-             (dv, decoded[0]), (di, decoded[1])]
+    pairs = [
+        (mv, posts[0].mean),
+        (lv, posts[0].logvar),
+        (mi, posts[1].mean),
+        (li, posts[1].logvar),
+        (dv, decoded[0]),
+        (di, decoded[1]),
+    ]
     errors = [float(np.abs(np.asarray(ours) - channels_last(theirs)).max()) for ours, theirs in pairs]
     assert max(errors) <= 1e-4, errors
     assert float((decoded[0].abs() < 1).float().mean()) > 0.9  # the clamp is not what makes them agree
@@ -64,8 +77,11 @@ def test_encode_and_decode_match_diffusers(reference):
     # The pipeline normalisation round-trips through the stored statistics.
     mean = jnp.asarray(TINY["latents_mean"])
     std = jnp.asarray(TINY["latents_std"])
-    np.testing.assert_allclose(np.asarray(mv - mean) / np.asarray(std), jax.jit(lambda v, x: v.encode_latents(x))(
-        vae, channels_last(video)), atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(mv - mean) / np.asarray(std),
+        jax.jit(lambda v, x: v.encode_latents(x))(vae, channels_last(video)),
+        atol=1e-5,
+    )
 
 
 def test_full_size_wan21_has_the_diffusers_parameter_count():

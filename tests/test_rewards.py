@@ -15,8 +15,11 @@ B = 4  # two prompts, two samples each
 
 def batch():
     """Artifacts of B = 4 rendered rows and their prompts (repeated to 4 rows), tiny shapes."""
-    prompts = Prompts(np.zeros((2, 3), np.int32), jpp.encode_text(["seven thick", "café 七"], 64),
-                      {"digit": np.array([7, 1], np.int32), "box": np.array([[0.0, 1.0], [2.0, 3.0]], np.float32)})
+    prompts = Prompts(
+        np.zeros((2, 3), np.int32),
+        jpp.encode_text(["seven thick", "café 七"], 64),
+        {"digit": np.array([7, 1], np.int32), "box": np.array([[0.0, 1.0], [2.0, 3.0]], np.float32)},
+    )
     images = jax.random.uniform(jax.random.key(0), (B, 2, 2, 3))
     return {"image": images}, prompts.repeat(2)
 
@@ -130,8 +133,9 @@ def test_combine_weights_and_names_the_parts():
     artifacts, prompts = batch()
     digit = lambda a, p: p.metadata["digit"].astype(jnp.float32)
     nested = rewards.combine({"x": brightness, "y": digit})
-    reward = rewards.combine({"bright": brightness, "host": rewards.host(host_brightness), "both": nested},
-                             {"bright": 2.0, "both": -0.5})
+    reward = rewards.combine(
+        {"bright": brightness, "host": rewards.host(host_brightness), "both": nested}, {"bright": 2.0, "both": -0.5}
+    )
     assert list(reward(artifacts, prompts)) == ["bright", "host", "both/x", "both/y"]  # the order given
     total, parts = jax.jit(lambda a, p: rewards.score(reward, a, p))(artifacts, prompts)
     assert sorted(parts) == ["both/x", "both/y", "bright", "host"]  # (a dict out of jit comes back key-sorted)

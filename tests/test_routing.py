@@ -87,7 +87,9 @@ def test_a_router_that_always_picks_0_equals_the_one_expert_card_bit_for_bit(rou
     one = one.replace(denoiser=routed["high"], embed=routed["embed"])
     fixed = with_router(routed, policies.Fixed(0, 2))
     prompts = ["0", "3", "7"]
-    np.testing.assert_array_equal(jp.generate(fixed, prompts, seed=2)["sample"], jp.generate(one, prompts, seed=2)["sample"])
+    np.testing.assert_array_equal(
+        jp.generate(fixed, prompts, seed=2)["sample"], jp.generate(one, prompts, seed=2)["sample"]
+    )
     engine_one, engine_fixed = jp.Engine(), jp.Engine()
     engine_one.register(one)
     engine_fixed.register(fixed)

@@ -26,9 +26,12 @@ CHUNKS = 2  # of 2 frames: a 4-frame video (8x8 latents), the smallest with a ca
 # the teacher guides (CFG 2, so g != 0 while the critic is still its copy); the student samples with one forward to
 # keep the compiles small (its guided rollout is checked against the served one on the bundled card by
 # benchmarks/self_forcing.py)
-CONFIG = SelfForcingConfig(student=Optimizer(1e-3, b1=0.0),
-                           dm=DistributionMatching(critic=Optimizer(1e-3, b1=0.0), critic_steps=2, real_guidance=2.0),
-                           critic_warmup=1, sampling=Sampling(num_steps=2, guidance=1.0))
+CONFIG = SelfForcingConfig(
+    student=Optimizer(1e-3, b1=0.0),
+    dm=DistributionMatching(critic=Optimizer(1e-3, b1=0.0), critic_steps=2, real_guidance=2.0),
+    critic_warmup=1,
+    sampling=Sampling(num_steps=2, guidance=1.0),
+)
 
 
 def leaves_equal(a, b) -> bool:
@@ -139,7 +142,8 @@ def test_step_moves_the_video_toward_the_teacher(method, batch):
 def test_non_finite_steps_skip_each_optimiser(method, batch):
     state = method.init()._replace(step=jnp.asarray(CONFIG.critic_warmup, jnp.int32))  # past the warm-up
     poison = lambda tree, name: jax.tree_util.tree_map_with_path(
-        lambda path, a: a * jnp.inf if name in jax.tree_util.keystr(path) else a, tree)
+        lambda path, a: a * jnp.inf if name in jax.tree_util.keystr(path) else a, tree
+    )
     # an infinite teacher DiT: the student's gradient is not finite (skipped); the critic still learns
     bad_teacher = state._replace(copies={"teacher": poison(state.copies["teacher"], "'transformer'")})
     new, metrics = method.step(bad_teacher, batch, jax.random.key(3))
@@ -182,7 +186,9 @@ def test_the_cli_run_trains_on_digit_and_motion_prompts(method, teacher):
     from jaxpipe.digits import runs
 
     card = method.card(method.init())
-    run = runs.self_forcing_run(card, teacher, jp.cards.build("digit-scorer", seed=0), CONFIG, prompts_per_step=3, seed=1)
+    run = runs.self_forcing_run(
+        card, teacher, jp.cards.build("digit-scorer", seed=0), CONFIG, prompts_per_step=3, seed=1
+    )
     assert run.name == "self-forcing" and isinstance(run.method, SelfForcing) and "losses.png" in run.curves
     batch = next(run.batches)
     assert batch.ids.shape == (3, card["text_encoder"].cfg.max_len) and set(batch.metadata) == {"digit", "motion"}
@@ -203,14 +209,42 @@ def test_train_self_forcing_on_the_cli_writes_its_run_and_a_loadable_causal_card
     student = save_card(method.card(method.init()), tmp_path / "student")
     real = save_card(teacher, tmp_path / "teacher")
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, [
-        "train", "self-forcing", "--model", str(student), "--teacher", str(real), "--out", str(out), "--no-eval",
-        "--steps", "2", "-P", "2", "-K", "1", "--num-steps", "2", "--critic-steps", "2", "--critic-warmup", "1",
-        "--lr", "1e-3", "--critic-lr", "1e-3"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "self-forcing",
+            "--model",
+            str(student),
+            "--teacher",
+            str(real),
+            "--out",
+            str(out),
+            "--no-eval",
+            "--steps",
+            "2",
+            "-P",
+            "2",
+            "-K",
+            "1",
+            "--num-steps",
+            "2",
+            "--critic-steps",
+            "2",
+            "--critic-warmup",
+            "1",
+            "--lr",
+            "1e-3",
+            "--critic-lr",
+            "1e-3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["student_updated"] for r in rows] == [0.0, 1.0] and all(np.isfinite(r["critic_loss"]) for r in rows)
     assert (out / "losses.png").is_file() and json.loads((out / "report.json").read_text())["method"] == "self-forcing"
     trained = jp.cards.load(out)
     assert trained.spec.loops[0].kind == "chunk_rollout"
-    assert not leaves_equal(nnx.state(trained["transformer"], nnx.Param), nnx.state(jp.cards.load(student)["transformer"], nnx.Param))
+    assert not leaves_equal(
+        nnx.state(trained["transformer"], nnx.Param), nnx.state(jp.cards.load(student)["transformer"], nnx.Param)
+    )

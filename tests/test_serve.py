@@ -74,9 +74,15 @@ def test_health_and_metrics(server):
     assert health.status_code == 200 and health.json()["status"] == "ok"
     client(server.url).images.generate(model="flux-t2i", prompt="two", extra_body=STEPS)
     text = httpx.get(server.url + "/metrics").text
-    for name in ("jaxpipe_queue_depth", "jaxpipe_running_rows", "jaxpipe_request_latency_seconds_bucket",
-                 "jaxpipe_engine_ticks_total", "jaxpipe_steps_per_second", "jaxpipe_admissions_refused_total",
-                 "jaxpipe_requests_total"):
+    for name in (
+        "jaxpipe_queue_depth",
+        "jaxpipe_running_rows",
+        "jaxpipe_request_latency_seconds_bucket",
+        "jaxpipe_engine_ticks_total",
+        "jaxpipe_steps_per_second",
+        "jaxpipe_admissions_refused_total",
+        "jaxpipe_requests_total",
+    ):
         assert name in text, name
     assert 'jaxpipe_requests_total{model="flux-t2i",status="completed"}' in text
     assert 'jaxpipe_request_latency_seconds_count{endpoint="images",model="flux-t2i"}' in text
@@ -87,13 +93,20 @@ def test_health_and_metrics(server):
 
 def test_images_generate_b64_and_url(server):
     api = client(server.url)
-    result = api.images.generate(model="flux-t2i", prompt="seven thick", n=2, size="16x16",
-                                 response_format="b64_json", extra_body={"seed": 11, **STEPS})
+    result = api.images.generate(
+        model="flux-t2i",
+        prompt="seven thick",
+        n=2,
+        size="16x16",
+        response_format="b64_json",
+        extra_body={"seed": 11, **STEPS},
+    )
     images = [png(base64.b64decode(d.b64_json)) for d in result.data]
     assert len(images) == 2 and all(im.shape == (16, 16) for im in images)
     assert not np.array_equal(images[0], images[1])  # seeds 11 and 12
-    by_url = api.images.generate(model="flux-t2i", prompt="seven thick", response_format="url",
-                                 extra_body={"seed": 11, **STEPS})
+    by_url = api.images.generate(
+        model="flux-t2i", prompt="seven thick", response_format="url", extra_body={"seed": 11, **STEPS}
+    )
     fetched = httpx.get(by_url.data[0].url)
     assert fetched.status_code == 200 and fetched.headers["content-type"] == "image/png"
     assert png(fetched.content).shape == (16, 16)
@@ -103,14 +116,21 @@ def test_images_generate_b64_and_url(server):
 def test_a_bad_request_among_good_concurrent_ones_leaves_them_correct(server):
     url = server.url + "/v1/images/generations"
     good = [{"model": "flux-t2i", "prompt": "three thin", "seed": s, **STEPS} for s in range(3)]
-    bad = [{"model": "flux-t2i", "prompt": "three thn", **STEPS}, {"model": "flux-t2i", "prompt": "three", "num_steps": 0}]
+    bad = [
+        {"model": "flux-t2i", "prompt": "three thn", **STEPS},
+        {"model": "flux-t2i", "prompt": "three", "num_steps": 0},
+    ]
     with concurrent.futures.ThreadPoolExecutor(len(good) + len(bad)) as pool:
-        answers = list(pool.map(lambda body: httpx.post(url, json=body, timeout=120), [good[0], bad[0], good[1], bad[1], good[2]]))
+        answers = list(
+            pool.map(lambda body: httpx.post(url, json=body, timeout=120), [good[0], bad[0], good[1], bad[1], good[2]])
+        )
     assert [a.status_code for a in answers] == [200, 400, 200, 400, 200]
     engine = server.front.engine
     for answer, body in zip([answers[0], answers[2], answers[4]], good):
         served = png(base64.b64decode(answer.json()["data"][0]["b64_json"])).astype(int)
-        offline = png(media.encode_png(engine.run(jp.Request("flux-t2i", "three thin", seed=body["seed"], num_steps=2))["image"]))
+        offline = png(
+            media.encode_png(engine.run(jp.Request("flux-t2i", "three thin", seed=body["seed"], num_steps=2))["image"])
+        )
         # batched serving agrees with one-at-a-time within the C3 tolerance: at most one 8-bit level apart
         assert np.abs(served - offline.astype(int)).max() <= 1
 
@@ -121,8 +141,12 @@ def test_a_bad_request_among_good_concurrent_ones_leaves_them_correct(server):
 def test_video_job_create_retrieve_download(server):
     api = client(server.url)
     upload = first_frame_png(server.front.engine)
-    job = api.videos.create(model="wan-i2v", prompt="seven moving right", input_reference=("seven.png", upload, "image/png"),
-                            extra_body={"seed": 3, **STEPS})
+    job = api.videos.create(
+        model="wan-i2v",
+        prompt="seven moving right",
+        input_reference=("seven.png", upload, "image/png"),
+        extra_body={"seed": 3, **STEPS},
+    )
     assert job.object == "video" and job.status in ("queued", "in_progress") and job.size == "16x16"
     deadline = time.monotonic() + 120
     while job.status in ("queued", "in_progress"):
@@ -143,8 +167,9 @@ def test_a_workflow_video_job_by_json_and_delete_cancels_it(server):
     # 64 steps per stage (the batched loops' shortest schedule width, so no new compile) outlast the DELETE below
     # (~0.3 s against a few ms); a machine too busy for that gets two more tries
     for _ in range(3):
-        job = httpx.post(server.url + "/v1/videos", json={"model": "image_video.t2i_i2v", "prompt": "four",
-                                                          "num_steps": 64}).json()
+        job = httpx.post(
+            server.url + "/v1/videos", json={"model": "image_video.t2i_i2v", "prompt": "four", "num_steps": 64}
+        ).json()
         deleted = api.videos.delete(job["id"])
         assert deleted.deleted and deleted.id == job["id"]
         after = api.videos.retrieve(job["id"])
@@ -158,17 +183,20 @@ def test_a_workflow_video_job_by_json_and_delete_cancels_it(server):
 # ---- errors ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body, status, param, words", [
-    ({"prompt": "sevn thick"}, 400, "prompt", ["'sevn'", "did you mean 'seven'"]),
-    ({"prompt": "seven", "num_steps": 0}, 400, "num_steps", ["num_steps", "greater than or equal to 1"]),
-    ({"prompt": "seven", "num_steps": 5000}, 400, "num_steps", ["num_steps", "less than or equal to 1000"]),
-    ({"prompt": "seven", "response_format": "png"}, 400, "response_format", ["'b64_json' or 'url'"]),
-    ({"prompt": "seven", "size": "64x64"}, 400, "size", ["'16x16'"]),
-    ({"prompt": "seven", "n": 0}, 400, "n", ["n", "greater than or equal to 1"]),
-    ({}, 400, "prompt", ["prompt", "Field required"]),
-    ({"model": "nope", "prompt": "seven"}, 404, "model", ["'nope'", "flux-t2i", "image_video.t2i_i2v"]),
-    ({"model": "wan-i2v", "prompt": "seven"}, 400, "model", ["POST /v1/videos"]),
-])
+@pytest.mark.parametrize(
+    "body, status, param, words",
+    [
+        ({"prompt": "sevn thick"}, 400, "prompt", ["'sevn'", "did you mean 'seven'"]),
+        ({"prompt": "seven", "num_steps": 0}, 400, "num_steps", ["num_steps", "greater than or equal to 1"]),
+        ({"prompt": "seven", "num_steps": 5000}, 400, "num_steps", ["num_steps", "less than or equal to 1000"]),
+        ({"prompt": "seven", "response_format": "png"}, 400, "response_format", ["'b64_json' or 'url'"]),
+        ({"prompt": "seven", "size": "64x64"}, 400, "size", ["'16x16'"]),
+        ({"prompt": "seven", "n": 0}, 400, "n", ["n", "greater than or equal to 1"]),
+        ({}, 400, "prompt", ["prompt", "Field required"]),
+        ({"model": "nope", "prompt": "seven"}, 404, "model", ["'nope'", "flux-t2i", "image_video.t2i_i2v"]),
+        ({"model": "wan-i2v", "prompt": "seven"}, 400, "model", ["POST /v1/videos"]),
+    ],
+)
 def test_bad_image_bodies_get_their_status_and_a_message_naming_the_problem(server, body, status, param, words):
     answer = httpx.post(server.url + "/v1/images/generations", json={"model": "flux-t2i", **body})
     assert answer.status_code == status, answer.text
@@ -178,8 +206,11 @@ def test_bad_image_bodies_get_their_status_and_a_message_naming_the_problem(serv
 
 def test_non_finite_guidance_is_refused(server):
     for value in ("NaN", "Infinity"):
-        answer = httpx.post(server.url + "/v1/images/generations", headers={"content-type": "application/json"},
-                            content=f'{{"model": "flux-t2i", "prompt": "seven", "guidance": {value}}}')
+        answer = httpx.post(
+            server.url + "/v1/images/generations",
+            headers={"content-type": "application/json"},
+            content=f'{{"model": "flux-t2i", "prompt": "seven", "guidance": {value}}}',
+        )
         assert answer.status_code == 400 and error(answer)["param"] == "guidance"
         assert "finite" in error(answer)["message"]
 
@@ -245,10 +276,13 @@ def test_budget_refuses_what_never_fits_at_once_busy_with_retry_after_and_draini
 def test_served_images_equal_offline_rendering_bit_for_bit_when_serial():
     engine = _engine("serial")
     with Front(engine) as front, serve_in_thread(create_app(front)) as url:
-        result = client(url).images.generate(model="flux-t2i", prompt="eight bright", n=2, extra_body={"seed": 7, **STEPS})
+        result = client(url).images.generate(
+            model="flux-t2i", prompt="eight bright", n=2, extra_body={"seed": 7, **STEPS}
+        )
         served = [base64.b64decode(d.b64_json) for d in result.data]
-        exact = client(url).images.generate(model="flux-t2i", prompt="eight bright", n=2,
-                                            extra_body={"seed": 7, "output_format": "npy", **STEPS})
+        exact = client(url).images.generate(
+            model="flux-t2i", prompt="eight bright", n=2, extra_body={"seed": 7, "output_format": "npy", **STEPS}
+        )
         floats = [np.load(io.BytesIO(base64.b64decode(d.b64_json))) for d in exact.data]
     for seed, data, array in zip((7, 8), served, floats):
         offline = engine.run(jp.Request("flux-t2i", "eight bright", seed=seed, num_steps=2))["image"]

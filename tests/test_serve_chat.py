@@ -43,8 +43,11 @@ def _say(text: str) -> list[dict]:
 def test_the_stream_concatenates_to_the_reply_which_is_the_refined_prompt(server):
     client = _client(server)
     reply = client.chat.completions.create(model="unified", messages=_say(PROMPT), seed=3)
-    chunks = list(client.chat.completions.create(model="unified", messages=_say(PROMPT), seed=3, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="unified", messages=_say(PROMPT), seed=3, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = reply.choices[0].message.content
     assert chunks[0].object == "chat.completion.chunk" and chunks[0].choices[0].delta.role == "assistant"
     deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
@@ -81,7 +84,7 @@ def test_the_sse_wire_format(server):
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in response.iter_lines() if line]
     assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
-    first = json.loads(lines[0][len("data: "):])
+    first = json.loads(lines[0][len("data: ") :])
     assert first["object"] == "chat.completion.chunk" and first["id"].startswith("chatcmpl-")
 
 
@@ -89,8 +92,9 @@ def test_bagel_mot_captions_an_image_part_as_its_understand_program_does(server)
     client = _client(server)
     content = [{"type": "image_url", "image_url": {"url": _data_url(_bar())}}]
     reply = client.chat.completions.create(model="bagel-mot", messages=[{"role": "user", "content": content}])
-    streamed = client.chat.completions.create(model="bagel-mot:understand", stream=True,
-                                              messages=[{"role": "user", "content": content}])
+    streamed = client.chat.completions.create(
+        model="bagel-mot:understand", stream=True, messages=[{"role": "user", "content": content}]
+    )
     text = reply.choices[0].message.content
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
     assert "bagel-mot:understand" in server.front.engine.models()
@@ -122,13 +126,28 @@ BAD = [
     ({"model": "unified", "messages": _user("seven"), "n": 2}, 400, "n", "n must be 1"),
     ({"model": "unified", "messages": _user("seven"), "top_p": 0.5}, 400, "top_p", "unsupported field(s) ['top_p']"),
     ({"model": "unified", "messages": _user("seven"), "stream": "yes"}, 400, "stream", "true or false"),
-    ({"model": "unified", "messages": _user([{"type": "image_url", "image_url": {"url": "data:,x"}}])}, 400, "model",
-     "reads no image"),
+    (
+        {"model": "unified", "messages": _user([{"type": "image_url", "image_url": {"url": "data:,x"}}])},
+        400,
+        "model",
+        "reads no image",
+    ),
     ({"model": "bagel-mot:understand", "messages": _user("seven")}, 400, "messages", "put one in the user message"),
-    ({"model": "bagel-mot", "messages": _user([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}])},
-     400, "messages[0].content[0].image_url.url", "cannot be read as an image"),
-    ({"model": "bagel-mot", "messages": _user([{"type": "image_url", "image_url": {"url": "%%%"}}])},
-     400, "messages[0].content[0].image_url.url", "not valid base64"),
+    (
+        {
+            "model": "bagel-mot",
+            "messages": _user([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]),
+        },
+        400,
+        "messages[0].content[0].image_url.url",
+        "cannot be read as an image",
+    ),
+    (
+        {"model": "bagel-mot", "messages": _user([{"type": "image_url", "image_url": {"url": "%%%"}}])},
+        400,
+        "messages[0].content[0].image_url.url",
+        "not valid base64",
+    ),
     ({"model": "bagel-mot", "messages": _user([{"type": "audio"}])}, 400, "messages[0].content[0]", "a text part"),
 ]
 

@@ -31,8 +31,13 @@ class _Serve:
     def __init__(self, *args: str):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "jaxpipe.cli", "serve", "--port", str(self.port), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jaxpipe.cli", "serve", "--port", str(self.port), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ},
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self._reader.start()
@@ -68,7 +73,9 @@ def test_sigterm_stops_admitting_lets_running_work_finish_and_exits_0():
         assert job["status"] in ("queued", "in_progress"), job
         serve.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        refused = httpx.post(serve.url + "/v1/images/generations", json={"model": "flux-t2i", "prompt": "one"}, timeout=30)
+        refused = httpx.post(
+            serve.url + "/v1/images/generations", json={"model": "flux-t2i", "prompt": "one"}, timeout=30
+        )
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
         seen = []
         while serve.proc.poll() is None:  # existing jobs still answer while it drains
@@ -88,16 +95,19 @@ def test_sigterm_stops_admitting_lets_running_work_finish_and_exits_0():
     assert "drained: every request finished" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--mode", "fast"], "--mode must be one of batched, serial, interleaved"),
-    (["--max-rows", "0"], "--max-rows must be a positive integer"),
-    (["--max-queued", "-1"], "--max-queued must be an integer >= 0"),
-    (["--max-memory-gb", "0"], "--max-memory-gb must be a positive number"),
-    (["--grace", "-1"], "--grace must be a finite number of seconds >= 0"),
-    (["--port", "70000"], "--port must be in [0, 65535]"),
-    (["--model", "nope"], "unknown card 'nope'"),
-    (["--model", "image_video.t2i_i2v", "--model", "flux-t2i"], "add --model for ['wan-i2v']"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--mode", "fast"], "--mode must be one of batched, serial, interleaved"),
+        (["--max-rows", "0"], "--max-rows must be a positive integer"),
+        (["--max-queued", "-1"], "--max-queued must be an integer >= 0"),
+        (["--max-memory-gb", "0"], "--max-memory-gb must be a positive number"),
+        (["--grace", "-1"], "--grace must be a finite number of seconds >= 0"),
+        (["--port", "70000"], "--port must be in [0, 65535]"),
+        (["--model", "nope"], "unknown card 'nope'"),
+        (["--model", "image_video.t2i_i2v", "--model", "flux-t2i"], "add --model for ['wan-i2v']"),
+    ],
+)
 def test_bad_flags_fail_with_one_line(flags, message):
     result = CliRunner().invoke(app, ["serve", *flags])
     assert result.exit_code == 2 and message in result.output, result.output

@@ -44,8 +44,10 @@ def _post(server, body, **params) -> httpx.Response:
 
 def test_scores_equal_the_reward_called_directly(server):
     images = _images()
-    sent = [media.b64(media.encode_png(images[0])), *(f"data:image/png;base64,{media.b64(media.encode_png(im))}"
-                                                      for im in images[1:])]
+    sent = [
+        media.b64(media.encode_png(images[0])),
+        *(f"data:image/png;base64,{media.b64(media.encode_png(im))}" for im in images[1:]),
+    ]
     response = _post(server, {"model": "digit-scorer", "images": sent, "prompts": PROMPTS})
     assert response.status_code == 200, response.text
     body = response.json()
@@ -65,9 +67,19 @@ BAD = [
     ({"images": ["x"], "prompts": ["one"]}, 400, "model", "model is required"),
     ({"model": "nope", "images": ["x"], "prompts": ["one"]}, 404, "model", "this server's reward models: digit-scorer"),
     ({"model": "digit-scorer", "images": [], "prompts": []}, 400, "images", "non-empty list"),
-    ({"model": "digit-scorer", "images": ["x", "y"], "prompts": ["one"]}, 400, "prompts", "prompts has 1 entries and images 2"),
+    (
+        {"model": "digit-scorer", "images": ["x", "y"], "prompts": ["one"]},
+        400,
+        "prompts",
+        "prompts has 1 entries and images 2",
+    ),
     ({"model": "digit-scorer", "images": ["x"], "prompts": [1]}, 400, "prompts", "list of strings"),
-    ({"model": "digit-scorer", "images": ["x"], "prompts": ["one"], "extra": 1}, 400, "extra", "unknown field(s) ['extra']"),
+    (
+        {"model": "digit-scorer", "images": ["x"], "prompts": ["one"], "extra": 1},
+        400,
+        "extra",
+        "unknown field(s) ['extra']",
+    ),
     ({"model": "digit-scorer", "images": ["%%%"], "prompts": ["one"]}, 400, "images[0]", "not valid base64"),
     ({"model": "digit-scorer", "images": ["AAAA"], "prompts": ["one"]}, 400, "images[0]", "cannot be read as an image"),
 ]
@@ -119,7 +131,9 @@ def test_a_remote_reward_says_what_went_wrong(server):
     with pytest.raises(RuntimeError, match="cannot connect"):
         gone.fn(artifacts, prompts)
     with pytest.raises(jax.errors.JaxRuntimeError, match="cannot connect"):  # the same, from inside a jitted step
-        jax.block_until_ready(jax.jit(lambda im, p: gone({"image": im}, p))(artifacts["image"], rewards.text_prompts(["one"])))
+        jax.block_until_ready(
+            jax.jit(lambda im, p: gone({"image": im}, p))(artifacts["image"], rewards.text_prompts(["one"]))
+        )
     with pytest.raises(ValueError, match=r"name the server's reward model in the URL, e\.g\. .*\?model=digit-scorer"):
         rewards.load(f"{server.url}/v1/rewards")
 
@@ -153,13 +167,18 @@ def test_media_round_trips_and_refuses_garbage(tmp_path):
         np.testing.assert_array_equal(media.decode_image("data:image/png;base64," + media.b64(png)), image)
     # converted and box-resized to a card's shape, as `jaxpipe generate --image` reads a file
     big = np.repeat(np.repeat(grey, 2, axis=0), 2, axis=1)
-    np.testing.assert_allclose(media.decode_image(media.b64(media.encode_png(np.repeat(big, 3, -1))), (16, 16, 1)),
-                               grey, atol=1 / 255)
+    np.testing.assert_allclose(
+        media.decode_image(media.b64(media.encode_png(np.repeat(big, 3, -1))), (16, 16, 1)), grey, atol=1 / 255
+    )
     video = np.stack([grey, 1 - grey, grey * 0.5])
     save_gif(video, tmp_path / "v.gif", upscale=1)
     assert media.encode_gif(video) == (tmp_path / "v.gif").read_bytes()  # the bytes `jaxpipe generate` writes
-    for bad, says in [("", "must be a base64 PNG"), ("data:text/plain;base64,AAAA", "must hold an image"),
-                      ("data:image/png,raw", "data:image/png;base64"), ("QUJD", "cannot be read as an image")]:
+    for bad, says in [
+        ("", "must be a base64 PNG"),
+        ("data:text/plain;base64,AAAA", "must hold an image"),
+        ("data:image/png,raw", "data:image/png;base64"),
+        ("QUJD", "cannot be read as an image"),
+    ]:
         with pytest.raises(APIError, match=says) as err:
             media.decode_image(bad, field="images[3]")
         assert err.value.status == 400 and err.value.param == "images[3]"

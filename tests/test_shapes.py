@@ -38,11 +38,17 @@ def test_every_category_reads_back_from_its_text(category):
     assert parse("a red circle moving right and a blue square still").category == "video"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("a red dog", "expected a colour .* then a shape"), ("five red circles", "expected 'a'"),
-    ("three red circle", "COUNT COLOUR SHAPES"), ("a red circle left a blue square", "write 'left of'"),
-    ("a red circle or a blue square", "unexpected word 'or'"), ("a red circle moving sideways", "'moving' takes one of"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a red dog", "expected a colour .* then a shape"),
+        ("five red circles", "expected 'a'"),
+        ("three red circle", "COUNT COLOUR SHAPES"),
+        ("a red circle left a blue square", "write 'left of'"),
+        ("a red circle or a blue square", "unexpected word 'or'"),
+        ("a red circle moving sideways", "'moving' takes one of"),
+    ],
+)
 def test_a_prompt_outside_the_grammar_is_refused_naming_the_problem(text, message):
     with pytest.raises(ValueError, match=message):
         parse(text)
@@ -76,7 +82,9 @@ def test_the_judge_fails_what_is_wrong():
     rng = np.random.default_rng(0)
     right = Prompt("color_attr", (Thing("yellow", "square"), Thing("green", "triangle")))
     scene = grammar.scene_for(right, rng)
-    swapped = Scene(tuple(Obj(o.shape, other.colour, o.size, o.x, o.y) for o, other in zip(scene.objects, scene.objects[::-1])))
+    swapped = Scene(
+        tuple(Obj(o.shape, other.colour, o.size, o.x, o.y) for o, other in zip(scene.objects, scene.objects[::-1]))
+    )
     assert judge.correct(judge.judge(render(scene), right), "color_attr")
     checks = judge.judge(render(swapped), right)
     assert not judge.correct(checks, "color_attr") and judge.correct(checks, "two_object")  # the distractor
@@ -85,7 +93,10 @@ def test_the_judge_fails_what_is_wrong():
     assert judge.correct(judge.judge(render(placed), left), "position")
     assert not judge.correct(judge.judge(render(placed), Prompt("position", right.things, "right")), "position")
     three = Prompt("counting", (Thing("red", "circle"),) * 3)
-    assert not judge.correct(judge.judge(render(grammar.scene_for(three, rng)), Prompt("counting", (Thing("red", "circle"),) * 4)), "counting")
+    assert not judge.correct(
+        judge.judge(render(grammar.scene_for(three, rng)), Prompt("counting", (Thing("red", "circle"),) * 4)),
+        "counting",
+    )
     empty = np.zeros((32, 32, 3), np.float32)
     assert judge.judge(empty, three) == {"count": False, "shape": False, "colour": False}
     with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
@@ -95,7 +106,12 @@ def test_the_judge_fails_what_is_wrong():
 def test_the_video_judge_reads_each_motion():
     prompt = parse("a red circle moving right and a blue square still")
     scene = grammar.scene_for(prompt, np.random.default_rng(3), frames=8)
-    assert judge.judge_video(render_video(scene), prompt) == {"count": True, "shape": True, "colour": True, "motion": True}
+    assert judge.judge_video(render_video(scene), prompt) == {
+        "count": True,
+        "shape": True,
+        "colour": True,
+        "motion": True,
+    }
     backwards = render_video(scene)[::-1]
     assert not judge.judge_video(backwards, prompt)["motion"]
     with pytest.raises(ValueError, match="T >= 2"):

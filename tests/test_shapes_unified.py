@@ -19,9 +19,16 @@ from jaxpipe.cards import generator, toy_t2i
 from jaxpipe.program import ComponentNode, LoopNode, Program
 from jaxpipe.shapes import cards, grammar, refiner
 
-pytestmark = pytest.mark.skipif(not {"shapes-t2i", "shapes-unified"} <= set(jp.cards.available()), reason="bundled cards missing")
+pytestmark = pytest.mark.skipif(
+    not {"shapes-t2i", "shapes-unified"} <= set(jp.cards.available()), reason="bundled cards missing"
+)
 
-PROMPTS = ["a blue square and a yellow triangle", "three green circles", "a red circle left of a blue triangle", "a red circle"]
+PROMPTS = [
+    "a blue square and a yellow triangle",
+    "three green circles",
+    "a red circle left of a blue triangle",
+    "a red circle",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +43,18 @@ def test_the_card_is_shapes_t2i_s_generator_plus_a_refiner(card):
         assert getattr(config, field.name) == getattr(t2i.spec.config, field.name), field.name
     for name in refiner.BASE_COMPONENTS:  # bit for bit (NumPy: one comparison per leaf without a dispatch each)
         mine, theirs = jax.tree.leaves(nnx.state(card[name])), jax.tree.leaves(nnx.state(t2i[name]))
-        assert len(mine) == len(theirs) and all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(mine, theirs)), name
+        assert len(mine) == len(theirs) and all(
+            np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(mine, theirs)
+        ), name
     shipped = json.loads((jp.cards.path("shapes-unified") / "config.json").read_text())
     assert shipped["base"] == "shapes-t2i" and sorted(shipped["base_components"]) == sorted(refiner.BASE_COMPONENTS)
     # every GenEval prompt of the grammar fits: the longest image prompt has 8 words (a relation), 9 are allowed
-    longest = max(len(p.text.split()) for c in grammar.CATEGORIES for split in grammar.SPLITS
-                  for p in grammar.prompt_set(c, 24, split=split))
+    longest = max(
+        len(p.text.split())
+        for c in grammar.CATEGORIES
+        for split in grammar.SPLITS
+        for p in grammar.prompt_set(c, 24, split=split)
+    )
     assert longest == 8 and config.max_prompt_words == cards.MAX_WORDS - 3 == 9
 
 
@@ -62,10 +75,15 @@ def test_the_lm_ends_complete_prompts_and_continues_partial_ones(card):
 def _t2i_on_stream_one() -> Program:
     """``shapes-t2i``'s program with the unified denoise loop's noise (``fold_in(key, 1)``: the LM draws from stream 0)."""
     return Program(
-        "t2i-stream-1", ("ids", "null_ids", "key"),
-        (*generator.text_nodes(),
-         LoopNode(toy_t2i.LOOP_ID, generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)),
-         ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae")),
+        "t2i-stream-1",
+        ("ids", "null_ids", "key"),
+        (
+            *generator.text_nodes(),
+            LoopNode(
+                toy_t2i.LOOP_ID, generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)
+            ),
+            ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae"),
+        ),
         (("image", "image"),),
         lambda card, request: generator.bind_text(card, request, toy_t2i.LOOP_ID),
     )
@@ -98,9 +116,14 @@ def test_the_recipe_reproduces_its_lm_bit_for_bit(tmp_path):
     tiny = refiner.RefinerPretrainConfig(steps=3, batch_size=8)
     first = refiner.pretrain_refiner(tmp_path / "a", tiny, progress=False)
     refiner.pretrain_refiner(tmp_path / "b", tiny, progress=False)
-    assert (tmp_path / "a" / "weights.safetensors").read_bytes() == (tmp_path / "b" / "weights.safetensors").read_bytes()
+    assert (tmp_path / "a" / "weights.safetensors").read_bytes() == (
+        tmp_path / "b" / "weights.safetensors"
+    ).read_bytes()
     report = json.loads((tmp_path / "a" / "pretrain.json").read_text())
-    assert report["command"].startswith("python -m jaxpipe.shapes.pretrain shapes-unified") and report["settings"]["steps"] == 3
+    assert (
+        report["command"].startswith("python -m jaxpipe.shapes.pretrain shapes-unified")
+        and report["settings"]["steps"] == 3
+    )
     assert first.num_params() == jp.cards.load("shapes-unified").num_params()
     with pytest.raises(SystemExit):
         from jaxpipe.shapes import pretrain

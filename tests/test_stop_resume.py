@@ -32,8 +32,28 @@ needs_cards = pytest.mark.skipif(
     not {"flux-t2i", "wan-i2v", "digit-scorer"} <= set(jp.cards.available()), reason="bundled cards missing"
 )
 STEPS = 24  # enough that the stopped run is still training when the signal lands (~0.1 s a step after its compile)
-TRAIN = ["train", "flow-grpo", "--steps", str(STEPS), "-P", "2", "-K", "2", "--num-steps", "2", "--sde-window", "0,1",
-         "--eval-samples", "4", "--diversity-prompts", "2", "--diversity-seeds", "2", "--save-every", "8"]
+TRAIN = [
+    "train",
+    "flow-grpo",
+    "--steps",
+    str(STEPS),
+    "-P",
+    "2",
+    "-K",
+    "2",
+    "--num-steps",
+    "2",
+    "--sde-window",
+    "0,1",
+    "--eval-samples",
+    "4",
+    "--diversity-prompts",
+    "2",
+    "--diversity-seeds",
+    "2",
+    "--save-every",
+    "8",
+]
 
 
 # ------------------------------------------------------------------------------------------ the library
@@ -60,14 +80,33 @@ def test_fit_stops_between_steps_checkpoints_and_resumes_bit_for_bit(tmp_path):
     metrics, ckpt = tmp_path / "metrics.jsonl", tmp_path / "checkpoints"
     calls = []
     stop_after_4 = lambda: calls.append(1) or len(calls) > 4
-    part, part_rows = fit(_sgd, start, _batches(), steps=9, key=key, progress=False, metrics_path=metrics,
-                          checkpoint_dir=ckpt, save_every=3, should_stop=stop_after_4)
+    part, part_rows = fit(
+        _sgd,
+        start,
+        _batches(),
+        steps=9,
+        key=key,
+        progress=False,
+        metrics_path=metrics,
+        checkpoint_dir=ckpt,
+        save_every=3,
+        should_stop=stop_after_4,
+    )
     assert len(part_rows) == 4 and [r["step"] for r in read_metrics(metrics)] == [0, 1, 2, 3]
     assert sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) == [3, 4]  # every 3 and at the stop
     with metrics.open("a") as f:  # a row written after the last checkpoint (a hard kill) is dropped on resume
         f.write(json.dumps({"step": 4, "loss": -1.0}) + "\n")
-    resumed, resumed_rows = fit(_sgd, start, _batches(), steps=9, key=key, progress=False, metrics_path=metrics,
-                                checkpoint_dir=ckpt, resume=True)
+    resumed, resumed_rows = fit(
+        _sgd,
+        start,
+        _batches(),
+        steps=9,
+        key=key,
+        progress=False,
+        metrics_path=metrics,
+        checkpoint_dir=ckpt,
+        resume=True,
+    )
     assert resumed_rows == rows and read_metrics(metrics) == rows
     np.testing.assert_array_equal(resumed[0], full[0])
     assert int(resumed[1]) == 9
@@ -82,8 +121,13 @@ class _Command:
     """``jaxpipe ARGS`` in a subprocess, its output collected line by line as it comes."""
 
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "jaxpipe.cli", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env={**os.environ})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jaxpipe.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ},
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self._reader.start()
@@ -133,8 +177,12 @@ def test_ctrl_c_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path
     assert summary["diversity"]["before"] > 0 and isinstance(summary["diversity_collapse"], bool)
     trained = jp.cards.load(full)
     assert trained.model_id == "full"  # its own id (the folder's name): it serves next to the card it came from
-    assert not all(bool(jnp.array_equal(a, b)) for a, b in  # the trained weights were saved
-                   zip(jax.tree.leaves(trained["transformer"]), jax.tree.leaves(jp.cards.load("flux-t2i")["transformer"])))
+    assert not all(
+        bool(jnp.array_equal(a, b))
+        for a, b in zip(  # the trained weights were saved
+            jax.tree.leaves(trained["transformer"]), jax.tree.leaves(jp.cards.load("flux-t2i")["transformer"])
+        )
+    )
     engine = jp.Engine.default()
     engine.register(trained)
     assert {"flux-t2i", "full"} <= set(engine.cards())
@@ -161,11 +209,15 @@ def test_ctrl_c_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path
     resumed = jp.cards.load(part)
     assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(trained)))
     assert _portable(json.loads((part / "report.json").read_text()), part) == _portable(
-        json.loads((full / "report.json").read_text()), full)
+        json.loads((full / "report.json").read_text()), full
+    )
 
     other = [a if a != "0,1" else "0,2" for a in TRAIN]
     result = runner.invoke(app, [*other, "--out", str(part), "--resume"])
-    assert result.exit_code == 2 and "holds a run with other settings: --sde-window: 0,1 (saved) vs 0,2 (now)." in result.output
+    assert (
+        result.exit_code == 2
+        and "holds a run with other settings: --sde-window: 0,1 (saved) vs 0,2 (now)." in result.output
+    )
     result = runner.invoke(app, [*TRAIN[:3], "2", *TRAIN[4:], "--out", str(part), "--overwrite", "--no-eval"])
     assert result.exit_code == 0 and _rows(part / "metrics.jsonl") == 2 and not (part / "before.json").exists()
 

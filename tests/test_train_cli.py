@@ -23,8 +23,24 @@ runner = CliRunner()
 needs_cards = pytest.mark.skipif(
     not {"flux-t2i", "unified", "digit-scorer"} <= set(jp.cards.available()), reason="bundled cards missing"
 )
-TINY = ["--steps", "2", "-P", "2", "-K", "2", "--num-steps", "2", "--sde-window", "0,1",
-        "--eval-samples", "4", "--diversity-prompts", "2", "--diversity-seeds", "2"]
+TINY = [
+    "--steps",
+    "2",
+    "-P",
+    "2",
+    "-K",
+    "2",
+    "--num-steps",
+    "2",
+    "--sde-window",
+    "0,1",
+    "--eval-samples",
+    "4",
+    "--diversity-prompts",
+    "2",
+    "--diversity-seeds",
+    "2",
+]
 
 
 def read_metrics(out):
@@ -43,7 +59,8 @@ def same(a, b):
 def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_generator(tmp_path):
     out = tmp_path / "uni"
     result = runner.invoke(
-        app, ["train", "unified", "--out", str(out), "--prompt-only", "--prefer", "stroke=thick", "--mention", "0.5", *TINY]
+        app,
+        ["train", "unified", "--out", str(out), "--prompt-only", "--prefer", "stroke=thick", "--mention", "0.5", *TINY],
     )
     assert result.exit_code == 0, result.output
     rows = read_metrics(out)
@@ -53,7 +70,9 @@ def test_train_unified_prompt_only_logs_refined_vs_original_and_keeps_the_genera
     summary = json.loads((out / "report.json").read_text())["summary"]
     assert {"refined_all_right", "original_all_right", "preferred_word_rate", "diversity"} <= set(summary)
     # every judged number twice: by the scorer (the reward) and by the independent evaluators
-    assert {"refined_all_right (independent)", "original_all_right (independent)", "reward_vs_independent"} <= set(summary)
+    assert {"refined_all_right (independent)", "original_all_right (independent)", "reward_vs_independent"} <= set(
+        summary
+    )
     after = json.loads((out / "report.json").read_text())["after"]
     assert set(after["refined"]["independent"]) == {"all_right", "prompted_right", "accuracy"}
     trained, base = jp.cards.load(out), jp.cards.load("unified")
@@ -82,8 +101,23 @@ def test_the_nft_and_dmd2_runs_judge_their_cards_and_draw_their_curves(t2i_card)
 def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_encoder(tmp_path, t2i_card):
     out, base = tmp_path / "nft", save_card(t2i_card, tmp_path / "tiny")  # a tiny card directory: small compiles
     tiny = [a for a in TINY if a not in ("--sde-window", "0,1")]
-    result = runner.invoke(app, ["train", "nft", "--out", str(out), "--model", str(base), "--no-eval", "--beta", "0.5",
-                                 "--ema-ramp", "0", *tiny])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "nft",
+            "--out",
+            str(out),
+            "--model",
+            str(base),
+            "--no-eval",
+            "--beta",
+            "0.5",
+            "--ema-ramp",
+            "0",
+            *tiny,
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = read_metrics(out)
     assert all(0.0 <= row["r_mean"] <= 1.0 and row["ema_decay"] == 0.5 and row["skipped"] == 0.0 for row in rows)
@@ -100,8 +134,27 @@ def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_enco
 @pytest.mark.slow  # ~20 s (a compiled FlowGRPO step with adapters); LoRA training is tested by default in test_lora
 def test_train_flow_grpo_with_lora_saves_a_merged_card_that_serves(tmp_path, t2i_card):
     out, base = tmp_path / "lora", save_card(t2i_card, tmp_path / "tiny")
-    result = runner.invoke(app, ["train", "flow-grpo", "--out", str(out), "--model", str(base), "--no-eval", "--lr", "1e-2",
-                                 "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "attn.q,attn.kv,mlp.fc1", *TINY])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "flow-grpo",
+            "--out",
+            str(out),
+            "--model",
+            str(base),
+            "--no-eval",
+            "--lr",
+            "1e-2",
+            "--lora-rank",
+            "4",
+            "--lora-alpha",
+            "8",
+            "--lora-targets",
+            "attn.q,attn.kv,mlp.fc1",
+            *TINY,
+        ],
+    )
     assert result.exit_code == 0, result.output
     read_metrics(out)
     report = json.loads((out / "report.json").read_text())
@@ -110,8 +163,11 @@ def test_train_flow_grpo_with_lora_saves_a_merged_card_that_serves(tmp_path, t2i
     trained, base = jp.cards.load(out), jp.cards.load(base)  # the plain DiT: the adapters are merged in
     assert same(trained["text_encoder"], base["text_encoder"]) and not same(trained["transformer"], base["transformer"])
     flat = lambda card: nnx.to_flat_state(nnx.state(card["transformer"], nnx.Param))
-    changed = ["/".join(map(str, path)) for (path, a), (_, b) in zip(flat(trained), flat(base))
-               if not np.array_equal(a[...], b[...])]
+    changed = [
+        "/".join(map(str, path))
+        for (path, a), (_, b) in zip(flat(trained), flat(base))
+        if not np.array_equal(a[...], b[...])
+    ]
     assert changed and all(re.search(r"(attn/(q|kv)|mlp/fc1)/kernel$", path) for path in changed)  # the targets only
     jp.Engine().register(trained)
 
@@ -120,8 +176,30 @@ def test_train_flow_grpo_with_lora_saves_a_merged_card_that_serves(tmp_path, t2i
 @pytest.mark.slow  # ~18 s (a compiled DMD2 step); the run's parts are tested above and in test_dmd2
 def test_train_dmd2_writes_its_curves_and_a_few_step_student_card(tmp_path, t2i_card):
     out, base = tmp_path / "turbo", save_card(t2i_card, tmp_path / "tiny")  # a tiny teacher directory: small compiles
-    result = runner.invoke(app, ["train", "dmd2", "--out", str(out), "--model", str(base), "--no-eval", "--steps", "2",
-                                 "-P", "2", "-K", "1", "--student-steps", "1", "--critic-steps", "2", "--guidance", "3"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "dmd2",
+            "--out",
+            str(out),
+            "--model",
+            str(base),
+            "--no-eval",
+            "--steps",
+            "2",
+            "-P",
+            "2",
+            "-K",
+            "1",
+            "--student-steps",
+            "1",
+            "--critic-steps",
+            "2",
+            "--guidance",
+            "3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 1] and all(math.isfinite(row["dm_loss"]) for row in rows)
@@ -131,7 +209,9 @@ def test_train_dmd2_writes_its_curves_and_a_few_step_student_card(tmp_path, t2i_
     assert report["settings"]["config"]["dm"]["real_guidance"] == 3.0 and "dm_loss" in report["rewards"]
     student, teacher = jp.cards.load(out), jp.cards.load(base)
     assert student.spec.config.sampling.num_steps == 1 and student.spec.config.sampling.guidance == 1.0
-    assert same(student["text_encoder"], teacher["text_encoder"]) and not same(student["transformer"], teacher["transformer"])
+    assert same(student["text_encoder"], teacher["text_encoder"]) and not same(
+        student["transformer"], teacher["transformer"]
+    )
     engine = jp.Engine()
     engine.register(student)
     assert engine.run(jp.Request(student.model_id, prompt="seven thick"))["image"].shape == (16, 16, 1)
@@ -180,7 +260,10 @@ def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(t
         (["unified", "--inner-epochs", "0"], "inner_epochs must be a positive int"),
         (["unified", "--kl", "approx"], "kl must be one of"),
         (["joint", "-K", "2", "--skip", "2"], "skip must be in 0..K-1"),
-        (["mot", "-K", "2", "--skip", "2"], "skip must be in 0..K-1 = 0..1: at least one sample per group must rewrite"),
+        (
+            ["mot", "-K", "2", "--skip", "2"],
+            "skip must be in 0..K-1 = 0..1: at least one sample per group must rewrite",
+        ),
         (["mot", "--minibatches", "5"], "minibatches=5 must divide the rollout's 16 rows"),
         (["mot", "--token-weight", "-1"], "token_weight must be >= 0"),
         (["nft", "--beta", "0"], "beta must be in (0, 1]"),
@@ -205,15 +288,24 @@ def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):
 
 @needs_cards
 @pytest.mark.parametrize(
-    "command, model, message", [("unified", "flux-t2i", "needs a card with a refiner LM"), ("flow-grpo", "unified", "use `train unified`"),
-                                ("mot", "unified", "needs a Mixture-of-Transformers card"),
-                                ("dmd2 --student-steps 9", "flux-t2i", "exceeds the teacher's 8 sampling steps"),
-                                ("self-forcing", "wan-t2v", "SelfForcing trains a causal card"),
-                                ("flow-grpo --lora-rank 2 --lora-targets to_q", "flux-t2i",
-                                 "component 'transformer': LoRA: target_modules ('to_q',) match no linear layer of DiT")]
+    "command, model, message",
+    [
+        ("unified", "flux-t2i", "needs a card with a refiner LM"),
+        ("flow-grpo", "unified", "use `train unified`"),
+        ("mot", "unified", "needs a Mixture-of-Transformers card"),
+        ("dmd2 --student-steps 9", "flux-t2i", "exceeds the teacher's 8 sampling steps"),
+        ("self-forcing", "wan-t2v", "SelfForcing trains a causal card"),
+        (
+            "flow-grpo --lora-rank 2 --lora-targets to_q",
+            "flux-t2i",
+            "component 'transformer': LoRA: target_modules ('to_q',) match no linear layer of DiT",
+        ),
+    ],
 )
 def test_the_wrong_card_fails_clearly(command, model, message, tmp_path):
-    result = runner.invoke(app, ["train", *command.split(), "--steps", "2", "--out", str(tmp_path / "x"), "--model", model])
+    result = runner.invoke(
+        app, ["train", *command.split(), "--steps", "2", "--out", str(tmp_path / "x"), "--model", model]
+    )
     assert result.exit_code == 2 and message in result.output, result.output
 
 
@@ -246,4 +338,7 @@ def test_a_scorer_gain_the_independent_judges_do_not_see_is_flagged_as_reward_ha
     assert agree["run_prompts_all_right (independent)"]["change"] == pytest.approx(0.09)
     assert agree["reward_vs_independent"].startswith("reward and independent evaluators agree")
     hacked = _judged(judged(0.80, 0.78), judged(0.95, 0.78 + 0.15 - HACKING_GAP - 0.01), headline)
-    assert hacked["reward_vs_independent"].startswith("REWARD HACKING") and "run_prompts_all_right" in hacked["reward_vs_independent"]
+    assert (
+        hacked["reward_vs_independent"].startswith("REWARD HACKING")
+        and "run_prompts_all_right" in hacked["reward_vs_independent"]
+    )

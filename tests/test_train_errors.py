@@ -29,8 +29,23 @@ runner = CliRunner()
 needs_cards = pytest.mark.skipif(
     not {"flux-t2i", "digit-scorer"} <= set(jp.cards.available()), reason="bundled cards missing"
 )
-TRAIN = ["train", "flow-grpo", "--steps", "4", "-P", "2", "-K", "2", "--num-steps", "2", "--sde-window", "0,1",
-         "--no-eval", "--save-every", "2"]  # no before/after evaluation: it would double the run's cost
+TRAIN = [
+    "train",
+    "flow-grpo",
+    "--steps",
+    "4",
+    "-P",
+    "2",
+    "-K",
+    "2",
+    "--num-steps",
+    "2",
+    "--sde-window",
+    "0,1",
+    "--no-eval",
+    "--save-every",
+    "2",
+]  # no before/after evaluation: it would double the run's cost
 
 
 def _lines(output: str) -> list[str]:
@@ -91,7 +106,9 @@ def test_the_help_says_a_missing_out_is_created():
 @jax.jit
 def _sgd(state, batch, key):
     w, step = state
-    return (w - 0.1 * (2.0 * (w - batch) + 0.01 * jax.random.normal(key, w.shape)), step + 1), {"loss": jnp.sum((w - batch) ** 2)}
+    return (w - 0.1 * (2.0 * (w - batch) + 0.01 * jax.random.normal(key, w.shape)), step + 1), {
+        "loss": jnp.sum((w - batch) ** 2)
+    }
 
 
 def _batches():
@@ -104,15 +121,34 @@ def _batches():
 def test_fit_resumes_from_the_newest_good_checkpoint_when_the_newest_is_damaged(tmp_path, caplog):
     start, key = (jnp.zeros(3), jnp.zeros((), jnp.int32)), jax.random.key(0)
     metrics, ckpt = tmp_path / "metrics.jsonl", tmp_path / "checkpoints"
-    full, rows = fit(_sgd, start, _batches(), steps=9, key=key, progress=False, metrics_path=metrics,
-                     checkpoint_dir=ckpt, save_every=3)
+    full, rows = fit(
+        _sgd,
+        start,
+        _batches(),
+        steps=9,
+        key=key,
+        progress=False,
+        metrics_path=metrics,
+        checkpoint_dir=ckpt,
+        save_every=3,
+    )
     assert sorted(p.name for p in ckpt.iterdir()) == ["6", "9"]  # keep=2: the one before the newest is still there
     _damage(ckpt / "9")
     (ckpt / "9" / "_CHECKPOINT_METADATA").write_text("{")  # orbax logs an absl error as soon as it lists the steps
     said = []
     with caplog.at_level(logging.WARNING, logger="absl"):
-        resumed, resumed_rows = fit(_sgd, start, _batches(), steps=9, key=key, progress=False, metrics_path=metrics,
-                                    checkpoint_dir=ckpt, resume=True, log=said.append)
+        resumed, resumed_rows = fit(
+            _sgd,
+            start,
+            _batches(),
+            steps=9,
+            key=key,
+            progress=False,
+            metrics_path=metrics,
+            checkpoint_dir=ckpt,
+            resume=True,
+            log=said.append,
+        )
     assert not [r for r in caplog.records if r.name == "absl"]  # the damage is said once, in our words
     assert len(said) == 1 and f"checkpoint {ckpt / '9'} is damaged" in said[0] and "resuming from step 6" in said[0]
     assert resumed_rows == rows and read_metrics(metrics) == rows and leaves_equal(resumed, full)  # steps 6-8 redone
@@ -121,17 +157,34 @@ def test_fit_resumes_from_the_newest_good_checkpoint_when_the_newest_is_damaged(
     for step in ("6", "9"):
         _damage(ckpt / step)
     with pytest.raises(DamagedCheckpoint, match=r"checkpoint .*9 is damaged .* no earlier one can be read") as err:
-        fit(_sgd, start, _batches(), steps=9, key=key, progress=False, metrics_path=metrics, checkpoint_dir=ckpt,
-            resume=True, log=said.append)
+        fit(
+            _sgd,
+            start,
+            _batches(),
+            steps=9,
+            key=key,
+            progress=False,
+            metrics_path=metrics,
+            checkpoint_dir=ckpt,
+            resume=True,
+            log=said.append,
+        )
     assert "\n" not in str(err.value) and len(said) == 1
     assert sorted(p.name for p in ckpt.iterdir()) == ["6", "9", "9.damaged"]  # nothing moved: the user decides
 
 
 def test_a_resume_with_other_settings_names_the_fields_when_no_flags_were_recorded(tmp_path):
-    run = Run(name="toy", method=None, batches=iter(()), settings={"config": {"lr": 0.2, "sampling": {"sde_window": [0, 2]}}})
-    (tmp_path / "progress.json").write_text(json.dumps(
-        {"method": "toy", "seed": 0, "settings": {"config": {"lr": 0.2, "sampling": {"sde_window": [0, 1]}}}}))
-    with pytest.raises(ValueError, match=r"other settings: config\.sampling\.sde_window: \[0, 1\] \(saved\) vs \[0, 2\] \(now\)\."):
+    run = Run(
+        name="toy", method=None, batches=iter(()), settings={"config": {"lr": 0.2, "sampling": {"sde_window": [0, 2]}}}
+    )
+    (tmp_path / "progress.json").write_text(
+        json.dumps(
+            {"method": "toy", "seed": 0, "settings": {"config": {"lr": 0.2, "sampling": {"sde_window": [0, 1]}}}}
+        )
+    )
+    with pytest.raises(
+        ValueError, match=r"other settings: config\.sampling\.sde_window: \[0, 1\] \(saved\) vs \[0, 2\] \(now\)\."
+    ):
         finished(tmp_path, run, steps=4)
     same = dataclasses.replace(run, settings={"config": {"lr": 0.2, "sampling": {"sde_window": [0, 1]}}})
     assert finished(tmp_path, same, steps=4) is None  # the same run, not finished
@@ -163,8 +216,11 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run, tmp_p
     result = runner.invoke(app, [*TRAIN, "--out", str(out), "--resume"])
     assert result.exit_code == 0, result.output
     assert _lines(result.output) == [
-        f"flow-grpo: the run in {out} already finished (4 steps), nothing to resume; its report: {out / 'report.json'}"]
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == files  # no report rewritten, no card re-saved
+        f"flow-grpo: the run in {out} already finished (4 steps), nothing to resume; its report: {out / 'report.json'}"
+    ]
+    assert {
+        p.name: p.read_bytes() for p in out.iterdir() if p.is_file()
+    } == files  # no report rewritten, no card re-saved
 
 
 @pytest.mark.slow  # shares the 4-step run above
@@ -184,7 +240,9 @@ def test_resuming_with_other_settings_names_each_flag_with_its_saved_and_current
 
 @pytest.mark.slow  # ~25 s: a resumed run redoing two steps; shares the 4-step run above
 @needs_cards
-def test_resuming_past_a_damaged_checkpoint_warns_once_and_gives_the_same_run(finished_run, tmp_path, monkeypatch, caplog):
+def test_resuming_past_a_damaged_checkpoint_warns_once_and_gives_the_same_run(
+    finished_run, tmp_path, monkeypatch, caplog
+):
     out = _copy(finished_run, tmp_path)
     for name in ("report.json", "config.json", "weights.safetensors"):  # as if killed after its last checkpoint
         (out / name).unlink()
@@ -201,7 +259,10 @@ def test_resuming_past_a_damaged_checkpoint_warns_once_and_gives_the_same_run(fi
     assert [str(u.exc_value) for u in unraisable] == ["something else"]
     assert result.exit_code == 0, result.output
     (warning,) = [line for line in _lines(result.output) if "is damaged" in line]
-    assert warning.startswith(f"warning: checkpoint {out / 'checkpoints' / '4'} is damaged") and "resuming from step 2" in warning
+    assert (
+        warning.startswith(f"warning: checkpoint {out / 'checkpoints' / '4'} is damaged")
+        and "resuming from step 2" in warning
+    )
     assert "Traceback" not in result.output and "Event loop" not in result.output
     assert not [r for r in caplog.records if r.name == "absl"]
     assert (out / "metrics.jsonl").read_text() == (finished_run / "metrics.jsonl").read_text()  # steps 2-3 redone

@@ -172,7 +172,9 @@ def test_base_round_trip_is_bit_for_bit(bundled, tmp_path):
     based, full = load_card(tmp_path / "based"), load_card(tmp_path / "full")
     assert _leaves_equal(based, bundled) and _leaves_equal(full, bundled)
     assert "base" not in json.loads((tmp_path / "full" / "config.json").read_text())
-    assert (tmp_path / "based" / "weights.safetensors").stat().st_size * 5 < (tmp_path / "full" / "weights.safetensors").stat().st_size
+    assert (tmp_path / "based" / "weights.safetensors").stat().st_size * 5 < (
+        tmp_path / "full" / "weights.safetensors"
+    ).stat().st_size
 
 
 def test_base_errors_are_clear(tiny, tmp_path):
@@ -183,8 +185,12 @@ def test_base_errors_are_clear(tiny, tmp_path):
     assert _leaves_equal(load_card(tmp_path / "card"), card)  # bit for bit through a directory base
 
     with pytest.raises(ValueError, match=r"components \['transformer'\] of 'unified' differ from the base card"):
-        save_card(tiny.replace(text_encoder=generator["text_encoder"], vae=generator["vae"]), tmp_path / "x",
-                  base=str(tmp_path / "base"), base_components=GENERATOR)
+        save_card(
+            tiny.replace(text_encoder=generator["text_encoder"], vae=generator["vae"]),
+            tmp_path / "x",
+            base=str(tmp_path / "base"),
+            base_components=GENERATOR,
+        )
     with pytest.raises(ValueError, match="base_components must name distinct components"):
         save_card(card, tmp_path / "x", base=str(tmp_path / "base"), base_components=("unet",))
     with pytest.raises(ValueError, match="needs base="):
@@ -194,7 +200,9 @@ def test_base_errors_are_clear(tiny, tmp_path):
     assert not (tmp_path / "x").exists()  # nothing written on an error
 
     # Same shapes, new weights: loads, with a warning.
-    save_card(random_card(digit_cards.config("flux-t2i"), seed=6, family=toy_t2i, model_id="flux-t2i"), tmp_path / "base")
+    save_card(
+        random_card(digit_cards.config("flux-t2i"), seed=6, family=toy_t2i, model_id="flux-t2i"), tmp_path / "base"
+    )
     with pytest.warns(UserWarning, match="not the weights this card was saved with"):
         load_card(tmp_path / "card")
     # Other shapes: a clear error naming the tensor and where it came from.
@@ -235,7 +243,9 @@ def test_ar_driver_steps_equal_the_fused_run(tiny):
         models = card.bound("refine")
         state = ar.init(card["llm"], ids, keys, loop.config)
         fused, _ = drive.run(models, state, loop.config)
-        stepped = jax.lax.fori_loop(0, drive.num_steps(loop.config), lambda _, s: drive.step(models, s, loop.config), state)
+        stepped = jax.lax.fori_loop(
+            0, drive.num_steps(loop.config), lambda _, s: drive.step(models, s, loop.config), state
+        )
         inert = drive.step(models, drive.empty(state, 3), loop.config)
         return fused.tokens, stepped.tokens, inert, drive.deactivate(state, jnp.asarray([True, False])).done
 
@@ -284,10 +294,13 @@ def _t2i_with_stream_one():
     from jaxpipe.program import ComponentNode, LoopNode, Program
 
     return Program(
-        "t2i-stream-1", ("ids", "null_ids", "key"),
-        (*generator.text_nodes(),
-         LoopNode("denoise", generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)),
-         ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae")),
+        "t2i-stream-1",
+        ("ids", "null_ids", "key"),
+        (
+            *generator.text_nodes(),
+            LoopNode("denoise", generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)),
+            ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae"),
+        ),
         (("image", "image"),),
         lambda card, request: generator.bind_text(card, request, "denoise"),
     )

@@ -103,7 +103,9 @@ def test_update_moves_both_models_the_right_way(method, rolled):
     # LM: the refined samples' sequence log-prob moves with their advantage
     old_llm = method.components(state.params, state.frozen)["llm"]
     new_llm = method.components(new.params, new.frozen)["llm"]
-    delta = jnp.sum(rollout.token_log_probs(new_llm, ro.refinement) - rollout.token_log_probs(old_llm, ro.refinement), axis=1)
+    delta = jnp.sum(
+        rollout.token_log_probs(new_llm, ro.refinement) - rollout.token_log_probs(old_llm, ro.refinement), axis=1
+    )
     assert float(jnp.sum(jnp.where(ro.refined, ro.advantages * delta, 0.0))) > 0
     # generator: advantage-weighted, v moves toward the realized samples' ML velocity
     traj, cond = ro.generated.trajectory, ro.generated.cond
@@ -188,7 +190,9 @@ def test_prompt_only_leaves_the_generator_bit_identical_and_the_lm_learns_the_pr
     scorer = jp.cards.load("digit-scorer")
     config = UnifiedRLConfig(
         generator=FlowGRPOConfig(group=Group(4), sampling=Sampling(num_steps=4, sampler="sde"), beta=0.04),
-        refiner=RefinerConfig(skip=1), refiner_optimizer=Optimizer(3e-3), joint=False,
+        refiner=RefinerConfig(skip=1),
+        refiner_optimizer=Optimizer(3e-3),
+        joint=False,
     )
     method = UnifiedRL(card, scorer_reward(scorer, ("digit", "stroke")), config)
     tok = card.spec.tokenizer
@@ -196,7 +200,9 @@ def test_prompt_only_leaves_the_generator_bit_identical_and_the_lm_learns_the_pr
 
     def digits_batch(i, n=8):
         d = np.random.default_rng(i).integers(0, 10, n)
-        return Prompts.from_texts(card, [DIGIT_WORDS[x] for x in d], {"digit": d.astype(np.int32), "stroke": np.ones(n, np.int32)})
+        return Prompts.from_texts(
+            card, [DIGIT_WORDS[x] for x in d], {"digit": d.astype(np.int32), "stroke": np.ones(n, np.int32)}
+        )
 
     def thick_rate(state):
         ro = method.rollout(state, digits_batch(10_000, 16), jax.random.key(10_000))

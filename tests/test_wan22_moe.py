@@ -27,7 +27,9 @@ from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, Samplin
 
 MODEL = "wan22-moe"
 LOOP = toy_sigma_moe.LOOP_ID
-CONFIG = digit_cards.config("wan22-moe", frames=2, dit=DiTConfig(dim=32, depth=1, heads=2), sampling=denoise.DenoiseConfig(num_steps=4))
+CONFIG = digit_cards.config(
+    "wan22-moe", frames=2, dit=DiTConfig(dim=32, depth=1, heads=2), sampling=denoise.DenoiseConfig(num_steps=4)
+)
 
 step = jax.jit(denoise.step, static_argnames="config")
 
@@ -42,7 +44,8 @@ def with_router(card: Card, router) -> Card:
 def card():
     built = jp.cards.build("wan22-moe", config=CONFIG, seed=3)
     return built.replace(
-        transformer_high=perturbed(built["transformer_high"], seed=4), transformer_low=perturbed(built["transformer_low"], seed=5)
+        transformer_high=perturbed(built["transformer_high"], seed=4),
+        transformer_low=perturbed(built["transformer_low"], seed=5),
     )
 
 
@@ -92,7 +95,11 @@ def test_the_boundary_switches_experts_inside_one_compiled_step(card, cond):
 def test_a_constant_router_equals_that_expert_as_a_one_expert_card(card):
     """``Fixed(1)``: the low-noise expert on every step, even at σ = 1, is the ``wan-t2v`` card of that DiT
     (``Fixed(0)`` is checked on the toy family in test_routing)."""
-    spec = nnx.eval_shape(lambda: jp.cards.build("wan-t2v", config=digit_cards.config("wan-t2v", frames=2, dit=CONFIG.dit, sampling=CONFIG.sampling))).spec
+    spec = nnx.eval_shape(
+        lambda: jp.cards.build(
+            "wan-t2v", config=digit_cards.config("wan-t2v", frames=2, dit=CONFIG.dit, sampling=CONFIG.sampling)
+        )
+    ).spec
     one = Card({"text_encoder": card["text_encoder"], "transformer": card["transformer_low"], "vae": card["vae"]}, spec)
     prompts, seeds = ["seven moving right", "two moving up"], [0, 1]
     fixed = jp.generate(with_router(card, policies.Fixed(1, 2)), prompts, seed=seeds)["video"]
@@ -103,7 +110,9 @@ def test_a_constant_router_equals_that_expert_as_a_one_expert_card(card):
 def test_serial_equals_interleaved_bit_for_bit(card):
     engine = Engine()
     engine.register(card)
-    requests = [jp.Request(MODEL, prompt=p, seed=s, num_steps=n) for p, s, n in [("seven moving up", 0, 4), ("one", 1, 3)]]
+    requests = [
+        jp.Request(MODEL, prompt=p, seed=s, num_steps=n) for p, s, n in [("seven moving up", 0, 4), ("one", 1, 3)]
+    ]
     report = parity.interleave_gate(engine, requests)
     assert report.passed and report.max_abs_diff == 0.0, report
 
@@ -122,16 +131,24 @@ def reward(artifacts, prompts):
     return jnp.mean(artifacts["video"], axis=(1, 2, 3, 4))
 
 
-RL = FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=4, sampler="sde", sde_window=(0, 2)),
-                    optimizer=Optimizer(1e-3))  # σ = 1, 0.75: high only
+RL = FlowGRPOConfig(
+    group=Group(2), sampling=Sampling(num_steps=4, sampler="sde", sde_window=(0, 2)), optimizer=Optimizer(1e-3)
+)  # σ = 1, 0.75: high only
 
 
 @pytest.mark.parametrize(
     "window, trained",
-    [((0, 2), ("transformer_high",)), ((3, 4), ("transformer_low",)), ((2, 4), toy_sigma_moe.EXPERTS), (None, toy_sigma_moe.EXPERTS)],
+    [
+        ((0, 2), ("transformer_high",)),
+        ((3, 4), ("transformer_low",)),
+        ((2, 4), toy_sigma_moe.EXPERTS),
+        (None, toy_sigma_moe.EXPERTS),
+    ],
 )
 def test_flow_grpo_trains_the_experts_its_window_routes_to(card, window, trained):
-    method = FlowGRPO(card, reward, dataclasses.replace(RL, sampling=dataclasses.replace(RL.sampling, sde_window=window)))
+    method = FlowGRPO(
+        card, reward, dataclasses.replace(RL, sampling=dataclasses.replace(RL.sampling, sde_window=window))
+    )
     assert method.denoisers == toy_sigma_moe.EXPERTS and method.trained_experts == trained
     state = method.init()
     assert sorted(state.params) == ["generator"] and sorted(state.params["generator"]) == sorted(trained)
@@ -176,8 +193,12 @@ needs_bundled = pytest.mark.skipif(not {"wan-t2v", MODEL} <= set(jp.cards.availa
 @needs_bundled
 def test_the_bundled_card_shares_wan_t2v_text_and_vae_and_trained_both_experts():
     moe, single = jp.cards.load(MODEL), jp.cards.load("wan-t2v")
-    assert moe.spec.loop(LOOP).config.router == policies.SigmaBoundary(0.5) and moe.spec.loop(LOOP).config.guidance == 2.0
+    assert (
+        moe.spec.loop(LOOP).config.router == policies.SigmaBoundary(0.5) and moe.spec.loop(LOOP).config.guidance == 2.0
+    )
     for name in ("text_encoder", "vae"):
         assert leaves_equal(nnx.state(moe[name]), nnx.state(single[name])), name
-    high, low, start = (nnx.state(m, nnx.Param) for m in (moe["transformer_high"], moe["transformer_low"], single["transformer"]))
+    high, low, start = (
+        nnx.state(m, nnx.Param) for m in (moe["transformer_high"], moe["transformer_low"], single["transformer"])
+    )
     assert not leaves_equal(high, low) and not leaves_equal(high, start) and not leaves_equal(low, start)

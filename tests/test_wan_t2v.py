@@ -31,7 +31,9 @@ def test_renders_every_frame_from_text_alone(card):
 def test_serial_equals_interleaved_bit_for_bit(card):
     engine = Engine()
     engine.register(card)
-    requests = [jp.Request("wan-t2v", prompt=p, seed=s, num_steps=n) for p, s, n in [("seven moving up", 0, 2), ("one", 1, 3)]]
+    requests = [
+        jp.Request("wan-t2v", prompt=p, seed=s, num_steps=n) for p, s, n in [("seven moving up", 0, 2), ("one", 1, 3)]
+    ]
     report = parity.interleave_gate(engine, requests)
     assert report.passed and report.max_abs_diff == 0.0, report
 

@@ -279,7 +279,9 @@ def test_a_deferred_publish_applies_when_the_run_ends_early(t2i_card, new_card, 
     assert_same(engine.run(t2i(0)), make_engine(new_card).run(t2i(0)), ["image"])
 
 
-def test_a_role_tracks_its_scope_with_its_own_versions_and_follows_the_card_outside_it(t2i_card, new_card, new_transformer):
+def test_a_role_tracks_its_scope_with_its_own_versions_and_follows_the_card_outside_it(
+    t2i_card, new_card, new_transformer
+):
     engine = make_engine(t2i_card)
     assert engine.add_role("flux-t2i", "old", "transformer") == "flux-t2i@old"
     assert engine.roles("flux-t2i") == {"old": ("transformer",)} and engine.versions("flux-t2i@old") == OLD
@@ -320,13 +322,22 @@ def seven_methods(t2i_card):
     compile), with the cards an engine serves beside its trained card (a distillation's teacher)."""
     unified = jp.cards.build("unified", seed=3)
     mot = digit_cards.config("bagel-mot")
-    mot = jp.cards.build("bagel-mot", config=dataclasses.replace(mot, mot=dataclasses.replace(mot.mot, depth=1)), seed=1)
+    mot = jp.cards.build(
+        "bagel-mot", config=dataclasses.replace(mot, mot=dataclasses.replace(mot.mot, depth=1)), seed=1
+    )
     dit = DiTConfig(dim=32, depth=1, heads=2)
     teacher = jp.cards.build("wan-t2v", seed=5, config=digit_cards.config("wan-t2v", dit=dit, frames=4))
-    causal = jp.cards.build("wan-causal", seed=3, config=digit_cards.config(
-        "wan-causal", dit=dit, frames=4, sampling=chunk.ChunkConfig(chunks=2)))
-    dmd2 = DMD2Config(student_steps=1, group=Group(1), student=Optimizer(1e-3, b1=0.0),
-                      dm=DistributionMatching(critic=Optimizer(1e-3, b1=0.0), critic_steps=1))
+    causal = jp.cards.build(
+        "wan-causal",
+        seed=3,
+        config=digit_cards.config("wan-causal", dit=dit, frames=4, sampling=chunk.ChunkConfig(chunks=2)),
+    )
+    dmd2 = DMD2Config(
+        student_steps=1,
+        group=Group(1),
+        student=Optimizer(1e-3, b1=0.0),
+        dm=DistributionMatching(critic=Optimizer(1e-3, b1=0.0), critic_steps=1),
+    )
     return [
         (FlowGRPO(t2i_card, brightness_reward), ()),
         (UnifiedRL(unified, brightness_reward), ()),
@@ -346,7 +357,14 @@ def test_every_method_is_a_trainer_and_sync_publishes_its_card_and_roles(t2i_car
     get a new version (in the student card and in the teacher's ``critic`` role); the rest keep theirs."""
     methods = seven_methods(t2i_card)
     assert [type(m).__name__ for m, _ in methods] == [
-        "FlowGRPO", "UnifiedRL", "JointMultiExpertRL", "SharedMoTRL", "DiffusionNFT", "DMD2", "SelfForcing"]
+        "FlowGRPO",
+        "UnifiedRL",
+        "JointMultiExpertRL",
+        "SharedMoTRL",
+        "DiffusionNFT",
+        "DMD2",
+        "SelfForcing",
+    ]
     for method, beside in methods:
         name = type(method).__name__
         assert isinstance(method, Trainer), name
@@ -387,4 +405,7 @@ def test_every_method_is_a_trainer_and_sync_publishes_its_card_and_roles(t2i_car
     assert leaves_equal(engine.card("flux-t2i-turbo")["transformer"], dmd2.card(state)["transformer"])
     assert leaves_equal(engine.card("flux-t2i@critic")["transformer"], dmd2.role_card(state, "critic")["transformer"])
     assert not leaves_equal(engine.card("flux-t2i@critic")["transformer"], engine.card("flux-t2i")["transformer"])
-    assert weight_sync.sync(engine, dmd2, state) == {"flux-t2i-turbo": moved, "flux-t2i@critic": moved}  # no second bump
+    assert weight_sync.sync(engine, dmd2, state) == {
+        "flux-t2i-turbo": moved,
+        "flux-t2i@critic": moved,
+    }  # no second bump

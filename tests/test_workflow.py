@@ -75,10 +75,15 @@ def test_the_conditioning_image_matters(engine):
 @pytest.mark.parametrize("model", ["flux-t2i", "wan-i2v"])
 def test_each_card_passes_the_interleave_gate_on_its_own(engine, model):
     if model == "flux-t2i":
-        requests = [jp.Request(model, prompt=p, seed=s, num_steps=n) for p, s, n in [("seven", 0, 2), ("one thin", 1, 3), ("seven", 2, 2)]]
+        requests = [
+            jp.Request(model, prompt=p, seed=s, num_steps=n)
+            for p, s, n in [("seven", 0, 2), ("one thin", 1, 3), ("seven", 2, 2)]
+        ]
     else:
         frames = [jnp.full((16, 16, 1), v, jnp.float32) for v in (0.2, 0.7)]
-        requests = [jp.Request(model, prompt="seven moving up", seed=s, num_steps=2, image=f) for s, f in enumerate(frames)]
+        requests = [
+            jp.Request(model, prompt="seven moving up", seed=s, num_steps=2, image=f) for s, f in enumerate(frames)
+        ]
     report = parity.interleave_gate(engine, requests)
     assert report.passed and report.max_abs_diff == 0.0, report
 
@@ -100,13 +105,24 @@ def test_nested_workflow_extends_the_video(engine):
     np.testing.assert_array_equal(out["base:t2i:image"], base["image"])
     assert out["more:text"] == "seven moving right"
     # nesting to any depth: a workflow over the nested workflow
-    deeper = Workflow("test.deeper", (Stage("inner", "image_video.t2i_i2v_extended", lambda s: s["request"].replace(model="image_video.t2i_i2v_extended")),))
+    deeper = Workflow(
+        "test.deeper",
+        (
+            Stage(
+                "inner",
+                "image_video.t2i_i2v_extended",
+                lambda s: s["request"].replace(model="image_video.t2i_i2v_extended"),
+            ),
+        ),
+    )
     engine.register_workflow(deeper)
     np.testing.assert_array_equal(engine.run(job(model="test.deeper"))["video"], out["video"])
 
 
 def test_a_mismatched_stage_is_an_error(engine):
-    bad = Workflow("test.mismatch", (Stage("t2i", "wan-i2v", lambda s: jp.Request("flux-t2i", prompt=s["prompt"], num_steps=2)),))
+    bad = Workflow(
+        "test.mismatch", (Stage("t2i", "wan-i2v", lambda s: jp.Request("flux-t2i", prompt=s["prompt"], num_steps=2)),)
+    )
     engine.register_workflow(bad)
     with pytest.raises(WorkflowError, match="stage 't2i' declares model 'wan-i2v' but built a request for 'flux-t2i'"):
         engine.run(jp.Request("test.mismatch", prompt="seven"))
@@ -141,7 +157,9 @@ def test_run_time_cycle_guard(engine):
     # registration makes cycles impossible; the run-time guard still catches one smuggled in
     loop = Workflow("test.loop", (Stage("t2i", "flux-t2i", lambda s: jp.Request("flux-t2i", prompt="one")),))
     engine.register_workflow(loop)
-    engine._workflows._workflows["test.loop"] = Workflow("test.loop", (Stage("again", "test.loop", lambda s: s["request"]),))
+    engine._workflows._workflows["test.loop"] = Workflow(
+        "test.loop", (Stage("again", "test.loop", lambda s: s["request"]),)
+    )
     with pytest.raises(WorkflowError, match="cycle at run time: test.loop -> test.loop"):
         engine.run(jp.Request("test.loop", prompt="one"))
     assert not engine.run(jp.Request("flux-t2i", prompt="one", num_steps=2)).cancelled  # still usable

@@ -65,7 +65,9 @@ def build(config: Config = Config(), *, seed: int = 0, model_id: str = MODEL_ID)
     for name in denoisers(config):
         components[name] = ToyDenoiser(config.dim, rngs=rngs)
     loop = LoopSpec(LOOP, "denoise", denoisers(config), sampling(config), latent_shape=SHAPE)
-    spec = CardSpec(model_id=model_id, family="toy_flow", loops=(loop,), recipe=(LOOP,), parity=("C0", "C1"), config=config)
+    spec = CardSpec(
+        model_id=model_id, family="toy_flow", loops=(loop,), recipe=(LOOP,), parity=("C0", "C1"), config=config
+    )
     return Card(components, spec)
 
 
@@ -112,7 +114,9 @@ class ToyFlow:
         return {"context": components["embed"](jnp.where(keep, batch["label"], NULL))}
 
 
-FAMILY = jp.cards.Family(name="toy_flow", config=Config, build=build, programs={"sample": program}, model_id=MODEL_ID, flow=ToyFlow())
+FAMILY = jp.cards.Family(
+    name="toy_flow", config=Config, build=build, programs={"sample": program}, model_id=MODEL_ID, flow=ToyFlow()
+)
 
 
 def data(n: int, seed: int = 0) -> dict[str, jax.Array]:

@@ -108,7 +108,9 @@ def load(model_id_or_path: str | os.PathLike, **kwargs) -> Card:
         pipeline = read_pipeline(name).pipeline
         return registry.by_pipeline(pipeline).pipelines[pipeline](name, **kwargs)
     if kwargs:
-        raise TypeError(f"load({name!r}) takes keyword arguments only for diffusers pipeline folders (got {sorted(kwargs)})")
+        raise TypeError(
+            f"load({name!r}) takes keyword arguments only for diffusers pipeline folders (got {sorted(kwargs)})"
+        )
     if Path(name).is_dir():
         return load_card(name)
     raise KeyError(
@@ -135,8 +137,38 @@ def path(model_id: str) -> Path:
 
 
 __all__ = [
-    "Card", "CardEntry", "CardIntegrityError", "Family", "FlowData", "available", "build", "buildable", "card_entry", "family", "family_of",
-    "flux", "generator", "load", "load_card", "path", "register_card", "register_family", "registry", "save_card",
-    "stacked_components", "toy_causal", "toy_i2v", "toy_mot", "toy_mot_video", "toy_multi_expert", "toy_sigma_moe",
-    "toy_t2i", "toy_t2v", "toy_two_stage", "toy_unified", "unregister_card", "unregister_family", "wan",
+    "Card",
+    "CardEntry",
+    "CardIntegrityError",
+    "Family",
+    "FlowData",
+    "available",
+    "build",
+    "buildable",
+    "card_entry",
+    "family",
+    "family_of",
+    "flux",
+    "generator",
+    "load",
+    "load_card",
+    "path",
+    "register_card",
+    "register_family",
+    "registry",
+    "save_card",
+    "stacked_components",
+    "toy_causal",
+    "toy_i2v",
+    "toy_mot",
+    "toy_mot_video",
+    "toy_multi_expert",
+    "toy_sigma_moe",
+    "toy_t2i",
+    "toy_t2v",
+    "toy_two_stage",
+    "toy_unified",
+    "unregister_card",
+    "unregister_family",
+    "wan",
 ]

@@ -41,8 +41,18 @@ from jaxpipe.card import Card
 from jaxpipe.cards import registry
 
 __all__ = [
-    "CardIntegrityError", "save_card", "load_card", "abstract_card", "config_to_dict", "config_from_dict", "write_digests",
-    "FORMAT", "CONFIG_FILE", "WEIGHTS_FILE", "DIGESTS_KEY", "TYPE_KEY",
+    "CardIntegrityError",
+    "save_card",
+    "load_card",
+    "abstract_card",
+    "config_to_dict",
+    "config_from_dict",
+    "write_digests",
+    "FORMAT",
+    "CONFIG_FILE",
+    "WEIGHTS_FILE",
+    "DIGESTS_KEY",
+    "TYPE_KEY",
 ]
 
 FORMAT = "jaxpipe.card/1"
@@ -189,7 +199,9 @@ def _verify(directory: Path, meta: dict) -> None:
         _log.debug("%s: no weights digests in %s (saved before digests existed); not verified", directory, CONFIG_FILE)
         return
     if not isinstance(digests, dict) or not all(isinstance(v, str) and Path(k).name == k for k, v in digests.items()):
-        raise ValueError(f"{directory / CONFIG_FILE}: {DIGESTS_KEY!r} must map file names in the folder to 'sha256:<hex>'")
+        raise ValueError(
+            f"{directory / CONFIG_FILE}: {DIGESTS_KEY!r} must map file names in the folder to 'sha256:<hex>'"
+        )
     for name, expected in digests.items():
         path = directory / name
         found = _file_digest(path)
@@ -246,7 +258,9 @@ def _load_base(base: str, where) -> Card:
 def _base_arrays(base_card: Card, names: Sequence[str], base: str, where) -> dict[str, np.ndarray]:
     missing = [n for n in names if n not in base_card.components]
     if missing:
-        raise ValueError(f"{where}: the base card {base!r} has no component(s) {missing} (it has {sorted(base_card.components)})")
+        raise ValueError(
+            f"{where}: the base card {base!r} has no component(s) {missing} (it has {sorted(base_card.components)})"
+        )
     return _arrays({n: base_card[n] for n in names})
 
 
@@ -304,10 +318,16 @@ def save_card(
             raise ValueError(f"a card cannot be its own base ({base!r} is {directory})")
         shared = _base_arrays(_load_base(base, directory), names, base, directory)
         ours = {k: v for k, v in arrays.items() if k.split("/", 1)[0] in names}
-        differ = sorted({k.split("/", 1)[0] for k in set(ours) ^ set(shared)} | {
-            k.split("/", 1)[0] for k in ours.keys() & shared.keys()
-            if ours[k].dtype != shared[k].dtype or ours[k].shape != shared[k].shape or ours[k].tobytes() != shared[k].tobytes()
-        })
+        differ = sorted(
+            {k.split("/", 1)[0] for k in set(ours) ^ set(shared)}
+            | {
+                k.split("/", 1)[0]
+                for k in ours.keys() & shared.keys()
+                if ours[k].dtype != shared[k].dtype
+                or ours[k].shape != shared[k].shape
+                or ours[k].tobytes() != shared[k].tobytes()
+            }
+        )
         if differ:
             raise ValueError(
                 f"components {differ} of {card.model_id!r} differ from the base card {base!r}'s; "
@@ -386,7 +406,9 @@ def load_card(directory: str | os.PathLike) -> Card:
     try:
         stored = load_file(str(directory / WEIGHTS_FILE))
     except Exception as err:  # safetensors raises its own SafetensorError (and OSError) on a damaged file
-        raise ValueError(f"{directory / WEIGHTS_FILE} cannot be read ({err}): the checkpoint is damaged or truncated") from None
+        raise ValueError(
+            f"{directory / WEIGHTS_FILE} cannot be read ({err}): the checkpoint is damaged or truncated"
+        ) from None
     expected = _flat(state)
     source = {name: f"{directory / WEIGHTS_FILE}" for name in stored}
     if meta.get("base") is not None:
@@ -405,7 +427,9 @@ def load_card(directory: str | os.PathLike) -> Card:
         source.update({name: f"the base card {base!r}" for name in shared})
     missing, extra = sorted(set(expected) - set(stored)), sorted(set(stored) - set(expected))
     if missing or extra:
-        raise ValueError(f"{directory}: weights do not match the {meta['family']} config: missing {missing}, unexpected {extra}")
+        raise ValueError(
+            f"{directory}: weights do not match the {meta['family']} config: missing {missing}, unexpected {extra}"
+        )
     leaves = []
     for name, spec in expected.items():
         if tuple(stored[name].shape) != tuple(spec.shape):

@@ -85,14 +85,25 @@ class FlowSchedule:
         name = config.get("_class_name", "FlowMatchEulerDiscreteScheduler")
         if name not in ("FlowMatchEulerDiscreteScheduler", "UniPCMultistepScheduler"):
             raise ValueError(f"scheduler {name!r} is not a flow-matching scheduler jaxpipe can follow")
-        unsupported = [k for k in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
-                                   "stochastic_sampling") if config.get(k)]
+        unsupported = [
+            k
+            for k in (
+                "use_karras_sigmas",
+                "use_exponential_sigmas",
+                "use_beta_sigmas",
+                "invert_sigmas",
+                "stochastic_sampling",
+            )
+            if config.get(k)
+        ]
         if config.get("shift_terminal"):
             unsupported.append("shift_terminal")
         if config.get("time_shift_type", "exponential") != "exponential":
             unsupported.append(f"time_shift_type={config['time_shift_type']!r}")
         if unsupported:
-            raise ValueError(f"scheduler settings {unsupported} are not supported (jaxpipe samples linspace(1, 0) flow-shifted sigmas)")
+            raise ValueError(
+                f"scheduler settings {unsupported} are not supported (jaxpipe samples linspace(1, 0) flow-shifted sigmas)"
+            )
         return cls(
             shift=float(config.get("flow_shift", config.get("shift", 1.0)) or 1.0),
             dynamic=bool(config.get("use_dynamic_shifting", False)),
@@ -170,7 +181,9 @@ def read_pipeline(path: str | Path) -> PipelineFolder:
     return PipelineFolder(path, str(index.get("_class_name", "")), index)
 
 
-def load_components(folder: PipelineFolder, loaders: dict[str, Any], dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def load_components(
+    folder: PipelineFolder, loaders: dict[str, Any], dtype: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Each component ``name`` of the pipeline loaded by ``loaders[name](sub-folder, dtype=dtype)``.
 
     Args:

@@ -115,10 +115,14 @@ class TextGeneratorConfig:
                 f"dit.latent_channels ({self.dit.latent_channels}) must equal vae.latent_channels ({self.vae.latent_channels})"
             )
         if self.text.vocab_size != vocab_size(self.vocabulary):
-            raise ValueError(f"text.vocab_size must be {vocab_size(self.vocabulary)} for this vocabulary (got {self.text.vocab_size})")
+            raise ValueError(
+                f"text.vocab_size must be {vocab_size(self.vocabulary)} for this vocabulary (got {self.text.vocab_size})"
+            )
         factor = self.vae.downsample * self.dit.patch_size
         if self.image_size % factor:
-            raise ValueError(f"image_size ({self.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})")
+            raise ValueError(
+                f"image_size ({self.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +151,12 @@ class VideoGeneratorConfig(TextGeneratorConfig):
             raise ValueError(f"frames must be an int >= {self.MIN_FRAMES} (got {self.frames!r})")
         if self.dit.frame_cond != self.FRAME_COND:
             if self.FRAME_COND:
-                raise ValueError("an image-to-video card needs a DiT with first-frame conditioning (dit.frame_cond=True)")
-            raise ValueError("this card generates every frame from text: its DiT takes no first frame (dit.frame_cond=False)")
+                raise ValueError(
+                    "an image-to-video card needs a DiT with first-frame conditioning (dit.frame_cond=True)"
+                )
+            raise ValueError(
+                "this card generates every frame from text: its DiT takes no first frame (dit.frame_cond=False)"
+            )
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -283,9 +291,16 @@ def encode_null(card: Card, reads: Mapping[str, Any]) -> Slots:
 def text_nodes() -> tuple[ComponentNode, ComponentNode]:
     """The two cached text-encoding nodes (prompt and empty prompt) of a text-conditioned card."""
     return (
-        ComponentNode("encode_text", encode_text, ("ids",), ("context", "context_mask"), component="text_encoder", cached=True),
         ComponentNode(
-            "encode_null", encode_null, ("null_ids",), ("uncond_context", "uncond_mask"), component="text_encoder", cached=True
+            "encode_text", encode_text, ("ids",), ("context", "context_mask"), component="text_encoder", cached=True
+        ),
+        ComponentNode(
+            "encode_null",
+            encode_null,
+            ("null_ids",),
+            ("uncond_context", "uncond_mask"),
+            component="text_encoder",
+            cached=True,
         ),
     )
 
@@ -309,7 +324,9 @@ def start_denoise(stream: int | None = None) -> Callable:
       ``start(card, loop, reads, config) -> DenoiseState``.
     """
 
-    def start(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig) -> denoise.DenoiseState:
+    def start(
+        card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig
+    ) -> denoise.DenoiseState:
         keys = reads["key"]
         if stream is not None:
             keys = jax.vmap(lambda k: jax.random.fold_in(k, stream))(keys)

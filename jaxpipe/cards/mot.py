@@ -74,8 +74,11 @@ class MoTCardConfig:
     def __post_init__(self):
         object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
         vocab = Tokenizer(self.vocabulary).vocab_size
-        generator.fill(self, mot=lambda: self.default_mot(vocab),
-                       **{name: (lambda name=name: self.default_text_loop(name, vocab)) for name in self.TEXT_LOOPS})
+        generator.fill(
+            self,
+            mot=lambda: self.default_mot(vocab),
+            **{name: (lambda name=name: self.default_text_loop(name, vocab)) for name in self.TEXT_LOOPS},
+        )
         self._check_mot(vocab)
 
     def default_mot(self, vocab: int) -> MoTConfig:
@@ -105,20 +108,28 @@ class MoTCardConfig:
         """ValueErrors for a MoT that does not fit: ``vocab`` words + <eos>, each text loop stopping at
         <eos>, room for a prompt beside the rewrite, latents of the autoencoder's shape."""
         if self.mot.vocab_size != vocab + 1:
-            raise ValueError(f"mot.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.mot.vocab_size})")
+            raise ValueError(
+                f"mot.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.mot.vocab_size})"
+            )
         for name in self.TEXT_LOOPS:
             if getattr(self, name).eos_id != vocab:
                 raise ValueError(f"{name}.eos_id must be the MoT's <eos> id {vocab} (got {getattr(self, name).eos_id})")
         rewrite = getattr(self, self.REWRITE).max_new_tokens
         if rewrite >= self.mot.max_text:
-            raise ValueError(f"{self.REWRITE}.max_new_tokens ({rewrite}) must leave room for a prompt in "
-                             f"mot.max_text ({self.mot.max_text})")
+            raise ValueError(
+                f"{self.REWRITE}.max_new_tokens ({rewrite}) must leave room for a prompt in "
+                f"mot.max_text ({self.mot.max_text})"
+            )
         if self.image_size % self.vae.downsample or self.mot.latent_size != self.image_size // self.vae.downsample:
-            raise ValueError(f"mot.latent_size must be image_size / vae.downsample = {self.image_size}/{self.vae.downsample} "
-                             f"(got {self.mot.latent_size})")
+            raise ValueError(
+                f"mot.latent_size must be image_size / vae.downsample = {self.image_size}/{self.vae.downsample} "
+                f"(got {self.mot.latent_size})"
+            )
         if self.mot.latent_channels != self.vae.latent_channels:
-            raise ValueError(f"mot.latent_channels ({self.mot.latent_channels}) must equal vae.latent_channels "
-                             f"({self.vae.latent_channels})")
+            raise ValueError(
+                f"mot.latent_channels ({self.mot.latent_channels}) must equal vae.latent_channels "
+                f"({self.vae.latent_channels})"
+            )
 
     @property
     def latent_shape(self) -> tuple[int, ...]:
@@ -130,8 +141,18 @@ class MoTCardConfig:
         """The words a prompt may have: the MoT's text slots less the rewrite's."""
         return self.mot.max_text - getattr(self, self.REWRITE).max_new_tokens
 
-def build_card(config: MoTCardConfig, loops: tuple[LoopSpec, ...], *, seed: int, model_id: str, family: str,
-               recipe: tuple[str, ...], capabilities: tuple[str, ...], optional: tuple[str, ...] = ()) -> Card:
+
+def build_card(
+    config: MoTCardConfig,
+    loops: tuple[LoopSpec, ...],
+    *,
+    seed: int,
+    model_id: str,
+    family: str,
+    recipe: tuple[str, ...],
+    capabilities: tuple[str, ...],
+    optional: tuple[str, ...] = (),
+) -> Card:
     """A MoT card with freshly initialised components (deterministic in ``seed``).
 
     ONE ``transformer`` (a ``MoT``) is bound to every loop of ``loops``, beside the autoencoder ``vae``.
@@ -151,8 +172,17 @@ def build_card(config: MoTCardConfig, loops: tuple[LoopSpec, ...], *, seed: int,
     """
     rngs = nnx.Rngs(seed)
     components = {"transformer": MoT(config.mot, rngs=rngs), "vae": Autoencoder(config.vae, rngs=rngs)}
-    spec = CardSpec(model_id=model_id, family=family, loops=loops, recipe=recipe, parity=("C0", "C1", "C2", "C3"),
-                    capabilities=capabilities, tokenizer=Tokenizer(config.vocabulary), config=config, optional=optional)
+    spec = CardSpec(
+        model_id=model_id,
+        family=family,
+        loops=loops,
+        recipe=recipe,
+        parity=("C0", "C1", "C2", "C3"),
+        capabilities=capabilities,
+        tokenizer=Tokenizer(config.vocabulary),
+        config=config,
+        optional=optional,
+    )
     return Card(components, spec)
 
 
@@ -239,7 +269,9 @@ def final_state(state: Any) -> Any:
     return state
 
 
-def start_denoise(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig) -> denoise.DenoiseState:
+def start_denoise(
+    card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig
+) -> denoise.DenoiseState:
     """Starts the denoise loop on the text K/V ``cond`` (keys ``fold_in(key, 1)``).
 
     Guidance's unconditional half attends to no text (zero K/V, all-false mask).
@@ -256,7 +288,9 @@ def start_denoise(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: 
     cond: MoTCond = reads["cond"]
     uncond = None
     if config.guide.needs_uncond:
-        uncond = MoTCond(tuple(map(jnp.zeros_like, cond.k)), tuple(map(jnp.zeros_like, cond.v)), jnp.zeros_like(cond.mask))
+        uncond = MoTCond(
+            tuple(map(jnp.zeros_like, cond.k)), tuple(map(jnp.zeros_like, cond.v)), jnp.zeros_like(cond.mask)
+        )
     return denoise.init(fold(reads["key"], 1), loop.latent_shape, cond, config, uncond)
 
 
@@ -277,7 +311,9 @@ def prompt_ids(card: Card, request: Request, *, max_words: int, who: str) -> np.
         the vocabulary.
     """
     if request.image is not None:
-        raise ValueError(f"{card.model_id!r} renders text and takes no image here (got image={np.shape(request.image)})")
+        raise ValueError(
+            f"{card.model_id!r} renders text and takes no image here (got image={np.shape(request.image)})"
+        )
     if request.prompt is None:
         raise ValueError(f"{card.model_id!r} renders a text prompt: the request needs prompt=...")
     words = request.prompt.split()

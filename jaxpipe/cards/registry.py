@@ -39,8 +39,25 @@ from jaxpipe.cards.family import Family
 from jaxpipe.program import Program
 
 __all__ = [
-    "BUNDLED", "FAMILIES", "CARDS", "RENAMED", "UPGRADES", "CardEntry", "register", "register_upgrade", "unregister",
-    "register_card", "unregister_card", "family", "family_of", "by_model_id", "buildable", "by_pipeline", "card_entry", "default_program", "stacked_components",
+    "BUNDLED",
+    "FAMILIES",
+    "CARDS",
+    "RENAMED",
+    "UPGRADES",
+    "CardEntry",
+    "register",
+    "register_upgrade",
+    "unregister",
+    "register_card",
+    "unregister_card",
+    "family",
+    "family_of",
+    "by_model_id",
+    "buildable",
+    "by_pipeline",
+    "card_entry",
+    "default_program",
+    "stacked_components",
 ]
 
 BUNDLED: tuple[Family, ...] = (
@@ -63,9 +80,16 @@ FAMILIES: dict[str, Family] = {f.name: f for f in BUNDLED}
 """Family name -> ``Family``: the bundled families, then those added with ``register`` (a world's, a user's)."""
 
 RENAMED: dict[str, str] = {
-    "flux_t2i": "toy_t2i", "wan_i2v": "toy_i2v", "wan_t2v": "toy_t2v", "ltx2_two_stage": "toy_two_stage",
-    "wan22_moe": "toy_sigma_moe", "wan_causal": "toy_causal", "unified": "toy_unified", "multi_expert": "toy_multi_expert",
-    "bagel_mot": "toy_mot", "cosmos3": "toy_mot_video",
+    "flux_t2i": "toy_t2i",
+    "wan_i2v": "toy_i2v",
+    "wan_t2v": "toy_t2v",
+    "ltx2_two_stage": "toy_two_stage",
+    "wan22_moe": "toy_sigma_moe",
+    "wan_causal": "toy_causal",
+    "unified": "toy_unified",
+    "multi_expert": "toy_multi_expert",
+    "bagel_mot": "toy_mot",
+    "cosmos3": "toy_mot_video",
 }
 """Family names of jaxpipe 0.1's toy families (named after the real models they mimic) -> their names now;
 checkpoints saved under an old name still load, with a ``DeprecationWarning`` (until the next release)."""
@@ -258,8 +282,11 @@ def family(name: str) -> Family:
     """
     if name in RENAMED and name not in FAMILIES:
         _worlds()  # a world may register an upgrade of the old checkpoints (``UPGRADES``)
-        warnings.warn(f"card family {name!r} is now {RENAMED[name]!r}; re-save the checkpoint to use the new name",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"card family {name!r} is now {RENAMED[name]!r}; re-save the checkpoint to use the new name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         name = RENAMED[name]
     if name not in FAMILIES:
         _worlds()

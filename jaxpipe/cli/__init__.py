@@ -69,8 +69,13 @@ app.command("serve")(serve)
 
 DEFAULT_OUT = Path("out/jaxpipe.gif")
 DEFAULT_T2I, DEFAULT_I2V = "flux-t2i", "wan-i2v"
-_FLAGS = (("Request.num_steps", "--steps"), ("Request.guidance", "--guidance"), ("Request.seed", "--seed"),
-          ("Request.image", "--image"), ("Request.prompt", "PROMPT"))
+_FLAGS = (
+    ("Request.num_steps", "--steps"),
+    ("Request.guidance", "--guidance"),
+    ("Request.seed", "--seed"),
+    ("Request.image", "--image"),
+    ("Request.prompt", "PROMPT"),
+)
 """The engine's names for what the command's flags set, as ``generate`` reports them."""
 
 
@@ -151,8 +156,11 @@ def _serving(card, with_image: bool):
     loops = ", ".join(f"{loop.id} ({loop.kind})" for loop in card.spec.loops)
     does = ", ".join(card.spec.capabilities) or "no listed task"
     if all(loop.kind == "score" for loop in card.spec.loops):
-        fail(f"{card.model_id!r} is a judge, not a generator: it scores images (loops: {loops}); "
-             f"`jaxpipe evaluate` and the RL rewards use it")
+        fail(
+            f"{card.model_id!r} is a judge, not a generator: it scores images (loops: {loops}); "
+            f"`jaxpipe evaluate` and the RL rewards use it"
+        )
+
     def fits(program) -> bool:  # a family's other programs may be for its other kind of card (wan: t2v / i2v)
         try:
             program.check(card)
@@ -190,8 +198,9 @@ def _read_image(path: Path, card):
         fail(f"--image {path} {err}")
 
 
-def _card_plan(model: str | None, video_model: str | None, image: Path | None, prompt: str | None,
-               out: Path | None, settings: dict) -> _Plan:
+def _card_plan(
+    model: str | None, video_model: str | None, image: Path | None, prompt: str | None, out: Path | None, settings: dict
+) -> _Plan:
     """The plan for ``--model``: dispatched on what its program makes, never on its id."""
     from jaxpipe import Request
     from jaxpipe import workflow as workflows
@@ -199,7 +208,9 @@ def _card_plan(model: str | None, video_model: str | None, image: Path | None, p
 
     name = model or DEFAULT_T2I
     suffix = None if out is None else out.suffix.lower()
-    if model is None and image is None and suffix != ".png":  # the default route: its prompt checked before any card loads
+    if (
+        model is None and image is None and suffix != ".png"
+    ):  # the default route: its prompt checked before any card loads
         flow = digits_workflows.t2i_i2v()
         try:
             flow.check(Request(flow.id, prompt=prompt))
@@ -265,36 +276,67 @@ def _workflow_plan(workflow_id: str, prompt: str | None, out: Path | None, setti
 
     makes = made[last(workflow_id)]
     if makes not in ("video", "image"):
-        fail(f"--workflow {workflow_id} ends with {last(workflow_id)!r}, which makes {makes or 'nothing'}: "
-             f"no image or video to write")
+        fail(
+            f"--workflow {workflow_id} ends with {last(workflow_id)!r}, which makes {makes or 'nothing'}: "
+            f"no image or video to write"
+        )
     wanted = ".gif" if makes == "video" else ".png"
     if out is not None and out.suffix.lower() != wanted:
-        fail(f"--workflow {workflow_id} makes {'a video' if makes == 'video' else 'an image'}: --out must end in {wanted} "
-             f"(got {out.name!r})")
+        fail(
+            f"--workflow {workflow_id} makes {'a video' if makes == 'video' else 'an image'}: --out must end in {wanted} "
+            f"(got {out.name!r})"
+        )
     first_image = makes == "video" and "image" in made.values()
-    return _Plan(tuple((card, None) for card in loaded.values()), tuple(known[i] for i in order),
-                 Request(workflow_id, prompt=prompt, **settings), makes, leaves(workflow_id), first_image)
+    return _Plan(
+        tuple((card, None) for card in loaded.values()),
+        tuple(known[i] for i in order),
+        Request(workflow_id, prompt=prompt, **settings),
+        makes,
+        leaves(workflow_id),
+        first_image,
+    )
 
 
 @app.command()
 def generate(
     ctx: typer.Context,
-    prompt: str | None = typer.Argument(None, metavar="PROMPT", help='What to render, e.g. "seven thick moving right" (the digits cards\' '
-                                        'words); with --image, optional words the answer starts with.'),
-    out: Path | None = typer.Option(None, "-o", "--out", show_default="out/jaxpipe.gif",
-                                    help="Output: .gif for a video, .png for an image (a text answer is printed)."),
+    prompt: str | None = typer.Argument(
+        None,
+        metavar="PROMPT",
+        help='What to render, e.g. "seven thick moving right" (the digits cards\' '
+        "words); with --image, optional words the answer starts with.",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "-o",
+        "--out",
+        show_default="out/jaxpipe.gif",
+        help="Output: .gif for a video, .png for an image (a text answer is printed).",
+    ),
     seed: int = typer.Option(0, help="Random seed (same seed, same machine: same bits)."),
     steps: int | None = typer.Option(None, help="Denoising steps per stage (default: each card's own)."),
-    model: str | None = typer.Option(None, show_default=DEFAULT_T2I, help=(
-        "The card: a bundled id (`jaxpipe cards`) or a card directory. A text-to-image card writes a .png, or a .gif "
-        "with its image animated by --video-model; a text-to-video card writes a .gif; with --image, what the card "
-        "does with an image.")),
-    video_model: str | None = typer.Option(None, show_default=DEFAULT_I2V,
-                                           help="Image-to-video card animating --model's image into the .gif."),
-    workflow: str | None = typer.Option(None, help="Run a registered workflow instead of one card "
-                                        "(image_video.t2i_i2v, image_video.t2i_i2v_extended, video.t2v_continue ...)."),
-    image: Path | None = typer.Option(None, help="An input image for a card that reads one (wan-i2v animates it, "
-                                      "bagel-mot captions it); resized to the card's size."),
+    model: str | None = typer.Option(
+        None,
+        show_default=DEFAULT_T2I,
+        help=(
+            "The card: a bundled id (`jaxpipe cards`) or a card directory. A text-to-image card writes a .png, or a .gif "
+            "with its image animated by --video-model; a text-to-video card writes a .gif; with --image, what the card "
+            "does with an image."
+        ),
+    ),
+    video_model: str | None = typer.Option(
+        None, show_default=DEFAULT_I2V, help="Image-to-video card animating --model's image into the .gif."
+    ),
+    workflow: str | None = typer.Option(
+        None,
+        help="Run a registered workflow instead of one card "
+        "(image_video.t2i_i2v, image_video.t2i_i2v_extended, video.t2v_continue ...).",
+    ),
+    image: Path | None = typer.Option(
+        None,
+        help="An input image for a card that reads one (wan-i2v animates it, "
+        "bagel-mot captions it); resized to the card's size.",
+    ),
     guidance: float | None = typer.Option(None, help="Classifier-free guidance scale (default: the card's)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files instead of refusing."),
 ) -> None:
@@ -321,8 +363,11 @@ def generate(
     if stop():
         _stopped(stop, "before loading")
     try:
-        plan = (_workflow_plan(workflow, prompt, out, settings) if workflow is not None
-                else _card_plan(model, video_model, image, prompt, out, settings))
+        plan = (
+            _workflow_plan(workflow, prompt, out, settings)
+            if workflow is not None
+            else _card_plan(model, video_model, image, prompt, out, settings)
+        )
     except ValueError as err:  # a Request the settings cannot make
         fail(_in_flag_terms(str(err)))
     if stop():
@@ -371,21 +416,33 @@ def generate(
         typer.echo(f"wrote {save_png(result['image'], out)} {took}")
     else:
         frames = result["video"]
-        first = f" and {save_png(result['image'], out.with_suffix('.png'))}" if plan.first_image and "image" in result else ""
+        first = (
+            f" and {save_png(result['image'], out.with_suffix('.png'))}"
+            if plan.first_image and "image" in result
+            else ""
+        )
         typer.echo(f"wrote {save_gif(frames, out)} ({frames.shape[0]} frames){first} {took}")
 
 
 @app.command()
 def evaluate(
-    samples: int | None = typer.Option(None, help="Prompts (and videos) to judge (default: 200; shapes: 24 prompts "
-                                       "per category, 2 seeds each)."),
+    samples: int | None = typer.Option(
+        None, help="Prompts (and videos) to judge (default: 200; shapes: 24 prompts per category, 2 seeds each)."
+    ),
     seed: int = typer.Option(0, help="Seed of the prompts and the sampling."),
     steps: int | None = typer.Option(None, help="Denoising steps (default: each card's own)."),
-    model: str | None = typer.Option(None, help="Text-to-image card to judge (default: the world's: flux-t2i, shapes-t2i)."),
-    video_model: str | None = typer.Option(None, help="Video card to judge (default: the world's: wan-i2v, shapes-t2v)."),
+    model: str | None = typer.Option(
+        None, help="Text-to-image card to judge (default: the world's: flux-t2i, shapes-t2i)."
+    ),
+    video_model: str | None = typer.Option(
+        None, help="Video card to judge (default: the world's: wan-i2v, shapes-t2v)."
+    ),
     guidance: float | None = typer.Option(None, help="Classifier-free guidance scale (default: each card's)."),
-    world: str = typer.Option("digits", help="digits: C4 quality by the digit-scorer and independent judges; "
-                              "shapes: GenEval's six categories by the analytic judge."),
+    world: str = typer.Option(
+        "digits",
+        help="digits: C4 quality by the digit-scorer and independent judges; "
+        "shapes: GenEval's six categories by the analytic judge.",
+    ),
     out: Path | None = typer.Option(None, "-o", "--out", help="Also write the report as JSON here."),
 ) -> None:
     """Measure quality. ``--world digits``: digit and attribute accuracy judged by the digit-scorer (the RL reward)
@@ -424,10 +481,14 @@ def evaluate(
                 from jaxpipe.shapes import evaluation
 
                 report = {
-                    "t2i": {split: evaluation.geneval(t2i, split=split, prompts=samples, **common)
-                            for split in ("train", "heldout")},
-                    "t2v": {split: evaluation.video_quality(t2v, split=split, prompts=2 * samples, **common)
-                            for split in ("train", "heldout")},
+                    "t2i": {
+                        split: evaluation.geneval(t2i, split=split, prompts=samples, **common)
+                        for split in ("train", "heldout")
+                    },
+                    "t2v": {
+                        split: evaluation.video_quality(t2v, split=split, prompts=2 * samples, **common)
+                        for split in ("train", "heldout")
+                    },
                 }
     except Stopped:
         typer.echo(f"stopped ({signal.Signals(stop.signum).name}): no report written", err=True)

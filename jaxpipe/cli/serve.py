@@ -28,19 +28,38 @@ _MODES = ("batched", "serial", "interleaved")
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default: nothing outside this machine)."),
     port: int = typer.Option(8000, help="Port to bind."),
-    model: list[str] = typer.Option([], "--model", show_default="every bundled card and workflow", help=(
-        "A card to serve: a bundled id (`jaxpipe cards`), a card directory, or a bundled workflow id "
-        "(image_video.t2i_i2v). Repeatable. The bundled workflows whose cards are all served are served too.")),
-    reward: list[str] = typer.Option([], "--reward", help=(
-        "A reward model for POST /v1/rewards (a reward spec: digit-scorer, clipscore:DIR, a URL ...). Repeatable.")),
-    mode: str = typer.Option("batched", help="How requests step: batched (rows of compatible requests step together), "
-                                             "serial (one at a time, bit for bit as offline) or interleaved."),
+    model: list[str] = typer.Option(
+        [],
+        "--model",
+        show_default="every bundled card and workflow",
+        help=(
+            "A card to serve: a bundled id (`jaxpipe cards`), a card directory, or a bundled workflow id "
+            "(image_video.t2i_i2v). Repeatable. The bundled workflows whose cards are all served are served too."
+        ),
+    ),
+    reward: list[str] = typer.Option(
+        [],
+        "--reward",
+        help=(
+            "A reward model for POST /v1/rewards (a reward spec: digit-scorer, clipscore:DIR, a URL ...). Repeatable."
+        ),
+    ),
+    mode: str = typer.Option(
+        "batched",
+        help="How requests step: batched (rows of compatible requests step together), "
+        "serial (one at a time, bit for bit as offline) or interleaved.",
+    ),
     max_rows: int = typer.Option(64, "--max-rows", help="Rows (requests, or images of one call) stepping at once."),
     max_queued: int = typer.Option(256, "--max-queued", help="Rows admitted beyond --max-rows; past it: 429 busy."),
-    max_memory_gb: float | None = typer.Option(None, "--max-memory-gb", show_default="no limit",
-                                               help="Memory budget of the requests in flight (estimated from shapes)."),
-    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", help="How long work arriving at an idle server waits for "
-                                                                 "more to fill its first batch."),
+    max_memory_gb: float | None = typer.Option(
+        None,
+        "--max-memory-gb",
+        show_default="no limit",
+        help="Memory budget of the requests in flight (estimated from shapes).",
+    ),
+    max_wait_ms: float = typer.Option(
+        5.0, "--max-wait-ms", help="How long work arriving at an idle server waits for more to fill its first batch."
+    ),
     grace: float = typer.Option(30.0, "--grace", help="Seconds the running requests get to finish after SIGTERM."),
 ) -> None:
     """Serve cards over an OpenAI-compatible HTTP API: images, video jobs, chat, rewards, /v1/models, /metrics.
@@ -64,7 +83,7 @@ def serve(
     """
     missing = [name for name in _EXTRA if importlib.util.find_spec(name) is None]
     if missing:
-        fail(f"jaxpipe serve needs the serve extra ({', '.join(missing)} missing): pip install \"jaxpipe[serve]\"")
+        fail(f'jaxpipe serve needs the serve extra ({", ".join(missing)} missing): pip install "jaxpipe[serve]"')
     budget = _budget(port, mode, max_rows, max_queued, max_memory_gb, max_wait_ms, grace)
 
     from jaxpipe.stopping import Stopper
@@ -86,14 +105,16 @@ def serve(
         raise typer.Exit(code=exit_code(stop.signum))
 
     def ready(url: str) -> None:
-        typer.echo(f"jaxpipe serve: {len(engine.models())} models on {url} (mode {mode}; OpenAI base URL {url}/v1)",
-                   err=True)
+        typer.echo(
+            f"jaxpipe serve: {len(engine.models())} models on {url} (mode {mode}; OpenAI base URL {url}/v1)", err=True
+        )
 
     raise typer.Exit(code=run(app, front, host=host, port=port, grace_s=grace, on_ready=ready))
 
 
-def _budget(port: int, mode: str, max_rows: int, max_queued: int, max_memory_gb: float | None, max_wait_ms: float,
-            grace: float):
+def _budget(
+    port: int, mode: str, max_rows: int, max_queued: int, max_memory_gb: float | None, max_wait_ms: float, grace: float
+):
     """The ``Budget`` of the flags, or one error line naming the bad flag."""
     if not 0 <= port <= 65535:
         fail(f"--port must be in [0, 65535] (got {port})")

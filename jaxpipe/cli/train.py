@@ -59,25 +59,68 @@ class RunFlags:
     """Every training command: run length, output, batch shape, learning rate, prompts, reward, evaluation."""
 
     steps: int = _flag(..., "--steps", help="Training steps (one rollout + one update each).")
-    out: Path = _flag(..., "--out", "-o", help="Output directory (created if missing): metrics.jsonl, *.png, report.json and the trained card.")
+    out: Path = _flag(
+        ...,
+        "--out",
+        "-o",
+        help="Output directory (created if missing): metrics.jsonl, *.png, report.json and the trained card.",
+    )
     prompts_per_step: int = _flag(4, "--prompts-per-step", "-P", help="Prompts per step (P).")
-    group_size: int = _flag(4, "--group-size", "-K", help="Samples per prompt (K; RL: the group of the group-relative advantage, K >= 2).")
-    lr: float | None = _flag(None, "--lr", help="Learning rate of the trained generator / student (default: the method's).")
-    model_option: list[str] = _flag([], "--model-option", help="KEY=VALUE for the loader of a diffusers --model folder (e.g. height=512, width=512, max_sequence_length=128, dtype=bfloat16); repeatable.")
-    prompts: Path | None = _flag(None, "--prompts", help="Your prompts: a .txt file (one per line) or .jsonl ({\"prompt\": ..., numeric metadata}); default: the digits world's prompt grammar.")
-    heldout: float = _flag(0.1, "--heldout", help="Fraction of --prompts held out to judge the card before and after (split by --seed).")
-    reward: list[str] = _flag([], "--reward", help="Your reward: module:function or path/to/file.py:function, reward(artifacts, prompts) -> (B,), a JAX function or a @jaxpipe.rewards.host one; or a reward model folder: pickscore:DIR, clipscore:DIR, aesthetic:DIR; repeat to combine. Default: the digit-scorer over --terms.")
-    reward_weight: list[float] = _flag([], "--reward-weight", help="The weight of each --reward, in order (default 1 each).")
-    terms: str = _flag("digit,stroke,position,brightness", "--terms", help="Digits reward terms, comma-separated: digit,stroke,position,brightness (digit required).")
+    group_size: int = _flag(
+        4, "--group-size", "-K", help="Samples per prompt (K; RL: the group of the group-relative advantage, K >= 2)."
+    )
+    lr: float | None = _flag(
+        None, "--lr", help="Learning rate of the trained generator / student (default: the method's)."
+    )
+    model_option: list[str] = _flag(
+        [],
+        "--model-option",
+        help="KEY=VALUE for the loader of a diffusers --model folder (e.g. height=512, width=512, max_sequence_length=128, dtype=bfloat16); repeatable.",
+    )
+    prompts: Path | None = _flag(
+        None,
+        "--prompts",
+        help='Your prompts: a .txt file (one per line) or .jsonl ({"prompt": ..., numeric metadata}); default: the digits world\'s prompt grammar.',
+    )
+    heldout: float = _flag(
+        0.1, "--heldout", help="Fraction of --prompts held out to judge the card before and after (split by --seed)."
+    )
+    reward: list[str] = _flag(
+        [],
+        "--reward",
+        help="Your reward: module:function or path/to/file.py:function, reward(artifacts, prompts) -> (B,), a JAX function or a @jaxpipe.rewards.host one; or a reward model folder: pickscore:DIR, clipscore:DIR, aesthetic:DIR; repeat to combine. Default: the digit-scorer over --terms.",
+    )
+    reward_weight: list[float] = _flag(
+        [], "--reward-weight", help="The weight of each --reward, in order (default 1 each)."
+    )
+    terms: str = _flag(
+        "digit,stroke,position,brightness",
+        "--terms",
+        help="Digits reward terms, comma-separated: digit,stroke,position,brightness (digit required).",
+    )
     seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
-    run_eval: bool = _flag(True, "--eval/--no-eval", help="Judge the card before and after (digits: GenEval-style accuracy by the scorer and by independent judges, diversity; --reward: the held-out reward, diversity).")
+    run_eval: bool = _flag(
+        True,
+        "--eval/--no-eval",
+        help="Judge the card before and after (digits: GenEval-style accuracy by the scorer and by independent judges, diversity; --reward: the held-out reward, diversity).",
+    )
     eval_samples: int = _flag(200, "--eval-samples", help="Prompts judged before and after.")
     diversity_prompts: int = _flag(10, "--diversity-prompts", help="Prompts of the diversity measure.")
     diversity_seeds: int = _flag(6, "--diversity-seeds", help="Seeds per prompt of the diversity measure (>= 2).")
-    eval_seed: int = _flag(0, "--eval-seed", help="Seed of the evaluation prompts and noise (the same before and after).")
-    scorer: str = _flag("digit-scorer", "--scorer", help="The digits reward model card: a bundled id or a card directory.")
-    save_every: int = _flag(50, "--save-every", help="Checkpoint the training state every N steps (and always on a stop).")
-    resume: bool = _flag(False, "--resume", help="Continue the run in --out from its newest readable checkpoint (same settings; a finished run is left as it is).")
+    eval_seed: int = _flag(
+        0, "--eval-seed", help="Seed of the evaluation prompts and noise (the same before and after)."
+    )
+    scorer: str = _flag(
+        "digit-scorer", "--scorer", help="The digits reward model card: a bundled id or a card directory."
+    )
+    save_every: int = _flag(
+        50, "--save-every", help="Checkpoint the training state every N steps (and always on a stop)."
+    )
+    resume: bool = _flag(
+        False,
+        "--resume",
+        help="Continue the run in --out from its newest readable checkpoint (same settings; a finished run is left as it is).",
+    )
     overwrite: bool = _flag(False, "--overwrite", help="Replace the run in a non-empty --out instead of refusing.")
     typed: dict[str, str] = dataclasses.field(default_factory=dict)
     """The command's flags as the user types them (set by ``_with``; ``_typed_flags``)."""
@@ -116,7 +159,9 @@ class RunFlags:
                 raise ValueError("--reward-weight needs --reward")
             return None
         if self.reward_weight and len(self.reward_weight) != len(self.reward):
-            raise ValueError(f"give one --reward-weight per --reward ({len(self.reward)}), or none (got {len(self.reward_weight)})")
+            raise ValueError(
+                f"give one --reward-weight per --reward ({len(self.reward)}), or none (got {len(self.reward_weight)})"
+            )
         names = [rewards.spec_name(spec) for spec in self.reward]  # a reward model by its kind, not its directory
         if len(set(names)) != len(names):
             raise ValueError(f"two --reward s share a name ({self.reward} are named {names}); rename one")
@@ -143,8 +188,12 @@ class RunFlags:
 
         if not self.run_eval:
             return None
-        return EvalSettings(samples=self.eval_samples, diversity_prompts=self.diversity_prompts,
-                            diversity_seeds=self.diversity_seeds, seed=self.eval_seed)
+        return EvalSettings(
+            samples=self.eval_samples,
+            diversity_prompts=self.diversity_prompts,
+            diversity_seeds=self.diversity_seeds,
+            seed=self.eval_seed,
+        )
 
     def held_out(self):
         """The held-out evaluation of a run on the user's prompts (``None`` with ``--no-eval``)."""
@@ -152,8 +201,12 @@ class RunFlags:
 
         if not self.run_eval:
             return None
-        return HeldOut(samples=self.eval_samples, diversity_prompts=self.diversity_prompts,
-                       diversity_seeds=self.diversity_seeds, seed=self.eval_seed)
+        return HeldOut(
+            samples=self.eval_samples,
+            diversity_prompts=self.diversity_prompts,
+            diversity_seeds=self.diversity_seeds,
+            seed=self.eval_seed,
+        )
 
 
 @dataclasses.dataclass
@@ -161,14 +214,34 @@ class PolicyFlags:
     """The policy-gradient commands (FlowGRPO and the methods built on it): SDE rollouts, PPO, KL."""
 
     num_steps: int = _flag(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation.")
-    sde_window: str = _flag("0,4", "--sde-window", help="START,STOP: denoise steps sampled with the SDE and trained (ODE elsewhere); 'all' = every step.")
+    sde_window: str = _flag(
+        "0,4",
+        "--sde-window",
+        help="START,STOP: denoise steps sampled with the SDE and trained (ODE elsewhere); 'all' = every step.",
+    )
     noise_level: float = _flag(0.7, "--noise-level", help="SDE noise level (eta).")
     beta: float = _flag(0.04, "--beta", help="Generator KL weight to the frozen reference DiT.")
-    kl: str = _flag("exact", "--kl", help="Generator KL convention: exact (Gaussian KL of the SDE step) or flowgrpo (the official code's: exact x |dt|).")
+    kl: str = _flag(
+        "exact",
+        "--kl",
+        help="Generator KL convention: exact (Gaussian KL of the SDE step) or flowgrpo (the official code's: exact x |dt|).",
+    )
     clip_eps: float = _flag(1e-3, "--clip-eps", help="Generator PPO ratio clip.")
-    minibatches: int = _flag(1, "--minibatches", help="Updates per epoch over each rollout: its P·K rows split into this many shuffled minibatches.")
-    inner_epochs: int = _flag(1, "--inner-epochs", help="Passes over each rollout's minibatches (updates per rollout = minibatches × inner epochs).")
-    timestep_fraction: float = _flag(1.0, "--timestep-fraction", help="Fraction (0, 1] of the captured denoising steps each minibatch trains on, drawn per sample.")
+    minibatches: int = _flag(
+        1,
+        "--minibatches",
+        help="Updates per epoch over each rollout: its P·K rows split into this many shuffled minibatches.",
+    )
+    inner_epochs: int = _flag(
+        1,
+        "--inner-epochs",
+        help="Passes over each rollout's minibatches (updates per rollout = minibatches × inner epochs).",
+    )
+    timestep_fraction: float = _flag(
+        1.0,
+        "--timestep-fraction",
+        help="Fraction (0, 1] of the captured denoising steps each minibatch trains on, drawn per sample.",
+    )
 
     def generator(self, run: RunFlags, lora=None):
         """The generator's ``FlowGRPOConfig`` (``lora``: its ``LoRAConfig``, ``LoRAFlags.config``)."""
@@ -176,11 +249,19 @@ class PolicyFlags:
         from jaxpipe.training.ppo import Schedule
 
         config = FlowGRPOConfig(
-            group=run.group(), sampling=Sampling(num_steps=self.num_steps, sampler="sde", noise_level=self.noise_level,
-                                                 sde_window=_window(self.sde_window)),
-            clip_eps=self.clip_eps, beta=self.beta, kl=self.kl,
+            group=run.group(),
+            sampling=Sampling(
+                num_steps=self.num_steps,
+                sampler="sde",
+                noise_level=self.noise_level,
+                sde_window=_window(self.sde_window),
+            ),
+            clip_eps=self.clip_eps,
+            beta=self.beta,
+            kl=self.kl,
             ppo=Schedule(self.minibatches, self.inner_epochs, self.timestep_fraction),
-            optimizer=run.optimizer(FlowGRPOConfig().optimizer), lora=lora,
+            optimizer=run.optimizer(FlowGRPOConfig().optimizer),
+            lora=lora,
         )
         config.ppo.check_rows(run.prompts_per_step * run.group_size)  # before any card loads
         return config
@@ -199,17 +280,32 @@ class RefinerFlags:
         """The ``JointRLConfig`` of the refiner and generator flags (``lora``: the generator's ``LoRAConfig``)."""
         from jaxpipe.training import JointRLConfig, Optimizer, RefinerConfig
 
-        return JointRLConfig(generator=policy.generator(run, lora), refiner=RefinerConfig(skip=self.skip, beta=self.lm_beta),
-                             refiner_optimizer=Optimizer(self.lm_lr), joint=not self.prompt_only, **changes)
+        return JointRLConfig(
+            generator=policy.generator(run, lora),
+            refiner=RefinerConfig(skip=self.skip, beta=self.lm_beta),
+            refiner_optimizer=Optimizer(self.lm_lr),
+            joint=not self.prompt_only,
+            **changes,
+        )
 
 
 @dataclasses.dataclass
 class LoRAFlags:
     """The denoiser-training commands: train LoRA adapters on the denoiser instead of all its weights."""
 
-    lora_rank: int = _flag(0, "--lora-rank", help="Train rank-N LoRA adapters on the denoiser, its base weights frozen; the trained card has them merged (0: off, train every weight).")
-    lora_alpha: float | None = _flag(None, "--lora-alpha", help="LoRA alpha: the adapters are scaled by alpha/rank (default: the rank, scale 1).")
-    lora_targets: str | None = _flag(None, "--lora-targets", help="Comma-separated layer names the adapters wrap, matched against the end of each layer's name like peft's target_modules, e.g. to_q,to_k,to_v,to_out.0 (default: the network's own: FLUX's attention and feed-forward projections, the DiT's attention and MLP).")
+    lora_rank: int = _flag(
+        0,
+        "--lora-rank",
+        help="Train rank-N LoRA adapters on the denoiser, its base weights frozen; the trained card has them merged (0: off, train every weight).",
+    )
+    lora_alpha: float | None = _flag(
+        None, "--lora-alpha", help="LoRA alpha: the adapters are scaled by alpha/rank (default: the rank, scale 1)."
+    )
+    lora_targets: str | None = _flag(
+        None,
+        "--lora-targets",
+        help="Comma-separated layer names the adapters wrap, matched against the end of each layer's name like peft's target_modules, e.g. to_q,to_k,to_v,to_out.0 (default: the network's own: FLUX's attention and feed-forward projections, the DiT's attention and MLP).",
+    )
 
     def config(self):
         """The ``LoRAConfig`` of the flags (``None`` without ``--lora-rank``).
@@ -226,7 +322,9 @@ class LoRAFlags:
             raise ValueError(f"--lora-rank must be >= 0 (0: no adapters; got {self.lora_rank})")
         if self.lora_rank == 0:
             if self.lora_alpha is not None or self.lora_targets is not None:
-                raise ValueError("--lora-alpha and --lora-targets set up LoRA adapters: they need --lora-rank N (N >= 1)")
+                raise ValueError(
+                    "--lora-alpha and --lora-targets set up LoRA adapters: they need --lora-rank N (N >= 1)"
+                )
             return None
         targets = None
         if self.lora_targets is not None:
@@ -249,13 +347,16 @@ def _with(*groups: type):
         hints = typing.get_type_hints(command)
         own = [
             p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
-            for p in inspect.signature(command).parameters.values() if p.name not in names
+            for p in inspect.signature(command).parameters.values()
+            if p.name not in names
         ]
         shared = []
         for group in groups:
             types = typing.get_type_hints(group)
             shared += [
-                inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.metadata["option"], annotation=types[f.name])
+                inspect.Parameter(
+                    f.name, inspect.Parameter.KEYWORD_ONLY, default=f.metadata["option"], annotation=types[f.name]
+                )
                 for f in _options(group)
             ]
         decls = {p.name: p.default.param_decls for p in [*shared, *own]}
@@ -323,7 +424,9 @@ def _typed_flags(values: dict, decls: dict[str, tuple[str, ...]]) -> dict[str, s
     return typed
 
 
-def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *, name: str, needs_reward: bool = True) -> None:
+def _train(
+    flags: RunFlags, model: str, make_config, digits_run, method=None, *, name: str, needs_reward: bool = True
+) -> None:
     """Validate the settings (``make_config()``; ValueError = bad settings), load the cards, build the
     run and execute it, echoing progress: the digits world's (``digits_run(card, scorer, config,
     evaluation)``) or, with ``--prompts`` / ``--reward``, the user's (``method(card, reward, config)``,
@@ -368,9 +471,18 @@ def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *,
 
                 (card,) = load(model, options=parse_options(flags.model_option))
                 train, heldout = user
-                run = custom_run(name, method(card, reward, config), card, train, prompts_per_step=flags.prompts_per_step,
-                                 seed=flags.seed, config=config, reward=reward, heldout=heldout,
-                                 evaluation=flags.held_out())
+                run = custom_run(
+                    name,
+                    method(card, reward, config),
+                    card,
+                    train,
+                    prompts_per_step=flags.prompts_per_step,
+                    seed=flags.seed,
+                    config=config,
+                    reward=reward,
+                    heldout=heldout,
+                    evaluation=flags.held_out(),
+                )
             else:
                 card, scorer = load(model, flags.scorer, options=parse_options(flags.model_option))
                 run = digits_run(card, scorer, config, evaluation)
@@ -382,14 +494,24 @@ def _train(flags: RunFlags, model: str, make_config, digits_run, method=None, *,
             except ValueError as err:  # another run's settings: named, flag by flag
                 fail(str(err))
             if done is not None:
-                typer.echo(f"{run.name}: the run in {out} already finished ({flags.steps} steps), nothing to resume; "
-                           f"its report: {out / 'report.json'}")
+                typer.echo(
+                    f"{run.name}: the run in {out} already finished ({flags.steps} steps), nothing to resume; "
+                    f"its report: {out / 'report.json'}"
+                )
                 return
         typer.echo(f"{run.name}: {flags.steps} steps -> {out} (JAX on {jax.default_backend()})")
         try:
             report = execute(
-                run, steps=flags.steps, out=out, seed=flags.seed, log=typer.echo, save_every=flags.save_every,
-                resume=flags.resume, overwrite=flags.overwrite, should_stop=stop, flags=flags.typed,
+                run,
+                steps=flags.steps,
+                out=out,
+                seed=flags.seed,
+                log=typer.echo,
+                save_every=flags.save_every,
+                resume=flags.resume,
+                overwrite=flags.overwrite,
+                should_stop=stop,
+                flags=flags.typed,
             )
         except ValueError as err:
             fail(str(err))
@@ -414,12 +536,20 @@ class _DigitsRun:
         """The ``PromptSpec`` of the flags (a ValueError naming a bad ``--terms`` / ``--mention`` / ``--prefer``)."""
         from jaxpipe.digits import runs
 
-        return runs.PromptSpec(terms=runs.parse_terms(self.flags.terms), mention=self.mention,
-                               prefer=runs.parse_preferences(self.prefer))
+        return runs.PromptSpec(
+            terms=runs.parse_terms(self.flags.terms), mention=self.mention, prefer=runs.parse_preferences(self.prefer)
+        )
 
     def __call__(self, card, scorer, config, evaluation):
-        return self.builder(card, scorer, config, self.prompts(), prompts_per_step=self.flags.prompts_per_step,
-                            seed=self.flags.seed, evaluation=evaluation)
+        return self.builder(
+            card,
+            scorer,
+            config,
+            self.prompts(),
+            prompts_per_step=self.flags.prompts_per_step,
+            seed=self.flags.seed,
+            evaluation=evaluation,
+        )
 
 
 @train_app.command("flow-grpo")
@@ -428,16 +558,28 @@ def train_flow_grpo(
     runflags: RunFlags,
     policyflags: PolicyFlags,
     loraflags: LoRAFlags,
-    mention: float = typer.Option(1.0, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute (1 = full compositional prompts)."),
-    model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."),
+    mention: float = typer.Option(
+        1.0,
+        "--mention",
+        help="Digits prompts: probability that a prompt names each rewarded attribute (1 = full compositional prompts).",
+    ),
+    model: str = typer.Option(
+        "flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."
+    ),
 ) -> None:
     """FlowGRPO on a text-to-image card (digits: the digit-scorer reward on full compositional prompts by default)."""
     from jaxpipe.digits import runs
     from jaxpipe.training import FlowGRPO
 
     flags = runflags
-    _train(flags, model, lambda: policyflags.generator(flags, loraflags.config()),
-           _DigitsRun(runs.flow_grpo_run, flags, mention), FlowGRPO, name="flow-grpo")
+    _train(
+        flags,
+        model,
+        lambda: policyflags.generator(flags, loraflags.config()),
+        _DigitsRun(runs.flow_grpo_run, flags, mention),
+        FlowGRPO,
+        name="flow-grpo",
+    )
 
 
 @train_app.command("nft")
@@ -446,16 +588,30 @@ def train_nft(
     runflags: RunFlags,
     loraflags: LoRAFlags,
     num_steps: int = typer.Option(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation."),
-    beta: float = typer.Option(1.0, "--beta", help="NFT step beta in (0, 1]: the implicit policies v± = v_old ± beta·(v_θ − v_old)."),
-    adv_clip: float = typer.Option(2.0, "--adv-clip", help="Advantage clip; r = 0.5 + 0.5·A/adv_clip is the optimality weight."),
-    ema_start: float = typer.Option(0.0, "--ema-start", help="The old policy's EMA decay at the first update (0: on-policy)."),
+    beta: float = typer.Option(
+        1.0, "--beta", help="NFT step beta in (0, 1]: the implicit policies v± = v_old ± beta·(v_θ − v_old)."
+    ),
+    adv_clip: float = typer.Option(
+        2.0, "--adv-clip", help="Advantage clip; r = 0.5 + 0.5·A/adv_clip is the optimality weight."
+    ),
+    ema_start: float = typer.Option(
+        0.0, "--ema-start", help="The old policy's EMA decay at the first update (0: on-policy)."
+    ),
     ema_end: float = typer.Option(0.5, "--ema-end", help="The old policy's EMA decay after the ramp."),
-    ema_ramp: int = typer.Option(100, "--ema-ramp", help="Updates over which the decay ramps linearly from --ema-start to --ema-end."),
+    ema_ramp: int = typer.Option(
+        100, "--ema-ramp", help="Updates over which the decay ramps linearly from --ema-start to --ema-end."
+    ),
     sampler: str = typer.Option("ode", "--sampler", help="The rollout's sampler: ode (no log-probs needed) or sde."),
     guidance: float = typer.Option(1.0, "--guidance", help="CFG scale of the rollouts."),
-    sigma_sampling: str = typer.Option("uniform", "--sigma-sampling", help="How the update re-noises clean samples: uniform or logit_normal."),
-    mention: float = typer.Option(1.0, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."),
-    model: str = typer.Option("flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."),
+    sigma_sampling: str = typer.Option(
+        "uniform", "--sigma-sampling", help="How the update re-noises clean samples: uniform or logit_normal."
+    ),
+    mention: float = typer.Option(
+        1.0, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."
+    ),
+    model: str = typer.Option(
+        "flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."
+    ),
 ) -> None:
     """DiffusionNFT on a text-to-image card: likelihood-free RL on the forward process."""
     from jaxpipe.digits import runs
@@ -465,13 +621,16 @@ def train_nft(
 
     def config():
         return DiffusionNFTConfig(
-            group=flags.group(adv_clip=adv_clip), sampling=Sampling(num_steps=num_steps, sampler=sampler, guidance=guidance),
-            beta=beta, ema=EMA(ema_start, ema_end, ema_ramp), noise=NoiseLevels(sigma_sampling),
-            optimizer=flags.optimizer(DiffusionNFTConfig().optimizer), lora=loraflags.config(),
+            group=flags.group(adv_clip=adv_clip),
+            sampling=Sampling(num_steps=num_steps, sampler=sampler, guidance=guidance),
+            beta=beta,
+            ema=EMA(ema_start, ema_end, ema_ramp),
+            noise=NoiseLevels(sigma_sampling),
+            optimizer=flags.optimizer(DiffusionNFTConfig().optimizer),
+            lora=loraflags.config(),
         )
 
-    _train(flags, model, config,
-           _DigitsRun(runs.nft_run, flags, mention), DiffusionNFT, name="nft")
+    _train(flags, model, config, _DigitsRun(runs.nft_run, flags, mention), DiffusionNFT, name="nft")
 
 
 @train_app.command("dmd2")
@@ -479,12 +638,20 @@ def train_nft(
 def train_dmd2(
     runflags: RunFlags,
     loraflags: LoRAFlags,
-    student_steps: int = typer.Option(2, "--student-steps", help="The student's sampling steps (1 or 2; at most the teacher's)."),
+    student_steps: int = typer.Option(
+        2, "--student-steps", help="The student's sampling steps (1 or 2; at most the teacher's)."
+    ),
     critic_steps: int = typer.Option(5, "--critic-steps", help="Fake-score critic updates per student update."),
     critic_lr: float = typer.Option(2e-4, "--critic-lr", help="The critic's learning rate (--lr is the student's)."),
-    guidance: float | None = typer.Option(None, "--guidance", help="The teacher's (real score's) CFG scale (default: the teacher card's)."),
-    mention: float = typer.Option(0.5, "--mention", help="Digits prompts: probability that a training prompt names each attribute."),
-    model: str = typer.Option("flux-t2i", "--model", help="Text-to-image teacher card: a bundled id, a card directory or a diffusers folder."),
+    guidance: float | None = typer.Option(
+        None, "--guidance", help="The teacher's (real score's) CFG scale (default: the teacher card's)."
+    ),
+    mention: float = typer.Option(
+        0.5, "--mention", help="Digits prompts: probability that a training prompt names each attribute."
+    ),
+    model: str = typer.Option(
+        "flux-t2i", "--model", help="Text-to-image teacher card: a bundled id, a card directory or a diffusers folder."
+    ),
 ) -> None:
     """DMD2: distil a text-to-image card into a 1-2 step student (its card is served like any other)."""
     from jaxpipe.digits import runs
@@ -494,25 +661,56 @@ def train_dmd2(
 
     def config():
         base = DMD2Config()
-        dm = DistributionMatching(critic=dataclasses.replace(base.dm.critic, learning_rate=critic_lr),
-                                  critic_steps=critic_steps, real_guidance=guidance)
-        return DMD2Config(student_steps=student_steps, group=flags.group(), student=flags.optimizer(base.student), dm=dm,
-                          lora=loraflags.config())
+        dm = DistributionMatching(
+            critic=dataclasses.replace(base.dm.critic, learning_rate=critic_lr),
+            critic_steps=critic_steps,
+            real_guidance=guidance,
+        )
+        return DMD2Config(
+            student_steps=student_steps,
+            group=flags.group(),
+            student=flags.optimizer(base.student),
+            dm=dm,
+            lora=loraflags.config(),
+        )
 
-    _train(flags, model, config,
-           _DigitsRun(runs.dmd2_run, flags, mention), lambda card, reward, cfg: DMD2(card, cfg), name=f"dmd2 ({student_steps}-step student)", needs_reward=False)
+    _train(
+        flags,
+        model,
+        config,
+        _DigitsRun(runs.dmd2_run, flags, mention),
+        lambda card, reward, cfg: DMD2(card, cfg),
+        name=f"dmd2 ({student_steps}-step student)",
+        needs_reward=False,
+    )
 
 
 @train_app.command("self-forcing")
 @_with(RunFlags)
 def train_self_forcing(
     runflags: RunFlags,
-    teacher: str = typer.Option("wan-t2v", "--teacher", help="Bidirectional text-to-video teacher (the real score): a bundled id or a card directory."),
-    critic_steps: int | None = typer.Option(None, "--critic-steps", help="Fake-score critic updates per student update (default: SelfForcingConfig's)."),
-    critic_lr: float | None = typer.Option(None, "--critic-lr", help="The critic's learning rate; --lr is the student's (defaults: SelfForcingConfig's)."),
-    critic_warmup: int | None = typer.Option(None, "--critic-warmup", help="First steps that train only the critic (default: SelfForcingConfig's)."),
-    num_steps: int | None = typer.Option(None, "--num-steps", help="Denoising steps per chunk, in training and in the card it returns (default: the card's)."),
-    model: str = typer.Option("wan-causal", "--model", help="Causal (chunk_rollout) card to train: a bundled id or a card directory."),
+    teacher: str = typer.Option(
+        "wan-t2v",
+        "--teacher",
+        help="Bidirectional text-to-video teacher (the real score): a bundled id or a card directory.",
+    ),
+    critic_steps: int | None = typer.Option(
+        None, "--critic-steps", help="Fake-score critic updates per student update (default: SelfForcingConfig's)."
+    ),
+    critic_lr: float | None = typer.Option(
+        None, "--critic-lr", help="The critic's learning rate; --lr is the student's (defaults: SelfForcingConfig's)."
+    ),
+    critic_warmup: int | None = typer.Option(
+        None, "--critic-warmup", help="First steps that train only the critic (default: SelfForcingConfig's)."
+    ),
+    num_steps: int | None = typer.Option(
+        None,
+        "--num-steps",
+        help="Denoising steps per chunk, in training and in the card it returns (default: the card's).",
+    ),
+    model: str = typer.Option(
+        "wan-causal", "--model", help="Causal (chunk_rollout) card to train: a bundled id or a card directory."
+    ),
 ) -> None:
     """SelfForcing: a causal video card trained on its own chunked rollouts against a bidirectional teacher."""
     from jaxpipe.digits import runs
@@ -523,16 +721,25 @@ def train_self_forcing(
     def config():
         base = SelfForcingConfig()
         dm = dataclasses.replace(
-            base.dm, critic=base.dm.critic if critic_lr is None else dataclasses.replace(base.dm.critic, learning_rate=critic_lr),
-            critic_steps=base.dm.critic_steps if critic_steps is None else critic_steps)
-        return SelfForcingConfig(student=flags.optimizer(base.student), dm=dm, group=flags.group(),
-                                 critic_warmup=base.critic_warmup if critic_warmup is None else critic_warmup,
-                                 sampling=Sampling(num_steps=num_steps, guidance=None))
+            base.dm,
+            critic=base.dm.critic
+            if critic_lr is None
+            else dataclasses.replace(base.dm.critic, learning_rate=critic_lr),
+            critic_steps=base.dm.critic_steps if critic_steps is None else critic_steps,
+        )
+        return SelfForcingConfig(
+            student=flags.optimizer(base.student),
+            dm=dm,
+            group=flags.group(),
+            critic_warmup=base.critic_warmup if critic_warmup is None else critic_warmup,
+            sampling=Sampling(num_steps=num_steps, guidance=None),
+        )
 
     def build(card, scorer, cfg, evaluation):
         (real,) = load(teacher)
-        return runs.self_forcing_run(card, real, scorer, cfg, prompts_per_step=flags.prompts_per_step, seed=flags.seed,
-                                     evaluation=evaluation)
+        return runs.self_forcing_run(
+            card, real, scorer, cfg, prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation
+        )
 
     def method(card, reward, cfg):
         (real,) = load(teacher)
@@ -548,17 +755,31 @@ def train_unified(
     policyflags: PolicyFlags,
     refinerflags: RefinerFlags,
     loraflags: LoRAFlags,
-    mention: float = typer.Option(0.5, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."),
-    prefer: str = typer.Option("", "--prefer", help="Digits: preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick,brightness=bright."),
-    model: str = typer.Option("unified", "--model", help="Card with a refiner LM to train: a bundled id or a card directory."),
+    mention: float = typer.Option(
+        0.5, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."
+    ),
+    prefer: str = typer.Option(
+        "",
+        "--prefer",
+        help="Digits: preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick,brightness=bright.",
+    ),
+    model: str = typer.Option(
+        "unified", "--model", help="Card with a refiner LM to train: a bundled id or a card directory."
+    ),
 ) -> None:
     """UnifiedRL: the refiner LM and the generator trained from one reward (--prompt-only: the LM alone)."""
     from jaxpipe.digits import runs
     from jaxpipe.training import UnifiedRL
 
     flags = runflags
-    _train(flags, model, lambda: refinerflags.joint(policyflags, flags, loraflags.config()),
-           _DigitsRun(runs.unified_run, flags, mention, prefer), UnifiedRL, name="unified" if not refinerflags.prompt_only else "unified (prompt-only)")
+    _train(
+        flags,
+        model,
+        lambda: refinerflags.joint(policyflags, flags, loraflags.config()),
+        _DigitsRun(runs.unified_run, flags, mention, prefer),
+        UnifiedRL,
+        name="unified" if not refinerflags.prompt_only else "unified (prompt-only)",
+    )
 
 
 @train_app.command("mot")
@@ -567,11 +788,21 @@ def train_mot(
     runflags: RunFlags,
     policyflags: PolicyFlags,
     skip: int = typer.Option(1, "--skip", help="Samples per group rendered without thinking (0 <= skip < K)."),
-    token_weight: float = typer.Option(1.0, "--token-weight", help="Weight of the thinking (token policy-gradient) part of the one summed loss."),
+    token_weight: float = typer.Option(
+        1.0, "--token-weight", help="Weight of the thinking (token policy-gradient) part of the one summed loss."
+    ),
     lm_beta: float = typer.Option(0.01, "--lm-beta", help="k3-KL weight of the thoughts to the frozen reference."),
-    mention: float = typer.Option(0.5, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."),
-    prefer: str = typer.Option("", "--prefer", help="Digits: preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick."),
-    model: str = typer.Option("bagel-mot", "--model", help="Mixture-of-Transformers card to train: a bundled id or a card directory."),
+    mention: float = typer.Option(
+        0.5, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."
+    ),
+    prefer: str = typer.Option(
+        "",
+        "--prefer",
+        help="Digits: preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick.",
+    ),
+    model: str = typer.Option(
+        "bagel-mot", "--model", help="Mixture-of-Transformers card to train: a bundled id or a card directory."
+    ),
 ) -> None:
     """RL on shared weights: one MoT transformer thinks and generates; one summed update, one optimiser."""
     from jaxpipe.digits import runs
@@ -580,11 +811,13 @@ def train_mot(
     flags = runflags
 
     def config():
-        return MoTRLConfig(generator=policyflags.generator(flags), thinking=RefinerConfig(skip=skip, beta=lm_beta),
-                           token_weight=token_weight)
+        return MoTRLConfig(
+            generator=policyflags.generator(flags),
+            thinking=RefinerConfig(skip=skip, beta=lm_beta),
+            token_weight=token_weight,
+        )
 
-    _train(flags, model, config,
-           _DigitsRun(runs.mot_run, flags, mention, prefer), SharedMoTRL, name="mot")
+    _train(flags, model, config, _DigitsRun(runs.mot_run, flags, mention, prefer), SharedMoTRL, name="mot")
 
 
 @train_app.command("joint")
@@ -593,12 +826,37 @@ def train_joint(
     runflags: RunFlags,
     policyflags: PolicyFlags,
     refinerflags: RefinerFlags,
-    refiners: int = typer.Option(3, "--refiners", "-N", help="Refiner experts (digits: each owns one attribute slot: stroke, position, brightness, cycling)."),
-    credit: str = typer.Option("per_expert", "--credit", help="shared (one advantage for every refiner) or per_expert (each refiner's own reward term)."),
-    expert_map: str = typer.Option("auto", "--expert-map", help="How the N refiner updates map over the experts: vmap, map (lax.map) or auto (map on one CPU device, vmap on GPU/TPU)."),
-    mention: float = typer.Option(0.0, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute (0: the refiners choose them all)."),
-    prefer: str = typer.Option("stroke=thick,position=right,brightness=dim", "--prefer", help="Digits: the attribute values the reward prefers when a prompt leaves them out."),
-    model: str = typer.Option("unified", "--model", help="Card with a refiner LM whose LM initialises every refiner (bundled id or directory)."),
+    refiners: int = typer.Option(
+        3,
+        "--refiners",
+        "-N",
+        help="Refiner experts (digits: each owns one attribute slot: stroke, position, brightness, cycling).",
+    ),
+    credit: str = typer.Option(
+        "per_expert",
+        "--credit",
+        help="shared (one advantage for every refiner) or per_expert (each refiner's own reward term).",
+    ),
+    expert_map: str = typer.Option(
+        "auto",
+        "--expert-map",
+        help="How the N refiner updates map over the experts: vmap, map (lax.map) or auto (map on one CPU device, vmap on GPU/TPU).",
+    ),
+    mention: float = typer.Option(
+        0.0,
+        "--mention",
+        help="Digits prompts: probability that a prompt names each rewarded attribute (0: the refiners choose them all).",
+    ),
+    prefer: str = typer.Option(
+        "stroke=thick,position=right,brightness=dim",
+        "--prefer",
+        help="Digits: the attribute values the reward prefers when a prompt leaves them out.",
+    ),
+    model: str = typer.Option(
+        "unified",
+        "--model",
+        help="Card with a refiner LM whose LM initialises every refiner (bundled id or directory).",
+    ),
 ) -> None:
     """JointMultiExpertRL: N refiner experts (one mapped update) and the generator from one reward."""
     from jaxpipe.cards import toy_multi_expert
@@ -614,6 +872,11 @@ def train_joint(
     def method(base, reward, cfg):  # the user's card: every refiner may say every word (no slots)
         return JointMultiExpertRL(toy_multi_expert.from_unified(base, refiners, model_id=base.model_id), reward, cfg)
 
-    _train(flags, model, lambda: refinerflags.joint(policyflags, flags, credit=credit, expert_map=expert_map),
-           _DigitsRun(joint_run, flags, mention, prefer), method,
-           name=f"joint ({refiners} refiners, {credit} credit{'' if not refinerflags.prompt_only else ', prompt-only'})")
+    _train(
+        flags,
+        model,
+        lambda: refinerflags.joint(policyflags, flags, credit=credit, expert_map=expert_map),
+        _DigitsRun(joint_run, flags, mention, prefer),
+        method,
+        name=f"joint ({refiners} refiners, {credit} credit{'' if not refinerflags.prompt_only else ', prompt-only'})",
+    )

@@ -12,7 +12,15 @@ from collections.abc import Sequence
 from jaxpipe.digits.words import BRIGHTNESS, DIGIT_WORDS, POSITIONS, STROKES, VOCABULARY
 from jaxpipe.nn.text import unknown_words
 
-__all__ = ["ATTRIBUTES", "ATTRIBUTE_WORDS", "MOTION_NAMES", "MOTION_PHRASES", "caption", "parse_caption", "split_prompt"]
+__all__ = [
+    "ATTRIBUTES",
+    "ATTRIBUTE_WORDS",
+    "MOTION_NAMES",
+    "MOTION_PHRASES",
+    "caption",
+    "parse_caption",
+    "split_prompt",
+]
 
 ATTRIBUTES = ("stroke", "position", "brightness")
 """The augmented attributes, in caption order (after the digit word)."""

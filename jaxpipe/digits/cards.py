@@ -35,7 +35,18 @@ from jaxpipe.loops.chunk import ChunkConfig
 from jaxpipe.nn import DiTConfig, LatentUpsamplerConfig, TextEncoderConfig
 from jaxpipe.nn.mot import Routing
 
-__all__ = ["ASSETS", "FAMILIES", "OWN", "SLOTS", "BUNDLED", "DESCRIPTIONS", "config", "bundled_config", "multi_expert", "register"]
+__all__ = [
+    "ASSETS",
+    "FAMILIES",
+    "OWN",
+    "SLOTS",
+    "BUNDLED",
+    "DESCRIPTIONS",
+    "config",
+    "bundled_config",
+    "multi_expert",
+    "register",
+]
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 """The bundled pretrained cards, one folder per card id."""
@@ -44,9 +55,16 @@ SLOTS: tuple[tuple[str, tuple[str, ...]], ...] = tuple((name, ATTRIBUTE_WORDS[na
 """The refiner slots of a ``multi-expert`` card: one attribute (and its words) per refiner."""
 
 FAMILIES = {
-    "flux-t2i": toy_t2i, "wan-i2v": toy_i2v, "wan-t2v": toy_t2v,
-    "ltx2-two-stage": toy_two_stage, "wan22-moe": toy_sigma_moe, "wan-causal": toy_causal, "unified": toy_unified,
-    "multi-expert": toy_multi_expert, "bagel-mot": toy_mot, "cosmos3": toy_mot_video,
+    "flux-t2i": toy_t2i,
+    "wan-i2v": toy_i2v,
+    "wan-t2v": toy_t2v,
+    "ltx2-two-stage": toy_two_stage,
+    "wan22-moe": toy_sigma_moe,
+    "wan-causal": toy_causal,
+    "unified": toy_unified,
+    "multi-expert": toy_multi_expert,
+    "bagel-mot": toy_mot,
+    "cosmos3": toy_mot_video,
 }
 """Card id -> the toy family module that builds it (the two judges have the world's own families, ``OWN``)."""
 
@@ -102,7 +120,9 @@ def _text() -> TextEncoderConfig:
 def _generator(model_id: str, dit: dict | None = None, **changes):
     """The bundled generator sizes every digits video card shares with ``flux-t2i`` (text encoder dim 64,
     DiT dim 96 × 4 blocks × 4 heads), so the video cards can start from ``flux-t2i`` / ``wan-t2v`` weights."""
-    return config(model_id, text=_text(), dit=DiTConfig(dim=96, depth=4, heads=4, text_dim=64, **(dit or {})), **changes)
+    return config(
+        model_id, text=_text(), dit=DiTConfig(dim=96, depth=4, heads=4, text_dim=64, **(dit or {})), **changes
+    )
 
 
 def _unified_fields() -> dict:
@@ -111,8 +131,14 @@ def _unified_fields() -> dict:
 
 
 def _mot(model_id: str, routing: str | Routing | None = None, **changes):
-    mot = dataclasses.replace(config(model_id).mot, dim=96, depth=4, heads=4, time_embed_dim=128,
-                              **({} if routing is None else {"routing": routing}))
+    mot = dataclasses.replace(
+        config(model_id).mot,
+        dim=96,
+        depth=4,
+        heads=4,
+        time_embed_dim=128,
+        **({} if routing is None else {"routing": routing}),
+    )
     return config(model_id, mot=mot, **changes)
 
 
@@ -134,7 +160,9 @@ _BUNDLED: dict[str, Callable[..., object]] = {
     # both experts start from wan-t2v's DiT; guidance 2; the hand-over at σ = 0.5
     "wan22-moe": lambda: _generator("wan22-moe", sampling=denoise.DenoiseConfig(guidance=2.0)),
     # wan-t2v's sizes, 4 chunks of 2 frames, every chunk kept in the cache, guidance 2
-    "wan-causal": lambda: _generator("wan-causal", sampling=ChunkConfig(num_steps=8, guidance=2.0, chunks=4, chunk_frames=2)),
+    "wan-causal": lambda: _generator(
+        "wan-causal", sampling=ChunkConfig(num_steps=8, guidance=2.0, chunks=4, chunk_frames=2)
+    ),
     # the bundled flux-t2i generator plus a small refiner LM
     "unified": lambda: config("unified", **_unified_fields()),
     "multi-expert": lambda num_refiners=3: config("multi-expert", **_unified_fields(), num_refiners=num_refiners),
@@ -202,11 +230,21 @@ def register() -> None:
     for model_id in (*FAMILIES, *OWN):
         family = (OWN[model_id] if model_id in OWN else _family(model_id)).FAMILY.name
         path = ASSETS / model_id if model_id in BUNDLED else None
-        registry.register_card(model_id, family, config=_config_of(model_id), path=path, rebuild=_rebuild(model_id, path),
-                               description=DESCRIPTIONS.get(model_id, ""))
-    registry.register_card("flux-t2i-turbo", toy_t2i.FAMILY.name, path=ASSETS / "flux-t2i-turbo",
-                           rebuild=_rebuild("flux-t2i-turbo", ASSETS / "flux-t2i-turbo"),
-                           description=DESCRIPTIONS["flux-t2i-turbo"])
+        registry.register_card(
+            model_id,
+            family,
+            config=_config_of(model_id),
+            path=path,
+            rebuild=_rebuild(model_id, path),
+            description=DESCRIPTIONS.get(model_id, ""),
+        )
+    registry.register_card(
+        "flux-t2i-turbo",
+        toy_t2i.FAMILY.name,
+        path=ASSETS / "flux-t2i-turbo",
+        rebuild=_rebuild("flux-t2i-turbo", ASSETS / "flux-t2i-turbo"),
+        description=DESCRIPTIONS["flux-t2i-turbo"],
+    )
     registry.register_upgrade("multi_expert", _named_slots)
 
 

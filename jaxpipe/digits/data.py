@@ -56,10 +56,28 @@ from jaxpipe.digits.captions import (  # noqa: F401  (re-exported: the digits wo
 from jaxpipe.digits.words import BRIGHTNESS, POSITIONS, STROKES
 
 __all__ = [
-    "DIM_INK", "HELDOUT_FRACTION", "NUM_DIGITS", "SIZE", "SPLITS", "ImageDataset", "VideoDataset", "augment", "batches",
-    "concat", "load_images", "make_videos", "split_indices", "translate",
+    "DIM_INK",
+    "HELDOUT_FRACTION",
+    "NUM_DIGITS",
+    "SIZE",
+    "SPLITS",
+    "ImageDataset",
+    "VideoDataset",
+    "augment",
+    "batches",
+    "concat",
+    "load_images",
+    "make_videos",
+    "split_indices",
+    "translate",
     # re-exported from ``captions``
-    "ATTRIBUTES", "ATTRIBUTE_WORDS", "MOTION_NAMES", "MOTION_PHRASES", "caption", "parse_caption", "split_prompt",
+    "ATTRIBUTES",
+    "ATTRIBUTE_WORDS",
+    "MOTION_NAMES",
+    "MOTION_PHRASES",
+    "caption",
+    "parse_caption",
+    "split_prompt",
 ]
 
 SIZE = 16
@@ -498,8 +516,14 @@ def make_videos(
         position = np.select([motion == 0, motion == 1], [np.full(n, 2), np.full(n, 0)], drawn).astype(np.int32)
     sub_seed = int(rng.integers(0, 2**31))
     first = augment(
-        images, labels, seed=sub_seed, stroke=stroke, position=position, brightness=brightness,
-        height=height, width=width,
+        images,
+        labels,
+        seed=sub_seed,
+        stroke=stroke,
+        position=position,
+        brightness=brightness,
+        height=height,
+        width=width,
     )
     video = np.empty((n, frames, SIZE, SIZE, 1), np.float32)
     for m, (step_y, step_x) in _MOTION_STEP.items():

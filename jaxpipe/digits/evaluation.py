@@ -28,9 +28,7 @@ from jaxpipe.generate import generate
 from jaxpipe.stopping import Stopped
 from jaxpipe.training.runs.heldout import Judging, spread
 
-__all__ = ["EvalSettings", "serve", "judge", "diversity", "generator_quality", "refinement_quality",
-           "video_quality"]
-
+__all__ = ["EvalSettings", "serve", "judge", "diversity", "generator_quality", "refinement_quality", "video_quality"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +50,13 @@ class EvalSettings(Judging):
 
 
 def serve(
-    card: Card, captions: Sequence[str], seeds: Sequence[int], *, num_steps: int, refine: bool = True, batch: int = 100,
+    card: Card,
+    captions: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    num_steps: int,
+    refine: bool = True,
+    batch: int = 100,
     should_stop: Callable[[], bool] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
     """Serve ``captions`` at guidance 1 through the card's program: ``(images (N, H, W, C) in [0, 1],
@@ -130,11 +134,17 @@ def judge(scorer: Card, images: np.ndarray, prompts: Captions, *, evaluator: Eva
     """
     predicted = {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, jnp.asarray(images) * 2.0 - 1.0).items()}
     labels = prompts.labels
-    reward = sum(label_probabilities(scorer, jnp.asarray(images), {k: jnp.asarray(v) for k, v in labels.items()},
-                                     tuple(labels)).values())
+    reward = sum(
+        label_probabilities(
+            scorer, jnp.asarray(images), {k: jnp.asarray(v) for k, v in labels.items()}, tuple(labels)
+        ).values()
+    )
     independent = (evaluator or default_evaluator()).read(images)
-    return {**_agreement(predicted, prompts), "reward": float(jnp.mean(reward)),
-            "independent": _agreement(independent, prompts)}
+    return {
+        **_agreement(predicted, prompts),
+        "reward": float(jnp.mean(reward)),
+        "independent": _agreement(independent, prompts),
+    }
 
 
 def _eval_prompts(spec: PromptSpec, n: int, seed: int, stream: int) -> Captions:
@@ -164,8 +174,14 @@ def diversity(card: Card, spec: PromptSpec, settings: EvalSettings, *, num_steps
     prompts = _eval_prompts(spec, settings.diversity_prompts, settings.seed, 2).captions
     seeds_per = settings.diversity_seeds
     batch = [c for c in prompts for _ in range(seeds_per)]
-    images, _ = serve(card, batch, _eval_seeds(settings.seed, len(batch), 500_000), num_steps=num_steps, batch=settings.batch,
-                      should_stop=should_stop)
+    images, _ = serve(
+        card,
+        batch,
+        _eval_seeds(settings.seed, len(batch), 500_000),
+        num_steps=num_steps,
+        batch=settings.batch,
+        should_stop=should_stop,
+    )
     return spread(images, len(prompts), seeds_per)
 
 
@@ -187,12 +203,15 @@ def video_quality(card: Card, scorer: Card, settings: EvalSettings, *, should_st
         Stopped: once ``should_stop()`` is true.
     """
     start = time.perf_counter()
-    out = quality.t2v_quality(card, scorer, samples=settings.samples, seed=settings.seed, batch=settings.batch,
-                              should_stop=should_stop)
+    out = quality.t2v_quality(
+        card, scorer, samples=settings.samples, seed=settings.seed, batch=settings.batch, should_stop=should_stop
+    )
     rng = np.random.default_rng([settings.seed, 2])
     n, seeds = settings.diversity_prompts, settings.diversity_seeds
-    captions = [digits.caption(int(d), motion=int(m))
-                for d, m in zip(rng.integers(0, 10, n), rng.integers(0, len(digits.MOTION_NAMES), n))]
+    captions = [
+        digits.caption(int(d), motion=int(m))
+        for d, m in zip(rng.integers(0, 10, n), rng.integers(0, len(digits.MOTION_NAMES), n))
+    ]
     batch = [c for c in captions for _ in range(seeds)]
     noise = _eval_seeds(settings.seed, len(batch), 500_000)
     videos = []
@@ -228,12 +247,24 @@ def generator_quality(
     """
     start = time.perf_counter()
     out = quality.t2i_quality(
-        card, scorer, samples=settings.samples, seed=settings.seed, num_steps=num_steps, guidance=1.0, batch=settings.batch,
+        card,
+        scorer,
+        samples=settings.samples,
+        seed=settings.seed,
+        num_steps=num_steps,
+        guidance=1.0,
+        batch=settings.batch,
         should_stop=should_stop,
     )
     prompts = _eval_prompts(spec, settings.samples, settings.seed, 1)
-    images, _ = serve(card, prompts.captions, _eval_seeds(settings.seed, settings.samples), num_steps=num_steps,
-                      batch=settings.batch, should_stop=should_stop)
+    images, _ = serve(
+        card,
+        prompts.captions,
+        _eval_seeds(settings.seed, settings.samples),
+        num_steps=num_steps,
+        batch=settings.batch,
+        should_stop=should_stop,
+    )
     out["run_prompts"] = judge(scorer, images, prompts)
     out["diversity"] = diversity(card, spec, settings, num_steps=num_steps, should_stop=should_stop)
     out["eval_seconds"] = time.perf_counter() - start
@@ -272,9 +303,12 @@ def refinement_quality(
     start = time.perf_counter()
     prompts = _eval_prompts(spec, settings.samples, settings.seed, 1)
     seeds = _eval_seeds(settings.seed, settings.samples)
-    refined, text = serve(card, prompts.captions, seeds, num_steps=num_steps, batch=settings.batch, should_stop=should_stop)
-    original, _ = serve(card, prompts.captions, seeds, num_steps=num_steps, refine=False, batch=settings.batch,
-                        should_stop=should_stop)
+    refined, text = serve(
+        card, prompts.captions, seeds, num_steps=num_steps, batch=settings.batch, should_stop=should_stop
+    )
+    original, _ = serve(
+        card, prompts.captions, seeds, num_steps=num_steps, refine=False, batch=settings.batch, should_stop=should_stop
+    )
     asked, in_order = np.zeros(2), np.zeros(2)  # (asked for the preferred word, pairs)
     by_attribute = {}
     for name, label in spec.preferences.items():

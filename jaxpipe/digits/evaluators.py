@@ -28,7 +28,10 @@ from jaxpipe.digits.words import DIGIT_WORDS
 
 __all__ = ["TERMS", "Evaluator", "compare", "default_evaluator", "judge", "labels_from_prompts"]
 
-TERMS: dict[str, int] = {"digit": len(DIGIT_WORDS), **{name: len(words) for name, words in digits.ATTRIBUTE_WORDS.items()}}
+TERMS: dict[str, int] = {
+    "digit": len(DIGIT_WORDS),
+    **{name: len(words) for name, words in digits.ATTRIBUTE_WORDS.items()},
+}
 """The judged terms and their class counts (the digit-scorer's heads): digit 10, stroke 2, position 3, brightness 2."""
 
 
@@ -46,12 +49,14 @@ def _check_labels(labels: Mapping[str, object], n: int | None = None) -> dict[st
         if value.ndim != 1 or (n is not None and len(value) != n):
             want = f"({n},)" if n is not None else "(N,)"
             raise ValueError(f"labels[{term!r}] must have shape {want} (got {value.shape})")
-        if value.size and (not np.issubdtype(value.dtype, np.integer) or value.min() < -1 or value.max() >= TERMS[term]):
+        if value.size and (
+            not np.issubdtype(value.dtype, np.integer) or value.min() < -1 or value.max() >= TERMS[term]
+        ):
             raise ValueError(f"labels[{term!r}] must be ints in 0..{TERMS[term] - 1}, or -1 where not asked")
         out[term] = value.astype(np.int32)
     lengths = {len(v) for v in out.values()}
     if len(lengths) > 1:
-        raise ValueError(f"labels must all have the same length (got {({t: len(v) for t, v in out.items()})})")
+        raise ValueError(f"labels must all have the same length (got { ({t: len(v) for t, v in out.items()}) })")
     size = n if n is not None else (lengths.pop() if lengths else 0)
     if not any((v >= 0).any() for v in out.values()):
         raise ValueError("labels ask for nothing: every label is -1 (or no term is given)")

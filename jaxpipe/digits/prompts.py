@@ -19,7 +19,16 @@ from jaxpipe.digits import data as digits
 from jaxpipe.digits.rewards import REWARD_TERMS
 from jaxpipe.prompts import Prompts
 
-__all__ = ["PromptSpec", "Captions", "TEXT_WIDTH", "parse_terms", "parse_preferences", "sample_prompts", "prompt_batches", "motion_batches"]
+__all__ = [
+    "PromptSpec",
+    "Captions",
+    "TEXT_WIDTH",
+    "parse_terms",
+    "parse_preferences",
+    "sample_prompts",
+    "prompt_batches",
+    "motion_batches",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +53,9 @@ class PromptSpec:
     def __post_init__(self):
         unknown = [t for t in self.terms if t not in REWARD_TERMS]
         if unknown or not self.terms:
-            raise ValueError(f"unknown reward term(s) {unknown or list(self.terms)}; choose from {', '.join(REWARD_TERMS)}")
+            raise ValueError(
+                f"unknown reward term(s) {unknown or list(self.terms)}; choose from {', '.join(REWARD_TERMS)}"
+            )
         if len(set(self.terms)) != len(self.terms):
             raise ValueError(f"reward terms are named twice: {list(self.terms)}")
         if "digit" not in self.terms:
@@ -62,9 +73,13 @@ class PromptSpec:
             if not 0 <= int(label) < len(words):
                 raise ValueError(f"preferred {name} must be one of {', '.join(words)} (got label {label})")
             if name not in self.terms:
-                raise ValueError(f"preferring a {name} needs {name} among the reward terms (terms: {', '.join(self.terms)})")
+                raise ValueError(
+                    f"preferring a {name} needs {name} among the reward terms (terms: {', '.join(self.terms)})"
+                )
         if self.prefer and self.mention >= 1.0:
-            raise ValueError("a preference applies only to prompts that leave the attribute out; with mention 1 every prompt names it")
+            raise ValueError(
+                "a preference applies only to prompts that leave the attribute out; with mention 1 every prompt names it"
+            )
 
     @property
     def preferences(self) -> dict[str, int]:
@@ -119,7 +134,9 @@ def parse_preferences(text: str) -> tuple[tuple[str, int], ...]:
             continue
         name, sep, word = (s.strip() for s in item.partition("="))
         if not sep or name not in digits.ATTRIBUTE_WORDS:
-            raise ValueError(f"a preference is ATTRIBUTE=WORD with ATTRIBUTE one of {', '.join(digits.ATTRIBUTES)} (got {item!r})")
+            raise ValueError(
+                f"a preference is ATTRIBUTE=WORD with ATTRIBUTE one of {', '.join(digits.ATTRIBUTES)} (got {item!r})"
+            )
         words = digits.ATTRIBUTE_WORDS[name]
         if word not in words:
             raise ValueError(f"preferred {name} must be one of {', '.join(words)} (got {word!r})")
@@ -166,7 +183,9 @@ def sample_prompts(spec: PromptSpec, n: int, rng: np.random.Generator) -> Captio
         named[name] = mentioned
         labels[name] = np.where(mentioned, value, preferences.get(name, -1)).astype(np.int32)
     captions = [
-        digits.caption(int(labels["digit"][i]), *(int(labels[a][i]) if named[a][i] else None for a in digits.ATTRIBUTES))
+        digits.caption(
+            int(labels["digit"][i]), *(int(labels[a][i]) if named[a][i] else None for a in digits.ATTRIBUTES)
+        )
         for i in range(n)
     ]
     return Captions(captions, labels, named)

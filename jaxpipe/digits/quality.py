@@ -23,8 +23,17 @@ from jaxpipe.generate import generate
 from jaxpipe.progress import progress_bar
 from jaxpipe.stopping import Stopped
 
-__all__ = ["t2i_quality", "i2v_quality", "t2v_quality", "understanding_quality", "thinking_quality", "ink_centroids", "moves_as_told", "MOTION_THRESHOLD_PX",
-           "FIRST_FRAME_TOLERANCE"]
+__all__ = [
+    "t2i_quality",
+    "i2v_quality",
+    "t2v_quality",
+    "understanding_quality",
+    "thinking_quality",
+    "ink_centroids",
+    "moves_as_told",
+    "MOTION_THRESHOLD_PX",
+    "FIRST_FRAME_TOLERANCE",
+]
 
 MOTION_THRESHOLD_PX = 1.0
 """A video 'moves' in a direction when its centroid travels more than this many pixels that way."""
@@ -49,14 +58,25 @@ def _in_batches(fn, n: int, batch: int, bar=None, should_stop: Callable[[], bool
 def _denoise_defaults(card: Card):
     """The settings of the card's first sampling loop (``denoise``, ``chunk_rollout``, ...): what
     ``num_steps=None`` / ``guidance=None`` mean."""
-    return next(card.spec.loop(lp).config for lp in card.spec.recipe
-                if hasattr(card.spec.loop(lp).config, "num_steps") and hasattr(card.spec.loop(lp).config, "guidance"))
+    return next(
+        card.spec.loop(lp).config
+        for lp in card.spec.recipe
+        if hasattr(card.spec.loop(lp).config, "num_steps") and hasattr(card.spec.loop(lp).config, "guidance")
+    )
 
 
 def t2i_quality(
-    t2i: Card, scorer: Card, *, samples: int = 200, seed: int = 0, num_steps: int | None = None,
-    guidance: float | None = None, batch: int = 100, progress: bool = False,
-    should_stop: Callable[[], bool] | None = None, evaluator: Evaluator | None = None,
+    t2i: Card,
+    scorer: Card,
+    *,
+    samples: int = 200,
+    seed: int = 0,
+    num_steps: int | None = None,
+    guidance: float | None = None,
+    batch: int = 100,
+    progress: bool = False,
+    should_stop: Callable[[], bool] | None = None,
+    evaluator: Evaluator | None = None,
 ) -> dict:
     """Accuracy of ``samples`` random prompts (digit and attributes drawn uniformly), each rendered twice
     (plain digit and full compositional prompt), judged by the scorer and, under ``"independent"``, by
@@ -98,14 +118,26 @@ def t2i_quality(
 
     def render(prompts, bar):
         return _in_batches(
-            lambda s: generate(t2i, prompts[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
-                               num_steps=num_steps, guidance=guidance)["image"], samples, batch, bar, should_stop)
+            lambda s: generate(
+                t2i,
+                prompts[s],
+                seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
+                num_steps=num_steps,
+                guidance=guidance,
+            )["image"],
+            samples,
+            batch,
+            bar,
+            should_stop,
+        )
 
     with progress_bar(total=2 * samples, desc=f"{t2i.model_id} images", disable=not progress) as bar:
         plain_images, full_images = render(plain, bar), render(full, bar)
     judge = evaluator or default_evaluator()
     readers = {
-        "scorer": lambda images: {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, images * 2.0 - 1.0).items()},
+        "scorer": lambda images: {
+            k: np.asarray(v) for k, v in digit_scorer.predict(scorer, images * 2.0 - 1.0).items()
+        },
         "independent": judge.read,
     }
     summaries = {}
@@ -168,9 +200,17 @@ def moves_as_told(displacement: np.ndarray, motion: np.ndarray) -> np.ndarray:
 
 
 def i2v_quality(
-    i2v: Card, scorer: Card | None = None, *, samples: int = 100, seed: int = 0, num_steps: int | None = None,
-    guidance: float | None = None, batch: int = 50, progress: bool = False,
-    should_stop: Callable[[], bool] | None = None, evaluator: Evaluator | None = None,
+    i2v: Card,
+    scorer: Card | None = None,
+    *,
+    samples: int = 100,
+    seed: int = 0,
+    num_steps: int | None = None,
+    guidance: float | None = None,
+    batch: int = 50,
+    progress: bool = False,
+    should_stop: Callable[[], bool] | None = None,
+    evaluator: Evaluator | None = None,
 ) -> dict:
     """Motion, first-frame fidelity and identity of ``samples`` videos conditioned on real held-out digits
     (``progress``, ``should_stop`` and ``evaluator`` as in ``t2i_quality``).
@@ -210,8 +250,19 @@ def i2v_quality(
     prompts = list(reference.caption)
     with progress_bar(total=len(prompts), desc=f"{i2v.model_id} videos", disable=not progress) as bar:
         videos = _in_batches(
-            lambda s: generate(i2v, prompts[s], image=first[s], seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
-                               num_steps=num_steps, guidance=guidance)["video"], len(prompts), batch, bar, should_stop)
+            lambda s: generate(
+                i2v,
+                prompts[s],
+                image=first[s],
+                seed=[seed * 100_003 + i for i in range(s.start, s.stop)],
+                num_steps=num_steps,
+                guidance=guidance,
+            )["video"],
+            len(prompts),
+            batch,
+            bar,
+            should_stop,
+        )
     centroids = ink_centroids(videos)
     ok = moves_as_told(centroids[:, -1] - centroids[:, 0], reference.motion)
     frame_error = np.abs(videos[:, 0] - first).mean(axis=(1, 2, 3))
@@ -222,8 +273,11 @@ def i2v_quality(
         extra["last_frame_digit_accuracy"] = float(np.mean(np.asarray(last) == reference.digit))
         independent = (evaluator or default_evaluator()).predict(videos[:, -1])
         extra["independent"] = {"last_frame_digit_accuracy": float(np.mean(independent == reference.digit))}
-    per_motion = {name: float(np.mean(ok[reference.motion == m])) for m, name in enumerate(digits.MOTION_NAMES)
-                  if np.any(reference.motion == m)}
+    per_motion = {
+        name: float(np.mean(ok[reference.motion == m]))
+        for m, name in enumerate(digits.MOTION_NAMES)
+        if np.any(reference.motion == m)
+    }
     return {
         "samples": len(prompts),
         "num_steps": num_steps or _denoise_defaults(i2v).num_steps,
@@ -252,8 +306,15 @@ def _parsed(texts) -> dict[str, np.ndarray]:
     return out
 
 
-def understanding_quality(card: Card, *, samples: int = 200, seed: int = 0, batch: int = 100, progress: bool = False,
-                          should_stop: Callable[[], bool] | None = None) -> dict:
+def understanding_quality(
+    card: Card,
+    *,
+    samples: int = 200,
+    seed: int = 0,
+    batch: int = 100,
+    progress: bool = False,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict:
     """Image -> caption accuracy of a card with an ``understand`` program on ``samples`` held-out digits
     drawn with random attributes: per attribute (the caption names the right word), all right, and
     how often the caption is complete (digit and every attribute named once).
@@ -288,7 +349,9 @@ def understanding_quality(card: Card, *, samples: int = 200, seed: int = 0, batc
                 raise Stopped()
             part = slice(i, min(i + batch, samples))
             n = part.stop - part.start
-            texts += generate(card, [""] * n, image=pixels[part], seed=list(range(part.start, part.stop)), program=program)["caption_text"]
+            texts += generate(
+                card, [""] * n, image=pixels[part], seed=list(range(part.start, part.stop)), program=program
+            )["caption_text"]
             bar.update(n)
     said = _parsed(texts)
     keys = ("digit",) + digits.ATTRIBUTES
@@ -302,9 +365,18 @@ def understanding_quality(card: Card, *, samples: int = 200, seed: int = 0, batc
     }
 
 
-def thinking_quality(card: Card, scorer: Card, *, samples: int = 200, seed: int = 0, num_steps: int | None = None,
-                     guidance: float | None = None, batch: int = 100, progress: bool = False,
-                     should_stop: Callable[[], bool] | None = None) -> dict:
+def thinking_quality(
+    card: Card,
+    scorer: Card,
+    *,
+    samples: int = 200,
+    seed: int = 0,
+    num_steps: int | None = None,
+    guidance: float | None = None,
+    batch: int = 100,
+    progress: bool = False,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict:
     """Thinking vs not on partial prompts, judged by ``scorer``.
 
     Partial prompts are caption prefixes (the digit, then stroke, then position: 1 to 3 of the 4
@@ -338,21 +410,28 @@ def thinking_quality(card: Card, scorer: Card, *, samples: int = 200, seed: int 
     rng = np.random.default_rng(seed)
     attrs = digits.ATTRIBUTES
     keys = ("digit",) + attrs
-    labels = {"digit": rng.integers(0, 10, samples),
-              **{name: rng.integers(0, len(words), samples) for name, words in digits.ATTRIBUTE_WORDS.items()}}
+    labels = {
+        "digit": rng.integers(0, 10, samples),
+        **{name: rng.integers(0, len(words), samples) for name, words in digits.ATTRIBUTE_WORDS.items()},
+    }
     named = rng.integers(0, len(attrs), samples)  # how many attributes the prefix names (0..2)
-    prompts = [digits.caption(int(labels["digit"][i]), *(int(labels[a][i]) for a in attrs[: named[i]]))
-               for i in range(samples)]
+    prompts = [
+        digits.caption(int(labels["digit"][i]), *(int(labels[a][i]) for a in attrs[: named[i]])) for i in range(samples)
+    ]
     seeds = [seed * 100_003 + i for i in range(samples)]
-    out = {"samples": samples, "num_steps": num_steps or _denoise_defaults(card).num_steps,
-           "guidance": guidance or _denoise_defaults(card).guidance}
+    out = {
+        "samples": samples,
+        "num_steps": num_steps or _denoise_defaults(card).num_steps,
+        "guidance": guidance or _denoise_defaults(card).guidance,
+    }
     with progress_bar(total=2 * samples, desc=f"{card.model_id} think / no think", disable=not progress) as bar:
         for think in (True, False):
             thoughts: list[str] = []
 
             def render(s, think=think, thoughts=thoughts):
-                res = generate(card, prompts[s], seed=seeds[s], num_steps=num_steps, guidance=guidance,
-                               inputs={"think": think})
+                res = generate(
+                    card, prompts[s], seed=seeds[s], num_steps=num_steps, guidance=guidance, inputs={"think": think}
+                )
                 thoughts.extend(res["thought_text"])
                 return res["image"]
 
@@ -360,16 +439,21 @@ def thinking_quality(card: Card, scorer: Card, *, samples: int = 200, seed: int 
             pred = {k: np.asarray(v) for k, v in digit_scorer.predict(scorer, images * 2.0 - 1.0).items()}
             asked = {k: (np.arange(samples) >= 0) if k == "digit" else named > attrs.index(k) for k in keys}
             right = {k: (pred[k] == labels[k]) | ~asked[k] for k in keys}
-            mode = {"digit": float(np.mean(right["digit"])),
-                    "attributes": float(np.mean(np.all([right[a] for a in attrs], axis=0))),
-                    "prompt_right": float(np.mean(np.all([right[k] for k in keys], axis=0)))}
+            mode = {
+                "digit": float(np.mean(right["digit"])),
+                "attributes": float(np.mean(np.all([right[a] for a in attrs], axis=0))),
+                "prompt_right": float(np.mean(np.all([right[k] for k in keys], axis=0))),
+            }
             if think:
                 said = _parsed(thoughts)
                 kept = np.all([(said[k] == labels[k]) | ~asked[k] for k in keys], axis=0)
                 complete = np.all([said[k] >= 0 for k in keys], axis=0)
                 follows = np.all([(said[k] < 0) | (pred[k] == said[k]) for k in keys], axis=0)
-                mode.update(thought_complete=float(np.mean(complete & kept)), follows_thought=float(np.mean(follows & complete)),
-                            examples=[f"{p} -> {t}" for p, t in zip(prompts[:5], thoughts[:5])])
+                mode.update(
+                    thought_complete=float(np.mean(complete & kept)),
+                    follows_thought=float(np.mean(follows & complete)),
+                    examples=[f"{p} -> {t}" for p, t in zip(prompts[:5], thoughts[:5])],
+                )
             out["think" if think else "no_think"] = mode
     return out
 
@@ -379,9 +463,19 @@ def _reasons(card: Card) -> bool:
     return any(name == "reasoned_text" for name, _ in registry.default_program(card).texts)
 
 
-def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, num_steps: int | None = None,
-                guidance: float | None = None, batch: int = 50, progress: bool = False,
-                should_stop: Callable[[], bool] | None = None, evaluator: Evaluator | None = None) -> dict:
+def t2v_quality(
+    card: Card,
+    scorer: Card,
+    *,
+    samples: int = 100,
+    seed: int = 0,
+    num_steps: int | None = None,
+    guidance: float | None = None,
+    batch: int = 50,
+    progress: bool = False,
+    should_stop: Callable[[], bool] | None = None,
+    evaluator: Evaluator | None = None,
+) -> dict:
     """Text-to-video (``wan-t2v``, ``ltx2-two-stage``, ``wan22-moe``, ``wan-causal``, ``cosmos3``), judged by
     motion, by ``scorer`` and, under ``"independent"``, by ``evaluator``'s digit classifier (``progress``,
     ``should_stop`` and ``evaluator`` as in ``t2i_quality``).
@@ -441,19 +535,28 @@ def t2v_quality(card: Card, scorer: Card, *, samples: int = 100, seed: int = 0, 
             centroids = ink_centroids(videos)
             first = np.asarray(digit_scorer.predict(scorer, videos[:, 0] * 2.0 - 1.0)["digit"])
             last = np.asarray(digit_scorer.predict(scorer, videos[:, -1] * 2.0 - 1.0)["digit"])
-            result = {"first_frame_digit_accuracy": float(np.mean(first == digit)),
-                      "last_frame_digit_accuracy": float(np.mean(last == digit)),
-                      "independent": {f"{name}_frame_digit_accuracy": float(np.mean(judge.predict(videos[:, t]) == digit))
-                                      for name, t in (("first", 0), ("last", -1))}}
+            result = {
+                "first_frame_digit_accuracy": float(np.mean(first == digit)),
+                "last_frame_digit_accuracy": float(np.mean(last == digit)),
+                "independent": {
+                    f"{name}_frame_digit_accuracy": float(np.mean(judge.predict(videos[:, t]) == digit))
+                    for name, t in (("first", 0), ("last", -1))
+                },
+            }
             if reasons:
                 result["examples"] = texts[:5]
             if mode == "full":
                 ok = moves_as_told(centroids[:, -1] - centroids[:, 0], motion)
                 result["motion_accuracy"] = float(np.mean(ok))
                 result["motion_accuracy_by_direction"] = {
-                    name: float(np.mean(ok[motion == m])) for m, name in enumerate(digits.MOTION_NAMES) if np.any(motion == m)}
+                    name: float(np.mean(ok[motion == m]))
+                    for m, name in enumerate(digits.MOTION_NAMES)
+                    if np.any(motion == m)
+                }
             else:
-                said = np.array([digits.parse_caption(t)["motion"] if _parses(t) else None for t in texts], dtype=object)
+                said = np.array(
+                    [digits.parse_caption(t)["motion"] if _parses(t) else None for t in texts], dtype=object
+                )
                 named = np.array([m is not None for m in said])
                 told = np.where(named, [m if m is not None else 0 for m in said], 0).astype(int)
                 follows = moves_as_told(centroids[:, -1] - centroids[:, 0], told) & named

@@ -57,8 +57,9 @@ def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> Reward:
     return reward
 
 
-def label_probabilities(scorer: Card, images: jax.Array, labels: Mapping[str, jax.Array],
-                        terms: tuple[str, ...]) -> dict[str, jax.Array]:
+def label_probabilities(
+    scorer: Card, images: jax.Array, labels: Mapping[str, jax.Array], terms: tuple[str, ...]
+) -> dict[str, jax.Array]:
     """``{term: (B,)}``: the ``digit-scorer``'s probability of each term's label ``labels[term]`` ``(B,)`` for
     ``images`` ``(B, H, W, C)`` in [0, 1] (videos ``(B, T, H, W, C)``: averaged over the frames); 0 where the
     label is -1.
@@ -80,8 +81,10 @@ def label_probabilities(scorer: Card, images: jax.Array, labels: Mapping[str, ja
         raise ValueError(f"the prompts carry no labels for reward term(s) {missing} (metadata: {sorted(labels)})")
     frames = images.shape[1] if images.ndim == 5 else 1
     flat = images.reshape((-1, *images.shape[-3:]))
-    probs = {k: jnp.mean(p.reshape(-1, frames, p.shape[-1]), axis=1)
-             for k, p in digit_scorer.score(scorer, flat * 2.0 - 1.0).items()}
+    probs = {
+        k: jnp.mean(p.reshape(-1, frames, p.shape[-1]), axis=1)
+        for k, p in digit_scorer.score(scorer, flat * 2.0 - 1.0).items()
+    }
     parts = {}
     for term in terms:
         label = jnp.asarray(labels[term])

@@ -28,9 +28,23 @@ from jaxpipe.training.methods.self_forcing import SelfForcing, SelfForcingConfig
 from jaxpipe.training.runs import Run, execute
 
 __all__ = [
-    "EvalSettings", "PromptSpec", "Run", "execute", "parse_preferences", "parse_terms", "prompt_batches",
-    "motion_batches", "flow_grpo_run", "nft_run", "dmd2_run", "self_forcing_run", "unified_run", "joint_run", "mot_run",
-    "HACKING_GAP", "REFINEMENT_CURVES",
+    "EvalSettings",
+    "PromptSpec",
+    "Run",
+    "execute",
+    "parse_preferences",
+    "parse_terms",
+    "prompt_batches",
+    "motion_batches",
+    "flow_grpo_run",
+    "nft_run",
+    "dmd2_run",
+    "self_forcing_run",
+    "unified_run",
+    "joint_run",
+    "mot_run",
+    "HACKING_GAP",
+    "REFINEMENT_CURVES",
 ]
 
 
@@ -67,7 +81,9 @@ def _judged(before: dict, after: dict, headline: dict[str, tuple[str, ...]]) -> 
     return out
 
 
-def _settings(card: Card, config, prompts: PromptSpec, prompts_per_step: int, evaluation: EvalSettings | None, **extra) -> dict:
+def _settings(
+    card: Card, config, prompts: PromptSpec, prompts_per_step: int, evaluation: EvalSettings | None, **extra
+) -> dict:
     """The JSON-able record of a run's settings (``report.json``)."""
     return {
         "model": card.model_id,
@@ -83,7 +99,9 @@ def _check_room(card: Card, prompts: PromptSpec) -> None:
     """A clear error when ``prompts`` can be too long for the card's refiner(s) to add their words."""
     limit = card.spec.config.max_prompt_words
     if prompts.max_words > limit:
-        raise ValueError(f"prompts of up to {prompts.max_words} words do not leave the refiner(s) room ({limit} words at most)")
+        raise ValueError(
+            f"prompts of up to {prompts.max_words} words do not leave the refiner(s) room ({limit} words at most)"
+        )
 
 
 def flow_grpo_run(
@@ -118,8 +136,17 @@ def flow_grpo_run(
     """
     _check_text_to_image(card, "flow-grpo")
     return _generator_run(
-        "flow-grpo", FlowGRPO(card, scorer_reward(scorer, prompts.terms), config), card, scorer, config, prompts,
-        prompts_per_step, seed, evaluation, config.sampling.num_steps, {"reward.png": ("reward_mean",), "kl.png": ("kl",)},
+        "flow-grpo",
+        FlowGRPO(card, scorer_reward(scorer, prompts.terms), config),
+        card,
+        scorer,
+        config,
+        prompts,
+        prompts_per_step,
+        seed,
+        evaluation,
+        config.sampling.num_steps,
+        {"reward.png": ("reward_mean",), "kl.png": ("kl",)},
     )
 
 
@@ -152,9 +179,21 @@ def nft_run(
     """
     _check_text_to_image(card, "nft")
     return _generator_run(
-        "nft", DiffusionNFT(card, scorer_reward(scorer, prompts.terms), config), card, scorer, config, prompts,
-        prompts_per_step, seed, evaluation, config.sampling.num_steps,
-        {"reward.png": ("reward_mean",), "loss.png": ("loss_pos", "loss_neg"), "old_policy.png": ("ema_decay", "r_mean")},
+        "nft",
+        DiffusionNFT(card, scorer_reward(scorer, prompts.terms), config),
+        card,
+        scorer,
+        config,
+        prompts,
+        prompts_per_step,
+        seed,
+        evaluation,
+        config.sampling.num_steps,
+        {
+            "reward.png": ("reward_mean",),
+            "loss.png": ("loss_pos", "loss_neg"),
+            "old_policy.png": ("ema_decay", "r_mean"),
+        },
     )
 
 
@@ -188,8 +227,16 @@ def dmd2_run(
     """
     _check_text_to_image(card, "dmd2")
     return _generator_run(
-        f"dmd2 ({config.student_steps}-step student)", DMD2(card, config), card, scorer, config, prompts, prompts_per_step,
-        seed, evaluation, config.student_steps,
+        f"dmd2 ({config.student_steps}-step student)",
+        DMD2(card, config),
+        card,
+        scorer,
+        config,
+        prompts,
+        prompts_per_step,
+        seed,
+        evaluation,
+        config.student_steps,
         {"losses.png": ("dm_loss", "critic_loss"), "gaps.png": ("real_gap", "fake_real_gap")},
         summary_keys=("dm_loss", "critic_loss", "real_gap", "fake_real_gap"),
     )
@@ -228,18 +275,24 @@ def self_forcing_run(
     def headline(before: dict, after: dict) -> dict:
         return {
             "motion_accuracy": _change(before, after, "full", "motion_accuracy"),
-            **_judged(before, after, {
-                "first_frame_digit_accuracy": ("full", "first_frame_digit_accuracy"),
-                "last_frame_digit_accuracy": ("full", "last_frame_digit_accuracy"),
-            }),
+            **_judged(
+                before,
+                after,
+                {
+                    "first_frame_digit_accuracy": ("full", "first_frame_digit_accuracy"),
+                    "last_frame_digit_accuracy": ("full", "last_frame_digit_accuracy"),
+                },
+            ),
         }
 
     return Run(
         name="self-forcing",
         method=method,
         batches=motion_batches(card, prompts_per_step, seed),
-        settings={**_settings(card, config, PromptSpec(), prompts_per_step, evaluation, teacher=teacher.model_id),
-                  "prompts": "digit-and-motion captions"},
+        settings={
+            **_settings(card, config, PromptSpec(), prompts_per_step, evaluation, teacher=teacher.model_id),
+            "prompts": "digit-and-motion captions",
+        },
         evaluate=evaluate,
         curves={"losses.png": ("loss", "critic_loss"), "grad_norm.png": ("grad_norm", "critic_grad_norm")},
         headline=headline,
@@ -247,8 +300,20 @@ def self_forcing_run(
     )
 
 
-def _generator_run(name: str, method, card: Card, scorer: Card, config, prompts: PromptSpec, prompts_per_step: int, seed: int,
-                   evaluation: EvalSettings | None, num_steps: int, curves: dict, **extra) -> Run:
+def _generator_run(
+    name: str,
+    method,
+    card: Card,
+    scorer: Card,
+    config,
+    prompts: PromptSpec,
+    prompts_per_step: int,
+    seed: int,
+    evaluation: EvalSettings | None,
+    num_steps: int,
+    curves: dict,
+    **extra,
+) -> Run:
     """A text-to-image method's ``Run``: ``prompts`` batches, judged by ``generator_quality`` at ``num_steps``."""
     return Run(
         name=name,
@@ -264,7 +329,9 @@ def _generator_run(name: str, method, card: Card, scorer: Card, config, prompts:
 
 def _check_text_to_image(card: Card, command: str) -> None:
     if "refine" in registry.default_program(card).inputs:
-        raise ValueError(f"{command} trains a text-to-image card; {card.model_id!r} refines its prompts first (use `train unified`)")
+        raise ValueError(
+            f"{command} trains a text-to-image card; {card.model_id!r} refines its prompts first (use `train unified`)"
+        )
 
 
 def _generator_evaluation(scorer: Card, prompts: PromptSpec, evaluation: EvalSettings | None, num_steps: int):
@@ -274,11 +341,15 @@ def _generator_evaluation(scorer: Card, prompts: PromptSpec, evaluation: EvalSet
 
 
 def _generator_headline(before: dict, after: dict) -> dict:
-    return _judged(before, after, {
-        "all_attributes_correct": ("all_attributes_correct",),
-        "digit_accuracy_plain_prompts": ("digit_accuracy",),
-        "run_prompts_all_right": ("run_prompts", "all_right"),
-    })
+    return _judged(
+        before,
+        after,
+        {
+            "all_attributes_correct": ("all_attributes_correct",),
+            "digit_accuracy_plain_prompts": ("digit_accuracy",),
+            "run_prompts_all_right": ("run_prompts", "all_right"),
+        },
+    )
 
 
 REFINEMENT_CURVES = {
@@ -292,11 +363,15 @@ REFINEMENT_CURVES = {
 
 def _refinement_headline(before: dict, after: dict) -> dict:
     return {
-        **_judged(before, after, {
-            "refined_all_right": ("refined", "all_right"),
-            "original_all_right": ("original", "all_right"),
-            "refined_prompted_right": ("refined", "prompted_right"),
-        }),
+        **_judged(
+            before,
+            after,
+            {
+                "refined_all_right": ("refined", "all_right"),
+                "original_all_right": ("original", "all_right"),
+                "refined_prompted_right": ("refined", "prompted_right"),
+            },
+        ),
         "refined_minus_original_before": before["refined"]["all_right"] - before["original"]["all_right"],
         "refined_minus_original_after": after["refined"]["all_right"] - after["original"]["all_right"],
         "preferred_word_rate": _change(before, after, "preferred_word_rate"),
@@ -342,7 +417,9 @@ def unified_run(
     method = UnifiedRL(card, scorer_reward(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
-        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop)
+        evaluate = lambda c, stop=None: refinement_quality(
+            c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop
+        )
 
     headline = _refinement_headline
 
@@ -394,7 +471,9 @@ def joint_run(
     method = JointMultiExpertRL(card, scorer_reward(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
-        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop)
+        evaluate = lambda c, stop=None: refinement_quality(
+            c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop
+        )
     names = toy_multi_expert.expert_names(card)
 
     def headline(before: dict, after: dict) -> dict:
@@ -403,7 +482,11 @@ def joint_run(
             for name in before["preferred_word_rate_by_attribute"]
         }
         return {
-            **_judged(before, after, {"refined_all_right": ("refined", "all_right"), "original_all_right": ("original", "all_right")}),
+            **_judged(
+                before,
+                after,
+                {"refined_all_right": ("refined", "all_right"), "original_all_right": ("original", "all_right")},
+            ),
             **rates,
         }
 
@@ -413,8 +496,13 @@ def joint_run(
         method=method,
         batches=prompt_batches(card, prompts, prompts_per_step, seed),
         settings=_settings(
-            card, config, prompts, prompts_per_step, evaluation,
-            refiners=len(names), slots=[card.spec.config.slot(i) for i in range(len(names))],
+            card,
+            config,
+            prompts,
+            prompts_per_step,
+            evaluation,
+            refiners=len(names),
+            slots=[card.spec.config.slot(i) for i in range(len(names))],
         ),
         evaluate=evaluate,
         curves={
@@ -457,19 +545,25 @@ def mot_run(
             or if ``prompts`` can be longer than the card's ``max_prompt_words`` (no room for the refiners' words).
     """
     if card.spec.family != "toy_mot":
-        raise ValueError(f"train mot needs a Mixture-of-Transformers card (e.g. 'bagel-mot'); {card.model_id!r} is not one")
+        raise ValueError(
+            f"train mot needs a Mixture-of-Transformers card (e.g. 'bagel-mot'); {card.model_id!r} is not one"
+        )
     _check_room(card, prompts)
     method = SharedMoTRL(card, scorer_reward(scorer, prompts.terms), config)
     evaluate = None
     if evaluation is not None:
-        evaluate = lambda c, stop=None: refinement_quality(c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop)
+        evaluate = lambda c, stop=None: refinement_quality(
+            c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop
+        )
     return Run(
         name="mot",
         method=method,
         batches=prompt_batches(card, prompts, prompts_per_step, seed),
         settings=_settings(card, config, prompts, prompts_per_step, evaluation),
         evaluate=evaluate,
-        curves={**REFINEMENT_CURVES,
-                "interference.png": ("cos_all", "cos_shared", "cos_understanding", "cos_generation", "cos_io")},
+        curves={
+            **REFINEMENT_CURVES,
+            "interference.png": ("cos_all", "cos_shared", "cos_understanding", "cos_generation", "cos_io"),
+        },
         headline=_refinement_headline,
     )

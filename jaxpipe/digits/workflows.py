@@ -15,6 +15,7 @@ from jaxpipe.workflow import Stage, Workflow, register_bundled
 
 __all__ = ["t2i_i2v", "t2i_i2v_extended", "t2v_continue", "register"]
 
+
 def _parts(prompt: str | None) -> tuple[str, str]:
     """The image prompt and the motion prompt (``"<digit> still"`` when the prompt has no motion)."""
     if prompt is None:
@@ -75,7 +76,12 @@ def t2i_i2v(t2i: str = "flux-t2i", i2v: str = "wan-i2v", workflow_id: str = "ima
 
 def _extend(state: Mapping[str, Any]) -> Request:
     last = state["base:video"][-1]
-    return Request("wan-i2v", prompt=_parts(state["prompt"])[1], image=last, **{**_settings(state), "seed": (state["seed"] + 1) % (MAX_SEED + 1)})
+    return Request(
+        "wan-i2v",
+        prompt=_parts(state["prompt"])[1],
+        image=last,
+        **{**_settings(state), "seed": (state["seed"] + 1) % (MAX_SEED + 1)},
+    )
 
 
 def _extended_outputs(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,7 +107,10 @@ def t2i_i2v_extended(base: str = "image_video.t2i_i2v", workflow_id: str = "imag
     """
     return Workflow(
         id=workflow_id,
-        stages=(Stage("base", base, lambda s: Request(base, prompt=s["prompt"], **_settings(s))), Stage("more", "wan-i2v", _extend)),
+        stages=(
+            Stage("base", base, lambda s: Request(base, prompt=s["prompt"], **_settings(s))),
+            Stage("more", "wan-i2v", _extend),
+        ),
         outputs=_extended_outputs,
         check=_check_prompt,
         description=f"{base}, then its last frame animated again (twice as long)",
@@ -112,7 +121,12 @@ def _continue(state: Mapping[str, Any]) -> Request:
     inputs = {"video": state["t2v:video"]}
     if state.get("chunks") is not None:
         inputs["chunks"] = state["chunks"]
-    return Request("wan-causal", prompt=state["prompt"], inputs=inputs, **{**_settings(state), "seed": (state["seed"] + 1) % (MAX_SEED + 1)})
+    return Request(
+        "wan-causal",
+        prompt=state["prompt"],
+        inputs=inputs,
+        **{**_settings(state), "seed": (state["seed"] + 1) % (MAX_SEED + 1)},
+    )
 
 
 def _continued_outputs(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,7 +155,7 @@ def t2v_continue(t2v: str = "wan-t2v", causal: str = "wan-causal", workflow_id: 
     Returns:
         The workflow; a request without a prompt fails its check (ValueError).
     """
-    first = (lambda s: Request(t2v, prompt=s["prompt"], **_settings(s)))
+    first = lambda s: Request(t2v, prompt=s["prompt"], **_settings(s))
     more = _continue if causal == "wan-causal" else (lambda s: _continue(s).replace(model=causal))
     return Workflow(
         id=workflow_id,

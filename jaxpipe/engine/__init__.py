@@ -11,5 +11,16 @@ from jaxpipe.engine.errors import EngineError, UnknownComponentError
 from jaxpipe.engine.handle import Event, EventStream, Handle, Progress
 from jaxpipe.engine.scheduler import MIN_WIDTH, Load, StepEvent
 
-__all__ = ["Engine", "EngineError", "Event", "EventStream", "Handle", "Load", "MIN_WIDTH", "MODES", "Progress",
-           "StepEvent", "UnknownComponentError"]
+__all__ = [
+    "Engine",
+    "EngineError",
+    "Event",
+    "EventStream",
+    "Handle",
+    "Load",
+    "MIN_WIDTH",
+    "MODES",
+    "Progress",
+    "StepEvent",
+    "UnknownComponentError",
+]

@@ -218,7 +218,9 @@ class Engine:
         scope = tuple(dict.fromkeys(names))
         owned = {n for c in scope for n in base.experts.get(c, (c,))}
         versions = {n: 0 if n in owned else v for n, v in base.versions.items()}
-        self._cards[role_id] = Resident.of(base.card.with_id(role_id), base.program, versions, base.experts, model_id, scope)
+        self._cards[role_id] = Resident.of(
+            base.card.with_id(role_id), base.program, versions, base.experts, model_id, scope
+        )
         self._roles.setdefault(model_id, {})[role] = role_id
         return role_id
 
@@ -249,7 +251,9 @@ class Engine:
             self._lookup(model_id)
             if model_id in self._leaving():
                 return
-            users = [u for m in (model_id, *self._roles.get(model_id, {}).values()) for u in self._workflows.dependents(m)]
+            users = [
+                u for m in (model_id, *self._roles.get(model_id, {}).values()) for u in self._workflows.dependents(m)
+            ]
             if users:
                 raise EngineError(f"cannot unregister {model_id!r}: workflows {users} require it")
             if model_id in self._cards and self._serving():
@@ -416,7 +420,9 @@ class Engine:
         card = update.apply(resident.card)
         versions = {n: v + (n in update.bumps) for n, v in resident.versions.items()}
         self.cache.invalidate(model_id, update.touched)
-        self._cards[model_id] = Resident.of(card, resident.program, versions, resident.experts, resident.base, resident.scope)
+        self._cards[model_id] = Resident.of(
+            card, resident.program, versions, resident.experts, resident.base, resident.scope
+        )
 
     def _apply_swaps(self) -> None:
         """Apply the deferred changes, in order, of every card no scheduler has a started request of."""
@@ -591,8 +597,6 @@ class Engine:
                 self.cache.put(key, value)
             slots.update(value)
         return slots
-
-
 
 
 class _Host:

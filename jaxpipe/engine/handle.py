@@ -166,7 +166,9 @@ class Handle:
     def _wait(self, timeout: float | None) -> None:
         with self._cond:
             if not self._cond.wait_for(self.done, timeout):
-                raise TimeoutError(f"request {self.id} ({self.request.model!r}) is still {self._status} after {timeout} s")
+                raise TimeoutError(
+                    f"request {self.id} ({self.request.model!r}) is still {self._status} after {timeout} s"
+                )
 
     # ---- what the engine writes ----------------------------------------------------------------
 

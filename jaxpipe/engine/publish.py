@@ -50,8 +50,15 @@ class Resident:
     scope: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, card: Card, program: Program, versions: dict[str, int], experts: dict[str, tuple[str, ...]],
-           base: str | None = None, scope: tuple[str, ...] = ()) -> Resident:
+    def of(
+        cls,
+        card: Card,
+        program: Program,
+        versions: dict[str, int],
+        experts: dict[str, tuple[str, ...]],
+        base: str | None = None,
+        scope: tuple[str, ...] = (),
+    ) -> Resident:
         """A resident card; ``base`` / ``scope``: for a role (``Engine.add_role``), the card it is a
         role of and the components it tracks on its own.
 
@@ -146,7 +153,9 @@ def checked(resident: Resident, components: Mapping[str, Any]) -> Publish:
     unknown = sorted(str(n) for n in components if n not in have and n not in owners)
     if unknown:
         experts = "".join(f"; stacked {c!r} has experts {list(e)}" for c, e in resident.experts.items())
-        raise UnknownComponentError(f"publish: card {model_id!r} has no component(s) {unknown}; it has {sorted(have)}{experts}")
+        raise UnknownComponentError(
+            f"publish: card {model_id!r} has no component(s) {unknown}; it has {sorted(have)}{experts}"
+        )
     whole, slices, bumps = {}, {}, []
     for name, new in components.items():
         if name in have:
@@ -171,6 +180,7 @@ def checked(resident: Resident, components: Mapping[str, Any]) -> Publish:
 
 def _expert_layout(stacked: Any) -> Any:
     """One expert of a stacked module, abstractly (leaves ``ShapeDtypeStruct`` without the expert axis)."""
+
     def row(x):
         x = x if hasattr(x, "dtype") else np.asarray(x)
         return jax.ShapeDtypeStruct(tuple(x.shape)[1:], x.dtype)
@@ -240,5 +250,3 @@ def _signature(leaf: Any) -> tuple[tuple[int, ...], str]:
     if not hasattr(leaf, "dtype"):
         leaf = np.asarray(leaf)
     return tuple(leaf.shape), str(leaf.dtype)
-
-

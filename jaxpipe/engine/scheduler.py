@@ -212,7 +212,9 @@ class _Group:
 def _row_layout(slot: Any) -> tuple:
     """What must agree for two requests' slot to share a batch: its tree, per-row shapes and dtypes."""
     leaves, treedef = jax.tree.flatten(slot)
-    return treedef, tuple((tuple(np.shape(x))[1:], str(getattr(x, "dtype", None) or np.asarray(x).dtype)) for x in leaves)
+    return treedef, tuple(
+        (tuple(np.shape(x))[1:], str(getattr(x, "dtype", None) or np.asarray(x).dtype)) for x in leaves
+    )
 
 
 class Scheduler:
@@ -455,8 +457,7 @@ class Scheduler:
             jobs.append(job)
             handle = self.handles.get(job.root)
             if handle is not None and handle.status == "queued":  # the request's first job to start
-                handle._emit(Event("started", job.path, tick=self.tick), status="running",
-                             progress=Progress(job.path))
+                handle._emit(Event("started", job.path, tick=self.tick), status="running", progress=Progress(job.path))
         if self.mode != "batched":
             for job in jobs:
                 self._start_cohort(_Cohort(job.resident, job.bound.settings, None, [job], 1))
@@ -547,8 +548,10 @@ class Scheduler:
         if handle.previews:
             preview = np.asarray(latents())
             image = self._decoded(job, loop, preview)
-        handle._emit(Event("step", job.path, loop, job.step, job.total, self.tick, preview, image),
-                     progress=Progress(job.path, loop, job.step, job.total))
+        handle._emit(
+            Event("step", job.path, loop, job.step, job.total, self.tick, preview, image),
+            progress=Progress(job.path, loop, job.step, job.total),
+        )
         if self.on_step is None:
             return
         event = StepEvent(job.root, job.request, job.path, loop, job.step, job.total, self.tick, latents)
@@ -599,8 +602,17 @@ class Scheduler:
             capacity = min(self.host.max_batch, ops.bucket(len(rows)))
             batch = ops.empty(cohort.kind, capacity, cohort.state)
             layout = (cohort.resident.card.model_id, cohort.node.loop, drive.batch_key(cohort.config), shapes)
-            group = _Group(cohort.kind, cohort.node.loop, drive.batch_key(cohort.config), cohort.resident,
-                           capacity, batch, [None] * capacity, deque(), layout)
+            group = _Group(
+                cohort.kind,
+                cohort.node.loop,
+                drive.batch_key(cohort.config),
+                cohort.resident,
+                capacity,
+                batch,
+                [None] * capacity,
+                deque(),
+                layout,
+            )
             self.groups[key] = group
         group.queue.extend(rows)
         cohort.queued += len(rows)
@@ -709,8 +721,16 @@ class Scheduler:
             r = cohort.resident
             cohort.loop += 1
             try:
-                slots, state = ops.enter(r.program, cohort.loop, cohort.settings, r.treedef, r.leaves,
-                                         cohort.slots, cohort.state, self._schedule(cohort, cohort.loop))
+                slots, state = ops.enter(
+                    r.program,
+                    cohort.loop,
+                    cohort.settings,
+                    r.treedef,
+                    r.leaves,
+                    cohort.slots,
+                    cohort.state,
+                    self._schedule(cohort, cohort.loop),
+                )
             except Exception as err:  # noqa: BLE001 - the requests prepared together fail together here
                 self.cohorts.remove(cohort)
                 for job in live:
@@ -736,7 +756,7 @@ def _decoder_of(program: Program, loop: str) -> tuple[str, str, str] | None:
     if at is None:
         return None
     written = tuple(nodes[at].writes)
-    for node in nodes[at + 1:]:
+    for node in nodes[at + 1 :]:
         if not isinstance(node, ComponentNode) or node.loop is not None:
             continue
         out = next((w for w in node.writes if w in ("image", "video")), None)

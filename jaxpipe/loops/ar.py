@@ -245,7 +245,9 @@ def init(
     b, width = prompt_ids.shape
     keys = jnp.asarray(keys)
     if not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) or keys.shape != (b,):
-        raise ValueError(f"keys must be a ({b},) array of typed PRNG keys (jax.random.key), got {keys.dtype}{keys.shape}")
+        raise ValueError(
+            f"keys must be a ({b},) array of typed PRNG keys (jax.random.key), got {keys.dtype}{keys.shape}"
+        )
     if width > max_len:
         raise ValueError(f"prompt_ids has width {width}; the LM's max_len is {max_len}")
     prompt_ids = prompt_ids.astype(jnp.int32)
@@ -253,7 +255,9 @@ def init(
     known = _concrete(lengths)
     longest = int(known.max()) if known is not None else width
     if known is not None and known.min() < 1:
-        raise ValueError(f"prompt_ids: every prompt needs at least one token (rows {np.flatnonzero(known < 1).tolist()} are empty)")
+        raise ValueError(
+            f"prompt_ids: every prompt needs at least one token (rows {np.flatnonzero(known < 1).tolist()} are empty)"
+        )
     if longest + config.max_new_tokens > max_len:
         raise ValueError(
             f"prompt_ids: a prompt of {longest} tokens + max_new_tokens={config.max_new_tokens} exceeds the LM's "
@@ -321,9 +325,7 @@ def step(model: Decoder, state: ARState, config: ARConfig) -> tuple[ARState, Tok
     generated = state.generated + active.astype(jnp.int32)
     done = state.done | ended | (generated >= config.max_new_tokens) | (length >= max_len)
     record = TokenRecord(token=token, log_prob=jnp.where(active, log_prob, 0.0), valid=active, position=position)
-    new_state = state._replace(
-        tokens=tokens, length=length, generated=generated, done=done, logits=logits, cache=cache
-    )
+    new_state = state._replace(tokens=tokens, length=length, generated=generated, done=done, logits=logits, cache=cache)
     return new_state, record
 
 
@@ -416,12 +418,12 @@ def continuation(final: ARState, records: TokenRecord) -> Continuation:
     """
     width = final.tokens.shape[1]
     mask = generated_mask(final.prompt_length, final.length, width)
-    return Continuation(final.tokens, final.prompt_length, final.length, mask, scatter_steps(records.log_prob, records, width))
+    return Continuation(
+        final.tokens, final.prompt_length, final.length, mask, scatter_steps(records.log_prob, records, width)
+    )
 
 
-def sequence_log_probs(
-    model: Decoder, tokens: jax.Array, prompt_lengths: jax.Array, gen_mask: jax.Array
-) -> jax.Array:
+def sequence_log_probs(model: Decoder, tokens: jax.Array, prompt_lengths: jax.Array, gen_mask: jax.Array) -> jax.Array:
     """Recompute ``log π(tokens[t] | tokens[<t])`` with ONE uncached, teacher-forced causal forward.
 
     The forward attends to the prompt and the generated slots; the log-softmax is of the untempered
@@ -541,7 +543,6 @@ class Driver(SameConfigBatching):
           state: the batch's state.
         """
         return state.tokens
-
 
 
 DRIVER = Driver()

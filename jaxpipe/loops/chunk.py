@@ -41,7 +41,18 @@ from jaxpipe.loops import policies
 from jaxpipe.loops.unpadded import SameConfigBatching
 from jaxpipe.nn.causal_dit import ChunkCache, ChunkCond, init_cache
 
-__all__ = ["ChunkConfig", "ChunkState", "ChunkTrace", "Driver", "DRIVER", "init", "step", "run", "train_run", "schedule"]
+__all__ = [
+    "ChunkConfig",
+    "ChunkState",
+    "ChunkTrace",
+    "Driver",
+    "DRIVER",
+    "init",
+    "step",
+    "run",
+    "train_run",
+    "schedule",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +89,9 @@ class ChunkConfig:
             object.__setattr__(self, name, int(value))
         if self.window is not None:
             if isinstance(self.window, bool) or not isinstance(self.window, (int, np.integer)) or self.window < 1:
-                raise ValueError(f"ChunkConfig.window must be None (keep every chunk) or an int >= 1 (got {self.window!r})")
+                raise ValueError(
+                    f"ChunkConfig.window must be None (keep every chunk) or an int >= 1 (got {self.window!r})"
+                )
             object.__setattr__(self, "window", int(self.window))
         if not math.isfinite(self.shift) or not self.shift > 0:
             raise ValueError(f"ChunkConfig.shift must be a finite number > 0 (got {self.shift})")
@@ -387,7 +400,6 @@ def train_run(model, state: ChunkState, config: ChunkConfig) -> tuple[jax.Array,
 # --------------------------------------------------------------------------------------------
 # The driver: how the engine steps and batches chunk rollouts
 # --------------------------------------------------------------------------------------------
-
 
 
 class Driver(SameConfigBatching):

@@ -138,7 +138,9 @@ class DenoiseConfig:
             raise ValueError(f"stg_blocks must be non-negative DiT block indices (got {self.stg_blocks!r})")
         object.__setattr__(self, "stg_blocks", tuple(int(i) for i in blocks))
         if self.stg > 0 and not blocks:
-            raise ValueError(f"stg={self.stg} needs stg_blocks: the blocks whose self-attention the perturbed forward skips")
+            raise ValueError(
+                f"stg={self.stg} needs stg_blocks: the blocks whose self-attention the perturbed forward skips"
+            )
         if not math.isfinite(self.start_sigma) or not 0.0 < self.start_sigma <= 1.0:
             raise ValueError(f"start_sigma (the first noise level σ₀) must be in (0, 1] (got {self.start_sigma})")
         hash(self.router)
@@ -291,7 +293,9 @@ def init(
     return DenoiseState(x=x, sigmas=sigmas, step=jnp.zeros((b,), jnp.int32), key=step_keys, cond=cond, uncond=uncond)
 
 
-def init_from_latents(keys: jax.Array, x0: jax.Array, cond: Any, config: DenoiseConfig, uncond: Any = None) -> DenoiseState:
+def init_from_latents(
+    keys: jax.Array, x0: jax.Array, cond: Any, config: DenoiseConfig, uncond: Any = None
+) -> DenoiseState:
     """Start ``B = len(keys)`` requests from clean latents re-noised to σ₀ = ``config.start_sigma``.
 
     ``x = σ₀·ε + (1 - σ₀)·x0`` (the flow-matching interpolant at σ₀), with ``ε`` drawn from each request
@@ -470,7 +474,9 @@ def trajectory_stats(
     return jax.vmap(one)(trajectory)
 
 
-def trajectory_log_probs(models, trajectory: Transition, cond: Any, config: DenoiseConfig, uncond: Any = None) -> jax.Array:
+def trajectory_log_probs(
+    models, trajectory: Transition, cond: Any, config: DenoiseConfig, uncond: Any = None
+) -> jax.Array:
     """The ``(S, B)`` log-probs of ``trajectory_stats`` (same arguments).
 
     Args:

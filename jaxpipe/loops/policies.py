@@ -170,7 +170,9 @@ class Unguided:
 
     needs_uncond = False
 
-    def __call__(self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None) -> jax.Array:
+    def __call__(
+        self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None
+    ) -> jax.Array:
         return velocity(x, sigma, cond)
 
 
@@ -189,7 +191,9 @@ class CFG:
     scale: float
     needs_uncond = True
 
-    def __call__(self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None) -> jax.Array:
+    def __call__(
+        self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None
+    ) -> jax.Array:
         if uncond is None:
             raise ValueError(f"guidance={self.scale} needs the unconditional input (uncond)")
         both = lambda a, b: jnp.concatenate([a, b], axis=0)
@@ -224,8 +228,14 @@ class STG:
     blocks: tuple[int, ...]
 
     def __post_init__(self):
-        if not self.scale > 0 or not self.blocks or any(isinstance(i, bool) or int(i) != i or i < 0 for i in self.blocks):
-            raise ValueError(f"STG needs scale > 0 and non-negative block indices (got scale={self.scale}, blocks={self.blocks})")
+        if (
+            not self.scale > 0
+            or not self.blocks
+            or any(isinstance(i, bool) or int(i) != i or i < 0 for i in self.blocks)
+        ):
+            raise ValueError(
+                f"STG needs scale > 0 and non-negative block indices (got scale={self.scale}, blocks={self.blocks})"
+            )
         object.__setattr__(self, "blocks", tuple(int(i) for i in self.blocks))
 
     @property
@@ -233,7 +243,9 @@ class STG:
         """Whether the unconditional forward runs: ``cfg != 1``."""
         return self.cfg != 1.0
 
-    def __call__(self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None) -> jax.Array:
+    def __call__(
+        self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None
+    ) -> jax.Array:
         if not callable(getattr(cond, "skipping", None)):
             raise ValueError(
                 f"STG (stg={self.scale}) perturbs the denoiser by skipping self-attention blocks, but its conditioning "

@@ -10,4 +10,28 @@ from jaxpipe.nn.text import TextEncoder, TextEncoderConfig, Tokenizer
 from jaxpipe.nn.upsampler import LatentUpsampler, LatentUpsamplerConfig
 from jaxpipe.nn.vae import Autoencoder, AutoencoderConfig
 
-__all__ = ["autoencoder_kl", "clip", "flux", "hf", "lora", "t5", "tokenizer", "wan", "wan_vae", "Autoencoder", "AutoencoderConfig", "DiT", "DiTCond", "DiTConfig", "KVCache", "LatentUpsampler", "LatentUpsamplerConfig", "LMConfig", "MaskedLM", "RefinerLM", "TextEncoder", "TextEncoderConfig", "Tokenizer"]
+__all__ = [
+    "autoencoder_kl",
+    "clip",
+    "flux",
+    "hf",
+    "lora",
+    "t5",
+    "tokenizer",
+    "wan",
+    "wan_vae",
+    "Autoencoder",
+    "AutoencoderConfig",
+    "DiT",
+    "DiTCond",
+    "DiTConfig",
+    "KVCache",
+    "LatentUpsampler",
+    "LatentUpsamplerConfig",
+    "LMConfig",
+    "MaskedLM",
+    "RefinerLM",
+    "TextEncoder",
+    "TextEncoderConfig",
+    "Tokenizer",
+]

@@ -57,7 +57,9 @@ def _chunked(q: jax.Array, k: jax.Array, v: jax.Array, chunk: int) -> jax.Array:
     return jnp.moveaxis(out, 0, 1).reshape(b, lq + pad, h, d)[:, :lq]
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str = "xla", chunk: int | None = None) -> jax.Array:
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str = "xla", chunk: int | None = None
+) -> jax.Array:
     """``softmax(q·kᵀ/√d)·v`` per head, without a mask.
 
     Args:

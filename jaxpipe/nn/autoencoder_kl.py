@@ -151,7 +151,14 @@ def _conv(cin: int, cout: int, dtype, rngs: nnx.Rngs, *, kernel: int = 3, stride
     pad = kernel // 2 if padding is None else padding
     padding = ((pad, pad), (pad, pad)) if isinstance(pad, int) else pad
     return nnx.Conv(
-        cin, cout, (kernel, kernel), strides=(stride, stride), padding=padding, dtype=dtype, param_dtype=dtype, rngs=rngs
+        cin,
+        cout,
+        (kernel, kernel),
+        strides=(stride, stride),
+        padding=padding,
+        dtype=dtype,
+        param_dtype=dtype,
+        rngs=rngs,
     )
 
 

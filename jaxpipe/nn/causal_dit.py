@@ -161,7 +161,9 @@ def _block(block: DiTBlock, h, mod, context, context_mask, mask, memory=None):
     a = _modulate(block.norm1(h), shift1, scale1)
     q = attn.q(a).reshape(b, length, attn.heads, d // attn.heads)
     k, v = jnp.split(attn.kv(a).reshape(b, length, 2 * attn.heads, d // attn.heads), 2, axis=2)
-    keys, values = (k, v) if memory is None else (jnp.concatenate([memory[0], k], 1), jnp.concatenate([memory[1], v], 1))
+    keys, values = (
+        (k, v) if memory is None else (jnp.concatenate([memory[0], k], 1), jnp.concatenate([memory[1], v], 1))
+    )
     y = jax.nn.dot_product_attention(q, keys, values, mask=mask)
     h = h + gate1 * attn.out(y.reshape(b, length, d))
     h = h + block.cross(block.norm_cross(h), context, context_mask)

@@ -39,9 +39,17 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 )
 
 # the transformers default CLIPTextConfig, for keys a config.json leaves out
-_JSON_DEFAULTS = {"vocab_size": 49408, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
-                  "num_attention_heads": 8, "max_position_embeddings": 77, "hidden_act": "quick_gelu",
-                  "layer_norm_eps": 1e-5, "eos_token_id": 49407}
+_JSON_DEFAULTS = {
+    "vocab_size": 49408,
+    "hidden_size": 512,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 8,
+    "max_position_embeddings": 77,
+    "hidden_act": "quick_gelu",
+    "layer_norm_eps": 1e-5,
+    "eos_token_id": 49407,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +77,21 @@ class CLIPTextEncoderConfig:
     remat: str = "none"
 
     def __post_init__(self):
-        check_sizes(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                           "max_position_embeddings"))
+        check_sizes(
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "max_position_embeddings",
+            ),
+        )
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})")
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})"
+            )
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)} (got {self.hidden_act!r})")
         if not isinstance(self.eos_token_id, int):
@@ -95,21 +114,43 @@ class CLIPTextEncoderConfig:
         ``"clip_text_model"``); projection and vision settings do not matter here."""
         if d.get("model_type") != "clip_text_model":
             hint = " (a full CLIPModel: load its text tower's folder instead)" if d.get("model_type") == "clip" else ""
-            raise ValueError(f"config.json model_type must be 'clip_text_model' for a CLIP text encoder (got {d.get('model_type')!r}){hint}")
+            raise ValueError(
+                f"config.json model_type must be 'clip_text_model' for a CLIP text encoder (got {d.get('model_type')!r}){hint}"
+            )
         return cls(**{key: d.get(key, default) for key, default in _JSON_DEFAULTS.items()}, dtype=dtype)
 
     @classmethod
     def tiny(cls, **overrides) -> CLIPTextEncoderConfig:
         """One layer, width 32, 16 positions: for tests and the tiny real-family cards."""
-        return cls(**{"vocab_size": 99, "hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 1,
-                      "num_attention_heads": 2, "max_position_embeddings": 16, "eos_token_id": 2, **overrides})
+        return cls(
+            **{
+                "vocab_size": 99,
+                "hidden_size": 32,
+                "intermediate_size": 37,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "max_position_embeddings": 16,
+                "eos_token_id": 2,
+                **overrides,
+            }
+        )
 
     @classmethod
     def vit_l14(cls, **overrides) -> CLIPTextEncoderConfig:
         """openai/clip-vit-large-patch14's text tower: FLUX.1's ``text_encoder`` (about 123 M parameters);
         its config keeps the legacy ``eos_token_id`` 2 (pool at the largest id, the end-of-text token)."""
-        return cls(**{"vocab_size": 49408, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-                      "num_attention_heads": 12, "max_position_embeddings": 77, "eos_token_id": 2, **overrides})
+        return cls(
+            **{
+                "vocab_size": 49408,
+                "hidden_size": 768,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "max_position_embeddings": 77,
+                "eos_token_id": 2,
+                **overrides,
+            }
+        )
 
 
 def pool_eos(hidden: jax.Array, input_ids: jax.Array, eos_token_id: int) -> jax.Array:
@@ -144,11 +185,15 @@ class CLIPTextEmbeddings(nnx.Module):
     def __init__(self, cfg: CLIPTextEncoderConfig, rngs: nnx.Rngs):
         dtype = compute_dtype(cfg.dtype)
         self.token_embedding = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype, rngs=rngs)
-        self.position_embedding = nnx.Embed(cfg.max_position_embeddings, cfg.hidden_size, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.position_embedding = nnx.Embed(
+            cfg.max_position_embeddings, cfg.hidden_size, dtype=dtype, param_dtype=dtype, rngs=rngs
+        )
 
     def __call__(self, input_ids: jax.Array) -> jax.Array:
         positions = jnp.arange(input_ids.shape[1])
-        return self.token_embedding(input_ids).astype(jnp.float32) + self.position_embedding(positions)[None].astype(jnp.float32)
+        return self.token_embedding(input_ids).astype(jnp.float32) + self.position_embedding(positions)[None].astype(
+            jnp.float32
+        )
 
 
 class CLIPAttention(nnx.Module):
@@ -165,8 +210,10 @@ class CLIPAttention(nnx.Module):
     def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
         b, t, d = x.shape
         # heads-major before the two batched matmuls: XLA:CPU runs them ~1.4x faster than the token-major einsums
-        q, k, v = (proj(x).reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
-                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            proj(x).reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
         scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) * (self.head_dim**-0.5)
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -214,7 +261,9 @@ class CLIPTextEncoder(nnx.Module):
         self.config = config
         self.embeddings = CLIPTextEmbeddings(config, rngs)
         self.encoder = CLIPEncoder(config, rngs)
-        self.final_layer_norm = _layer_norm(config.hidden_size, config.layer_norm_eps, compute_dtype(config.dtype), rngs)
+        self.final_layer_norm = _layer_norm(
+            config.hidden_size, config.layer_norm_eps, compute_dtype(config.dtype), rngs
+        )
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """``input_ids`` ``(B, T)`` int with ``T <= max_position_embeddings``; ``attention_mask``
@@ -222,7 +271,9 @@ class CLIPTextEncoder(nnx.Module):
         chex.assert_rank(input_ids, 2)
         b, t = input_ids.shape
         if t > self.config.max_position_embeddings:
-            raise ValueError(f"input_ids has {t} tokens; this CLIP text encoder takes at most {self.config.max_position_embeddings}")
+            raise ValueError(
+                f"input_ids has {t} tokens; this CLIP text encoder takes at most {self.config.max_position_embeddings}"
+            )
         input_ids = jnp.asarray(input_ids, jnp.int32)
         mask = jnp.tril(jnp.ones((t, t), bool))[None, None]
         if attention_mask is not None:
@@ -244,7 +295,9 @@ def _text_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none") -> CLIPTextEncoder:
+def load(
+    folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none"
+) -> CLIPTextEncoder:
     """The CLIP text tower of a transformers ``CLIPTextModel`` folder (``config.json`` + safetensors).
 
     Args:
@@ -260,8 +313,11 @@ def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True
       ValueError: if ``config.json`` is not a ``clip_text_model``.
       hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
     """
+
     def build(config: dict[str, Any]) -> CLIPTextEncoder:
-        sizes = dataclasses.replace(CLIPTextEncoderConfig.from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat)
+        sizes = dataclasses.replace(
+            CLIPTextEncoderConfig.from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat
+        )
         return CLIPTextEncoder(sizes, rngs=nnx.Rngs(0))
 
     return hf.load_module(folder, build, prepare=_text_tensors)

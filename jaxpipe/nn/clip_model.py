@@ -45,8 +45,9 @@ class CLIPConfig:
         check_sizes(self, ("projection_dim",))
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any], *, dtype: str = "float32", scan_layers: bool = True,
-                  remat: str = "none") -> CLIPConfig:
+    def from_json(
+        cls, d: Mapping[str, Any], *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none"
+    ) -> CLIPConfig:
         """The model a transformers ``CLIPModel`` ``config.json`` (``model_type`` ``"clip"``) describes.
 
         Raises:
@@ -54,12 +55,17 @@ class CLIPConfig:
         """
         if d.get("model_type") != "clip":
             raise ValueError(f"config.json model_type must be 'clip' for a CLIPModel (got {d.get('model_type')!r})")
-        text = CLIPTextEncoderConfig.from_json({**d.get("text_config", {}), "model_type": "clip_text_model"}, dtype=dtype)
+        text = CLIPTextEncoderConfig.from_json(
+            {**d.get("text_config", {}), "model_type": "clip_text_model"}, dtype=dtype
+        )
         vision = CLIPVisionConfig.from_json(d, dtype=dtype)
         layout = dict(scan_layers=scan_layers, remat=remat)
-        return cls(dataclasses.replace(text, **layout), dataclasses.replace(vision, **layout),
-                   projection_dim=int(d.get("projection_dim", 512)),
-                   logit_scale_init_value=float(d.get("logit_scale_init_value", 2.6592)))
+        return cls(
+            dataclasses.replace(text, **layout),
+            dataclasses.replace(vision, **layout),
+            projection_dim=int(d.get("projection_dim", 512)),
+            logit_scale_init_value=float(d.get("logit_scale_init_value", 2.6592)),
+        )
 
     @classmethod
     def tiny(cls, **overrides) -> CLIPConfig:
@@ -70,21 +76,40 @@ class CLIPConfig:
     @classmethod
     def vit_b16(cls, **overrides) -> CLIPConfig:
         """openai/clip-vit-base-patch16 (about 150 M parameters)."""
-        text = CLIPTextEncoderConfig(vocab_size=49408, hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
-                                     num_attention_heads=8, eos_token_id=2)
+        text = CLIPTextEncoderConfig(
+            vocab_size=49408,
+            hidden_size=512,
+            intermediate_size=2048,
+            num_hidden_layers=12,
+            num_attention_heads=8,
+            eos_token_id=2,
+        )
         return cls(**{"text": text, "vision": CLIPVisionConfig.vit_b16(), "projection_dim": 512, **overrides})
 
     @classmethod
     def vit_l14(cls, **overrides) -> CLIPConfig:
         """openai/clip-vit-large-patch14 (about 428 M parameters)."""
-        return cls(**{"text": CLIPTextEncoderConfig.vit_l14(), "vision": CLIPVisionConfig.vit_l14(), "projection_dim": 768,
-                      **overrides})
+        return cls(
+            **{
+                "text": CLIPTextEncoderConfig.vit_l14(),
+                "vision": CLIPVisionConfig.vit_l14(),
+                "projection_dim": 768,
+                **overrides,
+            }
+        )
 
     @classmethod
     def vit_h14(cls, **overrides) -> CLIPConfig:
         """laion/CLIP-ViT-H-14-laion2B-s32B-b79K, PickScore_v1's architecture (about 986 M parameters)."""
-        text = CLIPTextEncoderConfig(vocab_size=49408, hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-                                     num_attention_heads=16, hidden_act="gelu", eos_token_id=2)
+        text = CLIPTextEncoderConfig(
+            vocab_size=49408,
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            hidden_act="gelu",
+            eos_token_id=2,
+        )
         return cls(**{"text": text, "vision": CLIPVisionConfig.vit_h14(), "projection_dim": 1024, **overrides})
 
 
@@ -110,10 +135,12 @@ class CLIPModel(nnx.Module):
         self.config = config
         self.text_model = CLIPTextEncoder(config.text, rngs=rngs)
         self.vision_model = CLIPVisionEncoder(config.vision, rngs=rngs)
-        self.visual_projection = nnx.Linear(config.vision.hidden_size, config.projection_dim, use_bias=False, dtype=dtype,
-                                            param_dtype=dtype, rngs=rngs)
-        self.text_projection = nnx.Linear(config.text.hidden_size, config.projection_dim, use_bias=False, dtype=dtype,
-                                          param_dtype=dtype, rngs=rngs)
+        self.visual_projection = nnx.Linear(
+            config.vision.hidden_size, config.projection_dim, use_bias=False, dtype=dtype, param_dtype=dtype, rngs=rngs
+        )
+        self.text_projection = nnx.Linear(
+            config.text.hidden_size, config.projection_dim, use_bias=False, dtype=dtype, param_dtype=dtype, rngs=rngs
+        )
         self.logit_scale = nnx.Param(jnp.asarray(config.logit_scale_init_value, jnp.float32))
 
     def image_features(self, pixel_values: jax.Array) -> jax.Array:
@@ -161,8 +188,11 @@ def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True
       ValueError: if ``config.json`` is not a ``clip`` config.
       hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
     """
+
     def build(config: dict[str, Any]) -> CLIPModel:
-        return CLIPModel(CLIPConfig.from_json(config, dtype=dtype, scan_layers=scan_layers, remat=remat), rngs=nnx.Rngs(0))
+        return CLIPModel(
+            CLIPConfig.from_json(config, dtype=dtype, scan_layers=scan_layers, remat=remat), rngs=nnx.Rngs(0)
+        )
 
     return hf.load_module(folder, build, prepare=_clip_tensors)
 

@@ -31,8 +31,17 @@ from jaxpipe.nn.stacked import apply, check_remat, prefix
 from jaxpipe.nn.t5 import ACTIVATIONS
 
 __all__ = [
-    "LOGICAL_AXES", "OPENAI_MEAN", "OPENAI_STD", "CLIPVisionConfig", "CLIPVisionEncoder", "CLIPVisionWithProjection",
-    "ImageProcessing", "load", "load_with_projection", "param_count", "preprocess",
+    "LOGICAL_AXES",
+    "OPENAI_MEAN",
+    "OPENAI_STD",
+    "CLIPVisionConfig",
+    "CLIPVisionEncoder",
+    "CLIPVisionWithProjection",
+    "ImageProcessing",
+    "load",
+    "load_with_projection",
+    "param_count",
+    "preprocess",
 ]
 
 LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
@@ -50,9 +59,18 @@ OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 """CLIP's per-channel image standard deviation (``OPENAI_CLIP_STD``)."""
 
 # the transformers default CLIPVisionConfig, for keys a config.json leaves out
-_JSON_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-                  "image_size": 224, "patch_size": 32, "num_channels": 3, "hidden_act": "quick_gelu",
-                  "layer_norm_eps": 1e-5, "projection_dim": 512}
+_JSON_DEFAULTS = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "image_size": 224,
+    "patch_size": 32,
+    "num_channels": 3,
+    "hidden_act": "quick_gelu",
+    "layer_norm_eps": 1e-5,
+    "projection_dim": 512,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +97,23 @@ class CLIPVisionConfig:
     remat: str = "none"
 
     def __post_init__(self):
-        check_sizes(self, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size",
-                           "patch_size", "num_channels", "projection_dim"))
+        check_sizes(
+            self,
+            (
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "image_size",
+                "patch_size",
+                "num_channels",
+                "projection_dim",
+            ),
+        )
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})")
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})"
+            )
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size ({self.image_size}) must be a multiple of patch_size ({self.patch_size})")
         if self.hidden_act not in ACTIVATIONS:
@@ -111,33 +142,76 @@ class CLIPVisionConfig:
         if d.get("model_type") == "clip":
             d = {**d.get("vision_config", {}), "projection_dim": d.get("projection_dim", 512)}
         elif d.get("model_type") not in ("clip_vision_model", None):
-            raise ValueError(f"config.json model_type must be 'clip_vision_model' or 'clip' for a CLIP vision tower (got {d.get('model_type')!r})")
+            raise ValueError(
+                f"config.json model_type must be 'clip_vision_model' or 'clip' for a CLIP vision tower (got {d.get('model_type')!r})"
+            )
         return cls(**{key: d.get(key, default) for key, default in _JSON_DEFAULTS.items()}, dtype=dtype)
 
     @classmethod
     def tiny(cls, **overrides) -> CLIPVisionConfig:
         """Two layers, width 32, 32² images in 8² patches: for tests and tiny reward / I2V cards."""
-        return cls(**{"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
-                      "image_size": 32, "patch_size": 8, "projection_dim": 16, **overrides})
+        return cls(
+            **{
+                "hidden_size": 32,
+                "intermediate_size": 37,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "image_size": 32,
+                "patch_size": 8,
+                "projection_dim": 16,
+                **overrides,
+            }
+        )
 
     @classmethod
     def vit_b16(cls, **overrides) -> CLIPVisionConfig:
         """openai/clip-vit-base-patch16's vision tower (about 86 M parameters)."""
-        return cls(**{"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-                      "image_size": 224, "patch_size": 16, "projection_dim": 512, **overrides})
+        return cls(
+            **{
+                "hidden_size": 768,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "image_size": 224,
+                "patch_size": 16,
+                "projection_dim": 512,
+                **overrides,
+            }
+        )
 
     @classmethod
     def vit_l14(cls, **overrides) -> CLIPVisionConfig:
         """openai/clip-vit-large-patch14's vision tower (about 303 M parameters): the LAION aesthetic predictor's."""
-        return cls(**{"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
-                      "image_size": 224, "patch_size": 14, "projection_dim": 768, **overrides})
+        return cls(
+            **{
+                "hidden_size": 1024,
+                "intermediate_size": 4096,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 16,
+                "image_size": 224,
+                "patch_size": 14,
+                "projection_dim": 768,
+                **overrides,
+            }
+        )
 
     @classmethod
     def vit_h14(cls, **overrides) -> CLIPVisionConfig:
         """laion/CLIP-ViT-H-14-laion2B-s32B-b79K's vision tower (about 632 M parameters): PickScore's and
         Wan 2.1 I2V's image encoder (plain GELU)."""
-        return cls(**{"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_attention_heads": 16,
-                      "image_size": 224, "patch_size": 14, "hidden_act": "gelu", "projection_dim": 1024, **overrides})
+        return cls(
+            **{
+                "hidden_size": 1280,
+                "intermediate_size": 5120,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 16,
+                "image_size": 224,
+                "patch_size": 14,
+                "hidden_act": "gelu",
+                "projection_dim": 1024,
+                **overrides,
+            }
+        )
 
 
 class CLIPVisionEmbeddings(nnx.Module):
@@ -145,17 +219,29 @@ class CLIPVisionEmbeddings(nnx.Module):
         dtype = compute_dtype(cfg.dtype)
         self.config = cfg
         self.class_embedding = nnx.Param(jax.random.normal(rngs.params(), (cfg.hidden_size,), dtype))
-        self.patch_embedding = nnx.Conv(cfg.num_channels, cfg.hidden_size, (cfg.patch_size, cfg.patch_size),
-                                        strides=cfg.patch_size, padding="VALID", use_bias=False, dtype=dtype,
-                                        param_dtype=dtype, rngs=rngs)
-        self.position_embedding = nnx.Embed(cfg.num_patches + 1, cfg.hidden_size, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.patch_embedding = nnx.Conv(
+            cfg.num_channels,
+            cfg.hidden_size,
+            (cfg.patch_size, cfg.patch_size),
+            strides=cfg.patch_size,
+            padding="VALID",
+            use_bias=False,
+            dtype=dtype,
+            param_dtype=dtype,
+            rngs=rngs,
+        )
+        self.position_embedding = nnx.Embed(
+            cfg.num_patches + 1, cfg.hidden_size, dtype=dtype, param_dtype=dtype, rngs=rngs
+        )
 
     def __call__(self, pixel_values: jax.Array) -> jax.Array:
         cfg = self.config
         b, h, w, c = pixel_values.shape
         if (h, w, c) != (cfg.image_size, cfg.image_size, cfg.num_channels):
-            raise ValueError(f"pixel_values must be (B, {cfg.image_size}, {cfg.image_size}, {cfg.num_channels}) "
-                             f"(channels-last; preprocess resizes and crops) — got {tuple(pixel_values.shape)}")
+            raise ValueError(
+                f"pixel_values must be (B, {cfg.image_size}, {cfg.image_size}, {cfg.num_channels}) "
+                f"(channels-last; preprocess resizes and crops) — got {tuple(pixel_values.shape)}"
+            )
         patches = self.patch_embedding(pixel_values.astype(self.class_embedding.dtype)).reshape(b, -1, cfg.hidden_size)
         cls = jnp.broadcast_to(self.class_embedding[...], (b, 1, cfg.hidden_size))
         tokens = jnp.concatenate([cls, patches], axis=1).astype(jnp.float32)
@@ -207,8 +293,14 @@ class CLIPVisionWithProjection(nnx.Module):
     def __init__(self, config: CLIPVisionConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.vision_model = CLIPVisionEncoder(config, rngs=rngs)
-        self.visual_projection = nnx.Linear(config.hidden_size, config.projection_dim, use_bias=False,
-                                            dtype=compute_dtype(config.dtype), param_dtype=compute_dtype(config.dtype), rngs=rngs)
+        self.visual_projection = nnx.Linear(
+            config.hidden_size,
+            config.projection_dim,
+            use_bias=False,
+            dtype=compute_dtype(config.dtype),
+            param_dtype=compute_dtype(config.dtype),
+            rngs=rngs,
+        )
 
     def __call__(self, pixel_values: jax.Array) -> jax.Array:
         _, pooled = self.vision_model(pixel_values)
@@ -227,13 +319,17 @@ def _vision_tensors(tensors: dict[str, np.ndarray], *, strip: bool) -> dict[str,
 
 def _loader(cls, dtype: str, scan_layers: bool, remat: str):
     def build(config: dict[str, Any]):
-        sizes = dataclasses.replace(CLIPVisionConfig.from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat)
+        sizes = dataclasses.replace(
+            CLIPVisionConfig.from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat
+        )
         return cls(sizes, rngs=nnx.Rngs(0))
 
     return build
 
 
-def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none") -> CLIPVisionEncoder:
+def load(
+    folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none"
+) -> CLIPVisionEncoder:
     """The vision tower of a transformers ``CLIPVisionModel`` folder (``config.json`` + safetensors).
 
     Args:
@@ -250,12 +346,14 @@ def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True
       hf.KeyMappingError: naming missing, unexpected or mis-shaped keys (a ``CLIPVisionModelWithProjection``
         folder has a ``visual_projection``: use ``load_with_projection``).
     """
-    return hf.load_module(folder, _loader(CLIPVisionEncoder, dtype, scan_layers, remat),
-                          prepare=lambda t: _vision_tensors(t, strip=True))
+    return hf.load_module(
+        folder, _loader(CLIPVisionEncoder, dtype, scan_layers, remat), prepare=lambda t: _vision_tensors(t, strip=True)
+    )
 
 
-def load_with_projection(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True,
-                         remat: str = "none") -> CLIPVisionWithProjection:
+def load_with_projection(
+    folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none"
+) -> CLIPVisionWithProjection:
     """A transformers ``CLIPVisionModelWithProjection`` folder, as ``load`` (the tower plus ``visual_projection``).
 
     Args:
@@ -270,8 +368,11 @@ def load_with_projection(folder: str | Path, *, dtype: str = "float32", scan_lay
     Raises:
       ValueError, hf.KeyMappingError: as ``load``.
     """
-    return hf.load_module(folder, _loader(CLIPVisionWithProjection, dtype, scan_layers, remat),
-                          prepare=lambda t: _vision_tensors(t, strip=False))
+    return hf.load_module(
+        folder,
+        _loader(CLIPVisionWithProjection, dtype, scan_layers, remat),
+        prepare=lambda t: _vision_tensors(t, strip=False),
+    )
 
 
 def param_count(config: CLIPVisionConfig, *, projection: bool = False) -> int:
@@ -413,4 +514,3 @@ def preprocess(images: jax.Array, processing: ImageProcessing = ImageProcessing(
     images = images[:, top : top + ch, left : left + cw]
     mean, std = jnp.asarray(processing.mean, jnp.float32), jnp.asarray(processing.std, jnp.float32)
     return (images - mean) / std
-

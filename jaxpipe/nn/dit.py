@@ -102,7 +102,16 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 """Sharding (``jaxpipe.distributed``): logical axes per param dim; the first regex that fullmatches the
 "/"-joined param path (from the DiT's root) wins, unmatched params are replicated."""
 
-LORA_TARGETS: tuple[str, ...] = ("attn.q", "attn.kv", "attn.out", "cross.q", "cross.kv", "cross.out", "mlp.fc1", "mlp.fc2")
+LORA_TARGETS: tuple[str, ...] = (
+    "attn.q",
+    "attn.kv",
+    "attn.out",
+    "cross.q",
+    "cross.kv",
+    "cross.out",
+    "mlp.fc1",
+    "mlp.fc2",
+)
 """LoRA's default targets (``lora.LoRAConfig.target_modules=None``), as FLUX's: every attention projection
 (self and cross) and the MLP of each block; the adaLN modulations, embedders and output layer stay as they are."""
 
@@ -113,7 +122,12 @@ def _modulate(h, shift, scale):
 
 def _zero_linear(din: int, dout: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
     return nnx.Linear(
-        din, dout, dtype=dtype, kernel_init=nnx.initializers.zeros_init(), bias_init=nnx.initializers.zeros_init(), rngs=rngs
+        din,
+        dout,
+        dtype=dtype,
+        kernel_init=nnx.initializers.zeros_init(),
+        bias_init=nnx.initializers.zeros_init(),
+        rngs=rngs,
     )
 
 
@@ -242,7 +256,11 @@ class DiT(nnx.Module):
         context = context.astype(dtype)
         skips = None if skip_blocks is None else [jnp.any(skip_blocks == i, axis=-1) for i in range(cfg.depth)]
         h, _ = scan(
-            self.blocks, lambda block, h, skip: (block(h, cond, context, context_mask, skip), None), h, skips, remat=cfg.remat
+            self.blocks,
+            lambda block, h, skip: (block(h, cond, context, context_mask, skip), None),
+            h,
+            skips,
+            remat=cfg.remat,
         )
         shift, scale = jnp.split(self.ada_out(jax.nn.silu(cond)), 2, axis=-1)
         out = self.proj_out(_modulate(self.norm_out(h), shift, scale))

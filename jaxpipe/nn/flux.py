@@ -68,8 +68,18 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 # (train_dreambooth_lora_flux.py, peft-style suffixes): every attention projection of both block kinds and
 # the double blocks' feed-forwards; the adaLN modulations and embedders stay as they are.
 LORA_TARGETS: tuple[str, ...] = (
-    "attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj",
-    "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2",
+    "attn.to_k",
+    "attn.to_q",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_k_proj",
+    "attn.add_q_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "ff.net.0.proj",
+    "ff.net.2",
+    "ff_context.net.0.proj",
+    "ff_context.net.2",
 )
 
 
@@ -99,8 +109,17 @@ class FluxConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "axes_dims_rope", tuple(self.axes_dims_rope))
-        check_sizes(self, ("patch_size", "in_channels", "attention_head_dim", "num_attention_heads", "joint_attention_dim",
-                           "pooled_projection_dim"))
+        check_sizes(
+            self,
+            (
+                "patch_size",
+                "in_channels",
+                "attention_head_dim",
+                "num_attention_heads",
+                "joint_attention_dim",
+                "pooled_projection_dim",
+            ),
+        )
         check_sizes(self, ("num_layers", "num_single_layers"), minimum=0)
         check_sizes(self, ("out_channels",), optional=True)
         if not isinstance(self.scan_layers, bool):
@@ -112,7 +131,9 @@ class FluxConfig:
             raise ValueError(f"FluxConfig.guidance_embeds must be a bool (got {self.guidance_embeds!r})")
         axes = self.axes_dims_rope
         if not axes or any(not isinstance(d, int) or d < 2 or d % 2 for d in axes):
-            raise ValueError(f"FluxConfig.axes_dims_rope must be positive even ints, one per position axis (got {axes!r})")
+            raise ValueError(
+                f"FluxConfig.axes_dims_rope must be positive even ints, one per position axis (got {axes!r})"
+            )
         if sum(axes) != self.attention_head_dim:
             raise ValueError(
                 f"FluxConfig.axes_dims_rope {axes} sums to {sum(axes)}, but RoPE rotates a whole head: "
@@ -134,8 +155,14 @@ class FluxConfig:
     def tiny(cls, **overrides) -> FluxConfig:
         """The smallest config with every code path: one block of each kind, 2 heads of 16, guidance on."""
         sizes = dict(
-            in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-            joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6),
+            in_channels=16,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            axes_dims_rope=(4, 6, 6),
         )
         return cls(**{**sizes, **overrides})
 
@@ -201,11 +228,13 @@ class FluxTransformer(nnx.Module):
         self.context_embedder = Linear(config.joint_attention_dim, dim, dtype, keys)
         self.x_embedder = Linear(config.in_channels, dim, dtype, keys)
         self.transformer_blocks = blocks(
-            lambda: FluxTransformerBlock(dim, heads, head_dim, dtype, keys, config.attention), config.num_layers,
+            lambda: FluxTransformerBlock(dim, heads, head_dim, dtype, keys, config.attention),
+            config.num_layers,
             scan=config.scan_layers,
         )
         self.single_transformer_blocks = blocks(
-            lambda: FluxSingleTransformerBlock(dim, heads, head_dim, dtype, keys, config.attention), config.num_single_layers,
+            lambda: FluxSingleTransformerBlock(dim, heads, head_dim, dtype, keys, config.attention),
+            config.num_single_layers,
             scan=config.scan_layers,
         )
         self.norm_out = AdaLayerNorm(dim, 2, dtype, keys)
@@ -241,7 +270,9 @@ class FluxTransformer(nnx.Module):
             if tuple(np.shape(value)) != shape:
                 raise ValueError(f"FluxTransformer: {name} must have shape {shape}; got {tuple(np.shape(value))}")
         if cfg.guidance_embeds != (guidance is not None):
-            need = "needs a guidance scale (B,)" if cfg.guidance_embeds else "has no guidance embedder: pass guidance=None"
+            need = (
+                "needs a guidance scale (B,)" if cfg.guidance_embeds else "has no guidance embedder: pass guidance=None"
+            )
             raise ValueError(f"FluxTransformer: this model (guidance_embeds={cfg.guidance_embeds}) {need}")
         if guidance is not None:
             chex.assert_shape(guidance, (b,))

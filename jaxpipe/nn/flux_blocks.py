@@ -241,8 +241,18 @@ class FluxAttention(nnx.Module):
     ``pre_only`` (single blocks): no output projection.
     """
 
-    def __init__(self, dim: int, heads: int, head_dim: int, *, joint: bool, pre_only: bool, dtype, keys: KeyStream,
-                 implementation: str = "xla"):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        *,
+        joint: bool,
+        pre_only: bool,
+        dtype,
+        keys: KeyStream,
+        implementation: str = "xla",
+    ):
         inner = heads * head_dim
         self.head_dim = head_dim
         self.implementation = implementation
@@ -289,8 +299,9 @@ class FluxTransformerBlock(nnx.Module):
     def __init__(self, dim: int, heads: int, head_dim: int, dtype, keys: KeyStream, implementation: str = "xla"):
         self.norm1 = AdaLayerNorm(dim, 6, dtype, keys)
         self.norm1_context = AdaLayerNorm(dim, 6, dtype, keys)
-        self.attn = FluxAttention(dim, heads, head_dim, joint=True, pre_only=False, dtype=dtype, keys=keys,
-                                  implementation=implementation)
+        self.attn = FluxAttention(
+            dim, heads, head_dim, joint=True, pre_only=False, dtype=dtype, keys=keys, implementation=implementation
+        )
         self.ff = FeedForward(dim, dtype, keys)
         self.ff_context = FeedForward(dim, dtype, keys)
 
@@ -310,14 +321,23 @@ class FluxSingleTransformerBlock(nnx.Module):
     """Single-stream block over the joined ``[text, image]`` tokens: attention and a tanh-GELU MLP in
     parallel, concatenated into one output projection, gated residual."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dtype, keys: KeyStream, implementation: str = "xla",
-                 mlp_ratio: float = 4.0):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        dtype,
+        keys: KeyStream,
+        implementation: str = "xla",
+        mlp_ratio: float = 4.0,
+    ):
         hidden = int(dim * mlp_ratio)
         self.norm = AdaLayerNorm(dim, 3, dtype, keys)
         self.proj_mlp = Linear(dim, hidden, dtype, keys)
         self.proj_out = Linear(dim + hidden, dim, dtype, keys)
-        self.attn = FluxAttention(dim, heads, head_dim, joint=False, pre_only=True, dtype=dtype, keys=keys,
-                                  implementation=implementation)
+        self.attn = FluxAttention(
+            dim, heads, head_dim, joint=False, pre_only=True, dtype=dtype, keys=keys, implementation=implementation
+        )
 
     def __call__(self, h: jax.Array, temb: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
         """The joined stream ``(B, T + L, dim)`` updated."""

@@ -27,7 +27,18 @@ from flax import nnx
 
 from jaxpipe.nn.stacked import STACKED
 
-__all__ = ["KeyMappingError", "read_config", "read_tensors", "torch_key", "to_jax", "to_torch", "torch_state", "load_into", "load_module", "count_params"]
+__all__ = [
+    "KeyMappingError",
+    "read_config",
+    "read_tensors",
+    "torch_key",
+    "to_jax",
+    "to_torch",
+    "torch_state",
+    "load_into",
+    "load_module",
+    "count_params",
+]
 
 Renames = Iterable[tuple[str, str]]
 
@@ -69,8 +80,18 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
-           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 
 
 def _map_file(file: Path) -> dict[str, np.ndarray]:
@@ -216,7 +237,9 @@ def load_into(
                 value = transforms[key](value)
             if tuple(value.shape) != tuple(layer_shape):
                 where_ = "/".join(map(str, layer_path))
-                misshaped.append(f"{key} {tuple(np.shape(tensors[key]))} -> {tuple(value.shape)} vs {where_} {tuple(layer_shape)}")
+                misshaped.append(
+                    f"{key} {tuple(np.shape(tensors[key]))} -> {tuple(value.shape)} vs {where_} {tuple(layer_shape)}"
+                )
                 continue
             layers.append(value)
         if len(layers) == len(_layer_paths(path, shape)):
@@ -310,7 +333,9 @@ def load_module(
     module = nnx.eval_shape(lambda: build(config))
     rest = nnx.state(module, nnx.Not(nnx.Param))
     if jax.tree.leaves(rest):
-        raise TypeError(f"{folder}: {type(module).__name__} holds non-parameter state; load_module fills parameters only")
+        raise TypeError(
+            f"{folder}: {type(module).__name__} holds non-parameter state; load_module fills parameters only"
+        )
     tensors = read_tensors(folder)
     return load_into(module, tensors if prepare is None else prepare(tensors), where=str(folder), **kwargs)
 

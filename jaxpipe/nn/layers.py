@@ -142,7 +142,9 @@ def check_sizes(config, names, *, minimum: int = 1, optional: bool = False) -> N
     Raises:
       ValueError: naming ``Config.field`` and the value, for the first field that fails.
     """
-    what = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}") + (" or None" if optional else "")
+    what = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}") + (
+        " or None" if optional else ""
+    )
     for name in names:
         value = getattr(config, name)
         if optional and value is None:

@@ -63,8 +63,22 @@ from jaxpipe.nn import hf
 from jaxpipe.nn.stacked import STACKED
 
 __all__ = [
-    "BASE_LAYER", "DIFFUSERS_FILE", "FORMATS", "PEFT_CONFIG", "PEFT_FILE", "LoRA", "LoRAConfig", "LoRAParam",
-    "adapter_names", "apply", "has_adapters", "load_adapters", "merge", "param_count", "save_adapters", "unload",
+    "BASE_LAYER",
+    "DIFFUSERS_FILE",
+    "FORMATS",
+    "PEFT_CONFIG",
+    "PEFT_FILE",
+    "LoRA",
+    "LoRAConfig",
+    "LoRAParam",
+    "adapter_names",
+    "apply",
+    "has_adapters",
+    "load_adapters",
+    "merge",
+    "param_count",
+    "save_adapters",
+    "unload",
 ]
 
 BASE_LAYER = "base_layer"
@@ -110,8 +124,12 @@ class LoRAConfig:
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             raise ValueError(f"LoRAConfig.rank must be an int >= 1 (got {self.rank!r})")
-        if self.alpha is not None and (isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float))
-                                       or not math.isfinite(self.alpha) or self.alpha <= 0):
+        if self.alpha is not None and (
+            isinstance(self.alpha, bool)
+            or not isinstance(self.alpha, (int, float))
+            or not math.isfinite(self.alpha)
+            or self.alpha <= 0
+        ):
             raise ValueError(f"LoRAConfig.alpha must be a finite number > 0, or None for the rank (got {self.alpha!r})")
         targets = self.target_modules
         if isinstance(targets, str):
@@ -122,7 +140,9 @@ class LoRAConfig:
         elif targets is not None:
             targets = tuple(targets)
             if not targets or not all(isinstance(t, str) and t for t in targets):
-                raise ValueError(f"LoRAConfig.target_modules must be non-empty module names, a regex or None (got {self.target_modules!r})")
+                raise ValueError(
+                    f"LoRAConfig.target_modules must be non-empty module names, a regex or None (got {self.target_modules!r})"
+                )
             object.__setattr__(self, "target_modules", targets)
 
     @property
@@ -211,8 +231,11 @@ def _wrappers(root: Any) -> list[tuple[NodePath, LoRA]]:
 
 def _linears(root: Any) -> list[tuple[NodePath, nnx.Module]]:
     """Every linear-like module (a ``kernel`` ``nnx.Param``) of ``root`` (which has no adapters), with its path."""
-    return [(tuple(path), node) for path, node in nnx.iter_graph(root)
-            if path and isinstance(node, nnx.Module) and isinstance(getattr(node, "kernel", None), nnx.Param)]
+    return [
+        (tuple(path), node)
+        for path, node in nnx.iter_graph(root)
+        if path and isinstance(node, nnx.Module) and isinstance(getattr(node, "kernel", None), nnx.Param)
+    ]
 
 
 def _layers(path: NodePath, kernel_shape: Sequence[int]) -> list[NodePath]:
@@ -220,7 +243,7 @@ def _layers(path: NodePath, kernel_shape: Sequence[int]) -> list[NodePath]:
     if STACKED not in path:
         return [path]
     at = path.index(STACKED)
-    return [(*path[:at], i, *path[at + 1:]) for i in range(kernel_shape[0])]
+    return [(*path[:at], i, *path[at + 1 :]) for i in range(kernel_shape[0])]
 
 
 def _name(path: NodePath) -> str:
@@ -247,8 +270,10 @@ def _check_linear(path: NodePath, module: nnx.Module) -> None:
 def _draw_a(key: jax.Array, names: Sequence[str], din: int, rank: int, dtype) -> jax.Array:
     """``A`` for each layer named ``names`` (stacked when they are several), each from its own name's key."""
     bound = 1.0 / math.sqrt(din)  # peft: kaiming_uniform_(a=sqrt(5)) on the (rank, din) weight
-    draws = [jax.random.uniform(jax.random.fold_in(key, zlib.crc32(n.encode())), (din, rank), dtype, -bound, bound)
-             for n in names]
+    draws = [
+        jax.random.uniform(jax.random.fold_in(key, zlib.crc32(n.encode())), (din, rank), dtype, -bound, bound)
+        for n in names
+    ]
     return draws[0] if len(draws) == 1 else jnp.stack(draws)
 
 
@@ -415,12 +440,21 @@ def _lora_config(module: Any, renames: tuple) -> dict[str, Any]:
     named = dict(_named_wrappers(module, renames))
     r, rank_pattern = _pattern({n: w.rank for n, w in named.items()})
     alpha, alpha_pattern = _pattern({n: w.alpha for n, w in named.items()})
-    return {"r": int(r), "lora_alpha": float(alpha), "target_modules": sorted(named), "rank_pattern": rank_pattern,
-            "alpha_pattern": alpha_pattern}
+    return {
+        "r": int(r),
+        "lora_alpha": float(alpha),
+        "target_modules": sorted(named),
+        "rank_pattern": rank_pattern,
+        "alpha_pattern": alpha_pattern,
+    }
 
 
 def save_adapters(
-    module: Any, folder: str | Path, *, format: str = "diffusers", prefix: str | None = "transformer",
+    module: Any,
+    folder: str | Path,
+    *,
+    format: str = "diffusers",
+    prefix: str | None = "transformer",
     renames: hf.Renames = (),
 ) -> Path:
     """Write ``module``'s adapters (float32, per-layer keys) to ``folder`` in diffusers' or peft's layout.
@@ -449,20 +483,37 @@ def save_adapters(
     if not has_adapters(module):
         raise ValueError(f"save_adapters: {type(module).__name__} has no LoRA adapters (lora.apply adds them)")
     renames = tuple(renames)
-    tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in hf.torch_state(module, renames=renames, only=LoRAParam).items()}
+    tensors = {
+        k: np.ascontiguousarray(v, np.float32)
+        for k, v in hf.torch_state(module, renames=renames, only=LoRAParam).items()
+    }
     config = _lora_config(module, renames)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if format == "peft":
         path = folder / PEFT_FILE
         save_file({PEFT_PREFIX + k: v for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
-        full = {"peft_type": "LORA", "task_type": None, "base_model_name_or_path": None, "inference_mode": True,
-                "bias": "none", "lora_dropout": 0.0, "fan_in_fan_out": False, "init_lora_weights": True,
-                "use_rslora": False, "use_dora": False, "modules_to_save": None, **config}
+        full = {
+            "peft_type": "LORA",
+            "task_type": None,
+            "base_model_name_or_path": None,
+            "inference_mode": True,
+            "bias": "none",
+            "lora_dropout": 0.0,
+            "fan_in_fan_out": False,
+            "init_lora_weights": True,
+            "use_rslora": False,
+            "use_dora": False,
+            "modules_to_save": None,
+            **config,
+        }
         (folder / PEFT_CONFIG).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
         return path
     lead = f"{prefix}." if prefix else ""
-    metadata = {"format": "pt", METADATA_KEY: json.dumps({lead + k: v for k, v in config.items()}, indent=2, sort_keys=True)}
+    metadata = {
+        "format": "pt",
+        METADATA_KEY: json.dumps({lead + k: v for k, v in config.items()}, indent=2, sort_keys=True),
+    }
     path = folder / DIFFUSERS_FILE
     save_file({lead + k: v for k, v in tensors.items()}, str(path), metadata=metadata)
     return path
@@ -523,7 +574,11 @@ def _alpha(name: str, rank: int, config: Mapping[str, Any] | None, alphas: Mappi
 
 
 def load_adapters(
-    module: Any, path: str | Path, *, prefix: str | None = "transformer", renames: hf.Renames = (),
+    module: Any,
+    path: str | Path,
+    *,
+    prefix: str | None = "transformer",
+    renames: hf.Renames = (),
 ) -> Any:
     """A copy of ``module`` with the adapters of a diffusers or peft LoRA file (replacing any it has).
 
@@ -570,14 +625,18 @@ def load_adapters(
         if not any(present):
             continue
         if not all(present):
-            raise ValueError(f"{file}: adapters for {sum(present)} of the {len(names)} layers of the stacked block "
-                             f"{_name(where)}; a stacked block takes adapters in every layer or none")
+            raise ValueError(
+                f"{file}: adapters for {sum(present)} of the {len(names)} layers of the stacked block "
+                f"{_name(where)}; a stacked block takes adapters in every layer or none"
+            )
         _check_linear(where, layer)
         ranks = {n: int(tensors[f"{n}.lora_A.weight"].shape[0]) for n in names}
         shapes = {(r, _alpha(n, r, config, alphas)) for n, r in ranks.items()}
         if len(shapes) != 1:
-            raise ValueError(f"{file}: the layers of the stacked block {_name(where)} differ in (rank, alpha): "
-                             f"{sorted(shapes)}; one stacked adapter has one of each")
+            raise ValueError(
+                f"{file}: the layers of the stacked block {_name(where)} differ in (rank, alpha): "
+                f"{sorted(shapes)}; one stacked adapter has one of each"
+            )
         ((rank, alpha),) = shapes
         shape = (*layer.kernel.shape[:-2], layer.kernel.shape[-2], rank)
         _replace(new, where, LoRA(layer, rank, alpha, jnp.zeros(shape, layer.kernel.dtype)))

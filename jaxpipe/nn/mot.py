@@ -71,7 +71,9 @@ class Routing:
         object.__setattr__(self, "ffn", tuple(bool(f) for f in self.ffn))
         if self.policy == "partial":
             if len(self.attention) != len(self.ffn) or not self.attention:
-                raise ValueError("partial routing needs per-layer attention and ffn flags of the same length (the depth)")
+                raise ValueError(
+                    "partial routing needs per-layer attention and ffn flags of the same length (the depth)"
+                )
         elif self.attention or self.ffn:
             raise ValueError(f"{self.policy!r} routing takes no per-layer flags (use Routing.partial)")
 
@@ -150,7 +152,20 @@ class MoTConfig:
             object.__setattr__(self, "routing", Routing(self.routing))
         if not isinstance(self.routing, Routing):
             raise TypeError(f"routing must be a Routing or one of {', '.join(POLICIES)} (got {self.routing!r})")
-        check_sizes(self, ("vocab_size", "max_text", "latent_channels", "latent_size", "frames", "patch_size", "dim", "depth", "heads"))
+        check_sizes(
+            self,
+            (
+                "vocab_size",
+                "max_text",
+                "latent_channels",
+                "latent_size",
+                "frames",
+                "patch_size",
+                "dim",
+                "depth",
+                "heads",
+            ),
+        )
         if self.dim % self.heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
         if self.latent_size % self.patch_size:
@@ -309,7 +324,9 @@ class MoT(nnx.Module):
         self.image_norm = nnx.LayerNorm(cfg.dim, use_bias=False, use_scale=False, dtype=dtype, rngs=rngs)
         zeros = nnx.initializers.zeros_init()
         self.image_ada = nnx.Linear(cfg.dim, 2 * cfg.dim, kernel_init=zeros, bias_init=zeros, dtype=dtype, rngs=rngs)
-        self.image_out = nnx.Linear(cfg.dim, cfg.patch_features, kernel_init=zeros, bias_init=zeros, dtype=dtype, rngs=rngs)
+        self.image_out = nnx.Linear(
+            cfg.dim, cfg.patch_features, kernel_init=zeros, bias_init=zeros, dtype=dtype, rngs=rngs
+        )
 
     # ----------------------------------------------------------------- protocol properties
     @property
@@ -405,7 +422,9 @@ class MoT(nnx.Module):
         chex.assert_rank(ids, 2)
         b, length = ids.shape
         if length > self.cfg.max_text:
-            raise ValueError(f"a text of {length} tokens does not fit the packed sequence's max_text={self.cfg.max_text} slots")
+            raise ValueError(
+                f"a text of {length} tokens does not fit the packed sequence's max_text={self.cfg.max_text} slots"
+            )
         return b, length
 
     def _check_image(self, latents: jax.Array, batch: int) -> None:
@@ -436,7 +455,9 @@ class MoT(nnx.Module):
         cfg = self.cfg
         if len(cache.k) != cfg.depth or len(cache.v) != cfg.depth:
             raise ValueError(f"cache has {len(cache.k)} layers; the MoT has depth {cfg.depth}")
-        chex.assert_shape(list(cache.k) + list(cache.v), (batch, cfg.max_text + cfg.frame_tokens, cfg.heads, cfg.head_dim))
+        chex.assert_shape(
+            list(cache.k) + list(cache.v), (batch, cfg.max_text + cfg.frame_tokens, cfg.heads, cfg.head_dim)
+        )
         chex.assert_shape(cache.image, (batch,))
 
     def prefill_image(self, latents: jax.Array, cache: MoTCache) -> MoTCache:

@@ -221,6 +221,8 @@ def scan(
             carry, y = fn(layer, carry, x)
         else:
             graphdef, state = nnx.split(layer)
-            carry, y = jax.checkpoint(lambda s, c, x, g=graphdef: step(s, c, x, g), policy=_policy(remat))(state, carry, x)
+            carry, y = jax.checkpoint(lambda s, c, x, g=graphdef: step(s, c, x, g), policy=_policy(remat))(
+                state, carry, x
+            )
         outputs.append(y)
     return carry, outputs

@@ -69,17 +69,38 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 
 # T5's shared position-bias table lives in the stack, transformers keeps it in block 0's attention
 RENAMES: tuple[tuple[str, str], ...] = (
-    (r"^encoder\.relative_attention_bias\.weight$", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+    (
+        r"^encoder\.relative_attention_bias\.weight$",
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+    ),
 )
 
 # transformers' T5Config / UMT5Config defaults, for keys a config.json leaves out
 _JSON_DEFAULTS = {
-    "t5": {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_heads": 8,
-           "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
-           "feed_forward_proj": "relu", "layer_norm_epsilon": 1e-6},
-    "umt5": {"vocab_size": 250112, "d_model": 512, "d_kv": 64, "d_ff": 1024, "num_layers": 8, "num_heads": 6,
-             "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
-             "feed_forward_proj": "gated-gelu", "layer_norm_epsilon": 1e-6},
+    "t5": {
+        "vocab_size": 32128,
+        "d_model": 512,
+        "d_kv": 64,
+        "d_ff": 2048,
+        "num_layers": 6,
+        "num_heads": 8,
+        "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128,
+        "feed_forward_proj": "relu",
+        "layer_norm_epsilon": 1e-6,
+    },
+    "umt5": {
+        "vocab_size": 250112,
+        "d_model": 512,
+        "d_kv": 64,
+        "d_ff": 1024,
+        "num_layers": 8,
+        "num_heads": 6,
+        "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128,
+        "feed_forward_proj": "gated-gelu",
+        "layer_norm_epsilon": 1e-6,
+    },
 }
 
 
@@ -122,7 +143,9 @@ class T5EncoderConfig:
         if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
             raise ValueError(f"feed_forward_proj must be '<act>' or 'gated-<act>' (got {self.feed_forward_proj!r})")
         if self.act not in ACTIVATIONS:
-            raise ValueError(f"feed_forward_proj {self.feed_forward_proj!r}: activation {parts[-1]!r} is not one of {sorted(ACTIVATIONS)}")
+            raise ValueError(
+                f"feed_forward_proj {self.feed_forward_proj!r}: activation {parts[-1]!r} is not one of {sorted(ACTIVATIONS)}"
+            )
         if not self.layer_norm_epsilon > 0:
             raise ValueError(f"layer_norm_epsilon must be positive (got {self.layer_norm_epsilon!r})")
         if not isinstance(self.scan_layers, bool):
@@ -162,14 +185,35 @@ class T5EncoderConfig:
     @classmethod
     def tiny(cls, **overrides) -> T5EncoderConfig:
         """One layer, width 32: for tests and the tiny real-family cards."""
-        return cls(**{"vocab_size": 100, "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 1, "num_heads": 2,
-                      "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16, **overrides})
+        return cls(
+            **{
+                "vocab_size": 100,
+                "d_model": 32,
+                "d_kv": 8,
+                "d_ff": 48,
+                "num_layers": 1,
+                "num_heads": 2,
+                "relative_attention_num_buckets": 8,
+                "relative_attention_max_distance": 16,
+                **overrides,
+            }
+        )
 
     @classmethod
     def t5_xxl(cls, **overrides) -> T5EncoderConfig:
         """google/t5-v1_1-xxl's encoder: FLUX.1's ``text_encoder_2`` (about 4.76 B parameters)."""
-        return cls(**{"vocab_size": 32128, "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24,
-                      "num_heads": 64, "feed_forward_proj": "gated-gelu", **overrides})
+        return cls(
+            **{
+                "vocab_size": 32128,
+                "d_model": 4096,
+                "d_kv": 64,
+                "d_ff": 10240,
+                "num_layers": 24,
+                "num_heads": 64,
+                "feed_forward_proj": "gated-gelu",
+                **overrides,
+            }
+        )
 
     @classmethod
     def umt5_xxl(cls, **overrides) -> T5EncoderConfig:
@@ -177,8 +221,9 @@ class T5EncoderConfig:
         return cls.t5_xxl(**{"vocab_size": 256384, "umt5": True, **overrides})
 
 
-def relative_position_bucket(relative_position: np.ndarray, *, num_buckets: int, max_distance: int,
-                             bidirectional: bool = True) -> np.ndarray:
+def relative_position_bucket(
+    relative_position: np.ndarray, *, num_buckets: int, max_distance: int, bidirectional: bool = True
+) -> np.ndarray:
     """T5's bucket ``[0, num_buckets)`` of each ``key - query`` offset (same shape, int32).
 
     Half the buckets (per direction when bidirectional) are exact offsets, the rest grow
@@ -204,7 +249,9 @@ def relative_position_bucket(relative_position: np.ndarray, *, num_buckets: int,
         rel = -np.minimum(rel, 0)
     max_exact = num_buckets // 2
     with np.errstate(divide="ignore"):
-        log_ratio = np.log(rel.astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(max_distance / max_exact))
+        log_ratio = np.log(rel.astype(np.float32) / np.float32(max_exact)) / np.float32(
+            math.log(max_distance / max_exact)
+        )
         large = max_exact + np.nan_to_num(log_ratio * np.float32(num_buckets - max_exact), neginf=0.0).astype(np.int64)
     large = np.minimum(large, num_buckets - 1)
     return (buckets + np.where(rel < max_exact, rel, large)).astype(np.int32)
@@ -265,8 +312,12 @@ class T5Attention(nnx.Module):
     def __call__(self, x: jax.Array, bias: jax.Array | None, key_mask: jax.Array | None) -> jax.Array:
         b, t, _ = x.shape
         if self.relative_attention_bias is not None:
-            bias = position_bias(self.relative_attention_bias.embedding[...], t, num_buckets=self.num_buckets,
-                                 max_distance=self.max_distance)
+            bias = position_bias(
+                self.relative_attention_bias.embedding[...],
+                t,
+                num_buckets=self.num_buckets,
+                max_distance=self.max_distance,
+            )
         q, k, v = (proj(x).reshape(b, t, self.heads, self.d_kv) for proj in (self.q, self.k, self.v))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) + bias
         if key_mask is not None:
@@ -321,10 +372,12 @@ class T5LayerFF(nnx.Module):
 
 class T5Block(nnx.Module):
     def __init__(self, cfg: T5EncoderConfig, *, has_relative_attention_bias: bool, rngs: nnx.Rngs):
-        self.layer = nnx.List([
-            T5LayerSelfAttention(cfg, has_relative_attention_bias=has_relative_attention_bias, rngs=rngs),
-            T5LayerFF(cfg, rngs),
-        ])
+        self.layer = nnx.List(
+            [
+                T5LayerSelfAttention(cfg, has_relative_attention_bias=has_relative_attention_bias, rngs=rngs),
+                T5LayerFF(cfg, rngs),
+            ]
+        )
 
     def __call__(self, h: jax.Array, bias: jax.Array, key_mask: jax.Array | None) -> jax.Array:
         return self.layer[1](self.layer[0](h, bias, key_mask))
@@ -338,15 +391,20 @@ class T5Stack(nnx.Module):
         self.remat = cfg.remat
         self.num_buckets, self.max_distance = cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance
         self.relative_attention_bias = None if cfg.umt5 else _bias_table(cfg, rngs)
-        self.block = blocks(lambda: T5Block(cfg, has_relative_attention_bias=cfg.umt5, rngs=rngs), cfg.num_layers,
-                            scan=cfg.scan_layers)
+        self.block = blocks(
+            lambda: T5Block(cfg, has_relative_attention_bias=cfg.umt5, rngs=rngs), cfg.num_layers, scan=cfg.scan_layers
+        )
         self.final_layer_norm = T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon, compute_dtype(cfg.dtype))
 
     def __call__(self, h: jax.Array, key_mask: jax.Array | None) -> jax.Array:
         bias = None
         if self.relative_attention_bias is not None:
-            bias = position_bias(self.relative_attention_bias.embedding[...], h.shape[1], num_buckets=self.num_buckets,
-                                 max_distance=self.max_distance)
+            bias = position_bias(
+                self.relative_attention_bias.embedding[...],
+                h.shape[1],
+                num_buckets=self.num_buckets,
+                max_distance=self.max_distance,
+            )
         h = apply(self.block, lambda block, h: block(h, bias, key_mask), h, remat=self.remat)
         return self.final_layer_norm(h)
 
@@ -400,8 +458,11 @@ def load(folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True
       ValueError: if ``config.json`` is not a T5 / UMT5 encoder.
       hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
     """
+
     def build(config: dict[str, Any]) -> T5Encoder:
-        sizes = dataclasses.replace(T5EncoderConfig.from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat)
+        sizes = dataclasses.replace(
+            T5EncoderConfig.from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat
+        )
         return T5Encoder(sizes, rngs=nnx.Rngs(0))
 
     return hf.load_module(folder, build, prepare=_encoder_tensors, renames=RENAMES)

@@ -70,13 +70,26 @@ def _clip_backend(folder: Path, settings: Mapping[str, Any]):
     bos = _token_text(settings.get("bos_token")) or "<|startoftext|>"
     eos = _token_text(settings.get("eos_token")) or "<|endoftext|>"
     vocab, merges = models.BPE.read_file(str(folder / "vocab.json"), str(folder / "merges.txt"))
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
-                                   end_of_word_suffix="</w>", fuse_unk=False, unk_token=unk))
-    backend.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()])
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_CLIP_SPLIT), behavior="removed", invert=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False),
-    ])
+    backend = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="</w>",
+            fuse_unk=False,
+            unk_token=unk,
+        )
+    )
+    backend.normalizer = normalizers.Sequence(
+        [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()]
+    )
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_CLIP_SPLIT), behavior="removed", invert=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
     # added tokens as the config lists them (with their matching options), then any named
     # special token still missing, as transformers adds them
@@ -92,8 +105,9 @@ def _clip_backend(folder: Path, settings: Mapping[str, Any]):
     for token in (bos, eos):
         if backend.token_to_id(token) is None:
             raise ValueError(f"{folder}: the CLIP vocabulary has no {token!r}")
-    backend.post_processor = processors.RobertaProcessing((eos, backend.token_to_id(eos)), (bos, backend.token_to_id(bos)),
-                                                          trim_offsets=False, add_prefix_space=False)
+    backend.post_processor = processors.RobertaProcessing(
+        (eos, backend.token_to_id(eos)), (bos, backend.token_to_id(bos)), trim_offsets=False, add_prefix_space=False
+    )
     return backend
 
 
@@ -105,8 +119,15 @@ class HFTokenizer:
     token ids made any other way.
     """
 
-    def __init__(self, backend, *, pad_token: str, padding_side: str = "right", truncation_side: str = "right",
-                 split_special_tokens: bool = False):
+    def __init__(
+        self,
+        backend,
+        *,
+        pad_token: str,
+        padding_side: str = "right",
+        truncation_side: str = "right",
+        split_special_tokens: bool = False,
+    ):
         self._backend = backend
         self._backend.encode_special_tokens = bool(split_special_tokens)
         pad_id = self._backend.token_to_id(pad_token)
@@ -128,7 +149,11 @@ class HFTokenizer:
         settings = {**_read_json(folder / "special_tokens_map.json"), **_read_json(folder / "tokenizer_config.json")}
         if (folder / "tokenizer.json").is_file():
             backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file() and settings.get("tokenizer_class") in _CLIP_CLASSES:
+        elif (
+            (folder / "vocab.json").is_file()
+            and (folder / "merges.txt").is_file()
+            and settings.get("tokenizer_class") in _CLIP_CLASSES
+        ):
             backend = _clip_backend(folder, settings)
             settings = {**settings, "pad_token": _clip_pad(settings)}
         else:
@@ -143,21 +168,30 @@ class HFTokenizer:
         json_truncation = backend.truncation or {}
         pad_token = _token_text(settings.get("pad_token")) or json_padding.get("pad_token")
         if not pad_token:
-            raise ValueError(f"{folder}: the tokenizer names no pad token (tokenizer_config.json 'pad_token'); "
-                             f"padding to max_length needs one")
+            raise ValueError(
+                f"{folder}: the tokenizer names no pad token (tokenizer_config.json 'pad_token'); "
+                f"padding to max_length needs one"
+            )
         return cls(
             backend,
             pad_token=pad_token,
             padding_side=_side(settings.get("padding_side") or json_padding.get("direction"), "padding_side"),
-            truncation_side=_side(settings.get("truncation_side") or json_truncation.get("direction"), "truncation_side"),
+            truncation_side=_side(
+                settings.get("truncation_side") or json_truncation.get("direction"), "truncation_side"
+            ),
             split_special_tokens=bool(settings.get("split_special_tokens", False)),
         )
 
     @property
     def spec(self) -> TokenizerSpec:
         """This tokenizer as a hashable, JSON-able value (a card config stores it; ``spec.load()`` rebuilds it)."""
-        return TokenizerSpec(self._backend.to_str(), self.pad_token, self.padding_side, self.truncation_side,
-                             bool(self._backend.encode_special_tokens))
+        return TokenizerSpec(
+            self._backend.to_str(),
+            self.pad_token,
+            self.padding_side,
+            self.truncation_side,
+            bool(self._backend.encode_special_tokens),
+        )
 
     @property
     def num_special_tokens(self) -> int:
@@ -172,11 +206,15 @@ class HFTokenizer:
         if bad:
             raise TypeError(f"prompts must be strings (got {', '.join(sorted(set(bad)))})")
         if not isinstance(max_length, (int, np.integer)) or max_length <= self.num_special_tokens:
-            raise ValueError(f"max_length must be an int above the {self.num_special_tokens} special token(s) "
-                             f"each prompt gets (got {max_length!r})")
+            raise ValueError(
+                f"max_length must be an int above the {self.num_special_tokens} special token(s) "
+                f"each prompt gets (got {max_length!r})"
+            )
         max_length = int(max_length)
         self._backend.enable_truncation(max_length, stride=0, strategy="longest_first", direction=self.truncation_side)
-        self._backend.enable_padding(direction=self.padding_side, pad_id=self.pad_id, pad_token=self.pad_token, length=max_length)
+        self._backend.enable_padding(
+            direction=self.padding_side, pad_id=self.pad_id, pad_token=self.pad_token, length=max_length
+        )
         encodings = self._backend.encode_batch(prompts, add_special_tokens=True)
         ids = np.asarray([e.ids for e in encodings], np.int32).reshape(len(prompts), max_length)
         mask = np.asarray([e.attention_mask for e in encodings], np.int32).reshape(len(prompts), max_length)
@@ -212,5 +250,10 @@ class TokenizerSpec:
 def _load_spec(spec: TokenizerSpec) -> HFTokenizer:
     from tokenizers import Tokenizer
 
-    return HFTokenizer(Tokenizer.from_str(spec.json), pad_token=spec.pad_token, padding_side=spec.padding_side,
-                       truncation_side=spec.truncation_side, split_special_tokens=spec.split_special_tokens)
+    return HFTokenizer(
+        Tokenizer.from_str(spec.json),
+        pad_token=spec.pad_token,
+        padding_side=spec.padding_side,
+        truncation_side=spec.truncation_side,
+        split_special_tokens=spec.split_special_tokens,
+    )

@@ -107,8 +107,20 @@ class WanConfig:
             object.__setattr__(self, "out_channels", self.in_channels)
         if len(patch) != 3 or not all(_positive(p) for p in patch):
             raise ValueError(f"patch_size must be three positive ints (t, h, w) (got {self.patch_size!r})")
-        check_sizes(self, ("num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "text_dim", "freq_dim",
-                           "ffn_dim", "num_layers", "rope_max_seq_len"))
+        check_sizes(
+            self,
+            (
+                "num_attention_heads",
+                "attention_head_dim",
+                "in_channels",
+                "out_channels",
+                "text_dim",
+                "freq_dim",
+                "ffn_dim",
+                "num_layers",
+                "rope_max_seq_len",
+            ),
+        )
         check_sizes(self, ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len"), optional=True)
         if self.attention_head_dim % 2:
             raise ValueError(f"attention_head_dim must be even for the 3-D RoPE (got {self.attention_head_dim})")
@@ -159,8 +171,16 @@ class WanConfig:
     @classmethod
     def tiny(cls, **overrides) -> WanConfig:
         """2 heads × 16, 2 layers, 4 channels: for tests."""
-        base = {"num_attention_heads": 2, "attention_head_dim": 16, "in_channels": 4, "out_channels": 4,
-                "text_dim": 32, "freq_dim": 32, "ffn_dim": 64, "num_layers": 2}
+        base = {
+            "num_attention_heads": 2,
+            "attention_head_dim": 16,
+            "in_channels": 4,
+            "out_channels": 4,
+            "text_dim": 32,
+            "freq_dim": 32,
+            "ffn_dim": 64,
+            "num_layers": 2,
+        }
         return cls(**{**base, **overrides})
 
     @classmethod
@@ -200,17 +220,32 @@ class WanTransformer(nnx.Module):
         dim = config.inner_dim
         self.rope = WanRotaryPosEmbed(config.attention_head_dim, config.patch_size, config.rope_max_seq_len)
         self.patch_embedding = nnx.Conv(
-            config.in_channels, dim, kernel_size=config.patch_size, strides=config.patch_size, padding="VALID",
-            dtype=dtype, param_dtype=dtype, rngs=rngs,
+            config.in_channels,
+            dim,
+            kernel_size=config.patch_size,
+            strides=config.patch_size,
+            padding="VALID",
+            dtype=dtype,
+            param_dtype=dtype,
+            rngs=rngs,
         )
         self.condition_embedder = WanTimeTextImageEmbedding(
             dim, config.freq_dim, config.text_dim, config.image_dim, config.pos_embed_seq_len, dtype=dtype, rngs=rngs
         )
         self.blocks = blocks(
-            lambda: WanTransformerBlock(dim, config.ffn_dim, config.num_attention_heads, cross_attn_norm=config.cross_attn_norm,
-                                        eps=config.eps, added_kv_proj_dim=config.added_kv_proj_dim, dtype=dtype, rngs=rngs,
-                                        implementation=config.attention),
-            config.num_layers, scan=config.scan_layers,
+            lambda: WanTransformerBlock(
+                dim,
+                config.ffn_dim,
+                config.num_attention_heads,
+                cross_attn_norm=config.cross_attn_norm,
+                eps=config.eps,
+                added_kv_proj_dim=config.added_kv_proj_dim,
+                dtype=dtype,
+                rngs=rngs,
+                implementation=config.attention,
+            ),
+            config.num_layers,
+            scan=config.scan_layers,
         )
         self.norm_out = fp32_layer_norm(dim, config.eps, False, rngs)
         self.proj_out = linear(dim, config.out_channels * math.prod(config.patch_size), dtype, rngs)
@@ -267,15 +302,19 @@ class WanTransformer(nnx.Module):
             chex.assert_rank(image, 3)
             s = cfg.pos_embed_seq_len or image.shape[1]
             if image.shape[-1] != cfg.image_dim or (image.shape[0] * image.shape[1]) != b * s:
-                raise ValueError(f"encoder_hidden_states_image must be (B={b}, S, {cfg.image_dim}) "
-                                 f"(S·B = {b}·pos_embed_seq_len when set); got {image.shape}")
+                raise ValueError(
+                    f"encoder_hidden_states_image must be (B={b}, S, {cfg.image_dim}) "
+                    f"(S·B = {b}·pos_embed_seq_len when set); got {image.shape}"
+                )
         dtype = compute_dtype(cfg.dtype)
         check_implementation(cfg.attention)
         grid = (f // pt, hh // ph, ww // pw)
         rope = tuple(jnp.asarray(t) for t in self.rope(grid))
 
         h = self.patch_embedding(x.astype(dtype)).reshape(b, math.prod(grid), cfg.inner_dim)
-        temb, timestep_proj, context, image = self.condition_embedder(timestep, encoder_hidden_states.astype(dtype), image)
+        temb, timestep_proj, context, image = self.condition_embedder(
+            timestep, encoder_hidden_states.astype(dtype), image
+        )
         timestep_proj = timestep_proj.reshape(b, 6, cfg.inner_dim)
         if image is not None and cfg.added_kv_proj_dim is None:
             # Without added K/V the image tokens join the text as one context (diffusers concatenates image first).
@@ -341,8 +380,12 @@ def load(
       hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
     """
     folder = Path(folder)
-    config = dataclasses.replace(WanConfig.from_json(hf.read_config(folder), dtype=dtype), scan_layers=scan_layers, remat=remat,
-                                 attention=attention)
+    config = dataclasses.replace(
+        WanConfig.from_json(hf.read_config(folder), dtype=dtype),
+        scan_layers=scan_layers,
+        remat=remat,
+        attention=attention,
+    )
     module = WanTransformer.abstract(config)
     tensors = {k: v for k, v in hf.read_tensors(folder).items() if not IGNORED_KEYS.fullmatch(k)}
     return hf.load_into(module, tensors, renames=RENAMES, where=str(folder))

@@ -39,7 +39,14 @@ def linear(din: int, dout: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
 def fp32_layer_norm(dim: int, eps: float, affine: bool, rngs: nnx.Rngs) -> nnx.LayerNorm:
     """diffusers' ``FP32LayerNorm``: float32 statistics and (optional) float32 affine weights."""
     return nnx.LayerNorm(
-        dim, epsilon=eps, dtype=F32, param_dtype=F32, use_bias=affine, use_scale=affine, use_fast_variance=False, rngs=rngs
+        dim,
+        epsilon=eps,
+        dtype=F32,
+        param_dtype=F32,
+        use_bias=affine,
+        use_scale=affine,
+        use_fast_variance=False,
+        rngs=rngs,
     )
 
 
@@ -57,7 +64,9 @@ class WanRotaryPosEmbed(nnx.Module):
     The head dim splits into ``t_dim = head_dim - 2·h_dim`` (frames) and ``h_dim = w_dim = 2·(head_dim // 6)``.
     """
 
-    def __init__(self, attention_head_dim: int, patch_size: tuple[int, int, int], max_seq_len: int, theta: float = 10000.0):
+    def __init__(
+        self, attention_head_dim: int, patch_size: tuple[int, int, int], max_seq_len: int, theta: float = 10000.0
+    ):
         self.attention_head_dim = attention_head_dim
         self.patch_size = tuple(patch_size)
         self.max_seq_len = max_seq_len
@@ -141,7 +150,9 @@ class FeedForward(nnx.Module):
     """diffusers' ``FeedForward`` with a GELU activation: ``net.2(gelu(net.0.proj(x)))``, ``dim -> inner -> dim_out``."""
 
     def __init__(self, dim: int, inner_dim: int, dim_out: int, *, approximate: bool, dtype, rngs: nnx.Rngs):
-        self.net = nnx.List([_GELUProj(dim, inner_dim, approximate, dtype, rngs), _Dropout(), linear(inner_dim, dim_out, dtype, rngs)])
+        self.net = nnx.List(
+            [_GELUProj(dim, inner_dim, approximate, dtype, rngs), _Dropout(), linear(inner_dim, dim_out, dtype, rngs)]
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.net[2](self.net[0](x))
@@ -151,8 +162,18 @@ class WanAttention(nnx.Module):
     """Wan attention: q/k RMS-normed across heads, RoPE on self-attention, and for I2V a second
     attention of the same queries over image tokens (``add_k_proj`` / ``add_v_proj``) added to the text one."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, eps: float, *, added_kv_proj_dim: int | None = None, dtype,
-                 rngs: nnx.Rngs, implementation: str = "xla"):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        eps: float,
+        *,
+        added_kv_proj_dim: int | None = None,
+        dtype,
+        rngs: nnx.Rngs,
+        implementation: str = "xla",
+    ):
         inner = heads * head_dim
         self.heads = heads
         self.implementation = implementation
@@ -223,8 +244,16 @@ class WanTransformerBlock(nnx.Module):
         head_dim = dim // num_heads
         self.norm1 = fp32_layer_norm(dim, eps, False, rngs)
         self.attn1 = WanAttention(dim, num_heads, head_dim, eps, dtype=dtype, rngs=rngs, implementation=implementation)
-        self.attn2 = WanAttention(dim, num_heads, head_dim, eps, added_kv_proj_dim=added_kv_proj_dim, dtype=dtype, rngs=rngs,
-                                  implementation=implementation)
+        self.attn2 = WanAttention(
+            dim,
+            num_heads,
+            head_dim,
+            eps,
+            added_kv_proj_dim=added_kv_proj_dim,
+            dtype=dtype,
+            rngs=rngs,
+            implementation=implementation,
+        )
         self.cross_attn_norm = cross_attn_norm
         if cross_attn_norm:
             self.norm2 = fp32_layer_norm(dim, eps, True, rngs)

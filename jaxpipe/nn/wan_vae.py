@@ -39,10 +39,42 @@ __all__ = ["ENCODE_CHUNK", "LOGICAL_AXES", "RENAMES", "WanVAE", "WanVAEConfig", 
 
 ENCODE_CHUNK = 4  # frames per encoder chunk after frame 0, as diffusers; a multiple of any allowed temporal_factor
 
-_WAN21_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-               0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
-_WAN21_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-              3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
+_WAN21_MEAN = (
+    -0.7571,
+    -0.7089,
+    -0.9113,
+    0.1075,
+    -0.1745,
+    0.9653,
+    -0.1517,
+    1.5508,
+    0.4134,
+    -0.0715,
+    0.5517,
+    -0.3632,
+    -0.1922,
+    -0.9497,
+    0.2503,
+    -0.2921,
+)
+_WAN21_STD = (
+    2.8184,
+    1.4541,
+    2.3275,
+    2.6558,
+    1.2196,
+    1.7708,
+    2.6052,
+    2.0743,
+    3.2687,
+    2.1526,
+    2.8652,
+    1.5579,
+    1.6382,
+    1.1253,
+    2.8251,
+    1.9160,
+)
 
 # diffusers config keys that only hint the pipeline (tiling, latent shapes); the network derives them.
 _HINT_KEYS = ("scale_factor_temporal", "scale_factor_spatial")
@@ -111,8 +143,14 @@ class WanVAEConfig:
     @classmethod
     def tiny(cls, **overrides) -> WanVAEConfig:
         """A ~200 k-parameter VAE with every layer kind and the 2.1 shape (8x spatial, 4x temporal)."""
-        fields = {"base_dim": 8, "z_dim": 4, "dim_mult": (1, 2, 2, 2), "num_res_blocks": 1,
-                  "latents_mean": _WAN21_MEAN[:4], "latents_std": _WAN21_STD[:4]}
+        fields = {
+            "base_dim": 8,
+            "z_dim": 4,
+            "dim_mult": (1, 2, 2, 2),
+            "num_res_blocks": 1,
+            "latents_mean": _WAN21_MEAN[:4],
+            "latents_std": _WAN21_STD[:4],
+        }
         return cls(**{**fields, **overrides})
 
     @classmethod
@@ -121,7 +159,9 @@ class WanVAEConfig:
         known = {f.name for f in dataclasses.fields(cls)} - {"dtype"}
         d = {k: v for k, v in d.items() if not k.startswith("_")}
         if d.pop("is_residual", False) or d.pop("patch_size", None) is not None:
-            raise ValueError("WanVAEConfig.from_json: is_residual / patch_size mean Wan 2.2's VAE, which is not supported")
+            raise ValueError(
+                "WanVAEConfig.from_json: is_residual / patch_size mean Wan 2.2's VAE, which is not supported"
+            )
         unknown = sorted(set(d) - known - set(_HINT_KEYS))
         if unknown:
             raise ValueError(f"WanVAEConfig.from_json: unknown config key(s) {unknown}")
@@ -165,8 +205,13 @@ class Encoder3d(nnx.Module):
 
         A later chunk's frame count must be a multiple of ``temporal_factor``; it gives
         ``T / temporal_factor`` latent frames (the first chunk ``1 + (T-1) / temporal_factor``)."""
-        steps = [self.conv_in.chunk, *(block.chunk for block in self.down_blocks), self.mid_block.chunk,
-                 stateless(lambda x: jax.nn.silu(self.norm_out(x))), self.conv_out.chunk]
+        steps = [
+            self.conv_in.chunk,
+            *(block.chunk for block in self.down_blocks),
+            self.mid_block.chunk,
+            stateless(lambda x: jax.nn.silu(self.norm_out(x))),
+            self.conv_out.chunk,
+        ]
         return sequence(x, cache, steps)
 
 
@@ -198,8 +243,13 @@ class Decoder3d(nnx.Module):
 
         The first chunk of ``T`` latent frames gives ``1 + temporal_factor (T-1)`` frames, a later one
         ``temporal_factor T``."""
-        steps = [self.conv_in.chunk, self.mid_block.chunk, *(block.chunk for block in self.up_blocks),
-                 stateless(lambda x: jax.nn.silu(self.norm_out(x))), self.conv_out.chunk]
+        steps = [
+            self.conv_in.chunk,
+            self.mid_block.chunk,
+            *(block.chunk for block in self.up_blocks),
+            stateless(lambda x: jax.nn.silu(self.norm_out(x))),
+            self.conv_out.chunk,
+        ]
         return sequence(x, cache, steps)
 
 
@@ -246,7 +296,9 @@ class WanVAE(nnx.Module):
         if (shape[1] - 1) % 4:
             raise ValueError(f"WanVAE.encode: the frame count must be 1 + 4k (1, 5, 9, ...), got {shape[1]}")
         if shape[2] % cfg.spatial_factor or shape[3] % cfg.spatial_factor:
-            raise ValueError(f"WanVAE.encode: height and width must be multiples of {cfg.spatial_factor}, got {shape[2:4]}")
+            raise ValueError(
+                f"WanVAE.encode: height and width must be multiples of {cfg.spatial_factor}, got {shape[2:4]}"
+            )
 
     def encode(self, video: jax.Array, *, chunked: bool = True) -> tuple[jax.Array, jax.Array]:
         """The posterior of a video in [-1, 1].
@@ -285,7 +337,9 @@ class WanVAE(nnx.Module):
           ValueError: for latents of another rank or channel count.
         """
         if latents.ndim != 5 or latents.shape[-1] != self.config.z_dim:
-            raise ValueError(f"WanVAE.decode: latents must be (B, f, h, w, {self.config.z_dim}), got {tuple(latents.shape)}")
+            raise ValueError(
+                f"WanVAE.decode: latents must be (B, f, h, w, {self.config.z_dim}), got {tuple(latents.shape)}"
+            )
         x = self.post_quant_conv(jnp.asarray(latents, self.dtype))
         video = _scan_chunks(self.decoder.chunk, x, 1) if chunked else self.decoder(x)
         return jnp.clip(video.astype(jnp.float32), -1.0, 1.0)

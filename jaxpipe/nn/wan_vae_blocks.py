@@ -23,8 +23,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 __all__ = [
-    "AttentionBlock", "CausalConv3d", "FrameConv2d", "MidBlock", "RMSNorm", "Resample", "ResidualBlock", "UpBlock",
-    "sequence", "stateless",
+    "AttentionBlock",
+    "CausalConv3d",
+    "FrameConv2d",
+    "MidBlock",
+    "RMSNorm",
+    "Resample",
+    "ResidualBlock",
+    "UpBlock",
+    "sequence",
+    "stateless",
 ]
 
 _NORM_EPS = 1e-12  # torch.nn.functional.normalize's default
@@ -37,7 +45,7 @@ def _tail(x: jax.Array, n: int) -> jax.Array:
     t = x.shape[1]
     if t < n:
         x = jnp.pad(x, ((0, 0), (n - t, 0)) + ((0, 0),) * (x.ndim - 2))
-    return x[:, x.shape[1] - n:]
+    return x[:, x.shape[1] - n :]
 
 
 def sequence(x: jax.Array, cache: Cache, steps: list[Callable]) -> tuple[jax.Array, tuple]:
@@ -144,7 +152,11 @@ class CausalConv3d(nnx.Module):
             x = jnp.concatenate([cache, x], axis=1)
         front = self.history if cache is None else 0
         y = jax.lax.conv_general_dilated(
-            x, k, self.stride, [(front, 0), (ph, ph), (pw, pw)], dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
+            x,
+            k,
+            self.stride,
+            [(front, 0), (ph, ph), (pw, pw)],
+            dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
         )
         return y + self.bias[...], (_tail(x, self.history) if self.history else None)
 
@@ -154,8 +166,17 @@ class FrameConv2d(nnx.Module):
 
     ``padding`` is ``((top, bottom), (left, right))``: diffusers' downsampler pads right and bottom only."""
 
-    def __init__(self, cin: int, cout: int, kernel: int, *, stride: int = 1, padding=((0, 0), (0, 0)),
-                 dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        kernel: int,
+        *,
+        stride: int = 1,
+        padding=((0, 0), (0, 0)),
+        dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
         self.stride, self.padding = stride, tuple(tuple(p) for p in padding)
         self.kernel = _kernel(rngs, (kernel, kernel, cin, cout), dtype)
         self.bias = nnx.Param(jnp.zeros((cout,), dtype))
@@ -164,7 +185,10 @@ class FrameConv2d(nnx.Module):
         b, t = x.shape[:2]
         k = self.kernel[...]
         y = jax.lax.conv_general_dilated(
-            x.reshape(b * t, *x.shape[2:]).astype(k.dtype), k, (self.stride,) * 2, self.padding,
+            x.reshape(b * t, *x.shape[2:]).astype(k.dtype),
+            k,
+            (self.stride,) * 2,
+            self.padding,
             dimension_numbers=("NHWC", "HWIO", "NHWC"),
         )
         return (y + self.bias[...]).reshape(b, t, *y.shape[1:])
@@ -302,8 +326,9 @@ class MidBlock(nnx.Module):
 class UpBlock(nnx.Module):
     """``WanUpBlock``: ``num_res_blocks + 1`` residual blocks, then an optional ``Resample`` up."""
 
-    def __init__(self, cin: int, cout: int, num_res_blocks: int, upsample_mode: str | None, *,
-                 dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(
+        self, cin: int, cout: int, num_res_blocks: int, upsample_mode: str | None, *, dtype=jnp.float32, rngs: nnx.Rngs
+    ):
         dims = [cin] + [cout] * (num_res_blocks + 1)
         self.resnets = nnx.List([ResidualBlock(a, b, dtype=dtype, rngs=rngs) for a, b in itertools.pairwise(dims)])
         self.upsamplers = (

@@ -50,8 +50,19 @@ import numpy as np
 from jaxpipe.prompts import Prompts, check, encode_text, text_width
 from jaxpipe.rewards.hosted import VMAP_METHODS, HostPrompts, HostReward, host
 
-__all__ = ["Reward", "HostPrompts", "HostReward", "VMAP_METHODS", "MODEL_KINDS", "host", "combine", "score", "load",
-           "spec_name", "text_prompts"]
+__all__ = [
+    "Reward",
+    "HostPrompts",
+    "HostReward",
+    "VMAP_METHODS",
+    "MODEL_KINDS",
+    "host",
+    "combine",
+    "score",
+    "load",
+    "spec_name",
+    "text_prompts",
+]
 
 Reward = Callable[[Mapping[str, Any], Prompts], jax.Array | Mapping[str, jax.Array]]
 """``reward(artifacts, prompts) -> (B,)`` or ``{part: (B,)}``."""
@@ -63,8 +74,10 @@ def _name(reward: Any) -> str:
 
 def _rows(artifacts: Mapping[str, Any], prompts: Prompts | None) -> int:
     """B: the rows every artifact (and the prompts) share (ValueError naming the mismatch)."""
-    rows = {jax.tree_util.keystr(path): np.shape(leaf)[0] if np.ndim(leaf) else None
-            for path, leaf in jax.tree_util.tree_flatten_with_path(dict(artifacts))[0]}
+    rows = {
+        jax.tree_util.keystr(path): np.shape(leaf)[0] if np.ndim(leaf) else None
+        for path, leaf in jax.tree_util.tree_flatten_with_path(dict(artifacts))[0]
+    }
     if prompts is not None:
         rows["prompts"] = len(prompts)
     if not rows:
@@ -86,7 +99,9 @@ def _checked(value: Any, rows: int, what: str) -> jax.Array:
     return value
 
 
-def score(reward: Reward, artifacts: Mapping[str, Any], prompts: Prompts | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def score(
+    reward: Reward, artifacts: Mapping[str, Any], prompts: Prompts | None
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Call ``reward`` once and check it: ``(total (B,) float32, parts {name: (B,) float32})``.
 
     A reward returning ``(B,)`` has ``parts == {}``; one returning parts has ``total =
@@ -195,8 +210,11 @@ def _import_module(target: str, spec: str):
 MODEL_KINDS = ("clipscore", "pickscore", "aesthetic")
 """The reward models ``load("KIND:DIR")`` loads from a folder (``jaxpipe.rewards.clip``, ``jaxpipe.rewards.aesthetic``)."""
 
-_SPEC_FORMS = ("'package.module:function', 'path/to/file.py:function', 'KIND:DIR' (KIND one of " + ", ".join(MODEL_KINDS)
-               + ") or a reward server's URL 'http://HOST:PORT/v1/rewards?model=M'")
+_SPEC_FORMS = (
+    "'package.module:function', 'path/to/file.py:function', 'KIND:DIR' (KIND one of "
+    + ", ".join(MODEL_KINDS)
+    + ") or a reward server's URL 'http://HOST:PORT/v1/rewards?model=M'"
+)
 _LOADED: dict[tuple[str, str], Reward] = {}
 
 
@@ -218,7 +236,11 @@ def _model_spec(spec: str) -> tuple[str, str] | None:
     module of yours named ``aesthetic`` with a function still loads as ``aesthetic:function``).
     """
     kind, _, where = spec.partition(":")
-    if kind in MODEL_KINDS and where and (Path(where).expanduser().is_dir() or _is_path(where) or not _module_exists(kind)):
+    if (
+        kind in MODEL_KINDS
+        and where
+        and (Path(where).expanduser().is_dir() or _is_path(where) or not _module_exists(kind))
+    ):
         return kind, where
     return None
 
@@ -240,7 +262,9 @@ def _load_model(kind: str, where: str, spec: str) -> Reward:
 
             # clipscore:DIR and pickscore:DIR of one folder share its CLIPModel: read once
             other = _LOADED.get(("pickscore" if kind == "clipscore" else "clipscore", key[1]))
-            reward = (clip.clipscore if kind == "clipscore" else clip.pickscore)(folder, model=None if other is None else other.model)
+            reward = (clip.clipscore if kind == "clipscore" else clip.pickscore)(
+                folder, model=None if other is None else other.model
+            )
     except (FileNotFoundError, ValueError) as err:
         raise ValueError(f"--reward {spec!r}: {err}") from None
     _LOADED[key] = reward
@@ -329,8 +353,10 @@ def load(spec: str) -> Reward:
         raise ValueError(f"a reward is named {_SPEC_FORMS} (got {spec!r})")
     is_file = target.endswith(".py") or "/" in target or "\\" in target
     if not is_file and not _module_exists(target) and (_is_path(attribute) or Path(attribute).expanduser().is_dir()):
-        raise ValueError(f"--reward {spec!r}: unknown reward model kind {target!r}; the kinds are {', '.join(MODEL_KINDS)} "
-                         f"(or name a function: 'package.module:function', 'path/to/file.py:function')")
+        raise ValueError(
+            f"--reward {spec!r}: unknown reward model kind {target!r}; the kinds are {', '.join(MODEL_KINDS)} "
+            f"(or name a function: 'package.module:function', 'path/to/file.py:function')"
+        )
     module = _import_file(Path(target), spec) if is_file else _import_module(target, spec)
     value = module
     for part in attribute.split("."):

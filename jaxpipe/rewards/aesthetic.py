@@ -37,7 +37,16 @@ from jaxpipe.nn.clip_vision import CLIPVisionConfig, CLIPVisionWithProjection, I
 from jaxpipe.prompts import Prompts
 from jaxpipe.rewards.clip import FOLDERS, _has_processor, frames, image_processing
 
-__all__ = ["HEAD_LAYERS", "HEAD_SIZES", "AestheticScore", "check_head", "head_score", "load", "load_vision", "read_head"]
+__all__ = [
+    "HEAD_LAYERS",
+    "HEAD_SIZES",
+    "AestheticScore",
+    "check_head",
+    "head_score",
+    "load",
+    "load_vision",
+    "read_head",
+]
 
 HEAD_LAYERS = (0, 2, 4, 6, 7)
 """The indices of the head's ``nn.Linear`` s in its ``nn.Sequential`` (dropouts at 1, 3, 5)."""
@@ -45,7 +54,7 @@ HEAD_SIZES = (768, 1024, 128, 64, 16, 1)
 """The published head's widths: CLIP ViT-L/14's 768-d embedding down to one rating."""
 
 _CONVERT = (
-    "python -c \"import torch; from safetensors.torch import save_file; "
+    'python -c "import torch; from safetensors.torch import save_file; '
     "save_file(torch.load('{pth}', map_location='cpu', weights_only=True), '{out}')\""
 )
 
@@ -72,7 +81,9 @@ def read_head(path: str | Path) -> dict[str, np.ndarray]:
 
         return {k: np.asarray(v, np.float32) for k, v in load_file(str(path)).items()}
     if path.suffix not in (".pth", ".pt", ".bin"):
-        raise ValueError(f"{path}: the aesthetic head is a .pth state dict or a .safetensors file (got {path.suffix!r})")
+        raise ValueError(
+            f"{path}: the aesthetic head is a .pth state dict or a .safetensors file (got {path.suffix!r})"
+        )
     try:
         import torch
     except ImportError:
@@ -87,7 +98,9 @@ def read_head(path: str | Path) -> dict[str, np.ndarray]:
     return {k: v.detach().to(torch.float32).numpy() for k, v in state.items()}
 
 
-def check_head(tensors: Mapping[str, np.ndarray], where: str = "aesthetic head") -> tuple[tuple[jax.Array, jax.Array], ...]:
+def check_head(
+    tensors: Mapping[str, np.ndarray], where: str = "aesthetic head"
+) -> tuple[tuple[jax.Array, jax.Array], ...]:
     """The head's ``(weight (out, in), bias (out,))`` pairs in order, checked.
 
     The widths are read from the weights (the published head's are ``HEAD_SIZES``); they must chain,
@@ -106,14 +119,18 @@ def check_head(tensors: Mapping[str, np.ndarray], where: str = "aesthetic head")
     want = {f"layers.{i}.{p}" for i in HEAD_LAYERS for p in ("weight", "bias")}
     missing, unexpected = sorted(want - set(tensors)), sorted(set(tensors) - want)
     if missing or unexpected:
-        raise ValueError(f"{where}: not the LAION aesthetic head (keys layers.{{0,2,4,6,7}}.weight|bias); "
-                         f"missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"{where}: not the LAION aesthetic head (keys layers.{{0,2,4,6,7}}.weight|bias); "
+            f"missing {missing}, unexpected {unexpected}"
+        )
     pairs, width = [], None
     for i in HEAD_LAYERS:
         weight, bias = np.asarray(tensors[f"layers.{i}.weight"]), np.asarray(tensors[f"layers.{i}.bias"])
         if weight.ndim != 2 or bias.shape != (weight.shape[0],) or (width is not None and weight.shape[1] != width):
-            raise ValueError(f"{where}: layers.{i} has weight {weight.shape} and bias {bias.shape}, which do not chain "
-                             f"(input width {width})")
+            raise ValueError(
+                f"{where}: layers.{i} has weight {weight.shape} and bias {bias.shape}, which do not chain "
+                f"(input width {width})"
+            )
         width = weight.shape[0]
         pairs.append((jnp.asarray(weight, jnp.float32), jnp.asarray(bias, jnp.float32)))
     if width != 1:
@@ -151,15 +168,20 @@ class AestheticScore:
 
     kind = "aesthetic"
 
-    def __init__(self, vision: CLIPVisionWithProjection, head: Sequence[tuple[jax.Array, jax.Array]],
-                 processing: ImageProcessing):
+    def __init__(
+        self, vision: CLIPVisionWithProjection, head: Sequence[tuple[jax.Array, jax.Array]], processing: ImageProcessing
+    ):
         config = vision.config
         if head[0][0].shape[1] != config.projection_dim:
-            raise ValueError(f"the aesthetic head takes {head[0][0].shape[1]}-d embeddings but the CLIP projects to "
-                             f"{config.projection_dim} (the published head needs CLIP ViT-L/14)")
+            raise ValueError(
+                f"the aesthetic head takes {head[0][0].shape[1]}-d embeddings but the CLIP projects to "
+                f"{config.projection_dim} (the published head needs CLIP ViT-L/14)"
+            )
         if tuple(processing.crop) != (config.image_size, config.image_size):
-            raise ValueError(f"the preprocessor crops to {tuple(processing.crop)} but the vision tower takes "
-                             f"{config.image_size}×{config.image_size} images")
+            raise ValueError(
+                f"the preprocessor crops to {tuple(processing.crop)} but the vision tower takes "
+                f"{config.image_size}×{config.image_size} images"
+            )
         self.config = config
         self.head = tuple(head)
         self.processing = processing
@@ -206,12 +228,17 @@ def load_vision(folder: str | Path, *, dtype: str = "float32") -> CLIPVisionWith
     config = hf.read_config(folder)
     kind = config.get("model_type")
     if kind not in ("clip", "clip_vision_model"):
-        raise ValueError(f"{folder}: config.json model_type must be 'clip' (CLIPModel) or 'clip_vision_model' "
-                         f"(CLIPVisionModelWithProjection) for the aesthetic reward's CLIP (got {kind!r})")
+        raise ValueError(
+            f"{folder}: config.json model_type must be 'clip' (CLIPModel) or 'clip_vision_model' "
+            f"(CLIPVisionModelWithProjection) for the aesthetic reward's CLIP (got {kind!r})"
+        )
     sizes = CLIPVisionConfig.from_json(config, dtype=dtype)
     module = nnx.eval_shape(lambda: CLIPVisionWithProjection(sizes, rngs=nnx.Rngs(0)))
-    tensors = {k: v for k, v in hf.read_tensors(folder).items()
-               if k.startswith(("vision_model.", "visual_projection.")) and not k.endswith("embeddings.position_ids")}
+    tensors = {
+        k: v
+        for k, v in hf.read_tensors(folder).items()
+        if k.startswith(("vision_model.", "visual_projection.")) and not k.endswith("embeddings.position_ids")
+    }
     return hf.load_into(module, tensors, where=str(folder))
 
 
@@ -219,13 +246,21 @@ def _head_file(folder: Path) -> Path:
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".pth", ".safetensors"))
     if len(files) != 1:
         found = ", ".join(p.name for p in files) or "none"
-        raise FileNotFoundError(f"{folder}: the aesthetic reward needs exactly one head file (*.pth or *.safetensors, e.g. "
-                                f"sac+logos+ava1-l14-linearMSE.pth) beside its clip/ folder; found {found} (pass head=)")
+        raise FileNotFoundError(
+            f"{folder}: the aesthetic reward needs exactly one head file (*.pth or *.safetensors, e.g. "
+            f"sac+logos+ava1-l14-linearMSE.pth) beside its clip/ folder; found {found} (pass head=)"
+        )
     return files[0]
 
 
-def load(folder: str | Path, *, clip: str | Path | None = None, head: str | Path | None = None,
-         processor: str | Path | None = None, dtype: str = "float32") -> AestheticScore:
+def load(
+    folder: str | Path,
+    *,
+    clip: str | Path | None = None,
+    head: str | Path | None = None,
+    processor: str | Path | None = None,
+    dtype: str = "float32",
+) -> AestheticScore:
     """The aesthetic reward of a folder laid out as the module docstring says (``clip/`` + one head file).
 
     Args:
@@ -249,7 +284,11 @@ def load(folder: str | Path, *, clip: str | Path | None = None, head: str | Path
         raise FileNotFoundError(f"no aesthetic reward folder {folder}")
     clip_folder = Path(clip) if clip is not None else folder / "clip"
     if not clip_folder.is_dir():
-        hint = " (it holds a config.json: put the CLIP in a clip/ sub-folder, the head beside it)" if (folder / "config.json").is_file() else ""
+        hint = (
+            " (it holds a config.json: put the CLIP in a clip/ sub-folder, the head beside it)"
+            if (folder / "config.json").is_file()
+            else ""
+        )
         raise FileNotFoundError(f"{folder}: no clip/ folder (the CLIP ViT-L/14 the aesthetic head scores){hint}")
     head_path = Path(head) if head is not None else _head_file(folder)
     pairs = check_head(read_head(head_path), where=str(head_path))

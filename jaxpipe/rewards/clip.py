@@ -45,8 +45,18 @@ from jaxpipe.nn.tokenizer import HFTokenizer
 from jaxpipe.prompts import Prompts, check, decode_text
 
 __all__ = [
-    "CLIPSCORE_WEIGHT", "FOLDERS", "CLIPReward", "CLIPScore", "PickScore", "HostTokenizer", "clipscore", "pickscore",
-    "find_processor", "find_tokenizer", "frames", "image_processing",
+    "CLIPSCORE_WEIGHT",
+    "FOLDERS",
+    "CLIPReward",
+    "CLIPScore",
+    "PickScore",
+    "HostTokenizer",
+    "clipscore",
+    "pickscore",
+    "find_processor",
+    "find_tokenizer",
+    "frames",
+    "image_processing",
 ]
 
 CLIPSCORE_WEIGHT = 2.5
@@ -57,11 +67,15 @@ FOLDERS = ("", "processor", "tokenizer", "feature_extractor", "image_processor")
 
 
 def _has_tokenizer(folder: Path) -> bool:
-    return (folder / "tokenizer.json").is_file() or ((folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())
+    return (folder / "tokenizer.json").is_file() or (
+        (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
+    )
 
 
 def _has_processor(folder: Path) -> bool:
-    return (folder / "preprocessor_config.json").is_file() or "image_processor" in _read_json(folder / "processor_config.json")
+    return (folder / "preprocessor_config.json").is_file() or "image_processor" in _read_json(
+        folder / "processor_config.json"
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -77,7 +91,9 @@ def _find(folders: list[Path], test, what: str) -> Path:
             if test(root / sub):
                 return root / sub
     looked = ", ".join(str(f) for f in folders)
-    raise FileNotFoundError(f"no {what} in {looked} (nor in their {', '.join(s + '/' for s in FOLDERS[1:])} sub-folders)")
+    raise FileNotFoundError(
+        f"no {what} in {looked} (nor in their {', '.join(s + '/' for s in FOLDERS[1:])} sub-folders)"
+    )
 
 
 def find_tokenizer(*folders: str | Path) -> Path:
@@ -92,7 +108,9 @@ def find_tokenizer(*folders: str | Path) -> Path:
     Raises:
       FileNotFoundError: naming the folders searched.
     """
-    return _find([Path(f) for f in folders], _has_tokenizer, "CLIP tokenizer (tokenizer.json, or vocab.json + merges.txt)")
+    return _find(
+        [Path(f) for f in folders], _has_tokenizer, "CLIP tokenizer (tokenizer.json, or vocab.json + merges.txt)"
+    )
 
 
 def find_processor(*folders: str | Path) -> Path:
@@ -123,7 +141,9 @@ def image_processing(folder: str | Path) -> ImageProcessing:
         return ImageProcessing.from_folder(folder)
     settings = _read_json(folder / "processor_config.json").get("image_processor")
     if not isinstance(settings, dict):
-        raise FileNotFoundError(f"{folder}: no preprocessor_config.json (nor a processor_config.json with an image_processor)")
+        raise FileNotFoundError(
+            f"{folder}: no preprocessor_config.json (nor a processor_config.json with an image_processor)"
+        )
     return ImageProcessing.from_json(settings)
 
 
@@ -197,15 +217,29 @@ class CLIPReward:
 
     kind = "clip"
 
-    def __init__(self, model: clip_model.CLIPModel, tokenizer: HFTokenizer, processing: ImageProcessing, *,
-                 max_length: int | None = None):
+    def __init__(
+        self,
+        model: clip_model.CLIPModel,
+        tokenizer: HFTokenizer,
+        processing: ImageProcessing,
+        *,
+        max_length: int | None = None,
+    ):
         positions = model.config.text.max_position_embeddings
         max_length = positions if max_length is None else max_length
-        if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or not 2 < max_length <= positions:
-            raise ValueError(f"max_length must be an int in (2, {positions}] (the text tower's positions), got {max_length!r}")
+        if (
+            isinstance(max_length, bool)
+            or not isinstance(max_length, (int, np.integer))
+            or not 2 < max_length <= positions
+        ):
+            raise ValueError(
+                f"max_length must be an int in (2, {positions}] (the text tower's positions), got {max_length!r}"
+            )
         vision = model.config.vision.image_size
         if tuple(processing.crop) != (vision, vision):
-            raise ValueError(f"the preprocessor crops to {tuple(processing.crop)} but the vision tower takes {vision}×{vision} images")
+            raise ValueError(
+                f"the preprocessor crops to {tuple(processing.crop)} but the vision tower takes {vision}×{vision} images"
+            )
         self.config = model.config
         self.processing = processing
         self.tokens = HostTokenizer(tokenizer, int(max_length))
@@ -213,7 +247,9 @@ class CLIPReward:
         self.__name__ = self.__qualname__ = self.kind
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(projection_dim={self.config.projection_dim}, max_length={self.tokens.max_length})"
+        return (
+            f"{type(self).__name__}(projection_dim={self.config.projection_dim}, max_length={self.tokens.max_length})"
+        )
 
     @property
     def model(self) -> clip_model.CLIPModel:
@@ -238,8 +274,10 @@ class CLIPReward:
         images, t = frames(artifacts)
         rows = len(prompts)
         if images.shape[0] != rows * t:
-            raise ValueError(f"{self.kind}: {images.shape[0] // t} rendered rows but {rows} prompt rows "
-                             "(repeat the prompts to the rendered rows: prompts.repeat(K))")
+            raise ValueError(
+                f"{self.kind}: {images.shape[0] // t} rendered rows but {rows} prompt rows "
+                "(repeat the prompts to the rendered rows: prompts.repeat(K))"
+            )
         image = self.image_embeddings(images).reshape(rows, t, -1)
         text = self.text_embeddings(prompts)
         return jnp.sum(image * text[:, None], axis=-1)
@@ -258,8 +296,15 @@ class CLIPScore(CLIPReward):
 
     kind = "clipscore"
 
-    def __init__(self, model: clip_model.CLIPModel, tokenizer: HFTokenizer, processing: ImageProcessing, *,
-                 weight: float = CLIPSCORE_WEIGHT, max_length: int | None = None):
+    def __init__(
+        self,
+        model: clip_model.CLIPModel,
+        tokenizer: HFTokenizer,
+        processing: ImageProcessing,
+        *,
+        weight: float = CLIPSCORE_WEIGHT,
+        max_length: int | None = None,
+    ):
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not np.isfinite(weight):
             raise ValueError(f"weight must be a finite number (got {weight!r})")
         super().__init__(model, tokenizer, processing, max_length=max_length)
@@ -288,8 +333,13 @@ class PickScore(CLIPReward):
         return jnp.mean(scale * self.cosines(artifacts, prompts), axis=1)
 
 
-def _parts(folder: str | Path, processor: str | Path | None, tokenizer: str | Path | None, dtype: str,
-           model: clip_model.CLIPModel | None) -> tuple[clip_model.CLIPModel, HFTokenizer, ImageProcessing]:
+def _parts(
+    folder: str | Path,
+    processor: str | Path | None,
+    tokenizer: str | Path | None,
+    dtype: str,
+    model: clip_model.CLIPModel | None,
+) -> tuple[clip_model.CLIPModel, HFTokenizer, ImageProcessing]:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no CLIP model folder {folder}")
@@ -304,9 +354,16 @@ def _parts(folder: str | Path, processor: str | Path | None, tokenizer: str | Pa
     return model, text, processing
 
 
-def clipscore(folder: str | Path, *, processor: str | Path | None = None, tokenizer: str | Path | None = None,
-              weight: float = CLIPSCORE_WEIGHT, dtype: str = "float32", max_length: int | None = None,
-              model: clip_model.CLIPModel | None = None) -> CLIPScore:
+def clipscore(
+    folder: str | Path,
+    *,
+    processor: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    weight: float = CLIPSCORE_WEIGHT,
+    dtype: str = "float32",
+    max_length: int | None = None,
+    model: clip_model.CLIPModel | None = None,
+) -> CLIPScore:
     """The CLIPScore reward of a transformers ``CLIPModel`` folder.
 
     Args:
@@ -330,9 +387,15 @@ def clipscore(folder: str | Path, *, processor: str | Path | None = None, tokeni
     return CLIPScore(*_parts(folder, processor, tokenizer, dtype, model), weight=weight, max_length=max_length)
 
 
-def pickscore(folder: str | Path, *, processor: str | Path | None = None, tokenizer: str | Path | None = None,
-              dtype: str = "float32", max_length: int | None = None,
-              model: clip_model.CLIPModel | None = None) -> PickScore:
+def pickscore(
+    folder: str | Path,
+    *,
+    processor: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    dtype: str = "float32",
+    max_length: int | None = None,
+    model: clip_model.CLIPModel | None = None,
+) -> PickScore:
     """The PickScore reward of a ``CLIPModel`` folder (yuvalkirstain/PickScore_v1).
 
     Args:

@@ -52,8 +52,8 @@ def _flatten_rows(arrays: list[np.ndarray], ndims: list[int]) -> tuple[tuple[int
     lead = np.broadcast_shapes(*leads) if leads else ()
     out = []
     for a, n in zip(arrays, ndims):
-        a = np.broadcast_to(a, lead + a.shape[a.ndim - n:])
-        out.append(a.reshape((math.prod(lead) * a.shape[len(lead)], *a.shape[len(lead) + 1:])))
+        a = np.broadcast_to(a, lead + a.shape[a.ndim - n :])
+        out.append(a.reshape((math.prod(lead) * a.shape[len(lead)], *a.shape[len(lead) + 1 :])))
     return lead, out
 
 
@@ -73,7 +73,9 @@ class HostReward:
     host, which JAX re-raises from the compiled call as a ``jax.errors.JaxRuntimeError`` carrying it.
     """
 
-    def __init__(self, fn: Callable[[Mapping[str, np.ndarray], HostPrompts], Any], *, vmap_method: str = "broadcast_all"):
+    def __init__(
+        self, fn: Callable[[Mapping[str, np.ndarray], HostPrompts], Any], *, vmap_method: str = "broadcast_all"
+    ):
         if not callable(fn):
             raise TypeError(f"host() wraps a function fn(artifacts, prompts) -> (B,) (got {type(fn).__name__})")
         if vmap_method not in VMAP_METHODS:
@@ -89,8 +91,11 @@ class HostReward:
         check(prompts)
         flat, treedef = jax.tree_util.tree_flatten_with_path(dict(artifacts))
         rows = len(prompts)
-        bad = {jax.tree_util.keystr(path): tuple(np.shape(leaf))
-               for path, leaf in flat if np.ndim(leaf) == 0 or np.shape(leaf)[0] != rows}
+        bad = {
+            jax.tree_util.keystr(path): tuple(np.shape(leaf))
+            for path, leaf in flat
+            if np.ndim(leaf) == 0 or np.shape(leaf)[0] != rows
+        }
         if not flat or bad:
             raise ValueError(
                 f"host reward {_name(self.fn)}: every artifact needs one row per prompt row ({rows}); "
@@ -101,13 +106,15 @@ class HostReward:
         arrays = [*leaves, prompts.text, *(prompts.metadata[k] for k in names)]
         ndims = [np.ndim(a) for a in arrays]
         on_host = functools.partial(self._on_host, treedef, names, ndims, rows)
-        return jax.pure_callback(on_host, jax.ShapeDtypeStruct((rows,), jnp.float32), *arrays, vmap_method=self.vmap_method)
+        return jax.pure_callback(
+            on_host, jax.ShapeDtypeStruct((rows,), jnp.float32), *arrays, vmap_method=self.vmap_method
+        )
 
     def _on_host(self, treedef, names: list[str], ndims: list[int], rows: int, *arrays: np.ndarray) -> np.ndarray:
         lead, arrays = _flatten_rows([np.asarray(a) for a in arrays], ndims)
         count = len(arrays) - len(names) - 1
         artifacts = jax.tree.unflatten(treedef, arrays[:count])
-        prompts = HostPrompts(decode_text(arrays[count]), dict(zip(names, arrays[count + 1:])))
+        prompts = HostPrompts(decode_text(arrays[count]), dict(zip(names, arrays[count + 1 :])))
         out = self.fn(artifacts, prompts)
         total = math.prod(lead) * rows
         if isinstance(out, Mapping):
@@ -124,7 +131,9 @@ class HostReward:
         return out.reshape(*lead, rows)
 
 
-def host(fn: Callable | None = None, *, vmap_method: str = "broadcast_all") -> HostReward | Callable[[Callable], HostReward]:
+def host(
+    fn: Callable | None = None, *, vmap_method: str = "broadcast_all"
+) -> HostReward | Callable[[Callable], HostReward]:
     """Mark ``fn(artifacts, prompts) -> (B,)`` as a host reward (``@host``, ``host(fn)`` or ``@host(vmap_method=...)``).
 
     Args:

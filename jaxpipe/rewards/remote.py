@@ -53,8 +53,10 @@ def _split(url: str) -> tuple[str, str]:
     query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
     models = query.pop("model", [])
     if len(models) != 1 or not models[0]:
-        raise ValueError(f"--reward {url!r}: name the server's reward model in the URL, e.g. "
-                         f"{urllib.parse.urlunsplit(parts._replace(query='model=digit-scorer'))}")
+        raise ValueError(
+            f"--reward {url!r}: name the server's reward model in the URL, e.g. "
+            f"{urllib.parse.urlunsplit(parts._replace(query='model=digit-scorer'))}"
+        )
     path = parts.path or "/v1/rewards"
     rest = urllib.parse.urlencode(query, doseq=True)
     return urllib.parse.urlunsplit(parts._replace(path=path, query=rest)), models[0]
@@ -118,7 +120,9 @@ def remote(url: str, *, timeout: float = TIMEOUT_S) -> HostReward:
     try:
         import httpx  # noqa: F401  (the serve extra's HTTP client: refused now rather than at the first step)
     except ImportError:
-        raise ValueError(f"--reward {url!r}: a reward server's URL needs httpx (pip install \"jaxpipe[serve]\")") from None
+        raise ValueError(
+            f'--reward {url!r}: a reward server\'s URL needs httpx (pip install "jaxpipe[serve]")'
+        ) from None
 
     def ask(artifacts: Mapping[str, np.ndarray], prompts: HostPrompts) -> np.ndarray:
         import httpx
@@ -134,8 +138,9 @@ def remote(url: str, *, timeout: float = TIMEOUT_S) -> HostReward:
         except httpx.TimeoutException:
             raise RuntimeError(f"reward server {url}: no answer within {timeout:g} s") from None
         except httpx.HTTPError as err:
-            raise RuntimeError(f"reward server {url}: cannot connect ({err}); is the server running "
-                               f"(jaxpipe serve)?") from None
+            raise RuntimeError(
+                f"reward server {url}: cannot connect ({err}); is the server running (jaxpipe serve)?"
+            ) from None
         if response.status_code != 200:
             raise RuntimeError(f"reward server {url} answered {response.status_code}: {_message(response)}")
         try:

@@ -59,7 +59,17 @@ from jaxpipe.serve.errors import APIError, envelope
 from jaxpipe.serve.front import Front, api_error
 from jaxpipe.serve.metrics import CONTENT_TYPE, Metrics
 
-__all__ = ["create_app", "FileStore", "ImageBody", "JobStore", "MAX_STEPS", "VIDEO_FPS", "VideoBody", "makes", "served_models"]
+__all__ = [
+    "create_app",
+    "FileStore",
+    "ImageBody",
+    "JobStore",
+    "MAX_STEPS",
+    "VIDEO_FPS",
+    "VideoBody",
+    "makes",
+    "served_models",
+]
 
 MAX_STEPS = 1000
 """The most denoising steps one HTTP request may ask for (the engine has no bound; a server needs one)."""
@@ -69,8 +79,13 @@ _POLL_AFTER_MS = "100"  # the official client's create_and_poll / poll read it b
 _FILES_MAX = 256
 _FILES_MAX_BYTES = 64 * 2**20
 _JOBS_MAX = 1024
-_STATUS = {"queued": "queued", "running": "in_progress", "completed": "completed", "failed": "failed",
-           "cancelled": "cancelled"}
+_STATUS = {
+    "queued": "queued",
+    "running": "in_progress",
+    "completed": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
 
 
 # ---- what each served id is -------------------------------------------------------------------
@@ -135,27 +150,57 @@ def served_models(engine: Engine, rewards: Any = None, created: int = 0) -> list
     for model_id in engine.models():
         workflow = model_id in engine.workflows()
         kind = "workflow" if workflow else "reward" if model_id in reward_ids else "card"
-        out.append({"id": model_id, "object": "model", "created": created, "owned_by": "jaxpipe", "kind": kind,
-                    "loops": _loops(engine, model_id), "makes": makes(engine, model_id)})
+        out.append(
+            {
+                "id": model_id,
+                "object": "model",
+                "created": created,
+                "owned_by": "jaxpipe",
+                "kind": kind,
+                "loops": _loops(engine, model_id),
+                "makes": makes(engine, model_id),
+            }
+        )
     for model_id in reward_ids:
         if not engine.serves(model_id):
-            out.append({"id": model_id, "object": "model", "created": created, "owned_by": "jaxpipe", "kind": "reward",
-                        "loops": [], "makes": "scores"})
+            out.append(
+                {
+                    "id": model_id,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "jaxpipe",
+                    "kind": "reward",
+                    "loops": [],
+                    "makes": "scores",
+                }
+            )
     return out
 
 
 def _served(engine: Engine, model_id: str, kind: str, endpoint: str) -> str:
     """``model_id`` if the engine serves it and it makes ``kind``; else a 404 / 400 naming the ids that do."""
     if not engine.serves(model_id):
-        raise APIError(404, f"unknown model {model_id!r}; this server serves {engine.models()}", param="model",
-                       code="model_not_found")
+        raise APIError(
+            404,
+            f"unknown model {model_id!r}; this server serves {engine.models()}",
+            param="model",
+            code="model_not_found",
+        )
     made = makes(engine, model_id)
     if made != kind:
         fitting = [m for m in engine.models() if makes(engine, m) == kind]
-        where = {"image": "POST /v1/images/generations", "video": "POST /v1/videos",
-                 "text": "POST /v1/chat/completions", "scores": "POST /v1/rewards"}[made]
-        raise APIError(400, f"{model_id!r} makes {made}s (send it to {where}); the models {endpoint} serves are "
-                            f"{fitting}", param="model", code="wrong_endpoint")
+        where = {
+            "image": "POST /v1/images/generations",
+            "video": "POST /v1/videos",
+            "text": "POST /v1/chat/completions",
+            "scores": "POST /v1/rewards",
+        }[made]
+        raise APIError(
+            400,
+            f"{model_id!r} makes {made}s (send it to {where}); the models {endpoint} serves are {fitting}",
+            param="model",
+            code="wrong_endpoint",
+        )
     return model_id
 
 
@@ -165,9 +210,14 @@ def _size(engine: Engine, model_id: str, size: str | None) -> str | None:
     shape = io.image_shape(engine.card(card)) if card is not None else None
     allowed = f"{shape[1]}x{shape[0]}" if shape else None
     if size is not None and size not in ("auto", allowed):
-        raise APIError(400, f"size {size!r} is not served by {model_id!r}: its size is {allowed!r} (or omit size)"
-                       if allowed else f"{model_id!r} has no size to choose; omit size", param="size",
-                       code="invalid_size")
+        raise APIError(
+            400,
+            f"size {size!r} is not served by {model_id!r}: its size is {allowed!r} (or omit size)"
+            if allowed
+            else f"{model_id!r} has no size to choose; omit size",
+            param="size",
+            code="invalid_size",
+        )
     return allowed
 
 
@@ -255,9 +305,13 @@ class FileStore:
         with self._lock:
             found = self._files.get(file_id)
         if found is None:
-            raise APIError(404, f"no file {file_id!r} (files are kept in memory, the latest {self.max_files}); "
-                                "ask again with response_format=b64_json to get the bytes in the answer",
-                           param="file_id", code="file_not_found")
+            raise APIError(
+                404,
+                f"no file {file_id!r} (files are kept in memory, the latest {self.max_files}); "
+                "ask again with response_format=b64_json to get the bytes in the answer",
+                param="file_id",
+                code="file_not_found",
+            )
         return found
 
 
@@ -297,8 +351,12 @@ class JobStore:
         with self._lock:
             job = self._jobs.get(job_id)
         if job is None:
-            raise APIError(404, f"no video job {job_id!r} (jobs are kept in memory, the latest {self.max_jobs})",
-                           param="video_id", code="video_not_found")
+            raise APIError(
+                404,
+                f"no video job {job_id!r} (jobs are kept in memory, the latest {self.max_jobs})",
+                param="video_id",
+                code="video_not_found",
+            )
         return job
 
 
@@ -327,17 +385,30 @@ def _job_json(engine: Engine, job: _Job) -> dict[str, Any]:
         job.completed_at = job.completed_at or int(time.time())
     elif status in ("queued", "in_progress"):
         p = h.progress
-        job.progress = max(job.progress, min(99, int(100 * _fraction(engine, job.model, p.stage, p.loop, p.step,
-                                                                       p.num_steps))))
+        job.progress = max(
+            job.progress, min(99, int(100 * _fraction(engine, job.model, p.stage, p.loop, p.step, p.num_steps)))
+        )
     error = None
     if status == "failed":
         err = h.exception(0)
         error = {"code": "generation_failed", "message": f"{type(err).__name__}: {err}"}
     elif status == "cancelled":
         error = {"code": "cancelled", "message": "the job was cancelled"}
-    return {"id": job.id, "object": "video", "model": job.model, "status": status, "progress": job.progress,
-            "created_at": job.created_at, "completed_at": job.completed_at, "expires_at": None, "prompt": job.prompt,
-            "size": job.size, "seconds": job.seconds, "remixed_from_video_id": None, "error": error}
+    return {
+        "id": job.id,
+        "object": "video",
+        "model": job.model,
+        "status": status,
+        "progress": job.progress,
+        "created_at": job.created_at,
+        "completed_at": job.completed_at,
+        "expires_at": None,
+        "prompt": job.prompt,
+        "size": job.size,
+        "seconds": job.seconds,
+        "remixed_from_video_id": None,
+        "error": error,
+    }
 
 
 # ---- the app ----------------------------------------------------------------------------------
@@ -385,8 +456,11 @@ def _handlers(app: fastapi.FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: HTTPRequest, exc: StarletteHTTPException) -> JSONResponse:
         message = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
-        return JSONResponse(envelope(message, "invalid_request_error" if exc.status_code < 500 else "server_error"),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            envelope(message, "invalid_request_error" if exc.status_code < 500 else "server_error"),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     async def _invalid(request: HTTPRequest, exc: Exception) -> JSONResponse:
         err = api_error(exc)
@@ -409,8 +483,10 @@ async def health(request: HTTPRequest) -> JSONResponse:
     front: Front = request.app.state.front
     load = front.load()
     status = "draining" if front.draining else "ok"
-    return JSONResponse({"status": status, "models": len(front.engine.models()), "queued": load.queued,
-                         "running": load.running}, status_code=503 if front.draining else 200)
+    return JSONResponse(
+        {"status": status, "models": len(front.engine.models()), "queued": load.queued, "running": load.running},
+        status_code=503 if front.draining else 200,
+    )
 
 
 @_router.get("/v1/models")
@@ -428,8 +504,12 @@ async def retrieve_model(model_id: str, request: HTTPRequest) -> dict[str, Any]:
     for entry in entries:
         if entry["id"] == model_id:
             return entry
-    raise APIError(404, f"unknown model {model_id!r}; this server serves {[e['id'] for e in entries]}",
-                   param="model", code="model_not_found")
+    raise APIError(
+        404,
+        f"unknown model {model_id!r}; this server serves {[e['id'] for e in entries]}",
+        param="model",
+        code="model_not_found",
+    )
 
 
 @_router.get("/metrics")
@@ -457,8 +537,9 @@ async def _outputs(handles: list[Handle], model: str) -> list[Output]:
         for h in handles:
             h.cancel()
         if isinstance(err, Exception) and not isinstance(err, APIError):
-            raise APIError(500, f"the {model!r} request failed: {type(err).__name__}: {err}",
-                           code="generation_failed") from err
+            raise APIError(
+                500, f"the {model!r} request failed: {type(err).__name__}: {err}", code="generation_failed"
+            ) from err
         raise
     if any(out.cancelled for out in outputs):
         raise APIError(503, "the request was cancelled: the server is draining", code="draining")
@@ -474,10 +555,16 @@ async def generate_images(body: ImageBody, request: HTTPRequest) -> dict[str, An
     model = _served(engine, body.model, "image", "/v1/images/generations")
     _size(engine, model, body.size)
     if body.seed + body.n - 1 > MAX_SEED:
-        raise APIError(400, f"seed + n - 1 must be <= {MAX_SEED} (got seed={body.seed}, n={body.n})", param="seed",
-                       code="invalid_value")
-    requests = [JPRequest(model, body.prompt, seed=body.seed + i, num_steps=body.num_steps, guidance=body.guidance)
-                for i in range(body.n)]
+        raise APIError(
+            400,
+            f"seed + n - 1 must be <= {MAX_SEED} (got seed={body.seed}, n={body.n})",
+            param="seed",
+            code="invalid_value",
+        )
+    requests = [
+        JPRequest(model, body.prompt, seed=body.seed + i, num_steps=body.num_steps, guidance=body.guidance)
+        for i in range(body.n)
+    ]
     handles = await run_in_threadpool(state.front.submit_many, requests)
     outputs = await _outputs(handles, model)
 
@@ -501,8 +588,12 @@ async def generate_images(body: ImageBody, request: HTTPRequest) -> dict[str, An
 
     data = await run_in_threadpool(encode)
     state.metrics.observe("images", model, time.monotonic() - arrived)
-    return {"created": int(time.time()), "data": data, "output_format": body.output_format,
-            "size": _size(engine, model, None)}
+    return {
+        "created": int(time.time()),
+        "data": data,
+        "output_format": body.output_format,
+        "size": _size(engine, model, None),
+    }
 
 
 async def _video_fields(request: HTTPRequest) -> tuple[dict[str, Any], bytes | None]:
@@ -524,8 +615,9 @@ async def _video_fields(request: HTTPRequest) -> tuple[dict[str, Any], bytes | N
     try:
         fields = await request.json()
     except ValueError as err:
-        raise APIError(400, f"the body is not valid JSON ({err}); send JSON or multipart/form-data",
-                       code="invalid_body") from None
+        raise APIError(
+            400, f"the body is not valid JSON ({err}); send JSON or multipart/form-data", code="invalid_body"
+        ) from None
     if not isinstance(fields, dict):
         raise APIError(400, f"the body must be a JSON object (got {type(fields).__name__})", code="invalid_body")
     reference = fields.pop("input_reference", None)
@@ -551,8 +643,12 @@ async def create_video(request: HTTPRequest) -> JSONResponse:
     size = _size(engine, model, body.size)
     seconds = _seconds(engine, model)
     if body.seconds is not None and body.seconds != seconds:
-        raise APIError(400, f"seconds {body.seconds!r} is not served by {model!r}: its clips last {seconds!r} s "
-                            "(or omit seconds)", param="seconds", code="invalid_seconds")
+        raise APIError(
+            400,
+            f"seconds {body.seconds!r} is not served by {model!r}: its clips last {seconds!r} s (or omit seconds)",
+            param="seconds",
+            code="invalid_seconds",
+        )
     image = None
     if upload is not None or body.image is not None:
         card = _final_card(engine, model) if model not in engine.workflows() else engine.workflow(model).stages[0].model
@@ -560,8 +656,9 @@ async def create_video(request: HTTPRequest) -> JSONResponse:
         data = base64.b64encode(upload).decode("ascii") if upload is not None else body.image
         field = "input_reference" if upload is not None or "image" not in fields else "image"
         image = await run_in_threadpool(media.decode_image, data, shape, field=field)
-    jp_request = JPRequest(model, body.prompt, seed=body.seed, num_steps=body.num_steps, guidance=body.guidance,
-                           image=image)
+    jp_request = JPRequest(
+        model, body.prompt, seed=body.seed, num_steps=body.num_steps, guidance=body.guidance, image=image
+    )
     handle = await run_in_threadpool(state.front.submit, jp_request)
     job = _Job(f"video_{uuid.uuid4().hex}", handle, model, body.prompt, size, seconds, int(time.time()), arrived)
     state.jobs.add(job)
@@ -592,12 +689,17 @@ async def video_content(video_id: str, request: HTTPRequest, variant: str = "vid
     state = request.app.state
     job = state.jobs.get(video_id)
     if variant not in ("video", "thumbnail"):
-        raise APIError(400, f"variant must be 'video' or 'thumbnail' (got {variant!r})", param="variant",
-                       code="invalid_value")
+        raise APIError(
+            400, f"variant must be 'video' or 'thumbnail' (got {variant!r})", param="variant", code="invalid_value"
+        )
     status = _STATUS[job.handle.status]
     if status != "completed":
-        raise APIError(409, f"video job {video_id!r} is {status}: its content is there once its status is completed",
-                       param="video_id", code="video_not_ready")
+        raise APIError(
+            409,
+            f"video job {video_id!r} is {status}: its content is there once its status is completed",
+            param="video_id",
+            code="video_not_ready",
+        )
     video = job.handle.result(0)["video"]
     if variant == "thumbnail":
         return Response(await run_in_threadpool(media.encode_png, video[0]), media_type="image/png")

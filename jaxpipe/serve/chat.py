@@ -54,8 +54,18 @@ __all__ = ["ChatModel", "chat_models", "register_text_programs", "reply_text", "
 
 router = fastapi.APIRouter()
 
-_FIELDS = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-           "seed", "n", "user")
+_FIELDS = (
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "seed",
+    "n",
+    "user",
+)
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _REGISTER = threading.Lock()
 
@@ -97,8 +107,9 @@ def _chat_model(engine, model_id: str) -> ChatModel | None:
     if loop is None:
         return None
     config = card.spec.loop(loop).config
-    return ChatModel(model_id, loop, int(config.max_new_tokens), int(config.eos_id), "image" in program.inputs,
-                     io.image_shape(card))
+    return ChatModel(
+        model_id, loop, int(config.max_new_tokens), int(config.eos_id), "image" in program.inputs, io.image_shape(card)
+    )
 
 
 def _image_programs(card) -> dict[str, Any]:
@@ -179,8 +190,12 @@ def chat_models(engine) -> list[str]:
 
 
 def _cannot_chat(engine, model: str, why: str) -> APIError:
-    return APIError(400, f"{why}; the models that can chat: {', '.join(chat_models(engine)) or 'none'}", param="model",
-                    code="model_not_chat")
+    return APIError(
+        400,
+        f"{why}; the models that can chat: {', '.join(chat_models(engine)) or 'none'}",
+        param="model",
+        code="model_not_chat",
+    )
 
 
 def resolve(engine, model: str, with_image: bool) -> ChatModel:
@@ -203,8 +218,13 @@ def resolve(engine, model: str, with_image: bool) -> ChatModel:
         base, _, name = model.rpartition(":")
         _variant(engine, base, name)
     if not engine.serves(model):
-        raise APIError(404, f"unknown model {model!r}; this server serves {', '.join(engine.models())} "
-                            f"(chat: {', '.join(chat_models(engine)) or 'none'})", param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"unknown model {model!r}; this server serves {', '.join(engine.models())} "
+            f"(chat: {', '.join(chat_models(engine)) or 'none'})",
+            param="model",
+            code="model_not_found",
+        )
     if model not in engine.cards():
         raise _cannot_chat(engine, model, f"{model!r} is a workflow: it decodes no text")
     chat = _chat_model(engine, model)
@@ -217,8 +237,13 @@ def resolve(engine, model: str, with_image: bool) -> ChatModel:
     if chat is None:
         raise _cannot_chat(engine, model, f"{model!r} has no text loop to chat with")
     if not with_image and chat.reads_image:
-        raise APIError(400, f"{model!r} reads an image: put one in the user message as an image_url part "
-                            f"(a data:image/png;base64,... URL)", param="messages", code="image_required")
+        raise APIError(
+            400,
+            f"{model!r} reads an image: put one in the user message as an image_url part "
+            f"(a data:image/png;base64,... URL)",
+            param="messages",
+            code="image_required",
+        )
     return chat
 
 
@@ -265,8 +290,11 @@ def _user_message(messages: Any) -> tuple[str | None, tuple[str, str] | None]:
         raise APIError(400, "messages must be a non-empty list of {role, content}", param="messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise APIError(400, f"messages[{i}] must be an object with a role ({', '.join(_ROLES)}) and content",
-                           param=f"messages[{i}]")
+            raise APIError(
+                400,
+                f"messages[{i}] must be an object with a role ({', '.join(_ROLES)}) and content",
+                param=f"messages[{i}]",
+            )
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if not users:
         raise APIError(400, "messages holds no user message: the last one is what the model answers", param="messages")
@@ -275,8 +303,11 @@ def _user_message(messages: Any) -> tuple[str | None, tuple[str, str] | None]:
     if isinstance(content, str):
         return content.strip() or None, None
     if not isinstance(content, list):
-        raise APIError(400, f"messages[{i}].content must be a string or a list of text / image_url parts",
-                       param=f"messages[{i}].content")
+        raise APIError(
+            400,
+            f"messages[{i}].content must be a string or a list of text / image_url parts",
+            param=f"messages[{i}].content",
+        )
     texts, images = [], []
     for j, part in enumerate(content):
         where = f"messages[{i}].content[{j}]"
@@ -287,13 +318,23 @@ def _user_message(messages: Any) -> tuple[str | None, tuple[str, str] | None]:
             url = part.get("image_url")
             url = url.get("url") if isinstance(url, dict) else url
             if not isinstance(url, str):
-                raise APIError(400, f"{where}.image_url.url must be a data:image/png;base64,... URL", param=f"{where}.image_url.url")
+                raise APIError(
+                    400,
+                    f"{where}.image_url.url must be a data:image/png;base64,... URL",
+                    param=f"{where}.image_url.url",
+                )
             images.append((url, f"{where}.image_url.url"))
         else:
-            raise APIError(400, f"{where} must be a text part {{type: text, text}} or an image part "
-                                f"{{type: image_url, image_url: {{url}}}} (got type {kind!r})", param=where)
+            raise APIError(
+                400,
+                f"{where} must be a text part {{type: text, text}} or an image part "
+                f"{{type: image_url, image_url: {{url}}}} (got type {kind!r})",
+                param=where,
+            )
     if len(images) > 1:
-        raise APIError(400, f"messages[{i}] holds {len(images)} images; a chat reads at most one", param=f"messages[{i}].content")
+        raise APIError(
+            400, f"messages[{i}] holds {len(images)} images; a chat reads at most one", param=f"messages[{i}].content"
+        )
     text = " ".join(t for t in texts if t)
     return text or None, images[0] if images else None
 
@@ -323,15 +364,30 @@ def _body(raw: Any) -> _Body:
     if max_tokens is not None and (not _int(max_tokens) or max_tokens <= 0):
         raise APIError(400, f"{field} must be a positive integer (got {max_tokens!r})", param=field)
     temperature = raw.get("temperature")
-    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-                                    or not math.isfinite(temperature) or temperature < 0):
-        raise APIError(400, f"temperature must be a finite number >= 0 (0: greedy) (got {temperature!r})", param="temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
+        raise APIError(
+            400, f"temperature must be a finite number >= 0 (0: greedy) (got {temperature!r})", param="temperature"
+        )
     seed = raw.get("seed")
     seed = 0 if seed is None else seed
     if not _int(seed) or not 0 <= seed <= MAX_SEED:
         raise APIError(400, f"seed must be an integer in [0, {MAX_SEED}] (got {seed!r})", param="seed")
-    return _Body(model, text, image, bool(stream), bool(options.get("include_usage")), max_tokens, field,
-                 None if temperature is None else float(temperature), seed)
+    return _Body(
+        model,
+        text,
+        image,
+        bool(stream),
+        bool(options.get("include_usage")),
+        max_tokens,
+        field,
+        None if temperature is None else float(temperature),
+        seed,
+    )
 
 
 # ---- running a chat ----------------------------------------------------------------------------------------------
@@ -356,17 +412,21 @@ def _start(front, body: _Body) -> _Chat:
     engine = front.engine
     chat = resolve(engine, body.model, body.image is not None)
     if body.max_tokens is not None and body.max_tokens > chat.max_new_tokens:
-        raise APIError(400, f"{body.max_tokens_field} must be at most {chat.max_new_tokens} for {body.model!r} (its loop "
-                            f"{chat.loop!r} decodes {chat.max_new_tokens} tokens; got {body.max_tokens})",
-                       param=body.max_tokens_field)
+        raise APIError(
+            400,
+            f"{body.max_tokens_field} must be at most {chat.max_new_tokens} for {body.model!r} (its loop "
+            f"{chat.loop!r} decodes {chat.max_new_tokens} tokens; got {body.max_tokens})",
+            param=body.max_tokens_field,
+        )
     pixels = None
     if body.image is not None:
         url, field = body.image
         pixels = media.decode_image(url, chat.image_shape, field=field)
     inputs = {} if body.temperature is None else {"temperature": body.temperature}
     if body.text is None and not chat.reads_image:
-        raise APIError(400, f"the user message holds no text: {body.model!r} completes the prompt it is given",
-                       param="messages")
+        raise APIError(
+            400, f"the user message holds no text: {body.model!r} completes the prompt it is given", param="messages"
+        )
     try:
         request = Request(chat.served, prompt=body.text, seed=body.seed, image=pixels, inputs=inputs)
         bound = engine.check(request)
@@ -375,8 +435,14 @@ def _start(front, body: _Body) -> _Chat:
     ids = np.asarray(bound.slots.get("ids", np.zeros((0,), np.int32))) if bound is not None else np.zeros((0,))
     tokenizer = engine.card(chat.served).spec.tokenizer
     handle = front.submit(request, previews=True)
-    return _Chat(handle, chat, tokenizer, min(body.max_tokens or chat.max_new_tokens, chat.max_new_tokens),
-                 int(np.count_nonzero(ids)), int(np.count_nonzero(ids == chat.eos_id)))
+    return _Chat(
+        handle,
+        chat,
+        tokenizer,
+        min(body.max_tokens or chat.max_new_tokens, chat.max_new_tokens),
+        int(np.count_nonzero(ids)),
+        int(np.count_nonzero(ids == chat.eos_id)),
+    )
 
 
 async def _deltas(chat: _Chat) -> AsyncIterator[str]:
@@ -389,13 +455,19 @@ async def _deltas(chat: _Chat) -> AsyncIterator[str]:
         async for event in chat.handle.events():
             if event.kind == "failed":
                 error = chat.handle.exception(0)
-                raise APIError(500, f"{chat.model.served!r} failed: {error}", type="server_error", code="request_failed")
+                raise APIError(
+                    500, f"{chat.model.served!r} failed: {error}", type="server_error", code="request_failed"
+                )
             if event.kind == "cancelled":
-                raise APIError(503, f"the {chat.model.served!r} request was cancelled (the server is stopping?)",
-                               code="cancelled")
+                raise APIError(
+                    503, f"the {chat.model.served!r} request was cancelled (the server is stopping?)", code="cancelled"
+                )
             if event.kind == "completed" and chat.finish_reason is None:
-                raise APIError(500, f"{chat.model.served!r} finished without previews of loop {chat.model.loop!r}",
-                               type="server_error")
+                raise APIError(
+                    500,
+                    f"{chat.model.served!r} finished without previews of loop {chat.model.loop!r}",
+                    type="server_error",
+                )
             if event.kind != "step" or event.loop != chat.model.loop or event.stage or event.latents is None:
                 continue
             buffer = np.asarray(event.latents).reshape(-1)
@@ -403,7 +475,7 @@ async def _deltas(chat: _Chat) -> AsyncIterator[str]:
             stopped = int(np.count_nonzero(buffer == chat.model.eos_id)) > chat.prompt_eos
             chat.completion_tokens = event.step
             if text.startswith(sent) and len(text) > len(sent):
-                yield text[len(sent):]
+                yield text[len(sent) :]
                 sent = text
             if stopped or event.step >= chat.steps:
                 chat.finish_reason = "stop" if stopped else "length"
@@ -413,8 +485,11 @@ async def _deltas(chat: _Chat) -> AsyncIterator[str]:
 
 
 def _usage(chat: _Chat) -> dict[str, int]:
-    return {"prompt_tokens": chat.prompt_tokens, "completion_tokens": chat.completion_tokens,
-            "total_tokens": chat.prompt_tokens + chat.completion_tokens}
+    return {
+        "prompt_tokens": chat.prompt_tokens,
+        "completion_tokens": chat.completion_tokens,
+        "total_tokens": chat.prompt_tokens + chat.completion_tokens,
+    }
 
 
 def _sse(data: dict[str, Any]) -> str:
@@ -423,8 +498,13 @@ def _sse(data: dict[str, Any]) -> str:
 
 async def _stream(chat: _Chat, model: str, include_usage: bool) -> AsyncIterator[str]:
     """The SSE lines of a streamed chat: a role chunk, content deltas, a finish chunk, [usage], ``[DONE]``."""
-    head = {"id": f"chatcmpl-{chat.handle.id}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model, "system_fingerprint": None}
+    head = {
+        "id": f"chatcmpl-{chat.handle.id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": None,
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         return _sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
@@ -463,13 +543,25 @@ async def create_chat_completion(request: fastapi.Request):
     front = request.app.state.front
     chat = await run_in_threadpool(_start, front, body)
     if body.stream:
-        return StreamingResponse(_stream(chat, body.model, body.usage_in_stream), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            _stream(chat, body.model, body.usage_in_stream),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     text = "".join([delta async for delta in _deltas(chat)])
     return {
-        "id": f"chatcmpl-{chat.handle.id}", "object": "chat.completion", "created": int(time.time()), "model": body.model,
+        "id": f"chatcmpl-{chat.handle.id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.model,
         "system_fingerprint": None,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                     "logprobs": None, "finish_reason": chat.finish_reason}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": chat.finish_reason,
+            }
+        ],
         "usage": _usage(chat),
     }

@@ -13,8 +13,15 @@ from typing import Any
 
 __all__ = ["APIError", "envelope"]
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
-          422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
 
 
 class APIError(Exception):
@@ -29,8 +36,16 @@ class APIError(Exception):
       headers: extra response headers (``{"Retry-After": "1"}`` on 429).
     """
 
-    def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
-                 code: str | None = None, headers: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = int(status)
         self.message = message
@@ -44,8 +59,9 @@ class APIError(Exception):
         return envelope(self.message, self.type, self.param, self.code)
 
 
-def envelope(message: str, type: str = "invalid_request_error", param: str | None = None,
-             code: str | None = None) -> dict[str, Any]:
+def envelope(
+    message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     """An OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}``.
 
     Args:

@@ -84,8 +84,14 @@ class Budget:
         if self.max_memory_bytes is not None and not (
             isinstance(self.max_memory_bytes, (int, float)) and self.max_memory_bytes > 0
         ):
-            raise ValueError(f"Budget.max_memory_bytes must be a positive number of bytes or None (got {self.max_memory_bytes!r})")
-        if not isinstance(self.max_wait_ms, (int, float)) or not math.isfinite(self.max_wait_ms) or self.max_wait_ms < 0:
+            raise ValueError(
+                f"Budget.max_memory_bytes must be a positive number of bytes or None (got {self.max_memory_bytes!r})"
+            )
+        if (
+            not isinstance(self.max_wait_ms, (int, float))
+            or not math.isfinite(self.max_wait_ms)
+            or self.max_wait_ms < 0
+        ):
             raise ValueError(f"Budget.max_wait_ms must be a finite number >= 0 (got {self.max_wait_ms!r})")
 
 
@@ -255,21 +261,33 @@ class Front:
             raise APIError(400, f"expected a jaxpipe Request (got {type(request).__name__})")
         if not self.engine.serves(request.model):
             self._count("unknown_model")
-            raise APIError(404, f"unknown model {request.model!r}; this server serves {self.engine.models()}",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"unknown model {request.model!r}; this server serves {self.engine.models()}",
+                param="model",
+                code="model_not_found",
+            )
         return estimate_bytes(self.engine, request.model)
 
     def _check_fits(self, rows: int, need: int, model: str) -> None:
         b = self.budget
         if rows > b.max_rows:
             self._count("never_fits")
-            raise APIError(400, f"{rows} rows can never fit: this server steps at most max_rows={b.max_rows} rows at once "
-                                f"(ask for n <= {b.max_rows})", param="n", code="too_many_rows")
+            raise APIError(
+                400,
+                f"{rows} rows can never fit: this server steps at most max_rows={b.max_rows} rows at once "
+                f"(ask for n <= {b.max_rows})",
+                param="n",
+                code="too_many_rows",
+            )
         if b.max_memory_bytes is not None and need > b.max_memory_bytes:
             self._count("never_fits")
-            raise APIError(413, f"a {model!r} call of {rows} row(s) needs about {need} bytes, over this server's "
-                                f"max_memory_bytes={int(b.max_memory_bytes)}: it can never fit (ask for fewer rows)",
-                           code="too_large")
+            raise APIError(
+                413,
+                f"a {model!r} call of {rows} row(s) needs about {need} bytes, over this server's "
+                f"max_memory_bytes={int(b.max_memory_bytes)}: it can never fit (ask for fewer rows)",
+                code="too_large",
+            )
 
     def _check_capacity(self, rows: int, need: int) -> None:
         """Under the lock: refuse (429) what the budget cannot hold now."""
@@ -280,18 +298,28 @@ class Front:
         in_bytes = sum(a.bytes for a in self._admitted.values())
         limit = b.max_rows + b.max_queued
         if in_rows + rows > limit:
-            self._busy("queue", f"{in_rows} rows in flight and {rows} asked for, over max_rows + max_queued = {limit}",
-                       in_rows + rows - limit)
+            self._busy(
+                "queue",
+                f"{in_rows} rows in flight and {rows} asked for, over max_rows + max_queued = {limit}",
+                in_rows + rows - limit,
+            )
         if b.max_memory_bytes is not None and in_bytes + need > b.max_memory_bytes:
             over = (in_bytes + need - b.max_memory_bytes) / max(1, in_bytes / max(1, in_rows))
-            self._busy("memory", f"{in_bytes} bytes in flight and {need} asked for, over max_memory_bytes="
-                                 f"{int(b.max_memory_bytes)}", math.ceil(over))
+            self._busy(
+                "memory",
+                f"{in_bytes} bytes in flight and {need} asked for, over max_memory_bytes={int(b.max_memory_bytes)}",
+                math.ceil(over),
+            )
 
     def _busy(self, reason: str, detail: str, excess_rows: int) -> None:
         self.refused[reason] += 1
         retry = self.retry_after(excess_rows)
-        raise APIError(429, f"the server is busy ({detail}); retry in about {retry} s", code="busy",
-                       headers={"Retry-After": str(retry)})
+        raise APIError(
+            429,
+            f"the server is busy ({detail}); retry in about {retry} s",
+            code="busy",
+            headers={"Retry-After": str(retry)},
+        )
 
     def retry_after(self, excess_rows: int = 1) -> int:
         """Seconds until about ``excess_rows`` rows have finished, from the recent service time (at least 1).
@@ -308,8 +336,12 @@ class Front:
 
     def _draining_error(self) -> None:
         self._count("draining")
-        raise APIError(503, "the server is draining (shutting down): it admits no new requests", code="draining",
-                       headers={"Retry-After": "5"})
+        raise APIError(
+            503,
+            "the server is draining (shutting down): it admits no new requests",
+            code="draining",
+            headers={"Retry-After": "5"},
+        )
 
     def _count(self, reason: str) -> None:
         with self._cond:
@@ -332,8 +364,13 @@ class Front:
         with self._cond:
             entries = [a for a in self._admitted.values() if a.handle is not None]
             queued = sum(a.handle.status == "queued" for a in entries)
-            return FrontLoad(queued, len(entries) - queued, self._rows, sum(a.rows for a in self._admitted.values()),
-                             sum(a.bytes for a in self._admitted.values()))
+            return FrontLoad(
+                queued,
+                len(entries) - queued,
+                self._rows,
+                sum(a.rows for a in self._admitted.values()),
+                sum(a.bytes for a in self._admitted.values()),
+            )
 
     def counts(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
         """Snapshots of ``refused`` (by reason) and ``finished`` (by ``(model, status)``)."""
@@ -381,7 +418,7 @@ class Front:
                 _log.exception("engine tick failed (%d in a row); the front keeps serving", failures)
                 more = True
                 with self._cond:
-                    self._cond.wait(min(1.0, 0.01 * 2**min(failures, 7)))  # back off: never spin on a broken tick
+                    self._cond.wait(min(1.0, 0.01 * 2 ** min(failures, 7)))  # back off: never spin on a broken tick
             rows = self.engine.load().rows if more else 0
             with self._cond:
                 self._ticks += 1

@@ -20,7 +20,9 @@ from jaxpipe.serve.errors import APIError
 
 __all__ = ["b64", "decode_image", "encode_gif", "encode_png"]
 
-_DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,(?P<data>.*)$", re.DOTALL)
+_DATA_URL = re.compile(
+    r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,(?P<data>.*)$", re.DOTALL
+)
 
 
 def encode_png(image) -> bytes:
@@ -97,23 +99,36 @@ def decode_image(data: str, shape: tuple[int, int, int] | None = None, *, field:
         base64, or bytes that are not an image.
     """
     if not isinstance(data, str) or not data:
-        raise APIError(400, f"{field} must be a base64 PNG string or a data:image/png;base64,... URL "
-                            f"(got {type(data).__name__})", param=field, code="invalid_image")
+        raise APIError(
+            400,
+            f"{field} must be a base64 PNG string or a data:image/png;base64,... URL (got {type(data).__name__})",
+            param=field,
+            code="invalid_image",
+        )
     text = data.strip()
     if text.startswith("data:"):
         match = _DATA_URL.match(text)
         if match is None or not match["b64"]:
-            raise APIError(400, f"{field}: a data URL must be data:image/png;base64,<base64 bytes> "
-                                f"(got {text[:40]!r}...)", param=field, code="invalid_image")
+            raise APIError(
+                400,
+                f"{field}: a data URL must be data:image/png;base64,<base64 bytes> (got {text[:40]!r}...)",
+                param=field,
+                code="invalid_image",
+            )
         if match["mime"] and not match["mime"].startswith("image/"):
-            raise APIError(400, f"{field}: a data URL must hold an image (got {match['mime']})", param=field,
-                           code="invalid_image")
+            raise APIError(
+                400, f"{field}: a data URL must hold an image (got {match['mime']})", param=field, code="invalid_image"
+            )
         text = match["data"]
     try:
         raw = base64.b64decode(re.sub(r"\s+", "", text), validate=True)
     except (binascii.Error, ValueError):
-        raise APIError(400, f"{field} is not valid base64 (send a base64 PNG or a data:image/png;base64,... URL)",
-                       param=field, code="invalid_image") from None
+        raise APIError(
+            400,
+            f"{field} is not valid base64 (send a base64 PNG or a data:image/png;base64,... URL)",
+            param=field,
+            code="invalid_image",
+        ) from None
     try:
         return io.read_image(raw, shape)
     except ValueError as err:

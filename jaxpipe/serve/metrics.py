@@ -43,8 +43,13 @@ class Metrics:
     def __init__(self, front: Front):
         self.front = front
         self.registry = CollectorRegistry()
-        self.latency = Histogram("jaxpipe_request_latency_seconds", "Request latency, arrival to response or job end.",
-                                 ("endpoint", "model"), buckets=_BUCKETS, registry=self.registry)
+        self.latency = Histogram(
+            "jaxpipe_request_latency_seconds",
+            "Request latency, arrival to response or job end.",
+            ("endpoint", "model"),
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_FrontCollector(front))
 
     def observe(self, endpoint: str, model: str, seconds: float) -> None:
@@ -83,15 +88,18 @@ class _FrontCollector:
             ("jaxpipe_steps_per_second", "Engine ticks per second over the last 10 s.", front.steps_per_second()),
         ):
             yield GaugeMetricFamily(name, doc, value=value)
-        yield CounterMetricFamily("jaxpipe_engine_ticks", "Engine ticks (one loop step of every running request).",
-                                  value=front.ticks)
-        refused = CounterMetricFamily("jaxpipe_admissions_refused", "Requests refused at admission, by reason.",
-                                      labels=("reason",))
+        yield CounterMetricFamily(
+            "jaxpipe_engine_ticks", "Engine ticks (one loop step of every running request).", value=front.ticks
+        )
+        refused = CounterMetricFamily(
+            "jaxpipe_admissions_refused", "Requests refused at admission, by reason.", labels=("reason",)
+        )
         for reason, count in sorted(refused_by.items()):
             refused.add_metric((reason,), count)
         yield refused
-        finished = CounterMetricFamily("jaxpipe_requests", "Finished requests, by model and status.",
-                                       labels=("model", "status"))
+        finished = CounterMetricFamily(
+            "jaxpipe_requests", "Finished requests, by model and status.", labels=("model", "status")
+        )
         for (model, status), count in sorted(finished_by.items()):
             finished.add_metric((model, status), count)
         yield finished

@@ -137,12 +137,17 @@ class RewardModels:
         """
         if not isinstance(model, str) or model not in self._models:
             served = ", ".join(self._models) or "none"
-            raise APIError(404, f"unknown reward model {model!r}; this server's reward models: {served}",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"unknown reward model {model!r}; this server's reward models: {served}",
+                param="model",
+                code="model_not_found",
+            )
         return self._models[model]
 
-    def score(self, model: str, images: Sequence[Any], prompts: Sequence[str],
-              metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def score(
+        self, model: str, images: Sequence[Any], prompts: Sequence[str], metadata: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Score ``images`` made from ``prompts`` with reward model ``model``.
 
         Args:
@@ -163,8 +168,11 @@ class RewardModels:
         entry = self.get(model)
         texts = list(prompts)
         if len(images) != len(texts):
-            raise APIError(400, f"prompts has {len(texts)} entries and images {len(images)}: send one prompt per image",
-                           param="prompts")
+            raise APIError(
+                400,
+                f"prompts has {len(texts)} entries and images {len(images)}: send one prompt per image",
+                param="prompts",
+            )
         if not images:
             raise APIError(400, "images is empty: send at least one image", param="images")
         shapes = sorted({tuple(np.shape(im)) for im in images})
@@ -176,23 +184,35 @@ class RewardModels:
             try:
                 meta.update(entry.labels(texts))
             except ValueError as err:
-                raise APIError(400, f"prompts: {model!r} reads its labels from the prompt words: {err}",
-                               param="prompts") from None
+                raise APIError(
+                    400, f"prompts: {model!r} reads its labels from the prompt words: {err}", param="prompts"
+                ) from None
         for name, value in (metadata or {}).items():
             value = np.asarray(value)
-            if value.dtype == object or not np.issubdtype(value.dtype, np.number) or value.ndim == 0 or len(value) != len(texts):
-                raise APIError(400, f"metadata[{name!r}] must be numbers, one row per prompt ({len(texts)})",
-                               param=f"metadata.{name}")
+            if (
+                value.dtype == object
+                or not np.issubdtype(value.dtype, np.number)
+                or value.ndim == 0
+                or len(value) != len(texts)
+            ):
+                raise APIError(
+                    400,
+                    f"metadata[{name!r}] must be numbers, one row per prompt ({len(texts)})",
+                    param=f"metadata.{name}",
+                )
             meta[name] = value
         try:
             prompts_ = rewards_lib.text_prompts(texts, meta)
             total, values = jax.device_get(self._jit(entry)(batch, prompts_))
             parts = dict(zip(self._names[entry.id], values))
         except (ValueError, TypeError) as err:
-            raise APIError(400, f"reward model {model!r} cannot score these images and prompts: {err}",
-                           param="images") from None
+            raise APIError(
+                400, f"reward model {model!r} cannot score these images and prompts: {err}", param="images"
+            ) from None
         except jax.errors.JaxRuntimeError as err:  # a host reward (another server, say) failed on the host
-            raise APIError(502, f"reward model {model!r} failed: {err}", type="server_error", code="reward_failed") from None
+            raise APIError(
+                502, f"reward model {model!r} failed: {err}", type="server_error", code="reward_failed"
+            ) from None
         return {"scores": [float(s) for s in total], "parts": {k: [float(s) for s in v] for k, v in parts.items()}}
 
     def _jit(self, entry: RewardModel) -> Callable:
@@ -255,23 +275,31 @@ def _body(raw: Any, query_model: str | None) -> tuple[str, list[str], list[str],
         raise APIError(400, f"the body must be a JSON object {{model, images, prompts}} (got {type(raw).__name__})")
     unknown = sorted(set(raw) - {"model", "images", "prompts", "metadata", "user"})
     if unknown:
-        raise APIError(400, f"unknown field(s) {unknown}; the fields are model, images, prompts, metadata",
-                       param=unknown[0])
+        raise APIError(
+            400, f"unknown field(s) {unknown}; the fields are model, images, prompts, metadata", param=unknown[0]
+        )
     model = raw.get("model", query_model)
     if not isinstance(model, str) or not model:
-        raise APIError(400, "model is required: the reward model's id (GET /v1/models, or the server's --reward names)",
-                       param="model")
+        raise APIError(
+            400,
+            "model is required: the reward model's id (GET /v1/models, or the server's --reward names)",
+            param="model",
+        )
     images, prompts = raw.get("images"), raw.get("prompts")
     if not isinstance(images, list) or not images:
-        raise APIError(400, "images must be a non-empty list of base64 PNGs or data:image/png;base64,... URLs",
-                       param="images")
+        raise APIError(
+            400, "images must be a non-empty list of base64 PNGs or data:image/png;base64,... URLs", param="images"
+        )
     if len(images) > MAX_IMAGES:
         raise APIError(400, f"images holds {len(images)} images; a request scores at most {MAX_IMAGES}", param="images")
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise APIError(400, "prompts must be a list of strings, one per image", param="prompts")
     if len(prompts) != len(images):
-        raise APIError(400, f"prompts has {len(prompts)} entries and images {len(images)}: send one prompt per image",
-                       param="prompts")
+        raise APIError(
+            400,
+            f"prompts has {len(prompts)} entries and images {len(images)}: send one prompt per image",
+            param="prompts",
+        )
     metadata = raw.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(k, str) and k for k in metadata)):
         raise APIError(400, "metadata must be an object {name: [one value per prompt]}", param="metadata")
@@ -304,6 +332,8 @@ async def create_rewards(request: fastapi.Request) -> dict[str, Any]:
         return models.score(model, arrays, prompts, metadata)
 
     scored = await run_in_threadpool(work)
-    data = [{"index": i, "score": score, "parts": {name: values[i] for name, values in scored["parts"].items()}}
-            for i, score in enumerate(scored["scores"])]
+    data = [
+        {"index": i, "score": score, "parts": {name: values[i] for name, values in scored["parts"].items()}}
+        for i, score in enumerate(scored["scores"])
+    ]
     return {"object": "list", "model": model, "data": data}

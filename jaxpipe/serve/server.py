@@ -53,8 +53,16 @@ def _config(app, *, log_level: str, **kwargs) -> uvicorn.Config:
     return uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5, **kwargs)
 
 
-def run(app, front: Front, *, host: str = "127.0.0.1", port: int = 8000, grace_s: float = 30.0,
-        log_level: str = "info", on_ready=None) -> int:
+def run(
+    app,
+    front: Front,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    grace_s: float = 30.0,
+    log_level: str = "info",
+    on_ready=None,
+) -> int:
     """Serve ``app`` until SIGTERM / SIGINT, draining ``front`` first (see the module docstring). Main thread only.
 
     Args:
@@ -79,8 +87,9 @@ async def _serve(server: _Server, front: Front, grace_s: float, on_ready, host: 
     draining: list[asyncio.Task] = []
 
     async def drain(signum: int) -> None:
-        _log.warning("%s: draining (no new requests; up to %g s for the running ones)", signal.Signals(signum).name,
-                     grace_s)
+        _log.warning(
+            "%s: draining (no new requests; up to %g s for the running ones)", signal.Signals(signum).name, grace_s
+        )
         finished = await asyncio.to_thread(front.drain, grace_s)
         _log.warning("drained: %s", "every request finished" if finished else "the unfinished requests were cancelled")
         server.should_exit = True
@@ -124,8 +133,9 @@ def _free_socket(host: str) -> socket.socket:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app, *, host: str = "127.0.0.1", timeout_s: float = 30.0,
-                    log_level: str = "warning") -> Iterator[str]:
+def serve_in_thread(
+    app, *, host: str = "127.0.0.1", timeout_s: float = 30.0, log_level: str = "warning"
+) -> Iterator[str]:
     """Serve ``app`` in a daemon thread on a free port of ``host`` (bound before it starts: no race for the port).
 
     Args:

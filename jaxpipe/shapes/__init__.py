@@ -23,9 +23,28 @@ from jaxpipe.shapes.scenes import Obj, Scene, render, render_video
 from jaxpipe.shapes.words import COLOURS, SHAPES, SIZES, VOCABULARY
 
 __all__ = [
-    "CATEGORIES", "COLOURS", "HELDOUT_PAIRS", "SHAPES", "SIZES", "VOCABULARY", "Obj", "Prompt", "Scene", "Thing",
-    "correct", "detect", "judge", "judge_video", "parse", "prompt_set", "register", "render", "render_video",
-    "sample", "scene_for", "score",
+    "CATEGORIES",
+    "COLOURS",
+    "HELDOUT_PAIRS",
+    "SHAPES",
+    "SIZES",
+    "VOCABULARY",
+    "Obj",
+    "Prompt",
+    "Scene",
+    "Thing",
+    "correct",
+    "detect",
+    "judge",
+    "judge_video",
+    "parse",
+    "prompt_set",
+    "register",
+    "render",
+    "render_video",
+    "sample",
+    "scene_for",
+    "score",
 ]
 
 

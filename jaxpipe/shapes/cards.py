@@ -101,7 +101,9 @@ def register() -> None:
         path = ASSETS / model_id
         shipped = (path / "config.json").is_file()
         registry.register_card(
-            model_id, module.FAMILY.name, config=lambda model_id=model_id: config(model_id),
+            model_id,
+            module.FAMILY.name,
+            config=lambda model_id=model_id: config(model_id),
             path=path if shipped else None,
             rebuild=f"python -m jaxpipe.shapes.pretrain {model_id} --out {path}" if shipped else None,
             description=DESCRIPTIONS[model_id],

@@ -25,9 +25,17 @@ from jaxpipe.training.runs.heldout import spread
 __all__ = ["geneval", "render_prompts", "video_quality"]
 
 
-def render_prompts(card: Card, texts: list[str], seeds: list[int], *, num_steps: int | None = None,
-                   guidance: float | None = None, batch: int = 64, on_batch: Callable[[int], None] | None = None,
-                   should_stop: Callable[[], bool] | None = None) -> np.ndarray:
+def render_prompts(
+    card: Card,
+    texts: list[str],
+    seeds: list[int],
+    *,
+    num_steps: int | None = None,
+    guidance: float | None = None,
+    batch: int = 64,
+    on_batch: Callable[[int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> np.ndarray:
     """The card's images of ``texts``, ``seeds[i]`` for ``texts[i]``: ``(N, H, W, 3)``, ``batch`` per call.
 
     Args:
@@ -50,17 +58,32 @@ def render_prompts(card: Card, texts: list[str], seeds: list[int], *, num_steps:
     for start in range(0, len(texts), batch):
         if should_stop is not None and should_stop():
             raise Stopped()
-        out = generate(card, texts[start:start + batch], seed=seeds[start:start + batch], num_steps=num_steps,
-                       guidance=guidance)
+        out = generate(
+            card,
+            texts[start : start + batch],
+            seed=seeds[start : start + batch],
+            num_steps=num_steps,
+            guidance=guidance,
+        )
         parts.append(np.asarray(out["image"]))
         if on_batch is not None:
             on_batch(len(parts[-1]))
     return np.concatenate(parts)
 
 
-def geneval(card: Card, *, split: str = "train", prompts: int = 32, samples: int = 2, seed: int = 0,
-            num_steps: int | None = None, guidance: float | None = None, batch: int = 64,
-            progress: bool = False, should_stop: Callable[[], bool] | None = None) -> dict:
+def geneval(
+    card: Card,
+    *,
+    split: str = "train",
+    prompts: int = 32,
+    samples: int = 2,
+    seed: int = 0,
+    num_steps: int | None = None,
+    guidance: float | None = None,
+    batch: int = 64,
+    progress: bool = False,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict:
     """GenEval's table for ``card``: per-category accuracy, ``overall`` (their mean), the judge's mean partial
     score and the diversity, on ``prompts`` prompts per category × ``samples`` seeds.
 
@@ -89,21 +112,45 @@ def geneval(card: Card, *, split: str = "train", prompts: int = 32, samples: int
     drawn = {c: prompt_set(c, prompts, split=split, seed=seed) for c in CATEGORIES}
     rows = [(c, p, 1000 * i + j) for c in CATEGORIES for i, p in enumerate(drawn[c]) for j in range(samples)]
     with progress_bar(total=len(rows), desc=f"{card.model_id} geneval {split}", disable=not progress) as shown:
-        images = render_prompts(card, [p.text for _, p, _ in rows], [s for *_, s in rows], num_steps=num_steps,
-                                guidance=guidance, batch=batch, on_batch=shown.update, should_stop=should_stop)
+        images = render_prompts(
+            card,
+            [p.text for _, p, _ in rows],
+            [s for *_, s in rows],
+            num_steps=num_steps,
+            guidance=guidance,
+            batch=batch,
+            on_batch=shown.update,
+            should_stop=should_stop,
+        )
     verdicts = [judge(image, p) for image, (_, p, _) in zip(images, rows)]
-    accuracy = {c: float(np.mean([correct(v, c) for v, (k, _, _) in zip(verdicts, rows) if k == c])) for c in CATEGORIES}
+    accuracy = {
+        c: float(np.mean([correct(v, c) for v, (k, _, _) in zip(verdicts, rows) if k == c])) for c in CATEGORIES
+    }
     colours = np.asarray([image for image, (c, _, _) in zip(images, rows) if c == "colors"])
     return {
-        "split": split, "prompts": prompts, "samples": samples, "accuracy": accuracy,
-        "overall": float(np.mean(list(accuracy.values()))), "score": float(np.mean([score(v) for v in verdicts])),
-        "diversity": spread(colours, len(drawn["colors"]), samples), "images": len(rows),
+        "split": split,
+        "prompts": prompts,
+        "samples": samples,
+        "accuracy": accuracy,
+        "overall": float(np.mean(list(accuracy.values()))),
+        "score": float(np.mean([score(v) for v in verdicts])),
+        "diversity": spread(colours, len(drawn["colors"]), samples),
+        "images": len(rows),
     }
 
 
-def video_quality(card: Card, *, split: str = "train", prompts: int = 48, seed: int = 0, num_steps: int | None = None,
-                  guidance: float | None = None, batch: int = 16, progress: bool = False,
-                  should_stop: Callable[[], bool] | None = None) -> dict:
+def video_quality(
+    card: Card,
+    *,
+    split: str = "train",
+    prompts: int = 48,
+    seed: int = 0,
+    num_steps: int | None = None,
+    guidance: float | None = None,
+    batch: int = 16,
+    progress: bool = False,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict:
     """A text-to-video card on ``prompts`` random video prompts of ``split`` (one seed each): how often every
     thing moves as told (``motion``), is drawn right in the first and last frames (``identity``: count,
     shapes and colours), and both (``all_right``).
@@ -132,12 +179,22 @@ def video_quality(card: Card, *, split: str = "train", prompts: int = 48, seed: 
         for start in range(0, prompts, batch):
             if should_stop is not None and should_stop():
                 raise Stopped()
-            chunk = drawn[start:start + batch]
-            out = generate(card, [p.text for p in chunk], seed=list(range(start, start + len(chunk))), num_steps=num_steps,
-                           guidance=guidance)
+            chunk = drawn[start : start + batch]
+            out = generate(
+                card,
+                [p.text for p in chunk],
+                seed=list(range(start, start + len(chunk))),
+                num_steps=num_steps,
+                guidance=guidance,
+            )
             videos.append(np.asarray(out["video"]))
             shown.update(len(chunk))
     checks = [judge_video(v, p) for v, p in zip(np.concatenate(videos), drawn)]
     identity = [c["count"] and c["colour"] for c in checks]
-    return {"split": split, "prompts": prompts, "motion": float(np.mean([c["motion"] for c in checks])),
-            "identity": float(np.mean(identity)), "all_right": float(np.mean([correct(c, "video") for c in checks]))}
+    return {
+        "split": split,
+        "prompts": prompts,
+        "motion": float(np.mean([c["motion"] for c in checks])),
+        "identity": float(np.mean(identity)),
+        "all_right": float(np.mean([correct(c, "video") for c in checks])),
+    }

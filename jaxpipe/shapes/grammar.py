@@ -30,14 +30,31 @@ from jaxpipe.shapes.scenes import GAP, RADIUS, Obj, Scene, extent, inside, separ
 from jaxpipe.shapes.words import COLOURS, COUNTS, MOTIONS, PLURALS, RELATIONS, SHAPES, SIZES
 
 __all__ = [
-    "CATEGORIES", "HELDOUT_PAIRS", "SPLITS", "Thing", "Prompt", "parse", "sample", "sample_video", "scene_for",
-    "prompt_set", "captioned_scenes",
+    "CATEGORIES",
+    "HELDOUT_PAIRS",
+    "SPLITS",
+    "Thing",
+    "Prompt",
+    "parse",
+    "sample",
+    "sample_video",
+    "scene_for",
+    "prompt_set",
+    "captioned_scenes",
 ]
 
 CATEGORIES = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 """GenEval's six categories, in its table's order."""
-HELDOUT_PAIRS = frozenset({("red", "triangle"), ("green", "circle"), ("blue", "square"),
-                           ("yellow", "triangle"), ("purple", "circle"), ("cyan", "square")})
+HELDOUT_PAIRS = frozenset(
+    {
+        ("red", "triangle"),
+        ("green", "circle"),
+        ("blue", "square"),
+        ("yellow", "triangle"),
+        ("purple", "circle"),
+        ("cyan", "square"),
+    }
+)
 """Colour-shape pairs never shown in training: each colour loses one shape, each shape two colours."""
 SPLITS = ("train", "heldout")
 """``train``: prompts of seen colour-shape pairs only; ``heldout``: prompts naming at least one ``HELDOUT_PAIRS`` pair."""
@@ -72,11 +89,20 @@ class Prompt:
     def __post_init__(self):
         if self.category not in (*CATEGORIES, "video"):
             raise ValueError(f"unknown category {self.category!r}; choose from {', '.join((*CATEGORIES, 'video'))}")
-        expected = {"single_object": (1,), "colors": (1,), "two_object": (2,), "color_attr": (2,),
-                    "position": (2,), "counting": (2, 3, 4), "video": (1, 2)}[self.category]
+        expected = {
+            "single_object": (1,),
+            "colors": (1,),
+            "two_object": (2,),
+            "color_attr": (2,),
+            "position": (2,),
+            "counting": (2, 3, 4),
+            "video": (1, 2),
+        }[self.category]
         if len(self.things) not in expected:
             raise ValueError(f"a {self.category} prompt names {expected} things (got {len(self.things)})")
-        if (self.relation is not None) != (self.category == "position") or (self.relation and self.relation not in RELATIONS):
+        if (self.relation is not None) != (self.category == "position") or (
+            self.relation and self.relation not in RELATIONS
+        ):
             raise ValueError(f"a position prompt and only it has a relation in {RELATIONS} (got {self.relation!r})")
         if self.category == "counting" and len(set(self.things)) != 1:
             raise ValueError("a counting prompt names one thing, several times")
@@ -156,7 +182,9 @@ def _read_thing(text: str, words: list[str], i: int) -> tuple[Thing, int]:
     i += size is not None
     if i + 1 >= len(words) or words[i] not in COLOURS or words[i + 1] not in SHAPES:
         got = words[i] if i < len(words) else "the end"
-        raise ValueError(f"{text!r}: expected a colour ({', '.join(COLOURS)}) then a shape ({', '.join(SHAPES)}), got {got!r}")
+        raise ValueError(
+            f"{text!r}: expected a colour ({', '.join(COLOURS)}) then a shape ({', '.join(SHAPES)}), got {got!r}"
+        )
     colour, shape, i = words[i], words[i + 1], i + 2
     motion = None
     if i < len(words) and words[i] == "still":
@@ -237,7 +265,9 @@ def sample_video(rng: np.random.Generator, split: str = "train", *, two: float =
     return Prompt("video", tuple(things))
 
 
-def scene_for(prompt: Prompt, rng: np.random.Generator, frames: int = 1, *, gap: float = GAP, tries: int = 2000) -> Scene:
+def scene_for(
+    prompt: Prompt, rng: np.random.Generator, frames: int = 1, *, gap: float = GAP, tries: int = 2000
+) -> Scene:
     """A random scene the prompt describes truly: its things (sizes drawn, per layout, where the prompt names none) laid out
     apart and inside the canvas in every one of ``frames`` frames, the relation (if any) held with the
     off-axis offset at most half the on-axis one.
@@ -301,8 +331,9 @@ def prompt_set(category: str, n: int, *, split: str = "train", seed: int = 0) ->
     return list(found.values())
 
 
-def captioned_scenes(n: int, *, seed: int = 0, size_words: float = 0.3, video: bool = False,
-                     frames: int = 8) -> list[tuple[str, Scene]]:
+def captioned_scenes(
+    n: int, *, seed: int = 0, size_words: float = 0.3, video: bool = False, frames: int = 8
+) -> list[tuple[str, Scene]]:
     """``n`` training ``(caption, scene)`` pairs of seen colour-shape pairs only: the six categories drawn
     equally (or, ``video``, video prompts over ``frames`` frames), deterministic in ``seed``.
 

@@ -21,8 +21,16 @@ from jaxpipe.shapes.scenes import render, render_video
 __all__ = ["measure", "main"]
 
 
-def measure(per_category: int = 300, *, size: int = 32, split: str = "train", seed: int = 7, gap: float = GAP,
-            noise: float = 0.0, frames: int = 8) -> dict[str, float]:
+def measure(
+    per_category: int = 300,
+    *,
+    size: int = 32,
+    split: str = "train",
+    seed: int = 7,
+    gap: float = GAP,
+    noise: float = 0.0,
+    frames: int = 8,
+) -> dict[str, float]:
     """The judge's accuracy on ``per_category`` fresh true renders of each category (and of video prompts).
 
     Args:

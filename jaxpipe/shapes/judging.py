@@ -133,8 +133,17 @@ def detect(image: np.ndarray) -> list[Detection]:
                 fits[shape] = float(np.minimum(soft, template).sum() / max(np.maximum(soft, template).sum(), 1e-6))
             shape = max(fits, key=fits.get)
             radius = np.sqrt(area / _AREA[shape]) / height
-            found.append(Detection(shape, colour, SIZES[int(radius > _SIZE_SPLIT)], cx / width, cy / height,
-                                   round(area, 2), fits[shape]))
+            found.append(
+                Detection(
+                    shape,
+                    colour,
+                    SIZES[int(radius > _SIZE_SPLIT)],
+                    cx / width,
+                    cy / height,
+                    round(area, 2),
+                    fits[shape],
+                )
+            )
     return sorted(found, key=lambda d: -d.area)
 
 
@@ -148,8 +157,10 @@ def _matches(things, detections, colour: bool):
     """The assignment of things to distinct detections that matches the most (shape, and colour if asked)."""
     best, best_hits = None, -1
     for chosen in itertools.permutations(range(len(detections)), min(len(things), len(detections))):
-        hits = sum(d.shape == t.shape and (not colour or d.colour == t.colour)
-                   for t, d in zip(things, (detections[i] for i in chosen)))
+        hits = sum(
+            d.shape == t.shape and (not colour or d.colour == t.colour)
+            for t, d in zip(things, (detections[i] for i in chosen))
+        )
         if hits > best_hits:
             best, best_hits = chosen, hits
     return best or (), best_hits

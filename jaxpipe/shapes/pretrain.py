@@ -106,10 +106,14 @@ def render_data(model_id: str, cfg: PretrainConfig, frames: int = 8, size: int =
 
 
 def _optimizer(rate: float, steps: int) -> Optimizer:
-    return Optimizer(rate, weight_decay=1e-4, schedule="warmup_cosine", warmup_steps=100, total_steps=steps, end_fraction=0.1)
+    return Optimizer(
+        rate, weight_decay=1e-4, schedule="warmup_cosine", warmup_steps=100, total_steps=steps, end_fraction=0.1
+    )
 
 
-def pretrain(model_id: str, out: str | Path | None, cfg: PretrainConfig | None = None, *, progress: bool = True) -> Card:
+def pretrain(
+    model_id: str, out: str | Path | None, cfg: PretrainConfig | None = None, *, progress: bool = True
+) -> Card:
     """Train the bundled card ``model_id`` and save it to ``out``.
 
     Args:
@@ -142,10 +146,19 @@ def pretrain(model_id: str, out: str | Path | None, cfg: PretrainConfig | None =
     if cfg.autoencoder_steps:
         start = time.perf_counter()
         images = pixels.reshape(-1, *pixels.shape[-3:])
-        trainer = AutoencoderTrainer(card["vae"], AutoencoderTrainConfig(optimizer=_optimizer(2e-3, cfg.autoencoder_steps)))
-        state, _ = fit(trainer.step, trainer.init(), array_batches({"image": images}, cfg.autoencoder_batch, seed=cfg.seed),
-                       steps=cfg.autoencoder_steps, key=jax.random.key(cfg.seed), desc="autoencoder", progress=progress,
-                       metrics_path=None if out is None else out / "autoencoder_metrics.jsonl")
+        trainer = AutoencoderTrainer(
+            card["vae"], AutoencoderTrainConfig(optimizer=_optimizer(2e-3, cfg.autoencoder_steps))
+        )
+        state, _ = fit(
+            trainer.step,
+            trainer.init(),
+            array_batches({"image": images}, cfg.autoencoder_batch, seed=cfg.seed),
+            steps=cfg.autoencoder_steps,
+            key=jax.random.key(cfg.seed),
+            desc="autoencoder",
+            progress=progress,
+            metrics_path=None if out is None else out / "autoencoder_metrics.jsonl",
+        )
         sample = jnp.asarray(images[np.random.default_rng(cfg.seed).permutation(len(images))[:2048]])
         card = card.replace(vae=trainer.model(state).fit_latent_stats(sample))
         timings["autoencoder_s"] = time.perf_counter() - start
@@ -154,18 +167,33 @@ def pretrain(model_id: str, out: str | Path | None, cfg: PretrainConfig | None =
 
     start = time.perf_counter()
     arrays = encode_captioned(card, pixels, captions)
-    method = Finetune(card, FinetuneConfig(optimizer=_optimizer(cfg.learning_rate, cfg.steps), cond_dropout=cfg.cond_dropout))
-    state, history = fit(method.step, method.init(), array_batches(arrays, cfg.batch_size, seed=cfg.seed + 1),
-                         steps=cfg.steps, key=jax.random.key(cfg.seed + 1), desc=model_id, progress=progress,
-                         metrics_path=None if out is None else out / "metrics.jsonl")
+    method = Finetune(
+        card, FinetuneConfig(optimizer=_optimizer(cfg.learning_rate, cfg.steps), cond_dropout=cfg.cond_dropout)
+    )
+    state, history = fit(
+        method.step,
+        method.init(),
+        array_batches(arrays, cfg.batch_size, seed=cfg.seed + 1),
+        steps=cfg.steps,
+        key=jax.random.key(cfg.seed + 1),
+        desc=model_id,
+        progress=progress,
+        metrics_path=None if out is None else out / "metrics.jsonl",
+    )
     timings["generator_s"] = time.perf_counter() - start
     card = method.card(state)
     if out is not None:
         save_card(card, out)
-        report = {"model_id": model_id, "command": f"python -m jaxpipe.shapes.pretrain {model_id} --out {out}",
-                  "settings": config_to_dict(cfg), "start_from": START_FROM.get(model_id),
-                  "final_loss": float(np.mean([h["loss"] for h in history[-100:]])),
-                  **{k: round(v, 1) for k, v in timings.items()}, "jax": jax.__version__, "backend": jax.default_backend()}
+        report = {
+            "model_id": model_id,
+            "command": f"python -m jaxpipe.shapes.pretrain {model_id} --out {out}",
+            "settings": config_to_dict(cfg),
+            "start_from": START_FROM.get(model_id),
+            "final_loss": float(np.mean([h["loss"] for h in history[-100:]])),
+            **{k: round(v, 1) for k, v in timings.items()},
+            "jax": jax.__version__,
+            "backend": jax.default_backend(),
+        }
         (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
     return card
 
@@ -184,16 +212,24 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == [refiner.MODEL_ID]:
         refiner.main(argv[1:])
         return
-    parser = argparse.ArgumentParser(description="Pretrain a bundled card of the shapes world "
-                                     f"({refiner.MODEL_ID}: see `... {refiner.MODEL_ID} --help` for its flags).")
+    parser = argparse.ArgumentParser(
+        description="Pretrain a bundled card of the shapes world "
+        f"({refiner.MODEL_ID}: see `... {refiner.MODEL_ID} --help` for its flags)."
+    )
     parser.add_argument("card", choices=sorted([*DEFAULTS, refiner.MODEL_ID]))
     parser.add_argument("--out", required=True, help="directory to write the card to")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     for field in dataclasses.fields(PretrainConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=None,
-                            help=f"default: the card's ({field.default} for shapes-t2i)")
+        parser.add_argument(
+            f"--{field.name.replace('_', '-')}",
+            type=type(field.default),
+            default=None,
+            help=f"default: the card's ({field.default} for shapes-t2i)",
+        )
     args = parser.parse_args(argv)
-    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainConfig) if getattr(args, f.name) is not None}
+    changes = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainConfig) if getattr(args, f.name) is not None
+    }
     try:
         cfg = dataclasses.replace(DEFAULTS[args.card], **changes)
     except ValueError as error:

@@ -41,8 +41,19 @@ from jaxpipe.training.next_token import NextTokenTrainer, next_token_loss, next_
 from jaxpipe.training.optim import Optimizer
 
 __all__ = [
-    "MODEL_ID", "BASE", "BASE_COMPONENTS", "RefinerPretrainConfig", "captions", "sequences", "lm_batches",
-    "next_token_loss", "LMTrainer", "next_token_probs", "eos_on_test_prompts", "pretrain_refiner", "main",
+    "MODEL_ID",
+    "BASE",
+    "BASE_COMPONENTS",
+    "RefinerPretrainConfig",
+    "captions",
+    "sequences",
+    "lm_batches",
+    "next_token_loss",
+    "LMTrainer",
+    "next_token_probs",
+    "eos_on_test_prompts",
+    "pretrain_refiner",
+    "main",
 ]
 
 MODEL_ID = "shapes-unified"
@@ -91,8 +102,13 @@ class RefinerPretrainConfig:
         Returns:
             The ``Optimizer``.
         """
-        return Optimizer(self.learning_rate, grad_clip=self.grad_clip, schedule="warmup_cosine",
-                         warmup_steps=self.warmup_steps, total_steps=self.steps)
+        return Optimizer(
+            self.learning_rate,
+            grad_clip=self.grad_clip,
+            schedule="warmup_cosine",
+            warmup_steps=self.warmup_steps,
+            total_steps=self.steps,
+        )
 
 
 # -------------------------------------------------------------------------------------------- data
@@ -109,8 +125,10 @@ def captions(n: int, rng: np.random.Generator, size_words: float = 0.3) -> list[
     Returns:
         The texts, e.g. ``"a blue square and a yellow triangle"``.
     """
-    return [sample(CATEGORIES[int(rng.integers(len(CATEGORIES)))], rng, "train", size_words=size_words).text
-            for _ in range(n)]
+    return [
+        sample(CATEGORIES[int(rng.integers(len(CATEGORIES)))], rng, "train", size_words=size_words).text
+        for _ in range(n)
+    ]
 
 
 def lm_batches(tokenizer: Tokenizer, cfg: RefinerPretrainConfig, width: int) -> Iterator[dict[str, jax.Array]]:
@@ -161,20 +179,26 @@ def eos_on_test_prompts(card: Card, prompts: int = 24) -> dict[str, float]:
     Returns:
         ``{category: mean p(<eos>)}``.
     """
-    return {c: float(next_token_probs(card, [p.text for p in prompt_set(c, prompts)])[:, -1].mean()) for c in CATEGORIES}
+    return {
+        c: float(next_token_probs(card, [p.text for p in prompt_set(c, prompts)])[:, -1].mean()) for c in CATEGORIES
+    }
 
 
 def _report(card: Card) -> dict:
     words = card.spec.tokenizer.words + ("<eos>",)
-    after = {text: _top(next_token_probs(card, [text])[0], words) for text in ("a red", "three", "a red circle", "a red circle left")}
+    after = {
+        text: _top(next_token_probs(card, [text])[0], words)
+        for text in ("a red", "three", "a red circle", "a red circle left")
+    }
     return {"next_token": after, "p_eos_test_prompts": {c: round(p, 4) for c, p in eos_on_test_prompts(card).items()}}
 
 
 # -------------------------------------------------------------------------------------------- the card
 
 
-def pretrain_refiner(out: str | Path | None, cfg: RefinerPretrainConfig = RefinerPretrainConfig(), *,
-                     progress: bool = True) -> Card:
+def pretrain_refiner(
+    out: str | Path | None, cfg: RefinerPretrainConfig = RefinerPretrainConfig(), *, progress: bool = True
+) -> Card:
     """Train ``shapes-unified``'s refiner LM in front of the bundled ``shapes-t2i`` generator; save the card to
     ``out`` (the generator by reference to ``shapes-t2i``).
 
@@ -195,17 +219,32 @@ def pretrain_refiner(out: str | Path | None, cfg: RefinerPretrainConfig = Refine
     card = toy_unified.build(shape_cards.bundled_config(MODEL_ID), seed=cfg.seed, model_id=MODEL_ID)
     card = card.replace(**{name: generator[name] for name in BASE_COMPONENTS})
     trainer = LMTrainer(card["llm"], cfg)
-    state, history = fit(trainer.step, trainer.init(), lm_batches(card.spec.tokenizer, cfg, card["text_encoder"].cfg.max_len),
-                         steps=cfg.steps, key=jax.random.key(cfg.seed), desc="shapes-refiner-lm", progress=progress,
-                         metrics_path=None if out is None else out / "metrics.jsonl")
+    state, history = fit(
+        trainer.step,
+        trainer.init(),
+        lm_batches(card.spec.tokenizer, cfg, card["text_encoder"].cfg.max_len),
+        steps=cfg.steps,
+        key=jax.random.key(cfg.seed),
+        desc="shapes-refiner-lm",
+        progress=progress,
+        metrics_path=None if out is None else out / "metrics.jsonl",
+    )
     card = card.replace(llm=trainer.model(state))
     seconds = time.perf_counter() - start
     if out is not None:
         save_card(card, out, base=BASE, base_components=BASE_COMPONENTS)
-        report = {"model_id": MODEL_ID, "base": BASE, "command": f"python -m jaxpipe.shapes.pretrain {MODEL_ID} --out {out}",
-                  "settings": config_to_dict(cfg), "final_loss": float(np.mean([h["loss"] for h in history[-100:]])),
-                  "final_accuracy": float(np.mean([h["accuracy"] for h in history[-100:]])), **_report(card),
-                  "train_s": round(seconds, 1), "jax": jax.__version__, "backend": jax.default_backend()}
+        report = {
+            "model_id": MODEL_ID,
+            "base": BASE,
+            "command": f"python -m jaxpipe.shapes.pretrain {MODEL_ID} --out {out}",
+            "settings": config_to_dict(cfg),
+            "final_loss": float(np.mean([h["loss"] for h in history[-100:]])),
+            "final_accuracy": float(np.mean([h["accuracy"] for h in history[-100:]])),
+            **_report(card),
+            "train_s": round(seconds, 1),
+            "jax": jax.__version__,
+            "backend": jax.default_backend(),
+        }
         (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
     return card
 
@@ -220,16 +259,24 @@ def main(argv: list[str] | None = None) -> None:
     Raises:
         SystemExit: on a bad command line (status 2).
     """
-    parser = argparse.ArgumentParser(prog=f"python -m jaxpipe.shapes.pretrain {MODEL_ID}",
-                                     description="Pretrain shapes-unified's refiner LM on the shapes world's captions.")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m jaxpipe.shapes.pretrain {MODEL_ID}",
+        description="Pretrain shapes-unified's refiner LM on the shapes world's captions.",
+    )
     parser.add_argument("--out", required=True, help="directory to write the card to")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     for field in dataclasses.fields(RefinerPretrainConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default,
-                            help=f"default: {field.default}")
+        parser.add_argument(
+            f"--{field.name.replace('_', '-')}",
+            type=type(field.default),
+            default=field.default,
+            help=f"default: {field.default}",
+        )
     args = parser.parse_args(argv)
     try:
-        cfg = RefinerPretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RefinerPretrainConfig)})
+        cfg = RefinerPretrainConfig(
+            **{f.name: getattr(args, f.name) for f in dataclasses.fields(RefinerPretrainConfig)}
+        )
     except ValueError as error:
         parser.error(str(error))
     pretrain_refiner(args.out, cfg, progress=not args.quiet)

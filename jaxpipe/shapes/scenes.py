@@ -16,7 +16,19 @@ import numpy as np
 
 from jaxpipe.shapes.words import BACKGROUND, COLOURS, MOTIONS, PALETTE, SHAPES, SIZES
 
-__all__ = ["RADIUS", "SQUARE", "SPEED", "GAP", "Obj", "Scene", "extent", "render", "render_video", "separated", "inside"]
+__all__ = [
+    "RADIUS",
+    "SQUARE",
+    "SPEED",
+    "GAP",
+    "Obj",
+    "Scene",
+    "extent",
+    "render",
+    "render_video",
+    "separated",
+    "inside",
+]
 
 RADIUS = {"small": 0.11, "big": 0.17}
 """The radius of each size, as a fraction of the canvas side."""

@@ -1,7 +1,16 @@
 """The words of the shapes world: shapes, colours (and the RGB each is drawn in), sizes, counts, relations, motions."""
 
 __all__ = [
-    "SHAPES", "PLURALS", "COLOURS", "PALETTE", "BACKGROUND", "SIZES", "COUNTS", "RELATIONS", "MOTIONS", "VOCABULARY",
+    "SHAPES",
+    "PLURALS",
+    "COLOURS",
+    "PALETTE",
+    "BACKGROUND",
+    "SIZES",
+    "COUNTS",
+    "RELATIONS",
+    "MOTIONS",
+    "VOCABULARY",
 ]
 
 SHAPES = ("circle", "square", "triangle")
@@ -30,7 +39,7 @@ RELATIONS = ("left", "right", "above", "below")
 MOTIONS = ("left", "right", "up", "down", "still")
 """The motions of a video's objects: ``"a red circle moving right"`` (``still``: ``"a red circle still"``)."""
 
-VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
-    ("a", "and", "of", "moving") + SHAPES + PLURALS + COLOURS + SIZES + COUNTS + RELATIONS + MOTIONS
-))
+VOCABULARY: tuple[str, ...] = tuple(
+    dict.fromkeys(("a", "and", "of", "moving") + SHAPES + PLURALS + COLOURS + SIZES + COUNTS + RELATIONS + MOTIONS)
+)
 """Every word of the shapes world, once each."""

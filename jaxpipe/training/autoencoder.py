@@ -32,7 +32,9 @@ class AutoencoderTrainConfig:
     latent_penalty: float = 1e-4
 
 
-def reconstruction_loss(model: Autoencoder, batch: Mapping[str, jax.Array], latent_penalty: float) -> tuple[jax.Array, dict]:
+def reconstruction_loss(
+    model: Autoencoder, batch: Mapping[str, jax.Array], latent_penalty: float
+) -> tuple[jax.Array, dict]:
     """The reconstruction loss of one image batch: ``mean((decode(encode(x)) - x)²) + latent_penalty · mean(z²)``.
 
     Args:
@@ -61,4 +63,6 @@ class AutoencoderTrainer(Supervised):
 
     def __init__(self, model: Autoencoder, config: AutoencoderTrainConfig = AutoencoderTrainConfig()):
         self.config = config
-        super().__init__(model, lambda m, batch, key: reconstruction_loss(m, batch, config.latent_penalty), config.optimizer)
+        super().__init__(
+            model, lambda m, batch, key: reconstruction_loss(m, batch, config.latent_penalty), config.optimizer
+        )

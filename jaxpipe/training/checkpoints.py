@@ -133,17 +133,23 @@ class Checkpoints:
                 if aside.exists():
                     aside = err.path.with_name(f"{err.path.name}.damaged-{os.getpid()}")
                 err.path.rename(aside)
-                log(f"warning: checkpoint {err.path} is damaged ({err.reason}); resuming from step {step}, the newest "
-                    f"good checkpoint (the damaged one is kept as {aside.name})")
+                log(
+                    f"warning: checkpoint {err.path} is damaged ({err.reason}); resuming from step {step}, the newest "
+                    f"good checkpoint (the damaged one is kept as {aside.name})"
+                )
             if damaged:
                 with _quiet_orbax():
                     self._manager.reload()
             return step, state
         if damaged:
             newest = damaged[0]
-            raise DamagedCheckpoint(newest.path, newest.step, newest.reason,
-                                    f"checkpoint {newest.path} is damaged ({newest.reason}) and no earlier one can be read: "
-                                    "the run cannot resume; start it again (--overwrite)")
+            raise DamagedCheckpoint(
+                newest.path,
+                newest.step,
+                newest.reason,
+                f"checkpoint {newest.path} is damaged ({newest.reason}) and no earlier one can be read: "
+                "the run cannot resume; start it again (--overwrite)",
+            )
         return 0, like
 
     def close(self) -> None:

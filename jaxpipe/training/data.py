@@ -17,7 +17,9 @@ from jaxpipe.cards import generator
 __all__ = ["encode_captioned", "array_batches"]
 
 
-def encode_captioned(card: Card, pixels: np.ndarray, captions: Sequence[str], chunk: int = 256) -> dict[str, np.ndarray]:
+def encode_captioned(
+    card: Card, pixels: np.ndarray, captions: Sequence[str], chunk: int = 256
+) -> dict[str, np.ndarray]:
     """``{"latents": (N, T, h, w, C), "ids": (N, L)}``: images or videos and their captions, encoded once.
 
     Args:
@@ -38,8 +40,12 @@ def encode_captioned(card: Card, pixels: np.ndarray, captions: Sequence[str], ch
         raise ValueError(f"{len(pixels)} images or videos but {len(captions)} captions")
     encode = jax.jit(lambda vae, x: generator.TEXT_FLOW.latents({"vae": vae}, x))
     name = "video" if pixels.ndim == 5 else "image"
-    latents = np.concatenate([np.asarray(encode(card["vae"], {name: jnp.asarray(pixels[i : i + chunk])}))
-                              for i in range(0, len(pixels), chunk)])
+    latents = np.concatenate(
+        [
+            np.asarray(encode(card["vae"], {name: jnp.asarray(pixels[i : i + chunk])}))
+            for i in range(0, len(pixels), chunk)
+        ]
+    )
     ids = card.spec.tokenizer.encode(list(captions), card["text_encoder"].cfg.max_len)
     return {"latents": latents, "ids": ids}
 

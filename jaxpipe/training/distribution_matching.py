@@ -52,7 +52,9 @@ class DistributionMatching:
         if isinstance(self.critic_steps, bool) or not isinstance(self.critic_steps, int) or self.critic_steps < 1:
             raise ValueError(f"critic_steps must be an int >= 1 (got {self.critic_steps!r})")
         if self.real_guidance is not None and not (jnp.isfinite(self.real_guidance) and self.real_guidance >= 0):
-            raise ValueError(f"real_guidance (the teacher's CFG scale) must be None or a finite number >= 0 (got {self.real_guidance})")
+            raise ValueError(
+                f"real_guidance (the teacher's CFG scale) must be None or a finite number >= 0 (got {self.real_guidance})"
+            )
         if self.noise.min <= 0.0:
             raise ValueError(f"distribution matching re-noises at t > 0: noise.min must be > 0 (got {self.noise.min})")
 
@@ -115,9 +117,17 @@ def _renoised(x0: jax.Array, key: jax.Array, noise: NoiseLevels) -> tuple[jax.Ar
     return samplers.noised(x0, eps, t), t, eps
 
 
-def clean_estimates(real: tuple, fake: tuple, x0: jax.Array, key: jax.Array, cond: Any, uncond: Any,
-                    real_policy: denoise.DenoiseConfig, fake_policy: denoise.DenoiseConfig,
-                    noise: NoiseLevels) -> tuple[jax.Array, jax.Array]:
+def clean_estimates(
+    real: tuple,
+    fake: tuple,
+    x0: jax.Array,
+    key: jax.Array,
+    cond: Any,
+    uncond: Any,
+    real_policy: denoise.DenoiseConfig,
+    fake_policy: denoise.DenoiseConfig,
+    noise: NoiseLevels,
+) -> tuple[jax.Array, jax.Array]:
     """The real and fake clean predictions at ``x0`` re-noised: ``x̂0 = x_t − t·v(x_t, t)`` for each score.
 
     ``x_t = (1−t)·x0 + t·ε`` with ``t`` drawn per row by ``noise`` and fresh ``ε`` (both from ``key``);
@@ -145,8 +155,9 @@ def clean_estimates(real: tuple, fake: tuple, x0: jax.Array, key: jax.Array, con
     return x_t - s * v_real, x_t - s * v_fake
 
 
-def critic_loss(critic: tuple, x0: jax.Array, cond: Any, key: jax.Array, policy: denoise.DenoiseConfig,
-                noise: NoiseLevels) -> jax.Array:
+def critic_loss(
+    critic: tuple, x0: jax.Array, cond: Any, key: jax.Array, policy: denoise.DenoiseConfig, noise: NoiseLevels
+) -> jax.Array:
     """Flow matching of the critic (the fake score) on the student's samples ``x0``.
 
     The loss is ``mean((v_φ(x_t, t, c) − (ε − x0))²)``.

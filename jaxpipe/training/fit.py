@@ -33,12 +33,21 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, float]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _resume(checkpoints: Checkpoints, state: Any, batches: Iterator[Any], *, steps: int,
-            metrics_path: str | os.PathLike | None, log: Callable[[str], None]) -> tuple[Any, list[dict[str, float]]]:
+def _resume(
+    checkpoints: Checkpoints,
+    state: Any,
+    batches: Iterator[Any],
+    *,
+    steps: int,
+    metrics_path: str | os.PathLike | None,
+    log: Callable[[str], None],
+) -> tuple[Any, list[dict[str, float]]]:
     """The newest readable checkpoint's state and metrics rows, ``batches`` advanced past its steps."""
     done, state = checkpoints.restore_latest(state, log=log)
     if done > steps:
-        raise ValueError(f"the checkpoint in {checkpoints.directory} is at step {done}, past the {steps} steps asked for")
+        raise ValueError(
+            f"the checkpoint in {checkpoints.directory} is at step {done}, past the {steps} steps asked for"
+        )
     history = read_metrics(metrics_path)[:done] if metrics_path is not None else []
     if metrics_path is not None and len(history) < done:
         raise ValueError(f"{metrics_path} has {len(history)} rows but the checkpoint is at step {done}")
@@ -127,7 +136,9 @@ def fit(
     if metrics_path is not None:
         Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
         sink = open(metrics_path, "a")
-    bar = progress_bar(range(start, steps), initial=start, total=steps, desc=desc, disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(
+        range(start, steps), initial=start, total=steps, desc=desc, disable=not progress, dynamic_ncols=True
+    )
     saved = start
     try:
         for i in bar:
@@ -142,7 +153,9 @@ def fit(
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
             if i % 10 == 0 or i == steps - 1:
-                bar.set_postfix({k: f"{v:.4g}" for k, v in row.items() if k != "step" and math.isfinite(v)}, refresh=False)
+                bar.set_postfix(
+                    {k: f"{v:.4g}" for k, v in row.items() if k != "step" and math.isfinite(v)}, refresh=False
+                )
             if checkpoints is not None and save_every and (i + 1) % save_every == 0:
                 checkpoints.save(i + 1, state)
                 saved = i + 1

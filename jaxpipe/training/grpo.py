@@ -92,8 +92,13 @@ class FlowGRPOConfig:
 
 
 def generator_loss(
-    models, reference, generated: rollout.Generated, advantages: jax.Array, config: FlowGRPOConfig,
-    sampling: denoise.DenoiseConfig, reference_generated: rollout.Generated | None = None,
+    models,
+    reference,
+    generated: rollout.Generated,
+    advantages: jax.Array,
+    config: FlowGRPOConfig,
+    sampling: denoise.DenoiseConfig,
+    reference_generated: rollout.Generated | None = None,
 ) -> tuple[jax.Array, dict]:
     """FlowGRPO's objective on a captured rollout: clipped PPO on every captured SDE step plus ``β ·`` KL.
 
@@ -123,8 +128,16 @@ def generator_loss(
         mean_ref = jax.lax.stop_gradient(mean)
     traj = generated.trajectory
     return losses.flow_grpo_loss(
-        log_prob, traj.log_prob, advantages, mean, mean_ref, traj.std, clip_eps=config.clip_eps, beta=config.beta,
-        kl=config.kl, dt=traj.sigma_next - traj.sigma,
+        log_prob,
+        traj.log_prob,
+        advantages,
+        mean,
+        mean_ref,
+        traj.std,
+        clip_eps=config.clip_eps,
+        beta=config.beta,
+        kl=config.kl,
+        dt=traj.sigma_next - traj.sigma,
     )
 
 

@@ -306,9 +306,7 @@ def _token_inputs(token_log_probs, mask):
     return jnp.where(m, logp, 0.0), m
 
 
-def token_pg_loss(
-    token_log_probs, mask, advantages, *, old_log_probs=None, clip_eps=None
-) -> tuple[jax.Array, dict]:
+def token_pg_loss(token_log_probs, mask, advantages, *, old_log_probs=None, clip_eps=None) -> tuple[jax.Array, dict]:
     """The length-normalised token policy gradient.
 
     Per sequence with ``n_b = Σ_t m_bt`` valid tokens:

@@ -46,8 +46,13 @@ def sequences(tokenizer: Tokenizer, texts: Sequence[str], width: int) -> np.ndar
     return ids
 
 
-def text_batches(tokenizer: Tokenizer, draw: Callable[[int, np.random.Generator], Sequence[str]], batch_size: int,
-                 seed: int, width: int) -> Iterator[dict[str, jax.Array]]:
+def text_batches(
+    tokenizer: Tokenizer,
+    draw: Callable[[int, np.random.Generator], Sequence[str]],
+    batch_size: int,
+    seed: int,
+    width: int,
+) -> Iterator[dict[str, jax.Array]]:
     """Endless LM batches ``{"ids": (batch_size, width)}``: batch ``i`` is ``draw(batch_size, default_rng([seed, i]))``.
 
     Args:

@@ -52,7 +52,11 @@ class Optimizer:
     def __post_init__(self):
         for name in ("learning_rate", "grad_clip"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (math.isfinite(value) and value > 0)
+            ):
                 raise ValueError(f"{name} must be a finite number > 0 (got {value!r})")
         if not (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0):
             raise ValueError(f"b1 and b2 must be in [0, 1) (got {self.b1}, {self.b2})")

@@ -77,7 +77,9 @@ class Parts:
         owned = [name for names in trained.values() for name in names]
         missing = sorted(set(owned) - set(card.components))
         if missing:
-            raise ValueError(f"trainable names component(s) {missing} that card {card.model_id!r} lacks: {sorted(card.components)}")
+            raise ValueError(
+                f"trainable names component(s) {missing} that card {card.model_id!r} lacks: {sorted(card.components)}"
+            )
         if len(set(owned)) != len(owned):
             raise ValueError(f"a component may be trained by one part only (got {dict(trained)})")
         self.spec: CardSpec = card.spec

@@ -28,7 +28,14 @@ from jaxpipe.loops import denoise
 from jaxpipe.training import rollout
 
 __all__ = [
-    "Schedule", "minibatch", "minibatch_rows", "run", "summarize", "subsample", "subsample_steps", "PER_UPDATE",
+    "Schedule",
+    "minibatch",
+    "minibatch_rows",
+    "run",
+    "summarize",
+    "subsample",
+    "subsample_steps",
+    "PER_UPDATE",
     "Update",
 ]
 
@@ -117,7 +124,9 @@ def minibatch_rows(key: jax.Array, rows: int, schedule: Schedule) -> jax.Array:
     if schedule.minibatches == 1:
         order = jnp.broadcast_to(jnp.arange(rows), (schedule.inner_epochs, rows))
     else:
-        order = jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(key, e), rows))(jnp.arange(schedule.inner_epochs))
+        order = jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(key, e), rows))(
+            jnp.arange(schedule.inner_epochs)
+        )
     return order.reshape(schedule.inner_epochs, schedule.minibatches, size).astype(jnp.int32)
 
 
@@ -125,7 +134,9 @@ Update = Callable[[Any, jax.Array | None, jax.Array | None], tuple[Any, dict, ja
 """One update of a method, ``update(carry, rows, key) -> (carry, metrics, finite)`` (module docstring)."""
 
 
-def run(update: Update, carry: Any, key: jax.Array | None, rows: int, schedule: Schedule) -> tuple[Any, dict, jax.Array]:
+def run(
+    update: Update, carry: Any, key: jax.Array | None, rows: int, schedule: Schedule
+) -> tuple[Any, dict, jax.Array]:
     """All of a rollout's updates, as nested ``lax.scan`` loops over epochs and minibatches.
 
     The minibatch order is ``minibatch_rows(fold_in(key, 0), ...)`` and the updates' own keys are split
@@ -153,7 +164,9 @@ def run(update: Update, carry: Any, key: jax.Array | None, rows: int, schedule: 
     if key is None:
         raise ValueError("several updates per rollout (or a timestep fraction) need a key for the minibatch order")
     order = minibatch_rows(jax.random.fold_in(key, 0), rows, schedule)
-    keys = jax.random.split(jax.random.fold_in(key, 1), schedule.updates).reshape(schedule.inner_epochs, schedule.minibatches)
+    keys = jax.random.split(jax.random.fold_in(key, 1), schedule.updates).reshape(
+        schedule.inner_epochs, schedule.minibatches
+    )
 
     def minibatch(carry, xs):
         idx, k = xs

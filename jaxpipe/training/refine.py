@@ -32,7 +32,14 @@ from jaxpipe.prompts import Prompts
 from jaxpipe.training import losses, rollout, update
 
 __all__ = [
-    "RefinerConfig", "refine_rows", "render_rewrites", "restrict", "token_objective", "refiner_update", "reward_stats", "check_room",
+    "RefinerConfig",
+    "refine_rows",
+    "render_rewrites",
+    "restrict",
+    "token_objective",
+    "refiner_update",
+    "reward_stats",
+    "check_room",
     "prefixed",
 ]
 
@@ -59,7 +66,9 @@ class RefinerConfig:
     def __post_init__(self):
         if isinstance(self.skip, bool) or not isinstance(self.skip, int) or self.skip < 0:
             raise ValueError(f"skip must be an int >= 0 (got {self.skip!r})")
-        if not (math.isfinite(self.clip_eps) and self.clip_eps > 0) or not (math.isfinite(self.beta) and self.beta >= 0):
+        if not (math.isfinite(self.clip_eps) and self.clip_eps > 0) or not (
+            math.isfinite(self.beta) and self.beta >= 0
+        ):
             raise ValueError(f"the refiner's clip_eps must be > 0 and beta >= 0 (got {self.clip_eps}, {self.beta})")
 
     def check_group(self, group_size: int) -> None:
@@ -92,8 +101,17 @@ def refine_rows(group_size: int, skip: int, batch_rows: int) -> jax.Array:
     return (jnp.arange(batch_rows) % group_size) < group_size - skip
 
 
-def render_rewrites(card: Card, program: Program, prompts: Prompts, key: jax.Array, *, group: rollout.Group, skip: int,
-                    loops: Mapping[str, Any], capture: tuple[str, ...]) -> tuple[rollout.Render, jax.Array]:
+def render_rewrites(
+    card: Card,
+    program: Program,
+    prompts: Prompts,
+    key: jax.Array,
+    *,
+    group: rollout.Group,
+    skip: int,
+    loops: Mapping[str, Any],
+    capture: tuple[str, ...],
+) -> tuple[rollout.Render, jax.Array]:
     """Render ``program`` on ``card``, K samples per prompt, the first K − ``skip`` of each group rewriting it.
 
     Args:
@@ -110,8 +128,9 @@ def render_rewrites(card: Card, program: Program, prompts: Prompts, key: jax.Arr
       ``(render, rewrite rows (B,) bool)``.
     """
     rows = refine_rows(group.size, skip, len(prompts) * group.size)
-    run = rollout.render(card, program, settings(**loops), prompts, key, group_size=group.size, capture=capture,
-                         rewrite=rows)
+    run = rollout.render(
+        card, program, settings(**loops), prompts, key, group_size=group.size, capture=capture, rewrite=rows
+    )
     return run, rows
 
 
@@ -130,8 +149,13 @@ def restrict(refinement: ar.Continuation, refined: jax.Array) -> ar.Continuation
     return refinement._replace(mask=mask, log_prob=jnp.where(mask, refinement.log_prob, 0.0))
 
 
-def token_objective(lm: ar.Decoder, reference: ar.Decoder | None, refinement: ar.Continuation, advantages: jax.Array,
-                    config: RefinerConfig) -> tuple[jax.Array, dict]:
+def token_objective(
+    lm: ar.Decoder,
+    reference: ar.Decoder | None,
+    refinement: ar.Continuation,
+    advantages: jax.Array,
+    config: RefinerConfig,
+) -> tuple[jax.Array, dict]:
     """The token objective of a rewriter: ``losses.token_loss`` of its captured ``refinement``.
 
     The token policy gradient under ``lm``, PPO-clipped against the captured log-probs, plus
@@ -149,8 +173,15 @@ def token_objective(lm: ar.Decoder, reference: ar.Decoder | None, refinement: ar
     """
     log_probs = rollout.token_log_probs(lm, refinement)
     ref_log_probs = rollout.token_log_probs(reference, refinement) if config.beta > 0 else None
-    return losses.token_loss(log_probs, refinement.mask, advantages, ref_log_probs=ref_log_probs, beta=config.beta,
-                             old_log_probs=refinement.log_prob, clip_eps=config.clip_eps)
+    return losses.token_loss(
+        log_probs,
+        refinement.mask,
+        advantages,
+        ref_log_probs=ref_log_probs,
+        beta=config.beta,
+        old_log_probs=refinement.log_prob,
+        clip_eps=config.clip_eps,
+    )
 
 
 def refiner_update(
@@ -239,4 +270,6 @@ def check_room(prompts: Prompts, max_words: int) -> None:
     except jax.errors.ConcretizationTypeError:
         return
     if longest > max_words:
-        raise ValueError(f"a prompt has {longest} words; the refiner(s) need room to add theirs, so prompts may have at most {max_words}")
+        raise ValueError(
+            f"a prompt has {longest} words; the refiner(s) need room to add theirs, so prompts may have at most {max_words}"
+        )

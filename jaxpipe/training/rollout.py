@@ -53,7 +53,6 @@ __all__ = [
 ]
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Group:
     """How many samples a rollout renders per prompt and the clip of their group-relative advantages.
@@ -125,9 +124,16 @@ class Sampling:
           The replaced config (validated by its own ``__post_init__``).
         """
         fields = {f.name for f in dataclasses.fields(loop)}
-        changes = {"num_steps": self.num_steps, "sampler": self.sampler, "noise_level": self.noise_level,
-                   "sde_window": self.sde_window, "guidance": self.guidance}
-        changes = {k: v for k, v in changes.items() if k in fields and not (v is None and k in ("num_steps", "guidance"))}
+        changes = {
+            "num_steps": self.num_steps,
+            "sampler": self.sampler,
+            "noise_level": self.noise_level,
+            "sde_window": self.sde_window,
+            "guidance": self.guidance,
+        }
+        changes = {
+            k: v for k, v in changes.items() if k in fields and not (v is None and k in ("num_steps", "guidance"))
+        }
         return dataclasses.replace(loop, **changes)
 
 
@@ -144,8 +150,15 @@ class Render(NamedTuple):
 
 
 def render(
-    card: Card, program: Program, settings: Settings, prompts: Prompts, key: jax.Array, *, group_size: int,
-    capture: tuple[str, ...] = (), rewrite: jax.Array | None = None,
+    card: Card,
+    program: Program,
+    settings: Settings,
+    prompts: Prompts,
+    key: jax.Array,
+    *,
+    group_size: int,
+    capture: tuple[str, ...] = (),
+    rewrite: jax.Array | None = None,
 ) -> Render:
     """Run the program on ``prompts`` repeated ``group_size`` times, capturing the loops in ``capture``.
 
@@ -224,8 +237,11 @@ def reward_metrics(rewards: jax.Array, parts: Mapping[str, jax.Array]) -> dict[s
     Returns:
       ``reward_mean`` and ``reward_std`` over the rewards and ``reward_<part>``, each part's mean, scalars.
     """
-    return {"reward_mean": jnp.mean(rewards), "reward_std": jnp.std(rewards),
-            **{f"reward_{name}": jnp.mean(part) for name, part in parts.items()}}
+    return {
+        "reward_mean": jnp.mean(rewards),
+        "reward_std": jnp.std(rewards),
+        **{f"reward_{name}": jnp.mean(part) for name, part in parts.items()},
+    }
 
 
 def advantages(values: jax.Array, group: Group) -> jax.Array:
@@ -323,7 +339,9 @@ def rendered_artifact(program: Program) -> str:
     raise ValueError(f"program {program.name!r} renders neither an image nor a video (outputs: {sorted(names)})")
 
 
-def text_slots(program: Program, ids: jax.Array, keys: jax.Array, refine: jax.Array | None = None) -> dict[str, jax.Array]:
+def text_slots(
+    program: Program, ids: jax.Array, keys: jax.Array, refine: jax.Array | None = None
+) -> dict[str, jax.Array]:
     """The input slots of a text-prompted program for a batch.
 
     Args:
@@ -349,7 +367,9 @@ def text_slots(program: Program, ids: jax.Array, keys: jax.Array, refine: jax.Ar
     return {name: slots[name] for name in program.inputs}
 
 
-def run(card: Card, program: Program, settings: Settings, slots: Mapping[str, Any], capture: tuple[str, ...]) -> Execution:
+def run(
+    card: Card, program: Program, settings: Settings, slots: Mapping[str, Any], capture: tuple[str, ...]
+) -> Execution:
     """The card's program on batched ``slots`` (fused), capturing the loops named in ``capture``.
 
     Args:
@@ -416,8 +436,11 @@ def take_rows(generated: Generated, rows: jax.Array) -> Generated:
       ``(S, B, ...)`` along their row axis.
     """
     by_row = lambda a: a[rows]
-    return Generated(generated.images[rows], jax.tree.map(by_row, generated.cond),
-                     jax.tree.map(lambda a: a[:, rows], generated.trajectory))
+    return Generated(
+        generated.images[rows],
+        jax.tree.map(by_row, generated.cond),
+        jax.tree.map(lambda a: a[:, rows], generated.trajectory),
+    )
 
 
 def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfig) -> tuple[jax.Array, jax.Array]:
@@ -442,7 +465,9 @@ def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfi
       ValueError: if ``sampling.guidance != 1``.
     """
     if sampling.guidance != 1.0:
-        raise ValueError(f"RL rollouts sample at guidance 1 so the log-prob recompute is faithful (got {sampling.guidance})")
+        raise ValueError(
+            f"RL rollouts sample at guidance 1 so the log-prob recompute is faithful (got {sampling.guidance})"
+        )
     bound = models if isinstance(models, (tuple, list)) else (models,)
     if all(precision.module_dtype(m) == "float32" for m in bound):
         return denoise.trajectory_stats(models, generated.trajectory, generated.cond, sampling)

@@ -49,8 +49,14 @@ class Supervised:
 
     roles = {}
 
-    def __init__(self, model: Any, loss: Loss, optimizer: Optimizer | optax.GradientTransformation, *,
-                 frozen: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        model: Any,
+        loss: Loss,
+        optimizer: Optimizer | optax.GradientTransformation,
+        *,
+        frozen: tuple[str, ...] = (),
+    ):
         self._graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
         unknown = sorted(set(frozen) - set(params)) if frozen else []
         if unknown:

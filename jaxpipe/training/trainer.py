@@ -124,10 +124,12 @@ class Method:
         del key
         params = copy(self.parts.params)
         opt_state = {
-            part: (jax.vmap(tx.init) if part in self.stacked else tx.init)(params[part]) for part, tx in self.optimizers.items()
+            part: (jax.vmap(tx.init) if part in self.stacked else tx.init)(params[part])
+            for part, tx in self.optimizers.items()
         }
-        return TrainState(params, opt_state, copy(self.parts.frozen), copy(self.copies(self.parts.params)),
-                          jnp.zeros((), jnp.int32))
+        return TrainState(
+            params, opt_state, copy(self.parts.frozen), copy(self.copies(self.parts.params)), jnp.zeros((), jnp.int32)
+        )
 
     def components(self, params: Mapping[str, Any], frozen: Any) -> dict:
         """The card's modules from trained ``params`` (part -> state) and ``frozen``."""

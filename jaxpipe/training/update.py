@@ -82,7 +82,13 @@ def skipped(ok: jax.Array) -> jax.Array:
 
 
 def apply_gradients(
-    tx: optax.GradientTransformation, params: Any, opt_state: Any, grads: Any, loss: jax.Array, aux: Any = None, *,
+    tx: optax.GradientTransformation,
+    params: Any,
+    opt_state: Any,
+    grads: Any,
+    loss: jax.Array,
+    aux: Any = None,
+    *,
     when: jax.Array | bool = True,
 ) -> Step:
     """The optimiser step of ``grads``, applied where the loss and the gradient are finite and ``when`` holds.
@@ -139,7 +145,10 @@ def step(
 
 
 def steps(
-    loss_fn: Callable[[Any, jax.Array], jax.Array], tx: optax.GradientTransformation, params: Any, opt_state: Any,
+    loss_fn: Callable[[Any, jax.Array], jax.Array],
+    tx: optax.GradientTransformation,
+    params: Any,
+    opt_state: Any,
     keys: jax.Array,
 ) -> tuple[Any, Any, jax.Array, jax.Array, jax.Array]:
     """One guarded step of ``loss_fn(params, key) -> scalar`` per key of ``keys``, as a ``lax.scan``.

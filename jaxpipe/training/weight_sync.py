@@ -39,7 +39,9 @@ from jaxpipe.engine.engine import ROLE_SEP
 __all__ = ["publish", "changed_components", "track", "sync"]
 
 
-def publish(engine: Engine, card: Card, components: str | Iterable[str] | None = None, *, role: str | None = None) -> dict[str, int]:
+def publish(
+    engine: Engine, card: Card, components: str | Iterable[str] | None = None, *, role: str | None = None
+) -> dict[str, int]:
     """Publish ``card``'s ``components`` into ``engine``'s resident card of the same model id.
 
     Args:
@@ -68,7 +70,9 @@ def publish(engine: Engine, card: Card, components: str | Iterable[str] | None =
     if role is not None:
         roles = engine.roles(card.model_id)
         if role not in roles:
-            raise EngineError(f"card {card.model_id!r} has no role {role!r} in this engine (its roles: {sorted(roles)}); add it with track")
+            raise EngineError(
+                f"card {card.model_id!r} has no role {role!r} in this engine (its roles: {sorted(roles)}); add it with track"
+            )
         scope = roles[role]
         card = card.with_id(f"{card.model_id}{ROLE_SEP}{role}")
         if components is None:

@@ -36,13 +36,22 @@ RULES = distributed.FSDP_TP
 def max_diff(a, b) -> float:
     """Largest absolute difference over the floating leaves (numpy: no per-shape compile)."""
     pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b))
-    return max([float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in pairs if jnp.issubdtype(x.dtype, jnp.floating)] or [0.0])
+    return max(
+        [
+            float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+            for x, y in pairs
+            if jnp.issubdtype(x.dtype, jnp.floating)
+        ]
+        or [0.0]
+    )
 
 
 def named(tree) -> dict:
     """``{"/"-joined path: leaf}`` (an ``nnx.Variable``'s ``/value`` left out)."""
-    return {jax.tree_util.keystr(p, simple=True, separator="/").removesuffix("/value"): x
-            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {
+        jax.tree_util.keystr(p, simple=True, separator="/").removesuffix("/value"): x
+        for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
 
 
 def specs(tree, *suffixes) -> dict[str, str]:
@@ -68,8 +77,10 @@ def joint_checks():
         "refiner_shard_shape": list(leaf.addressable_shards[0].data.shape),
         "refiner_shape": list(leaf.shape),
         "opt_spec": str(opt_leaf.sharding.spec),
-        "generator_specs": {**specs(sharded.params["generator"], "blocks/0/attn/q/kernel", "time_out/bias"),
-                            **specs(sharded.opt_state["generator"], "blocks/0/attn/q/kernel")},
+        "generator_specs": {
+            **specs(sharded.params["generator"], "blocks/0/attn/q/kernel", "time_out/bias"),
+            **specs(sharded.opt_state["generator"], "blocks/0/attn/q/kernel"),
+        },
         "devices": len(leaf.sharding.device_set),
         "moved": float(np.max(np.abs(np.asarray(leaf) - np.asarray(jax.tree.leaves(state.params["refiner"])[0])))),
     }, (mesh, sharded, sharded_metrics)
@@ -105,12 +116,30 @@ def networks():
     normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)
     sigma = np.array([0.3, 0.7], np.float32)
     return [
-        ("dit", lambda: dit.DiT(dit.DiTConfig(depth=1), rngs=nnx.Rngs(0)), dit.LOGICAL_AXES,
-         (normal(2, 1, 4, 4, 4), sigma, dit.DiTCond(normal(2, 5, 32), np.ones((2, 5), bool)))),
-        ("flux", lambda: flux.FluxTransformer(flux.FluxConfig.tiny(), rngs=nnx.Rngs(0)), flux.LOGICAL_AXES,
-         (normal(2, 4, 4, 4), sigma, flux.FluxCond(normal(2, 5, 32), normal(2, 32), np.array([3.5, 3.5], np.float32)))),
-        ("wan", lambda: wan.WanTransformer(wan.WanConfig.tiny(num_layers=1, image_dim=16, added_kv_proj_dim=32), rngs=nnx.Rngs(0)),
-         wan.LOGICAL_AXES, (normal(2, 2, 4, 4, 4), sigma, wan.WanCond(normal(2, 5, 32), normal(2, 3, 16)))),
+        (
+            "dit",
+            lambda: dit.DiT(dit.DiTConfig(depth=1), rngs=nnx.Rngs(0)),
+            dit.LOGICAL_AXES,
+            (normal(2, 1, 4, 4, 4), sigma, dit.DiTCond(normal(2, 5, 32), np.ones((2, 5), bool))),
+        ),
+        (
+            "flux",
+            lambda: flux.FluxTransformer(flux.FluxConfig.tiny(), rngs=nnx.Rngs(0)),
+            flux.LOGICAL_AXES,
+            (
+                normal(2, 4, 4, 4),
+                sigma,
+                flux.FluxCond(normal(2, 5, 32), normal(2, 32), np.array([3.5, 3.5], np.float32)),
+            ),
+        ),
+        (
+            "wan",
+            lambda: wan.WanTransformer(
+                wan.WanConfig.tiny(num_layers=1, image_dim=16, added_kv_proj_dim=32), rngs=nnx.Rngs(0)
+            ),
+            wan.LOGICAL_AXES,
+            (normal(2, 2, 4, 4, 4), sigma, wan.WanCond(normal(2, 5, 32), normal(2, 3, 16))),
+        ),
     ]
 
 
@@ -147,7 +176,10 @@ def network_checks(names):
             sharded_bytes += x.nbytes if any(spec) else 0
         checked = {
             "dit": ("blocks/0/attn/q/kernel", "blocks/0/mlp/fc2/kernel", "time_out/kernel", "blocks/0/attn/out/bias"),
-            "flux": ("transformer_blocks/stacked/attn/to_q/kernel", "single_transformer_blocks/stacked/proj_mlp/kernel"),
+            "flux": (
+                "transformer_blocks/stacked/attn/to_q/kernel",
+                "single_transformer_blocks/stacked/proj_mlp/kernel",
+            ),
             "wan": ("blocks/stacked/attn1/to_q/kernel", "blocks/stacked/ffn/net/2/kernel"),
         }[name]
         out[name] = {
@@ -159,8 +191,11 @@ def network_checks(names):
             "params": len(axes),
             "sharded_fraction": sharded_bytes / total_bytes,
             "specs": specs(sharded_grads, *checked),
-            "shard_shapes": {k: [list(x.shape), list(x.addressable_shards[0].data.shape)]
-                             for k, x in named(placed).items() if k.endswith(checked)},
+            "shard_shapes": {
+                k: [list(x.shape), list(x.addressable_shards[0].data.shape)]
+                for k, x in named(placed).items()
+                if k.endswith(checked)
+            },
         }
         if name == "dit":
             out[name].update(abstract_checks(mesh, factory, table, placed))
@@ -181,7 +216,9 @@ def abstract_checks(mesh, factory, table, placed) -> dict:
         "real_bytes_per_device": int(real),
         "whole_bytes": int(sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(abstract))),
         "init_sharded_diff": max_diff(built, fresh),
-        "init_sharded_specs_match": all(b.sharding == a.sharding for b, a in zip(jax.tree.leaves(built), jax.tree.leaves(abstract))),
+        "init_sharded_specs_match": all(
+            b.sharding == a.sharding for b, a in zip(jax.tree.leaves(built), jax.tree.leaves(abstract))
+        ),
     }
 
 

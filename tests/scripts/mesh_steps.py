@@ -55,25 +55,38 @@ def random_weights(factory, seed: int):
 def joint():
     """N = 4 ``JointMultiExpertRL`` on a ``multi-expert`` card from the ``unified`` one, its batch (P = 2)."""
     card = random_weights(lambda: digit_cards.multi_expert(jp.cards.build("unified"), 4), seed=5)
+
     def reward(artifacts, prompts):
         im = artifacts["image"]
         return {"stroke": jnp.mean(im, axis=(1, 2, 3)), "position": jnp.mean(im[:, :, 8:], axis=(1, 2, 3))}
 
     # small learning rates: Adam's first step is lr·g/(|g|+eps), so near-zero gradients that differ by float
     # reordering (mesh vs one device) move a weight by up to ~lr; the moments compare the gradients directly
-    generator = FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 1)),
-                               beta=0.04, optimizer=Optimizer(1e-5))
-    config = JointRLConfig(generator=generator, refiner=RefinerConfig(skip=0), refiner_optimizer=Optimizer(1e-5),
-                           credit="per_expert", expert_terms=("stroke", "position") * 2)
+    generator = FlowGRPOConfig(
+        group=Group(2),
+        sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 1)),
+        beta=0.04,
+        optimizer=Optimizer(1e-5),
+    )
+    config = JointRLConfig(
+        generator=generator,
+        refiner=RefinerConfig(skip=0),
+        refiner_optimizer=Optimizer(1e-5),
+        credit="per_expert",
+        expert_terms=("stroke", "position") * 2,
+    )
     method = JointMultiExpertRL(card, reward, config)
     return method, Prompts.from_texts(card, ["seven", "one"], width=64)
 
 
 def flow():
     """FlowGRPO on a one-block ``flux-t2i`` card, its batch (P = 2)."""
-    card = random_weights(lambda: jp.cards.build("flux-t2i", config=digit_cards.config("flux-t2i", dit=DiTConfig(depth=1))), seed=1)
-    config = FlowGRPOConfig(group=Group(2), sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 1)),
-                            optimizer=Optimizer(1e-5))
+    card = random_weights(
+        lambda: jp.cards.build("flux-t2i", config=digit_cards.config("flux-t2i", dit=DiTConfig(depth=1))), seed=1
+    )
+    config = FlowGRPOConfig(
+        group=Group(2), sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 1)), optimizer=Optimizer(1e-5)
+    )
     method = FlowGRPO(card, lambda artifacts, prompts: jnp.mean(artifacts["image"], axis=(1, 2, 3)), config)
     return method, Prompts.from_texts(card, ["seven thick", "one thin"], {"digit": np.array([7, 1])}, width=64)
 
@@ -90,7 +103,10 @@ def flow_shardings(mesh, state):
 def local_rows(mesh, batch):
     """This process's rows of a global ``batch`` under ``batch_sharding(mesh)``."""
     rows = len(batch)
-    spans = [range(rows)[index[0]] for index in distributed.batch_sharding(mesh).addressable_devices_indices_map((rows,)).values()]
+    spans = [
+        range(rows)[index[0]]
+        for index in distributed.batch_sharding(mesh).addressable_devices_indices_map((rows,)).values()
+    ]
     start, stop = min(s.start for s in spans), max(s.stop for s in spans)
     return jax.tree.map(lambda x: np.asarray(x)[start:stop], batch)
 
@@ -124,7 +140,11 @@ def summary(joint_run, flow_run) -> dict[str, np.ndarray]:
     """What the runs compare: both steps' metrics, updated weights and Adam states. ``*_run``:
     ``(mesh, new state, metrics)``."""
     (jmesh, jstate, jmetrics), (fmesh, fstate, fmetrics) = joint_run, flow_run
-    joint = {"joint/metrics": jmetrics, "joint/refiners": jstate.params["refiner"], "joint/generator": jstate.params["generator"],
-             "joint/refiner_opt": jstate.opt_state["refiner"]}
+    joint = {
+        "joint/metrics": jmetrics,
+        "joint/refiners": jstate.params["refiner"],
+        "joint/generator": jstate.params["generator"],
+        "joint/refiner_opt": jstate.opt_state["refiner"],
+    }
     flow = {"flow/metrics": fmetrics, "flow/params": fstate.params, "flow/opt_state": fstate.opt_state}
     return {**gathered(jmesh, joint), **gathered(fmesh, flow)}

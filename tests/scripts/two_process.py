@@ -23,8 +23,12 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 # jax_share_binary_between_hosts (process 0 compiles, process 1 loads its executable) the two never met
 # in their first collective on CPU (gloo context timed out after 30 s). Each process compiles its own.
 jax.distributed.initialize(
-    f"127.0.0.1:{PORT}", num_processes=2, process_id=PROCESS_ID, initialization_timeout=120,
-    heartbeat_timeout_seconds=60, shutdown_timeout_seconds=60,
+    f"127.0.0.1:{PORT}",
+    num_processes=2,
+    process_id=PROCESS_ID,
+    initialization_timeout=120,
+    heartbeat_timeout_seconds=60,
+    shutdown_timeout_seconds=60,
 )
 
 import numpy as np
@@ -48,15 +52,23 @@ def main():
     q = placed.params["generator"]["transformer"]["blocks"][0]["attn"]["q"]["kernel"].get_value()
     results = mesh_steps.summary((joint_mesh, joint, joint_metrics), (flow_mesh, flow, flow_metrics))
     np.savez(OUT / f"process{PROCESS_ID}.npz", **results)
-    print(json.dumps({
-        "process": jax.process_index(),
-        "devices": jax.device_count(),
-        "local_devices": jax.local_device_count(),
-        # this process holds half the global mesh: its shards of an FSDP_TP matrix, not the matrix
-        "q_local_shards": len(q.addressable_shards),
-        "q_fully_addressable": q.is_fully_addressable,
-        "seconds": {"joint": joint_seconds, "flow": time.perf_counter() - start - joint_seconds, "cpu": time.process_time()},
-    }))
+    print(
+        json.dumps(
+            {
+                "process": jax.process_index(),
+                "devices": jax.device_count(),
+                "local_devices": jax.local_device_count(),
+                # this process holds half the global mesh: its shards of an FSDP_TP matrix, not the matrix
+                "q_local_shards": len(q.addressable_shards),
+                "q_fully_addressable": q.is_fully_addressable,
+                "seconds": {
+                    "joint": joint_seconds,
+                    "flow": time.perf_counter() - start - joint_seconds,
+                    "cpu": time.process_time(),
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

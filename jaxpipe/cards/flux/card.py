@@ -72,7 +72,9 @@ class Tokenizers:
           ValueError: if either tokenizer is missing.
         """
         if self.clip is None or self.t5 is None:
-            raise ValueError("this FLUX card has no tokenizer.json files: pass token ids directly (jaxpipe.cards.flux.ids)")
+            raise ValueError(
+                "this FLUX card has no tokenizer.json files: pass token ids directly (jaxpipe.cards.flux.ids)"
+            )
         clip_ids, _ = self.clip.load()(prompts, self.clip_length)
         t5_ids, _ = self.t5.load()(prompts, self.t5_length)
         return np.concatenate([np.asarray(clip_ids, np.int32), np.asarray(t5_ids, np.int32)], axis=1)
@@ -123,18 +125,28 @@ class Config:
     def __post_init__(self):
         tf = self.transformer
         if tf.joint_attention_dim != self.text_encoder_2.d_model:
-            raise ValueError(f"transformer.joint_attention_dim ({tf.joint_attention_dim}) must equal text_encoder_2.d_model ({self.text_encoder_2.d_model})")
+            raise ValueError(
+                f"transformer.joint_attention_dim ({tf.joint_attention_dim}) must equal text_encoder_2.d_model ({self.text_encoder_2.d_model})"
+            )
         if tf.pooled_projection_dim != self.text_encoder.hidden_size:
-            raise ValueError(f"transformer.pooled_projection_dim ({tf.pooled_projection_dim}) must equal text_encoder.hidden_size ({self.text_encoder.hidden_size})")
+            raise ValueError(
+                f"transformer.pooled_projection_dim ({tf.pooled_projection_dim}) must equal text_encoder.hidden_size ({self.text_encoder.hidden_size})"
+            )
         if tf.in_channels != 4 * self.vae.latent_channels:
-            raise ValueError(f"transformer.in_channels ({tf.in_channels}) must be 4 × vae.latent_channels ({self.vae.latent_channels}): FLUX packs 2×2 latent patches")
+            raise ValueError(
+                f"transformer.in_channels ({tf.in_channels}) must be 4 × vae.latent_channels ({self.vae.latent_channels}): FLUX packs 2×2 latent patches"
+            )
         factor = 2 * self.vae_scale
         if self.height < factor or self.width < factor:
             raise ValueError(f"height and width must be at least {factor} (got {self.height}×{self.width})")
         if self.clip_length > self.text_encoder.max_position_embeddings:
-            raise ValueError(f"clip_length ({self.clip_length}) exceeds CLIP's max_position_embeddings ({self.text_encoder.max_position_embeddings})")
+            raise ValueError(
+                f"clip_length ({self.clip_length}) exceeds CLIP's max_position_embeddings ({self.text_encoder.max_position_embeddings})"
+            )
         if (self.guidance is None) == tf.guidance_embeds:
-            raise ValueError("guidance must be a number exactly when the transformer embeds guidance (FLUX.1-dev), None otherwise (schnell)")
+            raise ValueError(
+                "guidance must be a number exactly when the transformer embeds guidance (FLUX.1-dev), None otherwise (schnell)"
+            )
 
     @property
     def vae_scale(self) -> int:
@@ -152,7 +164,9 @@ class Config:
         """The loop's default ``Sampling``: ``num_steps``, the schedule's shift for this image's token count,
         and ``guidance`` as the embedded scale."""
         h, w, _ = self.latent_shape
-        return Sampling(num_steps=self.num_steps, shift=self.schedule.flow_shift(h * w // 4), embedded_guidance=self.guidance)
+        return Sampling(
+            num_steps=self.num_steps, shift=self.schedule.flow_shift(h * w // 4), embedded_guidance=self.guidance
+        )
 
     @property
     def tokenizers(self) -> Tokenizers:
@@ -168,17 +182,32 @@ class Config:
     def dev(cls, **overrides) -> Config:
         """FLUX.1-dev at 1024×1024, 28 steps, embedded guidance 3.5."""
         sizes = dict(
-            transformer=flux.FluxConfig.dev(), vae=autoencoder_kl.AutoencoderKLConfig.flux(),
-            text_encoder=clip.CLIPTextEncoderConfig.vit_l14(), text_encoder_2=t5.T5EncoderConfig.t5_xxl(),
-            height=1024, width=1024, max_sequence_length=512, clip_length=77, num_steps=28, guidance=3.5,
+            transformer=flux.FluxConfig.dev(),
+            vae=autoencoder_kl.AutoencoderKLConfig.flux(),
+            text_encoder=clip.CLIPTextEncoderConfig.vit_l14(),
+            text_encoder_2=t5.T5EncoderConfig.t5_xxl(),
+            height=1024,
+            width=1024,
+            max_sequence_length=512,
+            clip_length=77,
+            num_steps=28,
+            guidance=3.5,
         )
         return cls(**{**sizes, **overrides})
 
     @classmethod
     def schnell(cls, **overrides) -> Config:
         """FLUX.1-schnell: no guidance embedding, 4 steps, 256 T5 tokens, a fixed shift of 1."""
-        return cls.dev(**{"transformer": flux.FluxConfig.schnell(), "max_sequence_length": 256, "num_steps": 4,
-                          "guidance": None, "schedule": FlowSchedule(shift=1.0, dynamic=False), **overrides})
+        return cls.dev(
+            **{
+                "transformer": flux.FluxConfig.schnell(),
+                "max_sequence_length": 256,
+                "num_steps": 4,
+                "guidance": None,
+                "schedule": FlowSchedule(shift=1.0, dynamic=False),
+                **overrides,
+            }
+        )
 
     @classmethod
     def from_diffusers(cls, path: str | Path, **overrides) -> Config:
@@ -280,8 +309,15 @@ def load_pipeline(path: str | Path, *, dtype: str = "float32", model_id: str | N
     """
     path = Path(path)
     config = Config.from_diffusers(path, **overrides)
-    components, configs = load_components(read_pipeline(path), {
-        "text_encoder": clip.load, "text_encoder_2": t5.load, "transformer": flux.load, "vae": autoencoder_kl.load,
-    }, dtype)
+    components, configs = load_components(
+        read_pipeline(path),
+        {
+            "text_encoder": clip.load,
+            "text_encoder_2": t5.load,
+            "transformer": flux.load,
+            "vae": autoencoder_kl.load,
+        },
+        dtype,
+    )
     config = dataclasses.replace(config, **configs)
     return Card(components, _spec(config, model_id or path.name))

@@ -42,7 +42,9 @@ def split_ids(card: Card, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     n = card.spec.config.clip_length
     expected = n + card.spec.config.max_sequence_length
     if ids.shape[-1] != expected:
-        raise ValueError(f"{card.model_id!r}: ids must be (B, {expected}) — {n} CLIP then {expected - n} T5 ids (got {ids.shape})")
+        raise ValueError(
+            f"{card.model_id!r}: ids must be (B, {expected}) — {n} CLIP then {expected - n} T5 ids (got {ids.shape})"
+        )
     return ids[:, :n], ids[:, n:]
 
 
@@ -137,7 +139,9 @@ def program() -> Program:
         inputs=("ids", "key"),
         nodes=(
             ComponentNode("encode_pooled", encode_pooled, ("ids",), ("pooled",), component="text_encoder", cached=True),
-            ComponentNode("encode_sequence", encode_sequence, ("ids",), ("context",), component="text_encoder_2", cached=True),
+            ComponentNode(
+                "encode_sequence", encode_sequence, ("ids",), ("context",), component="text_encoder_2", cached=True
+            ),
             LoopNode(LOOP_ID, start, reads=("key", "context", "pooled"), writes=("latents",)),
             ComponentNode("decode", decode, reads=("latents",), writes=("image",), component="vae"),
         ),

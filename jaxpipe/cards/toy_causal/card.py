@@ -49,7 +49,6 @@ class Config(generator.VideoGeneratorConfig):
             )
 
 
-
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """A ``wan-causal`` card with freshly initialised components.
 
@@ -65,5 +64,14 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     """
     from jaxpipe.nn.causal_dit import CausalDiT
 
-    return generator.build(config, seed=seed, model_id=model_id, family="toy_causal", loop_id=LOOP_ID, capability="t2v",
-                           denoiser=CausalDiT, kind="chunk_rollout", parity=("C0", "C1", "C3"))
+    return generator.build(
+        config,
+        seed=seed,
+        model_id=model_id,
+        family="toy_causal",
+        loop_id=LOOP_ID,
+        capability="t2v",
+        denoiser=CausalDiT,
+        kind="chunk_rollout",
+        parity=("C0", "C1", "C3"),
+    )

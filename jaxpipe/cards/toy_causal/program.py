@@ -58,7 +58,9 @@ def start(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: chunk.Ch
     """
     cond = DiTCond(reads["context"], reads["context_mask"])
     uncond = DiTCond(reads["uncond_context"], reads["uncond_mask"]) if config.guide.needs_uncond else None
-    return chunk.init(card[loop.binds[0]], reads["key"], loop.latent_shape, cond, config, uncond, prefix=reads["prefix"])
+    return chunk.init(
+        card[loop.binds[0]], reads["key"], loop.latent_shape, cond, config, uncond, prefix=reads["prefix"]
+    )
 
 
 def video_latents(state: chunk.ChunkState):
@@ -102,7 +104,9 @@ def _bind(card: Card, request: Request) -> Bound:
     if "chunks" in request.inputs:
         n = request.inputs["chunks"]
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"{card.model_id!r}: inputs['chunks'] (chunks to generate) must be a positive int (got {n!r})")
+            raise ValueError(
+                f"{card.model_id!r}: inputs['chunks'] (chunks to generate) must be a positive int (got {n!r})"
+            )
         config = dataclasses.replace(config, chunks=int(n))
     cfg = card.spec.config
     if "video" in request.inputs:

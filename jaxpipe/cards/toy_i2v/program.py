@@ -29,7 +29,9 @@ def _bind(card: Card, request: Request) -> Bound:
     if request.image is None:
         raise ValueError(f"{card.model_id!r} animates a first frame: the request needs image={expected} in [0, 1]")
     if tuple(request.image.shape) != expected:
-        raise ValueError(f"{card.model_id!r}: image must have shape {expected} in [0, 1]; got {tuple(request.image.shape)}")
+        raise ValueError(
+            f"{card.model_id!r}: image must have shape {expected} in [0, 1]; got {tuple(request.image.shape)}"
+        )
     if isinstance(request.image, jax.Array):
         image = request.image.astype(jnp.float32)[None]
     else:
@@ -51,7 +53,12 @@ def program() -> Program:
         nodes=(
             *generator.text_nodes(),
             ComponentNode("encode_image", _encode_image, reads=("image",), writes=("first_frame",), component="vae"),
-            LoopNode(LOOP_ID, generator.start_denoise(), reads=generator.DENOISE_READS + ("first_frame",), writes=("latents",)),
+            LoopNode(
+                LOOP_ID,
+                generator.start_denoise(),
+                reads=generator.DENOISE_READS + ("first_frame",),
+                writes=("latents",),
+            ),
             ComponentNode("decode", generator.decode_video, reads=("latents",), writes=("video",), component="vae"),
         ),
         outputs=(("video", "video"), ("latents", "latents")),

@@ -32,6 +32,7 @@ THINK_LOOP = "generate_text"
 IMAGE_LOOP = "generate_image"
 UNDERSTAND_LOOP = "understand"
 
+
 @dataclasses.dataclass(frozen=True)
 class Config(MoTCardConfig):
     """Everything that shapes a MoT card (``vocabulary`` required); the defaults are CPU-test sized.
@@ -66,7 +67,9 @@ class Config(MoTCardConfig):
     def __post_init__(self):
         super().__post_init__()
         if 1 + self.caption.max_new_tokens > self.mot.max_text:
-            raise ValueError(f"<bos> + caption.max_new_tokens ({self.caption.max_new_tokens}) exceeds mot.max_text ({self.mot.max_text})")
+            raise ValueError(
+                f"<bos> + caption.max_new_tokens ({self.caption.max_new_tokens}) exceeds mot.max_text ({self.mot.max_text})"
+            )
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
@@ -87,6 +90,12 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
         LoopSpec(IMAGE_LOOP, "denoise", ("transformer",), config.sampling, latent_shape=config.latent_shape),
         LoopSpec(UNDERSTAND_LOOP, "ar_decode", ("transformer",), config.caption),
     )
-    return build_card(config, loops, seed=seed, model_id=model_id, family="toy_mot", recipe=(THINK_LOOP, IMAGE_LOOP),
-                      capabilities=("t2i", "think", "understand"))
-
+    return build_card(
+        config,
+        loops,
+        seed=seed,
+        model_id=model_id,
+        family="toy_mot",
+        recipe=(THINK_LOOP, IMAGE_LOOP),
+        capabilities=("t2i", "think", "understand"),
+    )

@@ -48,12 +48,20 @@ def _condition(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
 
 def _bind_think(card: Card, request: Request) -> Bound:
     config = card.spec.config
-    ids = mot.prompt_ids(card, request, max_words=config.max_prompt_words,
-                         who=f"thinking needs {config.think.max_new_tokens} (captioning is the 'understand' program)")
+    ids = mot.prompt_ids(
+        card,
+        request,
+        max_words=config.max_prompt_words,
+        who=f"thinking needs {config.think.max_new_tokens} (captioning is the 'understand' program)",
+    )
     think = np.asarray([bool(request.inputs.get("think", True))])
     slots = {"ids": ids, "key": mot.request_key(request), "think": think}
-    loops = settings(**{THINK_LOOP: mot.settings_with_temperature(card, THINK_LOOP, request),
-                        IMAGE_LOOP: generator.loop_config(card, IMAGE_LOOP, request)})
+    loops = settings(
+        **{
+            THINK_LOOP: mot.settings_with_temperature(card, THINK_LOOP, request),
+            IMAGE_LOOP: generator.loop_config(card, IMAGE_LOOP, request),
+        }
+    )
     return Bound(slots=slots, settings=loops, artifacts={"text": request.prompt})
 
 
@@ -70,10 +78,24 @@ def think_t2i() -> Program:
         name=MODEL_ID,
         inputs=("ids", "key", "think"),
         nodes=(
-            ComponentNode("prefill", mot.prefill_prompt, ("ids",), ("prompt_logits", "prompt_cache"), component="transformer", cached=True),
-            LoopNode(THINK_LOOP, mot.start_ar, reads=("ids", "key", "prompt_logits", "prompt_cache"), writes=("thinking",),
-                     result=mot.final_state),
-            ComponentNode("condition", _condition, reads=("ids", "prompt_cache", "thinking", "think"), writes=("cond", "thought")),
+            ComponentNode(
+                "prefill",
+                mot.prefill_prompt,
+                ("ids",),
+                ("prompt_logits", "prompt_cache"),
+                component="transformer",
+                cached=True,
+            ),
+            LoopNode(
+                THINK_LOOP,
+                mot.start_ar,
+                reads=("ids", "key", "prompt_logits", "prompt_cache"),
+                writes=("thinking",),
+                result=mot.final_state,
+            ),
+            ComponentNode(
+                "condition", _condition, reads=("ids", "prompt_cache", "thinking", "think"), writes=("cond", "thought")
+            ),
             LoopNode(IMAGE_LOOP, mot.start_denoise, reads=("key", "cond"), writes=("latents",)),
             ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae"),
         ),
@@ -113,10 +135,14 @@ def _bind_understand(card: Card, request: Request) -> Bound:
     config = card.spec.config
     expected = (config.image_size, config.image_size, config.vae.image_channels)
     if request.image is None:
-        raise ValueError(f"{card.model_id!r} understanding reads an image: the request needs image=... of shape {expected}")
+        raise ValueError(
+            f"{card.model_id!r} understanding reads an image: the request needs image=... of shape {expected}"
+        )
     image = np.asarray(request.image, np.float32)
     if image.shape != expected:
-        raise ValueError(f"{card.model_id!r} understanding reads an image of shape {expected} in [0, 1]; got {image.shape}")
+        raise ValueError(
+            f"{card.model_id!r} understanding reads an image of shape {expected} in [0, 1]; got {image.shape}"
+        )
     loop = card.spec.loop(UNDERSTAND_LOOP).config
     words = (request.prompt or "").split()
     room = config.mot.max_text - loop.max_new_tokens - 1
@@ -146,11 +172,16 @@ def understand() -> Program:
         nodes=(
             ComponentNode("encode_image", _encode_image, ("image",), ("image_latents",), component="vae", cached=True),
             ComponentNode("see", _see, ("image_latents",), ("image_cache",), component="transformer", cached=True),
-            LoopNode(UNDERSTAND_LOOP, _start_caption, reads=("ids", "key", "image_cache"), writes=("tokens",), result=_caption),
+            LoopNode(
+                UNDERSTAND_LOOP,
+                _start_caption,
+                reads=("ids", "key", "image_cache"),
+                writes=("tokens",),
+                result=_caption,
+            ),
             ComponentNode("words", _caption_words, reads=("tokens",), writes=("caption",)),
         ),
         outputs=(("caption", "caption"),),
         bind=_bind_understand,
         texts=(("caption_text", "caption"),),
     )
-

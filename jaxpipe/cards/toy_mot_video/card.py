@@ -26,6 +26,7 @@ REASON_LOOP = "reason"
 VIDEO_LOOP = "generate_video"
 OPTIONAL = ("sound_decoder",)
 
+
 @dataclasses.dataclass(frozen=True)
 class Config(MoTCardConfig):
     """Everything that shapes a reason-then-video MoT card (``vocabulary`` required; ``mot`` and ``reason``
@@ -70,5 +71,13 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
         LoopSpec(REASON_LOOP, "ar_decode", ("transformer",), config.reason),
         LoopSpec(VIDEO_LOOP, "denoise", ("transformer",), config.sampling, latent_shape=config.latent_shape),
     )
-    return build_card(config, loops, seed=seed, model_id=model_id, family="toy_mot_video", recipe=(REASON_LOOP, VIDEO_LOOP),
-                      capabilities=("t2v", "reason"), optional=OPTIONAL)
+    return build_card(
+        config,
+        loops,
+        seed=seed,
+        model_id=model_id,
+        family="toy_mot_video",
+        recipe=(REASON_LOOP, VIDEO_LOOP),
+        capabilities=("t2v", "reason"),
+        optional=OPTIONAL,
+    )

@@ -40,11 +40,20 @@ def _reasoned(card: Card, reads: Mapping[str, Any]) -> dict[str, Any]:
 
 def _bind(card: Card, request: Request) -> Bound:
     config = card.spec.config
-    ids = mot.prompt_ids(card, request, max_words=config.max_prompt_words,
-                         who=f"reasoning needs {config.reason.max_new_tokens}")
-    slots = {"ids": ids, "key": mot.request_key(request), "reason": np.asarray([bool(request.inputs.get("reason", True))])}
-    loops = settings(**{REASON_LOOP: mot.settings_with_temperature(card, REASON_LOOP, request),
-                        VIDEO_LOOP: generator.loop_config(card, VIDEO_LOOP, request)})
+    ids = mot.prompt_ids(
+        card, request, max_words=config.max_prompt_words, who=f"reasoning needs {config.reason.max_new_tokens}"
+    )
+    slots = {
+        "ids": ids,
+        "key": mot.request_key(request),
+        "reason": np.asarray([bool(request.inputs.get("reason", True))]),
+    }
+    loops = settings(
+        **{
+            REASON_LOOP: mot.settings_with_temperature(card, REASON_LOOP, request),
+            VIDEO_LOOP: generator.loop_config(card, VIDEO_LOOP, request),
+        }
+    )
     return Bound(slots=slots, settings=loops, artifacts={"text": request.prompt})
 
 
@@ -61,12 +70,28 @@ def reason_t2v() -> Program:
         name=MODEL_ID,
         inputs=("ids", "key", "reason"),
         nodes=(
-            ComponentNode("prefill", mot.prefill_prompt, ("ids",), ("prompt_logits", "prompt_cache"), component="transformer",
-                          cached=True),
-            LoopNode(REASON_LOOP, mot.start_ar, reads=("ids", "key", "prompt_logits", "prompt_cache"), writes=("reasoning",),
-                     result=mot.final_state),
-            ComponentNode("encode_reasoned", _reasoned, reads=("ids", "reasoning", "reason"), writes=("reasoned", "cond"),
-                          component="transformer"),
+            ComponentNode(
+                "prefill",
+                mot.prefill_prompt,
+                ("ids",),
+                ("prompt_logits", "prompt_cache"),
+                component="transformer",
+                cached=True,
+            ),
+            LoopNode(
+                REASON_LOOP,
+                mot.start_ar,
+                reads=("ids", "key", "prompt_logits", "prompt_cache"),
+                writes=("reasoning",),
+                result=mot.final_state,
+            ),
+            ComponentNode(
+                "encode_reasoned",
+                _reasoned,
+                reads=("ids", "reasoning", "reason"),
+                writes=("reasoned", "cond"),
+                component="transformer",
+            ),
             LoopNode(VIDEO_LOOP, mot.start_denoise, reads=("key", "cond"), writes=("latents",)),
             ComponentNode("decode", generator.decode_video, reads=("latents",), writes=("video",), component="vae"),
         ),

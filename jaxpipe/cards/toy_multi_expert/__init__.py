@@ -32,7 +32,22 @@ FAMILY = Family(
 )
 
 __all__ = [
-    "COMPONENT", "DENOISE_LOOP", "EXPERT_PREFIX", "FAMILY", "MODEL_ID", "REFINE_LOOP", "Config", "build", "compose",
-    "expert", "expert_keys", "expert_major", "expert_names", "from_unified", "program", "slot_models", "stack",
+    "COMPONENT",
+    "DENOISE_LOOP",
+    "EXPERT_PREFIX",
+    "FAMILY",
+    "MODEL_ID",
+    "REFINE_LOOP",
+    "Config",
+    "build",
+    "compose",
+    "expert",
+    "expert_keys",
+    "expert_major",
+    "expert_names",
+    "from_unified",
+    "program",
+    "slot_models",
+    "stack",
     "stacked_components",
 ]

@@ -205,7 +205,9 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     Returns:
       The ``Card``: the generator's components and the stacked ``refiners``; loops ``refine`` then ``denoise``.
     """
-    base = generator.build(config, seed=seed, model_id=model_id, family="toy_multi_expert", loop_id=DENOISE_LOOP, capability="t2i")
+    base = generator.build(
+        config, seed=seed, model_id=model_id, family="toy_multi_expert", loop_id=DENOISE_LOOP, capability="t2i"
+    )
     refiners = stack([RefinerLM(config.lm, rngs=nnx.Rngs(seed + 1 + i)) for i in range(config.num_refiners)])
     refine = LoopSpec(REFINE_LOOP, "ar_decode", (COMPONENT,), config.refine)
     spec = dataclasses.replace(

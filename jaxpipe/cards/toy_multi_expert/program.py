@@ -102,12 +102,23 @@ def program() -> Program:
         inputs=("ids", "null_ids", "key", "refine"),
         nodes=(
             generator.text_nodes()[1],
-            ComponentNode("refine", _refine, ("ids", "key"), ("refinements",), component=COMPONENT, cached=True, loop=REFINE_LOOP),
-            ComponentNode("compose", _compose, ("ids", "refinements", "refine"), ("composed",), component=COMPONENT, cached=True),
             ComponentNode(
-                "encode_composed", _encode_composed, ("composed",), ("context", "context_mask"), component="text_encoder", cached=True
+                "refine", _refine, ("ids", "key"), ("refinements",), component=COMPONENT, cached=True, loop=REFINE_LOOP
             ),
-            LoopNode(DENOISE_LOOP, generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)),
+            ComponentNode(
+                "compose", _compose, ("ids", "refinements", "refine"), ("composed",), component=COMPONENT, cached=True
+            ),
+            ComponentNode(
+                "encode_composed",
+                _encode_composed,
+                ("composed",),
+                ("context", "context_mask"),
+                component="text_encoder",
+                cached=True,
+            ),
+            LoopNode(
+                DENOISE_LOOP, generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)
+            ),
             ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae"),
         ),
         outputs=(("image", "image"), ("latents", "latents"), ("refined", "composed")),

@@ -46,7 +46,11 @@ class Config(generator.VideoGeneratorConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.boundary, bool) or not isinstance(self.boundary, (int, float)) or not 0.0 < self.boundary < 1.0:
+        if (
+            isinstance(self.boundary, bool)
+            or not isinstance(self.boundary, (int, float))
+            or not 0.0 < self.boundary < 1.0
+        ):
             raise ValueError(
                 f"boundary (the noise level where transformer_high hands over to transformer_low) must be in (0, 1) "
                 f"(got {self.boundary!r})"

@@ -15,7 +15,9 @@ __all__ = ["program"]
 
 def _bind(card: Card, request: Request) -> Bound:
     if request.image is not None:
-        raise ValueError(f"{card.model_id!r} renders text to an image and takes no image (got image={request.image.shape})")
+        raise ValueError(
+            f"{card.model_id!r} renders text to an image and takes no image (got image={request.image.shape})"
+        )
     return generator.bind_text(card, request, LOOP_ID)
 
 

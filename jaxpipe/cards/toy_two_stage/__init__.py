@@ -6,8 +6,6 @@ from jaxpipe.cards.family import Family
 from jaxpipe.cards.toy_two_stage.card import BASE_LOOP, MODEL_ID, RATIO, REFINE_LOOP, Config, build, pool_latents
 from jaxpipe.cards.toy_two_stage.program import program
 
-FAMILY = Family(
-    name="toy_two_stage", config=Config, build=build, programs={"t2v": program}, flow=generator.TEXT_FLOW
-)
+FAMILY = Family(name="toy_two_stage", config=Config, build=build, programs={"t2v": program}, flow=generator.TEXT_FLOW)
 
 __all__ = ["FAMILY", "BASE_LOOP", "MODEL_ID", "RATIO", "REFINE_LOOP", "Config", "build", "pool_latents", "program"]

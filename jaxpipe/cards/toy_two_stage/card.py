@@ -83,7 +83,9 @@ class Config(generator.VideoGeneratorConfig):
             if beyond:
                 raise ValueError(f"{name}.stg_blocks {beyond} name blocks the DiT lacks (dit.depth={self.dit.depth})")
         if self.base_sampling.start_sigma != 1.0:
-            raise ValueError(f"the base stage starts from pure noise: base_sampling.start_sigma must be 1 (got {self.base_sampling.start_sigma})")
+            raise ValueError(
+                f"the base stage starts from pure noise: base_sampling.start_sigma must be 1 (got {self.base_sampling.start_sigma})"
+            )
         if not 0.0 < self.refine_sampling.start_sigma < 1.0:
             raise ValueError(
                 f"refine_sampling.start_sigma (σ₀, the noise level the upsampled latents are re-noised to) must be in (0, 1) "
@@ -136,8 +138,12 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
         model_id=model_id,
         family="toy_two_stage",
         loops=(
-            LoopSpec(BASE_LOOP, "denoise", ("transformer",), config.base_sampling, latent_shape=config.base_latent_shape),
-            LoopSpec(REFINE_LOOP, "denoise", ("transformer",), config.refine_sampling, latent_shape=config.latent_shape),
+            LoopSpec(
+                BASE_LOOP, "denoise", ("transformer",), config.base_sampling, latent_shape=config.base_latent_shape
+            ),
+            LoopSpec(
+                REFINE_LOOP, "denoise", ("transformer",), config.refine_sampling, latent_shape=config.latent_shape
+            ),
         ),
         recipe=(BASE_LOOP, REFINE_LOOP),
         parity=("C0", "C1", "C3"),

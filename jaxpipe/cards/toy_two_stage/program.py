@@ -40,7 +40,9 @@ def upsample(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
     return {"upsampled": card["upsampler"](reads["base_latents"])}
 
 
-def start_refine(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig) -> denoise.DenoiseState:
+def start_refine(
+    card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig
+) -> denoise.DenoiseState:
     """The refine loop's start: ``σ₀·ε + (1-σ₀)·upsampled`` with ``ε`` from ``fold_in(key, REFINE_STREAM)``
     (``denoise.init_from_latents``), conditioned on the same text as the base stage.
 
@@ -87,10 +89,14 @@ def refine_steps(request: Request) -> int | None:
 
 def _bind(card: Card, request: Request) -> Bound:
     if request.image is not None:
-        raise ValueError(f"{card.model_id!r} renders text to a video and takes no image (got image={request.image.shape})")
+        raise ValueError(
+            f"{card.model_id!r} renders text to a video and takes no image (got image={request.image.shape})"
+        )
     text = generator.bind_text(card, request, BASE_LOOP)  # the base stage takes num_steps and guidance as they are
     refine = generator.loop_config(card, REFINE_LOOP, request.replace(num_steps=refine_steps(request)))
-    return Bound(slots=text.slots, settings=settings(**dict(text.settings), **{REFINE_LOOP: refine}), artifacts=text.artifacts)
+    return Bound(
+        slots=text.slots, settings=settings(**dict(text.settings), **{REFINE_LOOP: refine}), artifacts=text.artifacts
+    )
 
 
 @functools.cache
@@ -108,11 +114,18 @@ def program() -> Program:
         inputs=("ids", "null_ids", "key"),
         nodes=(
             *generator.text_nodes(),
-            LoopNode(BASE_LOOP, generator.start_denoise(BASE_STREAM), reads=generator.DENOISE_READS, writes=("base_latents",)),
+            LoopNode(
+                BASE_LOOP, generator.start_denoise(BASE_STREAM), reads=generator.DENOISE_READS, writes=("base_latents",)
+            ),
             ComponentNode("upsample", upsample, reads=("base_latents",), writes=("upsampled",), component="upsampler"),
             LoopNode(REFINE_LOOP, start_refine, reads=REFINE_READS, writes=("latents",)),
             ComponentNode("decode", generator.decode_video, reads=("latents",), writes=("video",), component="vae"),
         ),
-        outputs=(("video", "video"), ("latents", "latents"), ("base_latents", "base_latents"), ("upsampled", "upsampled")),
+        outputs=(
+            ("video", "video"),
+            ("latents", "latents"),
+            ("base_latents", "base_latents"),
+            ("upsampled", "upsampled"),
+        ),
         bind=_bind,
     )

@@ -19,4 +19,15 @@ FAMILY = Family(
     name="toy_unified", config=Config, build=build, programs={"refine_t2i": program}, flow=generator.TEXT_FLOW
 )
 
-__all__ = ["DENOISE_LOOP", "FAMILY", "MODEL_ID", "REFINE_LOOP", "Config", "build", "compact", "eos_id", "program", "refined_ids"]
+__all__ = [
+    "DENOISE_LOOP",
+    "FAMILY",
+    "MODEL_ID",
+    "REFINE_LOOP",
+    "Config",
+    "build",
+    "compact",
+    "eos_id",
+    "program",
+    "refined_ids",
+]

@@ -29,6 +29,7 @@ MODEL_ID = "toy-unified"
 REFINE_LOOP = "refine"
 DENOISE_LOOP = "denoise"
 
+
 @dataclasses.dataclass(frozen=True)
 class Config(T2IConfig):
     """A text-to-image generator config plus the refiner LM and its decoding policy.
@@ -56,10 +57,15 @@ class Config(T2IConfig):
     def __post_init__(self):
         super().__post_init__()
         vocab = Tokenizer(self.vocabulary).vocab_size
-        generator.fill(self, lm=lambda: LMConfig(vocab_size=vocab + 1),
-                       refine=lambda: ar.ARConfig(max_new_tokens=self.REFINE_TOKENS, temperature=1.0, eos_id=vocab))
+        generator.fill(
+            self,
+            lm=lambda: LMConfig(vocab_size=vocab + 1),
+            refine=lambda: ar.ARConfig(max_new_tokens=self.REFINE_TOKENS, temperature=1.0, eos_id=vocab),
+        )
         if self.lm.vocab_size != vocab + 1:
-            raise ValueError(f"lm.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.lm.vocab_size})")
+            raise ValueError(
+                f"lm.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.lm.vocab_size})"
+            )
         if self.refine.eos_id != vocab:
             raise ValueError(f"refine.eos_id must be the LM's <eos> id {vocab} (got {self.refine.eos_id})")
         if self.refine.max_new_tokens >= self.text.max_len:
@@ -87,7 +93,9 @@ def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:
     Returns:
       The ``Card``: the generator's components and ``llm``; loops ``refine`` then ``denoise``.
     """
-    base = generator.build(config, seed=seed, model_id=model_id, family="toy_unified", loop_id=DENOISE_LOOP, capability="t2i")
+    base = generator.build(
+        config, seed=seed, model_id=model_id, family="toy_unified", loop_id=DENOISE_LOOP, capability="t2i"
+    )
     llm = RefinerLM(config.lm, rngs=nnx.Rngs(seed + 1))
     refine = LoopSpec(REFINE_LOOP, "ar_decode", ("llm",), config.refine)
     spec = dataclasses.replace(
@@ -138,5 +146,3 @@ def refined_ids(tokens: jax.Array, eos: int, width: int) -> jax.Array:
       ``(B, width)`` ids.
     """
     return compact(jnp.where(tokens == eos, 0, tokens), width)
-
-

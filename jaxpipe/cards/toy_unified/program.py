@@ -55,7 +55,9 @@ def _encode_refined(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array
     return generator.encode_text(card, {"ids": reads["refined"]})
 
 
-def bind_refined(card: Card, request: Request, refine_loop: str, denoise_loop: str, *, max_words: int, who: str) -> Bound:
+def bind_refined(
+    card: Card, request: Request, refine_loop: str, denoise_loop: str, *, max_words: int, who: str
+) -> Bound:
     """Bind a prompt that refiner(s) continue: the text slots, ``refine`` ``(1,)`` bool (the request's
     ``inputs["refine"]``, default true) and both loops' settings (``inputs["temperature"]``
     overrides the refiners'). Prompts are 1 to ``max_words`` words (``who`` need room for theirs).
@@ -76,7 +78,9 @@ def bind_refined(card: Card, request: Request, refine_loop: str, denoise_loop: s
         the vocabulary.
     """
     if request.image is not None:
-        raise ValueError(f"{card.model_id!r} renders text to an image and takes no image (got image={request.image.shape})")
+        raise ValueError(
+            f"{card.model_id!r} renders text to an image and takes no image (got image={request.image.shape})"
+        )
     bound = generator.bind_text(card, request, denoise_loop)
     words = int(np.count_nonzero(bound.slots["ids"]))
     if words == 0:
@@ -119,9 +123,16 @@ def program() -> Program:
             LoopNode(REFINE_LOOP, _start_refine, reads=("ids", "key"), writes=("lm_tokens",), result=_lm_tokens),
             ComponentNode("refined", _refined, reads=("ids", "lm_tokens", "refine"), writes=("refined",)),
             ComponentNode(
-                "encode_refined", _encode_refined, ("refined",), ("context", "context_mask"), component="text_encoder", cached=True
+                "encode_refined",
+                _encode_refined,
+                ("refined",),
+                ("context", "context_mask"),
+                component="text_encoder",
+                cached=True,
             ),
-            LoopNode(DENOISE_LOOP, generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)),
+            LoopNode(
+                DENOISE_LOOP, generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)
+            ),
             ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae"),
         ),
         outputs=(("image", "image"), ("latents", "latents"), ("refined", "refined")),

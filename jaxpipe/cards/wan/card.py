@@ -89,12 +89,16 @@ class Config:
     def __post_init__(self):
         tf = self.transformer
         if tf.text_dim != self.text_encoder.d_model:
-            raise ValueError(f"transformer.text_dim ({tf.text_dim}) must equal text_encoder.d_model ({self.text_encoder.d_model})")
+            raise ValueError(
+                f"transformer.text_dim ({tf.text_dim}) must equal text_encoder.d_model ({self.text_encoder.d_model})"
+            )
         if self.i2v:
             self._check_i2v()
         else:
             if tf.in_channels != self.vae.z_dim or tf.out_channels != self.vae.z_dim:
-                raise ValueError(f"a text-to-video transformer reads and writes vae.z_dim ({self.vae.z_dim}) channels (got {tf.in_channels} in, {tf.out_channels} out)")
+                raise ValueError(
+                    f"a text-to-video transformer reads and writes vae.z_dim ({self.vae.z_dim}) channels (got {tf.in_channels} in, {tf.out_channels} out)"
+                )
             if tf.image_dim is not None or self.image_encoder is not None or self.image_processing is not None:
                 raise ValueError("a text-to-video card has no image encoder, image processing or transformer.image_dim")
         if self.frames < 1 or (self.frames - 1) % 4:
@@ -110,17 +114,23 @@ class Config:
         if tf.out_channels != z:
             raise ValueError(f"an image-to-video transformer writes vae.z_dim ({z}) channels (got {tf.out_channels})")
         if encoder is None or tf.image_dim is None:
-            raise ValueError("an image-to-video card needs a CLIP image_encoder and transformer.image_dim (Wan 2.1 I2V); "
-                             "Wan 2.2 I2V, conditioned on the first frame alone, is not supported")
+            raise ValueError(
+                "an image-to-video card needs a CLIP image_encoder and transformer.image_dim (Wan 2.1 I2V); "
+                "Wan 2.2 I2V, conditioned on the first frame alone, is not supported"
+            )
         if tf.pos_embed_seq_len is not None:
             raise ValueError("first-last-frame (FLF2V) transformers (pos_embed_seq_len set) are not supported")
         if tf.image_dim != encoder.hidden_size:
-            raise ValueError(f"transformer.image_dim ({tf.image_dim}) must equal image_encoder.hidden_size ({encoder.hidden_size})")
+            raise ValueError(
+                f"transformer.image_dim ({tf.image_dim}) must equal image_encoder.hidden_size ({encoder.hidden_size})"
+            )
         if self.image_processing is None:
             raise ValueError("an image-to-video card needs image_processing (the image encoder's preprocessing)")
         if tuple(self.image_processing.crop) != (encoder.image_size, encoder.image_size):
-            raise ValueError(f"image_processing crops {tuple(self.image_processing.crop)} images; the image encoder "
-                             f"reads {encoder.image_size}×{encoder.image_size}")
+            raise ValueError(
+                f"image_processing crops {tuple(self.image_processing.crop)} images; the image encoder "
+                f"reads {encoder.image_size}×{encoder.image_size}"
+            )
 
     @property
     def i2v(self) -> bool:
@@ -172,8 +182,20 @@ class Config:
     @classmethod
     def t2v_a14b(cls, **overrides) -> Config:
         """Wan2.2-T2V-A14B: two 14 B experts switched at σ = 0.875 (the published boundary ratio)."""
-        return cls(**{**_published(wan.WanConfig.t2v_14b(), shift=12.0, height=720, width=1280, guidance=4.0,
-                                   boundary_ratio=0.875, num_steps=40), **overrides})
+        return cls(
+            **{
+                **_published(
+                    wan.WanConfig.t2v_14b(),
+                    shift=12.0,
+                    height=720,
+                    width=1280,
+                    guidance=4.0,
+                    boundary_ratio=0.875,
+                    num_steps=40,
+                ),
+                **overrides,
+            }
+        )
 
     @classmethod
     def tiny_i2v(cls, **overrides) -> Config:
@@ -181,8 +203,14 @@ class Config:
         a tiny CLIP tower (32² images), with ``overrides`` of any field."""
         encoder = clip_vision.CLIPVisionConfig.tiny()
         transformer = wan.WanConfig.tiny(in_channels=12, image_dim=encoder.hidden_size, added_kv_proj_dim=32)
-        return cls(**{"transformer": transformer, "image_encoder": encoder,
-                      "image_processing": clip_vision.ImageProcessing.openai(encoder.image_size), **overrides})
+        return cls(
+            **{
+                "transformer": transformer,
+                "image_encoder": encoder,
+                "image_processing": clip_vision.ImageProcessing.openai(encoder.image_size),
+                **overrides,
+            }
+        )
 
     @classmethod
     def i2v_14b(cls, **overrides) -> Config:
@@ -192,7 +220,9 @@ class Config:
     @classmethod
     def i2v_14b_720p(cls, **overrides) -> Config:
         """Wan2.1-I2V-14B-720P at 720×1280 (shift 5)."""
-        return cls(**{**_published(wan.WanConfig.i2v_14b(), shift=5.0, height=720, width=1280, **_clip_h14()), **overrides})
+        return cls(
+            **{**_published(wan.WanConfig.i2v_14b(), shift=5.0, height=720, width=1280, **_clip_h14()), **overrides}
+        )
 
     @classmethod
     def from_diffusers(cls, path: str | Path, **overrides) -> Config:
@@ -223,7 +253,9 @@ class Config:
         if folder.has("transformer_2"):
             second = wan.WanConfig.from_json(read_config(folder.component("transformer_2")))
             if second != transformer:
-                raise ValueError(f"{path}: transformer_2 differs in shape from transformer; jaxpipe routes two same-shape experts")
+                raise ValueError(
+                    f"{path}: transformer_2 differs in shape from transformer; jaxpipe routes two same-shape experts"
+                )
             if boundary is None:
                 raise ValueError(f"{path}: transformer_2 without a boundary_ratio in model_index.json")
         elif boundary is not None:
@@ -241,7 +273,9 @@ class Config:
         )
         if folder.pipeline == "WanImageToVideoPipeline":
             if not folder.has("image_encoder"):
-                raise ValueError(f"{path}: an image-to-video folder without an image_encoder (Wan 2.2 I2V) is not supported")
+                raise ValueError(
+                    f"{path}: an image-to-video folder without an image_encoder (Wan 2.2 I2V) is not supported"
+                )
             fields.update(
                 image_encoder=clip_vision.CLIPVisionConfig.from_json(read_config(folder.component("image_encoder"))),
                 image_processing=clip_vision.ImageProcessing.from_folder(folder.component("image_processor")),
@@ -250,13 +284,24 @@ class Config:
 
 
 def _published(transformer: wan.WanConfig, **fields) -> dict:
-    defaults = dict(transformer=transformer, vae=wan_vae.WanVAEConfig.wan21(), text_encoder=t5.T5EncoderConfig.umt5_xxl(),
-                    height=480, width=832, frames=81, max_sequence_length=512, num_steps=50, guidance=5.0)
+    defaults = dict(
+        transformer=transformer,
+        vae=wan_vae.WanVAEConfig.wan21(),
+        text_encoder=t5.T5EncoderConfig.umt5_xxl(),
+        height=480,
+        width=832,
+        frames=81,
+        max_sequence_length=512,
+        num_steps=50,
+        guidance=5.0,
+    )
     return {**defaults, **fields}
 
 
 def _clip_h14() -> dict:
-    return dict(image_encoder=clip_vision.CLIPVisionConfig.vit_h14(), image_processing=clip_vision.ImageProcessing.openai())
+    return dict(
+        image_encoder=clip_vision.CLIPVisionConfig.vit_h14(), image_processing=clip_vision.ImageProcessing.openai()
+    )
 
 
 def _spec(config: Config, model_id: str) -> CardSpec:
@@ -319,6 +364,11 @@ def load_pipeline(path: str | Path, *, dtype: str = "float32", model_id: str | N
     if config.i2v:
         loaders["image_encoder"] = clip_vision.load
     components, configs = load_components(read_pipeline(path), loaders, dtype)
-    config = dataclasses.replace(config, transformer=configs["transformer"], vae=configs["vae"], text_encoder=configs["text_encoder"],
-                                 **({"image_encoder": configs["image_encoder"]} if config.i2v else {}))
+    config = dataclasses.replace(
+        config,
+        transformer=configs["transformer"],
+        vae=configs["vae"],
+        text_encoder=configs["text_encoder"],
+        **({"image_encoder": configs["image_encoder"]} if config.i2v else {}),
+    )
     return Card(components, _spec(config, model_id or path.name))

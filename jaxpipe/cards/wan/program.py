@@ -21,8 +21,18 @@ from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, settings
 from jaxpipe.request import Request
 
 __all__ = [
-    "program", "i2v_program", "program_for", "encode_text", "encode_null", "encode_image", "encode_condition", "start",
-    "start_i2v", "decode", "tokenize", "resize_image",
+    "program",
+    "i2v_program",
+    "program_for",
+    "encode_text",
+    "encode_null",
+    "encode_image",
+    "encode_condition",
+    "start",
+    "start_i2v",
+    "decode",
+    "tokenize",
+    "resize_image",
 ]
 
 
@@ -116,7 +126,9 @@ def _bind(card: Card, request: Request) -> Bound:
     if request.image is not None:
         raise ValueError(f"{card.model_id!r} renders text to video and takes no image")
     config = generator.loop_config(card, LOOP_ID, request)
-    return Bound(slots=_text_slots(card, request), settings=settings(**{LOOP_ID: config}), artifacts={"text": request.prompt})
+    return Bound(
+        slots=_text_slots(card, request), settings=settings(**{LOOP_ID: config}), artifacts={"text": request.prompt}
+    )
 
 
 def _text_slots(card: Card, request: Request) -> dict[str, np.ndarray]:
@@ -138,7 +150,9 @@ def program() -> Program:
         inputs=("ids", "null_ids", "key"),
         nodes=(
             ComponentNode("encode_text", encode_text, ("ids",), ("context",), component="text_encoder", cached=True),
-            ComponentNode("encode_null", encode_null, ("null_ids",), ("uncond_context",), component="text_encoder", cached=True),
+            ComponentNode(
+                "encode_null", encode_null, ("null_ids",), ("uncond_context",), component="text_encoder", cached=True
+            ),
             LoopNode(LOOP_ID, start, reads=("key", "context", "uncond_context"), writes=("latents",)),
             ComponentNode("decode", decode, reads=("latents",), writes=("video",), component="vae"),
         ),
@@ -183,7 +197,9 @@ def encode_condition(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Arra
     return {"condition": jnp.concatenate([mask, latents], axis=-1)}
 
 
-def start_i2v(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig) -> denoise.DenoiseState:
+def start_i2v(
+    card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: denoise.DenoiseConfig
+) -> denoise.DenoiseState:
     """Starts the image-to-video loop: noise of the loop's latent shape, conditioned on the prompt, the
     image tokens and the first-frame condition; CFG's other branch swaps only the prompt for the
     negative prompt (image tokens and condition are the same, as in ``WanImageToVideoPipeline``).
@@ -220,7 +236,9 @@ def resize_image(image: Any, height: int, width: int) -> jax.Array:
     image = jnp.asarray(image, jnp.float32)
     if image.shape[:2] == (height, width):
         return image
-    return jnp.clip(jax.image.resize(image, (height, width, image.shape[-1]), method="lanczos3", antialias=True), 0.0, 1.0)
+    return jnp.clip(
+        jax.image.resize(image, (height, width, image.shape[-1]), method="lanczos3", antialias=True), 0.0, 1.0
+    )
 
 
 def _bind_i2v(card: Card, request: Request) -> Bound:
@@ -230,7 +248,9 @@ def _bind_i2v(card: Card, request: Request) -> Bound:
     if request.image is None:
         raise ValueError(f"{card.model_id!r} animates a first frame: the request needs image=(H, W, 3) in [0, 1]")
     if request.image.ndim != 3 or request.image.shape[-1] != 3 or min(request.image.shape[:2]) < 1:
-        raise ValueError(f"{card.model_id!r}: image must be an RGB image (H, W, 3) in [0, 1]; got shape {tuple(request.image.shape)}")
+        raise ValueError(
+            f"{card.model_id!r}: image must be an RGB image (H, W, 3) in [0, 1]; got shape {tuple(request.image.shape)}"
+        )
     loop = generator.loop_config(card, I2V_LOOP_ID, request)
     image = jnp.asarray(request.image, jnp.float32)
     # CLIP sees the image as given (its processor resizes and crops); the VAE sees it resized to the video
@@ -256,11 +276,26 @@ def i2v_program() -> Program:
         inputs=("ids", "null_ids", "key", "pixel_values", "image"),
         nodes=(
             ComponentNode("encode_text", encode_text, ("ids",), ("context",), component="text_encoder", cached=True),
-            ComponentNode("encode_null", encode_null, ("null_ids",), ("uncond_context",), component="text_encoder", cached=True),
-            ComponentNode("encode_image", encode_image, ("pixel_values",), ("image_embeds",), component="image_encoder", cached=True),
-            ComponentNode("encode_condition", encode_condition, ("image",), ("condition",), component="vae", cached=True),
-            LoopNode(I2V_LOOP_ID, start_i2v, reads=("key", "context", "uncond_context", "image_embeds", "condition"),
-                     writes=("latents",)),
+            ComponentNode(
+                "encode_null", encode_null, ("null_ids",), ("uncond_context",), component="text_encoder", cached=True
+            ),
+            ComponentNode(
+                "encode_image",
+                encode_image,
+                ("pixel_values",),
+                ("image_embeds",),
+                component="image_encoder",
+                cached=True,
+            ),
+            ComponentNode(
+                "encode_condition", encode_condition, ("image",), ("condition",), component="vae", cached=True
+            ),
+            LoopNode(
+                I2V_LOOP_ID,
+                start_i2v,
+                reads=("key", "context", "uncond_context", "image_embeds", "condition"),
+                writes=("latents",),
+            ),
             ComponentNode("decode", decode, reads=("latents",), writes=("video",), component="vae"),
         ),
         outputs=(("video", "video"), ("latents", "latents")),

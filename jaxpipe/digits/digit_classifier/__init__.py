@@ -18,6 +18,17 @@ from jaxpipe.digits.digit_classifier.program import program
 FAMILY = Family(name=FAMILY_NAME, config=Config, build=build, programs={"classify": program}, model_id=MODEL_ID)
 
 __all__ = [
-    "COMPONENT", "FAMILY", "FAMILY_NAME", "LOOP_ID", "MODEL_ID", "ClassifierNet", "Config", "build", "check_images",
-    "logits", "predict", "probabilities", "program",
+    "COMPONENT",
+    "FAMILY",
+    "FAMILY_NAME",
+    "LOOP_ID",
+    "MODEL_ID",
+    "ClassifierNet",
+    "Config",
+    "build",
+    "check_images",
+    "logits",
+    "predict",
+    "probabilities",
+    "program",
 ]

@@ -21,7 +21,17 @@ from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.digits import images as images_
 from jaxpipe.digits.digit_classifier.network import ClassifierNet, Config
 
-__all__ = ["COMPONENT", "FAMILY_NAME", "LOOP_ID", "MODEL_ID", "build", "check_images", "logits", "predict", "probabilities"]
+__all__ = [
+    "COMPONENT",
+    "FAMILY_NAME",
+    "LOOP_ID",
+    "MODEL_ID",
+    "build",
+    "check_images",
+    "logits",
+    "predict",
+    "probabilities",
+]
 
 MODEL_ID = "digit-classifier"
 """The bundled card's id."""

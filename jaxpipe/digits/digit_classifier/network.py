@@ -52,7 +52,9 @@ class Config:
 
     def __post_init__(self):
         if not self.widths or min(self.widths) <= 0 or self.expansion <= 0 or self.depth <= 0:
-            raise ValueError(f"widths, depth and expansion must be positive (got {self.widths}, {self.depth}, {self.expansion})")
+            raise ValueError(
+                f"widths, depth and expansion must be positive (got {self.widths}, {self.depth}, {self.expansion})"
+            )
         if self.image_size % 2 ** len(self.widths):
             raise ValueError(f"image_size {self.image_size} must be divisible by 2**{len(self.widths)}")
 

@@ -6,4 +6,16 @@ from jaxpipe.digits.digit_scorer.program import program
 
 FAMILY = Family(name="digit_scorer", config=Config, build=build, programs={"score": program}, model_id=MODEL_ID)
 
-__all__ = ["COMPONENT", "FAMILY", "HEADS", "LOOP_ID", "MODEL_ID", "Config", "build", "logits", "predict", "program", "score"]
+__all__ = [
+    "COMPONENT",
+    "FAMILY",
+    "HEADS",
+    "LOOP_ID",
+    "MODEL_ID",
+    "Config",
+    "build",
+    "logits",
+    "predict",
+    "program",
+    "score",
+]

@@ -84,7 +84,15 @@ class ScorerConfig:
         Returns:
             The config.
         """
-        return cls(**{"image_size": 128, "image_channels": 3, "widths": (64, 128, 256, 512, 512, 512), "hidden": 1024, **overrides})
+        return cls(
+            **{
+                "image_size": 128,
+                "image_channels": 3,
+                "widths": (64, 128, 256, 512, 512, 512),
+                "hidden": 1024,
+                **overrides,
+            }
+        )
 
     @property
     def downsample(self) -> int:

@@ -28,7 +28,9 @@ def _bind(card: Card, request: Request) -> Bound:
         raise ValueError(f"{card.model_id!r} scores an image: the request needs image={expected} in [0, 1]")
     image = jnp.asarray(request.image, jnp.float32)
     if tuple(image.shape) != tuple(expected):
-        raise ValueError(f"{card.model_id!r}: image must have shape {tuple(expected)} in [0, 1]; got {tuple(image.shape)}")
+        raise ValueError(
+            f"{card.model_id!r}: image must have shape {tuple(expected)} in [0, 1]; got {tuple(image.shape)}"
+        )
     return Bound(slots={"image": image[None]}, settings=())
 
 

@@ -43,8 +43,16 @@ from jaxpipe.training.fit import fit
 from jaxpipe.training.supervised import Supervised
 
 __all__ = [
-    "BASE", "MODEL_ID", "SHARED", "CausalPretrainConfig", "Trainer", "causal_card", "causal_loss", "chunk_sigmas",
-    "main", "pretrain_causal",
+    "BASE",
+    "MODEL_ID",
+    "SHARED",
+    "CausalPretrainConfig",
+    "Trainer",
+    "causal_card",
+    "causal_loss",
+    "chunk_sigmas",
+    "main",
+    "pretrain_causal",
 ]
 
 MODEL_ID = "wan-causal"
@@ -141,7 +149,9 @@ def causal_loss(dit: CausalDiT, context, context_mask, x0, key, cfg: CausalPretr
     noise = jax.random.normal(k_noise, x0.shape)
     frames = jnp.repeat(sigma, chunk_frames, axis=1)
     s = frames[:, :, None, None, None]
-    v = dit(samplers.noised(x0, noise, frames), sigma, context, context_mask, chunk_frames=chunk_frames, frame_offset=offset)
+    v = dit(
+        samplers.noised(x0, noise, frames), sigma, context, context_mask, chunk_frames=chunk_frames, frame_offset=offset
+    )
     weight = (s > 0).astype(jnp.float32)
     err = jnp.sum(weight * (v - (noise - x0)) ** 2) / jnp.maximum(jnp.sum(jnp.broadcast_to(weight, x0.shape)), 1.0)
     return err
@@ -172,7 +182,9 @@ class Trainer(Supervised):
         ids = batch["ids"]
         ids = jnp.where((jax.random.uniform(k_drop, (ids.shape[0],)) >= self.cfg.cond_dropout)[:, None], ids, 0)
         context = jax.lax.stop_gradient(models["text_encoder"](ids))
-        loss = causal_loss(models["transformer"], context, ids != 0, batch["latents"], k_loss, self.cfg, self.chunk_frames)
+        loss = causal_loss(
+            models["transformer"], context, ids != 0, batch["latents"], k_loss, self.cfg, self.chunk_frames
+        )
         return loss, {"loss": loss}
 
     def card(self, state) -> Card:
@@ -187,8 +199,9 @@ class Trainer(Supervised):
         return self.base.replace(transformer=self.model(state)["transformer"])
 
 
-def pretrain_causal(out: str | Path | None, cfg: CausalPretrainConfig = CausalPretrainConfig(), *,
-                    progress: bool = True) -> Card:
+def pretrain_causal(
+    out: str | Path | None, cfg: CausalPretrainConfig = CausalPretrainConfig(), *, progress: bool = True
+) -> Card:
     """Train the ``wan-causal`` card from the bundled ``wan-t2v``; save it to ``out`` (if given).
 
     Args:
@@ -217,9 +230,16 @@ def pretrain_causal(out: str | Path | None, cfg: CausalPretrainConfig = CausalPr
     card = trainer.card(state)
     if out is not None:
         save_card(card, out, base=BASE, base_components=SHARED)
-        write_report(out, {"model_id": MODEL_ID, "start_from": BASE, "settings": config_to_dict(cfg),
-                           "final_loss": float(np.mean([h["loss"] for h in history[-100:]])),
-                           "train_s": time.perf_counter() - start})
+        write_report(
+            out,
+            {
+                "model_id": MODEL_ID,
+                "start_from": BASE,
+                "settings": config_to_dict(cfg),
+                "final_loss": float(np.mean([h["loss"] for h in history[-100:]])),
+                "train_s": time.perf_counter() - start,
+            },
+        )
     return card
 
 
@@ -229,8 +249,12 @@ def main(argv=None) -> None:
     Args:
         argv: the arguments (default: ``sys.argv[1:]``).
     """
-    run_recipe(CausalPretrainConfig, "Pretrain the bundled wan-causal card from wan-t2v (diffusion forcing).",
-               pretrain_causal, argv)
+    run_recipe(
+        CausalPretrainConfig,
+        "Pretrain the bundled wan-causal card from wan-t2v (diffusion forcing).",
+        pretrain_causal,
+        argv,
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,18 @@ from jaxpipe.digits.pretrain.common import PerturbedSettings, run_recipe, write_
 from jaxpipe.digits.words import BRIGHTNESS, DIGIT_WORDS, POSITIONS, STROKES
 
 __all__ = [
-    "RENDER_SEED", "TrainConfig", "TrainState", "evaluate", "generated_images", "heldout_renders", "main", "make_step",
-    "perturb", "pretrain", "train", "training_data",
+    "RENDER_SEED",
+    "TrainConfig",
+    "TrainState",
+    "evaluate",
+    "generated_images",
+    "heldout_renders",
+    "main",
+    "make_step",
+    "perturb",
+    "pretrain",
+    "train",
+    "training_data",
 ]
 
 RENDER_SEED = 7919
@@ -244,7 +254,9 @@ def training_data(*, seed: int = 0, copies: int = 8) -> tuple[np.ndarray, np.nda
     return ((data.image + 1.0) / 2.0).astype(np.float32), data.digit
 
 
-def _batches(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _batches(
+    images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Shuffled full batches forever; epoch ``e``'s order is drawn from ``(seed, e)``."""
     for epoch in itertools.count():
         order = np.random.default_rng((seed, epoch)).permutation(len(labels))
@@ -300,7 +312,9 @@ def heldout_renders(*, seed: int = 1, copies: int = 2) -> digits.ImageDataset:
     return digits.augment(*digits.load_images("heldout"), seed=seed, copies=copies)
 
 
-def generated_images(*, repeats: int = 2, seed: int = 0, card: Card | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def generated_images(
+    *, repeats: int = 2, seed: int = 0, card: Card | None = None
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Images of the bundled ``flux-t2i`` generator for every full prompt (120 label combinations × ``repeats``).
 
     Args:
@@ -319,7 +333,9 @@ def generated_images(*, repeats: int = 2, seed: int = 0, card: Card | None = Non
     combos = np.array(list(itertools.product(range(10), range(2), range(3), range(2))), np.int32)
     prompts = [f"{DIGIT_WORDS[d]} {STROKES[s]} {POSITIONS[p]} {BRIGHTNESS[b]}" for d, s, p, b in combos]
     images = [
-        np.asarray(jp.generate(card, prompts, seed=[seed + 1000 * r + i for i in range(len(prompts))], guidance=1.0)["image"])
+        np.asarray(
+            jp.generate(card, prompts, seed=[seed + 1000 * r + i for i in range(len(prompts))], guidance=1.0)["image"]
+        )
         for r in range(repeats)
     ]
     labels = np.tile(combos, (repeats, 1))
@@ -378,7 +394,12 @@ def pretrain(out_dir: str | os.PathLike, config: TrainConfig = TrainConfig(), *,
     out_dir = Path(out_dir)
     jaxpipe.cards.save_card(card, out_dir)
     write_metrics(
-        out_dir, "classifier", config, card, train_seconds=train_seconds, total_seconds=time.perf_counter() - start,
+        out_dir,
+        "classifier",
+        config,
+        card,
+        train_seconds=train_seconds,
+        total_seconds=time.perf_counter() - start,
         trained_on=f"train split (1438 digits) x {config.copies} renderings (augment seed {RENDER_SEED + config.seed})",
         accuracy=accuracy,
         accuracy_notes={

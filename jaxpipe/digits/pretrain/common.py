@@ -28,9 +28,20 @@ from jaxpipe.training.methods.finetune import FinetuneConfig
 from jaxpipe.training.optim import Optimizer
 
 __all__ = [
-    "Settings", "RenderedSettings", "FlowSettings", "VideoBatch", "PerturbedSettings", "settings_parser",
-    "parse_settings", "run_recipe", "digit_videos", "output_dir", "write_report", "write_metrics",
-    "encode_dataset", "array_batches",
+    "Settings",
+    "RenderedSettings",
+    "FlowSettings",
+    "VideoBatch",
+    "PerturbedSettings",
+    "settings_parser",
+    "parse_settings",
+    "run_recipe",
+    "digit_videos",
+    "output_dir",
+    "write_report",
+    "write_metrics",
+    "encode_dataset",
+    "array_batches",
 ]
 
 
@@ -81,9 +92,15 @@ class Settings:
         Returns:
             The ``Optimizer`` (clipped AdamW, ``"warmup_cosine"`` schedule over ``steps``).
         """
-        fields = dict(learning_rate=self.learning_rate, grad_clip=self.grad_clip, weight_decay=self.weight_decay,
-                      schedule="warmup_cosine", warmup_steps=self.warmup_steps, total_steps=self.steps,
-                      end_fraction=self.end_fraction)
+        fields = dict(
+            learning_rate=self.learning_rate,
+            grad_clip=self.grad_clip,
+            weight_decay=self.weight_decay,
+            schedule="warmup_cosine",
+            warmup_steps=self.warmup_steps,
+            total_steps=self.steps,
+            end_fraction=self.end_fraction,
+        )
         return Optimizer(**{**fields, **changes})
 
 
@@ -246,8 +263,15 @@ def parse_settings(parser: argparse.ArgumentParser, settings_cls, argv=None):
         parser.error(str(error))
 
 
-def run_recipe(settings_cls, description: str, train, argv=None, *, options: dict[str, dict] | None = None,
-               report: str | None = None) -> None:
+def run_recipe(
+    settings_cls,
+    description: str,
+    train,
+    argv=None,
+    *,
+    options: dict[str, dict] | None = None,
+    report: str | None = None,
+) -> None:
     """A recipe's command line: ``--out DIR``, one flag per field of ``settings_cls``, ``--quiet`` and the
     recipe's other ``options`` (``{flag: add_argument keywords}``). Runs ``train(out, settings, progress=not
     quiet, **options)`` (the options by name), then prints the run's ``report`` file in ``out`` (or where the
@@ -318,8 +342,9 @@ def write_report(out: Path, report: dict) -> None:
     (out / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
-def write_metrics(out: Path, recipe: str, settings: Settings, card: Card, *, train_seconds: float,
-                  total_seconds: float, **fields) -> None:
+def write_metrics(
+    out: Path, recipe: str, settings: Settings, card: Card, *, train_seconds: float, total_seconds: float, **fields
+) -> None:
     """``out/metrics.json`` of a classifier recipe's run (module ``recipe``): the command that reproduces it,
     its seed, steps, timings and devices, the card's parameter count, then ``fields`` and the settings.
 
@@ -359,5 +384,3 @@ def encode_dataset(card: Card, data, chunk: int = 256) -> dict[str, np.ndarray]:
         encoder's ``max_len``.
     """
     return encode_captioned(card, data.video if hasattr(data, "video") else data.image, data.caption, chunk)
-
-

@@ -53,15 +53,19 @@ RECIPES: dict[str, Recipe] = {
     "flux-t2i-turbo": Recipe(
         teacher="flux-t2i",
         config=DMD2Config(
-            student_steps=2, student=Optimizer(1e-4, b1=0.0),
-            dm=DistributionMatching(critic=Optimizer(2e-4, b1=0.0), critic_steps=5), model_id="flux-t2i-turbo",
+            student_steps=2,
+            student=Optimizer(1e-4, b1=0.0),
+            dm=DistributionMatching(critic=Optimizer(2e-4, b1=0.0), critic_steps=5),
+            model_id="flux-t2i-turbo",
         ),
     ),
 }
 """Distilled card id -> its ``Recipe``."""
 
 
-def distill(model_id: str, steps: int, out: str | Path | None = None, *, prompts: int | None = None, log_every: int = 10):
+def distill(
+    model_id: str, steps: int, out: str | Path | None = None, *, prompts: int | None = None, log_every: int = 10
+):
     """Run recipe ``model_id`` for ``steps`` student steps: ``(student card, run log dict)``; with ``out``
     the card (denoiser only, the rest from its teacher), ``metrics.jsonl`` and ``pretrain.json`` are written there.
 
@@ -99,13 +103,18 @@ def distill(model_id: str, steps: int, out: str | Path | None = None, *, prompts
             print(json.dumps({**lines[-1], "elapsed_s": round(time.perf_counter() - start, 1)}), flush=True)
     seconds = time.perf_counter() - start
     card = method.card(state)
-    last = lines[-min(10, len(lines)):]
+    last = lines[-min(10, len(lines)) :]
     log = {
         "model_id": model_id,
         "teacher": recipe.teacher,
         "method": "DMD2",
-        "settings": {"steps": steps, "prompts_per_step": p, "seed": recipe.seed, "prompt_spec": config_to_dict(recipe.spec),
-                     "dmd2": config_to_dict(recipe.config)},
+        "settings": {
+            "steps": steps,
+            "prompts_per_step": p,
+            "seed": recipe.seed,
+            "prompt_spec": config_to_dict(recipe.spec),
+            "dmd2": config_to_dict(recipe.config),
+        },
         "final": {k: float(np.mean([line[k] for line in last])) for k in lines[-1] if k != "step"},
         "skipped_steps": int(sum(line["skipped"] for line in lines)),
         "train_s": seconds,
@@ -115,7 +124,9 @@ def distill(model_id: str, steps: int, out: str | Path | None = None, *, prompts
     if out is not None:
         out = Path(out)
         keep = (method.denoiser,)
-        save_card(card, out, base=recipe.teacher, base_components=tuple(n for n in sorted(card.components) if n not in keep))
+        save_card(
+            card, out, base=recipe.teacher, base_components=tuple(n for n in sorted(card.components) if n not in keep)
+        )
         (out / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         (out / "pretrain.json").write_text(json.dumps(log, indent=2) + "\n")
     return card, log

@@ -43,7 +43,13 @@ from jaxpipe.training.fit import fit
 from jaxpipe.training.methods.finetune import Finetune
 
 __all__ = [
-    "START_FROM", "VIDEO_CARDS", "PretrainConfig", "generator_data", "main", "pretrain_generator", "train_autoencoder",
+    "START_FROM",
+    "VIDEO_CARDS",
+    "PretrainConfig",
+    "generator_data",
+    "main",
+    "pretrain_generator",
+    "train_autoencoder",
 ]
 
 
@@ -81,7 +87,9 @@ def _as_arrays(batches):
         yield {k: jnp.asarray(v) for k, v in batch.items() if k in ("image", "video", "ids")}
 
 
-def train_autoencoder(model: Autoencoder, cfg: PretrainConfig, out: Path | None, *, progress: bool = True) -> Autoencoder:
+def train_autoencoder(
+    model: Autoencoder, cfg: PretrainConfig, out: Path | None, *, progress: bool = True
+) -> Autoencoder:
     """Reconstruction-train ``model`` on augmented train-split digits, then whiten its latents.
 
     Args:
@@ -132,8 +140,9 @@ def generator_data(model_id: str, cfg: PretrainConfig):
     raise ValueError(f"no pretraining recipe for {model_id!r}; use one of {['flux-t2i', *VIDEO_CARDS]}")
 
 
-def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfig = PretrainConfig(), *,
-                       progress: bool = True) -> Card:
+def pretrain_generator(
+    model_id: str, out: str | Path | None, cfg: PretrainConfig = PretrainConfig(), *, progress: bool = True
+) -> Card:
     """Train a generator card from scratch (autoencoder, then text encoder + DiT); save it to ``out``.
 
     A card in ``START_FROM`` starts from that bundled card instead and skips the autoencoder.
@@ -181,8 +190,16 @@ def pretrain_generator(model_id: str, out: str | Path | None, cfg: PretrainConfi
     if out is not None:
         save_card(card, out)
         final = float(np.mean([h["loss"] for h in history[-100:]]))
-        write_report(out, {"model_id": model_id, "settings": config_to_dict(cfg), "start_from": START_FROM.get(model_id),
-                           "final_loss": final, **timings})
+        write_report(
+            out,
+            {
+                "model_id": model_id,
+                "settings": config_to_dict(cfg),
+                "start_from": START_FROM.get(model_id),
+                "final_loss": final,
+                **timings,
+            },
+        )
     return card
 
 
@@ -192,9 +209,13 @@ def main(argv=None) -> None:
     Args:
         argv: the arguments (default: ``sys.argv[1:]``).
     """
-    run_recipe(PretrainConfig, "Pretrain a bundled generator card on the digits world.",
-               lambda out, cfg, *, model_id, progress: pretrain_generator(model_id, out, cfg, progress=progress), argv,
-               options={"model_id": {"choices": ["flux-t2i", *VIDEO_CARDS]}})
+    run_recipe(
+        PretrainConfig,
+        "Pretrain a bundled generator card on the digits world.",
+        lambda out, cfg, *, model_id, progress: pretrain_generator(model_id, out, cfg, progress=progress),
+        argv,
+        options={"model_id": {"choices": ["flux-t2i", *VIDEO_CARDS]}},
+    )
 
 
 if __name__ == "__main__":

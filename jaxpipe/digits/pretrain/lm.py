@@ -115,8 +115,9 @@ def lm_batches(tokenizer: Tokenizer, cfg: LMPretrainConfig, width: int) -> Itera
         An endless iterator of ``{"ids": int32 jax.Array (batch_size, width)}`` of ``refinement_captions``
         (``sequences``).
     """
-    return text_batches(tokenizer, lambda n, rng: refinement_captions(n, rng, cfg.p_attribute), cfg.batch_size, cfg.seed,
-                        width)
+    return text_batches(
+        tokenizer, lambda n, rng: refinement_captions(n, rng, cfg.p_attribute), cfg.batch_size, cfg.seed, width
+    )
 
 
 # -------------------------------------------------------------------------------------------- loss
@@ -144,7 +145,9 @@ def _report(card: Card) -> dict:
     full = [digits.caption(d, s, p, b) for d in range(10) for s in (0, 1) for p in (0, 1, 2) for b in (0, 1)]
     eos_full = next_token_probs(card, full)[:, -1]
     return {
-        "next_after_seven": {words[i]: round(float(after_seven[i]), 4) for i in np.argsort(-after_seven) if after_seven[i] > 0.005},
+        "next_after_seven": {
+            words[i]: round(float(after_seven[i]), 4) for i in np.argsort(-after_seven) if after_seven[i] > 0.005
+        },
         "p_eos_full_prompt_mean": float(eos_full.mean()),
         "p_eos_full_prompt_min": float(eos_full.min()),
     }
@@ -153,8 +156,9 @@ def _report(card: Card) -> dict:
 # -------------------------------------------------------------------------------------------- the card
 
 
-def pretrain_lm(out: str | Path | None, cfg: LMPretrainConfig = LMPretrainConfig(), *, base: str = BASE,
-                progress: bool = True) -> Card:
+def pretrain_lm(
+    out: str | Path | None, cfg: LMPretrainConfig = LMPretrainConfig(), *, base: str = BASE, progress: bool = True
+) -> Card:
     """Train the refiner LM of a ``unified`` card whose generator is the bundled ``base`` card;
     save it to ``out`` (the generator by reference to ``base``).
 
@@ -189,8 +193,17 @@ def pretrain_lm(out: str | Path | None, cfg: LMPretrainConfig = LMPretrainConfig
     if out is not None:
         save_card(card, out, base=base, base_components=BASE_COMPONENTS)
         final = float(np.mean([h["loss"] for h in history[-100:]]))
-        write_report(out, {"model_id": card.model_id, "base": base, "settings": config_to_dict(cfg), "final_loss": final,
-                           **_report(card), "train_s": seconds})
+        write_report(
+            out,
+            {
+                "model_id": card.model_id,
+                "base": base,
+                "settings": config_to_dict(cfg),
+                "final_loss": final,
+                **_report(card),
+                "train_s": seconds,
+            },
+        )
     return card
 
 
@@ -200,8 +213,13 @@ def main(argv=None) -> None:
     Args:
         argv: the arguments (default: ``sys.argv[1:]``).
     """
-    run_recipe(LMPretrainConfig, "Pretrain the bundled unified card's refiner LM on digits-world captions.", pretrain_lm,
-               argv, options={"--base": {"default": BASE, "help": "bundled card providing the text encoder, DiT and autoencoder"}})
+    run_recipe(
+        LMPretrainConfig,
+        "Pretrain the bundled unified card's refiner LM on digits-world captions.",
+        pretrain_lm,
+        argv,
+        options={"--base": {"default": BASE, "help": "bundled card providing the text encoder, DiT and autoencoder"}},
+    )
 
 
 if __name__ == "__main__":

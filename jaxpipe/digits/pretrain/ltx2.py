@@ -51,8 +51,16 @@ from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.supervised import Supervised
 
 __all__ = [
-    "MODEL_ID", "SHARED", "START_FROM", "PretrainConfig", "UpsamplerTrainer", "alternate", "main", "pretrain_ltx2",
-    "upsampler_error", "upsampler_loss",
+    "MODEL_ID",
+    "SHARED",
+    "START_FROM",
+    "PretrainConfig",
+    "UpsamplerTrainer",
+    "alternate",
+    "main",
+    "pretrain_ltx2",
+    "upsampler_error",
+    "upsampler_loss",
 ]
 
 MODEL_ID = "ltx2-two-stage"
@@ -169,8 +177,11 @@ def upsampler_error(model: LatentUpsampler, latents: np.ndarray) -> dict[str, fl
     pooled = toy_two_stage.pool_latents(full)
     nearest = jnp.repeat(jnp.repeat(pooled, 2, axis=2), 2, axis=3)
     up = jax.jit(lambda m, x: m(x))(model, pooled)
-    return {"upsampler_mse": float(jnp.mean((up - full) ** 2)), "nearest_mse": float(jnp.mean((nearest - full) ** 2)),
-            "latent_var": float(jnp.var(full))}
+    return {
+        "upsampler_mse": float(jnp.mean((up - full) ** 2)),
+        "nearest_mse": float(jnp.mean((nearest - full) ** 2)),
+        "latent_var": float(jnp.var(full)),
+    }
 
 
 def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig(), *, progress: bool = True) -> Card:
@@ -198,20 +209,35 @@ def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig()
     method = Finetune(card, cfg.finetune(optimizer=optimizer, trainable=("transformer",)))
     base_batches = array_batches(pooled, cfg.base_batch_size, seed=cfg.seed + 2)
     batches = alternate(array_batches(arrays, cfg.batch_size, seed=cfg.seed + 1), *[base_batches] * cfg.base_per_full)
-    state, history = fit(method.step, method.init(), batches, steps=cfg.steps, key=jax.random.key(cfg.seed + 1),
-                         metrics_path=None if out is None else out / "metrics.jsonl", desc="ltx2 transformer",
-                         progress=progress)
+    state, history = fit(
+        method.step,
+        method.init(),
+        batches,
+        steps=cfg.steps,
+        key=jax.random.key(cfg.seed + 1),
+        metrics_path=None if out is None else out / "metrics.jsonl",
+        desc="ltx2 transformer",
+        progress=progress,
+    )
     card = method.card(state)
     timings["transformer_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    trainer = UpsamplerTrainer(card["upsampler"], cfg.run_optimizer(cfg.upsampler_learning_rate, cfg.upsampler_steps),
-                               noise=cfg.upsampler_noise)
-    up_state, up_history = fit(trainer.step, trainer.init(),
-                               array_batches({"latents": arrays["latents"]}, cfg.base_batch_size, seed=cfg.seed + 3),
-                               steps=cfg.upsampler_steps, key=jax.random.key(cfg.seed + 3),
-                               metrics_path=None if out is None else out / "upsampler_metrics.jsonl", desc="ltx2 upsampler",
-                               progress=progress)
+    trainer = UpsamplerTrainer(
+        card["upsampler"],
+        cfg.run_optimizer(cfg.upsampler_learning_rate, cfg.upsampler_steps),
+        noise=cfg.upsampler_noise,
+    )
+    up_state, up_history = fit(
+        trainer.step,
+        trainer.init(),
+        array_batches({"latents": arrays["latents"]}, cfg.base_batch_size, seed=cfg.seed + 3),
+        steps=cfg.upsampler_steps,
+        key=jax.random.key(cfg.seed + 3),
+        metrics_path=None if out is None else out / "upsampler_metrics.jsonl",
+        desc="ltx2 upsampler",
+        progress=progress,
+    )
     card = card.replace(upsampler=trainer.model(up_state))
     timings["upsampler_s"] = time.perf_counter() - start
 
@@ -221,15 +247,21 @@ def pretrain_ltx2(out: str | Path | None, cfg: PretrainConfig = PretrainConfig()
         cycle = 1 + cfg.base_per_full  # alternate(): step i is full resolution when i % cycle == 0, pooled otherwise
         full = [h for i, h in enumerate(history) if i % cycle == 0]
         half = [h for i, h in enumerate(history) if i % cycle]
-        write_report(out, {
-            "model_id": MODEL_ID, "settings": config_to_dict(cfg), "start_from": START_FROM,
-            "shared_components": list(SHARED), "base_data": "full-resolution VAE latents average-pooled 2x2",
-            "final_loss_full": float(np.mean([h["loss"] for h in full[-50:]])),
-            "final_loss_base": float(np.mean([h["loss"] for h in half[-50:]])),
-            "final_upsampler_loss": float(np.mean([h["loss"] for h in up_history[-50:]])),
-            "heldout": upsampler_error(card["upsampler"], heldout),
-            **timings,
-        })
+        write_report(
+            out,
+            {
+                "model_id": MODEL_ID,
+                "settings": config_to_dict(cfg),
+                "start_from": START_FROM,
+                "shared_components": list(SHARED),
+                "base_data": "full-resolution VAE latents average-pooled 2x2",
+                "final_loss_full": float(np.mean([h["loss"] for h in full[-50:]])),
+                "final_loss_base": float(np.mean([h["loss"] for h in half[-50:]])),
+                "final_upsampler_loss": float(np.mean([h["loss"] for h in up_history[-50:]])),
+                "heldout": upsampler_error(card["upsampler"], heldout),
+                **timings,
+            },
+        )
     return card
 
 
@@ -239,7 +271,9 @@ def main(argv=None) -> None:
     Args:
         argv: the arguments (default: ``sys.argv[1:]``).
     """
-    run_recipe(PretrainConfig, "Pretrain the bundled ltx2-two-stage card from the bundled wan-t2v.", pretrain_ltx2, argv)
+    run_recipe(
+        PretrainConfig, "Pretrain the bundled ltx2-two-stage card from the bundled wan-t2v.", pretrain_ltx2, argv
+    )
 
 
 if __name__ == "__main__":

@@ -93,8 +93,14 @@ def from_single(single: Card, boundary: float) -> Card:
     """
     base = single.spec.config
     config = toy_sigma_moe.Config(
-        image_size=base.image_size, frames=base.frames, text=base.text, dit=base.dit, vae=base.vae,
-        sampling=base.sampling, boundary=boundary, vocabulary=base.vocabulary,
+        image_size=base.image_size,
+        frames=base.frames,
+        text=base.text,
+        dit=base.dit,
+        vae=base.vae,
+        sampling=base.sampling,
+        boundary=boundary,
+        vocabulary=base.vocabulary,
     )
     # Two distinct modules: one module under two names would be one set of weights to nnx.split.
     return Card(
@@ -140,7 +146,9 @@ def heldout_loss(card: Card, latents: jax.Array, ids: jax.Array, sigmas: np.ndar
     return np.array([float(at(card.components, jnp.float32(s), k)) for s, k in zip(sigmas, keys)])
 
 
-def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainConfig(), *, progress: bool = True) -> Card:
+def pretrain_moe(
+    out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainConfig(), *, progress: bool = True
+) -> Card:
     """Train both experts of a ``wan22-moe`` card from the bundled ``wan-t2v``; save it to ``out``.
 
     Prints the held-out losses above and below the boundary of ``wan-t2v`` and of the trained card.
@@ -159,8 +167,9 @@ def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainCon
 
     arrays = encode_dataset(card, digit_videos("train", seed=cfg.seed, copies=cfg.copies))
     held_images, held_labels = digits.load_images("heldout")
-    held = encode_dataset(card, digits.make_videos(held_images[: cfg.eval_videos], held_labels[: cfg.eval_videos],
-                                                   seed=cfg.seed + 1000))
+    held = encode_dataset(
+        card, digits.make_videos(held_images[: cfg.eval_videos], held_labels[: cfg.eval_videos], seed=cfg.seed + 1000)
+    )
     held = {k: jnp.asarray(v) for k, v in held.items()}
 
     start = time.perf_counter()
@@ -180,15 +189,32 @@ def pretrain_moe(out: str | Path | None, cfg: MoEPretrainConfig = MoEPretrainCon
 
     sigmas = (np.arange(16, dtype=np.float32) + 0.5) / 16  # midpoints of 16 equal σ bins
     above = sigmas >= cfg.boundary
-    losses = {name: heldout_loss(c, held["latents"], held["ids"], sigmas, cfg.seed + 2)
-              for name, c in ((BASE, single), ("wan22-moe", card))}
-    report_loss = {name: {"above_boundary": float(loss[above].mean()), "below_boundary": float(loss[~above].mean()),
-                          "by_sigma": [round(float(x), 5) for x in loss]} for name, loss in losses.items()}
+    losses = {
+        name: heldout_loss(c, held["latents"], held["ids"], sigmas, cfg.seed + 2)
+        for name, c in ((BASE, single), ("wan22-moe", card))
+    }
+    report_loss = {
+        name: {
+            "above_boundary": float(loss[above].mean()),
+            "below_boundary": float(loss[~above].mean()),
+            "by_sigma": [round(float(x), 5) for x in loss],
+        }
+        for name, loss in losses.items()
+    }
     if out is not None:
         save_card(card, out, base=BASE, base_components=SHARED)
-        write_report(out, {"model_id": MODEL_ID, "settings": config_to_dict(cfg), "start_from": BASE,
-                           "final_loss": float(np.mean([h["loss"] for h in history[-100:]])), "train_s": train_s,
-                           "heldout_sigmas": [float(s) for s in sigmas], "heldout_loss": report_loss})
+        write_report(
+            out,
+            {
+                "model_id": MODEL_ID,
+                "settings": config_to_dict(cfg),
+                "start_from": BASE,
+                "final_loss": float(np.mean([h["loss"] for h in history[-100:]])),
+                "train_s": train_s,
+                "heldout_sigmas": [float(s) for s in sigmas],
+                "heldout_loss": report_loss,
+            },
+        )
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "by_sigma"} for k, v in report_loss.items()}))
     return card
 
@@ -199,7 +225,9 @@ def main(argv=None) -> None:
     Args:
         argv: the arguments (default: ``sys.argv[1:]``).
     """
-    run_recipe(MoEPretrainConfig, "Pretrain the wan22-moe card's two experts from the bundled wan-t2v.", pretrain_moe, argv)
+    run_recipe(
+        MoEPretrainConfig, "Pretrain the wan22-moe card's two experts from the bundled wan-t2v.", pretrain_moe, argv
+    )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,16 @@ from jaxpipe.training.fit import fit
 from jaxpipe.training.supervised import Supervised
 
 __all__ = [
-    "BASES", "BASE_COMPONENTS", "MoTPretrainConfig", "MoTTrainer", "caption_ids", "generation_text", "main",
-    "mot_loss", "pretrain_mot", "training_arrays",
+    "BASES",
+    "BASE_COMPONENTS",
+    "MoTPretrainConfig",
+    "MoTTrainer",
+    "caption_ids",
+    "generation_text",
+    "main",
+    "mot_loss",
+    "pretrain_mot",
+    "training_arrays",
 ]
 
 BASE_COMPONENTS = ("vae",)
@@ -140,7 +148,9 @@ def caption_ids(words: jax.Array, eos: int) -> jax.Array:
     return jnp.where(jnp.arange(padded.shape[1])[None, :] == end[:, None], eos, padded)
 
 
-def mot_loss(mot: MoT, batch, key: jax.Array, eos: int, cfg: MoTPretrainConfig, understand: bool) -> tuple[jax.Array, dict]:
+def mot_loss(
+    mot: MoT, batch, key: jax.Array, eos: int, cfg: MoTPretrainConfig, understand: bool
+) -> tuple[jax.Array, dict]:
     """Flow matching + thinking + understanding on a batch ``{"latents", "words"}`` (pure; differentiable in ``mot``).
 
     The loss is ``flow + text_weight * (think + understand)``.
@@ -171,8 +181,14 @@ def mot_loss(mot: MoT, batch, key: jax.Array, eos: int, cfg: MoTPretrainConfig, 
     else:
         understanding = understand_acc = jnp.zeros(())
     loss = flow + cfg.text_weight * (think + understanding)
-    return loss, {"loss": loss, "flow": flow, "think": think, "think_acc": think_acc, "understand": understanding,
-                  "understand_acc": understand_acc}
+    return loss, {
+        "loss": loss,
+        "flow": flow,
+        "think": think,
+        "think_acc": think_acc,
+        "understand": understanding,
+        "understand_acc": understand_acc,
+    }
 
 
 class MoTTrainer(Supervised):
@@ -203,8 +219,9 @@ def training_arrays(card: Card, cfg: MoTPretrainConfig, chunk: int = 256) -> dic
         data = digits.augment(*digits.load_images("train"), seed=cfg.seed, copies=cfg.copies)
         pixels, field, width = data.image, "image", 4
     encode = jax.jit(lambda vae, x: generator.TEXT_FLOW.latents({"vae": vae}, {field: x}))
-    latents = np.concatenate([np.asarray(encode(card["vae"], jnp.asarray(pixels[i : i + chunk])))
-                              for i in range(0, len(pixels), chunk)])
+    latents = np.concatenate(
+        [np.asarray(encode(card["vae"], jnp.asarray(pixels[i : i + chunk]))) for i in range(0, len(pixels), chunk)]
+    )
     return {"latents": latents, "words": card.spec.tokenizer.encode(list(data.caption), width)}
 
 
@@ -212,8 +229,13 @@ BASES = {"bagel-mot": "flux-t2i", "cosmos3": "wan-i2v"}
 """The bundled card whose autoencoder each MoT card shares."""
 
 
-def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainConfig(), *, model_id: str = "bagel-mot",
-                 progress: bool = True) -> Card:
+def pretrain_mot(
+    out: str | Path | None,
+    cfg: MoTPretrainConfig = MoTPretrainConfig(),
+    *,
+    model_id: str = "bagel-mot",
+    progress: bool = True,
+) -> Card:
     """Train a MoT card (``bagel-mot`` with ``cfg.routing``, or ``cosmos3``) on its bundled base card's
     autoencoder; save it to ``out`` (the autoencoder by reference).
 
@@ -249,8 +271,17 @@ def pretrain_mot(out: str | Path | None, cfg: MoTPretrainConfig = MoTPretrainCon
         save_card(card, out, base=base, base_components=BASE_COMPONENTS)
         last = history[-100:]
         final = {name: float(np.mean([h[name] for h in last])) for name in ("loss", "flow", "think", "understand")}
-        write_report(out, {"model_id": model_id, "base": base, "settings": config_to_dict(cfg), "final": final,
-                           "params": card["transformer"].param_counts(), "train_s": time.perf_counter() - start})
+        write_report(
+            out,
+            {
+                "model_id": model_id,
+                "base": base,
+                "settings": config_to_dict(cfg),
+                "final": final,
+                "params": card["transformer"].param_counts(),
+                "train_s": time.perf_counter() - start,
+            },
+        )
     return card
 
 
@@ -260,9 +291,17 @@ def main(argv=None) -> None:
     Args:
         argv: the arguments (default: ``sys.argv[1:]``).
     """
-    model_id = {"default": "bagel-mot", "help": "bagel-mot (or another id: a bagel-mot-shaped card under that id) or cosmos3"}
-    run_recipe(MoTPretrainConfig, "Pretrain a Mixture-of-Transformers card on the digits world.", pretrain_mot, argv,
-               options={"--model-id": model_id})
+    model_id = {
+        "default": "bagel-mot",
+        "help": "bagel-mot (or another id: a bagel-mot-shaped card under that id) or cosmos3",
+    }
+    run_recipe(
+        MoTPretrainConfig,
+        "Pretrain a Mixture-of-Transformers card on the digits world.",
+        pretrain_mot,
+        argv,
+        options={"--model-id": model_id},
+    )
 
 
 if __name__ == "__main__":

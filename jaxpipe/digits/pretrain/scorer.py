@@ -107,9 +107,7 @@ class ScorerTrainConfig(PerturbedSettings):
         validate.within(self, "gain", low=0.0, high=1.0, open_high=True)
 
 
-def warp(
-    images: jax.Array, key: jax.Array, *, rotate: float, zoom: float, shear: float, elastic: float
-) -> jax.Array:
+def warp(images: jax.Array, key: jax.Array, *, rotate: float, zoom: float, shear: float, elastic: float) -> jax.Array:
     """Small random geometric distortion of images ``(B, H, W, C)`` in ``[-1, 1]``, about the image centre.
 
     Per image: rotation ``U(±rotate)`` degrees, zoom ``U(1 ± zoom)``, horizontal shear ``U(±shear)``,
@@ -350,7 +348,9 @@ def _perturbed(dataset: digits.ImageDataset, config: ScorerTrainConfig, seed: in
 
 
 # ------------------------------------------------------------------------------------------------ the bundled run
-def pretrain(out_dir: str | os.PathLike, config: ScorerTrainConfig = ScorerTrainConfig(), *, progress: bool = True) -> Card:
+def pretrain(
+    out_dir: str | os.PathLike, config: ScorerTrainConfig = ScorerTrainConfig(), *, progress: bool = True
+) -> Card:
     """Train a ``digit-scorer`` card from scratch and save it (``save_card``) plus ``metrics.json`` to ``out_dir``.
 
     ``config.seed`` fixes the initialisation, the data rendering, the batch order and the in-step
@@ -394,7 +394,12 @@ def pretrain(out_dir: str | os.PathLike, config: ScorerTrainConfig = ScorerTrain
     out_dir = Path(out_dir)
     save_card(card, out_dir)
     write_metrics(
-        out_dir, "scorer", config, card, train_seconds=train_seconds, total_seconds=time.perf_counter() - t0,
+        out_dir,
+        "scorer",
+        config,
+        card,
+        train_seconds=train_seconds,
+        total_seconds=time.perf_counter() - t0,
         skipped_steps=skipped,
         trained_on=f"heldout split ({len(dataset) // config.copies} digits) x {config.copies} renderings",
         accuracy={split: {k: round(v, 4) for k, v in acc.items()} for split, acc in accuracy.items()},

@@ -168,7 +168,9 @@ class DMD2(RolloutMethod):
         self.program.check(card)
         self.loop = rollout.denoise_loop(card, self.program)
         if len(self.loop.binds) != 1:
-            raise ValueError(f"DMD2 distils a loop binding one denoiser (loop {self.loop.id!r} binds {list(self.loop.binds)})")
+            raise ValueError(
+                f"DMD2 distils a loop binding one denoiser (loop {self.loop.id!r} binds {list(self.loop.binds)})"
+            )
         if not card.has("text_encoder"):
             raise ValueError(f"DMD2 needs a text-conditioned card (card {card.model_id!r} has no text_encoder)")
         teacher_steps = self.loop.config.num_steps
@@ -185,7 +187,9 @@ class DMD2(RolloutMethod):
         self.real = base.replace(guidance=self.guidance)  # the teacher's CFG velocity
         self.plain = base.replace(guidance=1.0)  # student and critic: one conditional forward
         self.teacher_spec = card.spec
-        self.spec = student_spec(card.spec, self.loop.id, config.student_steps, config.model_id or f"{card.model_id}-turbo")
+        self.spec = student_spec(
+            card.spec, self.loop.id, config.student_steps, config.model_id or f"{card.model_id}-turbo"
+        )
         self.sampling = self.spec.loop(self.loop.id).config
         self.parts = Parts(adapted(card, (self.denoiser,), config.lora), {STUDENT: (self.denoiser,)}, master=True)
         self.parts.params[CRITIC] = self.parts.params[STUDENT]  # the critic starts as a copy of the teacher's denoiser
@@ -236,8 +240,15 @@ class DMD2(RolloutMethod):
         keys ``split(fold_in(key, 0), B)``), then pick each row's step ``U{0..N−1}``."""
         card = self.rollout_card(state.params, state.frozen)
         settings = loop_settings(**{self.loop.id: self.sampling})
-        run = rollout.render(card, self.program, settings, batch, jax.random.fold_in(key, 0),
-                             group_size=self.config.group.size, capture=(self.loop.id,))
+        run = rollout.render(
+            card,
+            self.program,
+            settings,
+            batch,
+            jax.random.fold_in(key, 0),
+            group_size=self.config.group.size,
+            capture=(self.loop.id,),
+        )
         final, trajectory = run.execution.captures[self.loop.id]
         b = run.prompts.ids.shape[0]
         step = jax.random.randint(jax.random.fold_in(key, 1), (b,), 0, self.config.student_steps)
@@ -258,21 +269,43 @@ class DMD2(RolloutMethod):
         k_critic, k_dm = jax.random.split(key)
         x0, pullback = jax.vjp(lambda p: self.student_x0(p, state.frozen, ro), state.params[STUDENT])
         samples = jax.lax.stop_gradient(x0)
-        fake_score = lambda critic, k: critic_loss((self._model(critic, state.frozen),), samples, ro.cond, k, self.plain,
-                                                   dm.noise)
+        fake_score = lambda critic, k: critic_loss(
+            (self._model(critic, state.frozen),), samples, ro.cond, k, self.plain, dm.noise
+        )
         critic, critic_opt, critic_losses, _, critic_skipped = update.steps(
-            fake_score, self.critic_tx, state.params[CRITIC], state.opt_state[CRITIC],
-            jax.random.split(k_critic, dm.critic_steps))
-        x0_real, x0_fake = clean_estimates((self._model(state.copies["teacher"], state.frozen),),
-                                           (self._model(critic, state.frozen),), x0, k_dm, ro.cond, ro.uncond,
-                                           self.real, self.plain, dm.noise)
+            fake_score,
+            self.critic_tx,
+            state.params[CRITIC],
+            state.opt_state[CRITIC],
+            jax.random.split(k_critic, dm.critic_steps),
+        )
+        x0_real, x0_fake = clean_estimates(
+            (self._model(state.copies["teacher"], state.frozen),),
+            (self._model(critic, state.frozen),),
+            x0,
+            k_dm,
+            ro.cond,
+            ro.uncond,
+            self.real,
+            self.plain,
+            dm.noise,
+        )
         g = dm_gradient(x0, x0_real, x0_fake)
         metrics = {"real_gap": jnp.mean(jnp.abs(x0 - x0_real)), "fake_real_gap": jnp.mean(jnp.abs(x0_fake - x0_real))}
         loss, dx0 = jax.value_and_grad(dm_surrogate)(x0, g)
         (grads,) = pullback(dx0)
         out = update.apply_gradients(self.student_tx, state.params[STUDENT], state.opt_state[STUDENT], grads, loss)
-        new = state._replace(params={STUDENT: out.params, CRITIC: critic},
-                             opt_state={STUDENT: out.opt_state, CRITIC: critic_opt}, step=state.step + 1)
-        return new, {**metrics, "dm_loss": loss, "grad_norm": out.grad_norm, "critic_loss": critic_losses[-1],
-                     "critic_loss_first": critic_losses[0], "critic_skipped": jnp.sum(critic_skipped),
-                     "skipped": update.skipped(out.finite)}
+        new = state._replace(
+            params={STUDENT: out.params, CRITIC: critic},
+            opt_state={STUDENT: out.opt_state, CRITIC: critic_opt},
+            step=state.step + 1,
+        )
+        return new, {
+            **metrics,
+            "dm_loss": loss,
+            "grad_norm": out.grad_norm,
+            "critic_loss": critic_losses[-1],
+            "critic_loss_first": critic_losses[0],
+            "critic_skipped": jnp.sum(critic_skipped),
+            "skipped": update.skipped(out.finite),
+        }

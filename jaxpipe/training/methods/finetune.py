@@ -45,7 +45,9 @@ class FinetuneConfig:
       ValueError: on construction, if ``cond_dropout`` is not in [0, 1) or ``trainable`` is empty.
     """
 
-    optimizer: Optimizer = Optimizer(1e-3, weight_decay=1e-4, schedule="warmup_cosine", warmup_steps=100, total_steps=2000)
+    optimizer: Optimizer = Optimizer(
+        1e-3, weight_decay=1e-4, schedule="warmup_cosine", warmup_steps=100, total_steps=2000
+    )
     trainable: tuple[str, ...] = ("text_encoder", "transformer")
     cond_dropout: float = 0.1
     noise: NoiseLevels = NoiseLevels("logit_normal", 0.0, 1.0)
@@ -86,10 +88,14 @@ class Finetune(Supervised):
             raise ValueError(f"card {card.model_id!r} has no denoise loop to finetune")
         self.flow = registry.family_of(card).flow
         if self.flow is None:
-            raise ValueError(f"card {card.model_id!r}: its family {card.spec.family!r} declares no flow-matching data (Family.flow)")
+            raise ValueError(
+                f"card {card.model_id!r}: its family {card.spec.family!r} declares no flow-matching data (Family.flow)"
+            )
         missing = sorted(set(config.trainable) - set(card.components))
         if missing:
-            raise ValueError(f"trainable names component(s) {missing} that card {card.model_id!r} lacks: {sorted(card.components)}")
+            raise ValueError(
+                f"trainable names component(s) {missing} that card {card.model_id!r} lacks: {sorted(card.components)}"
+            )
         self.config = config
         self.loop = loops[0]
         self.sampling = self.loop.config.replace(guidance=1.0, stg=0.0)  # flow matching regresses the plain velocity

@@ -43,7 +43,6 @@ from jaxpipe.training.trainer import TrainState
 __all__ = ["FlowGRPO", "FlowGRPOConfig", "Rollout", "GENERATOR"]
 
 
-
 class Rollout(NamedTuple):
     """One group rollout (B = P·K rows, row ``p·K + k`` is sample k of prompt p).
 
@@ -75,8 +74,9 @@ class FlowGRPO(DenoiserMethod):
       program: the program to render with (default: the family's).
     """
 
-    def __init__(self, card: Card, reward: Reward, config: FlowGRPOConfig = FlowGRPOConfig(), *,
-                 program: Program | None = None):
+    def __init__(
+        self, card: Card, reward: Reward, config: FlowGRPOConfig = FlowGRPOConfig(), *, program: Program | None = None
+    ):
         if config.dtype is not None:
             card = with_dtype(card, config.dtype)
         self._setup(card, reward, config, program)
@@ -104,11 +104,13 @@ class FlowGRPO(DenoiserMethod):
     def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> Rollout:
         card = self.rollout_card(state.params, state.frozen)
         settings = loop_settings(**{self.loop.id: self.sampling})
-        run = rollout.render(card, self.program, settings, batch, key, group_size=self.config.group.size,
-                             capture=(self.loop.id,))
+        run = rollout.render(
+            card, self.program, settings, batch, key, group_size=self.config.group.size, capture=(self.loop.id,)
+        )
         generated = rollout.generated(run.execution, self.loop.id, rollout.rendered_artifact(self.program))
-        scored = rollout.score_rollout(self.reward, rollout.artifacts_of(run.execution, self.program), run.prompts,
-                                       self.config.group)
+        scored = rollout.score_rollout(
+            self.reward, rollout.artifacts_of(run.execution, self.program), run.prompts, self.config.group
+        )
         return Rollout(generated, scored.rewards, scored.parts, scored.advantages)
 
     def step_stats(self, params: nnx.State, frozen: nnx.State, ro: Rollout) -> tuple[jax.Array, jax.Array]:
@@ -132,8 +134,19 @@ class FlowGRPO(DenoiserMethod):
 
         def one(carry, rows, k):
             params, opt_state = carry
-            out = generator_update(self.tx, models_of, params, state.copies["reference"], opt_state, ro.generated,
-                                   ro.advantages, rows, k, self.config, self.sampling)
+            out = generator_update(
+                self.tx,
+                models_of,
+                params,
+                state.copies["reference"],
+                opt_state,
+                ro.generated,
+                ro.advantages,
+                rows,
+                k,
+                self.config,
+                self.sampling,
+            )
             return (out.params, out.opt_state), {**out.aux, "grad_norm": out.grad_norm}, out.finite
 
         (params, opt_state), metrics, finite = ppo.run(

@@ -65,8 +65,17 @@ from jaxpipe.training.refine import (
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 
 __all__ = [
-    "CREDITS", "EXPERT_MAPS", "JointRLConfig", "UnifiedRLConfig", "JointRollout", "UnifiedRL", "JointMultiExpertRL",
-    "map_experts", "resolve_expert_map", "REFINER", "GENERATOR",
+    "CREDITS",
+    "EXPERT_MAPS",
+    "JointRLConfig",
+    "UnifiedRLConfig",
+    "JointRollout",
+    "UnifiedRL",
+    "JointMultiExpertRL",
+    "map_experts",
+    "resolve_expert_map",
+    "REFINER",
+    "GENERATOR",
 ]
 
 CREDITS = ("shared", "per_expert")
@@ -112,7 +121,9 @@ class JointRLConfig:
         if self.expert_map not in EXPERT_MAPS:
             raise ValueError(f"expert_map must be one of {EXPERT_MAPS} (got {self.expert_map!r})")
         if self.generator.lora is not None and not self.joint:
-            raise ValueError("generator.lora trains adapters on the generator, which prompt-only RL (joint=False) keeps frozen")
+            raise ValueError(
+                "generator.lora trains adapters on the generator, which prompt-only RL (joint=False) keeps frozen"
+            )
 
     def sampling_on(self, loop: denoise.DenoiseConfig) -> denoise.DenoiseConfig:
         """The generator's rollout policy on a card's denoise loop: the SDE when joint, the ODE when prompt-only.
@@ -223,7 +234,9 @@ class _RefinerRL(RolloutMethod):
         # on-policy token gradients need the untempered policy's own samples
         self.ar_config = card.spec.loop(self.refine_loop).config.replace(temperature=1.0)
         self.sampling = config.sampling_on(card.spec.loop(self.denoise_loop).config)
-        trained = {REFINER: (self.component,), GENERATOR: ("transformer",)} if config.joint else {REFINER: (self.component,)}
+        trained = (
+            {REFINER: (self.component,), GENERATOR: ("transformer",)} if config.joint else {REFINER: (self.component,)}
+        )
         self.parts = Parts(adapted(card, ("transformer",), config.generator.lora), trained)
         self.optimizers = {REFINER: config.refiner_optimizer.make()}
         if config.joint:
@@ -256,16 +269,32 @@ class _RefinerRL(RolloutMethod):
         cfg = self.config
         group = cfg.generator.group
         run, refined = render_rewrites(
-            self.rollout_card(state.params, state.frozen), self.program, batch, key, group=group, skip=cfg.refiner.skip,
+            self.rollout_card(state.params, state.frozen),
+            self.program,
+            batch,
+            key,
+            group=group,
+            skip=cfg.refiner.skip,
             loops={self.refine_loop: self.ar_config, self.denoise_loop: self.sampling},
-            capture=self.captured + ((self.denoise_loop,) if cfg.joint else ()))
+            capture=self.captured + ((self.denoise_loop,) if cfg.joint else ()),
+        )
         execution = run.execution
         refinement, text_ids = self._refinement(execution, refined)
         images = execution.artifacts["image"]
-        generated = rollout.generated(execution, self.denoise_loop) if cfg.joint else rollout.Generated(images, None, None)
+        generated = (
+            rollout.generated(execution, self.denoise_loop) if cfg.joint else rollout.Generated(images, None, None)
+        )
         scored = rollout.score_rollout(self.reward, rollout.artifacts_of(execution, self.program), run.prompts, group)
-        return JointRollout(refinement, refined, text_ids, generated, scored.rewards, scored.parts, scored.advantages,
-                            self._refiner_advantages(scored))
+        return JointRollout(
+            refinement,
+            refined,
+            text_ids,
+            generated,
+            scored.rewards,
+            scored.parts,
+            scored.advantages,
+            self._refiner_advantages(scored),
+        )
 
     def _generator_of(self, state: TrainState):
         refiners = {REFINER: state.params[REFINER]}
@@ -280,12 +309,23 @@ class _RefinerRL(RolloutMethod):
         def one(carry, rows, k):
             params, opt_state = carry
             refiner, refiner_opt, metrics, finite = self._refiner_update(
-                params[REFINER], state.copies[f"{REFINER}_reference"], opt_state[REFINER], ro, rows)
+                params[REFINER], state.copies[f"{REFINER}_reference"], opt_state[REFINER], ro, rows
+            )
             params, opt_state = {**params, REFINER: refiner}, {**opt_state, REFINER: refiner_opt}
             if cfg.joint:
-                out = generator_update(self.generator_tx, generator_of, params[GENERATOR],
-                                       state.copies[f"{GENERATOR}_reference"], opt_state[GENERATOR], ro.generated,
-                                       ro.advantages, rows, k, cfg.generator, self.sampling)
+                out = generator_update(
+                    self.generator_tx,
+                    generator_of,
+                    params[GENERATOR],
+                    state.copies[f"{GENERATOR}_reference"],
+                    opt_state[GENERATOR],
+                    ro.generated,
+                    ro.advantages,
+                    rows,
+                    k,
+                    cfg.generator,
+                    self.sampling,
+                )
                 params, opt_state = {**params, GENERATOR: out.params}, {**opt_state, GENERATOR: out.opt_state}
                 finite = finite & out.finite
                 metrics.update(prefixed("gen_", out.aux), gen_grad_norm=out.grad_norm)
@@ -326,7 +366,9 @@ class UnifiedRL(_RefinerRL):
     def __init__(self, card: Card, reward: Reward, config: JointRLConfig = JointRLConfig()):
         for name in ("llm", "transformer", "text_encoder", "vae"):
             if name not in card.components:
-                raise ValueError(f"UnifiedRL needs a card with {name!r} (a 'unified' card); {card.model_id!r} has {sorted(card.components)}")
+                raise ValueError(
+                    f"UnifiedRL needs a card with {name!r} (a 'unified' card); {card.model_id!r} has {sorted(card.components)}"
+                )
         if config.credit != "shared":
             raise ValueError(f"UnifiedRL has one refiner: its credit is 'shared' (got {config.credit!r})")
         super().__init__(card, reward, config)
@@ -344,8 +386,9 @@ class UnifiedRL(_RefinerRL):
         refinement, advantages = ro.refinement, ro.refiner_advantages
         if rows is not None:
             refinement, advantages = jax.tree.map(lambda a: a[rows], refinement), advantages[rows]
-        out = refiner_update(self.refiner_tx, self._llm, params, reference, opt_state, refinement, advantages,
-                             self.config.refiner)
+        out = refiner_update(
+            self.refiner_tx, self._llm, params, reference, opt_state, refinement, advantages, self.config.refiner
+        )
         return out.params, out.opt_state, {**prefixed("lm_", out.aux), "lm_grad_norm": out.grad_norm}, out.finite
 
     def rollout_metrics(self, ro: JointRollout) -> dict[str, jax.Array]:
@@ -379,7 +422,9 @@ class JointMultiExpertRL(_RefinerRL):
 
     def __init__(self, card: Card, reward: Reward, config: JointRLConfig = JointRLConfig()):
         if toy_multi_expert.COMPONENT not in card.components:
-            raise ValueError(f"JointMultiExpertRL needs a 'multi-expert' card (stacked 'refiners'); {card.model_id!r} has {sorted(card.components)}")
+            raise ValueError(
+                f"JointMultiExpertRL needs a 'multi-expert' card (stacked 'refiners'); {card.model_id!r} has {sorted(card.components)}"
+            )
         self.num_refiners = card.spec.config.num_refiners
         self.allowed = jnp.asarray(card.spec.config.allowed_tokens())
         self.expert_map = resolve_expert_map(config.expert_map)
@@ -404,14 +449,18 @@ class JointMultiExpertRL(_RefinerRL):
         if self.config.credit != "per_expert":
             return jnp.broadcast_to(scored.advantages, (self.num_refiners, rows))
         if not scored.parts:
-            raise ValueError("per_expert credit needs a reward that returns its parts {term: (B,)} (e.g. the digits scorer_reward)")
+            raise ValueError(
+                "per_expert credit needs a reward that returns its parts {term: (B,)} (e.g. the digits scorer_reward)"
+            )
         missing = [t for t in self.expert_terms if t not in scored.parts]
         if missing:
             raise ValueError(f"per_expert credit: the reward has no part(s) {missing} (parts: {sorted(scored.parts)})")
         group = self.config.generator.group
         return jnp.stack([rollout.advantages(scored.parts[t], group) for t in self.expert_terms])
 
-    def expert_update(self, params, reference, opt_state, allowed, refinement: ar.Continuation, advantages) -> update.Step:
+    def expert_update(
+        self, params, reference, opt_state, allowed, refinement: ar.Continuation, advantages
+    ) -> update.Step:
         """ONE refiner's guarded step (no expert axis): ``refine.refiner_update`` on its slot-restricted LM.
 
         The update maps it over the experts (``expert_map``).
@@ -428,23 +477,27 @@ class JointMultiExpertRL(_RefinerRL):
           The ``update.Step``.
         """
         lm_of = lambda p: self._expert(p, allowed)
-        return refiner_update(self.refiner_tx, lm_of, params, reference, opt_state, refinement, advantages,
-                              self.config.refiner)
+        return refiner_update(
+            self.refiner_tx, lm_of, params, reference, opt_state, refinement, advantages, self.config.refiner
+        )
 
     def _refiner_update(self, params, reference, opt_state, ro: JointRollout, rows):
         refinements, advantages = ro.refinement, ro.refiner_advantages
         if rows is not None:  # the expert axis leads: rows are axis 1
             refinements, advantages = jax.tree.map(lambda a: a[:, rows], refinements), advantages[:, rows]
-        out = map_experts(self.expert_update, self.expert_map, params, reference, opt_state, self.allowed, refinements,
-                          advantages)
+        out = map_experts(
+            self.expert_update, self.expert_map, params, reference, opt_state, self.allowed, refinements, advantages
+        )
         metrics = {f"lm_{k}": jnp.mean(v) for k, v in out.aux.items()}
         metrics["lm_grad_norm"] = jnp.mean(out.grad_norm)
         metrics.update({f"{toy_multi_expert.EXPERT_PREFIX}{i}_loss": out.loss[i] for i in range(self.num_refiners)})
         return out.params, out.opt_state, metrics, jnp.all(out.finite)
 
     def _advantage_metrics(self, ro: JointRollout) -> dict[str, jax.Array]:
-        return {f"{toy_multi_expert.EXPERT_PREFIX}{i}_advantage_std": jnp.std(ro.refiner_advantages[i])
-                for i in range(self.num_refiners)}
+        return {
+            f"{toy_multi_expert.EXPERT_PREFIX}{i}_advantage_std": jnp.std(ro.refiner_advantages[i])
+            for i in range(self.num_refiners)
+        }
 
     def rollout_metrics(self, ro: JointRollout) -> dict[str, jax.Array]:
         """``UnifiedRL``'s reward statistics (tokens summed over refiners) plus the mean of every reward part."""

@@ -197,8 +197,10 @@ class SharedMoTRL(RolloutMethod):
 
     def __init__(self, card: Card, reward: Reward, config: MoTRLConfig = MoTRLConfig()):
         if card.spec.family != toy_mot.FAMILY.name:
-            raise ValueError(f"SharedMoTRL trains a MoT card (family {toy_mot.FAMILY.name!r}); {card.model_id!r} is "
-                             f"{card.spec.family!r}")
+            raise ValueError(
+                f"SharedMoTRL trains a MoT card (family {toy_mot.FAMILY.name!r}); {card.model_id!r} is "
+                f"{card.spec.family!r}"
+            )
         self.config, self.spec, self.reward = config, card.spec, reward
         self.program = registry.family_of(card).program("think_t2i")
         self.max_prompt_words = card.spec.config.max_prompt_words
@@ -226,30 +228,45 @@ class SharedMoTRL(RolloutMethod):
         cfg = self.config
         group = cfg.generator.group
         run, think = render_rewrites(
-            self.rollout_card(state.params, state.frozen), self.program, batch, key, group=group, skip=cfg.thinking.skip,
+            self.rollout_card(state.params, state.frozen),
+            self.program,
+            batch,
+            key,
+            group=group,
+            skip=cfg.thinking.skip,
             loops={toy_mot.THINK_LOOP: self.ar_config, toy_mot.IMAGE_LOOP: self.sampling},
-            capture=(toy_mot.THINK_LOOP, toy_mot.IMAGE_LOOP))
+            capture=(toy_mot.THINK_LOOP, toy_mot.IMAGE_LOOP),
+        )
         thought = restrict(rollout.refinement(run.execution, toy_mot.THINK_LOOP), think)
         prompt_length = jnp.sum(run.prompts.ids != 0, axis=1).astype(jnp.int32)
         text_length = jnp.where(think, thought.length, prompt_length)
         generated = rollout.generated(run.execution, toy_mot.IMAGE_LOOP)
-        scored = rollout.score_rollout(self.reward, rollout.artifacts_of(run.execution, self.program), run.prompts, group)
-        return MoTRollout(thought, think, thought.tokens, text_length, generated, scored.rewards, scored.parts,
-                          scored.advantages)
+        scored = rollout.score_rollout(
+            self.reward, rollout.artifacts_of(run.execution, self.program), run.prompts, group
+        )
+        return MoTRollout(
+            thought, think, thought.tokens, text_length, generated, scored.rewards, scored.parts, scored.advantages
+        )
 
     def token_part(self, params, reference, frozen, ro: MoTRollout) -> tuple[jax.Array, dict]:
         """Token policy gradient of the thoughts (PPO-clipped against the captured log-probs) + β_lm · k3 KL."""
-        return token_objective(self._mot(params, frozen), self._mot(reference, frozen), ro.thought, ro.advantages,
-                               self.config.thinking)
+        return token_objective(
+            self._mot(params, frozen), self._mot(reference, frozen), ro.thought, ro.advantages, self.config.thinking
+        )
 
     def generator_part(self, params, reference, frozen, ro: MoTRollout) -> tuple[jax.Array, dict]:
         """FlowGRPO on the captured steps, conditioned on the text K/V recomputed under ``params`` (and the
         reference's own K/V for its KL term)."""
         mot, ref_mot = self._mot(params, frozen), self._mot(reference, frozen)
         now = ro.generated._replace(cond=text_cond(mot, ro.text, ro.text_length))
-        ref = ro.generated._replace(cond=text_cond(ref_mot, ro.text, ro.text_length)) if self.config.generator.beta > 0 else None
-        return generator_loss((mot,), (ref_mot,), now, ro.advantages, self.config.generator, self.sampling,
-                              reference_generated=ref)
+        ref = (
+            ro.generated._replace(cond=text_cond(ref_mot, ro.text, ro.text_length))
+            if self.config.generator.beta > 0
+            else None
+        )
+        return generator_loss(
+            (mot,), (ref_mot,), now, ro.advantages, self.config.generator, self.sampling, reference_generated=ref
+        )
 
     def loss(self, params, reference, frozen, ro: MoTRollout) -> jax.Array:
         """The summed objective (what the update's gradient is the gradient of)."""
@@ -259,10 +276,16 @@ class SharedMoTRL(RolloutMethod):
 
     def _minibatch(self, ro: MoTRollout, rows, key) -> MoTRollout:
         if rows is not None:
-            ro = ro._replace(thought=jax.tree.map(lambda a: a[rows], ro.thought), think=ro.think[rows], text=ro.text[rows],
-                             text_length=ro.text_length[rows], generated=rollout.take_rows(ro.generated, rows),
-                             rewards=ro.rewards[rows], parts={k: v[rows] for k, v in ro.parts.items()},
-                             advantages=ro.advantages[rows])
+            ro = ro._replace(
+                thought=jax.tree.map(lambda a: a[rows], ro.thought),
+                think=ro.think[rows],
+                text=ro.text[rows],
+                text_length=ro.text_length[rows],
+                generated=rollout.take_rows(ro.generated, rows),
+                rewards=ro.rewards[rows],
+                parts={k: v[rows] for k, v in ro.parts.items()},
+                advantages=ro.advantages[rows],
+            )
         return ro._replace(generated=ppo.subsample(ro.generated, key, self.config.generator.ppo))
 
     def gradients(self, params, reference, frozen, ro: MoTRollout):
@@ -280,19 +303,25 @@ class SharedMoTRL(RolloutMethod):
         def one(carry, rows, k):
             params, opt_state = carry
             part = self._minibatch(ro, rows, k)
-            ((token, token_metrics), g_token), ((gen, gen_metrics), g_gen) = self.gradients(params, reference,
-                                                                                           state.frozen, part)
+            ((token, token_metrics), g_token), ((gen, gen_metrics), g_gen) = self.gradients(
+                params, reference, state.frozen, part
+            )
             grads = jax.tree.map(lambda a, b: weight * a + b, g_token, g_gen)
             updates, new_opt = self.tx.update(grads, opt_state, params)
             grad_norm = optax.tree.norm(grads)
             finite = jnp.isfinite(token) & jnp.isfinite(gen) & jnp.isfinite(grad_norm)
-            metrics = {**prefixed("lm_", token_metrics), **prefixed("gen_", gen_metrics), "grad_norm": grad_norm,
-                       **role_cosines(g_token, g_gen, self._role)}
+            metrics = {
+                **prefixed("lm_", token_metrics),
+                **prefixed("gen_", gen_metrics),
+                "grad_norm": grad_norm,
+                **role_cosines(g_token, g_gen, self._role),
+            }
             carry = update.guard(finite, (optax.apply_updates(params, updates), new_opt), (params, opt_state))
             return carry, metrics, finite
 
-        (params, opt_state), metrics, finite = ppo.run(one, (state.params[MODEL], state.opt_state[MODEL]), key,
-                                                       ro.advantages.shape[0], self.config.generator.ppo)
+        (params, opt_state), metrics, finite = ppo.run(
+            one, (state.params[MODEL], state.opt_state[MODEL]), key, ro.advantages.shape[0], self.config.generator.ppo
+        )
         new = state._replace(params={MODEL: params}, opt_state={MODEL: opt_state}, step=state.step + 1)
         return new, {**metrics, "skipped": update.skipped(finite)}
 

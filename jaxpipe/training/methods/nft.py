@@ -162,7 +162,9 @@ def ema_decay(ema: EMA, step: jax.Array) -> jax.Array:
     return ema.start + (ema.end - ema.start) * frac
 
 
-def nft_loss(v_theta: jax.Array, v_old: jax.Array, target: jax.Array, r: jax.Array, beta: float) -> tuple[jax.Array, dict]:
+def nft_loss(
+    v_theta: jax.Array, v_old: jax.Array, target: jax.Array, r: jax.Array, beta: float
+) -> tuple[jax.Array, dict]:
     """The NFT objective ``mean_rows(r·mean(‖v⁺ − v‖²) + (1−r)·mean(‖v⁻ − v‖²))``.
 
     Here ``v± = v_old ± β·(v_θ − v_old)``; ``v_old`` and ``r`` are constants (stop-gradient); per row the
@@ -204,8 +206,14 @@ class DiffusionNFT(DenoiserMethod):
       program: the program to render with (default: the family's).
     """
 
-    def __init__(self, card: Card, reward: Reward, config: DiffusionNFTConfig = DiffusionNFTConfig(), *,
-                 program: Program | None = None):
+    def __init__(
+        self,
+        card: Card,
+        reward: Reward,
+        config: DiffusionNFTConfig = DiffusionNFTConfig(),
+        *,
+        program: Program | None = None,
+    ):
         self._setup(card, reward, config, program)
         self.artifact = rollout.rendered_artifact(self.program)
         self.regression = self.loop.config.replace(guidance=1.0, stg=0.0)  # the plain velocity, as Finetune regresses
@@ -228,8 +236,13 @@ class DiffusionNFT(DenoiserMethod):
         settings = loop_settings(**{self.loop.id: self.sampling})
         run = rollout.render(card, self.program, settings, batch, key, group_size=self.config.group.size)
         final, _ = run.execution.captures[self.loop.id]
-        return (run.execution.artifacts[self.artifact], final.x, final.cond, run.prompts,
-                rollout.artifacts_of(run.execution, self.program))
+        return (
+            run.execution.artifacts[self.artifact],
+            final.x,
+            final.cond,
+            run.prompts,
+            rollout.artifacts_of(run.execution, self.program),
+        )
 
     def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> NFTRollout:
         images, x0, cond, rows, artifacts = self._render(state.copies["old"], state.frozen, batch, key)
@@ -250,7 +263,9 @@ class DiffusionNFT(DenoiserMethod):
         noise = jax.random.normal(k_noise, x0.shape)
         x_sigma = samplers.noised(x0, noise, sigma)
         v_theta = denoise.velocity(self.models_of(state.frozen)(params), x_sigma, sigma, ro.cond, self.regression)
-        v_old = denoise.velocity(self.models_of(state.frozen)(state.copies["old"]), x_sigma, sigma, ro.cond, self.regression)
+        v_old = denoise.velocity(
+            self.models_of(state.frozen)(state.copies["old"]), x_sigma, sigma, ro.cond, self.regression
+        )
         return nft_loss(v_theta, v_old, noise - x0, ro.weights, self.config.beta)
 
     def _update(self, state: TrainState, ro: NFTRollout, key: jax.Array) -> tuple[TrainState, dict]:
@@ -260,10 +275,19 @@ class DiffusionNFT(DenoiserMethod):
         old = state.copies["old"]
         followed = jax.tree.map(lambda o, p: o + (1.0 - d).astype(o.dtype) * (p - o), old, out.params)
         old = update.guard(out.finite, followed, old)
-        new = state._replace(params={GENERATOR: out.params}, opt_state={GENERATOR: out.opt_state}, copies={"old": old},
-                             step=state.step + 1)
-        return new, {**out.aux, "grad_norm": out.grad_norm, "ema_decay": d, "r_mean": jnp.mean(ro.weights),
-                     "skipped": update.skipped(out.finite)}
+        new = state._replace(
+            params={GENERATOR: out.params},
+            opt_state={GENERATOR: out.opt_state},
+            copies={"old": old},
+            step=state.step + 1,
+        )
+        return new, {
+            **out.aux,
+            "grad_norm": out.grad_norm,
+            "ema_decay": d,
+            "r_mean": jnp.mean(ro.weights),
+            "skipped": update.skipped(out.finite),
+        }
 
     def rollout_metrics(self, ro: NFTRollout) -> dict[str, jax.Array]:
         """The rollout's reward metrics (``rollout.reward_metrics``)."""

@@ -58,7 +58,14 @@ from jaxpipe.training.rollout import Group, Sampling
 from jaxpipe.training.trainer import Method, TrainState
 
 __all__ = [
-    "SelfForcingConfig", "SelfForcing", "causal_loop", "with_sampling", "LOSS_KEY", "CRITIC_KEY", "STUDENT", "CRITIC",
+    "SelfForcingConfig",
+    "SelfForcing",
+    "causal_loop",
+    "with_sampling",
+    "LOSS_KEY",
+    "CRITIC_KEY",
+    "STUDENT",
+    "CRITIC",
 ]
 
 LOSS_KEY = 1_000_003
@@ -162,8 +169,15 @@ class SelfForcing(Method):
         frames or vocabularies differ, or the teacher has no text encoder.
     """
 
-    def __init__(self, card: Card, teacher: Card, config: SelfForcingConfig = SelfForcingConfig(), *,
-                 program: Program | None = None, teacher_program: Program | None = None):
+    def __init__(
+        self,
+        card: Card,
+        teacher: Card,
+        config: SelfForcingConfig = SelfForcingConfig(),
+        *,
+        program: Program | None = None,
+        teacher_program: Program | None = None,
+    ):
         self.config = config
         self.program = registry.default_program(card) if program is None else program
         self.program.check(card)
@@ -193,7 +207,9 @@ class SelfForcing(Method):
         self.parts = Parts(card, {STUDENT: (self.denoiser,)})
         used = {name: teacher[name] for name in ("text_encoder", self._teacher_denoiser)}  # not its autoencoder
         self._t_graphdef, self._teacher, self._t_rest = nnx.split(used, nnx.Param, ...)
-        self._critic_graphdef, self._critic, self._critic_rest = nnx.split(teacher[self._teacher_denoiser], nnx.Param, ...)
+        self._critic_graphdef, self._critic, self._critic_rest = nnx.split(
+            teacher[self._teacher_denoiser], nnx.Param, ...
+        )
         self.optimizers = {STUDENT: config.student.make(), CRITIC: config.dm.critic.make()}
         self.tx, self.critic_tx = self.optimizers[STUDENT], self.optimizers[CRITIC]
         self.roles = {CRITIC: (self._teacher_denoiser,)}
@@ -217,8 +233,9 @@ class SelfForcing(Method):
         del key
         params = copy({**self.parts.params, CRITIC: self._critic})
         opt_state = {part: tx.init(params[part]) for part, tx in self.optimizers.items()}
-        return TrainState(params, opt_state, copy(self.parts.frozen), {"teacher": copy(self._teacher)},
-                          jnp.zeros((), jnp.int32))
+        return TrainState(
+            params, opt_state, copy(self.parts.frozen), {"teacher": copy(self._teacher)}, jnp.zeros((), jnp.int32)
+        )
 
     def components(self, params, frozen) -> dict:
         """The student card's modules (the critic belongs to the teacher's)."""
@@ -309,8 +326,9 @@ class SelfForcing(Method):
         teacher = self._teacher_parts(state)
         cond, uncond = self._teacher_cond(teacher, ids)
         real, fake = (teacher[self._teacher_denoiser],), (self._critic_model(state.params[CRITIC]),)
-        return jax.lax.stop_gradient(clean_estimates(real, fake, video, key, cond, uncond, self.real, self.fake,
-                                                     self.config.dm.noise))
+        return jax.lax.stop_gradient(
+            clean_estimates(real, fake, video, key, cond, uncond, self.real, self.fake, self.config.dm.noise)
+        )
 
     def student_loss(self, params: nnx.State, state: TrainState, ids: jax.Array, keys: jax.Array, key: jax.Array):
         """The distribution-matching surrogate of ``params``' own rollout, ``dm_surrogate(x̂, g) / numel``.
@@ -361,20 +379,42 @@ class SelfForcing(Method):
           ``(state, metrics)``.
         """
         ids, keys = self._rows(batch, key)
-        out = update.step(self.student_loss, self.tx, state.params[STUDENT], state.opt_state[STUDENT], state, ids, keys,
-                          jax.random.fold_in(key, LOSS_KEY), when=state.step >= self.config.critic_warmup)
+        out = update.step(
+            self.student_loss,
+            self.tx,
+            state.params[STUDENT],
+            state.opt_state[STUDENT],
+            state,
+            ids,
+            keys,
+            jax.random.fold_in(key, LOSS_KEY),
+            when=state.step >= self.config.critic_warmup,
+        )
         video, metrics = out.aux
         applied = out.finite & (state.step >= self.config.critic_warmup)  # warm-up: the critic alone learns
-        state = state._replace(params={**state.params, STUDENT: out.params},
-                               opt_state={**state.opt_state, STUDENT: out.opt_state}, step=state.step + 1)
+        state = state._replace(
+            params={**state.params, STUDENT: out.params},
+            opt_state={**state.opt_state, STUDENT: out.opt_state},
+            step=state.step + 1,
+        )
         video = jax.lax.stop_gradient(video)
         critic_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
-            jax.random.fold_in(key, CRITIC_KEY), jnp.arange(self.config.dm.critic_steps))
+            jax.random.fold_in(key, CRITIC_KEY), jnp.arange(self.config.dm.critic_steps)
+        )
         fake_score_loss = lambda critic, k: self.critic_loss(critic, state, video, ids, k)
         critic, critic_opt, c_loss, c_norm, c_skip = update.steps(
-            fake_score_loss, self.critic_tx, state.params[CRITIC], state.opt_state[CRITIC], critic_keys)
-        state = state._replace(params={**state.params, CRITIC: critic}, opt_state={**state.opt_state, CRITIC: critic_opt})
-        return state, {**metrics, "grad_norm": out.grad_norm, "skipped": update.skipped(out.finite),
-                       "student_updated": applied.astype(jnp.float32),
-                       "critic_loss": jnp.mean(c_loss), "critic_grad_norm": jnp.mean(c_norm),
-                       "critic_skipped": jnp.sum(c_skip), "video_abs": jnp.mean(jnp.abs(video))}
+            fake_score_loss, self.critic_tx, state.params[CRITIC], state.opt_state[CRITIC], critic_keys
+        )
+        state = state._replace(
+            params={**state.params, CRITIC: critic}, opt_state={**state.opt_state, CRITIC: critic_opt}
+        )
+        return state, {
+            **metrics,
+            "grad_norm": out.grad_norm,
+            "skipped": update.skipped(out.finite),
+            "student_updated": applied.astype(jnp.float32),
+            "critic_loss": jnp.mean(c_loss),
+            "critic_grad_norm": jnp.mean(c_norm),
+            "critic_skipped": jnp.sum(c_skip),
+            "video_abs": jnp.mean(jnp.abs(video)),
+        }

@@ -81,14 +81,25 @@ def _render(card: Card, texts: list[str], seeds: list[int], settings: HeldOut, s
     for start in range(0, len(texts), settings.batch):
         if should_stop is not None and should_stop():
             raise Stopped()
-        out = generate(card, texts[start:start + settings.batch], seed=seeds[start:start + settings.batch],
-                       num_steps=settings.num_steps, guidance=settings.guidance)
+        out = generate(
+            card,
+            texts[start : start + settings.batch],
+            seed=seeds[start : start + settings.batch],
+            num_steps=settings.num_steps,
+            guidance=settings.guidance,
+        )
         parts.append({k: np.asarray(v) for k, v in out.items() if not isinstance(v, (list, str))})
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def held_out_quality(card: Card, reward: rewards.Reward, prompts: PromptSet, settings: HeldOut = HeldOut(), *,
-                     should_stop: Callable[[], bool] | None = None) -> dict:
+def held_out_quality(
+    card: Card,
+    reward: rewards.Reward,
+    prompts: PromptSet,
+    settings: HeldOut = HeldOut(),
+    *,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict:
     """``card`` on held-out ``prompts``: the reward's mean (and each part's), its spread, and the diversity.
 
     The first ``settings.samples`` prompts are served by ``jp.generate`` (one fixed seed each, from
@@ -115,7 +126,9 @@ def held_out_quality(card: Card, reward: rewards.Reward, prompts: PromptSet, set
     seeds = [settings.seed * 100_003 + i for i in range(len(texts))]
     artifacts = _render(card, texts, seeds, settings, should_stop)
     rows = Prompts.from_texts(card, texts, dict(chosen.metadata), width=prompts.width)
-    total, parts = rewards.score(reward, {k: artifacts[k] for k in artifacts if k in ("image", "video", "latents")}, rows)
+    total, parts = rewards.score(
+        reward, {k: artifacts[k] for k in artifacts if k in ("image", "video", "latents")}, rows
+    )
     n, k = min(settings.diversity_prompts, len(texts)), settings.diversity_seeds
     repeated = [t for t in texts[:n] for _ in range(k)]
     noise = [settings.seed * 100_003 + 500_000 + i for i in range(len(repeated))]

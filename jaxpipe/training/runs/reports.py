@@ -41,7 +41,15 @@ def _reward_summary(history: list[dict], keys: tuple[str, ...]) -> dict:
 DIVERSITY_COLLAPSE = 0.30
 """A relative drop in sample diversity larger than this is collapse (reward hacking): the run failed."""
 
-OUTPUTS = ("metrics.jsonl", "report.json", "before.json", "progress.json", "config.json", "weights.safetensors", "checkpoints")
+OUTPUTS = (
+    "metrics.jsonl",
+    "report.json",
+    "before.json",
+    "progress.json",
+    "config.json",
+    "weights.safetensors",
+    "checkpoints",
+)
 """What a run writes into its folder (plus its curve PNGs)."""
 
 TIMING = ("train_seconds", "seconds_per_step", "eval_seconds")
@@ -59,10 +67,14 @@ def _leaves(tree, prefix: str = "") -> Iterator[tuple[str, object]]:
 def _differences(saved: Mapping, ours: Mapping) -> list[str]:
     """``"NAME: OLD (saved) vs NEW (now)"`` for each setting that differs: the recorded flags when both runs
     have them (as the user typed them), else the settings' own fields (``config.sampling.sde_window``)."""
+
     def side(then: Mapping, now: Mapping, shown=str) -> list[str]:
         names = [*now, *(k for k in then if k not in now)]
-        return [f"{k}: {shown(then[k]) if k in then else '(not set)'} (saved) vs {shown(now[k]) if k in now else '(not set)'} (now)"
-                for k in names if then.get(k, object) != now.get(k, object)]
+        return [
+            f"{k}: {shown(then[k]) if k in then else '(not set)'} (saved) vs {shown(now[k]) if k in now else '(not set)'} (now)"
+            for k in names
+            if then.get(k, object) != now.get(k, object)
+        ]
 
     lines = side({"method": saved.get("method")}, {"method": ours["method"]})
     typed = side(saved.get("flags") or {}, ours.get("flags") or {}) if saved.get("flags") and ours.get("flags") else []
@@ -81,13 +93,16 @@ def _same_run(out: Path, run: Run, *, seed: int, flags: Mapping[str, str] | None
         ours = {"method": run.name, "seed": seed, "settings": json.loads(json.dumps(run.settings))}
         if {k: saved.get(k) for k in ours} != ours:
             differ = "; ".join(_differences(saved, {**ours, "flags": dict(flags or {})}))
-            raise ValueError(f"{out} holds a run with other settings: {differ}. Resume it with the saved ones, "
-                             "or pass --overwrite to start it again")
+            raise ValueError(
+                f"{out} holds a run with other settings: {differ}. Resume it with the saved ones, "
+                "or pass --overwrite to start it again"
+            )
     return saved
 
 
-def finished(out: str | os.PathLike, run: Run, *, steps: int, seed: int = 0,
-             flags: Mapping[str, str] | None = None) -> dict | None:
+def finished(
+    out: str | os.PathLike, run: Run, *, steps: int, seed: int = 0, flags: Mapping[str, str] | None = None
+) -> dict | None:
     """The report of the run in ``out`` when it already finished ``steps`` steps of ``run`` (its card saved),
     else ``None``.
 
@@ -113,15 +128,18 @@ def finished(out: str | os.PathLike, run: Run, *, steps: int, seed: int = 0,
     return report if done else None
 
 
-def _prepare(out: Path, run: Run, *, steps: int, seed: int, resume: bool, overwrite: bool,
-             flags: Mapping[str, str] | None = None) -> dict:
+def _prepare(
+    out: Path, run: Run, *, steps: int, seed: int, resume: bool, overwrite: bool, flags: Mapping[str, str] | None = None
+) -> dict:
     """Make ``out`` ready: refuse a non-empty folder unless resuming or overwriting; on resume, check
     that it holds a run of the same method, settings and seed. Returns the saved progress (or ``{}``)."""
     if resume:
         return _same_run(out, run, seed=seed, flags=flags)
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
-            raise ValueError(f"{out} is not empty: pass --resume to continue the run in it, or --overwrite to replace it")
+            raise ValueError(
+                f"{out} is not empty: pass --resume to continue the run in it, or --overwrite to replace it"
+            )
         for name in OUTPUTS:
             path = out / name
             if path.is_dir():
@@ -140,8 +158,11 @@ def trained_id(out: Path) -> str:
 
 def _report(out: Path, run: Run, steps: int, seed: int, history: list[dict], train_seconds: float, status: str) -> dict:
     """The report's record of the training part (and its curves, drawn now)."""
-    curves = [plot_curves(history, keys, out / name, title=f"{run.name}, {len(history)} of {steps} steps")
-              for name, keys in run.curves.items() if history and any(k in history[0] for k in keys)]
+    curves = [
+        plot_curves(history, keys, out / name, title=f"{run.name}, {len(history)} of {steps} steps")
+        for name, keys in run.curves.items()
+        if history and any(k in history[0] for k in keys)
+    ]
     return {
         "method": run.name,
         "status": status,
@@ -160,7 +181,9 @@ def _report(out: Path, run: Run, steps: int, seed: int, history: list[dict], tra
     }
 
 
-def _stopped(out: Path, run: Run, steps: int, seed: int, history: list[dict], train_seconds: float, during: str) -> dict:
+def _stopped(
+    out: Path, run: Run, steps: int, seed: int, history: list[dict], train_seconds: float, during: str
+) -> dict:
     """Write and return the report of a run stopped while ``during``: the curves and rewards so far."""
     report = {**_report(out, run, steps, seed, history, train_seconds, "stopped"), "stopped_during": during}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -229,17 +252,28 @@ def execute(
         raise ValueError(f"steps must be > 0 (got {steps})")
     out = Path(out)
     if resume and (done := finished(out, run, steps=steps, seed=seed, flags=flags)) is not None:
-        log(f"{run.name}: the run in {out} already finished ({steps} steps), nothing to resume; its report: {out / 'report.json'}")
+        log(
+            f"{run.name}: the run in {out} already finished ({steps} steps), nothing to resume; its report: {out / 'report.json'}"
+        )
         return done
     first = next(run.batches)
     run.method.check_batch(first)  # a batch the method cannot train on fails now, before anything is written
     batches = itertools.chain([first], run.batches)
     saved = _prepare(out, run, steps=steps, seed=seed, resume=resume, overwrite=overwrite, flags=flags)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "progress.json").write_text(json.dumps(
-        {"method": run.name, "seed": seed, "settings": run.settings, "train_seconds": saved.get("train_seconds", 0.0),
-         **({"flags": dict(flags)} if flags else {})}, indent=2
-    ) + "\n")
+    (out / "progress.json").write_text(
+        json.dumps(
+            {
+                "method": run.name,
+                "seed": seed,
+                "settings": run.settings,
+                "train_seconds": saved.get("train_seconds", 0.0),
+                **({"flags": dict(flags)} if flags else {}),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     state = run.method.init(jax.random.key(seed))
     metrics_path = out / "metrics.jsonl"
     if not resume:
@@ -254,14 +288,31 @@ def execute(
             try:
                 before = run.evaluate(run.method.card(state), should_stop)
             except Stopped:
-                return _stopped(out, run, steps, seed, read_metrics(metrics_path), saved.get("train_seconds", 0.0),
-                                "evaluating the starting card")
+                return _stopped(
+                    out,
+                    run,
+                    steps,
+                    seed,
+                    read_metrics(metrics_path),
+                    saved.get("train_seconds", 0.0),
+                    "evaluating the starting card",
+                )
             before_path.write_text(json.dumps(before, indent=2) + "\n")
     start = time.perf_counter()
     state, history = fit(
-        run.method.step, state, batches, steps=steps, key=jax.random.key(seed), metrics_path=metrics_path,
-        desc=run.name, progress=progress, checkpoint_dir=out / "checkpoints", save_every=save_every, resume=resume,
-        should_stop=should_stop, log=log,
+        run.method.step,
+        state,
+        batches,
+        steps=steps,
+        key=jax.random.key(seed),
+        metrics_path=metrics_path,
+        desc=run.name,
+        progress=progress,
+        checkpoint_dir=out / "checkpoints",
+        save_every=save_every,
+        resume=resume,
+        should_stop=should_stop,
+        log=log,
     )
     jax.block_until_ready(state)
     train_seconds = saved.get("train_seconds", 0.0) + time.perf_counter() - start
@@ -313,7 +364,9 @@ def summary_lines(report: dict) -> list[str]:
     width = max([32, *map(len, report["rewards"]), *map(len, report.get("summary", {}))])
     for key, value in report["rewards"].items():
         if isinstance(value, dict):
-            lines.append(f"{key:{width}s} first {report['rewards']['window']} steps {value['first']:.3f} -> last {value['last']:.3f}")
+            lines.append(
+                f"{key:{width}s} first {report['rewards']['window']} steps {value['first']:.3f} -> last {value['last']:.3f}"
+            )
     for key, value in report.get("summary", {}).items():
         if isinstance(value, dict) and "before" in value and value["before"] is not None:
             after = value["after"]
@@ -329,5 +382,7 @@ def summary_lines(report: dict) -> list[str]:
         f"training: {report['train_seconds']:.1f} s for {report['steps']} steps "
         f"({report['seconds_per_step']:.2f} s/step incl. compile); skipped updates: {report['skipped_updates']}"
     )
-    lines.append(f"wrote {report['metrics']}, {', '.join(report['curves'])}, report.json and the card in {report['card']}")
+    lines.append(
+        f"wrote {report['metrics']}, {', '.join(report['curves'])}, report.json and the card in {report['card']}"
+    )
     return lines
