@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxpipe import tracing  # noqa: F401  (cheap tracer probes before any network is built or traced)
 from jaxpipe.loops import registry as loop_kinds
 
 __all__ = ["Card", "CardSpec", "LoopSpec", "CardValidationError"]

@@ -1,10 +1,14 @@
 """Shared fixtures: small cards whose zero-initialised output layers are perturbed so they compute something.
 
 The suite compiles through JAX's persistent compilation cache (``jaxpipe.compilation``): the
-user's cache directory, or ``$JAXPIPE_CACHE_DIR`` (CI points it at a fresh folder of its own).
-Both pytest-xdist workers and the subprocesses the tests start share it.
+user's cache directory (kept between runs, CI's included), or ``$JAXPIPE_CACHE_DIR``. Both pytest-xdist
+workers and the subprocesses the tests start share it.
+
+``JAXPIPE_COMPILE_LOG=FILE`` appends one JSON line per trace, lowering and XLA compile to ``FILE.<worker>``
+(``{"test", "event", "fun", "s"}``): where a test's seconds go (see docs/testing.md).
 """
 
+import json
 import os
 
 import jax
@@ -18,12 +22,38 @@ from jaxpipe.prompts import Prompts
 
 os.environ["JAXPIPE_CACHE_DIR"] = str(compilation.enable_cache())
 
-# Compiling dominates the suite and its programs are tiny: XLA's CPU backend at -O0 compiles them in ~60%
-# of the time (measured: test_flow_grpo + test_denoise 1 min 42 s -> 1 min 02 s from a cold cache) and
-# runs them barely slower. Set before the backend starts, so the tests' subprocesses inherit it too;
-# a level the caller chose wins. Every comparison in a test runs under the same flags.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+# Compiling dominates the suite and its programs are tiny, so the tests compile for speed of compiling, and set
+# it before the backend starts so the subprocesses they start inherit it:
+# - LLVM at -O0 compiles them in ~60% of the time (measured: test_flow_grpo + test_denoise 1 min 42 s -> 1 min 02 s
+#   from a cold cache) and runs them barely slower;
+# - XLA's older loop emitters instead of its MLIR fusion emitters compile a FlowGRPO step in ~60% of the time
+#   again (6.6-9.9 s -> 3.7-4.3 s) and a tiny eager op in ~60% (measured side by side in one process each).
+# Either only changes how kernels are emitted, not what they compute: a render differs from the default flags'
+# in the last bits (up to 8e-7), so every comparison inside a test runs under the same flags, and the behaviour
+# recordings (tests/data/behaviour.json) are per XLA_FLAGS. A flag the caller set wins.
+_FAST_COMPILE = {"xla_backend_optimization_level": "0", "xla_cpu_use_fusion_emitters": "false"}
+for _flag, _value in _FAST_COMPILE.items():
+    if _flag not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_flag}={_value}".strip()
+
+if os.environ.get("JAXPIPE_COMPILE_LOG"):
+    from jax import monitoring
+
+    _EVENTS = {
+        "/jax/core/compile/jaxpr_trace_duration": "trace",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+        "/jax/core/compile/backend_compile_duration": "compile",
+    }
+    _LOG = open(f"{os.environ['JAXPIPE_COMPILE_LOG']}.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}", "a")  # noqa: SIM115
+
+    def _log_compile(event: str, seconds: float, **kwargs) -> None:
+        if event in _EVENTS:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+            row = {"test": test, "event": _EVENTS[event], "fun": str(kwargs.get("fun_name", "")), "s": seconds}
+            _LOG.write(json.dumps(row) + "\n")
+            _LOG.flush()
+
+    monitoring.register_event_duration_secs_listener(_log_compile)
 
 LONGEST_FIRST = (
     "test_stop_resume.py",
@@ -63,10 +93,17 @@ def rl_batch(card):
 def perturbed(module_or_card, seed: int = 0, scale: float = 0.05):
     """A copy whose every parameter gets small Gaussian noise (adaLN-zero layers start at exactly 0)."""
     graphdef, params, rest = nnx.split(module_or_card, nnx.Param, ...)
+    return nnx.merge(graphdef, _perturb(params, jax.random.key(seed), scale), rest)
+
+
+@jax.jit
+def _perturb(params, key, scale):
+    # one program per card structure: drawn leaf by leaf outside jit, each shape was a compile of its own
     leaves, treedef = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    leaves = [p + scale * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys)]
-    return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves), rest)
+    keys = jax.random.split(key, len(leaves))
+    return jax.tree.unflatten(
+        treedef, [p + scale * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys)]
+    )
 
 
 @pytest.fixture(scope="session")

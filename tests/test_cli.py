@@ -1,10 +1,8 @@
 """The `jaxpipe` command line, on the bundled pretrained cards."""
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -165,25 +163,33 @@ def test_every_bundled_workflow_renders_from_the_command_line(flow, frames, tmp_
     assert out.with_suffix(".png").is_file() == flow.startswith("image_video")  # the first image, where there is one
 
 
-def test_ctrl_c_in_the_first_moments_of_generate_exits_130_and_writes_nothing(tmp_path):
-    """The stop handler is in place before JAX loads: a SIGINT while it does is a clean stop, not a traceback."""
+SIGINT_AT_IMPORT = """
+import os, runpy, signal, sys
+module, argv = sys.argv[1], sys.argv[2:]
+class SignalAt:  # delivers a SIGINT to this process at the first import of `module`, before it loads
+    def find_spec(self, name, path=None, target=None):
+        if name == module:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, SignalAt())
+sys.argv = ["jaxpipe", *argv]  # the console script's name: the command installs its stop handler as it starts
+runpy.run_module("jaxpipe.cli", run_name="__main__")
+"""
+"""Runs ``jaxpipe ARGV...`` as its console script does, with a SIGINT landing exactly as ``MODULE`` starts to load:
+``python -c SIGINT_AT_IMPORT MODULE ARGV...``. Deterministic: the signal's moment is an import, not a wall-clock
+delay, so a loaded machine cannot move it."""
+
+
+@pytest.mark.parametrize("module", ["typer", "jax"])
+def test_ctrl_c_in_the_first_moments_of_generate_exits_130_and_writes_nothing(module, tmp_path):
+    """The stop handler is in place before typer and JAX load: a SIGINT while they do is a clean stop, not a
+    traceback."""
     out = tmp_path / "x.gif"
-    for delay in (0.3, 0.8, 1.5):  # the interpreter is up; JAX is still loading
-        command = subprocess.Popen(
-            [sys.executable, "-m", "jaxpipe.cli", "generate", "seven thick moving right", "-o", str(out)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        time.sleep(delay)
-        command.send_signal(signal.SIGINT)
-        output, _ = command.communicate(timeout=120)
-        # on a loaded machine the signal can land before the handler exists (Python still finding the module, or
-        # the standard library's first imports): Python's own KeyboardInterrupt, raised outside any installed
-        # package; try a little later. One raised in typer or JAX means the handler came too late: a failure.
-        if not (command.returncode == -signal.SIGINT and "site-packages" not in output):
-            break
-    assert command.returncode == 130, output
+    command = [sys.executable, "-c", SIGINT_AT_IMPORT, module, "generate", "seven thick moving right", "-o", str(out)]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    output = done.stdout
+    assert done.returncode == 130, output
     assert "stopped (SIGINT)" in output and "nothing written" in output and "Traceback" not in output
     assert len(output.strip().splitlines()) <= 2  # the handler's notice and the command's one line
     assert not list(tmp_path.iterdir())

@@ -19,6 +19,7 @@ naming it, never silently wrong outputs. A folder saved before digests existed l
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -381,10 +382,20 @@ def _read_config(directory: Path, *, verify: bool = False):
         saved = registry.UPGRADES[meta["family"]](saved)
     try:
         config = config_from_dict(family.config, saved)
-        abstract = nnx.eval_shape(lambda: family.build(config, seed=0, model_id=meta["model_id"]))
+        graphdef, state, spec = _abstract_build(family, config, meta["model_id"])
     except (TypeError, ValueError) as err:
         raise ValueError(f"{directory / CONFIG_FILE}: its {meta['family']} config does not load: {err}") from None
-    return meta, family, abstract
+    return meta, family, Card(nnx.merge(graphdef, state), spec)
+
+
+@functools.lru_cache(maxsize=64)
+def _abstract_build(family: registry.Family, config: Any, model_id: str) -> tuple[Any, Any, Any]:
+    """``(graphdef, abstract state, spec)`` of ``family.build(config)``, traced once per process: tracing a
+    family's constructor costs about a second (far more than reading its weights), and a process loads the
+    same few cards again and again (an engine per test, ``jaxpipe cards``). Callers merge a fresh module graph."""
+    abstract = nnx.eval_shape(lambda: family.build(config, seed=0, model_id=model_id))
+    graphdef, state = nnx.split(abstract.components)
+    return graphdef, state, abstract.spec
 
 
 def load_card(directory: str | os.PathLike) -> Card:
