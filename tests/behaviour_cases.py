@@ -13,8 +13,7 @@ at most in float32 after 8 RL steps, 6% in bfloat16).
     python tests/behaviour_cases.py --record   # record them for this environment (a new machine, or a
                                                # change that is meant to move them: then re-record all)
 
-Run under the suite's XLA flags (``conftest``: ``--xla_backend_optimization_level=0``), which this
-script sets the same way before JAX starts.
+Run under the suite's XLA flags (``tests/xla_flags.py``), which this script sets the same way before JAX starts.
 """
 
 from __future__ import annotations
@@ -27,8 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import xla_flags
+
+xla_flags.apply()
 
 import jax
 import numpy as np

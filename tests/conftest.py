@@ -14,6 +14,7 @@ import os
 import jax
 import jax.numpy as jnp
 import pytest
+import xla_flags  # tests/xla_flags.py
 from flax import nnx
 
 import jaxpipe as jp
@@ -22,19 +23,7 @@ from jaxpipe.prompts import Prompts
 
 os.environ["JAXPIPE_CACHE_DIR"] = str(compilation.enable_cache())
 
-# Compiling dominates the suite and its programs are tiny, so the tests compile for speed of compiling, and set
-# it before the backend starts so the subprocesses they start inherit it:
-# - LLVM at -O0 compiles them in ~60% of the time (measured: test_flow_grpo + test_denoise 1 min 42 s -> 1 min 02 s
-#   from a cold cache) and runs them barely slower;
-# - XLA's older loop emitters instead of its MLIR fusion emitters compile a FlowGRPO step in ~60% of the time
-#   again (6.6-9.9 s -> 3.7-4.3 s) and a tiny eager op in ~60% (measured side by side in one process each).
-# Either only changes how kernels are emitted, not what they compute: a render differs from the default flags'
-# in the last bits (up to 8e-7), so every comparison inside a test runs under the same flags, and the behaviour
-# recordings (tests/data/behaviour.json) are per XLA_FLAGS. A flag the caller set wins.
-_FAST_COMPILE = {"xla_backend_optimization_level": "0", "xla_cpu_use_fusion_emitters": "false"}
-for _flag, _value in _FAST_COMPILE.items():
-    if _flag not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_flag}={_value}".strip()
+xla_flags.apply()  # before the backend starts: compiled for speed of compiling (tests/xla_flags.py)
 
 if os.environ.get("JAXPIPE_COMPILE_LOG"):
     from jax import monitoring
