@@ -196,3 +196,29 @@ def test_minibatches_partition_the_rollout_and_steps_are_drawn_per_row():
         steps = (picked[:, b] - b) / B
         assert len(set(steps.tolist())) == 3 and set(steps.tolist()) <= set(range(S))
     assert len({tuple(picked[:, b] // B) for b in range(B)}) > 1  # drawn per row
+
+
+class _Unhashable:
+    """A reward object that cannot be hashed: its trainers share nothing."""
+
+    __hash__ = None
+
+    def __call__(self, artifacts, prompts):
+        return brightness_reward(artifacts, prompts)
+
+
+def test_trainers_built_alike_share_their_compiled_step(method, rollout, t2i_card):
+    """A second trainer from the same card, reward and equal config (a seed sweep) reuses the first one's jitted
+    functions: its step compiles nothing. Any other argument, or one that cannot be hashed, shares nothing."""
+    state, _ = rollout
+    twin = FlowGRPO(t2i_card, brightness_reward, dataclasses.replace(CONFIG))  # equal by value, another object
+    assert twin._step is method._step and twin.rollout is method.rollout and twin.update is method.update
+    method.step(state, rl_batch(t2i_card), jax.random.key(1))
+    compiled = method._step._cache_size()
+    new_state, metrics = twin.step(twin.init(), rl_batch(t2i_card), jax.random.key(2))
+    assert method._step._cache_size() == compiled and float(metrics["skipped"]) == 0.0
+    other = FlowGRPO(t2i_card, brightness_reward, dataclasses.replace(CONFIG, beta=0.5))
+    assert other._step is not method._step
+    assert FlowGRPO(t2i_card, constant_reward, CONFIG)._step is not method._step
+    unhashable = _Unhashable()
+    assert FlowGRPO(t2i_card, unhashable, CONFIG)._step is not FlowGRPO(t2i_card, unhashable, CONFIG)._step

@@ -23,7 +23,8 @@ To keep the adapters themselves, ``lora.save_adapters(method.components(state.pa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import collections
+from collections.abc import Hashable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -36,7 +37,23 @@ from jaxpipe.card import Card, CardSpec
 from jaxpipe.nn import lora
 from jaxpipe.training.parts import Parts, copy
 
-__all__ = ["Trainer", "TrainState", "Method", "RolloutMethod", "UPDATE_KEY", "merged"]
+__all__ = ["Trainer", "TrainState", "Method", "RolloutMethod", "SHARED_TRAINERS", "UPDATE_KEY", "merged"]
+
+SHARED_TRAINERS = 16
+"""How many trainers' jitted functions a process keeps for their twins (least recently built dropped first)."""
+
+_TWINS: collections.OrderedDict[Hashable, Method] = collections.OrderedDict()
+
+
+def _share_key(cls: type, made_from: tuple) -> Hashable | None:
+    """The key twins share, or ``None`` (nothing shared) when an argument cannot be hashed (an array)."""
+    key = (cls, made_from)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
 
 UPDATE_KEY = 1_000_003
 """``fold_in(step key, UPDATE_KEY)`` keys a step's updates (its rollout uses the step key itself)."""
@@ -100,7 +117,7 @@ class Method:
 
     A subclass sets up ``self.parts`` (``Parts``), ``self.optimizers`` (part -> optax transformation)
     and ``self.spec`` (the trained card's spec), optionally ``copies(params)`` (the copies ``init``
-    makes) and ``roles`` / ``role_params``, then calls ``self._jit()``; it writes ``step_fn(state,
+    makes) and ``roles`` / ``role_params``, then calls ``self._jit(*constructor arguments)``; it writes ``step_fn(state,
     batch, key)`` (pure, unjitted) and may extend ``check_batch``.
     """
 
@@ -111,7 +128,31 @@ class Method:
     stacked: tuple[str, ...] = ()
     """Parts whose parameters carry a leading expert axis: their optimiser states are ``vmap``-initialised."""
 
-    def _jit(self) -> None:
+    jitted: tuple[str, ...] = ("_step",)
+    """The attributes ``_jit`` sets: the jitted functions a trainer shares with its twins."""
+
+    def _jit(self, *made_from: Any) -> None:
+        """Set ``jitted`` (the jitted ``step_fn``, and a ``RolloutMethod``'s ``rollout`` / ``update``).
+
+        A trainer of the same class built in this process from the same ``made_from`` (the constructor's
+        arguments: configs equal by value, cards, rewards and programs the same objects) shares the jitted
+        functions of the first such trainer (``shared_jits``): it traces and compiles nothing new, as in a sweep
+        over seeds. Construction is deterministic in its arguments, so the twin computes the same step.
+        """
+        key = _share_key(type(self), made_from)
+        twin = _TWINS.get(key) if key is not None else None
+        if twin is None:
+            self._make_jits()
+            if key is not None:
+                _TWINS[key] = self
+                while len(_TWINS) > SHARED_TRAINERS:
+                    _TWINS.popitem(last=False)
+        else:
+            _TWINS.move_to_end(key)
+            for name in self.jitted:
+                setattr(self, name, getattr(twin, name))
+
+    def _make_jits(self) -> None:
         self._step = jax.jit(self.step_fn)
 
     def copies(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -188,8 +229,10 @@ class RolloutMethod(Method):
     ``rollout_metrics(rollout)``; ``step_fn`` runs the three, the update keyed ``fold_in(key, UPDATE_KEY)``.
     """
 
-    def _jit(self) -> None:
-        super()._jit()
+    jitted = ("_step", "rollout", "update")
+
+    def _make_jits(self) -> None:
+        super()._make_jits()
         self.rollout = jax.jit(self._rollout)
         self.update = jax.jit(self._update)
 

@@ -195,7 +195,7 @@ class DMD2(RolloutMethod):
         self.parts.params[CRITIC] = self.parts.params[STUDENT]  # the critic starts as a copy of the teacher's denoiser
         self.optimizers = {STUDENT: config.student.make(), CRITIC: config.dm.critic.make()}
         self.roles = {CRITIC: (self.denoiser,)}
-        self._jit()
+        self._jit(card, config, program)
 
     @property
     def student_tx(self):

@@ -77,10 +77,11 @@ class FlowGRPO(DenoiserMethod):
     def __init__(
         self, card: Card, reward: Reward, config: FlowGRPOConfig = FlowGRPOConfig(), *, program: Program | None = None
     ):
+        made_from = (card, reward, config, program)
         if config.dtype is not None:
             card = with_dtype(card, config.dtype)
         self._setup(card, reward, config, program)
-        self._jit()
+        self._jit(*made_from)
 
     def trained_denoisers(self) -> tuple[str, ...]:
         """The bound denoisers some step of the SDE window routes to (all of them for a one-expert loop)."""

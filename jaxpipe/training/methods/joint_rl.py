@@ -242,7 +242,7 @@ class _RefinerRL(RolloutMethod):
         if config.joint:
             self.optimizers[GENERATOR] = config.generator.optimizer.make()
         self._lm_graphdef = nnx.graphdef(card[self.component])
-        self._jit()
+        self._jit(card, reward, config)
 
     @property
     def refiner_tx(self):

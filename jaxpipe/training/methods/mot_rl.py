@@ -210,7 +210,7 @@ class SharedMoTRL(RolloutMethod):
         self.tx = config.generator.optimizer.make()
         self.optimizers = {MODEL: self.tx}
         self._role = gradient_roles(card["transformer"].cfg)
-        self._jit()
+        self._jit(card, reward, config)
 
     def copies(self, params: dict[str, Any]) -> dict[str, Any]:
         """The frozen reference of both KL terms: a copy of the transformer."""

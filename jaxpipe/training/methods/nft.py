@@ -218,7 +218,7 @@ class DiffusionNFT(DenoiserMethod):
         self.artifact = rollout.rendered_artifact(self.program)
         self.regression = self.loop.config.replace(guidance=1.0, stg=0.0)  # the plain velocity, as Finetune regresses
         self.roles = {"old": tuple(self.denoisers)}
-        self._jit()
+        self._jit(card, reward, config, program)
         self.render = jax.jit(self._render)
 
     def copies(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -213,7 +213,7 @@ class SelfForcing(Method):
         self.optimizers = {STUDENT: config.student.make(), CRITIC: config.dm.critic.make()}
         self.tx, self.critic_tx = self.optimizers[STUDENT], self.optimizers[CRITIC]
         self.roles = {CRITIC: (self._teacher_denoiser,)}
-        self._jit()
+        self._jit(card, teacher, config, program, teacher_program)
         self.render = jax.jit(self._render)
         self.serve = jax.jit(self._serve)
 
