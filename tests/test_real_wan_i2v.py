@@ -294,7 +294,7 @@ def test_published_i2v_sizes_fit_together():
     assert wan.Config.i2v_14b_720p().latent_shape == (21, 90, 160, 16)
 
 
-@pytest.mark.slow  # ~60-100 s: nnx.eval_shape of the whole 14B card (tracing time grows with the parameter count)
+@pytest.mark.slow  # ~5 s (60-330 s before jaxpipe.tracing): nnx.eval_shape of the whole 14B card; by default the 1.3B builds abstractly
 def test_published_i2v_card_builds_abstractly():
     card = nnx.eval_shape(lambda: wan.build(wan.Config.i2v_14b()))
     assert card.spec.capabilities == ("i2v",) and card.spec.loop(wan.I2V_LOOP_ID).binds == ("transformer",)

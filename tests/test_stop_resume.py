@@ -148,6 +148,15 @@ class _Command:
     def output(self) -> str:
         return "".join(self.lines)
 
+    def __enter__(self) -> "_Command":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Whatever the test did, the process is gone afterwards (killed if still running)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
 
 def _rows(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
@@ -189,9 +198,9 @@ def test_ctrl_c_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path
     engine.register(trained, model_id="flux-t2i-rl")
     assert engine.card("flux-t2i-rl").spec.loops == trained.spec.loops
 
-    command = _Command(*TRAIN, "--out", str(part))
-    command.wait_for(lambda: _rows(part / "metrics.jsonl") >= 3)
-    code, output = command.stop(signal.SIGINT)
+    with _Command(*TRAIN, "--out", str(part)) as command:
+        command.wait_for(lambda: _rows(part / "metrics.jsonl") >= 3)
+        code, output = command.stop(signal.SIGINT)
     assert code == 130, output[-3000:]
     assert "resume with: jaxpipe train flow-grpo" in output and "--resume" in output.splitlines()[-1]
     report = json.loads((part / "report.json").read_text())
@@ -226,16 +235,16 @@ def test_ctrl_c_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path
 @needs_cards
 def test_sigterm_during_evaluation_and_ctrl_c_during_generate_end_cleanly(tmp_path):
     out = tmp_path / "early"
-    command = _Command(*TRAIN, "--out", str(out))
-    command.wait_for(lambda: "evaluating the starting card" in command.output())  # compiling and evaluating
-    code, output = command.stop(signal.SIGTERM)
+    with _Command(*TRAIN, "--out", str(out)) as command:
+        command.wait_for(lambda: "evaluating the starting card" in command.output())  # compiling and evaluating
+        code, output = command.stop(signal.SIGTERM)
     assert code == 143, output[-3000:]  # never a crash
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "stopped" and report["completed_steps"] == 0
     assert report["stopped_during"] == "evaluating the starting card" and "resume with:" in output
 
     gif = tmp_path / "x.gif"
-    command = _Command("generate", "seven thick moving right", "-o", str(gif))
-    command.wait_for(lambda: "[1/2] flux-t2i" in command.output())  # the first stage is stepping
-    code, output = command.stop(signal.SIGINT)
+    with _Command("generate", "seven thick moving right", "-o", str(gif)) as command:
+        command.wait_for(lambda: "[1/2] flux-t2i" in command.output())  # the first stage is stepping
+        code, output = command.stop(signal.SIGINT)
     assert code == 130 and "stopped (SIGINT) at step" in output and not gif.exists(), output[-2000:]
