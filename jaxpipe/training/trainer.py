@@ -136,7 +136,7 @@ class Method:
 
         A trainer of the same class built in this process from the same ``made_from`` (the constructor's
         arguments: configs equal by value, cards, rewards and programs the same objects) shares the jitted
-        functions of the first such trainer (``shared_jits``): it traces and compiles nothing new, as in a sweep
+        functions of the first such trainer (kept for ``SHARED_TRAINERS`` trainers): it traces and compiles nothing new, as in a sweep
         over seeds. Construction is deterministic in its arguments, so the twin computes the same step.
         """
         key = _share_key(type(self), made_from)
