@@ -8,6 +8,7 @@ workers and the subprocesses the tests start share it.
 (``{"test", "event", "fun", "s"}``): where a test's seconds go (see docs/testing.md).
 """
 
+import gc
 import json
 import os
 
@@ -24,6 +25,10 @@ from jaxpipe.prompts import Prompts
 os.environ["JAXPIPE_CACHE_DIR"] = str(compilation.enable_cache())
 
 xla_flags.apply()  # before the backend starts: compiled for speed of compiling (tests/xla_flags.py)
+
+# the modules imported so far live as long as the worker: the collector need not walk them again at every full
+# collection while JAX traces (tracing allocates, and so triggers, a great many)
+gc.freeze()
 
 if os.environ.get("JAXPIPE_COMPILE_LOG"):
     from jax import monitoring
@@ -43,6 +48,8 @@ if os.environ.get("JAXPIPE_COMPILE_LOG"):
             _LOG.flush()
 
     monitoring.register_event_duration_secs_listener(_log_compile)
+
+pytest_plugins = ["crash_rerun"]  # tests/crash_rerun.py: a crashed worker's test runs once more
 
 LONGEST_FIRST = (
     "test_stop_resume.py",

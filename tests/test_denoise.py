@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from xla_flags import USERS_EMITTERS
 
 from jaxpipe.loops import denoise
 from jaxpipe.loops.denoise import DenoiseConfig
@@ -22,12 +23,13 @@ def setup(card, config, seeds=(0, 1, 2), with_uncond=False):
     return denoise.init(keys, card.spec.loop("t2i_denoise").latent_shape, cond, config, uncond)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "capture"))
+# compiled with the emitters users run: the bit-for-bit comparisons of a fused scan and driven steps are theirs
+@functools.partial(jax.jit, static_argnames=("config", "capture"), compiler_options=USERS_EMITTERS)
 def fused(model, state, config, capture=False):
     return denoise.run(model, state, config, capture=capture)
 
 
-@functools.partial(jax.jit, static_argnames="config")
+@functools.partial(jax.jit, static_argnames="config", compiler_options=USERS_EMITTERS)
 def one_step(model, state, config):
     return denoise.step(model, state, config)
 

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from xla_flags import USERS_EMITTERS
 
 import jaxpipe as jp
 from jaxpipe import parity
@@ -104,7 +105,8 @@ def test_execute_with_capture_returns_every_loops_trajectory(t2i_card):
     bound = prog.bind(t2i_card, jp.Request("flux-t2i", prompt="three thin", seed=4, num_steps=3))
     sde = P.settings(t2i_denoise=denoise.DenoiseConfig(num_steps=3, sampler="sde", sde_window=(0, 2)))
     slots = P.concat_rows([bound.slots])
-    run = jax.jit(P.execute, static_argnums=(0, 1), static_argnames="capture")
+    # capture changes no bits under the emitters users run (tests/xla_flags.py)
+    run = jax.jit(P.execute, static_argnums=(0, 1), static_argnames="capture", compiler_options=USERS_EMITTERS)
     plain = run(prog, sde, t2i_card, slots)
     captured = run(prog, sde, t2i_card, slots, capture=True)
     final, trajectory = captured.captures["t2i_denoise"]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import leaves_equal, perturbed
 from flax import nnx
+from xla_flags import USERS_EMITTERS
 
 import jaxpipe as jp
 from jaxpipe import parity
@@ -31,7 +32,8 @@ CONFIG = digit_cards.config(
     "wan22-moe", frames=2, dit=DiTConfig(dim=32, depth=1, heads=2), sampling=denoise.DenoiseConfig(num_steps=4)
 )
 
-step = jax.jit(denoise.step, static_argnames="config")
+# compiled with the emitters users run: a routed step and its expert's step alone are compared bit for bit
+step = jax.jit(denoise.step, static_argnames="config", compiler_options=USERS_EMITTERS)
 
 
 def with_router(card: Card, router) -> Card:
@@ -76,7 +78,11 @@ def drive(card, state, expected, step=step):
 
 def test_the_boundary_switches_experts_inside_one_compiled_step(card, cond):
     # a function of its own: jax.jit shares one compile cache among wrappers of the same function
-    own_step = jax.jit(lambda models, state, config: denoise.step(models, state, config), static_argnames="config")
+    own_step = jax.jit(
+        lambda models, state, config: denoise.step(models, state, config),
+        static_argnames="config",
+        compiler_options=USERS_EMITTERS,
+    )
     by_boundary = lambda sigma: "transformer_high" if sigma >= 0.5 else "transformer_low"
     routed = lambda state: drive(card, state, by_boundary, own_step)
     keys = generator.request_keys([0, 1])
