@@ -23,21 +23,25 @@ def setup(card, config, seeds=(0, 1, 2), with_uncond=False):
     return denoise.init(keys, card.spec.loop("t2i_denoise").latent_shape, cond, config, uncond)
 
 
-# compiled with the emitters users run: the bit-for-bit comparisons of a fused scan and driven steps are theirs
-@functools.partial(jax.jit, static_argnames=("config", "capture"), compiler_options=USERS_EMITTERS)
-def fused(model, state, config, capture=False):
+def _fused(model, state, config, capture=False):
     return denoise.run(model, state, config, capture=capture)
 
 
-@functools.partial(jax.jit, static_argnames="config", compiler_options=USERS_EMITTERS)
-def one_step(model, state, config):
+def _one_step(model, state, config):
     return denoise.step(model, state, config)
 
 
-def driven(model, state, config):
+fused = jax.jit(_fused, static_argnames=("config", "capture"))
+one_step = jax.jit(_one_step, static_argnames="config")
+# the same, compiled with the emitters users run: a fused scan and driven steps are compared bit for bit under them
+users_fused = jax.jit(_fused, static_argnames=("config", "capture"), compiler_options=USERS_EMITTERS)
+users_one_step = jax.jit(_one_step, static_argnames="config", compiler_options=USERS_EMITTERS)
+
+
+def driven(model, state, config, step=one_step):
     records = []
     for _ in range(config.num_steps):
-        state, rec = one_step(model, state, config)
+        state, rec = step(model, state, config)
         records.append(rec)
     return state, records
 
@@ -50,8 +54,8 @@ def driven(model, state, config):
 def test_fused_scan_equals_stepwise_bit_for_bit(t2i_card, config):
     model = t2i_card["transformer"]
     state = setup(t2i_card, config)
-    a, _ = fused(model, state, config)
-    b, _ = driven(model, state, config)
+    a, _ = users_fused(model, state, config)
+    b, _ = driven(model, state, config, users_one_step)
     np.testing.assert_array_equal(a.x, b.x)
     np.testing.assert_array_equal(a.step, np.full(3, config.num_steps))
 
@@ -94,11 +98,11 @@ def test_capture_does_not_change_the_sample(t2i_card):
     config = DenoiseConfig(num_steps=5, sampler="sde", sde_window=(1, 4))
     model = t2i_card["transformer"]
     state = setup(t2i_card, config)
-    plain, none = fused(model, state, config)
-    captured, traj = fused(model, state, config, capture=True)
+    plain, none = users_fused(model, state, config)
+    captured, traj = users_fused(model, state, config, capture=True)
     assert none is None
     np.testing.assert_array_equal(plain.x, captured.x)
-    np.testing.assert_array_equal(traj.sample[-1], driven(model, state, config)[1][3].sample)
+    np.testing.assert_array_equal(traj.sample[-1], driven(model, state, config, users_one_step)[1][3].sample)
 
 
 @pytest.mark.slow

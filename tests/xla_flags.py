@@ -29,3 +29,7 @@ def apply() -> str:
         if flag not in os.environ.get("XLA_FLAGS", ""):
             os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{flag}={value}".strip()
     return os.environ["XLA_FLAGS"]
+
+
+if __name__ == "__main__":  # prints the flags, for a shell that runs what the suite runs (.ci/run's docs build)
+    print(apply())
