@@ -52,6 +52,8 @@ if os.environ.get("JAXPIPE_COMPILE_LOG"):
 pytest_plugins = ["crash_rerun"]  # tests/crash_rerun.py: a crashed worker's test runs once more
 
 LONGEST_FIRST = (
+    "test_classifier.py",
+    "test_benchmarks.py",
     "test_stop_resume.py",
     "test_parity.py",
     "test_notebook.py",

@@ -43,30 +43,21 @@ def test_rl_step_parity_check_catches_a_different_rollout():
         bench.check_same_rollout(ref, {"log_prob": ref["log_prob"], "tokens": np.arange(4)[::-1]})
 
 
-def _rl_step_smoke(tmp_path, method: str, row: str):
-    """``rl_step.py --quick`` in a fresh process whose XLA compiles at optimisation level 0: the smoke test
-    times nothing, and compiling the RL steps is most of its cost (~2x less CPU this way)."""
+@pytest.mark.slow  # the RL steps it times are compiled and tested in test_flow_grpo.py and test_unified_rl.py
+def test_rl_step_quick_smoke(tmp_path):
+    """``rl_step.py --quick`` end to end for FlowGRPO and joint UnifiedRL, in one fresh process compiling at XLA
+    optimisation level 0 (the smoke test times nothing, and compiling the RL steps is most of its cost): driven
+    rollout == jitted rollout for both (or it exits non-zero), section written with both rows."""
     out = tmp_path / "RESULTS.md"
     fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {fast_compile}".strip()}
-    cmd = [sys.executable, str(BENCHMARKS / "rl_step.py"), "--quick", "--methods", method, "--results", str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=2400)
+    cmd = [sys.executable, str(BENCHMARKS / "rl_step.py"), "--quick", "--methods", "flowgrpo", "unified"]
+    done = subprocess.run([*cmd, "--results", str(out)], env=env, capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]  # fails if driven != jitted rollout
     text = out.read_text()
     assert "<!-- BEGIN rl_step -->" in text and "<!-- END rl_step -->" in text
-    assert f"| {row} | 1 × 2 (2) | 2 |" in text
-
-
-@pytest.mark.slow  # the RL steps it times are compiled and tested in test_flow_grpo.py
-def test_rl_step_quick_smoke_flow_grpo(tmp_path):
-    """``rl_step.py --quick`` end to end for FlowGRPO: driven rollout == jitted rollout, section written."""
-    _rl_step_smoke(tmp_path, "flowgrpo", "FlowGRPO")
-
-
-@pytest.mark.slow
-def test_rl_step_quick_smoke_unified_rl(tmp_path):
-    """The same for joint UnifiedRL (its compiles alone take ~30 s of CPU, so it runs with -m slow)."""
-    _rl_step_smoke(tmp_path, "unified", "UnifiedRL (joint)")
+    for row in ("FlowGRPO", "UnifiedRL (joint)"):
+        assert f"| {row} | 1 × 2 (2) | 2 |" in text, text
 
 
 def test_joint_rl_check_catches_a_different_update():
@@ -125,8 +116,9 @@ def test_device_quick_smoke(tmp_path):
     assert list(sections) == ["flux", "experts", "engine", "attention"]
     assert all(s["status"] == "skipped" and s["reason"].startswith("budget") for s in sections.values())
 
+    # every section in one process ("train" is a second run's on a device only for its minutes there)
     out, results = tmp_path / "device.json", tmp_path / "RESULTS.md"
-    cmd = [*script, "--sections", "flux", "attention", "--out", str(out), "--results", str(results)]
+    cmd = [*script, "--sections", "flux", "attention", "train", "--out", str(out), "--results", str(results)]
     done = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]  # fails if torch's FLUX != jaxpipe's
     sections = json.loads(out.read_text())["sections"]
@@ -140,18 +132,7 @@ def test_device_quick_smoke(tmp_path):
     text = results.read_text()
     assert "<!-- BEGIN device -->" in text and "<!-- END device -->" in text and "| JAX fused `lax.scan`" in text
     assert (BENCHMARKS / "RESULTS.md").read_bytes() == results_before
-
-    out = tmp_path / "train.json"
-    done = subprocess.run(
-        [*script, "--sections", "train", "--out", str(out)],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    rows = json.loads(out.read_text())["sections"]["train"]["rows"]
+    rows = sections["train"]["rows"]
     assert [r["job"] for r in rows] == ["flux-grpo-lora64-full", "flux-nft-lora64-full"]
     assert all("error" not in r and r["xla_estimate_gb"] > 0 and r["median_s"] > 0 for r in rows), rows
 
