@@ -28,17 +28,16 @@ from jaxpipe import distributed
 from jaxpipe.nn import dit
 
 SCRIPTS = Path(__file__).parent / "scripts"
-# These programs are tiny: LLVM's optimisation passes cost far more than running them, and every
-# equality checked holds at any optimisation level, within its stated tolerance under any emitter.
-FAST_COMPILE = (
-    f"{' '.join(f'--{k}={v}' for k, v in xla_flags.FAST_COMPILE.items())} --xla_llvm_disable_expensive_passes=true"
-)
 
 
 def cpu_env(devices: int) -> dict:
+    """The suite's XLA flags (tests/xla_flags.py) and ``devices`` CPU devices. These programs are tiny: LLVM's
+    optimisation passes cost far more than running them, and every equality checked holds at any optimisation
+    level, within its stated tolerance under any emitter."""
+    flags = f"{xla_flags.apply()} --xla_llvm_disable_expensive_passes=true"
     return {
         **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {flags}",
         "JAX_PLATFORMS": "cpu",
     }
 
