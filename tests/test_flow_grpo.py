@@ -62,6 +62,39 @@ def test_update_moves_the_velocity_toward_the_ml_velocity(method, rollout):
     assert agreement > 0  # advantage-weighted, the update moves v toward the realized samples' v_ml
 
 
+CFG_CONFIG = dataclasses.replace(CONFIG, sampling=dataclasses.replace(CONFIG.sampling, guidance=4.0))
+
+
+def test_cfg_policy_c2_holds_at_guidance_4_and_detaching_the_unconditional_branch_changes_only_gradients(t2i_card):
+    """The rollout at guidance 4 keeps its unconditional conditioning; recomputing the CFG-combined
+    velocity through the rollout weights gives ratio 1 (C2), and the official code's
+    ``noise_pred_uncond.detach()`` changes the gradient, never a log-prob."""
+    method = FlowGRPO(t2i_card, brightness_reward, CFG_CONFIG)
+    assert method.sampling.guidance == 4.0
+    state = method.init()
+    ro = method.rollout(state, rl_batch(t2i_card), jax.random.key(0))
+    assert ro.generated.uncond is not None
+    params, frozen = state.params["generator"], state.frozen
+    log_prob, _ = jax.jit(method.step_stats)(params, frozen, ro)
+    np.testing.assert_allclose(jnp.exp(log_prob - ro.generated.trajectory.log_prob), 1.0, atol=1e-5)
+
+    models_of = method.models_of(frozen)
+
+    def grad_of(detach):
+        def objective(p):
+            lp, _ = jp.training.rollout.generator_stats(models_of(p), ro.generated, method.sampling, detach_uncond=detach)
+            return jnp.sum(lp * ro.advantages[None])
+
+        return jax.jit(jax.value_and_grad(objective))(params)
+
+    (plain, g_plain), (detached, g_detached) = grad_of(False), grad_of(True)
+    assert float(plain) == float(detached)
+    assert not leaves_equal(g_plain, g_detached)
+    # guidance 1 recomputes from a rollout without an unconditional branch; at 4 one is required
+    with pytest.raises(ValueError, match="holds no unconditional conditioning"):
+        jp.training.rollout.generator_stats(models_of(params), ro.generated._replace(uncond=None), method.sampling)
+
+
 @pytest.mark.slow  # ~8 s: another update compile; a constant group's zero advantages and FlowGRPO's zero loss and gradient at
 # zero advantage are test_losses' (default tier)
 def test_constant_reward_is_a_no_op(t2i_card):

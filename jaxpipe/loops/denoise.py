@@ -441,7 +441,7 @@ def run(
 
 
 def trajectory_stats(
-    models, trajectory: Transition, cond: Any, config: DenoiseConfig, uncond: Any = None
+    models, trajectory: Transition, cond: Any, config: DenoiseConfig, uncond: Any = None, *, detach_uncond: bool = False
 ) -> tuple[jax.Array, jax.Array]:
     """Recompute a captured SDE trajectory under ``models``: its log-probs and SDE means.
 
@@ -456,18 +456,26 @@ def trajectory_stats(
       cond: the conditioning the rollout used (leading axis ``B``).
       config: the rollout's loop config, with ``sampler="sde"``.
       uncond: the unconditional conditioning, when the guidance needs it.
+      detach_uncond: stop the gradient through CFG's unconditional branch (the values are unchanged).
 
     Returns:
       ``(log_probs (S, B), means (S, B, ...))``, float32.
 
     Raises:
-      ValueError: if ``config.sampler`` is not ``"sde"``.
+      ValueError: if ``config.sampler`` is not ``"sde"``, or ``detach_uncond`` under a guidance other
+        than plain CFG.
     """
     if config.sampler != "sde":
         raise ValueError("trajectory_stats needs an SDE trajectory (config.sampler='sde')")
+    guide = config.guide
+    if detach_uncond and isinstance(guide, policies.CFG):
+        guide = dataclasses.replace(guide, detach_uncond=True)
+    elif detach_uncond and not isinstance(guide, policies.Unguided):
+        raise ValueError(f"detach_uncond applies to classifier-free guidance, not {type(guide).__name__}")
+    routed = policies.routed_velocity(_as_models(models), config.router)
 
     def one(t: Transition) -> tuple[jax.Array, jax.Array]:
-        v = velocity(models, t.x, t.sigma, cond, config, uncond)
+        v = guide(routed, t.x, t.sigma, cond, uncond)
         mean, _ = samplers.sde_mean(t.x, v, t.sigma, t.sigma_next, noise_level=config.noise_level)
         return samplers.sde_log_prob(t.x, v, t.sigma, t.sigma_next, t.sample, noise_level=config.noise_level), mean
 

@@ -185,10 +185,12 @@ class CFG:
 
     Attributes:
       scale: the CFG scale.
+      detach_uncond: stop the gradient through ``v_u`` (values unchanged; FlowGRPO's recompute option).
       needs_uncond: ``True``.
     """
 
     scale: float
+    detach_uncond: bool = False
     needs_uncond = True
 
     def __call__(
@@ -199,6 +201,8 @@ class CFG:
         both = lambda a, b: jnp.concatenate([a, b], axis=0)
         v = velocity(both(x, x), both(sigma, sigma), jax.tree.map(both, cond, uncond))
         v_cond, v_uncond = jnp.split(v, 2, axis=0)
+        if self.detach_uncond:
+            v_uncond = jax.lax.stop_gradient(v_uncond)
         return samplers.cfg_combine(v_cond, v_uncond, self.scale)
 
 

@@ -47,8 +47,10 @@ class FlowGRPOConfig:
 
     Attributes:
       group: K samples per prompt and the advantage clip (K >= 2).
-      sampling: the rollout's denoise policy: the SDE (``sampler="sde"``), its steps, noise level and
-        window, at guidance 1 (so the recomputed log-probs are the captured ones).
+      sampling: the rollout's denoise policy: the SDE (``sampler="sde"``), its steps, noise level, window
+        and guidance. At guidance ``w != 1`` the policy is the CFG-combined velocity, both branches
+        recomputed through the trained weights (the official FlowGRPO's ``train.cfg``); at 1 it is the
+        plain velocity (FlowGRPO-Fast's no-CFG setting).
       clip_eps: the PPO ratio clip ε, > 0.
       beta: the KL weight β to the frozen reference denoiser, >= 0.
       kl: the KL convention, ``"exact"`` or ``"flowgrpo"`` (module docstring).
@@ -58,10 +60,11 @@ class FlowGRPOConfig:
         the trainable params and Adam stay float32 either way (``jaxpipe.precision``).
       lora: train LoRA adapters on the trained denoiser(s) instead of all their weights (``None``: full
         training); the adapters are added at the trainer's construction (``jaxpipe.nn.lora``).
+      detach_uncond: under CFG, no gradient through the unconditional branch (the official code's
+        ``noise_pred_uncond.detach()``); the log-probs and ratios are unchanged.
 
     Raises:
-      ValueError: on construction, if K < 2, ``sampling`` is not the SDE at guidance 1, or a field is out
-        of range.
+      ValueError: on construction, if K < 2, ``sampling`` is not the SDE, or a field is out of range.
     """
 
     group: Group = Group()
@@ -73,13 +76,14 @@ class FlowGRPOConfig:
     optimizer: Optimizer = Optimizer(1e-4)
     dtype: str | None = None
     lora: LoRAConfig | None = None
+    detach_uncond: bool = False
 
     def __post_init__(self):
         self.group.check_relative()
-        if self.sampling.sampler != "sde" or self.sampling.guidance != 1.0:
+        if self.sampling.sampler != "sde":
             raise ValueError(
-                "FlowGRPO rolls out with the SDE at guidance 1 (its log-probs must be recomputable): "
-                f"sampling needs sampler='sde', guidance=1.0 (got {self.sampling.sampler!r}, {self.sampling.guidance})"
+                "FlowGRPO rolls out with the SDE (its steps need log-probs): "
+                f"sampling needs sampler='sde' (got {self.sampling.sampler!r})"
             )
         if not (math.isfinite(self.clip_eps) and self.clip_eps > 0):
             raise ValueError(f"clip_eps must be > 0 (got {self.clip_eps})")
@@ -112,14 +116,14 @@ def generator_loss(
       generated: the rendered batch with its captured trajectory (fields ``(S, B, ...)``).
       advantages: ``(B,)`` group advantages.
       config: the FlowGRPO settings (``clip_eps``, ``beta``, ``kl``).
-      sampling: the rollout's loop policy (guidance 1).
+      sampling: the rollout's loop policy (its guidance the rollout's).
       reference_generated: the batch as the reference conditions on it (default ``generated``; a MoT
         recomputes its text conditioning under each weight set).
 
     Returns:
       ``(loss, metrics)`` of ``losses.flow_grpo_loss``.
     """
-    log_prob, mean = rollout.generator_stats(models, generated, sampling)
+    log_prob, mean = rollout.generator_stats(models, generated, sampling, detach_uncond=config.detach_uncond)
     if config.beta > 0:
         ref_batch = generated if reference_generated is None else reference_generated
         _, mean_ref = rollout.generator_stats(reference, ref_batch, sampling)

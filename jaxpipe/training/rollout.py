@@ -13,6 +13,7 @@ prompt ``p``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -271,11 +272,14 @@ class Generated(NamedTuple):
       images: ``(B, H, W, C)`` in [0, 1] (videos ``(B, T, H, W, C)`` for a video program).
       cond: the conditioning its denoise loop used (the family's ``cond`` pytree).
       trajectory: the captured steps, ``Transition`` fields ``(S, B, ...)``.
+      uncond: the unconditional conditioning of a rollout under classifier-free guidance (``None`` at
+        guidance 1): the recompute runs both branches through the trained weights.
     """
 
     images: jax.Array
     cond: Any
     trajectory: denoise.Transition
+    uncond: Any = None
 
 
 def denoise_loop(card: Card, program: Program) -> LoopSpec:
@@ -402,7 +406,7 @@ def generated(execution: Execution, loop_id: str, artifact: str = "image") -> Ge
     final, trajectory = execution.captures[loop_id]
     if trajectory is None:
         raise ValueError(f"loop {loop_id!r} was not captured")
-    return Generated(execution.artifacts[artifact], final.cond, trajectory)
+    return Generated(execution.artifacts[artifact], final.cond, trajectory, final.uncond)
 
 
 def refinement(execution: Execution, loop_id: str) -> ar.Continuation:
@@ -440,11 +444,19 @@ def take_rows(generated: Generated, rows: jax.Array) -> Generated:
         generated.images[rows],
         jax.tree.map(by_row, generated.cond),
         jax.tree.map(lambda a: a[:, rows], generated.trajectory),
+        jax.tree.map(by_row, generated.uncond),
     )
 
 
-def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfig) -> tuple[jax.Array, jax.Array]:
+def generator_stats(
+    models, generated: Generated, sampling: denoise.DenoiseConfig, *, detach_uncond: bool = False
+) -> tuple[jax.Array, jax.Array]:
     """The log-probs and SDE means of the captured steps, recomputed under ``models``.
+
+    Under classifier-free guidance (``sampling.guidance != 1``) the velocity is the CFG-combined one,
+    ``v_u + w·(v_c − v_u)``, both branches through ``models`` as the rollout ran them (the rollout's
+    ``uncond``); ``detach_uncond`` stops the gradient through ``v_u`` (the official FlowGRPO code's
+    ``noise_pred_uncond.detach()``) without changing a value.
 
     Float32 denoisers are recomputed ``vmap``ped over time. One computing below float32 is recomputed
     step after step (``lax.map`` over time): each network call then has the rollout's own shapes, so it
@@ -455,26 +467,29 @@ def generator_stats(models, generated: Generated, sampling: denoise.DenoiseConfi
 
     Args:
       models: the loop's bound denoiser(s).
-      generated: the rendered batch with its captured trajectory.
-      sampling: the rollout's loop config; its guidance must be 1 (the recompute is then faithful).
+      generated: the rendered batch with its captured trajectory (and ``uncond`` under guidance).
+      sampling: the rollout's loop config (its guidance is the rollout's).
+      detach_uncond: no gradient through the unconditional branch of CFG.
 
     Returns:
       ``(log_probs (S, B), means (S, B, ...))`` (``denoise.trajectory_stats``).
 
     Raises:
-      ValueError: if ``sampling.guidance != 1``.
+      ValueError: if the guidance needs the unconditional conditioning and the rollout holds none.
     """
-    if sampling.guidance != 1.0:
+    if sampling.guide.needs_uncond and generated.uncond is None:
         raise ValueError(
-            f"RL rollouts sample at guidance 1 so the log-prob recompute is faithful (got {sampling.guidance})"
+            f"the rollout was sampled at guidance {sampling.guidance} but holds no unconditional conditioning: "
+            "render it with the program at that guidance (rollout.render) so both CFG branches can be recomputed"
         )
+    stats = functools.partial(denoise.trajectory_stats, detach_uncond=detach_uncond)
     bound = models if isinstance(models, (tuple, list)) else (models,)
     if all(precision.module_dtype(m) == "float32" for m in bound):
-        return denoise.trajectory_stats(models, generated.trajectory, generated.cond, sampling)
+        return stats(models, generated.trajectory, generated.cond, sampling, generated.uncond)
 
     def one_step(transition: denoise.Transition) -> tuple[jax.Array, jax.Array]:
         alone = jax.tree.map(lambda a: a[None], transition)  # a 1-step trajectory
-        return denoise.trajectory_stats(models, alone, generated.cond, sampling)
+        return stats(models, alone, generated.cond, sampling, generated.uncond)
 
     # checkpointed: the backward recomputes one step at a time, so only one step's activations are ever held
     # (a video network's are tens of GB per step); the forward values are the same program's

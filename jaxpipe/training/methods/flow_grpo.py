@@ -127,7 +127,9 @@ class FlowGRPO(DenoiserMethod):
         Returns:
           ``(log_probs (S, B), means (S, B, ...))``.
         """
-        return rollout.generator_stats(self.models_of(frozen)(params), ro.generated, self.sampling)
+        return rollout.generator_stats(
+            self.models_of(frozen)(params), ro.generated, self.sampling, detach_uncond=self.config.detach_uncond
+        )
 
     def _update(self, state: TrainState, ro: Rollout, key: jax.Array | None = None) -> tuple[TrainState, dict]:
         """Every update the rollout feeds (``config.ppo``; ``key`` orders the minibatches), each guarded."""

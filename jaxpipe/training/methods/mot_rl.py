@@ -206,6 +206,13 @@ class SharedMoTRL(RolloutMethod):
         self.max_prompt_words = card.spec.config.max_prompt_words
         self.ar_config = card.spec.loop(toy_mot.THINK_LOOP).config.replace(temperature=1.0)
         self.sampling = config.generator.sampling.on(card.spec.loop(toy_mot.IMAGE_LOOP).config)
+        if self.sampling.guidance != 1.0:
+            # the update recomputes the text conditioning under each weight set; an unconditional branch
+            # would keep the rollout's, so its CFG policy would not be the trained one
+            raise ValueError(
+                f"SharedMoTRL samples its image loop at guidance 1 (got {self.sampling.guidance}): the shared "
+                "transformer's conditioning is recomputed under the trained weights, its unconditional branch is not"
+            )
         self.parts = Parts(card, {MODEL: ("transformer",)})
         self.tx = config.generator.optimizer.make()
         self.optimizers = {MODEL: self.tx}
