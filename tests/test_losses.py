@@ -12,7 +12,7 @@ from jaxpipe.training import losses
 
 # Every call goes through jit (the losses must trace; eager op-by-op dispatch would also be slow).
 L = SimpleNamespace(
-    group_advantages=jax.jit(losses.group_advantages, static_argnames=("adv_clip", "eps")),
+    group_advantages=jax.jit(losses.group_advantages, static_argnames=("adv_clip", "eps", "global_std")),
     ppo_clip_loss=jax.jit(losses.ppo_clip_loss, static_argnames=("clip_eps",)),
     flow_grpo_kl=jax.jit(losses.flow_grpo_kl, static_argnames=("batch_ndim",)),
     flow_grpo_loss=jax.jit(losses.flow_grpo_loss, static_argnames=("clip_eps", "beta")),
@@ -72,6 +72,32 @@ def test_group_advantages_zero_mean_constant_group_and_clip():
     np.testing.assert_allclose(clipped, np_group_adv(out, 1.5), atol=1e-5)
     with pytest.raises(ValueError, match="K >= 2"):
         L.group_advantages(np.zeros((3, 1)), adv_clip=1.0)
+
+
+def test_global_std_advantages_equal_the_official_per_prompt_tracker_and_zero_rows_filter_out():
+    """``global_std``: the official PerPromptStatTracker(global_std=True) re-typed — the prompt's mean, the
+    std of all the batch's rewards (+1e-4) — then the training loop's clamp at ±adv_clip_max (5); a
+    constant group stays exactly 0, and FlowGRPO's zero-advantage filter (a mask) equals dropping those rows."""
+    r = rng(5).normal(size=(4, 6)).astype(np.float64)
+    r[0] *= 1e-3  # a group whose samples differ by a hair: a hair of advantage, not ±1
+    r[2] = 0.25
+    official = np.clip((r - r.mean(axis=1, keepdims=True)) / (np.std(r) + 1e-4), -5, 5)
+    got = np.asarray(L.group_advantages(r.astype(np.float32), adv_clip=5.0, global_std=True))
+    np.testing.assert_allclose(got, official, rtol=1e-5, atol=1e-6)
+    assert np.all(got[2] == 0.0) and np.abs(got[0]).max() < 0.01
+    assert np.abs(np.asarray(L.group_advantages(r.astype(np.float32), adv_clip=5.0))[0]).max() > 0.5
+
+    adv = got.reshape(-1)
+    s, b = 3, adv.shape[0]
+    now = rng(6).normal(size=(s, b)) * 0.01
+    old = now + rng(7).normal(size=(s, b)) * 0.3
+    keep = adv != 0
+    loss, _ = L.flow_grpo_loss(now, old, adv, clip_eps=0.2, mask=np.broadcast_to(keep[None], (s, b)))
+    ratio = np.exp(now - old)[:, keep]
+    a = adv[keep][None]
+    dropped = np.mean(np.maximum(-a * ratio, -a * np.clip(ratio, 1 - 0.2, 1 + 0.2)))
+    assert abs(dropped) > 0.01
+    np.testing.assert_allclose(float(loss), dropped, rtol=1e-5)
 
 
 def test_group_advantages_with_group_ids_equal_rows():

@@ -62,6 +62,9 @@ class FlowGRPOConfig:
         training); the adapters are added at the trainer's construction (``jaxpipe.nn.lora``).
       detach_uncond: under CFG, no gradient through the unconditional branch (the official code's
         ``noise_pred_uncond.detach()``); the log-probs and ratios are unchanged.
+      filter_zero_advantages: average the loss (policy and KL) over the rows whose advantage is not 0
+        only, as the official code drops them from the batch (a group whose rewards are all equal
+        teaches nothing; without the filter its rows still pull toward the reference and dilute the mean).
 
     Raises:
       ValueError: on construction, if K < 2, ``sampling`` is not the SDE, or a field is out of range.
@@ -77,6 +80,7 @@ class FlowGRPOConfig:
     dtype: str | None = None
     lora: LoRAConfig | None = None
     detach_uncond: bool = False
+    filter_zero_advantages: bool = False
 
     def __post_init__(self):
         self.group.check_relative()
@@ -131,6 +135,7 @@ def generator_loss(
     else:
         mean_ref = jax.lax.stop_gradient(mean)
     traj = generated.trajectory
+    mask = (advantages != 0)[None, :] if config.filter_zero_advantages else None
     return losses.flow_grpo_loss(
         log_prob,
         traj.log_prob,
@@ -142,6 +147,7 @@ def generator_loss(
         beta=config.beta,
         kl=config.kl,
         dt=traj.sigma_next - traj.sigma,
+        mask=mask,
     )
 
 

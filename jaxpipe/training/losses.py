@@ -60,11 +60,13 @@ def _masked_mean(values: jax.Array, mask: jax.Array | None) -> jax.Array:
 
 
 # ------------------------------------------------------------------------------ advantages
-def group_advantages(rewards, group_ids=None, *, adv_clip, eps: float = 1e-4) -> jax.Array:
+def group_advantages(rewards, group_ids=None, *, adv_clip, eps: float = 1e-4, global_std: bool = False) -> jax.Array:
     """Per-prompt-group normalised advantages ``clip((r - mean_g) / (std_g + eps), ±adv_clip)``.
 
     ``std_g`` is the **population** standard deviation (``ddof=0``, divide by the group size),
-    as in FlowGRPO. The values are shifted by the group maximum before the mean is taken, so a
+    as in FlowGRPO; with ``global_std`` it is the population std of ALL the rewards instead (the
+    official FlowGRPO / DiffusionNFT ``sample.global_std = True``: a group whose samples differ by a
+    hair gets advantages of a hair, not of ±1). The values are shifted by the group maximum before the mean is taken, so a
     constant group gives exactly 0 (no float round-off). Advantages are constants of an update;
     they are differentiable here (finite gradients even for constant groups) but the losses below
     stop their gradient anyway.
@@ -77,6 +79,7 @@ def group_advantages(rewards, group_ids=None, *, adv_clip, eps: float = 1e-4) ->
         need not be contiguous or sorted).
       adv_clip: the clip bound, > 0 (``None``: no clipping). Keyword-only and required.
       eps: added to ``std_g`` so a constant group does not divide by 0.
+      global_std: divide by the std of all the rewards, not each group's.
 
     Returns:
       float32 advantages shaped like ``rewards``.
@@ -112,6 +115,9 @@ def group_advantages(rewards, group_ids=None, *, adv_clip, eps: float = 1e-4) ->
         dev_all = jnp.where(same, d_all - mean[:, None], 0.0)
         std = _safe_sqrt(jnp.sum(dev_all**2, axis=1) / count)
         dev = (r - shift) - mean
+    if global_std:
+        flat = r.reshape(-1) - jnp.max(r)
+        std = _safe_sqrt(jnp.mean((flat - jnp.mean(flat)) ** 2))
     adv = dev / (std + eps)
     if adv_clip is not None:
         adv = jnp.clip(adv, -adv_clip, adv_clip)

@@ -59,11 +59,13 @@ class Group:
     """How many samples a rollout renders per prompt and the clip of their group-relative advantages.
 
     The advantages are ``clip((r - mean_g) / (std_g + 1e-4), ±adv_clip)`` (``losses.group_advantages``;
-    unused by methods without a reward).
+    unused by methods without a reward); ``std_g`` is the group's std, or with ``global_std`` the whole
+    batch's (the official FlowGRPO and DiffusionNFT recipes).
 
     Attributes:
       size: samples per prompt K, an int >= 1.
       adv_clip: the advantage clip, a finite number > 0.
+      global_std: normalise by the std of all the batch's rewards instead of each group's.
 
     Raises:
       ValueError: on construction, if a field is out of range.
@@ -71,6 +73,7 @@ class Group:
 
     size: int = 4
     adv_clip: float = 5.0
+    global_std: bool = False
 
     def __post_init__(self):
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
@@ -258,7 +261,8 @@ def advantages(values: jax.Array, group: Group) -> jax.Array:
     Raises:
       ValueError: if ``group.size < 2``.
     """
-    return losses.group_advantages(values.reshape(-1, group.size), adv_clip=group.adv_clip).reshape(-1)
+    grouped = values.reshape(-1, group.size)
+    return losses.group_advantages(grouped, adv_clip=group.adv_clip, global_std=group.global_std).reshape(-1)
 
 
 REWRITE_INPUTS = ("refine", "think")
