@@ -107,6 +107,31 @@ def test_stacked_and_unrolled_layouts_get_the_same_adapters():
     )  # to_q + (ff.net.2 | proj_mlp), 4 blocks
 
 
+def test_a_scanned_stack_of_one_layer_gets_stacked_adapters_and_runs():
+    """``FluxConfig.tiny()`` (the real-sizes guide's example) scans ONE block of each kind: its adapters
+    carry the layer axis like the kernel they wrap, ``(1, din, r)`` beside ``(1, r, dout)``, so the
+    scanned forward runs and, with B = 0, equals the base bit for bit."""
+    cfg = FluxConfig.tiny(scan_layers=True)
+    base = FluxTransformer(cfg, rngs=nnx.Rngs(0))
+    fresh = lora.apply(base, LoRAConfig(2, target_modules=("to_q", "proj_mlp")))
+    b, length, text = 2, 4, 3
+    keys = jax.random.split(jax.random.key(3), 3)
+    args = (
+        jax.random.normal(keys[0], (b, length, cfg.in_channels)),
+        jax.random.normal(keys[1], (b, text, cfg.joint_attention_dim)),
+        jax.random.normal(keys[2], (b, cfg.pooled_projection_dim)),
+        jnp.full((b,), 0.5),
+        np.zeros((length, 3), np.float32),
+        np.zeros((text, 3), np.float32),
+        jnp.full((b,), 3.5),
+    )
+    np.testing.assert_array_equal(fresh(*args), base(*args))
+    trained = randomised(fresh, seed=4)
+    assert np.max(np.abs(trained(*args) - base(*args))) > 1e-3
+    shapes = {tuple(x.shape) for x in jax.tree.leaves(nnx.state(fresh, lora.LoRAParam))}
+    assert all(len(shape) == 3 and shape[0] == 1 for shape in shapes), shapes
+
+
 def test_bad_configs_and_targets_are_named_errors():
     for bad, message in (
         ({"rank": 0}, "rank must be an int >= 1"),

@@ -267,14 +267,15 @@ def _check_linear(path: NodePath, module: nnx.Module) -> None:
         )
 
 
-def _draw_a(key: jax.Array, names: Sequence[str], din: int, rank: int, dtype) -> jax.Array:
-    """``A`` for each layer named ``names`` (stacked when they are several), each from its own name's key."""
+def _draw_a(key: jax.Array, names: Sequence[str], din: int, rank: int, dtype, stacked: bool) -> jax.Array:
+    """``A`` for each layer named ``names``, each from its own name's key: ``(din, rank)``, or stacked
+    ``(L, din, rank)`` for a scanned stack's kernel ``(L, din, dout)`` (also when ``L == 1``)."""
     bound = 1.0 / math.sqrt(din)  # peft: kaiming_uniform_(a=sqrt(5)) on the (rank, din) weight
     draws = [
         jax.random.uniform(jax.random.fold_in(key, zlib.crc32(n.encode())), (din, rank), dtype, -bound, bound)
         for n in names
     ]
-    return draws[0] if len(draws) == 1 else jnp.stack(draws)
+    return jnp.stack(draws) if stacked else draws[0]
 
 
 def _targets_of(module: Any, config: LoRAConfig) -> tuple[str, ...] | str:
@@ -340,7 +341,7 @@ def apply(module: Any, config: LoRAConfig) -> Any:
     alpha = config.rank if config.alpha is None else config.alpha
     for path, layer, names in chosen:
         din = layer.kernel.shape[-2]
-        a = _draw_a(key, names, din, config.rank, layer.kernel.dtype)
+        a = _draw_a(key, names, din, config.rank, layer.kernel.dtype, stacked=layer.kernel.ndim > 2)
         _replace(new, path, LoRA(layer, config.rank, alpha, a))
     return new
 
