@@ -3,6 +3,7 @@
 import dataclasses
 
 import jax
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from conftest import brightness_reward, leaves_equal, rl_batch
 
 from jaxpipe.training import EMA, DiffusionNFT, DiffusionNFTConfig, Group, NoiseLevels, Optimizer, Sampling
 from jaxpipe.training import rollout as rollouts
-from jaxpipe.training.methods.nft import ema_decay, nft_loss, optimality_weight
+from jaxpipe.training.methods.nft import ema_decay, nft_adaptive_loss, nft_loss, optimality_weight
 
 CONFIG = DiffusionNFTConfig(
     group=Group(4, adv_clip=2.0),
@@ -53,6 +54,63 @@ def test_loss_and_weights_match_numpy():
     rr = r[:, None, None, None]
     expected = (2 * beta / n / 5) * (rr * (v_pos - target) - (1 - rr) * (v_neg - target))
     np.testing.assert_allclose(np.asarray(grad), expected, rtol=1e-4, atol=1e-7)
+
+
+def official_nft_loss(torch, forward_prediction, old_prediction, ref_forward_prediction, xt, x0, t, adv, *, beta, kl_beta,
+                      adv_clip_max):  # fmt: skip
+    """NVlabs/DiffusionNFT ``scripts/train_nft_sd3.py``'s loss of one timestep (adv_mode "all"), re-typed."""
+    advantages_clip = torch.clamp(adv, -adv_clip_max, adv_clip_max)
+    r = torch.clamp((advantages_clip / adv_clip_max) / 2.0 + 0.5, 0, 1)
+    t_expanded = t.view(-1, *([1] * (len(x0.shape) - 1)))
+    positive_prediction = beta * forward_prediction + (1 - beta) * old_prediction.detach()
+    implicit_negative_prediction = (1.0 + beta) * old_prediction.detach() - beta * forward_prediction
+    x0_prediction = xt - t_expanded * positive_prediction
+    dims = tuple(range(1, x0.ndim))
+    with torch.no_grad():
+        weight_factor = torch.abs(x0_prediction.double() - x0.double()).mean(dim=dims, keepdim=True).clip(min=0.00001)
+    positive_loss = ((x0_prediction - x0) ** 2 / weight_factor).mean(dim=dims)
+    negative_x0_prediction = xt - t_expanded * implicit_negative_prediction
+    with torch.no_grad():
+        negative_weight_factor = (
+            torch.abs(negative_x0_prediction.double() - x0.double()).mean(dim=dims, keepdim=True).clip(min=0.00001)
+        )
+    negative_loss = ((negative_x0_prediction - x0) ** 2 / negative_weight_factor).mean(dim=dims)
+    ori_policy_loss = r * positive_loss / beta + (1.0 - r) * negative_loss / beta
+    loss = (ori_policy_loss * adv_clip_max).mean()
+    kl_div_loss = ((forward_prediction - ref_forward_prediction) ** 2).mean(dim=dims)
+    return loss + kl_beta * torch.mean(kl_div_loss)
+
+
+def test_the_adaptive_loss_equals_the_official_code_in_float64():
+    """``nft_adaptive_loss`` against the official loss re-typed in PyTorch, float64, random tensors: the value
+    and the gradient in the trained velocity (the weight factors are constants in both)."""
+    torch = pytest.importorskip("torch", reason="the official code's loss is re-typed in PyTorch (the parity extra)")
+    rng = np.random.default_rng(3)
+    shape = (6, 3, 4, 2)
+    v_theta, v_old, v_ref, x0, noise = (rng.normal(size=shape) for _ in range(5))
+    t = rng.uniform(0.05, 0.95, size=shape[0])
+    xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
+    adv = np.array([-7.0, -2.0, -0.1, 0.0, 1.5, 6.0])
+    beta, kl_beta, clip = 0.7, 1e-2, 5.0
+
+    tt = lambda a: torch.tensor(a, dtype=torch.float64)
+    forward = tt(v_theta).requires_grad_(True)
+    official = official_nft_loss(
+        torch, forward, tt(v_old), tt(v_ref), tt(xt), tt(x0), tt(t), tt(adv), beta=beta, kl_beta=kl_beta,
+        adv_clip_max=clip,
+    )  # fmt: skip
+    official.backward()
+    with jax.enable_x64(True):
+        r = optimality_weight(jnp.asarray(adv), clip)
+
+        def ours(v):
+            args = (v, jnp.asarray(v_old), jnp.asarray(xt), jnp.asarray(x0), jnp.asarray(t), r)
+            return nft_adaptive_loss(*args, beta=beta, adv_clip=clip, v_ref=jnp.asarray(v_ref), kl_beta=kl_beta)[0]
+
+        value, grad = jax.value_and_grad(ours)(jnp.asarray(v_theta))
+        assert value.dtype == jnp.float64
+    np.testing.assert_allclose(float(value), float(official.detach()), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(grad), forward.grad.numpy(), rtol=1e-10, atol=1e-14)
 
 
 def test_ema_schedule_and_bad_configs():
@@ -171,3 +229,55 @@ def test_the_old_policy_is_served_as_a_role_with_its_own_versions(method, rollou
     assert leaves_equal(engine.card("flux-t2i@old")["transformer"], method.old_card(state)["transformer"])
     assert leaves_equal(engine.card("flux-t2i")["transformer"], method.card(state)["transformer"])
     assert not leaves_equal(engine.card("flux-t2i@old")["transformer"], engine.card("flux-t2i")["transformer"])
+
+
+OFFICIAL = dataclasses.replace(
+    CONFIG, group=Group(4, adv_clip=5.0, global_std=True), weighting="adaptive", kl_beta=1e-2, schedule_levels=2
+)
+
+
+def test_the_official_form_trains_at_schedule_levels_with_a_kl_to_the_reference(t2i_card):
+    """weighting="adaptive", kl_beta > 0, two levels of the sampling schedule per sample: the loss is the
+    mean over each sample's two drawn levels of ``nft_adaptive_loss``; a constant reward moves nothing (the
+    policy and KL gradients are exactly 0 at θ = θ_old = θ_ref); an update leaves the reference alone."""
+    from jaxpipe.loops import denoise
+
+    method = DiffusionNFT(t2i_card, brightness_reward, OFFICIAL)
+    state = method.init()
+    assert set(state.copies) == {"old", "reference"}
+    ro = method.rollout(state, rl_batch(t2i_card), jax.random.key(0))
+    key = jax.random.key(5)
+    params = state.params["generator"]
+    loss, metrics = jax.jit(method.loss)(params, state, ro, key)
+
+    k_sigma, k_noise = jax.random.split(key)
+    levels = denoise.schedule(method.sampling)[:-1]
+    rows = ro.latents.shape[0]
+    picks = jax.vmap(lambda k: jax.random.permutation(k, levels.shape[0])[:2])(jax.random.split(k_sigma, rows))
+    dit = method.components(state.params, state.frozen)[method.transformer]
+    cond = ro.cond
+    by_hand = []
+    for i, k in enumerate(jax.random.split(k_noise, 2)):
+        sigma = levels[picks[:, i]]
+        noise = jax.random.normal(k, ro.latents.shape)
+        x_sigma = (1 - sigma[:, None, None, None, None]) * ro.latents + sigma[:, None, None, None, None] * noise
+        v = dit(x_sigma, sigma, cond.context, cond.context_mask)
+        by_hand.append(
+            nft_adaptive_loss(
+                v, v, x_sigma, ro.latents, sigma, ro.weights, beta=0.7, adv_clip=5.0, v_ref=v, kl_beta=1e-2
+            )[0]
+        )
+    np.testing.assert_allclose(float(loss), float(np.mean(by_hand)), rtol=1e-5)
+    assert float(metrics["kl"]) == 0.0
+
+    constant = ro._replace(weights=jnp.full_like(ro.weights, 0.5))
+    same, m = method.update(state, constant, key)
+    assert float(m["grad_norm"]) == 0.0 and leaves_equal(same.params, state.params)
+
+    new, m = method.update(state, ro, key)
+    assert float(m["skipped"]) == 0.0 and not leaves_equal(new.params, state.params)
+    assert leaves_equal(new.copies["reference"], state.copies["reference"])
+    with pytest.raises(ValueError, match="weighting must be one of"):
+        dataclasses.replace(OFFICIAL, weighting="x0")
+    with pytest.raises(ValueError, match="exceeds the sampling schedule"):
+        dataclasses.replace(OFFICIAL, schedule_levels=4)

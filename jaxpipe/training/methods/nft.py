@@ -21,6 +21,13 @@ bit-identical), with the decay ramping linearly over the update count ``n`` (bef
 ``d(n) = ema.start + (ema.end − ema.start) · min(n / ema.ramp_steps, 1)`` (``ramp_steps = 0``:
 ``ema.end`` from the start). ``d = 0`` is on-policy (the old policy is the current one each step).
 
+The official code's form (``weighting="adaptive"``, ``nft_adaptive_loss``) measures the two errors in
+x0 space, ``x̂0± = x_σ − σ·v±``, each divided by its own detached mean absolute error, scaled by
+``adv_clip / β``, plus ``kl_beta · mean((v_θ − v_ref)²)`` to the reference (the weights before
+training: for LoRA, the base with its adapters at B = 0); ``schedule_levels = k`` trains each sample
+at ``k`` distinct noise levels of the rollout's own sampling schedule (the official code: 9 of 10),
+averaging their losses into one update.
+
 Trained components: the denoiser(s) the program's denoise loop binds (σ covers (0, 1), so every
 expert of a routed loop is reached). The conditioning is the rollout's, so the text encoder stays
 frozen. Networks run in the card's own dtype (no bfloat16 master-weight mode here).
@@ -51,7 +58,21 @@ from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.rollout import Group, Sampling
 from jaxpipe.training.trainer import TrainState
 
-__all__ = ["EMA", "DiffusionNFTConfig", "NFTRollout", "DiffusionNFT", "nft_loss", "optimality_weight", "ema_decay"]
+__all__ = [
+    "EMA",
+    "DiffusionNFTConfig",
+    "NFTRollout",
+    "DiffusionNFT",
+    "WEIGHTINGS",
+    "nft_loss",
+    "nft_adaptive_loss",
+    "optimality_weight",
+    "ema_decay",
+]
+
+WEIGHTINGS = ("none", "adaptive")
+"""The accepted values of ``DiffusionNFTConfig.weighting``: the plain velocity-space loss (``nft_loss``) or
+the official code's adaptively weighted x0-space loss (``nft_adaptive_loss``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +113,14 @@ class DiffusionNFTConfig:
       optimizer: clipped Adam, lr 1e-4 by default.
       lora: train LoRA adapters on the denoiser(s) instead of all their weights (``None``: full training);
         the old policy is then an EMA of the adapters (``jaxpipe.nn.lora``).
+      weighting: ``"none"`` (``nft_loss``) or ``"adaptive"`` (the official code's, ``nft_adaptive_loss``).
+      kl_beta: the weight of ``mean((v_θ − v_ref)²)`` to the reference (the weights before training),
+        >= 0 (the official code: 1e-4); a reference copy is kept only when > 0.
+      schedule_levels: 0 — one noise level per sample from ``noise``; ``k >= 1`` — ``k`` distinct levels
+        of the rollout's sampling schedule per sample (drawn per sample), their losses averaged.
 
     Raises:
-      ValueError: on construction, if K < 2 or ``beta`` is not in (0, 1].
+      ValueError: on construction, if K < 2, ``beta`` is not in (0, 1] or a new field is out of range.
     """
 
     group: Group = Group(adv_clip=2.0)
@@ -104,11 +130,29 @@ class DiffusionNFTConfig:
     noise: NoiseLevels = NoiseLevels()
     optimizer: Optimizer = Optimizer(1e-4)
     lora: LoRAConfig | None = None
+    weighting: str = "none"
+    kl_beta: float = 0.0
+    schedule_levels: int = 0
 
     def __post_init__(self):
         self.group.check_relative()
         if not (math.isfinite(self.beta) and 0.0 < self.beta <= 1.0):
             raise ValueError(f"beta must be in (0, 1] (got {self.beta}): it sets v± = v_old ± β·(v_θ − v_old)")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS} (got {self.weighting!r})")
+        if not (math.isfinite(self.kl_beta) and self.kl_beta >= 0):
+            raise ValueError(
+                f"kl_beta (the KL weight to the reference) must be a finite number >= 0 (got {self.kl_beta})"
+            )
+        if (
+            isinstance(self.schedule_levels, bool)
+            or not isinstance(self.schedule_levels, int)
+            or self.schedule_levels < 0
+        ):
+            raise ValueError(f"schedule_levels must be an int >= 0 (got {self.schedule_levels!r})")
+        steps = self.sampling.num_steps
+        if steps is not None and self.schedule_levels > steps:
+            raise ValueError(f"schedule_levels={self.schedule_levels} exceeds the sampling schedule's {steps} levels")
 
 
 class NFTRollout(NamedTuple):
@@ -191,6 +235,68 @@ def nft_loss(
     return loss, {"loss": loss, "loss_pos": jnp.mean(pos), "loss_neg": jnp.mean(neg)}
 
 
+def nft_adaptive_loss(
+    v_theta: jax.Array,
+    v_old: jax.Array,
+    x_sigma: jax.Array,
+    x0: jax.Array,
+    sigma: jax.Array,
+    r: jax.Array,
+    *,
+    beta: float,
+    adv_clip: float,
+    v_ref: jax.Array | None = None,
+    kl_beta: float = 0.0,
+) -> tuple[jax.Array, dict]:
+    """The official DiffusionNFT objective: adaptively weighted x0-space errors plus a KL to the reference.
+
+    With ``v± = v_old ± β·(v_θ − v_old)`` and ``x̂0± = x_σ − σ·v±``, per row
+    ``e± = mean((x̂0± − x0)²) / max(mean|x̂0± − x0|, 1e-5)`` (the divisor stop-gradient), and
+
+        L = mean_rows(adv_clip · (r·e⁺ + (1−r)·e⁻) / β) + kl_beta · mean_rows(mean((v_θ − v_ref)²))
+
+    Args:
+      v_theta: ``(B, ...)`` the current policy's velocities (differentiable).
+      v_old: ``(B, ...)`` the old policy's (stop-gradient).
+      x_sigma: ``(B, ...)`` the re-noised samples ``(1−σ)·x0 + σ·ε``.
+      x0: ``(B, ...)`` the clean samples.
+      sigma: ``(B,)`` their noise levels.
+      r: ``(B,)`` optimality weights in [0, 1].
+      beta: the implicit policies' step β.
+      adv_clip: the advantage clip the weights were normalised by (the loss's scale).
+      v_ref: ``(B, ...)`` the reference's velocities (stop-gradient; needed when ``kl_beta > 0``).
+      kl_beta: the KL weight.
+
+    Returns:
+      ``(loss, metrics)``: ``loss``, ``policy_loss``, ``kl``, ``loss_pos`` / ``loss_neg`` (the mean weighted
+      errors ``e±``).
+
+    Raises:
+      ValueError: if ``kl_beta > 0`` without ``v_ref``.
+    """
+    sg = jax.lax.stop_gradient
+    v_old, r, x0 = sg(v_old), sg(r), sg(x0)
+    axes = tuple(range(1, v_theta.ndim))
+    s = sigma.reshape(sigma.shape + (1,) * (v_theta.ndim - 1))
+    delta = beta * (v_theta - v_old)
+
+    def weighted(v):
+        err = x_sigma - s * v - x0
+        scale = sg(jnp.maximum(jnp.mean(jnp.abs(err), axis=axes, keepdims=True), 1e-5))
+        return jnp.mean(err**2 / scale, axis=axes)
+
+    pos, neg = weighted(v_old + delta), weighted(v_old - delta)
+    policy = jnp.mean(adv_clip * (r * pos + (1.0 - r) * neg) / beta)
+    if kl_beta > 0:
+        if v_ref is None:
+            raise ValueError("nft_adaptive_loss with kl_beta > 0 needs v_ref")
+        kl = jnp.mean(jnp.mean((v_theta - sg(v_ref)) ** 2, axis=axes))
+    else:
+        kl = jnp.zeros((), jnp.float32)
+    loss = policy + kl_beta * kl
+    return loss, {"loss": loss, "policy_loss": policy, "kl": kl, "loss_pos": jnp.mean(pos), "loss_neg": jnp.mean(neg)}
+
+
 class DiffusionNFT(DenoiserMethod):
     """DiffusionNFT on a text-to-image card: ``init(key)``, jitted ``render`` / ``rollout`` / ``update`` / ``step``.
 
@@ -222,7 +328,10 @@ class DiffusionNFT(DenoiserMethod):
         self.render = jax.jit(self._render)
 
     def copies(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The old policy: a copy of the trained denoiser(s), followed by an EMA."""
+        """The old policy: a copy of the trained denoiser(s), followed by an EMA; with ``kl_beta > 0`` also
+        the reference, the weights before training (for LoRA: the adapters at B = 0, i.e. the base)."""
+        if self.config.kl_beta > 0:
+            return {"old": params[GENERATOR], "reference": params[GENERATOR]}
         return {"old": params[GENERATOR]}
 
     def old_card(self, state: TrainState) -> Card:
@@ -256,17 +365,58 @@ class DiffusionNFT(DenoiserMethod):
         return self.render(state.params[GENERATOR], state.frozen, batch, key)[1]
 
     def loss(self, params: nnx.State, state: TrainState, ro: NFTRollout, key: jax.Array) -> tuple[jax.Array, dict]:
-        """The NFT loss of ``params`` on a rollout's re-noised clean samples (pure; differentiable in ``params``)."""
+        """The NFT loss of ``params`` on a rollout's re-noised clean samples (pure; differentiable in ``params``).
+
+        One noise level per sample from ``config.noise``, or (``schedule_levels = k``) ``k`` levels of the
+        sampling schedule per sample, each re-noised with its own ε, their losses averaged (one level at a
+        time: ``lax.map`` with each level rematerialised, so a gradient holds one level's activations).
+        """
         x0 = jax.lax.stop_gradient(ro.latents)
         k_sigma, k_noise = jax.random.split(key)
-        sigma = self.config.noise.draw(k_sigma, x0.shape[0])
+        rows = x0.shape[0]
+        if self.config.schedule_levels == 0:
+            return self._objective(params, state, ro, x0, self.config.noise.draw(k_sigma, rows), k_noise)
+        levels = denoise.schedule(self.sampling)[:-1]  # σ_0 .. σ_{N-1}: the levels the sampler visits
+        picks = jax.vmap(lambda k: jax.random.permutation(k, levels.shape[0])[: self.config.schedule_levels])(
+            jax.random.split(k_sigma, rows)
+        )
+        sigmas = levels[picks.T]  # (k, B): each sample's own k distinct levels
+        keys = jax.random.split(k_noise, self.config.schedule_levels)
+        one = jax.checkpoint(lambda a: self._objective(params, state, ro, x0, a[0], a[1]))
+        losses, metrics = jax.lax.map(one, (sigmas, keys))
+        return jnp.mean(losses), jax.tree.map(jnp.mean, metrics)
+
+    def _objective(self, params, state: TrainState, ro: NFTRollout, x0, sigma, k_noise) -> tuple[jax.Array, dict]:
+        """The configured NFT objective at one noise level per row ``sigma (B,)``, fresh ε from ``k_noise``."""
         noise = jax.random.normal(k_noise, x0.shape)
         x_sigma = samplers.noised(x0, noise, sigma)
-        v_theta = denoise.velocity(self.models_of(state.frozen)(params), x_sigma, sigma, ro.cond, self.regression)
-        v_old = denoise.velocity(
-            self.models_of(state.frozen)(state.copies["old"]), x_sigma, sigma, ro.cond, self.regression
-        )
-        return nft_loss(v_theta, v_old, noise - x0, ro.weights, self.config.beta)
+        models_of = self.models_of(state.frozen)
+        v_theta = denoise.velocity(models_of(params), x_sigma, sigma, ro.cond, self.regression)
+        v_old = denoise.velocity(models_of(state.copies["old"]), x_sigma, sigma, ro.cond, self.regression)
+        v_ref = None
+        if self.config.kl_beta > 0:
+            v_ref = denoise.velocity(models_of(state.copies["reference"]), x_sigma, sigma, ro.cond, self.regression)
+        cfg = self.config
+        if cfg.weighting == "adaptive":
+            return nft_adaptive_loss(
+                v_theta,
+                v_old,
+                x_sigma,
+                x0,
+                sigma,
+                ro.weights,
+                beta=cfg.beta,
+                adv_clip=cfg.group.adv_clip,
+                v_ref=v_ref,
+                kl_beta=cfg.kl_beta,
+            )
+        loss, metrics = nft_loss(v_theta, v_old, noise - x0, ro.weights, cfg.beta)
+        if v_ref is None:
+            return loss, metrics
+        axes = tuple(range(1, v_theta.ndim))
+        kl = jnp.mean(jnp.mean((v_theta - jax.lax.stop_gradient(v_ref)) ** 2, axis=axes))
+        total = loss + cfg.kl_beta * kl
+        return total, {**metrics, "loss": total, "kl": kl}
 
     def _update(self, state: TrainState, ro: NFTRollout, key: jax.Array) -> tuple[TrainState, dict]:
         """One guarded optimiser step, then the old policy's EMA (kept too when the step is skipped)."""
@@ -278,7 +428,7 @@ class DiffusionNFT(DenoiserMethod):
         new = state._replace(
             params={GENERATOR: out.params},
             opt_state={GENERATOR: out.opt_state},
-            copies={"old": old},
+            copies={**state.copies, "old": old},
             step=state.step + 1,
         )
         return new, {
