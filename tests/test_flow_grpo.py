@@ -82,7 +82,9 @@ def test_cfg_policy_c2_holds_at_guidance_4_and_detaching_the_unconditional_branc
 
     def grad_of(detach):
         def objective(p):
-            lp, _ = jp.training.rollout.generator_stats(models_of(p), ro.generated, method.sampling, detach_uncond=detach)
+            lp, _ = jp.training.rollout.generator_stats(
+                models_of(p), ro.generated, method.sampling, detach_uncond=detach
+            )
             return jnp.sum(lp * ro.advantages[None])
 
         return jax.jit(jax.value_and_grad(objective))(params)
