@@ -10,6 +10,7 @@ from conftest import brightness_reward, leaves_equal, rl_batch
 
 from jaxpipe.training import EMA, DiffusionNFT, DiffusionNFTConfig, Group, NoiseLevels, Optimizer, Sampling
 from jaxpipe.training import rollout as rollouts
+from jaxpipe.training.eval_ema import EvalEMA
 from jaxpipe.training.methods.nft import ema_decay, nft_adaptive_loss, nft_loss, optimality_weight
 
 CONFIG = DiffusionNFTConfig(
@@ -231,7 +232,12 @@ def test_the_old_policy_is_served_as_a_role_with_its_own_versions(method, rollou
 
 
 OFFICIAL = dataclasses.replace(
-    CONFIG, group=Group(4, adv_clip=5.0, global_std=True), weighting="adaptive", kl_beta=1e-2, schedule_levels=2
+    CONFIG,
+    group=Group(4, adv_clip=5.0, global_std=True),
+    weighting="adaptive",
+    kl_beta=1e-2,
+    schedule_levels=2,
+    eval_ema=EvalEMA(0.9),
 )
 
 
@@ -243,7 +249,7 @@ def test_the_official_form_trains_at_schedule_levels_with_a_kl_to_the_reference(
 
     method = DiffusionNFT(t2i_card, brightness_reward, OFFICIAL)
     state = method.init()
-    assert set(state.copies) == {"old", "reference"}
+    assert set(state.copies) == {"old", "reference", "ema"} and set(method.roles) == {"old", "ema"}
     ro = method.rollout(state, rl_batch(t2i_card), jax.random.key(0))
     key = jax.random.key(5)
     params = state.params["generator"]
@@ -276,7 +282,16 @@ def test_the_official_form_trains_at_schedule_levels_with_a_kl_to_the_reference(
     new, m = method.update(state, ro, key)
     assert float(m["skipped"]) == 0.0 and not leaves_equal(new.params, state.params)
     assert leaves_equal(new.copies["reference"], state.copies["reference"])
+    # the fused step keeps the evaluation average: d(0) = min(1/10, 0.9), so ema = ema0 + 0.9·(θ1 − ema0)
+    stepped, _ = method.step(state, rl_batch(t2i_card), key)
+    expected = jax.tree.map(lambda e, p: e + 0.9 * (p - e), state.copies["ema"], stepped.params["generator"])
+    got = jax.tree.leaves(stepped.copies["ema"])
+    assert all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(got, jax.tree.leaves(expected)))
+    assert not leaves_equal(stepped.copies["ema"], stepped.params["generator"])
+    assert leaves_equal(method.eval_card(stepped)["transformer"], method.role_card(stepped, "ema")["transformer"])
     with pytest.raises(ValueError, match="weighting must be one of"):
         dataclasses.replace(OFFICIAL, weighting="x0")
+    with pytest.raises(ValueError, match="decay must be in"):
+        EvalEMA(1.0)
     with pytest.raises(ValueError, match="exceeds the sampling schedule"):
         dataclasses.replace(OFFICIAL, schedule_levels=4)

@@ -525,6 +525,37 @@ def _train(
         raise typer.Exit(code=FAILED_EXIT)
 
 
+def _preset(method: str, name: str, runflags: RunFlags, *groups: object, **own: tuple) -> object:
+    """The config of preset ``name`` of ``method`` (``jaxpipe.training.presets``), refusing method flags set beside it.
+
+    A preset fixes the method's settings (K, steps, learning rate, LoRA ...); the run flags (steps, out,
+    prompts per step, seed, evaluation, model, prompts and reward) still apply. ``groups`` are flag
+    groups that must be at their defaults; ``own`` maps a command's own flag to ``(value, default)``.
+
+    Raises:
+      ValueError: for an unknown preset, or a method flag set away from its default beside ``--preset``.
+    """
+    from jaxpipe.training import presets
+
+    preset = presets.get(method, name)
+    changed = [
+        f.metadata["option"].param_decls[0]
+        for group in groups
+        for f in _options(type(group))
+        if getattr(group, f.name) != f.default
+    ]
+    changed += [flag for flag, (value, default) in own.items() if value != default]
+    if runflags.lr is not None:
+        changed.append("--lr")
+    if runflags.group_size != RunFlags.group_size:
+        changed.append("--group-size")
+    if changed:
+        raise ValueError(
+            f"--preset {name} sets the method's settings; drop {', '.join(changed)} (or drop --preset and set them all)"
+        )
+    return preset.config
+
+
 class _DigitsRun:
     """``(card, scorer, config, evaluation) -> Run``: ``builder`` (a ``jaxpipe.digits.runs`` builder) on the
     digits prompts with ``mention`` / ``prefer`` and the run flags' terms, prompts per step and seed."""
@@ -566,16 +597,27 @@ def train_flow_grpo(
     model: str = typer.Option(
         "flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."
     ),
+    preset: str | None = typer.Option(
+        None,
+        "--preset",
+        help="An official recipe instead of the method flags: geneval (FlowGRPO's geneval_sd3: CFG in the policy, K 24, LoRA r 32, AdamW 3e-4, EMA evaluation) or fast-nocfg (FlowGRPO-Fast at guidance 1).",
+    ),
 ) -> None:
     """FlowGRPO on a text-to-image card (digits: the digit-scorer reward on full compositional prompts by default)."""
     from jaxpipe.digits import runs
     from jaxpipe.training import FlowGRPO
 
     flags = runflags
+
+    def config():
+        if preset is not None:
+            return _preset("flow-grpo", preset, flags, policyflags, loraflags)
+        return policyflags.generator(flags, loraflags.config())
+
     _train(
         flags,
         model,
-        lambda: policyflags.generator(flags, loraflags.config()),
+        config,
         _DigitsRun(runs.flow_grpo_run, flags, mention),
         FlowGRPO,
         name="flow-grpo",
@@ -612,6 +654,11 @@ def train_nft(
     model: str = typer.Option(
         "flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."
     ),
+    preset: str | None = typer.Option(
+        None,
+        "--preset",
+        help="An official recipe instead of the method flags: geneval (DiffusionNFT's sd3_geneval: CFG-free, K 24, 9 levels per sample, adaptive weighting, KL 1e-4, LoRA r 32, AdamW 3e-4, EMA evaluation).",
+    ),
 ) -> None:
     """DiffusionNFT on a text-to-image card: likelihood-free RL on the forward process."""
     from jaxpipe.digits import runs
@@ -620,6 +667,19 @@ def train_nft(
     flags = runflags
 
     def config():
+        if preset is not None:
+            own = {
+                "--num-steps": (num_steps, 8),
+                "--beta": (beta, 1.0),
+                "--adv-clip": (adv_clip, 2.0),
+                "--ema-start": (ema_start, 0.0),
+                "--ema-end": (ema_end, 0.5),
+                "--ema-ramp": (ema_ramp, 100),
+                "--sampler": (sampler, "ode"),
+                "--guidance": (guidance, 1.0),
+                "--sigma-sampling": (sigma_sampling, "uniform"),
+            }
+            return _preset("nft", preset, flags, loraflags, **own)
         return DiffusionNFTConfig(
             group=flags.group(adv_clip=adv_clip),
             sampling=Sampling(num_steps=num_steps, sampler=sampler, guidance=guidance),

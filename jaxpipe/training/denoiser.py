@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 from flax import nnx
 
 from jaxpipe.card import Card
@@ -19,9 +20,9 @@ from jaxpipe.cards import registry
 from jaxpipe.nn import lora
 from jaxpipe.program import Program
 from jaxpipe.rewards import Reward
-from jaxpipe.training import rollout
-from jaxpipe.training.parts import Parts
-from jaxpipe.training.trainer import RolloutMethod
+from jaxpipe.training import eval_ema, rollout
+from jaxpipe.training.parts import Parts, copy
+from jaxpipe.training.trainer import RolloutMethod, TrainState
 
 __all__ = ["GENERATOR", "DenoiserMethod", "adapted"]
 
@@ -60,7 +61,8 @@ class DenoiserMethod(RolloutMethod):
     ``_setup`` sets ``config``, ``spec``, ``reward``, ``program``, ``loop``, ``denoisers`` (every denoiser
     the loop binds), ``sampling`` (``config.sampling`` on the loop's own settings), the part
     ``"generator"`` (``trained_denoisers()``, float32 master weights; with ``config.lora``, their adapters
-    only: ``adapted``) and its optimiser ``tx``.
+    only: ``adapted``) and its optimiser ``tx``. With ``config.eval_ema`` (``training.eval_ema``) the fused
+    ``step`` also keeps an average of the trained weights, the copy and role ``"ema"`` (``eval_card``).
     """
 
     def _setup(self, card: Card, reward: Reward, config: Any, program: Program | None) -> None:
@@ -76,6 +78,27 @@ class DenoiserMethod(RolloutMethod):
         self.parts = Parts(adapted(card, trained, config.lora), {GENERATOR: trained}, master=True)
         self.optimizers = {GENERATOR: config.optimizer.make()}
         self.tx = self.optimizers[GENERATOR]
+        self.eval_ema = getattr(config, "eval_ema", None)
+        self.roles = {eval_ema.ROLE: trained} if self.eval_ema is not None else {}
+
+    def init(self, key: jax.Array | None = None) -> TrainState:
+        """As ``Method.init``, plus the evaluation average (the starting weights) when ``eval_ema`` is set."""
+        state = super().init(key)
+        if self.eval_ema is None:
+            return state
+        return state._replace(copies={**state.copies, eval_ema.ROLE: copy(state.params[GENERATOR])})
+
+    def step_fn(self, state: TrainState, batch: Any, key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        """The rollout and its updates, then (with ``eval_ema``) the evaluation average follows the new weights."""
+        new, metrics = super().step_fn(state, batch, key)
+        if self.eval_ema is None:
+            return new, metrics
+        ema = eval_ema.follow(self.eval_ema, state.copies[eval_ema.ROLE], new.params[GENERATOR], state.step)
+        return new._replace(copies={**new.copies, eval_ema.ROLE: ema}), metrics
+
+    def eval_card(self, state: TrainState) -> Card:
+        """The card to evaluate: the evaluation average's weights with ``eval_ema``, else the trained ones."""
+        return self.card(state) if self.eval_ema is None else self.role_card(state, eval_ema.ROLE)
 
     def trained_denoisers(self) -> tuple[str, ...]:
         """The bound denoisers this method trains (default: all of them)."""

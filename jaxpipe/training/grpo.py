@@ -32,6 +32,7 @@ from jaxpipe.loops import denoise
 from jaxpipe.nn.lora import LoRAConfig
 from jaxpipe.precision import check_dtype
 from jaxpipe.training import losses, ppo, rollout, update
+from jaxpipe.training.eval_ema import EvalEMA
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.rollout import Group, Sampling
 
@@ -62,6 +63,7 @@ class FlowGRPOConfig:
         training); the adapters are added at the trainer's construction (``jaxpipe.nn.lora``).
       detach_uncond: under CFG, no gradient through the unconditional branch (the official code's
         ``noise_pred_uncond.detach()``); the log-probs and ratios are unchanged.
+      eval_ema: keep an evaluation average of the trained weights (``training.eval_ema``; ``None``: none).
       filter_zero_advantages: average the loss (policy and KL) over the rows whose advantage is not 0
         only, as the official code drops them from the batch (a group whose rewards are all equal
         teaches nothing; without the filter its rows still pull toward the reference and dilute the mean).
@@ -81,6 +83,7 @@ class FlowGRPOConfig:
     lora: LoRAConfig | None = None
     detach_uncond: bool = False
     filter_zero_advantages: bool = False
+    eval_ema: EvalEMA | None = None
 
     def __post_init__(self):
         self.group.check_relative()

@@ -53,6 +53,7 @@ from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import rollout, update
 from jaxpipe.training.denoiser import GENERATOR, DenoiserMethod
+from jaxpipe.training.eval_ema import EvalEMA
 from jaxpipe.training.noise import NoiseLevels
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.rollout import Group, Sampling
@@ -118,6 +119,7 @@ class DiffusionNFTConfig:
         >= 0 (the official code: 1e-4); a reference copy is kept only when > 0.
       schedule_levels: 0 — one noise level per sample from ``noise``; ``k >= 1`` — ``k`` distinct levels
         of the rollout's sampling schedule per sample (drawn per sample), their losses averaged.
+      eval_ema: keep an evaluation average of the trained weights (``training.eval_ema``; ``None``: none).
 
     Raises:
       ValueError: on construction, if K < 2, ``beta`` is not in (0, 1] or a new field is out of range.
@@ -133,6 +135,7 @@ class DiffusionNFTConfig:
     weighting: str = "none"
     kl_beta: float = 0.0
     schedule_levels: int = 0
+    eval_ema: EvalEMA | None = None
 
     def __post_init__(self):
         self.group.check_relative()
@@ -323,7 +326,7 @@ class DiffusionNFT(DenoiserMethod):
         self._setup(card, reward, config, program)
         self.artifact = rollout.rendered_artifact(self.program)
         self.regression = self.loop.config.replace(guidance=1.0, stg=0.0)  # the plain velocity, as Finetune regresses
-        self.roles = {"old": tuple(self.denoisers)}
+        self.roles = {**self.roles, "old": tuple(self.denoisers)}
         self._jit(card, reward, config, program)
         self.render = jax.jit(self._render)
 
