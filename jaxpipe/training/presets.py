@@ -173,7 +173,14 @@ PRESETS: dict[tuple[str, str], Callable[[], Preset]] = {
 
 
 def names(method: str) -> tuple[str, ...]:
-    """The preset names of ``method`` (``"flow-grpo"`` or ``"nft"``)."""
+    """The preset names of a method.
+
+    Args:
+      method: ``"flow-grpo"`` or ``"nft"``.
+
+    Returns:
+      Its preset names (empty for a method without presets).
+    """
     return tuple(name for m, name in PRESETS if m == method)
 
 
