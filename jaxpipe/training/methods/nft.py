@@ -67,6 +67,7 @@ __all__ = [
     "WEIGHTINGS",
     "nft_loss",
     "nft_adaptive_loss",
+    "velocity_kl",
     "optimality_weight",
     "ema_decay",
 ]
@@ -238,6 +239,20 @@ def nft_loss(
     return loss, {"loss": loss, "loss_pos": jnp.mean(pos), "loss_neg": jnp.mean(neg)}
 
 
+def velocity_kl(v_theta: jax.Array, v_ref: jax.Array) -> jax.Array:
+    """The official NFT code's KL to the reference, ``mean_rows(mean((v_θ − v_ref)²))``.
+
+    Args:
+      v_theta: ``(B, ...)`` the current policy's velocities (differentiable).
+      v_ref: ``(B, ...)`` the reference's velocities (stop-gradient).
+
+    Returns:
+      The float32 scalar.
+    """
+    axes = tuple(range(1, v_theta.ndim))
+    return jnp.mean(jnp.mean((v_theta - jax.lax.stop_gradient(v_ref)) ** 2, axis=axes))
+
+
 def nft_adaptive_loss(
     v_theta: jax.Array,
     v_old: jax.Array,
@@ -293,7 +308,7 @@ def nft_adaptive_loss(
     if kl_beta > 0:
         if v_ref is None:
             raise ValueError("nft_adaptive_loss with kl_beta > 0 needs v_ref")
-        kl = jnp.mean(jnp.mean((v_theta - sg(v_ref)) ** 2, axis=axes))
+        kl = velocity_kl(v_theta, v_ref)
     else:
         kl = jnp.zeros((), jnp.float32)
     loss = policy + kl_beta * kl
@@ -416,8 +431,7 @@ class DiffusionNFT(DenoiserMethod):
         loss, metrics = nft_loss(v_theta, v_old, noise - x0, ro.weights, cfg.beta)
         if v_ref is None:
             return loss, metrics
-        axes = tuple(range(1, v_theta.ndim))
-        kl = jnp.mean(jnp.mean((v_theta - jax.lax.stop_gradient(v_ref)) ** 2, axis=axes))
+        kl = velocity_kl(v_theta, v_ref)
         total = loss + cfg.kl_beta * kl
         return total, {**metrics, "loss": total, "kl": kl}
 
