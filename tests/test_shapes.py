@@ -1,5 +1,6 @@
 """The shapes world: renders, the prompt grammar and its held-out split, the analytic judge, its reward."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -101,6 +102,45 @@ def test_the_judge_fails_what_is_wrong():
     assert judge.judge(empty, three) == {"count": False, "shape": False, "colour": False}
     with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
         judge.detect(np.zeros((32, 32)))
+
+
+def test_geneval_s_rule_asks_at_least_the_named_objects_and_counts_exactly():
+    """GenEval's verdict (evaluate_images.py) on renders: an extra object is wrong only under the strict rule,
+    except when counting; the most confident object of a class carries the colour; positions by relative_position."""
+    from jaxpipe.shapes.geneval_rule import geneval_correct, relations
+
+    def verdicts(objects, prompt):
+        image = render(Scene(tuple(objects)))
+        found = judge.detect(image)
+        return judge.correct(judge.checks_of(found, prompt), prompt.category), geneval_correct(found, prompt)
+
+    circle = Obj("circle", "red", "small", 0.25, 0.3)
+    extra = Obj("square", "blue", "small", 0.75, 0.7)
+    one = Prompt("single_object", (Thing("red", "circle"),))
+    assert verdicts([circle], one) == (True, True)
+    assert verdicts([circle, extra], one) == (False, True)  # GenEval does not mind a second object
+    assert verdicts([extra], one) == (False, False)
+    colours = Prompt("colors", (Thing("green", "circle"),))
+    assert verdicts([circle], colours) == (False, False)
+    two = Prompt("counting", (Thing("red", "circle"),) * 2)
+    second = Obj("circle", "red", "small", 0.75, 0.3)
+    assert verdicts([circle, second], two) == (True, True)
+    assert verdicts([circle, second, extra], two) == (False, True)  # other classes do not count
+    third = Obj("circle", "red", "small", 0.5, 0.75)
+    assert verdicts([circle, second, third], two) == (False, False)  # one more of the class: excluded
+    left = Prompt("position", (Thing("red", "circle"), Thing("blue", "square")), "left")
+    beside = Obj("square", "blue", "small", 0.75, 0.35)
+    assert verdicts([circle, beside], left) == (True, True)
+    assert verdicts([circle, beside], Prompt("position", left.things, "right")) == (False, False)
+    assert verdicts([circle, beside], Prompt("position", left.things, "above")) == (False, False)
+    diagonal = [Obj("circle", "red", "small", 0.25, 0.25), Obj("square", "blue", "small", 0.75, 0.65)]
+    assert verdicts(diagonal, Prompt("position", left.things, "above")) == (False, True)  # GenEval: left of and above
+    near = [judge.Detection("circle", c, "small", x, 0.5, 39.6, 1.0) for c, x in (("red", 0.5), ("blue", 0.53))]
+    assert relations(*near) == set() and relations(near[0], dataclasses.replace(near[1], x=0.6)) == {
+        "left of"
+    }  # centres closer than 0.1 of the boxes: no relation to tell
+    twin = Prompt("position", (Thing("red", "circle"), Thing("blue", "circle")), "left")  # one shape named twice
+    assert verdicts([circle, Obj("circle", "blue", "small", 0.75, 0.35)], twin) == (True, True)
 
 
 def test_the_video_judge_reads_each_motion():

@@ -26,7 +26,18 @@ from jaxpipe.shapes.grammar import Prompt
 from jaxpipe.shapes.scenes import RADIUS, SPEED, SQUARE
 from jaxpipe.shapes.words import BACKGROUND, COLOURS, PALETTE, SHAPES, SIZES
 
-__all__ = ["COLOUR_RADIUS", "MIN_AREA", "Detection", "detect", "judge", "judge_video", "correct", "score", "CHECKED"]
+__all__ = [
+    "COLOUR_RADIUS",
+    "MIN_AREA",
+    "Detection",
+    "detect",
+    "checks_of",
+    "judge",
+    "judge_video",
+    "correct",
+    "score",
+    "CHECKED",
+]
 
 COLOUR_RADIUS = 0.35
 """A pixel belongs to a colour only within this RGB distance of it (pixels in ``[0, 1]``)."""
@@ -178,10 +189,19 @@ def judge(image: np.ndarray, prompt: Prompt) -> dict[str, bool]:
     Returns:
         ``{check: passed}``.
     """
-    return _checks(detect(image), prompt)
+    return checks_of(detect(image), prompt)
 
 
-def _checks(found: list[Detection], prompt: Prompt) -> dict[str, bool]:
+def checks_of(found: list[Detection], prompt: Prompt) -> dict[str, bool]:
+    """``judge``'s checks from an image's detections (``detect``), for reading both rules off one detection pass.
+
+    Args:
+        found: the image's detections.
+        prompt: what it should show.
+
+    Returns:
+        ``{check: passed}``.
+    """
     things = prompt.things
     if len(found) > 6:  # noise, not a picture: nothing to match (and the permutations stay few)
         found = found[:6]
@@ -212,7 +232,7 @@ def judge_video(video: np.ndarray, prompt: Prompt) -> dict[str, bool]:
     if video.ndim != 4 or video.shape[0] < 2:
         raise ValueError(f"judge_video reads a (T >= 2, H, W, 3) video; got shape {video.shape}")
     first, last = detect(video[0]), detect(video[-1])
-    a, b = _checks(first, prompt), _checks(last, prompt)
+    a, b = checks_of(first, prompt), checks_of(last, prompt)
     checks = {name: a[name] and b[name] for name in a}
     travel = SPEED * (video.shape[0] - 1)
     moved = checks["colour"]
