@@ -247,7 +247,7 @@ def test_trainers_built_alike_share_their_compiled_step(method, rollout, t2i_car
     functions: its step compiles nothing. Any other argument, or one that cannot be hashed, shares nothing."""
     state, _ = rollout
     twin = FlowGRPO(t2i_card, brightness_reward, dataclasses.replace(CONFIG))  # equal by value, another object
-    assert twin._step is method._step and twin.rollout is method.rollout and twin.update is method.update
+    assert twin._step is method._step and twin._rollout_jit is method._rollout_jit and twin.update is method.update
     method.step(state, rl_batch(t2i_card), jax.random.key(1))
     compiled = method._step._cache_size()
     new_state, metrics = twin.step(twin.init(), rl_batch(t2i_card), jax.random.key(2))
@@ -257,3 +257,34 @@ def test_trainers_built_alike_share_their_compiled_step(method, rollout, t2i_car
     assert FlowGRPO(t2i_card, constant_reward, CONFIG)._step is not method._step
     unhashable = _Unhashable()
     assert FlowGRPO(t2i_card, unhashable, CONFIG)._step is not FlowGRPO(t2i_card, unhashable, CONFIG)._step
+
+
+def argument_bytes(lowered) -> int:
+    """Bytes of a lowered function's array arguments (PRNG keys, which have no byte size, left out)."""
+    leaves = jax.tree.leaves(lowered.args_info)
+    arrays = [a for a in leaves if not jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key)]
+    return sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape)) for a in arrays)
+
+
+def test_a_reward_model_s_weights_are_arguments_of_the_compiled_step_not_constants(t2i_card):
+    """A reward that holds weights (here the digit scorer's network) reaches the jitted step as an argument:
+    the lowered step carries its bytes among the arguments and none among its constants, unlike the same
+    step with the reward closed over (its weights baked into the program)."""
+    from jaxpipe.rewards import weighted
+
+    reward = scorer_reward(jp.cards.build("digit-scorer"))
+    method = FlowGRPO(t2i_card, reward, CONFIG)
+    weights = weighted.weights_of(reward)
+    held = sum(x.nbytes for x in jax.tree.leaves(weights))
+    assert held > 100_000 and method.reward_weights is weights
+    state, batch, key = method.init(), rl_batch(t2i_card), jax.random.key(0)
+    passed = method._step.lower(state, batch, key, weights)
+    closed = jax.jit(lambda s, b, k: method.step_fn(s, b, k)).lower(state, batch, key)
+    assert argument_bytes(passed) - argument_bytes(closed) == held
+    assert len(closed.as_text()) - len(passed.as_text()) > held  # the closed-over weights, printed as constants
+    bound = weighted.bind(reward, jax.tree.map(jnp.zeros_like, weights))
+    images = jnp.full((2, 16, 16, 1), 0.5)
+    prompts = Prompts.from_texts(t2i_card, ["seven", "one"], {"digit": [7, 1]})
+    assert not np.allclose(bound({"image": images}, prompts)["digit"], reward({"image": images}, prompts)["digit"])
+    with pytest.raises(ValueError, match="holds no weights"):
+        weighted.bind(brightness_reward, weights)

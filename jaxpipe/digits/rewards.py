@@ -7,17 +7,19 @@ prompt does not name (``stroke = thick`` for the prompt ``"seven"``) is a *prefe
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jaxpipe.card import Card
 from jaxpipe.digits import digit_scorer
 from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 
-__all__ = ["REWARD_TERMS", "scorer_reward", "label_probabilities"]
+__all__ = ["REWARD_TERMS", "ScorerReward", "scorer_reward", "label_probabilities"]
 
 REWARD_TERMS = ("digit", "stroke", "position", "brightness")
 """Reward terms a ``digit-scorer`` reward can sum: the scorer's probability of the prompted label."""
@@ -39,8 +41,8 @@ def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> Reward:
         terms: the reward terms, from ``REWARD_TERMS``.
 
     Returns:
-        The reward function (pure: it can run under ``jax.jit``); it raises ValueError when the prompts'
-        metadata lacks a term's labels.
+        The reward (a ``ScorerReward``: pure, it runs under ``jax.jit``, its weights passed as arguments by the
+        trainers); it raises ValueError when the prompts' metadata lacks a term's labels.
 
     Raises:
         ValueError: if ``terms`` is empty or names a term outside ``REWARD_TERMS``.
@@ -48,13 +50,44 @@ def scorer_reward(scorer: Card, terms: tuple[str, ...] = ("digit",)) -> Reward:
     unknown = [t for t in terms if t not in REWARD_TERMS]
     if unknown or not terms:
         raise ValueError(f"unknown reward term(s) {unknown or list(terms)}; choose from {REWARD_TERMS}")
+    return ScorerReward(scorer, tuple(terms))
 
-    def reward(artifacts: Mapping[str, jax.Array], prompts: Prompts) -> dict[str, jax.Array]:
+
+class ScorerReward:
+    """``scorer_reward``'s reward: the scorer card's label probabilities, its weights held as a pytree
+    (``weights`` / ``bind``, so the trainers pass them to their jitted step: ``jaxpipe.rewards.weighted``)."""
+
+    def __init__(self, scorer: Card, terms: tuple[str, ...]):
+        self.terms = terms
+        self.spec = scorer.spec
+        split = {name: nnx.split(module) for name, module in scorer.components.items()}
+        self._graphs = {name: graph for name, (graph, _) in split.items()}
+        self._weights = {name: state for name, (_, state) in split.items()}
+        self.__name__ = self.__qualname__ = f"scorer_reward({', '.join(terms)})"
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+    @property
+    def scorer(self) -> Card:
+        """The scorer card at this reward's weights."""
+        return Card({name: nnx.merge(self._graphs[name], w) for name, w in self._weights.items()}, self.spec)
+
+    @property
+    def weights(self) -> dict[str, nnx.State]:
+        """The scorer's weights, by component."""
+        return self._weights
+
+    def bind(self, weights: dict[str, nnx.State]) -> ScorerReward:
+        """This reward computing with ``weights`` (tracers inside a jitted step) in place of its own."""
+        bound = copy.copy(self)
+        bound._weights = weights
+        return bound
+
+    def __call__(self, artifacts: Mapping[str, jax.Array], prompts: Prompts) -> dict[str, jax.Array]:
+        """``{term: (B,)}``: ``label_probabilities`` of ``artifacts["image"]`` (or ``["video"]``)."""
         images = artifacts["video"] if "video" in artifacts else artifacts["image"]
-        return label_probabilities(scorer, images, prompts.metadata, terms)
-
-    reward.__name__ = reward.__qualname__ = f"scorer_reward({', '.join(terms)})"
-    return reward
+        return label_probabilities(self.scorer, images, prompts.metadata, self.terms)
 
 
 def label_probabilities(

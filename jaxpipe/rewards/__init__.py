@@ -21,6 +21,8 @@ marked with ``@host``: it gets NumPy artifacts and the prompts as a ``list[str]`
         words = ocr(artifacts["image"])                 # NumPy (B, H, W, C)
         return [float(p in w) for p, w in zip(prompts, words)]
 
+A reward model holds its weights as a pytree (``weights`` / ``bind``: ``jaxpipe.rewards.weighted``), so the
+trainers pass them to their jitted step as arguments instead of baking them into it.
 ``combine`` weighs several rewards into named parts, ``score`` calls a reward once and checks it,
 and ``load("module:function")`` / ``load("path/to/file.py:function")`` finds one for a
 ``--reward`` flag. Reward models ship too, as JAX rewards loaded from a folder
@@ -49,6 +51,7 @@ import numpy as np
 
 from jaxpipe.prompts import Prompts, check, encode_text, text_width
 from jaxpipe.rewards.hosted import VMAP_METHODS, HostPrompts, HostReward, host
+from jaxpipe.rewards.weighted import bind, weights_of
 
 __all__ = [
     "Reward",
@@ -58,6 +61,9 @@ __all__ = [
     "MODEL_KINDS",
     "host",
     "combine",
+    "Combined",
+    "weights_of",
+    "bind",
     "score",
     "load",
     "spec_name",
@@ -158,22 +164,47 @@ def combine(rewards: Mapping[str, Reward], weights: Mapping[str, float] | None =
     for name, weight in weights.items():
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
             raise ValueError(f"weight of {name!r} must be a finite number (got {weight!r})")
-    scale = {name: float(weights.get(name, 1.0)) for name in rewards}
+    return Combined(rewards, {name: float(weights.get(name, 1.0)) for name in rewards})
 
-    def combined(artifacts: Mapping[str, Any], prompts: Prompts) -> dict[str, jax.Array]:
+
+class Combined:
+    """``combine``'s reward: ``{name: weight · reward_name(...)}`` (a reward's own parts as ``"<name>/<part>"``).
+
+    It holds the weights its rewards hold (``jaxpipe.rewards.weighted``): ``weights`` is ``{name: weights}``
+    of those that hold some (``None`` when none does), ``bind`` binds each.
+    """
+
+    def __init__(self, rewards: Mapping[str, Reward], scale: Mapping[str, float]):
+        self.rewards, self.scale = dict(rewards), dict(scale)
+        self.__name__ = self.__qualname__ = (
+            "combine(" + ", ".join(f"{name}={self.scale[name]:g}" for name in self.rewards) + ")"
+        )
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+    @property
+    def weights(self) -> dict[str, Any] | None:
+        """``{name: weights}`` of the rewards that hold weights, or ``None``."""
+        held = {name: weights_of(r) for name, r in self.rewards.items()}
+        held = {name: w for name, w in held.items() if w is not None}
+        return held or None
+
+    def bind(self, weights: Mapping[str, Any]) -> Combined:
+        """This reward with each named reward bound to ``weights[name]``."""
+        return Combined({name: bind(r, weights.get(name)) for name, r in self.rewards.items()}, self.scale)
+
+    def __call__(self, artifacts: Mapping[str, Any], prompts: Prompts) -> dict[str, jax.Array]:
+        """The weighted parts ``{name: (B,)}``."""
         parts = {}
-        for name, reward in rewards.items():
+        for name, reward in self.rewards.items():
             out = reward(artifacts, prompts)
             named = {f"{name}/{part}": v for part, v in out.items()} if isinstance(out, Mapping) else {name: out}
             for key, value in named.items():
                 if key in parts:
                     raise ValueError(f"combine: two rewards give a part named {key!r}; rename one")
-                parts[key] = scale[name] * jnp.asarray(value, jnp.float32)
+                parts[key] = self.scale[name] * jnp.asarray(value, jnp.float32)
         return parts
-
-    label = "combine(" + ", ".join(f"{name}={scale[name]:g}" for name in rewards) + ")"
-    combined.__name__ = combined.__qualname__ = label
-    return combined
 
 
 def _import_file(path: Path, spec: str):

@@ -23,6 +23,7 @@ averaged, as the CLIP rewards (``jaxpipe.rewards.clip``); the reward is differen
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,17 @@ class AestheticScore:
     def vision(self) -> CLIPVisionWithProjection:
         """The CLIP vision tower and projection (a fresh view of the same weights)."""
         return nnx.merge(self._graph, self._params)
+
+    @property
+    def weights(self) -> dict[str, Any]:
+        """``{"vision": the tower's weights, "head": the head's pairs}``: what the trainers pass to their jitted step."""
+        return {"vision": self._params, "head": self.head}
+
+    def bind(self, weights: dict[str, Any]) -> AestheticScore:
+        """This reward computing with ``weights`` (tracers inside a jitted step) in place of its own."""
+        bound = copy.copy(self)
+        bound._params, bound.head = weights["vision"], tuple(weights["head"])
+        return bound
 
     def image_embeddings(self, images: jax.Array) -> jax.Array:
         """L2-normalised CLIP image embeddings ``(N, D)`` of ``images`` ``(N, H, W, 3)`` in [0, 1]."""

@@ -29,6 +29,7 @@ The model's weights are closed over by the jitted step that calls the reward, as
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -255,6 +256,17 @@ class CLIPReward:
     def model(self) -> clip_model.CLIPModel:
         """The ``CLIPModel`` (a fresh view of the same weights)."""
         return nnx.merge(self._graph, self._params)
+
+    @property
+    def weights(self) -> nnx.State:
+        """The CLIP model's weights: what the trainers pass to their jitted step (``jaxpipe.rewards.weighted``)."""
+        return self._params
+
+    def bind(self, weights: nnx.State) -> CLIPReward:
+        """This reward computing with ``weights`` (tracers inside a jitted step) in place of its own."""
+        bound = copy.copy(self)
+        bound._params = weights
+        return bound
 
     def image_embeddings(self, images: jax.Array) -> jax.Array:
         """L2-normalised image features ``(N, P)`` of ``images`` ``(N, H, W, 3)`` in [0, 1] (preprocessed here)."""

@@ -88,9 +88,11 @@ class DenoiserMethod(RolloutMethod):
             return state
         return state._replace(copies={**state.copies, eval_ema.ROLE: copy(state.params[GENERATOR])})
 
-    def step_fn(self, state: TrainState, batch: Any, key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+    def step_fn(
+        self, state: TrainState, batch: Any, key: jax.Array, reward_weights: Any = None
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
         """The rollout and its updates, then (with ``eval_ema``) the evaluation average follows the new weights."""
-        new, metrics = super().step_fn(state, batch, key)
+        new, metrics = super().step_fn(state, batch, key, reward_weights)
         if self.eval_ema is None:
             return new, metrics
         ema = eval_ema.follow(self.eval_ema, state.copies[eval_ema.ROLE], new.params[GENERATOR], state.step)

@@ -19,6 +19,10 @@ Rollouts and updates run the unmerged network (``rollout_card``, ``components``)
 ``card`` and ``role_card`` fold the adapters into the base weights (``merged``): the trained card has the
 modules and parameter paths of the card it was trained from, so it serves, publishes and saves like it.
 To keep the adapters themselves, ``lora.save_adapters(method.components(state.params, state.frozen)[name], dir)``.
+
+A method with a reward that holds weights (a reward model: ``jaxpipe.rewards.weighted``) passes them to its
+jitted step, rollout and update as an argument (``reward_weights``), so they are not baked into the compiled
+program as constants; ``step_fn(state, batch, key, reward_weights)`` takes them the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import optax
 from jaxpipe import prompts
 from jaxpipe.card import Card, CardSpec
 from jaxpipe.nn import lora
+from jaxpipe.rewards import weighted
 from jaxpipe.training.parts import Parts, copy
 
 __all__ = ["Trainer", "TrainState", "Method", "RolloutMethod", "SHARED_TRAINERS", "UPDATE_KEY", "merged"]
@@ -124,6 +129,7 @@ class Method:
     parts: Parts
     optimizers: dict[str, optax.GradientTransformation]
     spec: CardSpec
+    reward: Any = None
     roles: Mapping[str, tuple[str, ...]] = MappingProxyType({})
     stacked: tuple[str, ...] = ()
     """Parts whose parameters carry a leading expert axis: their optimiser states are ``vmap``-initialised."""
@@ -210,6 +216,20 @@ class Method:
         """The pure, unjitted step (for custom ``jit`` or sharding)."""
         raise NotImplementedError
 
+    @property
+    def reward_weights(self) -> Any:
+        """The reward's weights, passed to the jitted functions as an argument (``None``: it holds none)."""
+        return weighted.weights_of(self.reward)
+
+    def reward_at(self, reward_weights: Any) -> Any:
+        """The reward computing with ``reward_weights`` (the traced argument), or as it is when ``None``."""
+        return weighted.bind(self.reward, reward_weights)
+
+    def _with_reward(self, *arguments: Any) -> tuple:
+        """``arguments``, then the reward's weights when it holds some (the jitted functions' extra argument)."""
+        weights = self.reward_weights
+        return arguments if weights is None else (*arguments, weights)
+
     def check_batch(self, batch: Any) -> None:
         """A clear error for a batch this method cannot train on (called before the jitted step): by
         default a ``jaxpipe.prompts.Prompts`` of well-formed arrays."""
@@ -218,7 +238,7 @@ class Method:
     def step(self, state: TrainState, batch: Any, key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
         """``step_fn`` as ONE jitted function, after ``check_batch``: ``(state, metrics)``."""
         self.check_batch(batch)
-        return self._step(state, batch, key)
+        return self._step(*self._with_reward(state, batch, key))
 
 
 class RolloutMethod(Method):
@@ -229,20 +249,31 @@ class RolloutMethod(Method):
     ``rollout_metrics(rollout)``; ``step_fn`` runs the three, the update keyed ``fold_in(key, UPDATE_KEY)``.
     """
 
-    jitted = ("_step", "rollout", "update")
+    jitted = ("_step", "_rollout_jit", "update")
 
     def _make_jits(self) -> None:
         super()._make_jits()
-        self.rollout = jax.jit(self._rollout)
+        self._rollout_jit = jax.jit(self._rollout)
         self.update = jax.jit(self._update)
+
+    def rollout(self, state: TrainState, batch: Any, key: jax.Array) -> Any:
+        """``_rollout`` jitted: the batch rendered and scored (the reward's weights passed as an argument)."""
+        return self._rollout_jit(*self._with_reward(state, batch, key))
 
     def rollout_metrics(self, rollout: Any) -> dict[str, jax.Array]:
         """Metrics of the rollout itself (its rewards); none by default."""
         del rollout
         return {}
 
-    def step_fn(self, state: TrainState, batch: Any, key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-        """The pure, unjitted step (rollout + its updates), for custom ``jit`` or sharding."""
-        ro = self._rollout(state, batch, key)
+    def step_fn(
+        self, state: TrainState, batch: Any, key: jax.Array, reward_weights: Any = None
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """The pure, unjitted step (rollout + its updates), for custom ``jit`` or sharding; ``reward_weights``:
+        the reward's weights (``reward_weights`` property) as an argument, ``None`` to use the reward's own."""
+        ro = (
+            self._rollout(state, batch, key)
+            if reward_weights is None
+            else self._rollout(state, batch, key, reward_weights)
+        )
         state, metrics = self._update(state, ro, jax.random.fold_in(key, UPDATE_KEY))
         return state, {**metrics, **self.rollout_metrics(ro)}

@@ -102,7 +102,7 @@ class FlowGRPO(DenoiserMethod):
         super().check_batch(batch)
         self.config.ppo.check_rows(len(batch) * self.config.group.size)
 
-    def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> Rollout:
+    def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array, reward_weights: Any = None) -> Rollout:
         card = self.rollout_card(state.params, state.frozen)
         settings = loop_settings(**{self.loop.id: self.sampling})
         run = rollout.render(
@@ -110,7 +110,10 @@ class FlowGRPO(DenoiserMethod):
         )
         generated = rollout.generated(run.execution, self.loop.id, rollout.rendered_artifact(self.program))
         scored = rollout.score_rollout(
-            self.reward, rollout.artifacts_of(run.execution, self.program), run.prompts, self.config.group
+            self.reward_at(reward_weights),
+            rollout.artifacts_of(run.execution, self.program),
+            run.prompts,
+            self.config.group,
         )
         return Rollout(generated, scored.rewards, scored.parts, scored.advantages)
 

@@ -265,7 +265,7 @@ class _RefinerRL(RolloutMethod):
         check_room(batch, self.max_prompt_words)
         self.config.generator.ppo.check_rows(len(batch) * self.config.generator.group.size)
 
-    def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> JointRollout:
+    def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array, reward_weights: Any = None) -> JointRollout:
         cfg = self.config
         group = cfg.generator.group
         run, refined = render_rewrites(
@@ -284,7 +284,9 @@ class _RefinerRL(RolloutMethod):
         generated = (
             rollout.generated(execution, self.denoise_loop) if cfg.joint else rollout.Generated(images, None, None)
         )
-        scored = rollout.score_rollout(self.reward, rollout.artifacts_of(execution, self.program), run.prompts, group)
+        scored = rollout.score_rollout(
+            self.reward_at(reward_weights), rollout.artifacts_of(execution, self.program), run.prompts, group
+        )
         return JointRollout(
             refinement,
             refined,

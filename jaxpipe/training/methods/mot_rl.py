@@ -231,7 +231,7 @@ class SharedMoTRL(RolloutMethod):
     def _mot(self, params, frozen) -> MoT:
         return self.components({MODEL: params}, frozen)["transformer"]
 
-    def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> MoTRollout:
+    def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array, reward_weights: Any = None) -> MoTRollout:
         cfg = self.config
         group = cfg.generator.group
         run, think = render_rewrites(
@@ -249,7 +249,7 @@ class SharedMoTRL(RolloutMethod):
         text_length = jnp.where(think, thought.length, prompt_length)
         generated = rollout.generated(run.execution, toy_mot.IMAGE_LOOP)
         scored = rollout.score_rollout(
-            self.reward, rollout.artifacts_of(run.execution, self.program), run.prompts, group
+            self.reward_at(reward_weights), rollout.artifacts_of(run.execution, self.program), run.prompts, group
         )
         return MoTRollout(
             thought, think, thought.tokens, text_length, generated, scored.rewards, scored.parts, scored.advantages

@@ -371,9 +371,9 @@ class DiffusionNFT(DenoiserMethod):
             rollout.artifacts_of(run.execution, self.program),
         )
 
-    def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array) -> NFTRollout:
+    def _rollout(self, state: TrainState, batch: Prompts, key: jax.Array, reward_weights: Any = None) -> NFTRollout:
         images, x0, cond, rows, artifacts = self._render(state.copies["old"], state.frozen, batch, key)
-        scored = rollout.score_rollout(self.reward, artifacts, rows, self.config.group)
+        scored = rollout.score_rollout(self.reward_at(reward_weights), artifacts, rows, self.config.group)
         weights = optimality_weight(scored.advantages, self.config.group.adv_clip)
         return NFTRollout(images, x0, cond, scored.rewards, scored.parts, scored.advantages, weights)
 
