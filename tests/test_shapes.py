@@ -143,6 +143,35 @@ def test_geneval_s_rule_asks_at_least_the_named_objects_and_counts_exactly():
     assert verdicts([circle, Obj("circle", "blue", "small", 0.75, 0.35)], twin) == (True, True)
 
 
+def test_flowgrpo_s_geneval_reward_gives_partial_credit_and_one_exactly_when_geneval_says_right():
+    """The reward FlowGRPO trains on GenEval with: counting earns 1 - |N - N_ref| / N_ref; other prompts half
+    for the named objects being there, half more when right by GenEval's rule."""
+    from jaxpipe.shapes.geneval_rule import geneval_correct, geneval_score
+    from jaxpipe.shapes.rewards import geneval_scores
+
+    def scored(objects, prompt):
+        found = judge.detect(render(Scene(tuple(objects))))
+        return geneval_score(found, prompt), geneval_correct(found, prompt)
+
+    circle, second = Obj("circle", "red", "small", 0.25, 0.3), Obj("circle", "red", "small", 0.75, 0.3)
+    third = Obj("circle", "red", "small", 0.5, 0.75)
+    two = Prompt("counting", (Thing("red", "circle"),) * 2)
+    assert scored([circle, second], two) == (1.0, True)
+    assert scored([circle], two) == (0.5, False) and scored([circle, second, third], two) == (0.5, False)
+    square = Obj("square", "blue", "small", 0.75, 0.35)
+    left = Prompt("position", (Thing("red", "circle"), Thing("blue", "square")), "left")
+    assert scored([circle, square], left) == (1.0, True)
+    assert scored([circle, square], Prompt("position", left.things, "right")) == (0.5, False)  # there, misplaced
+    assert scored([circle], left) == (0.25, False)  # one of the two there
+    colours = Prompt("color_attr", (Thing("red", "circle"), Thing("green", "square")))
+    assert scored([circle, square], colours) == (0.5, False)  # both shapes, a colour wrong
+    assert scored([circle, Obj("square", "green", "small", 0.75, 0.35)], colours) == (1.0, True)
+    image = render(Scene((circle, second)))
+    np.testing.assert_array_equal(geneval_scores(image[None], ["two red circles"]), [1.0])
+    with pytest.raises(ValueError, match="2 pictures for 1 prompts"):
+        geneval_scores(np.stack([image, image]), ["two red circles"])
+
+
 def test_the_video_judge_reads_each_motion():
     prompt = parse("a red circle moving right and a blue square still")
     scene = grammar.scene_for(prompt, np.random.default_rng(3), frames=8)

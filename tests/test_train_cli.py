@@ -119,12 +119,16 @@ def test_train_nft_writes_its_curves_and_a_loadable_card_and_keeps_the_text_enco
         ],
     )
     assert result.exit_code == 0, result.output
+    assert "gradient signal-to-noise" in result.output  # measured by default at the start of an nft run
+    noise = json.loads((out / "gradient_snr.json").read_text())
+    assert noise["rollouts"] == 4 and noise["images"] == 4 and math.isfinite(noise["snr"])
     rows = read_metrics(out)
     assert all(0.0 <= row["r_mean"] <= 1.0 and row["ema_decay"] == 0.5 and row["skipped"] == 0.0 for row in rows)
     for png in ("reward.png", "loss.png", "old_policy.png"):
         assert Image.open(out / png).format == "PNG"
     report = json.loads((out / "report.json").read_text())
     assert report["method"] == "nft" and report["settings"]["config"]["beta"] == 0.5
+    assert report["gradient_snr"] == noise
     trained, base = jp.cards.load(out), jp.cards.load(base)
     assert same(trained["text_encoder"], base["text_encoder"]) and not same(trained["transformer"], base["transformer"])
     jp.Engine().register(trained)
@@ -143,7 +147,10 @@ def test_train_flow_grpo_with_lora_saves_a_merged_card_that_serves(tmp_path, t2i
             str(out),
             "--model",
             str(base),
-            "--no-eval",
+            "--eval-every",
+            "1",
+            "--snr-rollouts",
+            "0",
             "--lr",
             "1e-2",
             "--lora-rank",
@@ -159,6 +166,11 @@ def test_train_flow_grpo_with_lora_saves_a_merged_card_that_serves(tmp_path, t2i
     read_metrics(out)
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["config"]["lora"]["rank"] == 4
+    assert "gradient_snr" not in report and not (out / "gradient_snr.json").exists()  # --snr-rollouts 0
+    judged = [json.loads(line) for line in (out / "evaluations.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in judged] == [0, 1, 2] and report["curve"] == judged  # before, every step, after
+    assert judged[0]["all_attributes_correct"] == report["before"]["all_attributes_correct"]
+    assert Image.open(out / "evaluation.png").format == "PNG"
     assert report["settings"]["config"]["lora"]["target_modules"] == ["attn.q", "attn.kv", "mlp.fc1"]
     trained, base = jp.cards.load(out), jp.cards.load(base)  # the plain DiT: the adapters are merged in
     assert same(trained["text_encoder"], base["text_encoder"]) and not same(trained["transformer"], base["transformer"])
@@ -273,6 +285,8 @@ def test_train_joint_writes_per_expert_curves_and_a_loadable_multi_expert_card(t
         (["dmd2", "--lora-rank", "4", "--lora-alpha", "0"], "LoRAConfig.alpha must be a finite number > 0"),
         (["unified", "--lora-rank", "4", "--prompt-only"], "which prompt-only RL (joint=False) keeps frozen"),
         (["flow-grpo", "--lora-rank", "4", "--lora-targets", " , "], "--lora-targets must name layers"),
+        (["flow-grpo", "--snr-rollouts", "1"], "--snr-rollouts must be 0 (off) or >= 2"),
+        (["nft", "--eval-every", "2", "--no-eval"], "--eval-every must be a positive number of steps, with --eval"),
     ],
 )
 def test_bad_flags_fail_clearly_before_any_work(args, message, tmp_path):

@@ -122,6 +122,16 @@ class RunFlags:
         help="Continue the run in --out from its newest readable checkpoint (same settings; a finished run is left as it is).",
     )
     overwrite: bool = _flag(False, "--overwrite", help="Replace the run in a non-empty --out instead of refusing.")
+    snr_rollouts: int | None = _flag(
+        None,
+        "--snr-rollouts",
+        help="Measure the gradient signal-to-noise of the configured batch over N rollouts at the start (warns, with the batch that would do, when it is low); 0: off. Default: 4 for flow-grpo and nft, else 0.",
+    )
+    eval_every: int | None = _flag(
+        None,
+        "--eval-every",
+        help="Judge the card every N steps as well as before and after: DIR/evaluations.jsonl, DIR/evaluation.png (needs --eval).",
+    )
     typed: dict[str, str] = dataclasses.field(default_factory=dict)
     """The command's flags as the user types them (set by ``_with``; ``_typed_flags``)."""
 
@@ -393,8 +403,12 @@ def _resume_command() -> str:
     return " ".join(shlex.quote(a) for a in args + ([] if "--resume" in args else ["--resume"]))
 
 
-_NOT_SETTINGS = ("out", "steps", "save_every", "resume", "overwrite")
-"""The flags a resumed run may change: where it is, how long it runs, how often it saves, how it starts."""
+_NOT_SETTINGS = ("out", "steps", "save_every", "resume", "overwrite", "snr_rollouts", "eval_every")
+"""The flags a resumed run may change: where it is, how long it runs, how often it saves, how it starts, what
+it measures on the way."""
+
+SNR_BY_DEFAULT = ("flow-grpo", "nft")
+"""The commands that measure the gradient signal-to-noise unless told not to (``--snr-rollouts 0``)."""
 
 
 def _typed(value) -> str:
@@ -443,6 +457,11 @@ def _train(
         fail(f"--steps must be a positive integer (got {flags.steps})")
     if flags.save_every <= 0:
         fail(f"--save-every must be a positive integer (got {flags.save_every})")
+    snr_rollouts = flags.snr_rollouts if flags.snr_rollouts is not None else (4 if name in SNR_BY_DEFAULT else 0)
+    if snr_rollouts < 0 or snr_rollouts == 1:
+        fail(f"--snr-rollouts must be 0 (off) or >= 2 (got {snr_rollouts})")
+    if flags.eval_every is not None and (flags.eval_every <= 0 or not flags.run_eval):
+        fail(f"--eval-every must be a positive number of steps, with --eval (got {flags.eval_every})")
     if flags.resume and flags.overwrite:
         fail("--resume continues the run in --out and --overwrite replaces it: pass one of them")
     if flags.custom and method is None:
@@ -512,6 +531,8 @@ def _train(
                 overwrite=flags.overwrite,
                 should_stop=stop,
                 flags=flags.typed,
+                gradient_snr=snr_rollouts,
+                eval_every=flags.eval_every,
             )
         except ValueError as err:
             fail(str(err))

@@ -8,6 +8,10 @@ is the template fit, and the box of a detection is its shape's extent about its 
 than ``judging.correct`` (the strict rule: exactly the named objects and nothing else), which stays the
 judge's reward and a second column of the tables.
 
+``geneval_score`` is the partial credit FlowGRPO trains on GenEval with (its paper's rule-based reward): a
+counting image earns ``1 - |N - N_ref| / N_ref``; any other earns half for the named objects being there and
+the other half when it is right by GenEval's rule (colours, position).
+
 The mapping where the worlds differ: GenEval's position prompts name no colours and two different classes;
 this world's name colours and may name one shape twice ("a red circle left of a blue circle"), so a
 position thing is found by its colour and shape, and the relation is GenEval's ``relative_position`` (centre
@@ -22,7 +26,7 @@ from jaxpipe.shapes.grammar import Prompt
 from jaxpipe.shapes.judging import Detection
 from jaxpipe.shapes.scenes import SQUARE
 
-__all__ = ["POSITION_THRESHOLD", "geneval_correct", "relations"]
+__all__ = ["POSITION_THRESHOLD", "geneval_correct", "geneval_score", "relations"]
 
 POSITION_THRESHOLD = 0.1
 """GenEval's ``POSITION_THRESHOLD``: the part of the two boxes' sizes an offset must exceed to count."""
@@ -103,3 +107,29 @@ def geneval_correct(found: list[Detection], prompt: Prompt, category: str | None
         if colour and sorted(d.colour for d in of_shape[: len(colours)]) != sorted(colours):
             return False
     return True
+
+
+def geneval_score(found: list[Detection], prompt: Prompt, category: str | None = None, *, side: int = 32) -> float:
+    """FlowGRPO's rule-based GenEval reward of one image, in ``[0, 1]``: ``1 - |N - N_ref| / N_ref`` (at least 0)
+    for counting (``N`` detections of the named shape); otherwise ``0.5 ·`` (the fraction of named objects present,
+    by shape) ``+ 0.5 ·`` (``geneval_correct``).
+
+    Args:
+        found: ``judging.detect``'s detections of the image.
+        prompt: what the image should show.
+        category: the category judged (default: the prompt's).
+        side: the image side (pixels).
+
+    Returns:
+        The score; 1.0 exactly when ``geneval_correct``.
+    """
+    category = category or prompt.category
+    if category == "counting":
+        wanted = len(prompt.things)
+        have = sum(d.shape == prompt.things[0].shape for d in found)
+        return max(0.0, 1.0 - abs(have - wanted) / wanted)
+    needed: dict[str, int] = {}
+    for thing in prompt.things:
+        needed[thing.shape] = needed.get(thing.shape, 0) + 1
+    present = sum(min(n, sum(d.shape == shape for d in found)) for shape, n in needed.items()) / len(prompt.things)
+    return 0.5 * present + 0.5 * float(geneval_correct(found, prompt, category, side=side))

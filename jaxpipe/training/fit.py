@@ -73,6 +73,7 @@ def fit(
     resume: bool = False,
     should_stop: Callable[[], bool] | None = None,
     log: Callable[[str], None] = print,
+    on_step: Callable[[int, Any], None] | None = None,
 ) -> tuple[Any, list[dict[str, float]]]:
     """Run jitted ``step(state, batch, key)`` up to step ``steps``; key ``i`` is ``fold_in(key, i)``.
 
@@ -106,6 +107,8 @@ def fit(
       resume: continue from the newest readable checkpoint in ``checkpoint_dir`` (from step 0 when there is none).
       should_stop: called before each step; when it returns true the run saves and ends early.
       log: where a line about a damaged checkpoint goes on ``resume``.
+      on_step: called as ``on_step(i, state)`` after step ``i`` (its row written, before its checkpoint), e.g. to
+        judge the card every N steps.
 
     Returns:
       ``(state, history)``: the final state and one metrics row per completed step (from step 0, restored
@@ -152,6 +155,8 @@ def fit(
             if sink is not None:
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
+            if on_step is not None:
+                on_step(i, state)
             if i % 10 == 0 or i == steps - 1:
                 bar.set_postfix(
                     {k: f"{v:.4g}" for k, v in row.items() if k != "step" and math.isfinite(v)}, refresh=False

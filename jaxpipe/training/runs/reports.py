@@ -22,6 +22,7 @@ import numpy as np
 from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.io import plot_curves
 from jaxpipe.stopping import Stopped
+from jaxpipe.training import gradient_noise
 from jaxpipe.training.fit import fit, read_metrics
 from jaxpipe.training.runs.run import Run
 
@@ -46,6 +47,8 @@ OUTPUTS = (
     "report.json",
     "before.json",
     "progress.json",
+    "gradient_snr.json",
+    "evaluations.jsonl",
     "config.json",
     "weights.safetensors",
     "checkpoints",
@@ -55,6 +58,25 @@ OUTPUTS = (
 TIMING = ("train_seconds", "seconds_per_step", "eval_seconds")
 """Report fields that measure time: the only ones a resumed run may not reproduce."""
 
+SNR_KEY = 2**31 - 1
+"""``fold_in(key(seed), SNR_KEY)`` keys the rollouts of the gradient signal-to-noise (step ``i``'s key is
+``fold_in(key(seed), i)``: no run gets this far)."""
+
+
+def _signal_to_noise(out: Path, run: Run, batch, *, seed: int, rollouts: int, resume: bool, log) -> dict:
+    """The run's gradient signal-to-noise (``gradient_noise.measure``), measured once (kept for a resume)."""
+    path = out / "gradient_snr.json"
+    if resume and path.is_file():
+        return json.loads(path.read_text())
+    log(f"{run.name}: measuring the gradient signal-to-noise over {rollouts} rollouts ...")
+    noise = gradient_noise.measure(
+        run.method, batch, jax.random.fold_in(jax.random.key(seed), SNR_KEY), rollouts=rollouts
+    )
+    log(f"{run.name}: {noise.message()}")
+    record = noise.to_json()
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
 
 def _leaves(tree, prefix: str = "") -> Iterator[tuple[str, object]]:
     if isinstance(tree, dict) and tree:
@@ -62,6 +84,22 @@ def _leaves(tree, prefix: str = "") -> Iterator[tuple[str, object]]:
             yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
     else:
         yield prefix, tree
+
+
+_NOT_CURVES = {"samples", "num_steps", "guidance", "seed", "prompts", *TIMING}
+
+
+def _numbers(evaluation: Mapping) -> dict[str, float]:
+    """An evaluation's numbers two levels deep, by dotted name (``"independent.all_right"``): its curve's points
+    (its settings and timings left out)."""
+    return {
+        name: float(value)
+        for name, value in _leaves(dict(evaluation))
+        if name.count(".") <= 1
+        and name.split(".")[-1] not in _NOT_CURVES
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+    }
 
 
 def _differences(saved: Mapping, ours: Mapping) -> list[str]:
@@ -203,6 +241,8 @@ def execute(
     overwrite: bool = False,
     should_stop: Callable[[], bool] | None = None,
     flags: Mapping[str, str] | None = None,
+    gradient_snr: int = 0,
+    eval_every: int | None = None,
 ) -> dict:
     """Train ``run`` for ``steps`` steps and write everything to ``out``; returns the report.
 
@@ -222,6 +262,12 @@ def execute(
     ``flags`` (the command line's, as typed) are recorded in ``out/progress.json``, so that resuming with
     other settings names each flag that differs.
 
+    Diagnostics: with ``gradient_snr = n`` the gradient signal-to-noise of the configured batch is measured
+    first over ``n`` rollouts at the initial weights (``jaxpipe.training.gradient_noise``; a warning with the
+    batch that would do when it is low), into ``out/gradient_snr.json`` and the report. With ``eval_every``
+    the card is judged every that many steps as well as before and after: ``out/evaluations.jsonl`` (one row
+    per judged step, step 0 the starting card), ``evaluation.png`` and the report's ``curve``.
+
     Args:
       run: the run: method, batches, settings, evaluation, curves and headline.
       steps: the total number of training steps, > 0 (on ``resume``, counted from step 0).
@@ -235,21 +281,28 @@ def execute(
       should_stop: checked between steps and between evaluation batches; when it returns true the run is
         checkpointed and stops.
       flags: the command-line flags as the user typed them, recorded in ``out/progress.json``.
+      gradient_snr: rollouts of the gradient signal-to-noise measured before training (0: none; else >= 2).
+      eval_every: judge the card every this many steps (``None``: before and after only; needs an evaluation).
 
     Returns:
       The report (also written to ``out/report.json``): ``status`` (``"done"`` or ``"stopped"``),
       ``steps``, ``completed_steps``, ``seed``, ``settings``, timings, ``rewards`` (first/last window of
       ``run.summary_keys``), ``skipped_updates``, ``curves`` and paths; when done with an evaluation,
-      ``before``, ``after`` and ``summary`` (the headline, diversity change and ``verdict``).
+      ``before``, ``after`` and ``summary`` (the headline, diversity change and ``verdict``); ``gradient_snr``
+      and ``curve`` (the judged rows) when asked for.
 
     Raises:
-      ValueError: if ``steps <= 0``; if ``out`` is non-empty without ``resume`` or ``overwrite``; on
+      ValueError: if ``steps <= 0``, ``gradient_snr`` is 1 or negative, ``eval_every <= 0`` or without an evaluation; if ``out`` is non-empty without ``resume`` or ``overwrite``; on
         ``resume`` if ``out`` holds a run of another method, settings or seed (each difference named), or
         from ``fit`` (e.g. no readable checkpoint, or one past ``steps``). A batch the method cannot
         train on fails (``method.check_batch``) before anything is written.
     """
     if steps <= 0:
         raise ValueError(f"steps must be > 0 (got {steps})")
+    if gradient_snr < 0 or gradient_snr == 1:
+        raise ValueError(f"gradient_snr is a number of rollouts, 0 (none) or >= 2 (got {gradient_snr})")
+    if eval_every is not None and (eval_every <= 0 or run.evaluate is None):
+        raise ValueError(f"eval_every must be > 0 and needs the run's evaluation (got {eval_every})")
     out = Path(out)
     if resume and (done := finished(out, run, steps=steps, seed=seed, flags=flags)) is not None:
         log(
@@ -274,10 +327,17 @@ def execute(
         )
         + "\n"
     )
+    snr = (
+        _signal_to_noise(out, run, first, seed=seed, rollouts=gradient_snr, resume=resume, log=log)
+        if gradient_snr
+        else None
+    )
     state = run.method.init(jax.random.key(seed))
     metrics_path = out / "metrics.jsonl"
+    evaluations_path = out / "evaluations.jsonl"
     if not resume:
         metrics_path.unlink(missing_ok=True)
+        evaluations_path.unlink(missing_ok=True)
     before = after = None
     if run.evaluate is not None:
         before_path = out / "before.json"
@@ -298,6 +358,19 @@ def execute(
                     "evaluating the starting card",
                 )
             before_path.write_text(json.dumps(before, indent=2) + "\n")
+    judged: dict[int, dict] = {}
+    if eval_every is not None:
+        judged = {row["step"]: row for row in read_metrics(evaluations_path)} if resume else {}
+        judged[0] = {"step": 0, **_numbers(before)}
+
+    def judge_every(i: int, state) -> None:
+        if (i + 1) % eval_every or i + 1 >= steps:  # the last step is judged as ``after``
+            return
+        # judged whole (no should_stop): a stop asked for meanwhile ends the run after it, at a checkpointed step
+        judged[i + 1] = {"step": i + 1, **_numbers(run.evaluate(run.method.card(state)))}
+        with open(evaluations_path, "a") as sink:
+            sink.write(json.dumps(judged[i + 1]) + "\n")
+
     start = time.perf_counter()
     state, history = fit(
         run.method.step,
@@ -313,6 +386,7 @@ def execute(
         resume=resume,
         should_stop=should_stop,
         log=log,
+        on_step=judge_every if eval_every is not None else None,
     )
     jax.block_until_ready(state)
     train_seconds = saved.get("train_seconds", 0.0) + time.perf_counter() - start
@@ -328,6 +402,18 @@ def execute(
             after = run.evaluate(trained, should_stop)
         except Stopped:
             return _stopped(out, run, steps, seed, history, train_seconds, "evaluating the trained card")
+    if snr is not None:
+        report["gradient_snr"] = snr
+    if eval_every is not None and after is not None:
+        judged[steps] = {"step": steps, **_numbers(after)}
+        rows = [judged[k] for k in sorted(judged) if k <= steps]
+        evaluations_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        keys = sorted({k for row in rows for k in row if k != "step"})
+        report["curve"] = rows
+        if keys:
+            report["curves"].append(
+                plot_curves(rows, keys, out / "evaluation.png", title=f"{run.name}: judged every {eval_every} steps")
+            )
     if before is not None and after is not None:
         change = (after["diversity"] - before["diversity"]) / max(before["diversity"], 1e-12)
         collapsed = change < -DIVERSITY_COLLAPSE
