@@ -1,34 +1,41 @@
-"""GenEval on the shapes world: the base ``shapes-t2i`` and ``shapes-unified`` cards, FlowGRPO, DiffusionNFT and
-joint refiner + generator RL (UnifiedRL), at equal rollouts and seeds.
+"""GenEval on the shapes world: the base ``shapes-t2i`` card against the official RL recipes trained on it.
 
-FlowGRPO and DiffusionNFT train the bundled ``shapes-t2i`` card, UnifiedRL the bundled ``shapes-unified`` card
-(``shapes-t2i``'s generator behind a refiner LM that may append up to 3 words; its generator half is the
-FlowGRPO row's exact config), all from the analytic judge's reward (``jaxpipe.shapes.rewards.
-judge_reward``: the fraction of the judge's checks a picture passes) on the same prompt stream (train-split
-prompts of the six categories, drawn by the seed) and the same step keys, P = 4 prompts × K = 4 samples
-per step, ``--steps`` steps. The judge always checks the ORIGINAL prompt; a unified card renders its
-refinement of it (the refiner sampling at its temperature, 1), and what it appended is reported. The reward IS the evaluator here (no learned reward model: the judge has no
-weights to hack, only its checks), so "reward" below is the judge's own partial score on the rollouts.
-Each card is then judged like GenEval's table: every category's all-right accuracy and their mean
-(``overall``) on the fixed test prompts (seen colour-shape pairs) and on the held-out pairs, ``--samples``
-seeds per prompt, plus the diversity (mean pairwise L2 between the seeds of a prompt).
+The contenders are the named presets (``jaxpipe.training.presets``) as their official configs run them, but for
+the prompts per step a 2-core machine can render (4 × K 24 = 96 images): FlowGRPO ``geneval`` (CFG in the
+policy at the card's served guidance), FlowGRPO-Fast ``fast-nocfg`` (guidance 1, SDE on 2 steps) and
+DiffusionNFT ``geneval`` (CFG-free), and joint refiner + generator RL (UnifiedRL on ``shapes-unified``, its
+generator half the ``fast-nocfg`` recipe). All train on the same prompt stream (train-split prompts, the test
+prompts left out: none names a held-out colour-shape pair) with the same step keys, for ``--steps`` steps, so at
+equal images seen, from ``--reward``: ``geneval`` (FlowGRPO's rule-based GenEval reward on the judge's
+detections, ``shapes.rewards.geneval_reward``) or ``judge`` (the fraction of the judge's checks passed).
 
-    python benchmarks/geneval.py                 # seeds 0 and 1: RESULTS.md section + docs/img/geneval_rewards.png
-    python benchmarks/geneval.py --quick         # smoke test: 2 steps, 1 prompt per category, prints only
+Each card is judged as GenEval's table is (``shapes.evaluation.geneval``): per category, the fraction of images
+right by GenEval's rule (at least the named objects; counting exact) with its 95% interval, ``overall`` the
+mean of the six; the strict rule (exactly the named objects, nothing else) beside it; at least
+``--min-images`` images per category and split; on the test prompts and on the held-out colour-shape pairs,
+at the served guidance and at 1. The base card is judged over ``--base-seed-sets`` sets of generation seeds
+(its own spread); a method's cells are the mean ± half the range over its training seeds. Along each run the
+EMA evaluation card is judged every ``--eval-every`` steps (the accuracy curves against images seen and
+wall-clock), and before it the gradient signal-to-noise of its configuration is measured
+(``training.gradient_noise``, 4 rollouts at the base weights).
+
+    python benchmarks/geneval.py                 # RESULTS.md section + docs/img/geneval_curves.png
+    python benchmarks/geneval.py --quick         # smoke test: 2 steps, few images, prints only
     python benchmarks/geneval.py --grid          # only docs/img/shapes_grid.png: the base card on one prompt per category
 
-Raw results go to ``out/benchmarks/geneval.json``.
+Raw results go to ``out/benchmarks/geneval.json`` (rewritten after every run: an interrupted sweep keeps what it did).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
 import pathlib
 import sys
 import tempfile
 import time
-from collections import Counter
 
 import jax
 import numpy as np
@@ -39,40 +46,21 @@ from report import RESULTS, machine_info, write_section
 import jaxpipe as jp
 from jaxpipe.prompts import PromptSet
 from jaxpipe.shapes import evaluation, grammar
-from jaxpipe.shapes.rewards import judge_reward
+from jaxpipe.shapes.rewards import geneval_reward, judge_reward
+from jaxpipe.training import gradient_noise, presets
 from jaxpipe.training.fit import fit
-from jaxpipe.training.grpo import FlowGRPOConfig
 from jaxpipe.training.methods.flow_grpo import FlowGRPO
 from jaxpipe.training.methods.joint_rl import UnifiedRL, UnifiedRLConfig
-from jaxpipe.training.methods.nft import DiffusionNFT, DiffusionNFTConfig
-from jaxpipe.training.optim import Optimizer
-from jaxpipe.training.rollout import Group, Sampling
+from jaxpipe.training.methods.nft import DiffusionNFT
 
 SECTION = "geneval"
 HERE = pathlib.Path(__file__).resolve().parent
-PLOT = HERE.parent / "docs" / "img" / "geneval_rewards.png"
+PLOT = HERE.parent / "docs" / "img" / "geneval_curves.png"
 RAW = HERE.parent / "out" / "benchmarks" / "geneval.json"
-PROMPTS_PER_STEP, GROUP, NUM_STEPS = 4, 4, 8
-
-
-def methods(card, unified) -> dict:
-    """The contenders, rolling out at guidance 1 (FlowGRPO's log-probs need it; NFT's default), as on the digits world:
-    FlowGRPO and NFT on ``card``, UnifiedRL on ``unified`` (its generator half FlowGRPO's very config; the refiner
-    at its defaults: 1 of K samples keeps the prompt as written, lr 1e-3, token clip 0.2, KL β 0.01)."""
-    grpo = FlowGRPOConfig(
-        group=Group(GROUP),
-        beta=0.04,
-        optimizer=Optimizer(1e-4),
-        sampling=Sampling(num_steps=NUM_STEPS, sampler="sde", sde_window=(0, 4)),
-    )
-    nft = DiffusionNFTConfig(
-        group=Group(GROUP, adv_clip=2.0), sampling=Sampling(num_steps=NUM_STEPS), optimizer=Optimizer(1e-4)
-    )
-    return {
-        "flow-grpo": (card, FlowGRPO(card, judge_reward, grpo)),
-        "nft": (card, DiffusionNFT(card, judge_reward, nft)),
-        "unified-rl": (unified, UnifiedRL(unified, judge_reward, UnifiedRLConfig(generator=grpo))),
-    }
+NUM_STEPS = 8
+"""Sampling steps every card is judged at (the card's served default)."""
+REWARDS = {"geneval": geneval_reward, "judge": judge_reward}
+CONTENDERS = ("flow-grpo", "flow-grpo-fast", "nft", "unified-rl")
 
 
 def training_prompts(test_prompts: int, n: int = 4000) -> PromptSet:
@@ -89,8 +77,26 @@ def training_prompts(test_prompts: int, n: int = 4000) -> PromptSet:
     return PromptSet.from_list([t for t in dict.fromkeys(texts) if t not in test])
 
 
-def judge_card(card, args) -> dict:
-    """``{str(guidance): {split: geneval table}}`` at each judged guidance, and the seconds it took."""
+def contender(name: str, card, unified, reward, prompts_per_step: int):
+    """``(start card, trainer, preset)`` of contender ``name``."""
+    if name == "flow-grpo":
+        preset = presets.get("flow-grpo", "geneval", prompts_per_step=prompts_per_step)
+        return card, FlowGRPO(card, reward, preset.config), preset
+    if name == "flow-grpo-fast":
+        preset = presets.get("flow-grpo", "fast-nocfg", prompts_per_step=prompts_per_step)
+        return card, FlowGRPO(card, reward, preset.config), preset
+    if name == "nft":
+        preset = presets.get("nft", "geneval", prompts_per_step=prompts_per_step)
+        return card, DiffusionNFT(card, reward, preset.config), preset
+    if name == "unified-rl":
+        preset = presets.get("flow-grpo", "fast-nocfg", prompts_per_step=prompts_per_step)
+        generator = dataclasses.replace(preset.config, eval_ema=None)
+        return unified, UnifiedRL(unified, reward, UnifiedRLConfig(generator=generator)), preset
+    raise ValueError(f"unknown contender {name!r}; choose from {CONTENDERS}")
+
+
+def judge_card(card, args, guidances, *, seed_set: int = 0, splits=grammar.SPLITS) -> dict:
+    """``{str(guidance): {split: geneval table}}`` and the seconds it took."""
     start = time.perf_counter()
     out = {
         str(g): {
@@ -98,189 +104,205 @@ def judge_card(card, args) -> dict:
                 card,
                 split=split,
                 prompts=args.prompts,
-                samples=args.samples,
+                samples=2,
+                min_images=args.min_images,
+                seed_set=seed_set,
                 num_steps=NUM_STEPS,
                 guidance=g,
-                progress=not args.quick,
             )
-            for split in grammar.SPLITS
+            for split in splits
         }
-        for g in args.guidance
+        for g in guidances
     }
     out["seconds"] = time.perf_counter() - start
     return out
 
 
-def appended(card, args, top: int = 8) -> dict:
-    """What a unified card's refiner appends to the test prompts (the train split's geneval rows: the same prompts,
-    seeds and so the same LM draws as its geneval renders, whatever the guidance or steps): the fraction of renders
-    with extra words (overall and per category), the mean extra words, and the ``top`` commonest appended words and
-    whole appendices."""
-    rows = [
-        (c, p.text, 1000 * i + j)
-        for c in grammar.CATEGORIES
-        for i, p in enumerate(grammar.prompt_set(c, args.prompts))
-        for j in range(args.samples)
-    ]
-    refined = []
-    for start in range(0, len(rows), 64):  # one denoise step: the refinement does not depend on the denoiser
-        chunk = rows[start : start + 64]
-        refined += jp.generate(card, [t for _, t, _ in chunk], seed=[s for *_, s in chunk], num_steps=1)["refined_text"]
-    extra = [r.split()[len(t.split()) :] for (_, t, _), r in zip(rows, refined)]
-    words = Counter(w for e in extra for w in e)
-    tails = Counter(" ".join(e) for e in extra if e)
+def _point(result: dict, served: str) -> dict:
+    """A curve point: overall by GenEval's rule and by the strict rule at the served guidance, both splits."""
     return {
-        "renders": len(rows),
-        "with_extra_words": float(np.mean([bool(e) for e in extra])),
-        "mean_extra_words": float(np.mean([len(e) for e in extra])),
-        "by_category": {
-            c: float(np.mean([bool(e) for e, (k, _, _) in zip(extra, rows) if k == c])) for c in grammar.CATEGORIES
-        },
-        "top_words": words.most_common(top),
-        "top_appendices": tails.most_common(top),
+        split: {"overall": result[served][split]["overall"], "strict": result[served][split]["strict"]["overall"]}
+        for split in grammar.SPLITS
     }
 
 
-def measure(args) -> dict:
-    started = time.perf_counter()
-    card, unified = jp.cards.load(args.card), jp.cards.load(args.unified_card)
-    pool = training_prompts(args.prompts)
-    raw = {"header": [], "base": judge_card(card, args), "base_unified": judge_card(unified, args), "runs": {}}
-    raw["base_unified"]["appended"] = appended(unified, args)
-    for seed in args.seeds:
-        for name, (start_card, method) in methods(card, unified).items():
-            start = time.perf_counter()
-            state, history = fit(
-                method.step,
-                method.init(),
-                pool.batches(start_card, PROMPTS_PER_STEP, seed=seed),
-                steps=args.steps,
-                key=jax.random.key(seed),
-                desc=f"{name} seed {seed}",
-                progress=not args.quick,
+def train(name: str, seed: int, card, unified, pool, args, served: float) -> dict:
+    """One contender's run: its gradient signal-to-noise, the curve every ``--eval-every`` steps, the final table."""
+    start_card, method, preset = contender(name, card, unified, REWARDS[args.reward], args.prompts_per_step)
+    batches = pool.batches(start_card, args.prompts_per_step, seed=seed)
+    first = next(batches)
+    batches = itertools.chain([first], batches)
+    noise = gradient_noise.measure(method, first, jax.random.fold_in(jax.random.key(seed), 2**31 - 1))
+    print(f"{name} seed {seed}: {noise.message()}", flush=True)
+    evaluated = getattr(method, "eval_card", method.card)
+    state, history, curve, seconds = method.init(), [], [], 0.0
+    chunks = list(range(0, args.steps, args.eval_every)) + [args.steps]
+    for begin, end in zip(chunks, chunks[1:]):
+        started = time.perf_counter()
+        state, rows = fit(
+            method.step,
+            state,
+            batches,
+            steps=end - begin,
+            key=jax.random.fold_in(jax.random.key(seed), begin),
+            desc=f"{name} seed {seed} steps {begin}-{end}",
+            progress=not args.quick,
+        )
+        jax.block_until_ready(state)
+        seconds += time.perf_counter() - started
+        history += rows
+        if end < args.steps:
+            judged = judge_card(evaluated(state), args, [served])
+            curve.append(
+                {"step": end, "images": end * preset.images_per_step, "seconds": seconds, **_point(judged, str(served))}
             )
-            seconds = time.perf_counter() - start
-            trained = method.card(state)
-            result = judge_card(trained, args)
-            result.update(rewards=[row["reward_mean"] for row in history], train_seconds=seconds)
-            if (
-                "refined_tokens" in history[0]
-            ):  # the joint run: its rollouts' rewrite lengths (<eos> counted) and rewards
-                result.update(
-                    refined_tokens=[row["refined_tokens"] for row in history],
-                    reward_refined=[row["reward_refined"] for row in history],
-                    reward_original=[row["reward_original"] for row in history],
-                    appended=appended(trained, args),
-                )
+            print(f"  step {end}: {curve[-1]}", flush=True)
+    result = judge_card(evaluated(state), args, args.guidance)
+    curve.append(
+        {
+            "step": args.steps,
+            "images": args.steps * preset.images_per_step,
+            "seconds": seconds,
+            **_point(result, str(served)),
+        }
+    )
+    result.update(
+        rewards=[row["reward_mean"] for row in history],
+        train_seconds=seconds,
+        images_per_step=preset.images_per_step,
+        gradient_snr=noise.to_json(),
+        curve=curve,
+        preset=f"{preset.method} {preset.name}",
+    )
+    return result
+
+
+def measure(args, raw: dict) -> dict:
+    started = time.perf_counter()
+    card = jp.cards.load(args.card)
+    unified = jp.cards.load(args.unified_card) if "unified-rl" in args.methods else None
+    served = float(card.spec.loops[0].config.guidance)
+    pool = training_prompts(args.prompts)
+    raw.setdefault("runs", {})
+    if "base" not in raw:
+        raw["base"] = {str(s): judge_card(card, args, args.guidance, seed_set=s) for s in args.base_seed_sets}
+        _save(raw, args)
+    for seed in args.seeds:
+        for name in args.methods:
+            if str(seed) in raw["runs"].get(name, {}):
+                continue  # done in an earlier, interrupted sweep
+            result = train(name, seed, card, unified, pool, args, served)
             raw["runs"].setdefault(name, {})[str(seed)] = result
-            first = result[str(args.guidance[0])]
+            _save(raw, args)
+            top = result[str(served)]
             print(
-                f"{name} seed {seed}: overall {first['train']['overall']:.3f} (test) "
-                f"{first['heldout']['overall']:.3f} (held out) at guidance {args.guidance[0]}, trained in {seconds:.0f} s",
+                f"{name} seed {seed}: overall {top['train']['overall']:.3f} (test) {top['heldout']['overall']:.3f} "
+                f"(held out) at guidance {served:g}, trained in {result['train_seconds']:.0f} s",
                 flush=True,
             )
     machine = machine_info()
     raw["header"] = [
         f"Measured {machine['date']} on {machine['cpu']} ({machine['cores']} cores), "
-        f"`python benchmarks/geneval.py --steps {args.steps} --seeds {' '.join(map(str, args.seeds))}` "
-        f"({time.perf_counter() - started:.0f} s in all).",
-        f"Every card judged at guidance {' and '.join(map(str, args.guidance))}, {NUM_STEPS} steps, {args.prompts} prompts per category "
-        f"(single object and colours: all 12 seen / 6 held-out pairs) × {args.samples} seeds. RL at guidance 1 "
-        f"(FlowGRPO: SDE on steps 0–3 of 8, lr 1e-4, β 0.04; NFT: ODE rollouts, lr 1e-4, β 1, EMA 0 → 0.5; unified-rl: "
-        f"`{args.unified_card}`, its generator half that FlowGRPO config, its refiner sampling up to 3 words at temperature 1 "
-        "on 3 of each group's 4 samples, lr 1e-3, token clip 0.2, KL β 0.01): P = "
-        f"{PROMPTS_PER_STEP} prompts × K = {GROUP} samples per step, {args.steps} steps, from {len(pool)} train-split prompts "
-        "(the multi-object test prompts left out), the same prompt stream and "
-        "step keys for every method of a seed; reward = the analytic judge's partial score of the ORIGINAL prompt (the "
-        "evaluator itself: no learned reward model is involved, so there is no second score to set beside it). A unified "
-        "card renders its refiner's continuation of each prompt (sampled at temperature 1, as served) and is judged "
-        "against the prompt as given.",
+        f"`python benchmarks/geneval.py --steps {args.steps} --seeds {' '.join(map(str, args.seeds))} --reward {args.reward}` "
+        f"({time.perf_counter() - started:.0f} s in this sitting).",
+        f"Every card judged at guidance {' and '.join(f'{g:g}' for g in args.guidance)} ({served:g} is the served one), "
+        f"{NUM_STEPS} sampling steps, {args.prompts} prompts per category (single object and colours: all 12 seen / 6 "
+        f"held-out pairs), at least {args.min_images} images per category and split; the base card over generation seed "
+        f"sets {', '.join(map(str, args.base_seed_sets))}. RL: the presets at {args.prompts_per_step} prompts × K 24 = "
+        f"{args.prompts_per_step * 24} images per step (the official runs: 48 prompts, 1,152 images), {args.steps} steps, "
+        f"reward `{args.reward}`, from {len(pool)} train-split prompts (no test prompt, no held-out pair), the same "
+        "prompt stream and step keys for every method of a seed; FlowGRPO and NFT are judged by their EMA evaluation "
+        "weights (the presets' `eval_ema`), UnifiedRL by its last ones.",
     ]
     return raw
 
 
-def _cell(values: list[float]) -> str:
+def _save(raw: dict, args) -> None:
+    if not args.quick:
+        args.raw.parent.mkdir(parents=True, exist_ok=True)
+        args.raw.write_text(json.dumps(raw))
+
+
+def _spread(values: list[float]) -> str:
     if len(values) == 1:
         return f"{100 * values[0]:.0f}"
     return f"{100 * np.mean(values):.0f} ± {100 * (max(values) - min(values)) / 2:.0f}"
 
 
 def table(raw: dict) -> list[str]:
-    """GenEval's table for each guidance and split: rows base / methods (mean ± half the seed range), columns the categories."""
+    """Per guidance and split: rows base / methods, columns the categories by GenEval's rule, overall with its 95%
+    interval (base: the interval of its first seed set; its cells the mean ± half the range over seed sets), strict."""
     lines = []
-    guidances = [k for k in raw["base"] if k != "seconds"]
+    base = list(raw["base"].values())
+    guidances = [k for k in base[0] if k != "seconds"]
     for g in guidances:
         for split, title in (
             ("train", "test prompts (seen colour-shape pairs)"),
             ("heldout", "held-out colour-shape pairs"),
         ):
             lines += [
-                f"**{title}, guidance {g}** — all-right accuracy, % (mean ± half the range over seeds)",
+                f"**{title}, guidance {g}** — % right by GenEval's rule (mean ± half the range over seed sets / "
+                "training seeds); overall's 95% interval; the strict rule (exactly the named objects) beside it",
                 "",
-                "| card | " + " | ".join(grammar.CATEGORIES) + " | overall | diversity |",
-                "|---" * (len(grammar.CATEGORIES) + 3) + "|",
+                "| card | " + " | ".join(grammar.CATEGORIES) + " | overall | 95% interval | strict | diversity |",
+                "|---" * (len(grammar.CATEGORIES) + 5) + "|",
             ]
-            rows = {"base shapes-t2i": [raw["base"]]} | (
-                {"base shapes-unified": [raw["base_unified"]]} if "base_unified" in raw else {}
-            )
+            rows = {f"base shapes-t2i ({len(base)} seed sets)": base}
             rows |= {name: list(seeds.values()) for name, seeds in raw["runs"].items()}
             for name, results in rows.items():
-                cells = [_cell([r[g][split]["accuracy"][c] for r in results]) for c in grammar.CATEGORIES]
-                overall = _cell([r[g][split]["overall"] for r in results])
-                diversity = np.mean([r[g][split]["diversity"] for r in results])
-                lines.append(f"| {name} | " + " | ".join(cells) + f" | **{overall}** | {diversity:.2f} |")
+                tables = [r[g][split] for r in results if g in r]
+                if not tables:
+                    continue
+                cells = [_spread([t["accuracy"][c] for t in tables]) for c in grammar.CATEGORIES]
+                low, high = np.mean([t["overall_interval"] for t in tables], axis=0)
+                lines.append(
+                    f"| {name} | " + " | ".join(cells) + f" | **{_spread([t['overall'] for t in tables])}** | "
+                    f"{100 * low:.0f}–{100 * high:.0f} | {_spread([t['strict']['overall'] for t in tables])} | "
+                    f"{np.mean([t['diversity'] for t in tables]):.2f} |"
+                )
             lines.append("")
-    lines += ["| method | reward, first 10 steps | reward, last 10 steps | train s / run |", "|---|---|---|---|"]
-    for name, seeds in raw["runs"].items():
-        first = [np.mean(r["rewards"][:10]) for r in seeds.values()]
-        last = [np.mean(r["rewards"][-10:]) for r in seeds.values()]
-        seconds = np.mean([r["train_seconds"] for r in seeds.values()])
-        lines.append(f"| {name} | {np.mean(first):.3f} | {np.mean(last):.3f} | {seconds:.0f} |")
-    if "base_unified" not in raw:
-        return lines
     lines += [
-        "",
-        "What the refiner appends to the test prompts (the train split's judged renders, the refinement its geneval "
-        "renders drew): renders with extra words, mean extra words, the commonest appendices (count of renders)",
-        "",
-        "| card | renders with extra words | mean extra words | one-object prompts with extra words | commonest appendices |",
-        "|---|---|---|---|---|",
+        "| method | preset | images / step | gradient SNR | reward, first 10 steps | reward, last 10 steps | train s / run |",
+        "|---|---|---|---|---|---|---|",
     ]
-    shown = {"base shapes-unified": [raw["base_unified"]]} if "base_unified" in raw else {}
-    shown |= {
-        f"{name} seed {seed}": [r]
-        for name, seeds in raw["runs"].items()
-        for seed, r in seeds.items()
-        if "appended" in r
-    }
-    for name, (result,) in shown.items():
-        a = result["appended"]
-        one = np.mean([a["by_category"][c] for c in ("single_object", "colors")])
-        tails = ", ".join(f"`{t}` {n}" for t, n in a["top_appendices"][:4]) or "none"
+    for name, seeds in raw["runs"].items():
+        runs = list(seeds.values())
+        first = np.mean([np.mean(r["rewards"][:10]) for r in runs])
+        last = np.mean([np.mean(r["rewards"][-10:]) for r in runs])
+        snrs = [r["gradient_snr"]["snr"] for r in runs]
+        snr = f"{np.mean(snrs):.3g}" + (f" ± {(max(snrs) - min(snrs)) / 2:.2g}" if len(snrs) > 1 else "")
         lines.append(
-            f"| {name} | {100 * a['with_extra_words']:.0f}% | {a['mean_extra_words']:.2f} | {100 * one:.0f}% | {tails} |"
+            f"| {name} | {runs[0]['preset']} | {runs[0]['images_per_step']} | {snr} | {first:.3f} | {last:.3f} | "
+            f"{np.mean([r['train_seconds'] for r in runs]):.0f} |"
         )
     return lines
 
 
 def plot(raw: dict, path: pathlib.Path) -> None:
+    """Overall by GenEval's rule at the served guidance against images seen, test and held-out, each method's
+    mean over seeds (and its range), the base card's band over its seed sets."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, seeds in raw["runs"].items():
-        curves = np.asarray([r["rewards"] for r in seeds.values()])
-        window = max(1, min(10, curves.shape[1] // 5))
-        smooth = np.asarray([np.convolve(c, np.ones(window) / window, mode="valid") for c in curves])
-        steps = np.arange(window, curves.shape[1] + 1)
-        ax.plot(steps, smooth.mean(0), label=name)
-        ax.fill_between(steps, smooth.min(0), smooth.max(0), alpha=0.2)
-    ax.set_xlabel("step (P×K = 16 rollouts each)")
-    ax.set_ylabel("judge score of the rollouts")
-    ax.set_title("shapes: RL on the analytic judge (mean and range over seeds)", fontsize=10)
-    ax.legend()
+    base = list(raw["base"].values())
+    served = max(k for k in base[0] if k != "seconds")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
+    for ax, split, title in zip(axes, grammar.SPLITS, ("test prompts", "held-out pairs")):
+        values = [b[served][split]["overall"] for b in base]
+        ax.axhspan(min(values), max(values) + 1e-3, color="grey", alpha=0.3, label="base (seed sets)")
+        for name, seeds in raw["runs"].items():
+            curves = [r["curve"] for r in seeds.values()]
+            images = [0] + [p["images"] for p in curves[0]]
+            ys = np.asarray([[np.mean(values)] + [p[split]["overall"] for p in c] for c in curves])
+            ax.plot(images, ys.mean(0), marker="o", label=name)
+            if len(ys) > 1:
+                ax.fill_between(images, ys.min(0), ys.max(0), alpha=0.2)
+        ax.set_title(f"{title}, guidance {served}", fontsize=10)
+        ax.set_xlabel("images seen")
+    axes[0].set_ylabel("GenEval overall (GenEval's rule)")
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -308,25 +330,21 @@ def grid(card_id: str, path: pathlib.Path, seeds: int = 4) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke test: 2 steps, 1 prompt per category, prints only")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 2 steps, few images, prints only")
     parser.add_argument("--card", default="shapes-t2i", help="the base card: an id or a card folder")
-    parser.add_argument(
-        "--unified-card",
-        default="shapes-unified",
-        help="the joint run's card (a refiner LM in front of --card's generator): an id or a card folder",
-    )
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--unified-card", default="shapes-unified", help="the joint run's card: an id or a card folder")
+    parser.add_argument("--methods", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    parser.add_argument("--reward", default="geneval", choices=sorted(REWARDS))
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--eval-every", type=int, default=50, help="judge the run's card every N steps (its curve)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--prompts-per-step", type=int, default=presets.PROMPTS_PER_STEP)
     parser.add_argument("--prompts", type=int, default=24, help="prompts per category")
-    parser.add_argument("--samples", type=int, default=2, help="seeds per prompt")
-    parser.add_argument(
-        "--guidance",
-        type=float,
-        nargs="+",
-        default=None,
-        help="the guidances every card is judged at (default: 1, the RL rollouts', and the card's own)",
-    )
+    parser.add_argument("--min-images", type=int, default=100, help="images per category and split, at least")
+    parser.add_argument("--base-seed-sets", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--guidance", type=float, nargs="+", default=None, help="default: the card's served one and 1")
     parser.add_argument("--raw", type=pathlib.Path, default=RAW)
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in --raw, do the rest")
     parser.add_argument(
         "--replot", type=pathlib.Path, help="only rebuild the table and plot from this raw results file"
     )
@@ -338,23 +356,18 @@ def main() -> None:
         grid(args.card, HERE.parent / "docs" / "img" / "shapes_grid.png")
         return
     if args.quick:
-        args.steps, args.seeds, args.prompts, args.samples = 2, [0], 1, 2
-    if args.guidance is None and not args.grid:
-        args.guidance = list(dict.fromkeys([1.0, float(jp.cards.load(args.card).spec.loops[0].config.guidance)]))
-    raw = json.loads(args.replot.read_text()) if args.replot else measure(args)
-    if not args.quick and not args.replot:
-        args.raw.parent.mkdir(parents=True, exist_ok=True)
-        args.raw.write_text(json.dumps(raw))
+        args.steps, args.eval_every, args.seeds, args.prompts, args.min_images = 2, 1, [0], 1, 0
+        args.prompts_per_step, args.base_seed_sets = 1, [0, 1]
+    if args.guidance is None:
+        served = float(jp.cards.load(args.card).spec.loops[0].config.guidance)
+        args.guidance = list(dict.fromkeys([served, 1.0]))
+    if args.replot:
+        raw = json.loads(args.replot.read_text())
+    else:
+        raw = json.loads(args.raw.read_text()) if args.resume and args.raw.is_file() else {}
+        raw = measure(args, raw)
     body = "\n".join(
-        [
-            f"## {SECTION}",
-            "",
-            *raw["header"],
-            "",
-            *table(raw),
-            "",
-            "![RL reward curves](../docs/img/geneval_rewards.png)",
-        ]
+        [f"## {SECTION}", "", *raw["header"], "", *table(raw), "", "![GenEval curves](../docs/img/geneval_curves.png)"]
     )
     print(body)
     path = pathlib.Path(tempfile.mkdtemp()) / PLOT.name if args.quick else PLOT

@@ -209,10 +209,10 @@ def test_serve_quick_loses_nothing_and_matches_offline_rendering():
     assert len(rows) == 2 and all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
 
 
-@pytest.mark.slow  # ~3-5 min: the three RL methods compile once and take 2 steps; the evaluation is tested in test_shapes*
+@pytest.mark.slow  # ~4 min: the four RL contenders compile once (and their gradient-noise twins) and take 2 steps
 def test_geneval_quick_prints_the_table_for_every_method():
-    """``geneval.py --quick``: both base cards, FlowGRPO, NFT and UnifiedRL judged at guidance 1 and the card's, both
-    splits, and what the unified cards' refiner appends."""
+    """``geneval.py --quick``: the base card over two seed sets and the four contenders (the presets and joint RL),
+    judged at the card's guidance and 1 on both splits, each with its gradient signal-to-noise and curve point."""
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "geneval.py"), "--quick"],
         check=False,
@@ -221,8 +221,9 @@ def test_geneval_quick_prints_the_table_for_every_method():
         timeout=2400,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    names = ("| base shapes-t2i", "| base shapes-unified", "| flow-grpo", "| nft", "| unified-rl")
+    names = ("| base shapes-t2i", "| flow-grpo", "| nft", "| unified-rl")
     rows = [line for line in done.stdout.splitlines() if line.startswith(names)]
-    # five cards × two splits × two guidances, the three reward rows, the two unified cards' appended-words rows
-    assert len(rows) == 5 * 2 * 2 + 3 + 2, rows
-    assert "held-out colour-shape pairs, guidance 1.0" in done.stdout and "| unified-rl seed 0 |" in done.stdout
+    # five cards × two splits × two guidances, then the four contenders' preset / SNR / reward rows
+    assert len(rows) == 5 * 2 * 2 + 4, rows
+    assert "held-out colour-shape pairs, guidance 1.0" in done.stdout
+    assert done.stdout.count("gradient signal-to-noise") == 4 and "| base shapes-t2i (2 seed sets) |" in done.stdout
