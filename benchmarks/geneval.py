@@ -201,10 +201,15 @@ def measure(args, raw: dict) -> dict:
                 flush=True,
             )
     machine = machine_info()
+    command = (
+        f"`python benchmarks/geneval.py --steps {args.steps} --seeds {' '.join(map(str, args.seeds))} "
+        f"--methods {' '.join(args.methods)} --reward {args.reward}{' --resume' if args.resume else ''}`"
+    )
+    raw.setdefault("sittings", []).append(f"{command} ({time.perf_counter() - started:.0f} s)")
     raw["header"] = [
-        f"Measured {machine['date']} on {machine['cpu']} ({machine['cores']} cores), "
-        f"`python benchmarks/geneval.py --steps {args.steps} --seeds {' '.join(map(str, args.seeds))} --reward {args.reward}` "
-        f"({time.perf_counter() - started:.0f} s in this sitting).",
+        f"Measured {machine['date']} on {machine['cpu']} ({machine['cores']} cores): "
+        + "; then ".join(raw["sittings"])
+        + " (a resumed sitting runs only what the raw results lack).",
         f"Every card judged at guidance {' and '.join(f'{g:g}' for g in args.guidance)} ({served:g} is the served one), "
         f"{NUM_STEPS} sampling steps, {args.prompts} prompts per category (single object and colours: all 12 seen / 6 "
         f"held-out pairs), at least {args.min_images} images per category and split; the base card over generation seed "
@@ -214,6 +219,7 @@ def measure(args, raw: dict) -> dict:
         "prompt stream and step keys for every method of a seed; FlowGRPO and NFT are judged by their EMA evaluation "
         "weights (the presets' `eval_ema`), UnifiedRL by its last ones.",
     ]
+    _save(raw, args)
     return raw
 
 
