@@ -60,7 +60,6 @@ RAW = HERE.parent / "out" / "benchmarks" / "geneval.json"
 NUM_STEPS = 8
 """Sampling steps every card is judged at (the card's served default)."""
 REWARDS = {"geneval": geneval_reward, "judge": judge_reward}
-CONTENDERS = ("flow-grpo", "flow-grpo-fast", "nft", "unified-rl")
 
 
 def training_prompts(test_prompts: int, n: int = 4000) -> PromptSet:
@@ -77,22 +76,26 @@ def training_prompts(test_prompts: int, n: int = 4000) -> PromptSet:
     return PromptSet.from_list([t for t in dict.fromkeys(texts) if t not in test])
 
 
+PRESET_OF = {
+    "flow-grpo": ("flow-grpo", "geneval"),
+    "flow-grpo-fast": ("flow-grpo", "fast-nocfg"),
+    "nft": ("nft", "geneval"),
+    "unified-rl": ("flow-grpo", "fast-nocfg"),  # its generator half
+}
+"""Each contender's preset ``(method, name)``."""
+CONTENDERS = tuple(PRESET_OF)
+
+
 def contender(name: str, card, unified, reward, prompts_per_step: int):
     """``(start card, trainer, preset)`` of contender ``name``."""
-    if name == "flow-grpo":
-        preset = presets.get("flow-grpo", "geneval", prompts_per_step=prompts_per_step)
-        return card, FlowGRPO(card, reward, preset.config), preset
-    if name == "flow-grpo-fast":
-        preset = presets.get("flow-grpo", "fast-nocfg", prompts_per_step=prompts_per_step)
-        return card, FlowGRPO(card, reward, preset.config), preset
-    if name == "nft":
-        preset = presets.get("nft", "geneval", prompts_per_step=prompts_per_step)
-        return card, DiffusionNFT(card, reward, preset.config), preset
+    if name not in PRESET_OF:
+        raise ValueError(f"unknown contender {name!r}; choose from {CONTENDERS}")
+    preset = presets.get(*PRESET_OF[name], prompts_per_step=prompts_per_step)
     if name == "unified-rl":
-        preset = presets.get("flow-grpo", "fast-nocfg", prompts_per_step=prompts_per_step)
         generator = dataclasses.replace(preset.config, eval_ema=None)
         return unified, UnifiedRL(unified, reward, UnifiedRLConfig(generator=generator)), preset
-    raise ValueError(f"unknown contender {name!r}; choose from {CONTENDERS}")
+    trainer = FlowGRPO if preset.method == "flow-grpo" else DiffusionNFT
+    return card, trainer(card, reward, preset.config), preset
 
 
 def judge_card(card, args, guidances, *, seed_set: int = 0, splits=grammar.SPLITS) -> dict:

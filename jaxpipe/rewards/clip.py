@@ -24,7 +24,8 @@ The folder: a ``CLIPModel`` folder (``config.json`` with ``model_type`` ``"clip"
 neither: its processor is ``laion/CLIP-ViT-H-14-laion2B-s32B-b79K``'s, so pass that folder as
 ``processor=`` (or copy its tokenizer and ``preprocessor_config.json`` into ``PickScore_v1/processor``).
 
-The model's weights are closed over by the jitted step that calls the reward, as constants.
+The model's weights are the reward's ``weights`` (``bind`` swaps them): the trainers pass them to their jitted step
+as an argument, so they are not compiled into it as constants (``jaxpipe.rewards.weighted``).
 """
 
 from __future__ import annotations

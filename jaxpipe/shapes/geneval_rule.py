@@ -20,6 +20,8 @@ offsets less 0.1 of the boxes' sizes, then the direction's component above 0.5).
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 from jaxpipe.shapes.grammar import Prompt
@@ -128,8 +130,7 @@ def geneval_score(found: list[Detection], prompt: Prompt, category: str | None =
         wanted = len(prompt.things)
         have = sum(d.shape == prompt.things[0].shape for d in found)
         return max(0.0, 1.0 - abs(have - wanted) / wanted)
-    needed: dict[str, int] = {}
-    for thing in prompt.things:
-        needed[thing.shape] = needed.get(thing.shape, 0) + 1
-    present = sum(min(n, sum(d.shape == shape for d in found)) for shape, n in needed.items()) / len(prompt.things)
+    needed = collections.Counter(thing.shape for thing in prompt.things)
+    have = collections.Counter(d.shape for d in found)
+    present = sum(min(n, have[shape]) for shape, n in needed.items()) / len(prompt.things)
     return 0.5 * present + 0.5 * float(geneval_correct(found, prompt, category, side=side))

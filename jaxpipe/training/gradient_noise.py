@@ -176,7 +176,7 @@ class GradientNoise:
 
 def measure(method: Any, batch: Any, key: jax.Array, *, rollouts: int = 4, state: Any = None) -> GradientNoise:
     """The gradient signal-to-noise of ``method``'s step on ``batch``: ``rollouts`` independent steps at the
-    initial weights (``state``, default ``method.init()``), keyed ``fold_in(key, i)``.
+    initial weights (``state``, default ``method.init()``), keyed ``jax.random.split(key, rollouts)``.
 
     Args:
       method: a ``jaxpipe.training.Method``.

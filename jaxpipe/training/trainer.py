@@ -245,7 +245,8 @@ class RolloutMethod(Method):
     """A method whose step renders a rollout, then updates on it: ``rollout`` and ``update`` are jitted on
     their own too (so C2, recomputed log-probs == captured, can be checked between them).
 
-    A subclass writes ``_rollout(state, batch, key)``, ``_update(state, rollout, key)`` and
+    A subclass writes ``_rollout(state, batch, key)`` (with ``reward_weights=None`` last when it scores with
+    ``self.reward``: ``reward_at(reward_weights)`` is the reward to call), ``_update(state, rollout, key)`` and
     ``rollout_metrics(rollout)``; ``step_fn`` runs the three, the update keyed ``fold_in(key, UPDATE_KEY)``.
     """
 

@@ -292,7 +292,8 @@ def execute(
       and ``curve`` (the judged rows) when asked for.
 
     Raises:
-      ValueError: if ``steps <= 0``, ``gradient_snr`` is 1 or negative, ``eval_every <= 0`` or without an evaluation; if ``out`` is non-empty without ``resume`` or ``overwrite``; on
+      ValueError: if ``steps <= 0``, ``gradient_snr`` is 1 or negative, ``eval_every <= 0`` or without an
+        evaluation; if ``out`` is non-empty without ``resume`` or ``overwrite``; on
         ``resume`` if ``out`` holds a run of another method, settings or seed (each difference named), or
         from ``fit`` (e.g. no readable checkpoint, or one past ``steps``). A batch the method cannot
         train on fails (``method.check_batch``) before anything is written.
