@@ -44,9 +44,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the sibling 
 from report import RESULTS, machine_info, write_section
 
 import jaxpipe as jp
-from jaxpipe.prompts import PromptSet
 from jaxpipe.shapes import evaluation, grammar
-from jaxpipe.shapes.rewards import geneval_reward, judge_reward
+from jaxpipe.shapes.runs import REWARDS, training_prompts
 from jaxpipe.training import gradient_noise, presets
 from jaxpipe.training.fit import fit
 from jaxpipe.training.methods.flow_grpo import FlowGRPO
@@ -59,21 +58,6 @@ PLOT = HERE.parent / "docs" / "img" / "geneval_curves.png"
 RAW = HERE.parent / "out" / "benchmarks" / "geneval.json"
 NUM_STEPS = 8
 """Sampling steps every card is judged at (the card's served default)."""
-REWARDS = {"geneval": geneval_reward, "judge": judge_reward}
-
-
-def training_prompts(test_prompts: int, n: int = 4000) -> PromptSet:
-    """The RL prompt pool: ``n`` train-split draws, the six categories equally (seed 100), less the test prompts of the
-    categories with more than one thing (the one-thing categories have only 12 texts: all of them are test prompts)."""
-    rng = np.random.default_rng(100)
-    test = {
-        p.text
-        for c in grammar.CATEGORIES
-        if c not in ("single_object", "colors")
-        for p in grammar.prompt_set(c, test_prompts)
-    }
-    texts = [grammar.sample(grammar.CATEGORIES[i % 6], rng).text for i in range(n)]
-    return PromptSet.from_list([t for t in dict.fromkeys(texts) if t not in test])
 
 
 PRESET_OF = {

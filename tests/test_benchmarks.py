@@ -227,17 +227,3 @@ def test_geneval_quick_prints_the_table_for_every_method():
     assert len(rows) == 5 * 2 * 2 + 4, rows
     assert "held-out colour-shape pairs, guidance 1.0" in done.stdout
     assert done.stdout.count("gradient signal-to-noise") == 4 and "| base shapes-t2i (2 seed sets) |" in done.stdout
-
-
-def test_the_geneval_rl_prompt_pool_names_no_held_out_pair_and_no_test_prompt():
-    """What RL trains on in the GenEval benchmark: train-split prompts of every category, none naming a held-out
-    colour-shape pair (the held-out split measures transfer) and none of the multi-object test prompts."""
-    from jaxpipe.shapes import grammar
-
-    bench = _load("geneval")
-    pool = list(bench.training_prompts(24).texts)
-    assert len(pool) > 400
-    assert not any(grammar.parse(t).pairs & grammar.HELDOUT_PAIRS for t in pool)
-    tests = {p.text for c in ("two_object", "counting", "position", "color_attr") for p in grammar.prompt_set(c, 24)}
-    assert not tests & set(pool)
-    assert {grammar.parse(t).category for t in pool} >= {"counting", "position", "color_attr", "colors"}

@@ -12,6 +12,7 @@ from jaxpipe.training import EMA, DiffusionNFT, DiffusionNFTConfig, Group, Noise
 from jaxpipe.training import rollout as rollouts
 from jaxpipe.training.eval_ema import EvalEMA
 from jaxpipe.training.methods.nft import ema_decay, nft_adaptive_loss, nft_loss, optimality_weight
+from jaxpipe.training.runs.reports import served_card
 
 CONFIG = DiffusionNFTConfig(
     group=Group(4, adv_clip=2.0),
@@ -289,6 +290,9 @@ def test_the_official_form_trains_at_schedule_levels_with_a_kl_to_the_reference(
     assert all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(got, jax.tree.leaves(expected)))
     assert not leaves_equal(stepped.copies["ema"], stepped.params["generator"])
     assert leaves_equal(method.eval_card(stepped)["transformer"], method.role_card(stepped, "ema")["transformer"])
+    # what a run judges and saves is the evaluation average, not the last weights
+    assert leaves_equal(served_card(method, stepped)["transformer"], method.role_card(stepped, "ema")["transformer"])
+    assert not leaves_equal(served_card(method, stepped)["transformer"], method.card(stepped)["transformer"])
     with pytest.raises(ValueError, match="weighting must be one of"):
         dataclasses.replace(OFFICIAL, weighting="x0")
     with pytest.raises(ValueError, match="decay must be in"):

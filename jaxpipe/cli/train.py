@@ -1,25 +1,27 @@
-"""``jaxpipe train <method>``: RL post-training and distillation, on the digits world or on your own card, prompts and reward.
+"""``jaxpipe train <method>``: RL post-training and distillation, on a world (digits by default) or on your own card,
+prompts and reward.
 
     jaxpipe train flow-grpo --steps N --out DIR                           # the digits world's flux-t2i, digit-scorer reward
+    jaxpipe train nft --world shapes --steps 150 --out DIR                # shapes-t2i, GenEval reward, preset geneval
     jaxpipe train flow-grpo --steps N --out DIR --model FLUX_DIR \\
         --prompts prompts.txt --reward my_rewards:brightness [--reward-weight 1.0]    # your card, prompts and reward
 
 Every command writes ``DIR/metrics.jsonl`` (one JSON object per step), ``DIR/*.png`` (curves),
-``DIR/report.json`` and the trained card (``jp.cards.load(DIR)``). With ``--reward`` (a JAX function
-or a ``@jaxpipe.rewards.host`` one; repeat it to combine several, ``--reward-weight`` each) and
-``--prompts`` (a ``.txt`` file, one prompt per line, or ``.jsonl`` with per-prompt metadata; a
-``--heldout`` fraction held out), the card is judged before and after on the held-out prompts by
-that reward (``jaxpipe.training.runs.heldout``). Without them, the digits world's defaults apply:
-its prompt grammar, the ``digit-scorer``'s reward over ``--terms`` and its evaluation, which puts
-independent judges (analytic readers, a classifier trained apart from the scorer) beside the scorer.
+``DIR/report.json`` and the trained card (``jp.cards.load(DIR)``). Without ``--prompts`` / ``--reward`` the run is
+the one ``--world`` registered for the method (``jaxpipe.training.runs.recipes``): its card, prompts, reward,
+evaluation and default preset — the digits world's prompt grammar, the ``digit-scorer``'s reward over ``--terms``
+and independent judges beside it; the shapes world's GenEval reward and GenEval's table on the test prompts
+and held-out colour-shape pairs. With ``--reward`` (a JAX function or a ``@jaxpipe.rewards.host`` one; repeat
+it to combine several, ``--reward-weight`` each) and ``--prompts`` (a ``.txt`` file, one prompt per line, or
+``.jsonl`` with per-prompt metadata; a ``--heldout`` fraction held out), the card is judged before and after on
+the held-out prompts by that reward (``jaxpipe.training.runs.heldout``).
 ``flow-grpo``, ``nft``, ``dmd2`` and ``unified`` take ``--lora-rank N`` (``--lora-alpha``, ``--lora-targets``):
 LoRA adapters on the denoiser train instead of all its weights (``jaxpipe.nn.lora``); the saved card has
 them merged into the base weights, so it loads and serves like any other.
 
 Flags shared by commands are declared once, as fields of a dataclass whose metadata is the typer
 option; ``_with(*groups)`` adds a group's flags to a command's signature and hands the command one
-object per group. A new method is one subcommand: its own flags, its config, a digits run builder
-and how to build it on a user's card.
+object per group. A new method is one subcommand (its own flags and config) and, per world, one recipe.
 """
 
 from __future__ import annotations
@@ -93,10 +95,30 @@ class RunFlags:
     reward_weight: list[float] = _flag(
         [], "--reward-weight", help="The weight of each --reward, in order (default 1 each)."
     )
-    terms: str = _flag(
-        "digit,stroke,position,brightness",
+    world: str = _flag(
+        "digits",
+        "--world",
+        help="The world whose run to train: its default card, prompts, reward, evaluation and preset (digits, shapes; jaxpipe.training.runs.recipes).",
+    )
+    terms: str | None = _flag(
+        None,
         "--terms",
-        help="Digits reward terms, comma-separated: digit,stroke,position,brightness (digit required).",
+        help="Digits world: the digit-scorer's reward terms, comma-separated: digit,stroke,position,brightness (digit required; default all four).",
+    )
+    mention: float | None = _flag(
+        None,
+        "--mention",
+        help="Digits world: probability that a prompt names each rewarded attribute (default: the method's; 1 = full compositional prompts).",
+    )
+    prefer: str | None = _flag(
+        None,
+        "--prefer",
+        help="Digits world: the attribute values the reward asks for when a prompt leaves them out, e.g. stroke=thick,brightness=bright.",
+    )
+    world_reward: str | None = _flag(
+        None,
+        "--world-reward",
+        help="Shapes world: the reward, geneval (FlowGRPO's rule-based GenEval reward, the default) or judge.",
     )
     seed: int = _flag(0, "--seed", help="Seed of the prompts and of the rollouts.")
     run_eval: bool = _flag(
@@ -104,14 +126,20 @@ class RunFlags:
         "--eval/--no-eval",
         help="Judge the card before and after (digits: GenEval-style accuracy by the scorer and by independent judges, diversity; --reward: the held-out reward, diversity).",
     )
-    eval_samples: int = _flag(200, "--eval-samples", help="Prompts judged before and after.")
+    eval_samples: int | None = _flag(
+        None,
+        "--eval-samples",
+        help="How much is judged before and after: prompts (digits and --prompts: default 200), prompts per category (shapes: default 24).",
+    )
     diversity_prompts: int = _flag(10, "--diversity-prompts", help="Prompts of the diversity measure.")
     diversity_seeds: int = _flag(6, "--diversity-seeds", help="Seeds per prompt of the diversity measure (>= 2).")
     eval_seed: int = _flag(
         0, "--eval-seed", help="Seed of the evaluation prompts and noise (the same before and after)."
     )
-    scorer: str = _flag(
-        "digit-scorer", "--scorer", help="The digits reward model card: a bundled id or a card directory."
+    scorer: str | None = _flag(
+        None,
+        "--scorer",
+        help="Digits world: the reward model card, a bundled id or a card directory (default digit-scorer).",
     )
     save_every: int = _flag(
         50, "--save-every", help="Checkpoint the training state every N steps (and always on a stop)."
@@ -137,7 +165,7 @@ class RunFlags:
 
     @property
     def custom(self) -> bool:
-        """Whether the run trains on the user's prompts and reward instead of the digits world's."""
+        """Whether the run trains on the user's prompts and reward instead of a world's."""
         return bool(self.reward) or self.prompts is not None
 
     def optimizer(self, default):
@@ -192,17 +220,37 @@ class RunFlags:
             return everything, None
         return everything.split(self.heldout, seed=self.seed)
 
-    def evaluation(self):
-        """The digits world's before/after evaluation (``None`` with ``--no-eval``)."""
-        from jaxpipe.digits.evaluation import EvalSettings
+    def settings(self, **options):
+        """The ``RunSettings`` of a world's run: these flags, and the world options the user set (not ``None``).
 
-        if not self.run_eval:
-            return None
-        return EvalSettings(
-            samples=self.eval_samples,
+        Args:
+          **options: the command's own world options (e.g. ``teacher``), ``None`` where not given.
+
+        Returns:
+          The settings (``recipes.RunSettings``).
+
+        Raises:
+          ValueError: if a number is out of range (``RunSettings``' checks).
+        """
+        from jaxpipe.training.runs.recipes import RunSettings
+
+        given = {
+            "terms": self.terms,
+            "mention": self.mention,
+            "prefer": self.prefer,
+            "scorer": self.scorer,
+            "reward": self.world_reward,
+            **options,
+        }
+        return RunSettings(
+            prompts_per_step=self.prompts_per_step,
+            seed=self.seed,
+            evaluate=self.run_eval,
+            eval_samples=self.eval_samples,
             diversity_prompts=self.diversity_prompts,
             diversity_seeds=self.diversity_seeds,
-            seed=self.eval_seed,
+            eval_seed=self.eval_seed,
+            options={name: value for name, value in given.items() if value is not None},
         )
 
     def held_out(self):
@@ -212,7 +260,7 @@ class RunFlags:
         if not self.run_eval:
             return None
         return HeldOut(
-            samples=self.eval_samples,
+            samples=200 if self.eval_samples is None else self.eval_samples,
             diversity_prompts=self.diversity_prompts,
             diversity_seeds=self.diversity_seeds,
             seed=self.eval_seed,
@@ -438,26 +486,54 @@ def _typed_flags(values: dict, decls: dict[str, tuple[str, ...]]) -> dict[str, s
     return typed
 
 
+OPTION_FLAGS = {
+    "terms": "--terms",
+    "mention": "--mention",
+    "prefer": "--prefer",
+    "scorer": "--scorer",
+    "reward": "--world-reward",
+    "teacher": "--teacher",
+    "refiners": "--refiners",
+}
+"""World option -> the flag that sets it."""
+
+
+def _flag_of(option: str) -> str:
+    return OPTION_FLAGS.get(option, option)
+
+
 def _train(
-    flags: RunFlags, model: str, make_config, digits_run, method=None, *, name: str, needs_reward: bool = True
+    flags: RunFlags,
+    command: str,
+    model: str | None,
+    make_config,
+    method=None,
+    *,
+    preset: str | None = None,
+    options: dict | None = None,
+    needs_reward: bool = True,
 ) -> None:
-    """Validate the settings (``make_config()``; ValueError = bad settings), load the cards, build the
-    run and execute it, echoing progress: the digits world's (``digits_run(card, scorer, config,
-    evaluation)``) or, with ``--prompts`` / ``--reward``, the user's (``method(card, reward, config)``,
-    judged on the held-out prompts). SIGINT / SIGTERM stop it after the current step: checkpoint,
-    report and curves so far, exit 130 / 143. ``--out`` is created up front: one that cannot be written
-    fails before any work. The typed flags are recorded with the run: ``--resume`` with other settings
-    names each that differs; ``--resume`` on a run that already finished says so and changes nothing."""
+    """Validate the settings, load the card, build the run and execute it, echoing progress.
+
+    Without ``--prompts`` / ``--reward`` the run is the one world ``--world`` registered for ``command``
+    (``jaxpipe.training.runs.recipes``): its card (unless ``--model``), its preset (unless ``--preset``;
+    ``--preset none``: the method flags), prompts, reward and evaluation. With them, the user's
+    (``method(card, reward, config)``, judged on the held-out prompts). ``make_config(preset)`` builds the
+    method's config (``preset``: a preset name or ``None``; ValueError = bad settings). SIGINT / SIGTERM stop it
+    after the current step: checkpoint, report and curves so far, exit 130 / 143. ``--out`` is created up
+    front: one that cannot be written fails before any work. The typed flags are recorded with the run:
+    ``--resume`` with other settings names each that differs; ``--resume`` on a run that already finished
+    says so and changes nothing."""
     import jax
 
     from jaxpipe.stopping import Stopper, exit_code
-    from jaxpipe.training.runs import execute, finished
+    from jaxpipe.training.runs import execute, finished, recipes
 
     if flags.steps <= 0:
         fail(f"--steps must be a positive integer (got {flags.steps})")
     if flags.save_every <= 0:
         fail(f"--save-every must be a positive integer (got {flags.save_every})")
-    snr_rollouts = flags.snr_rollouts if flags.snr_rollouts is not None else (4 if name in SNR_BY_DEFAULT else 0)
+    snr_rollouts = flags.snr_rollouts if flags.snr_rollouts is not None else (4 if command in SNR_BY_DEFAULT else 0)
     if snr_rollouts < 0 or snr_rollouts == 1:
         fail(f"--snr-rollouts must be 0 (off) or >= 2 (got {snr_rollouts})")
     if flags.eval_every is not None and (flags.eval_every <= 0 or not flags.run_eval):
@@ -465,18 +541,29 @@ def _train(
     if flags.resume and flags.overwrite:
         fail("--resume continues the run in --out and --overwrite replaces it: pass one of them")
     if flags.custom and method is None:
-        fail(f"train {name} runs on the digits world only (no --prompts / --reward)")
+        fail(f"train {command} runs on a world's cards only (no --prompts / --reward)")
+    chosen = None
     try:
-        config = make_config()
+        recipe = recipes.recipe(flags.world, command)
+    except ValueError as err:
+        if not flags.custom or model is None:
+            fail(f"--world {flags.world}: {err}")
+        recipe = None
+    try:
+        settings = flags.settings(**(options or {}))
+        if not flags.custom:
+            recipe.check(settings, flag=_flag_of)  # bad world options fail before any card loads
+        chosen = preset if preset is not None or flags.custom else recipe.preset
+        config = make_config(None if chosen == "none" else chosen)
         reward = flags.user_reward()
         if flags.custom and reward is None and needs_reward:
             raise ValueError("--prompts needs --reward module:function (the reward the run maximises)")
         user = flags.user_prompts() if flags.custom else None
-        evaluation = None if flags.custom else flags.evaluation()
-        if not flags.custom and isinstance(digits_run, _DigitsRun):
-            digits_run.prompts()  # bad digits prompt flags fail before any card loads
     except (ValueError, FileNotFoundError) as err:
+        if preset is None and chosen not in (None, "none") and "--preset" in str(err):
+            fail(f"{err}; the {flags.world} world trains {command} with --preset {chosen} unless told otherwise")
         fail(str(err))
+    model = model if model is not None else recipe.model
     out = Path(flags.out)
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file, not a directory")
@@ -485,13 +572,13 @@ def _train(
     writable_folder(out, "--out")  # before any card loads: an output that cannot be written fails now
     with Stopper() as stop:
         try:
+            (card,) = load(model, options=parse_options(flags.model_option))
             if flags.custom:
                 from jaxpipe.training.runs.heldout import custom_run
 
-                (card,) = load(model, options=parse_options(flags.model_option))
                 train, heldout = user
                 run = custom_run(
-                    name,
+                    command,
                     method(card, reward, config),
                     card,
                     train,
@@ -503,9 +590,8 @@ def _train(
                     evaluation=flags.held_out(),
                 )
             else:
-                card, scorer = load(model, flags.scorer, options=parse_options(flags.model_option))
-                run = digits_run(card, scorer, config, evaluation)
-        except ValueError as err:
+                run = recipe.build(card, config, settings)
+        except (ValueError, FileNotFoundError) as err:
             fail(str(err))
         if flags.resume:
             try:
@@ -518,7 +604,9 @@ def _train(
                     f"its report: {out / 'report.json'}"
                 )
                 return
-        typer.echo(f"{run.name}: {flags.steps} steps -> {out} (JAX on {jax.default_backend()})")
+        where = "your prompts" if flags.custom else f"the {flags.world} world"
+        how = f", preset {chosen}" if chosen not in (None, "none") else ""
+        typer.echo(f"{run.name}: {flags.steps} steps on {where}{how} -> {out} (JAX on {jax.default_backend()})")
         try:
             report = execute(
                 run,
@@ -572,36 +660,17 @@ def _preset(method: str, name: str, runflags: RunFlags, *groups: object, **own: 
         changed.append("--group-size")
     if changed:
         raise ValueError(
-            f"--preset {name} sets the method's settings; drop {', '.join(changed)} (or drop --preset and set them all)"
+            f"--preset {name} sets the method's settings; drop {', '.join(changed)} "
+            "(or pass --preset none and set them all)"
         )
     return preset.config
 
 
-class _DigitsRun:
-    """``(card, scorer, config, evaluation) -> Run``: ``builder`` (a ``jaxpipe.digits.runs`` builder) on the
-    digits prompts with ``mention`` / ``prefer`` and the run flags' terms, prompts per step and seed."""
-
-    def __init__(self, builder, flags: RunFlags, mention: float, prefer: str = ""):
-        self.builder, self.flags, self.mention, self.prefer = builder, flags, mention, prefer
-
-    def prompts(self):
-        """The ``PromptSpec`` of the flags (a ValueError naming a bad ``--terms`` / ``--mention`` / ``--prefer``)."""
-        from jaxpipe.digits import runs
-
-        return runs.PromptSpec(
-            terms=runs.parse_terms(self.flags.terms), mention=self.mention, prefer=runs.parse_preferences(self.prefer)
-        )
-
-    def __call__(self, card, scorer, config, evaluation):
-        return self.builder(
-            card,
-            scorer,
-            config,
-            self.prompts(),
-            prompts_per_step=self.flags.prompts_per_step,
-            seed=self.flags.seed,
-            evaluation=evaluation,
-        )
+_MODEL_HELP = "The card to train: a bundled id, a card directory or a diffusers folder (default: the world's, {})."
+_PRESET_HELP = (
+    "An official recipe instead of the method flags ({}); none: the method flags. "
+    "Default: the world's (shapes: {}; digits: none)."
+)
 
 
 @train_app.command("flow-grpo")
@@ -610,39 +679,26 @@ def train_flow_grpo(
     runflags: RunFlags,
     policyflags: PolicyFlags,
     loraflags: LoRAFlags,
-    mention: float = typer.Option(
-        1.0,
-        "--mention",
-        help="Digits prompts: probability that a prompt names each rewarded attribute (1 = full compositional prompts).",
-    ),
-    model: str = typer.Option(
-        "flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."
-    ),
+    model: str | None = typer.Option(None, "--model", help=_MODEL_HELP.format("digits: flux-t2i, shapes: shapes-t2i")),
     preset: str | None = typer.Option(
         None,
         "--preset",
-        help="An official recipe instead of the method flags: geneval (FlowGRPO's geneval_sd3: CFG in the policy, K 24, LoRA r 32, AdamW 3e-4, EMA evaluation) or fast-nocfg (FlowGRPO-Fast at guidance 1).",
+        help=_PRESET_HELP.format(
+            "geneval: FlowGRPO's geneval_sd3, CFG in the policy, K 24, LoRA r 32, AdamW 3e-4, EMA evaluation; "
+            "fast-nocfg: FlowGRPO-Fast at guidance 1",
+            "fast-nocfg",
+        ),
     ),
 ) -> None:
-    """FlowGRPO on a text-to-image card (digits: the digit-scorer reward on full compositional prompts by default)."""
-    from jaxpipe.digits import runs
+    """FlowGRPO on a text-to-image card (digits: the digit-scorer reward; shapes: the GenEval reward)."""
     from jaxpipe.training import FlowGRPO
 
-    flags = runflags
+    def config(chosen):
+        if chosen is not None:
+            return _preset("flow-grpo", chosen, runflags, policyflags, loraflags)
+        return policyflags.generator(runflags, loraflags.config())
 
-    def config():
-        if preset is not None:
-            return _preset("flow-grpo", preset, flags, policyflags, loraflags)
-        return policyflags.generator(flags, loraflags.config())
-
-    _train(
-        flags,
-        model,
-        config,
-        _DigitsRun(runs.flow_grpo_run, flags, mention),
-        FlowGRPO,
-        name="flow-grpo",
-    )
+    _train(runflags, "flow-grpo", model, config, FlowGRPO, preset=preset)
 
 
 @train_app.command("nft")
@@ -669,26 +725,22 @@ def train_nft(
     sigma_sampling: str = typer.Option(
         "uniform", "--sigma-sampling", help="How the update re-noises clean samples: uniform or logit_normal."
     ),
-    mention: float = typer.Option(
-        1.0, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."
-    ),
-    model: str = typer.Option(
-        "flux-t2i", "--model", help="Text-to-image card to train: a bundled id, a card directory or a diffusers folder."
-    ),
+    model: str | None = typer.Option(None, "--model", help=_MODEL_HELP.format("digits: flux-t2i, shapes: shapes-t2i")),
     preset: str | None = typer.Option(
         None,
         "--preset",
-        help="An official recipe instead of the method flags: geneval (DiffusionNFT's sd3_geneval: CFG-free, K 24, 9 levels per sample, adaptive weighting, KL 1e-4, LoRA r 32, AdamW 3e-4, EMA evaluation).",
+        help=_PRESET_HELP.format(
+            "geneval: DiffusionNFT's sd3_geneval, CFG-free, K 24, 9 levels per sample, adaptive weighting, "
+            "KL 1e-4, LoRA r 32, AdamW 3e-4, EMA evaluation",
+            "geneval",
+        ),
     ),
 ) -> None:
     """DiffusionNFT on a text-to-image card: likelihood-free RL on the forward process."""
-    from jaxpipe.digits import runs
     from jaxpipe.training import EMA, DiffusionNFT, DiffusionNFTConfig, NoiseLevels, Sampling
 
-    flags = runflags
-
-    def config():
-        if preset is not None:
+    def config(chosen):
+        if chosen is not None:
             own = {
                 "--num-steps": (num_steps, 8),
                 "--beta": (beta, 1.0),
@@ -700,18 +752,29 @@ def train_nft(
                 "--guidance": (guidance, 1.0),
                 "--sigma-sampling": (sigma_sampling, "uniform"),
             }
-            return _preset("nft", preset, flags, loraflags, **own)
+            return _preset("nft", chosen, runflags, loraflags, **own)
         return DiffusionNFTConfig(
-            group=flags.group(adv_clip=adv_clip),
+            group=runflags.group(adv_clip=adv_clip),
             sampling=Sampling(num_steps=num_steps, sampler=sampler, guidance=guidance),
             beta=beta,
             ema=EMA(ema_start, ema_end, ema_ramp),
             noise=NoiseLevels(sigma_sampling),
-            optimizer=flags.optimizer(DiffusionNFTConfig().optimizer),
+            optimizer=runflags.optimizer(DiffusionNFTConfig().optimizer),
             lora=loraflags.config(),
         )
 
-    _train(flags, model, config, _DigitsRun(runs.nft_run, flags, mention), DiffusionNFT, name="nft")
+    _train(runflags, "nft", model, config, DiffusionNFT, preset=preset)
+
+
+def _no_preset(method: str, make):
+    """A config maker for a method without presets."""
+
+    def config(chosen):
+        if chosen is not None:
+            raise ValueError(f"{method} has no presets (got --preset {chosen})")
+        return make()
+
+    return config
 
 
 @train_app.command("dmd2")
@@ -727,18 +790,10 @@ def train_dmd2(
     guidance: float | None = typer.Option(
         None, "--guidance", help="The teacher's (real score's) CFG scale (default: the teacher card's)."
     ),
-    mention: float = typer.Option(
-        0.5, "--mention", help="Digits prompts: probability that a training prompt names each attribute."
-    ),
-    model: str = typer.Option(
-        "flux-t2i", "--model", help="Text-to-image teacher card: a bundled id, a card directory or a diffusers folder."
-    ),
+    model: str | None = typer.Option(None, "--model", help=_MODEL_HELP.format("digits: flux-t2i")),
 ) -> None:
     """DMD2: distil a text-to-image card into a 1-2 step student (its card is served like any other)."""
-    from jaxpipe.digits import runs
     from jaxpipe.training import DMD2, DistributionMatching, DMD2Config
-
-    flags = runflags
 
     def config():
         base = DMD2Config()
@@ -749,19 +804,18 @@ def train_dmd2(
         )
         return DMD2Config(
             student_steps=student_steps,
-            group=flags.group(),
-            student=flags.optimizer(base.student),
+            group=runflags.group(),
+            student=runflags.optimizer(base.student),
             dm=dm,
             lora=loraflags.config(),
         )
 
     _train(
-        flags,
+        runflags,
+        "dmd2",
         model,
-        config,
-        _DigitsRun(runs.dmd2_run, flags, mention),
+        _no_preset("dmd2", config),
         lambda card, reward, cfg: DMD2(card, cfg),
-        name=f"dmd2 ({student_steps}-step student)",
         needs_reward=False,
     )
 
@@ -770,10 +824,10 @@ def train_dmd2(
 @_with(RunFlags)
 def train_self_forcing(
     runflags: RunFlags,
-    teacher: str = typer.Option(
-        "wan-t2v",
+    teacher: str | None = typer.Option(
+        None,
         "--teacher",
-        help="Bidirectional text-to-video teacher (the real score): a bundled id or a card directory.",
+        help="Bidirectional text-to-video teacher (the real score): a bundled id or a card directory (default wan-t2v).",
     ),
     critic_steps: int | None = typer.Option(
         None, "--critic-steps", help="Fake-score critic updates per student update (default: SelfForcingConfig's)."
@@ -789,15 +843,14 @@ def train_self_forcing(
         "--num-steps",
         help="Denoising steps per chunk, in training and in the card it returns (default: the card's).",
     ),
-    model: str = typer.Option(
-        "wan-causal", "--model", help="Causal (chunk_rollout) card to train: a bundled id or a card directory."
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help="Causal (chunk_rollout) card to train: a bundled id or a card directory (default wan-causal).",
     ),
 ) -> None:
     """SelfForcing: a causal video card trained on its own chunked rollouts against a bidirectional teacher."""
-    from jaxpipe.digits import runs
     from jaxpipe.training import Sampling, SelfForcing, SelfForcingConfig
-
-    flags = runflags
 
     def config():
         base = SelfForcingConfig()
@@ -809,24 +862,26 @@ def train_self_forcing(
             critic_steps=base.dm.critic_steps if critic_steps is None else critic_steps,
         )
         return SelfForcingConfig(
-            student=flags.optimizer(base.student),
+            student=runflags.optimizer(base.student),
             dm=dm,
-            group=flags.group(),
+            group=runflags.group(),
             critic_warmup=base.critic_warmup if critic_warmup is None else critic_warmup,
             sampling=Sampling(num_steps=num_steps, guidance=None),
         )
 
-    def build(card, scorer, cfg, evaluation):
-        (real,) = load(teacher)
-        return runs.self_forcing_run(
-            card, real, scorer, cfg, prompts_per_step=flags.prompts_per_step, seed=flags.seed, evaluation=evaluation
-        )
-
     def method(card, reward, cfg):
-        (real,) = load(teacher)
+        (real,) = load(teacher or "wan-t2v")
         return SelfForcing(card, real, cfg)
 
-    _train(flags, model, config, build, method, name="self-forcing", needs_reward=False)
+    _train(
+        runflags,
+        "self-forcing",
+        model,
+        _no_preset("self-forcing", config),
+        method,
+        options={"teacher": teacher},
+        needs_reward=False,
+    )
 
 
 @train_app.command("unified")
@@ -836,31 +891,15 @@ def train_unified(
     policyflags: PolicyFlags,
     refinerflags: RefinerFlags,
     loraflags: LoRAFlags,
-    mention: float = typer.Option(
-        0.5, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."
-    ),
-    prefer: str = typer.Option(
-        "",
-        "--prefer",
-        help="Digits: preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick,brightness=bright.",
-    ),
-    model: str = typer.Option(
-        "unified", "--model", help="Card with a refiner LM to train: a bundled id or a card directory."
+    model: str | None = typer.Option(
+        None, "--model", help="Card with a refiner LM to train: a bundled id or a card directory (default unified)."
     ),
 ) -> None:
     """UnifiedRL: the refiner LM and the generator trained from one reward (--prompt-only: the LM alone)."""
-    from jaxpipe.digits import runs
     from jaxpipe.training import UnifiedRL
 
-    flags = runflags
-    _train(
-        flags,
-        model,
-        lambda: refinerflags.joint(policyflags, flags, loraflags.config()),
-        _DigitsRun(runs.unified_run, flags, mention, prefer),
-        UnifiedRL,
-        name="unified" if not refinerflags.prompt_only else "unified (prompt-only)",
-    )
+    make = lambda: refinerflags.joint(policyflags, runflags, loraflags.config())  # noqa: E731
+    _train(runflags, "unified", model, _no_preset("unified", make), UnifiedRL)
 
 
 @train_app.command("mot")
@@ -873,32 +912,23 @@ def train_mot(
         1.0, "--token-weight", help="Weight of the thinking (token policy-gradient) part of the one summed loss."
     ),
     lm_beta: float = typer.Option(0.01, "--lm-beta", help="k3-KL weight of the thoughts to the frozen reference."),
-    mention: float = typer.Option(
-        0.5, "--mention", help="Digits prompts: probability that a prompt names each rewarded attribute."
-    ),
-    prefer: str = typer.Option(
-        "",
-        "--prefer",
-        help="Digits: preferred attributes the reward asks for when a prompt leaves them out, e.g. stroke=thick.",
-    ),
-    model: str = typer.Option(
-        "bagel-mot", "--model", help="Mixture-of-Transformers card to train: a bundled id or a card directory."
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help="Mixture-of-Transformers card to train: a bundled id or a card directory (default bagel-mot).",
     ),
 ) -> None:
     """RL on shared weights: one MoT transformer thinks and generates; one summed update, one optimiser."""
-    from jaxpipe.digits import runs
     from jaxpipe.training import MoTRLConfig, RefinerConfig, SharedMoTRL
-
-    flags = runflags
 
     def config():
         return MoTRLConfig(
-            generator=policyflags.generator(flags),
+            generator=policyflags.generator(runflags),
             thinking=RefinerConfig(skip=skip, beta=lm_beta),
             token_weight=token_weight,
         )
 
-    _train(flags, model, config, _DigitsRun(runs.mot_run, flags, mention, prefer), SharedMoTRL, name="mot")
+    _train(runflags, "mot", model, _no_preset("mot", config), SharedMoTRL)
 
 
 @train_app.command("joint")
@@ -923,41 +953,18 @@ def train_joint(
         "--expert-map",
         help="How the N refiner updates map over the experts: vmap, map (lax.map) or auto (map on one CPU device, vmap on GPU/TPU).",
     ),
-    mention: float = typer.Option(
-        0.0,
-        "--mention",
-        help="Digits prompts: probability that a prompt names each rewarded attribute (0: the refiners choose them all).",
-    ),
-    prefer: str = typer.Option(
-        "stroke=thick,position=right,brightness=dim",
-        "--prefer",
-        help="Digits: the attribute values the reward prefers when a prompt leaves them out.",
-    ),
-    model: str = typer.Option(
-        "unified",
+    model: str | None = typer.Option(
+        None,
         "--model",
-        help="Card with a refiner LM whose LM initialises every refiner (bundled id or directory).",
+        help="Card with a refiner LM whose LM initialises every refiner (bundled id or directory; default unified).",
     ),
 ) -> None:
     """JointMultiExpertRL: N refiner experts (one mapped update) and the generator from one reward."""
     from jaxpipe.cards import toy_multi_expert
-    from jaxpipe.digits import cards as digit_cards
-    from jaxpipe.digits import runs
     from jaxpipe.training import JointMultiExpertRL
-
-    flags = runflags
-
-    def joint_run(base, *args, **kwargs):
-        return runs.joint_run(digit_cards.multi_expert(base, refiners), *args, **kwargs)
 
     def method(base, reward, cfg):  # the user's card: every refiner may say every word (no slots)
         return JointMultiExpertRL(toy_multi_expert.from_unified(base, refiners, model_id=base.model_id), reward, cfg)
 
-    _train(
-        flags,
-        model,
-        lambda: refinerflags.joint(policyflags, flags, credit=credit, expert_map=expert_map),
-        _DigitsRun(joint_run, flags, mention, prefer),
-        method,
-        name=f"joint ({refiners} refiners, {credit} credit{'' if not refinerflags.prompt_only else ', prompt-only'})",
-    )
+    make = lambda: refinerflags.joint(policyflags, runflags, credit=credit, expert_map=expert_map)  # noqa: E731
+    _train(runflags, "joint", model, _no_preset("joint", make), method, options={"refiners": refiners})

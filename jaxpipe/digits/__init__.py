@@ -49,12 +49,14 @@ __all__ = [
 
 
 def register() -> None:
-    """Register the digits world's card families, card ids, bundled checkpoints, workflows and its reward model."""
-    from jaxpipe.digits import cards, workflows
+    """Register the digits world's card families, card ids, bundled checkpoints, workflows, reward model and
+    training recipes (``recipes``: what ``jaxpipe train`` runs)."""
+    from jaxpipe.digits import cards, recipes, workflows
     from jaxpipe.rewards import named
 
     cards.register()
     workflows.register()
+    recipes.register()
     named.register("digit-scorer", "digit-scorer", _scoring)
 
 

@@ -12,9 +12,10 @@ A world is a plug-in package (``jaxpipe.worlds``): the core never imports it. Th
   count, position), checked against the prompt (``judging``); measured exact on fresh renders (``judge_accuracy``);
 - the cards (``cards``): ``shapes-t2i``, ``shapes-t2v`` and ``shapes-unified`` (a refiner LM, ``refiner``, in
   front of ``shapes-t2i``), and their recipes (``python -m jaxpipe.shapes.pretrain CARD --out DIR``);
-- the judge as a reward (``rewards``) and the GenEval-style evaluation (``evaluation``).
+- the judge as a reward (``rewards``) and the GenEval-style evaluation (``evaluation``);
+- the RL runs ``jaxpipe train --world shapes`` trains (``runs``).
 
-``register()`` puts its cards and its reward into the core's registries.
+``register()`` puts its cards and its training recipes into the core's registries.
 """
 
 from jaxpipe.shapes.grammar import CATEGORIES, HELDOUT_PAIRS, Prompt, Thing, parse, prompt_set, sample, scene_for
@@ -49,7 +50,9 @@ __all__ = [
 
 
 def register() -> None:
-    """Register the shapes world's cards (``shapes-t2i``, ``shapes-t2v``, ``shapes-unified``)."""
-    from jaxpipe.shapes import cards
+    """Register the shapes world's cards (``shapes-t2i``, ``shapes-t2v``, ``shapes-unified``) and its training
+    recipes (``runs``: ``jaxpipe train flow-grpo|nft --world shapes``)."""
+    from jaxpipe.shapes import cards, runs
 
     cards.register()
+    runs.register()

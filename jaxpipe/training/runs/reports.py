@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxpipe.card import Card
 from jaxpipe.cards.checkpoint import save_card
 from jaxpipe.io import plot_curves
 from jaxpipe.stopping import Stopped
@@ -228,6 +229,12 @@ def _stopped(
     return report
 
 
+def served_card(method, state) -> Card:
+    """The card a run judges and saves: the method's evaluation average (``eval_card``, e.g. a preset's
+    ``eval_ema``) where it keeps one, else its trained weights (``card``)."""
+    return method.eval_card(state) if hasattr(method, "eval_card") else method.card(state)
+
+
 def execute(
     run: Run,
     *,
@@ -247,7 +254,7 @@ def execute(
     """Train ``run`` for ``steps`` steps and write everything to ``out``; returns the report.
 
     Writes ``out/metrics.jsonl`` (one JSON object per step), the curve PNGs, ``out/report.json`` and
-    the trained card (``jp.cards.load(out)``); with an evaluation, the card is judged before and
+    the trained card (``jp.cards.load(out)``; ``served_card``: the evaluation average where the method keeps one); with an evaluation, the card is judged before and
     after, and a diversity drop of more than ``DIVERSITY_COLLAPSE`` makes the verdict a failure.
 
     The training state is checkpointed (orbax, ``out/checkpoints``) every ``save_every`` steps and
@@ -347,7 +354,7 @@ def execute(
         else:
             log(f"{run.name}: evaluating the starting card ...")
             try:
-                before = run.evaluate(run.method.card(state), should_stop)
+                before = run.evaluate(served_card(run.method, state), should_stop)
             except Stopped:
                 return _stopped(
                     out,
@@ -368,7 +375,7 @@ def execute(
         if (i + 1) % eval_every or i + 1 >= steps:  # the last step is judged as ``after``
             return
         # judged whole (no should_stop): a stop asked for meanwhile ends the run after it, at a checkpointed step
-        judged[i + 1] = {"step": i + 1, **_numbers(run.evaluate(run.method.card(state)))}
+        judged[i + 1] = {"step": i + 1, **_numbers(run.evaluate(served_card(run.method, state)))}
         with open(evaluations_path, "a") as sink:
             sink.write(json.dumps(judged[i + 1]) + "\n")
 
@@ -396,7 +403,7 @@ def execute(
     if len(history) < steps:
         return _stopped(out, run, steps, seed, history, train_seconds, "training")
     report = _report(out, run, steps, seed, history, train_seconds, "done")
-    trained = run.method.card(state)
+    trained = served_card(run.method, state)
     if run.evaluate is not None:
         log(f"{run.name}: evaluating the trained card ...")
         try:
