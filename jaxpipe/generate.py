@@ -30,15 +30,20 @@ __all__ = ["generate"]
 
 
 def _prompts(prompts: str | Sequence[str]) -> list[str]:
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, Sequence) or not all(isinstance(p, str) for p in prompts):
+        raise TypeError(f"prompts must be a str or a list of str (got {prompts!r})")
     if not prompts:
         raise ValueError("prompts must name at least one prompt")
-    return prompts
+    return list(prompts)
 
 
 def _seeds(seed: int | Sequence[int], n: int) -> list[int]:
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
         return [int(seed) + i for i in range(n)]
+    if isinstance(seed, (str, bytes)) or not isinstance(seed, (Sequence, np.ndarray)):
+        raise TypeError(f"seed must be an int or one int per prompt (got {seed!r})")
     seeds = list(seed)
     if len(seeds) != n:
         raise ValueError(f"seed: got {len(seeds)} seeds for {n} prompts")

@@ -74,7 +74,10 @@ def test_the_train_command_imports_no_world():
             ["nft", "--world", "shapes", "--lr", "1e-4"],
             "drop --lr (or pass --preset none and set them all); the shapes world trains nft with --preset geneval",
         ),
-        (["flow-grpo", "--world", "shapes", "--preset", "fast"], "flow-grpo has no preset 'fast'; its presets: geneval"),
+        (
+            ["flow-grpo", "--world", "shapes", "--preset", "fast"],
+            "flow-grpo has no preset 'fast'; its presets: geneval",
+        ),
     ],
 )
 def test_world_flags_fail_in_one_line_before_any_work(tmp_path, args, message):

@@ -94,6 +94,7 @@ def load(model_id_or_path: str | os.PathLike, **kwargs) -> Card:
       The loaded ``Card``.
 
     Raises:
+      FileNotFoundError: if the name is a path (it has a ``/`` or starts with ``.``) to no directory.
       KeyError: if the name is neither a bundled card nor a directory, or no family loads the folder's
         pipeline class.
       TypeError: if ``kwargs`` are given for something other than a diffusers folder.
@@ -113,6 +114,8 @@ def load(model_id_or_path: str | os.PathLike, **kwargs) -> Card:
         )
     if Path(name).is_dir():
         return load_card(name)
+    if os.sep in name or name.startswith(".") or Path(name).exists():  # meant as a folder: say which is missing
+        raise FileNotFoundError(f"no such card folder: {name!r} (neither a directory nor a bundled card id)")
     raise KeyError(
         f"unknown card {name!r}: not a bundled card ({available() or 'none bundled yet'}) nor a checkpoint directory"
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -98,11 +97,14 @@ def writable(paths: list[Path], overwrite: bool) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             fail(f"cannot create {path.parent}: {err.strerror}")
-        if not os.access(path.parent, os.W_OK):
-            fail(f"cannot write to {path.parent}")
+        try:  # a real file: os.access answers yes for root even where nothing can be created (/proc)
+            with tempfile.TemporaryFile(dir=path.parent):
+                pass
+        except OSError as err:
+            fail(f"cannot write to {path.parent}: {err.strerror or err}")
 
 
-def writable_folder(folder: Path, flag: str) -> None:
+def writable_folder(folder: Path, flag: str) -> bool:
     """Create ``folder`` if missing and fail (one line naming ``flag``) unless a file can be written in it.
 
     A real file is created and removed: ``os.access`` answers from the mode bits and can be wrong on
@@ -112,9 +114,13 @@ def writable_folder(folder: Path, flag: str) -> None:
       folder: the output folder.
       flag: the command-line flag that named it (e.g. ``--out``), for the error line.
 
+    Returns:
+      Whether the folder was created here (``discard_if_empty`` removes it again when the command fails).
+
     Raises:
       typer.Exit: via ``fail``, if ``folder`` cannot be created or a file cannot be written in it.
     """
+    created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -124,6 +130,18 @@ def writable_folder(folder: Path, flag: str) -> None:
             pass
     except OSError as err:
         fail(f"cannot write to {flag} {folder}: {err.strerror or err}")
+    return created
+
+
+def discard_if_empty(folder: Path, created: bool) -> None:
+    """Remove ``folder`` if this command ``created`` it and nothing was written in it (a failed start leaves no trace).
+
+    Args:
+      folder: the output folder.
+      created: what ``writable_folder`` returned.
+    """
+    if created and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def check_kinds(loaded, roles) -> None:

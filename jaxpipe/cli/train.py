@@ -35,7 +35,7 @@ from pathlib import Path
 
 import typer
 
-from jaxpipe.cli.common import fail, load, parse_options, writable_folder
+from jaxpipe.cli.common import discard_if_empty, fail, load, parse_options, writable_folder
 
 __all__ = ["train_app", "RunFlags", "PolicyFlags", "RefinerFlags", "LoRAFlags", "FAILED_EXIT"]
 
@@ -524,10 +524,14 @@ def _train(
     front: one that cannot be written fails before any work. The typed flags are recorded with the run:
     ``--resume`` with other settings names each that differs; ``--resume`` on a run that already finished
     says so and changes nothing."""
+    import time
+
     import jax
 
     from jaxpipe.stopping import Stopper, exit_code
     from jaxpipe.training.runs import execute, finished, recipes
+
+    started = time.perf_counter()
 
     if flags.steps <= 0:
         fail(f"--steps must be a positive integer (got {flags.steps})")
@@ -569,7 +573,7 @@ def _train(
         fail(f"--out {out} is a file, not a directory")
     if not flags.resume and not flags.overwrite and out.is_dir() and any(out.iterdir()):
         fail(f"{out} is not empty: pass --resume to continue the run in it, or --overwrite to replace it")
-    writable_folder(out, "--out")  # before any card loads: an output that cannot be written fails now
+    created = writable_folder(out, "--out")  # before any card loads: an output that cannot be written fails now
     with Stopper() as stop:
         try:
             (card,) = load(model, options=parse_options(flags.model_option))
@@ -592,7 +596,11 @@ def _train(
             else:
                 run = recipe.build(card, config, settings)
         except (ValueError, FileNotFoundError) as err:
+            discard_if_empty(out, created)
             fail(str(err))
+        except typer.Exit:  # a card that would not load (``load`` has said why)
+            discard_if_empty(out, created)
+            raise
         if flags.resume:
             try:
                 done = finished(out, run, steps=flags.steps, seed=flags.seed, flags=flags.typed)
@@ -621,6 +629,7 @@ def _train(
                 flags=flags.typed,
                 gradient_snr=snr_rollouts,
                 eval_every=flags.eval_every,
+                started=started,
             )
         except ValueError as err:
             fail(str(err))

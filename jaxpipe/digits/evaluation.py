@@ -25,6 +25,7 @@ from jaxpipe.digits.evaluators import Evaluator, default_evaluator
 from jaxpipe.digits.prompts import Captions, PromptSpec, sample_prompts
 from jaxpipe.digits.rewards import label_probabilities
 from jaxpipe.generate import generate
+from jaxpipe.progress import progress_bar
 from jaxpipe.stopping import Stopped
 from jaxpipe.training.runs.heldout import Judging, spread
 
@@ -88,13 +89,15 @@ def serve(
     inputs = {flag: refine} if flag else {}
     text = {"refine": "refined_text", "think": "thought_text"}.get(flag)
     images, rendered = [], []
-    for start in range(0, len(captions), batch):
-        if should_stop is not None and should_stop():
-            raise Stopped()
-        part, part_seeds = captions[start : start + batch], seeds[start : start + batch]
-        out = generate(card, part, seed=part_seeds, num_steps=num_steps, guidance=1.0, inputs=inputs)
-        images.append(np.asarray(out["image"]))
-        rendered.extend(out[text] if text else part)
+    with progress_bar(total=len(captions), desc=f"{card.model_id} judged", leave=False) as shown:
+        for start in range(0, len(captions), batch):
+            if should_stop is not None and should_stop():
+                raise Stopped()
+            part, part_seeds = captions[start : start + batch], seeds[start : start + batch]
+            out = generate(card, part, seed=part_seeds, num_steps=num_steps, guidance=1.0, inputs=inputs)
+            images.append(np.asarray(out["image"]))
+            rendered.extend(out[text] if text else part)
+            shown.update(len(part))
     return np.concatenate(images), rendered
 
 
@@ -215,11 +218,13 @@ def video_quality(card: Card, scorer: Card, settings: EvalSettings, *, should_st
     batch = [c for c in captions for _ in range(seeds)]
     noise = _eval_seeds(settings.seed, len(batch), 500_000)
     videos = []
-    for begin in range(0, len(batch), settings.batch):
-        if should_stop is not None and should_stop():
-            raise Stopped()
-        end = begin + settings.batch
-        videos.append(np.asarray(generate(card, batch[begin:end], seed=noise[begin:end])["video"]))
+    with progress_bar(total=len(batch), desc=f"{card.model_id} diversity", leave=False) as shown:
+        for begin in range(0, len(batch), settings.batch):
+            if should_stop is not None and should_stop():
+                raise Stopped()
+            end = begin + settings.batch
+            videos.append(np.asarray(generate(card, batch[begin:end], seed=noise[begin:end])["video"]))
+            shown.update(len(batch[begin:end]))
     out["diversity"] = spread(np.concatenate(videos), n, seeds)
     out["eval_seconds"] = time.perf_counter() - start
     return out

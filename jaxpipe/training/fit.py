@@ -139,17 +139,21 @@ def fit(
     if metrics_path is not None:
         Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
         sink = open(metrics_path, "a")
-    bar = progress_bar(
-        range(start, steps), initial=start, total=steps, desc=desc, disable=not progress, dynamic_ncols=True
-    )
+    bar = progress_bar(initial=start, total=steps, desc=desc, disable=not progress, dynamic_ncols=True)
     saved = start
     try:
-        for i in bar:
+        for i in range(start, steps):
             if should_stop is not None and should_stop():
                 break
             state, metrics = step(state, next(batches), jax.random.fold_in(key, i))
             row = {"step": i, **{k: float(np.asarray(v)) for k, v in metrics.items()}}
             history.append(row)
+            if i == start:  # the first step compiled: the rate and ETA count from here, on warm steps only
+                bar.reset(total=steps)
+                bar.initial = bar.n = bar.last_print_n = i + 1
+                bar.refresh()
+            else:
+                bar.update(1)
             if row.get("skipped", 0.0) > 0:
                 bar.write(f"{desc} step {i}: non-finite loss or gradient; update skipped, weights unchanged")
             if sink is not None:

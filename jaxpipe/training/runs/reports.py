@@ -56,7 +56,7 @@ OUTPUTS = (
 )
 """What a run writes into its folder (plus its curve PNGs)."""
 
-TIMING = ("train_seconds", "seconds_per_step", "eval_seconds")
+TIMING = ("train_seconds", "seconds_per_step", "eval_seconds", "wall_seconds", "sitting")
 """Report fields that measure time: the only ones a resumed run may not reproduce."""
 
 SNR_KEY = 2**31 - 1
@@ -250,6 +250,7 @@ def execute(
     flags: Mapping[str, str] | None = None,
     gradient_snr: int = 0,
     eval_every: int | None = None,
+    started: float | None = None,
 ) -> dict:
     """Train ``run`` for ``steps`` steps and write everything to ``out``; returns the report.
 
@@ -290,6 +291,8 @@ def execute(
       flags: the command-line flags as the user typed them, recorded in ``out/progress.json``.
       gradient_snr: rollouts of the gradient signal-to-noise measured before training (0: none; else >= 2).
       eval_every: judge the card every this many steps (``None``: before and after only; needs an evaluation).
+      started: the ``time.perf_counter()`` reading when the command started (default: now), for the report's
+        ``wall_seconds`` (loading, measuring, evaluating and compiling included).
 
     Returns:
       The report (also written to ``out/report.json``): ``status`` (``"done"`` or ``"stopped"``),
@@ -305,6 +308,7 @@ def execute(
         from ``fit`` (e.g. no readable checkpoint, or one past ``steps``). A batch the method cannot
         train on fails (``method.check_batch``) before anything is written.
     """
+    started = time.perf_counter() if started is None else started
     if steps <= 0:
         raise ValueError(f"steps must be > 0 (got {steps})")
     if gradient_snr < 0 or gradient_snr == 1:
@@ -379,9 +383,15 @@ def execute(
         with open(evaluations_path, "a") as sink:
             sink.write(json.dumps(judged[i + 1]) + "\n")
 
+    ran = []  # the steps of this sitting (on resume, fit restores the earlier ones without running them)
+
+    def step(*args):
+        ran.append(None)
+        return run.method.step(*args)
+
     start = time.perf_counter()
     state, history = fit(
-        run.method.step,
+        step,
         state,
         batches,
         steps=steps,
@@ -403,6 +413,7 @@ def execute(
     if len(history) < steps:
         return _stopped(out, run, steps, seed, history, train_seconds, "training")
     report = _report(out, run, steps, seed, history, train_seconds, "done")
+    report["sitting"] = {"first_step": len(history) - len(ran), "steps": len(ran)}
     trained = served_card(run.method, state)
     if run.evaluate is not None:
         log(f"{run.name}: evaluating the trained card ...")
@@ -438,6 +449,7 @@ def execute(
         }
         report["before"], report["after"] = before, after
     save_card(trained.with_id(trained_id(out)), out)  # first: a report that says done has its card
+    report["wall_seconds"] = time.perf_counter() - started
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     for line in summary_lines(report):
         log(line)
@@ -472,10 +484,20 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"{key:{width}s} {value:+.3f}")
         elif isinstance(value, str):
             lines.append(value)
+    sitting = report.get("sitting", {"first_step": 0, "steps": report["steps"]})
+    resumed = (
+        f", this sitting steps {sitting['first_step'] + 1}-{sitting['first_step'] + sitting['steps']}"
+        if sitting["first_step"]
+        else ""
+    )
     lines.append(
-        f"training: {report['train_seconds']:.1f} s for {report['steps']} steps "
+        f"training: {report['train_seconds']:.1f} s for {report['steps']} steps{resumed} "
         f"({report['seconds_per_step']:.2f} s/step incl. compile); skipped updates: {report['skipped_updates']}"
     )
+    if "wall_seconds" in report:
+        lines.append(
+            f"wall clock: {report['wall_seconds']:.1f} s from the start (loading, measuring, evaluating, compiling)"
+        )
     lines.append(
         f"wrote {report['metrics']}, {', '.join(report['curves'])}, report.json and the card in {report['card']}"
     )
