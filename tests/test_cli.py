@@ -1,6 +1,7 @@
 """The `jaxpipe` command line, on the bundled pretrained cards."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -208,6 +209,7 @@ def test_evaluate_reports_the_scorer_and_the_independent_judges(tmp_path):
     result = CliRunner().invoke(app, ["evaluate", "--samples", "4", "-o", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
+    assert "independent judges" in result.output and "all_attributes_correct" in result.output  # a table
     t2i, i2v = report["t2i"], report["i2v"]
     assert 0.0 <= t2i["all_attributes_correct"] <= 1.0 and 0.0 <= t2i["independent"]["all_attributes_correct"] <= 1.0
     assert set(t2i["independent"]["attribute_accuracy"]) == {"stroke", "position", "brightness"}
@@ -228,5 +230,27 @@ def test_evaluate_the_shapes_world_prints_geneval_s_table(tmp_path):
         assert table["overall"] == pytest.approx(np.mean(list(table["accuracy"].values())))
         assert table["strict"]["overall"] <= table["overall"]  # GenEval's rule asks less than the strict one
         assert set(report["t2v"][split]) == {"split", "prompts", "motion", "identity", "all_right"}
+    printed = CliRunner().invoke(app, ["evaluate", "--world", "shapes", "--samples", "1", "--steps", "2", "--json"])
+    assert json.loads(printed.stdout)["t2i"]["train"]["accuracy"] == report["t2i"]["train"]["accuracy"]
     result = CliRunner().invoke(app, ["evaluate", "--world", "moon"])
     assert result.exit_code != 0 and "--world must be digits or shapes (got 'moon')" in result.output
+
+
+def test_a_report_prints_as_tables_splits_and_independent_judges_as_columns():
+    from rich.console import Console
+
+    from jaxpipe.cli.tables import numbers, tables
+
+    report = {
+        "t2i": {"samples": 4, "accuracy": {"digit": 0.5}, "independent": {"accuracy": {"digit": 0.25}}, "ok": True},
+        "geneval": {"train": {"overall": 0.5, "split": "train"}, "heldout": {"overall": 0.25, "split": "heldout"}},
+    }
+    assert numbers(report["t2i"]) == {"samples": 4, "accuracy.digit": 0.5, "independent.accuracy.digit": 0.25}
+    console = Console(record=True, width=80)
+    for table in tables(report):
+        console.print(table)
+    text = console.export_text()
+    assert re.search(r"accuracy\.digit\s+│\s+0\.500\s+│\s+0\.250", text)
+    assert re.search(r"measure\s+┃\s+train\s+┃\s+heldout", text) and re.search(
+        r"overall\s+│\s+0\.500\s+│\s+0\.250", text
+    )

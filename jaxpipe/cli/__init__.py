@@ -83,6 +83,8 @@ _FLAGS = (
 def _main(ctx: typer.Context) -> None:
     global _STARTING
     stop, _STARTING = (_STARTING or Stopper().__enter__()), None  # before JAX loads (compilation imports it)
+    if "" not in sys.path and os.getcwd() not in sys.path:  # --reward mymodule:fn finds ./mymodule.py, as uvicorn does
+        sys.path.insert(0, os.getcwd())
     if ctx.invoked_subcommand == "generate":
         ctx.obj = stop  # held until generate returns: it checks the flag at every safe point
         ctx.call_on_close(lambda: stop.__exit__(None, None, None))
@@ -444,6 +446,7 @@ def evaluate(
         "shapes: GenEval's six categories by the analytic judge.",
     ),
     out: Path | None = typer.Option(None, "-o", "--out", help="Also write the report as JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (for machines) instead of tables."),
 ) -> None:
     """Measure quality. ``--world digits``: digit and attribute accuracy judged by the digit-scorer (the RL reward)
     and, under "independent", by evaluators that share no weights with it (digit-classifier + pixel readers); I2V
@@ -494,7 +497,16 @@ def evaluate(
         typer.echo(f"stopped ({signal.Signals(stop.signum).name}): no report written", err=True)
         raise typer.Exit(code=exit_code(stop.signum)) from None
     text = json.dumps(report, indent=2)
-    typer.echo(text)
+    if as_json:
+        typer.echo(text)
+    else:
+        from rich.console import Console
+
+        from jaxpipe.cli.tables import tables
+
+        console = Console()
+        for table in tables(report):
+            console.print(table)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
