@@ -46,6 +46,19 @@ def test_requests_refuse_what_would_render_garbage(fields, message):
         jp.Request("flux-t2i", prompt="seven", **fields)
 
 
+def test_the_python_api_names_what_is_wrong_with_its_arguments(t2i_card, tmp_path):
+    with pytest.raises(ValueError, match="Request.prompt must have at least one word"):
+        jp.Request("flux-t2i", prompt=" ")
+    with pytest.raises(TypeError, match="prompts must be a str or a list of str"):
+        jp.generate(t2i_card, 42)
+    with pytest.raises(TypeError, match=r"seed must be an int or one int per prompt \(got 'zero'\)"):
+        jp.generate(t2i_card, "seven", seed="zero")
+    with pytest.raises(FileNotFoundError, match="no such card folder"):
+        jp.cards.load(tmp_path / "missing")
+    with pytest.raises(KeyError, match="not a bundled card"):
+        jp.cards.load("no-such-card-id")
+
+
 def test_sampling_settings_refuse_non_finite_and_out_of_range_values():
     for bad, message in [
         (dict(guidance=float("inf")), "guidance must be a finite"),
@@ -158,6 +171,9 @@ def test_damaged_checkpoints_name_the_file(tmp_path, t2i_card):
             "--workflow names its own cards",
         ),
         (["generate", "--model", "flux-t2i"], "PROMPT is missing"),
+        (["generate", "  ", "--model", "flux-t2i", "-o", "{tmp}/a.png"], "PROMPT must have at least one word"),
+        (["generate", ""], "PROMPT must have at least one word (got '')"),
+        (["generate", "seven", "--model", "flux-t2i", "-o", "/proc/jaxpipe.png"], "cannot write to /proc"),
     ],
 )
 def test_the_cli_checks_before_any_compute_and_prints_one_line(args, message, tmp_path):

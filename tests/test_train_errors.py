@@ -268,3 +268,28 @@ def test_resuming_past_a_damaged_checkpoint_warns_once_and_gives_the_same_run(
     assert (out / "metrics.jsonl").read_text() == (finished_run / "metrics.jsonl").read_text()  # steps 2-3 redone
     assert leaves_equal(jp.cards.load(out), jp.cards.load(finished_run))
     assert {"2", "4", "4.damaged"} == {p.name for p in (out / "checkpoints").iterdir()}
+
+
+def test_a_reward_module_in_the_working_folder_is_found_as_uvicorn_finds_an_app(tmp_path, monkeypatch):
+    """`--reward myreward:fn` from the folder holding myreward.py: the console script's path does not hold that folder,
+    so the command puts it there. (The run is refused after the reward loads: --out is a file.)"""
+    (tmp_path / "jaxpipe_cwd_reward.py").write_text(
+        "def bright(artifacts, prompts):\n    return artifacts['image'].mean((1, 2, 3))\n"
+    )
+    (tmp_path / "p.txt").write_text("seven\nthree\n")
+    (tmp_path / "taken").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    args = ["train", "flow-grpo", "--no-eval", "--prompts", "p.txt", "--reward", "jaxpipe_cwd_reward:bright", "--steps", "1"]
+    result = runner.invoke(app, [*args, "--out", "taken"])
+    assert result.exit_code == 2 and "--out taken is a file, not a directory" in result.output, result.output
+    unknown = runner.invoke(app, [*args[:-3], "nowhere_reward:fn", "--steps", "1", "--out", "taken"])
+    assert "no module named 'nowhere_reward'" in unknown.output
+
+
+@needs_cards
+def test_a_card_that_does_not_load_leaves_no_out_folder_behind(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", "nft", "--model", "./no-such-card", "--steps", "1", "--out", str(out)])
+    assert result.exit_code == 2 and "no such card folder: './no-such-card'" in result.output
+    assert not out.exists()

@@ -217,7 +217,7 @@ def _card_plan(
         try:
             flow.check(Request(flow.id, prompt=prompt))
         except ValueError as err:
-            fail(str(err))
+            fail(_in_flag_terms(str(err)))
     if name in {flow.id for flow in workflows.bundled()}:
         fail(f"{name!r} is a workflow, not a card: pass --workflow {name}")
     (card,) = load(name)
