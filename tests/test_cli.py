@@ -254,3 +254,12 @@ def test_a_report_prints_as_tables_splits_and_independent_judges_as_columns():
     assert re.search(r"measure\s+┃\s+train\s+┃\s+heldout", text) and re.search(
         r"overall\s+│\s+0\.500\s+│\s+0\.250", text
     )
+
+
+@pytest.mark.parametrize("command", [[], ["generate"], ["evaluate"], ["serve"], ["train"], ["train", "nft"]])
+def test_help_is_plain_text_as_wide_as_the_terminal(command):
+    result = CliRunner().invoke(app, [*command, "--help"], terminal_width=120)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "``" not in result.output and "╭" not in result.output  # no raw markup, no boxes that cut the text
+    assert max(map(len, lines)) <= 120 and (command == [] or max(map(len, lines)) > 80)

@@ -214,6 +214,8 @@ def test_ctrl_c_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path
     assert result.exit_code == 2 and "--resume" in result.output  # a run is there: refused, nothing touched
     result = runner.invoke(app, [*TRAIN, "--out", str(part), "--resume"])
     assert result.exit_code == 0, result.output
+    assert f"for {STEPS} steps, this sitting steps {done + 1}-{STEPS} (" in result.output  # not the restored ones
+    assert json.loads((part / "report.json").read_text())["sitting"] == {"first_step": done, "steps": STEPS - done}
     assert (part / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
     resumed = jp.cards.load(part)
     assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(trained)))

@@ -60,7 +60,16 @@ from jaxpipe.cli.train import train_app  # noqa: E402
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="jaxpipe: multi-model generative pipelines in JAX.")
+HELP_SETTINGS = {"max_content_width": 120}
+"""Help text up to 120 columns wide where the terminal is (click's default stops at 80)."""
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,  # plain help: click rewraps paragraphs to the terminal, nothing shows as raw markup
+    context_settings=HELP_SETTINGS,
+    help="jaxpipe: multi-model generative pipelines in JAX.",
+)
 
 
 app.add_typer(train_app, name="train")
@@ -448,9 +457,9 @@ def evaluate(
     out: Path | None = typer.Option(None, "-o", "--out", help="Also write the report as JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (for machines) instead of tables."),
 ) -> None:
-    """Measure quality. ``--world digits``: digit and attribute accuracy judged by the digit-scorer (the RL reward)
+    """Measure quality. --world digits: digit and attribute accuracy judged by the digit-scorer (the RL reward)
     and, under "independent", by evaluators that share no weights with it (digit-classifier + pixel readers); I2V
-    motion and first-frame fidelity. ``--world shapes``: GenEval's table (six categories and overall, test and
+    motion and first-frame fidelity. --world shapes: GenEval's table (six categories and overall, test and
     held-out colour-shape pairs) and the text-to-video card's motion, by the analytic judge."""
     import json
 

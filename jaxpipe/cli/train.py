@@ -41,7 +41,9 @@ __all__ = ["train_app", "RunFlags", "PolicyFlags", "RefinerFlags", "LoRAFlags", 
 
 train_app = typer.Typer(
     no_args_is_help=True,
-    help="RL post-training and distillation (the digits world by default; --model/--prompts/--reward for your own): "
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
+    help="RL post-training and distillation (the digits world by default; --world shapes; --model/--prompts/--reward for your own): "
     "writes DIR/metrics.jsonl, DIR/*.png, DIR/report.json and the trained card (jp.cards.load(DIR)).",
 )
 
