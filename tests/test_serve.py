@@ -88,6 +88,34 @@ def test_health_and_metrics(server):
     assert 'jaxpipe_request_latency_seconds_count{endpoint="images",model="flux-t2i"}' in text
 
 
+def _refused_total(server) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("jaxpipe_admissions_refused_total{")
+    )
+
+
+def test_every_refused_request_is_counted_in_metrics(server):
+    before = _refused_total(server)
+    bad = [
+        ("/v1/images/generations", b"{not json"),
+        ("/v1/images/generations", {"model": "no-such-model", "prompt": "two"}),
+        ("/v1/images/generations", {"model": "flux-t2i", "prompt": "two", "size": "huge"}),
+        ("/v1/images/generations", {"model": "flux-t2i", "prompt": "two", "n": 0}),
+        ("/v1/images/generations", {"model": "flux-t2i"}),
+        ("/v1/images/generations", {"model": "flux-t2i", "prompt": "a cat"}),
+        ("/v1/chat/completions", {"model": "unified", "messages": []}),
+        ("/v1/rewards", {"model": "digit-scorer", "images": [], "prompts": ["two"]}),
+    ]
+    for route, body in bad:
+        kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+        response = httpx.post(server.url + route, timeout=60, **kwargs)
+        assert 400 <= response.status_code < 500, (route, body, response.text)
+    assert _refused_total(server) - before == len(bad)
+
+
 # ---- images --------------------------------------------------------------------------------------------------
 
 

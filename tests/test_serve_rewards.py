@@ -98,6 +98,7 @@ def test_prompts_the_scorer_cannot_read_are_refused(server):
     assert error["param"] == "prompts" and "unknown word(s) 'a', 'cat'" in error["message"]
     response = httpx.post(server.url + "/v1/rewards", content=b"{not json", timeout=30)
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+    assert response.json()["error"]["param"] is None  # not the character offset pydantic puts in its loc
 
 
 def test_a_reward_that_is_a_url_scores_inside_jit_as_the_local_reward(server):

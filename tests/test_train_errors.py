@@ -280,7 +280,17 @@ def test_a_reward_module_in_the_working_folder_is_found_as_uvicorn_finds_an_app(
     (tmp_path / "taken").write_text("")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    args = ["train", "flow-grpo", "--no-eval", "--prompts", "p.txt", "--reward", "jaxpipe_cwd_reward:bright", "--steps", "1"]
+    args = [
+        "train",
+        "flow-grpo",
+        "--no-eval",
+        "--prompts",
+        "p.txt",
+        "--reward",
+        "jaxpipe_cwd_reward:bright",
+        "--steps",
+        "1",
+    ]
     result = runner.invoke(app, [*args, "--out", "taken"])
     assert result.exit_code == 2 and "--out taken is a file, not a directory" in result.output, result.output
     unknown = runner.invoke(app, [*args[:-3], "nowhere_reward:fn", "--steps", "1", "--out", "taken"])

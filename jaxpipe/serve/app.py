@@ -261,12 +261,12 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """Pydantic errors as one message naming each field, what is allowed and what came; and the first field."""
     parts, first = [], None
     for e in errors:
+        if e.get("type") == "json_invalid":  # its loc is ("body", character offset): no field to name
+            parts.append(f"the body is not valid JSON ({e.get('msg')}, at character {e.get('loc', ('', '?'))[-1]})")
+            continue
         loc = [str(x) for x in e.get("loc", ()) if x not in ("body", "query", "path")]
         field = ".".join(loc)
         first = first or (field or None)
-        if e.get("type") == "json_invalid":
-            parts.append(f"the body is not valid JSON ({e.get('msg')})")
-            continue
         got = e.get("input")
         seen = "" if e.get("type") == "missing" or isinstance(got, dict) else f" (got {got!r})"
         parts.append(f"{field or 'body'}: {e.get('msg')}{seen}")
@@ -443,15 +443,21 @@ def create_app(front: Front, *, rewards: Any = None, title: str = "jaxpipe") -> 
     return app
 
 
+def _refused(request: HTTPRequest, err: APIError) -> JSONResponse:
+    """The error's response, counted as a refused request unless the front already counted it."""
+    if not err.counted:
+        request.app.state.front.count_refusal("unknown_model" if err.code == "model_not_found" else "invalid")
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
 def _handlers(app: fastapi.FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api(request: HTTPRequest, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return _refused(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _body(request: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
-        err = _bad_body(exc)
-        return JSONResponse(err.body(), status_code=err.status)
+        return _refused(request, _bad_body(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: HTTPRequest, exc: StarletteHTTPException) -> JSONResponse:
@@ -463,8 +469,7 @@ def _handlers(app: fastapi.FastAPI) -> None:
         )
 
     async def _invalid(request: HTTPRequest, exc: Exception) -> JSONResponse:
-        err = api_error(exc)
-        return JSONResponse(err.body(), status_code=err.status)
+        return _refused(request, api_error(exc))
 
     app.add_exception_handler(ValueError, _invalid)  # the engine's validation: words, steps, guidance, images
     app.add_exception_handler(TypeError, _invalid)

@@ -53,6 +53,8 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = dict(headers or {})
+        self.counted = False
+        """Whether the front already counted this refusal (by its reason) for ``/metrics``."""
 
     def body(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {...}}``."""

@@ -240,8 +240,7 @@ class Front:
                 self._arrivals += len(handles)  # wake the thread: the next tick settles the cancelled ones
                 self._cond.notify_all()
             if isinstance(err, (ValueError, TypeError)):
-                self._count("invalid")
-                raise api_error(err) from err
+                raise self._refusal("invalid", api_error(err)) from err
             raise
         now = time.monotonic()
         with self._cond:
@@ -260,33 +259,39 @@ class Front:
         if not isinstance(request, Request):
             raise APIError(400, f"expected a jaxpipe Request (got {type(request).__name__})")
         if not self.engine.serves(request.model):
-            self._count("unknown_model")
-            raise APIError(
-                404,
-                f"unknown model {request.model!r}; this server serves {self.engine.models()}",
-                param="model",
-                code="model_not_found",
+            raise self._refusal(
+                "unknown_model",
+                APIError(
+                    404,
+                    f"unknown model {request.model!r}; this server serves {self.engine.models()}",
+                    param="model",
+                    code="model_not_found",
+                ),
             )
         return estimate_bytes(self.engine, request.model)
 
     def _check_fits(self, rows: int, need: int, model: str) -> None:
         b = self.budget
         if rows > b.max_rows:
-            self._count("never_fits")
-            raise APIError(
-                400,
-                f"{rows} rows can never fit: this server steps at most max_rows={b.max_rows} rows at once "
-                f"(ask for n <= {b.max_rows})",
-                param="n",
-                code="too_many_rows",
+            raise self._refusal(
+                "never_fits",
+                APIError(
+                    400,
+                    f"{rows} rows can never fit: this server steps at most max_rows={b.max_rows} rows at once "
+                    f"(ask for n <= {b.max_rows})",
+                    param="n",
+                    code="too_many_rows",
+                ),
             )
         if b.max_memory_bytes is not None and need > b.max_memory_bytes:
-            self._count("never_fits")
-            raise APIError(
-                413,
-                f"a {model!r} call of {rows} row(s) needs about {need} bytes, over this server's "
-                f"max_memory_bytes={int(b.max_memory_bytes)}: it can never fit (ask for fewer rows)",
-                code="too_large",
+            raise self._refusal(
+                "never_fits",
+                APIError(
+                    413,
+                    f"a {model!r} call of {rows} row(s) needs about {need} bytes, over this server's "
+                    f"max_memory_bytes={int(b.max_memory_bytes)}: it can never fit (ask for fewer rows)",
+                    code="too_large",
+                ),
             )
 
     def _check_capacity(self, rows: int, need: int) -> None:
@@ -312,13 +317,15 @@ class Front:
             )
 
     def _busy(self, reason: str, detail: str, excess_rows: int) -> None:
-        self.refused[reason] += 1
         retry = self.retry_after(excess_rows)
-        raise APIError(
-            429,
-            f"the server is busy ({detail}); retry in about {retry} s",
-            code="busy",
-            headers={"Retry-After": str(retry)},
+        raise self._refusal(
+            reason,
+            APIError(
+                429,
+                f"the server is busy ({detail}); retry in about {retry} s",
+                code="busy",
+                headers={"Retry-After": str(retry)},
+            ),
         )
 
     def retry_after(self, excess_rows: int = 1) -> int:
@@ -335,17 +342,30 @@ class Front:
         return int(min(_MAX_RETRY_S, max(1, math.ceil(per_batch * batches))))
 
     def _draining_error(self) -> None:
-        self._count("draining")
-        raise APIError(
-            503,
-            "the server is draining (shutting down): it admits no new requests",
-            code="draining",
-            headers={"Retry-After": "5"},
+        raise self._refusal(
+            "draining",
+            APIError(
+                503,
+                "the server is draining (shutting down): it admits no new requests",
+                code="draining",
+                headers={"Retry-After": "5"},
+            ),
         )
 
-    def _count(self, reason: str) -> None:
+    def count_refusal(self, reason: str) -> None:
+        """Count one refused request under ``reason`` (``jaxpipe_admissions_refused_total``).
+
+        Args:
+          reason: ``queue``, ``memory``, ``never_fits``, ``draining``, ``invalid`` or ``unknown_model``.
+        """
         with self._cond:
             self.refused[reason] += 1
+
+    def _refusal(self, reason: str, err: APIError) -> APIError:
+        """``err``, counted under ``reason`` (the app's handlers count only what the front has not)."""
+        self.count_refusal(reason)
+        err.counted = True
+        return err
 
     def _settled(self, handle: Handle) -> None:
         """A done callback (on the ticking thread): release the request's share of the budget."""
