@@ -301,6 +301,27 @@ def register_bundled(workflow_id: str, factory: Callable[[], Workflow]) -> None:
     BUNDLED[workflow_id] = factory
 
 
+def factory(workflow_id: str) -> Callable[..., Workflow]:
+    """The function that builds bundled workflow ``workflow_id`` (after the worlds register theirs); a world's
+    factory may take arguments (``image_video.t2i_i2v``: the ids of its two cards).
+
+    Args:
+      workflow_id: a bundled workflow's id.
+
+    Returns:
+      Its factory.
+
+    Raises:
+      WorkflowError: if no world ships ``workflow_id``.
+    """
+    from jaxpipe import worlds
+
+    worlds.load()
+    if workflow_id not in BUNDLED:
+        raise WorkflowError(f"no bundled workflow {workflow_id!r}; bundled: {sorted(BUNDLED)}")
+    return BUNDLED[workflow_id]
+
+
 def bundled() -> tuple[Workflow, ...]:
     """The workflows ``Engine.default()`` registers (each where its cards are served), after the bundled
     worlds register theirs (``jaxpipe.worlds``)."""

@@ -233,7 +233,7 @@ def test_evaluate_the_shapes_world_prints_geneval_s_table(tmp_path):
     printed = CliRunner().invoke(app, ["evaluate", "--world", "shapes", "--samples", "1", "--steps", "2", "--json"])
     assert json.loads(printed.stdout)["t2i"]["train"]["accuracy"] == report["t2i"]["train"]["accuracy"]
     result = CliRunner().invoke(app, ["evaluate", "--world", "moon"])
-    assert result.exit_code != 0 and "--world must be digits or shapes (got 'moon')" in result.output
+    assert result.exit_code != 0 and "--world must be one of digits, shapes (got 'moon')" in result.output
 
 
 def test_a_report_prints_as_tables_splits_and_independent_judges_as_columns():

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import jaxpipe as jp
+from jaxpipe import evaluations
 from jaxpipe.cli import app
 from jaxpipe.cli.train import train_app
 from jaxpipe.training.runs import recipes
@@ -54,9 +55,13 @@ def test_a_recipe_registry_that_refuses_clashes_and_names_what_exists():
         recipes.RunSettings(diversity_seeds=1)
 
 
-def test_the_train_command_imports_no_world():
-    source = (CLI / "train.py").read_text()
-    assert not re.search(r"^\s*(from|import) jaxpipe\.(digits|shapes)\b", source, re.M)
+def test_the_command_line_imports_no_world():
+    for module in sorted(CLI.glob("*.py")):
+        source = module.read_text()
+        assert not re.search(r"^\s*(from|import) jaxpipe\.(digits|shapes)\b", source, re.M), module.name
+        assert not re.search(r"^\s*from jaxpipe import .*\b(digits|shapes)\b", source, re.M), module.name
+    assert set(evaluations.evaluations()) >= {"digits", "shapes"}
+    assert evaluations.evaluation("shapes").image == ("shapes-t2i", "t2i")
 
 
 @pytest.mark.parametrize(

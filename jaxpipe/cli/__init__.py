@@ -78,6 +78,8 @@ app.command("serve")(serve)
 
 DEFAULT_OUT = Path("out/jaxpipe.gif")
 DEFAULT_T2I, DEFAULT_I2V = "flux-t2i", "wan-i2v"
+DEFAULT_ROUTE = "image_video.t2i_i2v"
+"""The workflow a text-to-image card's .gif goes through: its image animated by an image-to-video card."""
 _FLAGS = (
     ("Request.num_steps", "--steps"),
     ("Request.guidance", "--guidance"),
@@ -215,14 +217,13 @@ def _card_plan(
     """The plan for ``--model``: dispatched on what its program makes, never on its id."""
     from jaxpipe import Request
     from jaxpipe import workflow as workflows
-    from jaxpipe.digits import workflows as digits_workflows
 
     name = model or DEFAULT_T2I
     suffix = None if out is None else out.suffix.lower()
     if (
         model is None and image is None and suffix != ".png"
     ):  # the default route: its prompt checked before any card loads
-        flow = digits_workflows.t2i_i2v()
+        flow = workflows.factory(DEFAULT_ROUTE)()
         try:
             flow.check(Request(flow.id, prompt=prompt))
         except ValueError as err:
@@ -234,7 +235,7 @@ def _card_plan(
     if makes == "image" and image is None and suffix != ".png":  # the image animated: the t2i_i2v workflow
         (i2v,) = load(video_model or DEFAULT_I2V)
         check_kinds((i2v,), [("--video-model", "i2v")])
-        flow = digits_workflows.t2i_i2v(t2i=card.model_id, i2v=i2v.model_id)
+        flow = workflows.factory(DEFAULT_ROUTE)(t2i=card.model_id, i2v=i2v.model_id)
         request = Request(flow.id, prompt=prompt, **settings)
         return _Plan(((card, None), (i2v, None)), (flow,), request, "video", stages=2, first_image=True)
     if video_model is not None:
@@ -463,45 +464,33 @@ def evaluate(
     held-out colour-shape pairs) and the text-to-video card's motion, by the analytic judge."""
     import json
 
+    from jaxpipe import evaluations
     from jaxpipe.stopping import Stopped, Stopper, exit_code
 
-    if world not in ("digits", "shapes"):
-        fail(f"--world must be digits or shapes (got {world!r})")
-    samples = (200 if world == "digits" else 24) if samples is None else samples
+    try:
+        chosen = evaluations.evaluation(world)
+    except ValueError as err:
+        fail(str(err))
+    samples = chosen.samples if samples is None else samples
     if samples <= 0:
         fail(f"--samples must be a positive integer (got {samples})")
     _check_settings(seed, steps, guidance)
     if out is not None:
         writable([out], overwrite=True)
-    if world == "digits":
-        t2i, i2v, scorer = load(model or "flux-t2i", video_model or "wan-i2v", "digit-scorer")
-        check_kinds((t2i, i2v), [("--model", "t2i"), ("--video-model", "i2v")])
-    else:
-        t2i, t2v = load(model or "shapes-t2i", video_model or "shapes-t2v")
-        check_kinds((t2i, t2v), [("--model", "t2i"), ("--video-model", "t2v")])
+    image, video = load(model or chosen.image[0], video_model or chosen.video[0])
+    check_kinds((image, video), [("--model", chosen.image[1]), ("--video-model", chosen.video[1])])
     try:
         with Stopper() as stop:
-            common = dict(seed=seed, num_steps=steps, guidance=guidance, progress=True, should_stop=stop)
-            if world == "digits":
-                from jaxpipe.digits import quality
-
-                report = {
-                    "t2i": quality.t2i_quality(t2i, scorer, samples=samples, **common),
-                    "i2v": quality.i2v_quality(i2v, scorer, samples=max(samples // 2, 1), **common),
-                }
-            else:
-                from jaxpipe.shapes import evaluation
-
-                report = {
-                    "t2i": {
-                        split: evaluation.geneval(t2i, split=split, prompts=samples, **common)
-                        for split in ("train", "heldout")
-                    },
-                    "t2v": {
-                        split: evaluation.video_quality(t2v, split=split, prompts=2 * samples, **common)
-                        for split in ("train", "heldout")
-                    },
-                }
+            report = chosen.judge(
+                image,
+                video,
+                samples=samples,
+                seed=seed,
+                num_steps=steps,
+                guidance=guidance,
+                progress=True,
+                should_stop=stop,
+            )
     except Stopped:
         typer.echo(f"stopped ({signal.Signals(stop.signum).name}): no report written", err=True)
         raise typer.Exit(code=exit_code(stop.signum)) from None

@@ -138,19 +138,23 @@ def _budget(
 
 def _engine(models: list[str], mode: str, max_rows: int):
     """An engine serving ``models`` (default: every bundled card and workflow), batching up to ``max_rows`` rows."""
+    from jaxpipe import cards
     from jaxpipe import workflow as workflows
     from jaxpipe.engine import Engine
+    from jaxpipe.progress import progress_bar
 
-    if not models:
-        return Engine.default(mode=mode, max_batch=max_rows)
     bundled = {wf.id: wf for wf in workflows.bundled()}
-    card_names = list(dict.fromkeys(m for m in models if m not in bundled))
+    card_names = list(dict.fromkeys(m for m in models if m not in bundled)) if models else list(cards.available())
     asked = [m for m in dict.fromkeys(models) if m in bundled]
     engine = Engine(mode=mode, max_batch=max_rows)
-    for card in load(*card_names) if card_names else ():
-        if engine.serves(card.model_id):
-            fail(f"--model {card.model_id!r} is given twice (two directories of one card id?)")
-        engine.register(card)
+    with progress_bar(total=len(card_names), desc="jaxpipe serve: loading cards", unit="card") as shown:
+        for name in card_names:  # one at a time, so a long start says where it is
+            shown.set_postfix_str(name)
+            (card,) = load(name)
+            if engine.serves(card.model_id):
+                fail(f"--model {card.model_id!r} is given twice (two directories of one card id?)")
+            engine.register(card)
+            shown.update()
     pending = list(bundled.values())
     while pending:  # a workflow may require another workflow: register in dependency order
         ready = [wf for wf in pending if all(engine.serves(m) for m in wf.requires)]

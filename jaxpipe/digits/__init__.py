@@ -57,6 +57,19 @@ def register() -> None:
     cards.register()
     workflows.register()
     recipes.register()
+    from jaxpipe import evaluations
+    from jaxpipe.digits import quality
+
+    evaluations.register_evaluation(
+        evaluations.Evaluation(
+            "digits",
+            image=("flux-t2i", "t2i"),
+            video=("wan-i2v", "i2v"),
+            judge=quality.judge,
+            samples=200,
+            description="digit and attribute accuracy by the digit-scorer and independent judges; I2V motion",
+        )
+    )
     named.register("digit-scorer", "digit-scorer", _scoring)
 
 

@@ -571,3 +571,25 @@ def _parses(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def judge(t2i: Card, i2v: Card, *, samples: int = 200, **common) -> dict:
+    """``jaxpipe evaluate``'s digits report: ``t2i_quality`` of ``samples`` prompts and ``i2v_quality`` of half as
+    many videos, both by the ``digit-scorer`` and the independent judges.
+
+    Args:
+      t2i: a text-to-image card of the digits vocabulary.
+      i2v: an image-to-video card.
+      samples: prompts of the image measure (videos: half as many, at least 1).
+      **common: ``seed``, ``num_steps``, ``guidance``, ``progress``, ``should_stop`` for both.
+
+    Returns:
+      ``{"t2i": ..., "i2v": ...}``.
+    """
+    from jaxpipe import cards
+
+    scorer = cards.load("digit-scorer")
+    return {
+        "t2i": t2i_quality(t2i, scorer, samples=samples, **common),
+        "i2v": i2v_quality(i2v, scorer, samples=max(samples // 2, 1), **common),
+    }

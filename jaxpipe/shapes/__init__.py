@@ -52,7 +52,18 @@ __all__ = [
 def register() -> None:
     """Register the shapes world's cards (``shapes-t2i``, ``shapes-t2v``, ``shapes-unified``) and its training
     recipes (``runs``: ``jaxpipe train flow-grpo|nft --world shapes``)."""
-    from jaxpipe.shapes import cards, runs
+    from jaxpipe import evaluations
+    from jaxpipe.shapes import cards, evaluation, runs
 
     cards.register()
     runs.register()
+    evaluations.register_evaluation(
+        evaluations.Evaluation(
+            "shapes",
+            image=("shapes-t2i", "t2i"),
+            video=("shapes-t2v", "t2v"),
+            judge=evaluation.judge_cards,
+            samples=24,
+            description="GenEval's six categories on test prompts and held-out pairs; the video card's motion",
+        )
+    )

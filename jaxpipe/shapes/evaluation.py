@@ -26,7 +26,7 @@ from jaxpipe.shapes.judging import checks_of, correct, detect, judge_video, scor
 from jaxpipe.stopping import Stopped
 from jaxpipe.training.runs.heldout import spread
 
-__all__ = ["geneval", "interval", "render_prompts", "video_quality"]
+__all__ = ["geneval", "interval", "judge_cards", "render_prompts", "video_quality"]
 
 
 def render_prompts(
@@ -251,4 +251,24 @@ def video_quality(
         "motion": float(np.mean([c["motion"] for c in checks])),
         "identity": float(np.mean(identity)),
         "all_right": float(np.mean([correct(c, "video") for c in checks])),
+    }
+
+
+def judge_cards(t2i: Card, t2v: Card, *, samples: int = 24, **common) -> dict:
+    """``jaxpipe evaluate``'s shapes report: GenEval's table of ``t2i`` and the motion of ``t2v``, on both splits.
+
+    Args:
+      t2i: a shapes text-to-image card.
+      t2v: a shapes text-to-video card.
+      samples: prompts per category of the table (the video measure: twice as many prompts).
+      **common: ``seed``, ``num_steps``, ``guidance``, ``progress``, ``should_stop`` for both.
+
+    Returns:
+      ``{"t2i": {split: table}, "t2v": {split: video_quality}}``.
+    """
+    return {
+        "t2i": {split: geneval(t2i, split=split, prompts=samples, **common) for split in ("train", "heldout")},
+        "t2v": {
+            split: video_quality(t2v, split=split, prompts=2 * samples, **common) for split in ("train", "heldout")
+        },
     }
