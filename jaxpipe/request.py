@@ -55,8 +55,6 @@ class Request:
             raise ValueError(f"Request.model must be a non-empty model id string (got {self.model!r})")
         if self.prompt is not None and not isinstance(self.prompt, str):
             raise TypeError(f"Request.prompt must be a str or None (got {type(self.prompt).__name__})")
-        if self.prompt is not None and not self.prompt.strip():  # an empty prompt draws the unconditional blob
-            raise ValueError(f"Request.prompt must have at least one word (got {self.prompt!r})")
         if (
             isinstance(self.seed, bool)
             or not isinstance(self.seed, (int, np.integer))

@@ -106,6 +106,7 @@ def test_every_refused_request_is_counted_in_metrics(server):
         ("/v1/images/generations", {"model": "flux-t2i", "prompt": "two", "n": 0}),
         ("/v1/images/generations", {"model": "flux-t2i"}),
         ("/v1/images/generations", {"model": "flux-t2i", "prompt": "a cat"}),
+        ("/v1/images/generations", {"model": "flux-t2i", "prompt": " "}),
         ("/v1/chat/completions", {"model": "unified", "messages": []}),
         ("/v1/rewards", {"model": "digit-scorer", "images": [], "prompts": ["two"]}),
     ]

@@ -366,6 +366,8 @@ def generate(
     _check_settings(seed, steps, guidance)
     if prompt is None and image is None:
         fail('PROMPT is missing: what to render, e.g. jaxpipe generate "seven thick moving right"')
+    if prompt is not None and not prompt.strip():  # rendered, an empty prompt is the unconditional blob
+        fail(f"PROMPT must have at least one word (got {prompt!r})")
     import jax
 
     from jaxpipe import Engine

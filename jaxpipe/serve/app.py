@@ -238,7 +238,7 @@ class ImageBody(_Knobs):
     """``POST /v1/images/generations`` (OpenAI's fields it does not use, e.g. ``quality``, are ignored)."""
 
     model: str
-    prompt: str
+    prompt: str = pydantic.Field(pattern=r"\S")  # at least one word: an empty prompt renders the unconditional blob
     n: int = pydantic.Field(1, ge=1)
     size: str | None = None
     response_format: Literal["b64_json", "url"] | None = None
@@ -251,7 +251,7 @@ class VideoBody(_Knobs):
     ``seconds``, where given, must be the card's own (a card renders one size and clip length)."""
 
     model: str
-    prompt: str
+    prompt: str = pydantic.Field(pattern=r"\S")
     size: str | None = None
     seconds: str | None = None
     image: str | None = None
