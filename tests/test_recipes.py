@@ -27,6 +27,7 @@ def test_every_train_command_has_a_digits_recipe_and_shapes_trains_its_winning_p
         found = recipes.recipe("shapes", method)
         assert (found.model, found.preset) == ("shapes-t2i", preset)
     assert recipes.worlds_of("dmd2") == ("digits",)
+    assert recipes.recipe("digits", "nft").preset == "geneval" and recipes.recipe("digits", "flow-grpo").preset is None
 
 
 def test_a_recipe_registry_that_refuses_clashes_and_names_what_exists():

@@ -678,10 +678,7 @@ def _preset(method: str, name: str, runflags: RunFlags, *groups: object, **own: 
 
 
 _MODEL_HELP = "The card to train: a bundled id, a card directory or a diffusers folder (default: the world's, {})."
-_PRESET_HELP = (
-    "An official recipe instead of the method flags ({}); none: the method flags. "
-    "Default: the world's (shapes: {}; digits: none)."
-)
+_PRESET_HELP = "An official recipe instead of the method flags ({}); none: the method flags. Default: the world's ({})."
 
 
 @train_app.command("flow-grpo")
@@ -697,7 +694,7 @@ def train_flow_grpo(
         help=_PRESET_HELP.format(
             "geneval: FlowGRPO's geneval_sd3, CFG in the policy, K 24, LoRA r 32, AdamW 3e-4, EMA evaluation; "
             "fast-nocfg: FlowGRPO-Fast at guidance 1",
-            "fast-nocfg",
+            "shapes: fast-nocfg; digits: none",
         ),
     ),
 ) -> None:
@@ -743,7 +740,7 @@ def train_nft(
         help=_PRESET_HELP.format(
             "geneval: DiffusionNFT's sd3_geneval, CFG-free, K 24, 9 levels per sample, adaptive weighting, "
             "KL 1e-4, LoRA r 32, AdamW 3e-4, EMA evaluation",
-            "geneval",
+            "geneval on both worlds",
         ),
     ),
 ) -> None:
