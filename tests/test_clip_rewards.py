@@ -400,7 +400,7 @@ def test_aesthetic_head_errors(folders, tmp_path):
 
 
 def test_run_flags_name_reward_models_by_kind(folders, tmp_path):
-    from jaxpipe.cli.train import RunFlags
+    from jaxpipe.cli.train_flags import RunFlags
 
     root = folders["root"]
     flags = RunFlags(
