@@ -439,7 +439,15 @@ def _typed(value) -> str:
 def typed_flags(values: dict, decls: dict[str, tuple[str, ...]]) -> dict[str, str]:
     """A command's flag ``values`` as a user types them, by their option names ``decls``
     (``{"--sde-window": "0,1", "--eval/--no-eval": "--no-eval"}``), but ``_NOT_SETTINGS``: recorded
-    with the run, so a resume with other settings names each flag that differs."""
+    with the run, so a resume with other settings names each flag that differs.
+
+    Args:
+      values: the command's parameters by name.
+      decls: each parameter's option names (``typer.Option.param_decls``).
+
+    Returns:
+      ``{longest option name: the value as typed}``.
+    """
     typed = {}
     for key, names in decls.items():
         if key in _NOT_SETTINGS or key not in values:
