@@ -11,6 +11,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+import jaxpipe as jp
 from jaxpipe.cli import app
 
 httpx = pytest.importorskip("httpx")
@@ -104,6 +105,7 @@ def test_sigterm_stops_admitting_lets_running_work_finish_and_exits_0():
         (["--max-memory-gb", "0"], "--max-memory-gb must be a positive number"),
         (["--grace", "-1"], "--grace must be a finite number of seconds >= 0"),
         (["--port", "70000"], "--port must be in [0, 65535]"),
+        (["--warm", "-1"], "--warm must be a number of rows >= 0"),
         (["--model", "nope"], "unknown card 'nope'"),
         (["--model", "image_video.t2i_i2v", "--model", "flux-t2i"], "add --model for ['wan-i2v']"),
     ],
@@ -111,3 +113,24 @@ def test_sigterm_stops_admitting_lets_running_work_finish_and_exits_0():
 def test_bad_flags_fail_with_one_line(flags, message):
     result = CliRunner().invoke(app, ["serve", *flags])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_warming_compiles_each_burst_size_so_a_first_burst_compiles_nothing(t2i_card, i2v_card):
+    from jaxpipe.serve import warmup
+
+    engine = jp.Engine(max_batch=4)
+    engine.register(t2i_card)
+    engine.register(i2v_card)  # reads an image: not warmed
+    assert warmup.capacities(5, 4) == [1, 2, 3, 4] and warmup.capacities(2, 64) == [1, 2]
+    assert warmup.warm_prompt(i2v_card) is None and warmup.warm_prompt(t2i_card) == "zero"
+    assert warmup.warm(engine, 3, progress=False) == [("flux-t2i", 1), ("flux-t2i", 2), ("flux-t2i", 3)]
+    compiled = engine.compiled_batches()
+    assert {capacity for _, capacity in compiled} == {1, 2, 3}
+    handles = [engine.submit(jp.Request("flux-t2i", prompt="seven", seed=s)) for s in range(3)]  # a first burst
+    while engine.tick():
+        pass
+    assert all(h.result()["image"].shape == (16, 16, 1) for h in handles)
+    assert engine.compiled_batches() == compiled  # it found its step compiled
+    stopped = warmup.warm(jp.Engine(max_batch=4), 4, progress=False, should_stop=lambda: True)
+    assert stopped == []
+

@@ -61,6 +61,13 @@ def serve(
         5.0, "--max-wait-ms", help="How long work arriving at an idle server waits for more to fill its first batch."
     ),
     grace: float = typer.Option(30.0, "--grace", help="Seconds the running requests get to finish after SIGTERM."),
+    warm: int = typer.Option(
+        0,
+        "--warm",
+        help="Compile every prompt-only card's batched step for bursts of up to this many requests before listening "
+        "(a progress bar; the compiled steps also persist in the compilation cache for the next start). 0: off, "
+        "and the first burst at each new batch size compiles.",
+    ),
 ) -> None:
     """Serve cards over an OpenAI-compatible HTTP API: images, video jobs, chat, rewards, /v1/models, /metrics.
 
@@ -77,6 +84,7 @@ def serve(
       max_memory_gb: ``Budget.max_memory_bytes`` in GiB (``None``: no limit).
       max_wait_ms: ``Budget.max_wait_ms``.
       grace: seconds the admitted work gets after SIGTERM.
+      warm: compile the batched steps of bursts up to this many rows before listening (0: off).
 
     Raises:
       typer.Exit: code 2 (``fail``) for a bad flag or an unusable card; else the server's exit status.
@@ -85,12 +93,18 @@ def serve(
     if missing:
         fail(f'jaxpipe serve needs the serve extra ({", ".join(missing)} missing): pip install "jaxpipe[serve]"')
     budget = _budget(port, mode, max_rows, max_queued, max_memory_gb, max_wait_ms, grace)
+    if warm < 0:
+        fail(f"--warm must be a number of rows >= 0 (got {warm})")
 
     from jaxpipe.stopping import Stopper
 
     with Stopper() as stop:  # loading cards takes a while: a signal now is a clean stop, not a traceback
         engine = _engine(model, mode, max_rows)
         rewards = _rewards(reward, engine)
+        if warm and not stop():
+            from jaxpipe.serve.warmup import warm as warm_batches
+
+            warm_batches(engine, min(warm, max_rows), should_stop=stop)
         from jaxpipe.serve.app import create_app
         from jaxpipe.serve.front import Front
         from jaxpipe.serve.server import run

@@ -288,6 +288,12 @@ class Engine:
         """The ids of the registered workflows, sorted."""
         return self._workflows.ids()
 
+    def compiled_batches(self) -> frozenset:
+        """The ``(group layout, batch capacity)`` pairs whose batched step this engine has compiled: a later batch
+        of the same layout and capacity runs without compiling (``jaxpipe.serve.warmup`` fills it at start-up)."""
+        with self._lock:
+            return frozenset(self._compiled)
+
     def card(self, model_id: str, *, pending: bool = False) -> Card:
         """The resident card ``model_id``. During ``run_many`` a deferred publish shows only once
         it applies; ``pending=True`` gives the card as it will be after the deferred publishes."""
