@@ -133,4 +133,3 @@ def test_warming_compiles_each_burst_size_so_a_first_burst_compiles_nothing(t2i_
     assert engine.compiled_batches() == compiled  # it found its step compiled
     stopped = warmup.warm(jp.Engine(max_batch=4), 4, progress=False, should_stop=lambda: True)
     assert stopped == []
-
