@@ -115,8 +115,9 @@ def test_train_nft_on_the_shapes_world_runs_its_preset_and_judges_by_geneval(tmp
     args = ["train", "nft", "--world", "shapes", "--steps", "1", "-P", "1", "--eval-samples", "1"]
     result = runner.invoke(app, [*args, "--snr-rollouts", "0", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "on the shapes world, preset geneval" in result.output
+    assert "on the shapes world, preset geneval" in result.output and "wall clock: " in result.output
     report = json.loads((out / "report.json").read_text())
+    assert report["wall_seconds"] > report["train_seconds"]  # loading, evaluating and compiling included
     assert report["settings"]["config"]["group"]["size"] == 24 and report["settings"]["reward"] == "geneval"
     for split in ("train", "heldout"):
         assert set(report["after"][split]["accuracy"]) == {

@@ -6,6 +6,7 @@ each case works on its own copy of it.
 """
 
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -303,3 +304,26 @@ def test_a_card_that_does_not_load_leaves_no_out_folder_behind(tmp_path):
     result = runner.invoke(app, ["train", "nft", "--model", "./no-such-card", "--steps", "1", "--out", str(out)])
     assert result.exit_code == 2 and "no such card folder: './no-such-card'" in result.output
     assert not out.exists()
+
+
+def test_the_progress_bar_counts_its_rate_from_the_first_warm_step(monkeypatch):
+    """The first step compiles; an ETA from its time would say hours. The bar restarts its clock after it."""
+    fit_module = sys.modules[fit.__module__]  # the module (``jaxpipe.training.fit`` is also the function's name)
+    bars = []
+
+    def recording_bar(*args, **kwargs):
+        from tqdm.std import tqdm
+
+        bars.append(tqdm(*args, **{**kwargs, "disable": False, "file": io.StringIO()}))
+        return bars[-1]
+
+    monkeypatch.setattr(fit_module, "progress_bar", recording_bar)
+    starts = []
+
+    def step(state, batch, key):
+        starts.append(bars[0].start_t)
+        return state + 1, {"x": jnp.float32(state)}
+
+    fit(step, 0, iter(range(10)), steps=3, key=jax.random.key(0))
+    assert bars[0].n == 3 and bars[0].initial == 1  # counted from the warm steps
+    assert starts[1] > starts[0] and starts[1] == starts[2]  # its clock restarted once, after the first step
