@@ -194,3 +194,28 @@ def test_load_from_a_module_and_from_a_file(tmp_path):
         rewards.load(f"{tmp_path / 'absent.py'}:f")
     with pytest.raises(ValueError, match="'package.module:function'"):
         rewards.load("brightness")
+
+
+def test_a_reward_model_kind_registers_and_loads_from_its_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(rewards, "MODEL_LOADERS", dict(rewards.MODEL_LOADERS))
+    monkeypatch.setattr(rewards, "MODEL_KINDS", rewards.MODEL_KINDS)
+    monkeypatch.setattr(rewards, "_LOADED", {})
+    seen = []
+
+    def loader(folder, loaded):
+        seen.append((folder, dict(loaded)))
+        return lambda artifacts, prompts: jnp.mean(artifacts["image"], axis=(1, 2, 3))
+
+    rewards.register_model_kind("glowscore", loader)
+    assert rewards.MODEL_KINDS[-1] == "glowscore"
+    folder = tmp_path / "glow"
+    folder.mkdir()
+    reward = rewards.load(f"glowscore:{folder}")
+    assert seen == [(folder, {})] and rewards.load(f"glowscore:{folder}") is reward  # loaded once
+    assert rewards.spec_name(f"glowscore:{folder}") == "glowscore"
+    with pytest.raises(ValueError, match="registered already"):
+        rewards.register_model_kind("glowscore", loader)
+    with pytest.raises(ValueError, match="a plain name"):
+        rewards.register_model_kind("a/b", loader)
+    with pytest.raises(ValueError, match="no glowscore model directory"):
+        rewards.load(f"glowscore:{tmp_path / 'missing'}")

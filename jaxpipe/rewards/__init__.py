@@ -59,6 +59,8 @@ __all__ = [
     "HostReward",
     "VMAP_METHODS",
     "MODEL_KINDS",
+    "MODEL_LOADERS",
+    "register_model_kind",
     "host",
     "combine",
     "Combined",
@@ -238,14 +240,62 @@ def _import_module(target: str, spec: str):
         raise
 
 
-MODEL_KINDS = ("clipscore", "pickscore", "aesthetic")
-"""The reward models ``load("KIND:DIR")`` loads from a folder (``jaxpipe.rewards.clip``, ``jaxpipe.rewards.aesthetic``)."""
+def _clip_model(kind: str):
+    def load_clip(folder: Path, loaded: Mapping[tuple[str, str], Reward]) -> Reward:
+        from jaxpipe.rewards import clip
 
-_SPEC_FORMS = (
-    "'package.module:function', 'path/to/file.py:function', 'KIND:DIR' (KIND one of "
-    + ", ".join(MODEL_KINDS)
-    + ") or a reward server's URL 'http://HOST:PORT/v1/rewards?model=M'"
-)
+        # clipscore:DIR and pickscore:DIR of one folder share its CLIPModel: read once
+        other = loaded.get(("pickscore" if kind == "clipscore" else "clipscore", str(folder.resolve())))
+        return getattr(clip, kind)(folder, model=None if other is None else other.model)
+
+    return load_clip
+
+
+def _aesthetic_model(folder: Path, loaded: Mapping[tuple[str, str], Reward]) -> Reward:
+    from jaxpipe.rewards import aesthetic
+
+    return aesthetic.load(folder)
+
+
+MODEL_LOADERS: dict[str, Callable[[Path, Mapping[tuple[str, str], Reward]], Reward]] = {
+    "clipscore": _clip_model("clipscore"),
+    "pickscore": _clip_model("pickscore"),
+    "aesthetic": _aesthetic_model,
+}
+"""Reward model kind -> ``(folder, the models loaded so far by (kind, folder)) -> Reward``: what ``load("KIND:DIR")``
+loads (``jaxpipe.rewards.clip``, ``jaxpipe.rewards.aesthetic``); ``register_model_kind`` adds one."""
+MODEL_KINDS = tuple(MODEL_LOADERS)
+"""The reward model kinds ``load("KIND:DIR")`` knows, in registration order."""
+
+
+def register_model_kind(kind: str, loader: Callable[[Path, Mapping[tuple[str, str], Reward]], Reward]) -> None:
+    """Teach ``load`` (and ``--reward KIND:DIR``) a reward model kind.
+
+    Args:
+      kind: the name before the colon (no colon or path separator in it).
+      loader: ``(folder, loaded) -> Reward``; ``loaded`` maps ``(kind, resolved folder)`` to the models already
+        loaded, so kinds that share weights can reuse them.
+
+    Raises:
+      ValueError: if ``kind`` is empty, holds ``:`` or a path separator, or is registered already.
+    """
+    global MODEL_KINDS
+    if not kind or ":" in kind or _is_path(kind):
+        raise ValueError(f"a reward model kind is a plain name (got {kind!r})")
+    if kind in MODEL_LOADERS:
+        raise ValueError(f"reward model kind {kind!r} is registered already")
+    MODEL_LOADERS[kind] = loader
+    MODEL_KINDS = tuple(MODEL_LOADERS)
+
+
+def _spec_forms() -> str:
+    return (
+        "'package.module:function', 'path/to/file.py:function', 'KIND:DIR' (KIND one of "
+        + ", ".join(MODEL_KINDS)
+        + ") or a reward server's URL 'http://HOST:PORT/v1/rewards?model=M'"
+    )
+
+
 _LOADED: dict[tuple[str, str], Reward] = {}
 
 
@@ -268,7 +318,7 @@ def _model_spec(spec: str) -> tuple[str, str] | None:
     """
     kind, _, where = spec.partition(":")
     if (
-        kind in MODEL_KINDS
+        kind in MODEL_LOADERS
         and where
         and (Path(where).expanduser().is_dir() or _is_path(where) or not _module_exists(kind))
     ):
@@ -284,18 +334,7 @@ def _load_model(kind: str, where: str, spec: str) -> Reward:
     if key in _LOADED:
         return _LOADED[key]
     try:
-        if kind == "aesthetic":
-            from jaxpipe.rewards import aesthetic
-
-            reward = aesthetic.load(folder)
-        else:
-            from jaxpipe.rewards import clip
-
-            # clipscore:DIR and pickscore:DIR of one folder share its CLIPModel: read once
-            other = _LOADED.get(("pickscore" if kind == "clipscore" else "clipscore", key[1]))
-            reward = (clip.clipscore if kind == "clipscore" else clip.pickscore)(
-                folder, model=None if other is None else other.model
-            )
+        reward = MODEL_LOADERS[kind](folder, _LOADED)
     except (FileNotFoundError, ValueError) as err:
         raise ValueError(f"--reward {spec!r}: {err}") from None
     _LOADED[key] = reward
@@ -375,13 +414,13 @@ def load(spec: str) -> Reward:
     if is_url(spec):
         return remote(spec)
     if not isinstance(spec, str) or ":" not in spec:
-        raise ValueError(f"a reward is named {_SPEC_FORMS} (got {spec!r})")
+        raise ValueError(f"a reward is named {_spec_forms()} (got {spec!r})")
     model = _model_spec(spec)
     if model is not None:
         return _load_model(*model, spec)
     target, _, attribute = spec.rpartition(":")
     if not target or not attribute:
-        raise ValueError(f"a reward is named {_SPEC_FORMS} (got {spec!r})")
+        raise ValueError(f"a reward is named {_spec_forms()} (got {spec!r})")
     is_file = target.endswith(".py") or "/" in target or "\\" in target
     if not is_file and not _module_exists(target) and (_is_path(attribute) or Path(attribute).expanduser().is_dir()):
         raise ValueError(
