@@ -133,6 +133,7 @@ def server():
     from jaxpipe import workflow as workflows
     from jaxpipe.engine import Engine
     from jaxpipe.serve.app import create_app
+    from jaxpipe.serve.chat import register_text_programs
     from jaxpipe.serve.front import Front
     from jaxpipe.serve.server import Served, serve_in_thread
 
@@ -142,6 +143,7 @@ def server():
     for wf in workflows.bundled():
         if wf.id in SERVED_WORKFLOWS:
             engine.register_workflow(wf)
+    register_text_programs(engine)  # as jaxpipe serve does: the app never changes its engine
     front = Front(engine)
     with serve_in_thread(create_app(front)) as url:
         yield Served(url, front)

@@ -355,3 +355,15 @@ def test_budget_rejects_bad_limits():
     for bad in ({"max_rows": 0}, {"max_queued": -1}, {"max_memory_bytes": 0}, {"max_wait_ms": float("nan")}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             Budget(**bad)
+
+
+def test_the_app_never_changes_the_engine_it_is_given():
+    from jaxpipe.serve.chat import register_text_programs
+
+    engine = Engine()
+    engine.register(jp.cards.load("bagel-mot"))
+    with Front(engine) as front:
+        create_app(front)
+        assert engine.models() == ["bagel-mot"]  # its image-reading program is not served behind the caller's back
+    assert register_text_programs(engine) == ["bagel-mot:understand"]  # whoever builds the engine serves it
+    assert engine.models() == ["bagel-mot", "bagel-mot:understand"]

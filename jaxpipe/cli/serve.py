@@ -100,6 +100,9 @@ def serve(
 
     with Stopper() as stop:  # loading cards takes a while: a signal now is a clean stop, not a traceback
         engine = _engine(model, mode, max_rows)
+        from jaxpipe.serve.chat import register_text_programs
+
+        register_text_programs(engine)  # bagel-mot:understand and the like, next to their cards
         rewards = _rewards(reward, engine)
         if warm and not stop():
             from jaxpipe.serve.warmup import warm as warm_batches

@@ -431,7 +431,6 @@ def create_app(front: Front, *, rewards: Any = None, title: str = "jaxpipe") -> 
     if rewards is None:
         rewards = reward_routes.RewardModels.from_specs((), engine=front.engine)
     app.state.rewards = rewards
-    chat.register_text_programs(front.engine)  # so /v1/models lists the image-reading text programs from the start
     app.state.metrics = Metrics(front)
     app.state.files = FileStore()
     app.state.jobs = JobStore()

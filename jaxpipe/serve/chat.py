@@ -11,9 +11,9 @@ that artifact). With the bundled cards:
 * ``bagel-mot`` with an image in the message (an ``image_url`` part holding a data URL): its
   ``understand`` program captions the image (``caption_text``); text in the message is the start of the
   caption. An engine serves one program per id, so this program is served under a second id,
-  ``bagel-mot:understand`` (``f"{card id}:{family program name}"``), registered on the resident card's
-  weights the first time a chat needs it (``register_text_programs(engine)`` registers it up front, so
-  ``GET /v1/models`` lists it); requests may name either id. ``bagel-mot`` without an image answers with
+  ``bagel-mot:understand`` (``f"{card id}:{family program name}"``), on the resident card's weights
+  (``register_text_programs(engine)``, which whoever builds the server's engine calls: ``jaxpipe serve`` does;
+  the app never changes the engine it is given); requests may name either id. ``bagel-mot`` without an image answers with
   its thought (``think_t2i``'s ``thought_text``: the prompt's words and the thought's).
 
 Once the reply is complete (the loop emitted ``<eos>``, ran its ``max_new_tokens`` steps, or reached the
@@ -133,7 +133,7 @@ def _image_programs(card) -> dict[str, Any]:
     return found
 
 
-def _variant(engine, base: str, name: str) -> str | None:
+def _register_variant(engine, base: str, name: str) -> str | None:
     """Serve ``base``'s family program ``name`` (one that reads an image and decodes text) as
     ``f"{base}:{name}"`` on the resident card's weights, unless it is already served; its id, or ``None``."""
     model_id = f"{base}:{name}"
@@ -165,14 +165,14 @@ def register_text_programs(engine) -> list[str]:
         if ":" in base:
             continue
         for name in _image_programs(engine.card(base)):
-            if (served := _variant(engine, base, name)) is not None:
+            if (served := _register_variant(engine, base, name)) is not None:
                 ids.append(served)
     return ids
 
 
 def chat_models(engine) -> list[str]:
-    """The ids a chat may name: served cards whose program decodes text, and the ``"<card>:<program>"``
-    image-reading text programs (served or registered on first use).
+    """The ids a chat may name: served cards whose program decodes text, the ``"<card>:<program>"``
+    image-reading text programs among them (``register_text_programs`` serves those).
 
     Args:
       engine: the engine behind the server.
@@ -184,8 +184,6 @@ def chat_models(engine) -> list[str]:
     for model_id in engine.cards():
         if _chat_model(engine, model_id) is not None:
             ids.add(model_id)
-        if ":" not in model_id:
-            ids.update(f"{model_id}:{name}" for name in _image_programs(engine.card(model_id)))
     return sorted(ids)
 
 
@@ -214,9 +212,6 @@ def resolve(engine, model: str, with_image: bool) -> ChatModel:
         chat for one without a text loop, an image sent to a program that reads none, or none sent to one
         that needs it.
     """
-    if not engine.serves(model) and ":" in model:
-        base, _, name = model.rpartition(":")
-        _variant(engine, base, name)
     if not engine.serves(model):
         raise APIError(
             404,
@@ -229,9 +224,11 @@ def resolve(engine, model: str, with_image: bool) -> ChatModel:
         raise _cannot_chat(engine, model, f"{model!r} is a workflow: it decodes no text")
     chat = _chat_model(engine, model)
     if with_image and (chat is None or not chat.reads_image):
-        names = list(_image_programs(engine.card(model)))
-        if names:
-            chat = _chat_model(engine, _variant(engine, model, names[0]))
+        served = [f"{model}:{n}" for n in _image_programs(engine.card(model)) if engine.serves(f"{model}:{n}")]
+        if served:
+            chat = _chat_model(engine, served[0])
+        elif _image_programs(engine.card(model)):
+            raise _cannot_chat(engine, model, f"{model!r} reads images through a program this server does not serve")
         elif chat is not None:
             raise _cannot_chat(engine, model, f"{model!r} reads no image: send text only")
     if chat is None:
