@@ -19,51 +19,12 @@ this package stays cheap.
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from jaxpipe._exports import typed_imports
+
 # `fit` is imported now: a lazy name equal to a submodule's would be shadowed by the submodule once it is imported
 from jaxpipe.training.fit import fit
 
-_LAZY = {
-    "Trainer": "jaxpipe.training.trainer",
-    "TrainState": "jaxpipe.training.trainer",
-    "Method": "jaxpipe.training.trainer",
-    "Optimizer": "jaxpipe.training.optim",
-    "LoRAConfig": "jaxpipe.nn.lora",
-    "Group": "jaxpipe.training.rollout",
-    "Sampling": "jaxpipe.training.rollout",
-    "NoiseLevels": "jaxpipe.training.noise",
-    "Supervised": "jaxpipe.training.supervised",
-    "Finetune": "jaxpipe.training.methods.finetune",
-    "FinetuneConfig": "jaxpipe.training.methods.finetune",
-    "FlowGRPO": "jaxpipe.training.methods.flow_grpo",
-    "FlowGRPOConfig": "jaxpipe.training.grpo",
-    "UnifiedRL": "jaxpipe.training.methods.joint_rl",
-    "UnifiedRLConfig": "jaxpipe.training.methods.joint_rl",
-    "JointMultiExpertRL": "jaxpipe.training.methods.joint_rl",
-    "JointRLConfig": "jaxpipe.training.methods.joint_rl",
-    "RefinerConfig": "jaxpipe.training.refine",
-    "SharedMoTRL": "jaxpipe.training.methods.mot_rl",
-    "MoTRLConfig": "jaxpipe.training.methods.mot_rl",
-    "DiffusionNFT": "jaxpipe.training.methods.nft",
-    "DiffusionNFTConfig": "jaxpipe.training.methods.nft",
-    "EMA": "jaxpipe.training.methods.nft",
-    "DMD2": "jaxpipe.training.methods.dmd2",
-    "DMD2Config": "jaxpipe.training.methods.dmd2",
-    "DistributionMatching": "jaxpipe.training.distribution_matching",
-    "SelfForcing": "jaxpipe.training.methods.self_forcing",
-    "SelfForcingConfig": "jaxpipe.training.methods.self_forcing",
-    "AutoencoderTrainer": "jaxpipe.training.autoencoder",
-    "AutoencoderTrainConfig": "jaxpipe.training.autoencoder",
-    "group_advantages": "jaxpipe.training.losses",
-    "ppo_clip_loss": "jaxpipe.training.losses",
-    "flow_grpo_kl": "jaxpipe.training.losses",
-    "flow_grpo_loss": "jaxpipe.training.losses",
-    "token_pg_loss": "jaxpipe.training.losses",
-    "k3_kl": "jaxpipe.training.losses",
-    "token_loss": "jaxpipe.training.losses",
-}
-
-
-if TYPE_CHECKING:  # the same names, for type checkers and the API reference (static analysis sees no __getattr__)
+if TYPE_CHECKING:  # the one list of the public names: for type checkers, the API reference, and ``_LAZY`` below
     from jaxpipe.nn.lora import LoRAConfig
     from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
     from jaxpipe.training.distribution_matching import DistributionMatching
@@ -98,6 +59,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'jaxpipe.training' has no attribute {name!r}")
 
 
+_LAZY = typed_imports(__file__)
+"""Each public name -> the module it is imported from on first use: the ``TYPE_CHECKING`` block above, read once."""
+
+# a literal list: ruff and the API reference read __all__ statically (a test keeps it equal to _LAZY + fit)
 __all__ = [
     "AutoencoderTrainConfig",
     "AutoencoderTrainer",

@@ -1,0 +1,32 @@
+"""One source for a package's lazy exports: the names its ``if TYPE_CHECKING:`` block imports.
+
+A package that imports its public names on first use (``__getattr__``) lists each once, as the static import a
+type checker and the API reference read; ``typed_imports(__file__)`` turns that block into the name -> module
+table the package's ``__getattr__`` imports from.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+__all__ = ["typed_imports"]
+
+
+def typed_imports(source_file: str) -> dict[str, str]:
+    """``{name: module}`` of every ``from MODULE import NAME`` inside the module's top-level ``if TYPE_CHECKING:``.
+
+    Args:
+      source_file: the module's own file (its ``__file__``).
+
+    Returns:
+      The table, in the block's order.
+    """
+    tree = ast.parse(Path(source_file).read_text())
+    table: dict[str, str] = {}
+    for block in tree.body:
+        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING":
+            for node in block.body:
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    table.update({alias.asname or alias.name: node.module for alias in node.names})
+    return table
