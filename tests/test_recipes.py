@@ -84,9 +84,10 @@ def test_the_command_line_imports_no_world():
             ["flow-grpo", "--world", "shapes", "--preset", "fast"],
             "flow-grpo has no preset 'fast'; its presets: geneval",
         ),
+        (["flow-grpo", "--scorer", "no-such-scorer"], "unknown card 'no-such-scorer': not a bundled card"),
     ],
 )
-def test_world_flags_fail_in_one_line_before_any_work(tmp_path, args, message):
+def test_world_flags_fail_in_one_line_and_leave_no_out_folder(tmp_path, args, message):
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", *args, "--steps", "1", "--out", str(out)])
     assert result.exit_code == 2, result.output

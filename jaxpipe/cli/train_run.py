@@ -152,9 +152,9 @@ def run_training(
                 )
             else:
                 run = recipe.build(card, config, settings)
-        except (ValueError, FileNotFoundError) as err:
+        except (ValueError, KeyError, OSError) as err:  # KeyError: a world's card (--scorer, --teacher) unknown
             discard_if_empty(out, created)
-            fail(str(err))
+            fail(str(err).strip('"'))
         except typer.Exit:  # a card that would not load (``load`` has said why)
             discard_if_empty(out, created)
             raise
