@@ -133,3 +133,14 @@ def test_warming_compiles_each_burst_size_so_a_first_burst_compiles_nothing(t2i_
     assert engine.compiled_batches() == compiled  # it found its step compiled
     stopped = warmup.warm(jp.Engine(max_batch=4), 4, progress=False, should_stop=lambda: True)
     assert stopped == []
+
+
+def test_warming_skips_an_id_served_with_a_program_that_reads_an_image():
+    from jaxpipe.serve import warmup
+    from jaxpipe.serve.chat import register_text_programs
+
+    engine = jp.Engine(max_batch=2)
+    engine.register(jp.cards.load("bagel-mot"))
+    register_text_programs(engine)  # bagel-mot:understand: the same card, a program that reads an image
+    assert warmup.warm_prompt(engine.card("bagel-mot:understand"), engine.program("bagel-mot:understand")) is None
+    assert warmup.warm(engine, 1, progress=False) == [("bagel-mot", 1)]

@@ -12,23 +12,27 @@ from __future__ import annotations
 from jaxpipe.card import Card
 from jaxpipe.cards import registry
 from jaxpipe.engine.batch import bucket
+from jaxpipe.program import Program
 from jaxpipe.progress import progress_bar
 from jaxpipe.request import Request
 
 __all__ = ["capacities", "warm", "warm_prompt"]
 
 
-def warm_prompt(card: Card) -> str | None:
+def warm_prompt(card: Card, program: Program | None = None) -> str | None:
     """A prompt ``card`` renders from alone (its first vocabulary word, or plain words for a real tokenizer), or
-    ``None`` for a card whose program needs more than a prompt (an image) or makes no image or video.
+    ``None`` when the program it is served with needs more than a prompt (an image) or it makes no image or video.
 
     Args:
       card: a resident card.
+      program: the program it is served with (``None``: its family's default), e.g. ``engine.program(model_id)``:
+        ``bagel-mot:understand`` is ``bagel-mot``'s card served with a program that reads an image.
 
     Returns:
       The prompt, or ``None``.
     """
-    if "image" in registry.default_program(card).inputs or not {"t2i", "t2v"} & set(card.spec.capabilities):
+    program = registry.default_program(card) if program is None else program
+    if "image" in program.inputs or not {"t2i", "t2v"} & set(card.spec.capabilities):
         return None
     words = getattr(card.spec.tokenizer, "words", None)
     return words[2] if words is not None and len(words) > 2 else "a photo"
@@ -65,7 +69,7 @@ def warm(engine, rows: int, *, progress: bool = True, should_stop=None) -> list[
         rows = min(rows, 1)
     plan = []
     for model_id in engine.cards():
-        prompt = warm_prompt(engine.card(model_id))
+        prompt = warm_prompt(engine.card(model_id), engine.program(model_id))
         if prompt is not None:
             plan += [(model_id, prompt, c) for c in capacities(rows, engine.max_batch)]
     done = []
