@@ -224,10 +224,11 @@ def resolve(engine, model: str, with_image: bool) -> ChatModel:
         raise _cannot_chat(engine, model, f"{model!r} is a workflow: it decodes no text")
     chat = _chat_model(engine, model)
     if with_image and (chat is None or not chat.reads_image):
-        served = [f"{model}:{n}" for n in _image_programs(engine.card(model)) if engine.serves(f"{model}:{n}")]
+        readers = [f"{model}:{name}" for name in _image_programs(engine.card(model))]
+        served = [model_id for model_id in readers if engine.serves(model_id)]
         if served:
             chat = _chat_model(engine, served[0])
-        elif _image_programs(engine.card(model)):
+        elif readers:
             raise _cannot_chat(engine, model, f"{model!r} reads images through a program this server does not serve")
         elif chat is not None:
             raise _cannot_chat(engine, model, f"{model!r} reads no image: send text only")

@@ -21,12 +21,12 @@ from jaxpipe.card import Card
 from jaxpipe.generate import generate
 from jaxpipe.progress import progress_bar
 from jaxpipe.shapes.geneval_rule import geneval_correct
-from jaxpipe.shapes.grammar import CATEGORIES, prompt_set, sample_video
+from jaxpipe.shapes.grammar import CATEGORIES, SPLITS, prompt_set, sample_video
 from jaxpipe.shapes.judging import checks_of, correct, detect, judge_video, score
 from jaxpipe.stopping import Stopped
 from jaxpipe.training.runs.heldout import spread
 
-__all__ = ["geneval", "interval", "judge_cards", "render_prompts", "video_quality"]
+__all__ = ["geneval", "geneval_splits", "interval", "judge_cards", "render_prompts", "video_quality"]
 
 
 def render_prompts(
@@ -254,6 +254,19 @@ def video_quality(
     }
 
 
+def geneval_splits(card: Card, **settings) -> dict:
+    """GenEval's table of ``card`` on each split (``grammar.SPLITS``: the test prompts, the held-out pairs).
+
+    Args:
+        card: a shapes text-to-image card.
+        **settings: ``geneval``'s keyword arguments but ``split``.
+
+    Returns:
+        ``{split: geneval table}``.
+    """
+    return {split: geneval(card, split=split, **settings) for split in SPLITS}
+
+
 def judge_cards(t2i: Card, t2v: Card, *, samples: int = 24, **common) -> dict:
     """``jaxpipe evaluate``'s shapes report: GenEval's table of ``t2i`` and the motion of ``t2v``, on both splits.
 
@@ -267,8 +280,6 @@ def judge_cards(t2i: Card, t2v: Card, *, samples: int = 24, **common) -> dict:
       ``{"t2i": {split: table}, "t2v": {split: video_quality}}``.
     """
     return {
-        "t2i": {split: geneval(t2i, split=split, prompts=samples, **common) for split in ("train", "heldout")},
-        "t2v": {
-            split: video_quality(t2v, split=split, prompts=2 * samples, **common) for split in ("train", "heldout")
-        },
+        "t2i": geneval_splits(t2i, prompts=samples, **common),
+        "t2v": {split: video_quality(t2v, split=split, prompts=2 * samples, **common) for split in SPLITS},
     }

@@ -90,19 +90,15 @@ def geneval_quality(
     Returns:
         ``{"train": table, "heldout": table, "diversity": the test split's}`` (``evaluation.geneval``'s tables).
     """
-    tables = {
-        split: evaluation.geneval(
-            card,
-            split=split,
-            prompts=prompts,
-            samples=2,
-            min_images=min_images,
-            seed_set=seed_set,
-            progress=True,
-            should_stop=should_stop,
-        )
-        for split in grammar.SPLITS
-    }
+    tables = evaluation.geneval_splits(
+        card,
+        prompts=prompts,
+        samples=2,
+        min_images=min_images,
+        seed_set=seed_set,
+        progress=True,
+        should_stop=should_stop,
+    )
     return {**tables, "diversity": tables["train"]["diversity"]}
 
 
