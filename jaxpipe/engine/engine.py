@@ -74,31 +74,31 @@ versions, registry) changes.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from jaxpipe.cache import CacheKey, FeatureCache, content_hash
+from jaxpipe import validate
+from jaxpipe.cache import FeatureCache
 from jaxpipe.card import Card
-from jaxpipe.engine import batch as ops
-from jaxpipe.engine.errors import EngineError, UnknownComponentError
+from jaxpipe.engine import features, strategies
+from jaxpipe.engine.errors import EngineError
 from jaxpipe.engine.handle import Handle
-from jaxpipe.engine.publish import Resident, checked, stacked
-from jaxpipe.engine.scheduler import Load, Scheduler, StepEvent
-from jaxpipe.program import Bound, Program, config_of
+from jaxpipe.engine.registry import ROLE_SEP, Registry
+from jaxpipe.engine.scheduler import Scheduler
+from jaxpipe.engine.strategies import MODES
+from jaxpipe.engine.work import Load, StepEvent
+from jaxpipe.program import Bound, Program
 from jaxpipe.request import Output, Request
-from jaxpipe.workflow import Workflow, WorkflowRegistry
+from jaxpipe.workflow import Workflow
 
 __all__ = ["Engine", "MODES", "ROLE_SEP"]
 
-MODES = ("serial", "interleaved", "batched")
-ROLE_SEP = "@"
-"""Separates a card's id from a role's name in the role's served id (``"flux-t2i@old"``)."""
-
 
 class Engine:
-    """Serves registered cards (through their programs) and workflows, by id.
+    """Serves registered cards (through their programs) and workflows, by id: a resident ``Registry`` and the
+    ``Scheduler`` that runs requests on it, behind one lock.
 
     Arguments:
       max_batch: the most requests one batched step carries (``mode="batched"``).
@@ -107,30 +107,45 @@ class Engine:
     """
 
     def __init__(self, *, max_batch: int = 64, cache: FeatureCache | None = None, mode: str = "batched"):
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch <= 0:
-            raise ValueError(f"max_batch must be a positive int (got {max_batch!r})")
-        if mode not in MODES:
-            raise EngineError(f"mode must be one of {MODES} (got {mode!r})")
-        self.max_batch = max_batch
-        self.mode = mode
+        self._max_batch = max_batch
+        validate.counts(self, "max_batch")
+        self._mode = mode
         self.cache = FeatureCache() if cache is None else cache
-        self._cards: dict[str, Resident] = {}
-        self._workflows = WorkflowRegistry()
-        # guards the registry, _swaps and the schedulers' state: publish, register and submit may come from any thread
+        self._registry = Registry(self.cache)
+        # guards the registry and the schedulers' state: publish, register and submit may come from any thread
         self._lock = threading.RLock()
-        self._swaps: list[tuple[str, Any]] = []  # deferred changes (Publish, _Replace, _Remove), in order
-        self._roles: dict[str, dict[str, str]] = {}  # card id -> {role name: the role's served id}
-        self._compiled: set = set()  # (batched group layout, capacity) pairs already compiled
+        self._compiled: set = set()  # (batched group layout, capacity) pairs already compiled, merged after each tick
         self._wanted: set = set()  # (batched group layout, capacity) pairs a group wanted to shrink to
-        self._live = Scheduler(_Host(self), mode, cohort_rows=1)
+        self._live = self._scheduler(mode, cohort_rows=1)
         self._active: list[Scheduler] = [self._live]  # the live scheduler and those of run_many calls in flight
+
+    @property
+    def max_batch(self) -> int:
+        """The most requests one batched step carries."""
+        return self._max_batch
+
+    @property
+    def mode(self) -> str:
+        """How ``submit`` / ``tick`` serve: ``"serial"``, ``"interleaved"`` or ``"batched"``."""
+        return self._mode
+
+    @property
+    def _workflows(self):  # the registered workflows (a test smuggles a cycle in through here)
+        return self._registry.workflow_registry
 
     # ---- registry -------------------------------------------------------------------------
 
     @classmethod
     def default(cls, **kwargs) -> Engine:
         """An engine serving every bundled card (``jp.cards.available()``) and every bundled
-        workflow whose cards are bundled (``image_video.t2i_i2v``, its extended variant)."""
+        workflow whose cards are bundled (``image_video.t2i_i2v``, its extended variant).
+
+        Args:
+          **kwargs: ``Engine``'s arguments.
+
+        Returns:
+          The engine.
+        """
         from jaxpipe import cards
         from jaxpipe import workflow as workflows
 
@@ -154,40 +169,7 @@ class Engine:
         the new one, bound again). Raises ``EngineError`` / ``ProgramError`` before changing anything.
         """
         with self._lock:
-            self._register(card, program, model_id, replace)
-
-    def _register(self, card: Card, program: Program | None, model_id: str | None, replace: bool) -> None:
-        if not isinstance(card, Card):
-            raise TypeError(f"register takes a Card (got {type(card).__name__})")
-        if model_id is not None:
-            card = card.with_id(model_id)
-        model_id = card.model_id
-        if model_id in self._workflows:
-            raise EngineError(f"card id {model_id!r} collides with a registered workflow of the same id")
-        if model_id in self._cards and not replace:
-            raise EngineError(f"card {model_id!r} is already registered (pass replace=True to replace it)")
-        program = _default_program(card) if program is None else program
-        if not isinstance(program, Program):
-            raise TypeError(f"program must be a Program (got {type(program).__name__})")
-        program.check(card)
-        old = self._cards.get(model_id)
-        if old is not None and old.base is not None:
-            raise EngineError(f"{model_id!r} is a role of {old.base!r}: publish to it, or remove it with unregister")
-        if old is not None and self._serving():
-            self._swaps.append((model_id, _Replace(card, program)))
-            return
-        self._install(card, program)
-
-    def _install(self, card: Card, program: Program) -> None:
-        model_id = card.model_id
-        experts = stacked(card)
-        old = self._cards.get(model_id)
-        names = [n for c in card.components for n in experts.get(c, (c,))]
-        versions = {name: (old.versions.get(name, -1) + 1 if old else 0) for name in names}
-        if old is not None:
-            self.cache.invalidate(model_id)
-            self._drop_roles(model_id)
-        self._cards[model_id] = Resident.of(card, program, versions, experts)
+            self._registry.register(card, program, model_id, replace, busy=self._serving())
 
     def add_role(self, model_id: str, role: str, components: str | Sequence[str]) -> str:
         """Serve a role of resident card ``model_id``: a copy of its ``components`` (e.g. the
@@ -198,48 +180,18 @@ class Engine:
         card's). Raises ``EngineError`` for a role of a role, a taken name or an unknown component.
         """
         with self._lock:
-            return self._add_role(model_id, role, components)
-
-    def _add_role(self, model_id: str, role: str, components: str | Sequence[str]) -> str:
-        base = self._resident(model_id)
-        if base.base is not None:
-            raise EngineError(f"{model_id!r} is itself a role of {base.base!r}; add the role to {base.base!r}")
-        if not isinstance(role, str) or not role or ROLE_SEP in role:
-            raise ValueError(f"a role is a non-empty name without {ROLE_SEP!r} (got {role!r})")
-        names = (components,) if isinstance(components, str) else tuple(components)
-        unknown = sorted(str(n) for n in names if n not in base.card.components)
-        if not names or unknown:
-            raise UnknownComponentError(
-                f"add_role: card {model_id!r} has no component(s) {unknown or '(none given)'}; it has {sorted(base.card.components)}"
-            )
-        role_id = f"{model_id}{ROLE_SEP}{role}"
-        if self.serves(role_id):
-            raise EngineError(f"{role_id!r} is already served (remove it with unregister first)")
-        scope = tuple(dict.fromkeys(names))
-        owned = {n for c in scope for n in base.experts.get(c, (c,))}
-        versions = {n: 0 if n in owned else v for n, v in base.versions.items()}
-        self._cards[role_id] = Resident.of(
-            base.card.with_id(role_id), base.program, versions, base.experts, model_id, scope
-        )
-        self._roles.setdefault(model_id, {})[role] = role_id
-        return role_id
+            return self._registry.add_role(model_id, role, components)
 
     def roles(self, model_id: str) -> dict[str, tuple[str, ...]]:
         """The roles of resident card ``model_id``: role name -> the components it tracks (``{}``: none)."""
-        self._resident(model_id)
-        return {role: self._cards[rid].scope for role, rid in self._roles.get(model_id, {}).items()}
-
-    def _drop_roles(self, model_id: str) -> None:
-        for role_id in self._roles.pop(model_id, {}).values():
-            del self._cards[role_id]
-            self.cache.invalidate(role_id)
+        return self._registry.roles(model_id)
 
     def register_workflow(self, workflow: Workflow, *, replace: bool = False) -> None:
         """Serve ``workflow`` under its dotted id. Rejects (``WorkflowError``, nothing changed) an id that
         collides with a card or workflow, a stage model that is not served, and a cycle. Requests of a
         replaced workflow already running finish as they started."""
         with self._lock:
-            self._workflows.add(workflow, self._cards, replace=replace)
+            self._registry.register_workflow(workflow, replace)
 
     def unregister(self, model_id: str) -> None:
         """Stop serving a card (and its roles), a role, or a workflow (refused while a registered workflow requires it).
@@ -248,45 +200,23 @@ class Engine:
         have not started fail with an ``EngineError``; new submissions for it are refused at once.
         """
         with self._lock:
-            self._lookup(model_id)
-            if model_id in self._leaving():
-                return
-            users = [
-                u for m in (model_id, *self._roles.get(model_id, {}).values()) for u in self._workflows.dependents(m)
-            ]
-            if users:
-                raise EngineError(f"cannot unregister {model_id!r}: workflows {users} require it")
-            if model_id in self._cards and self._serving():
-                self._swaps.append((model_id, _Remove()))
-            else:
-                self._remove(model_id)
-
-    def _remove(self, model_id: str) -> None:
-        if model_id in self._cards:
-            resident = self._cards.pop(model_id)
-            self.cache.invalidate(model_id)
-            if resident.base is not None:
-                self._roles[resident.base] = {r: i for r, i in self._roles[resident.base].items() if i != model_id}
-            self._drop_roles(model_id)
-        else:
-            self._workflows.remove(model_id)
+            self._registry.unregister(model_id, busy=self._serving())
 
     def serves(self, model_id: str) -> bool:
         """Whether ``model_id`` names a registered card or workflow."""
-        return model_id in self._cards or model_id in self._workflows
+        return self._registry.serves(model_id)
 
     def models(self) -> list[str]:
         """Every id the engine serves, cards and workflows, sorted (a card being unregistered is left out)."""
-        leaving = self._leaving()
-        return sorted(m for m in [*self._cards, *self._workflows.ids()] if m not in leaving)
+        return self._registry.models()
 
     def cards(self) -> list[str]:
         """The ids of the resident cards (roles included), sorted."""
-        return sorted(self._cards)
+        return sorted(self._registry.state.residents)
 
     def workflows(self) -> list[str]:
         """The ids of the registered workflows, sorted."""
-        return self._workflows.ids()
+        return self._registry.workflow_registry.ids()
 
     def compiled_batches(self) -> frozenset:
         """The ``(group layout, batch capacity)`` pairs whose batched step this engine has compiled: a later batch
@@ -298,13 +228,9 @@ class Engine:
         """The resident card ``model_id``. During ``run_many`` a deferred publish shows only once
         it applies; ``pending=True`` gives the card as it will be after the deferred publishes."""
         if not pending:
-            return self._resident(model_id).card
+            return self._registry.card(model_id)
         with self._lock:
-            card = self._resident(model_id).card
-            for m, update in self._swaps:
-                if m == model_id:
-                    card = update.apply(card)
-            return card
+            return self._registry.card(model_id, pending=True)
 
     def program(self, model_id: str) -> Program:
         """The program the resident card ``model_id`` is served with.
@@ -318,7 +244,7 @@ class Engine:
         Raises:
           EngineError: if ``model_id`` is not served, or is a workflow.
         """
-        return self._resident(model_id).program
+        return self._registry.resident(model_id).program
 
     def workflow(self, model_id: str) -> Workflow:
         """The registered workflow ``model_id``.
@@ -332,19 +258,20 @@ class Engine:
         Raises:
           EngineError: if ``model_id`` is not served, or is a card.
         """
-        self._lookup(model_id)
-        if model_id not in self._workflows:
+        self._registry.lookup(model_id)
+        workflow = self._registry.workflow(model_id)
+        if workflow is None:
             raise EngineError(f"{model_id!r} is a card, not a workflow")
-        return self._workflows[model_id]
+        return workflow
 
     def versions(self, model_id: str) -> dict[str, int]:
         """Per-component weight versions of the resident card ``model_id``; a stacked component
         (``experts``) reports one version per expert (``refiner_0``, ...) instead of its own."""
-        return dict(self._resident(model_id).versions)
+        return dict(self._registry.resident(model_id).versions)
 
     def experts(self, model_id: str) -> dict[str, tuple[str, ...]]:
         """The resident card's stacked components -> their experts' names in axis order (``{}``: none)."""
-        return dict(self._resident(model_id).experts)
+        return dict(self._registry.resident(model_id).experts)
 
     def publish(self, model_id: str, components: Mapping[str, Any]) -> dict[str, int]:
         """Swap some components of a resident card (e.g. freshly trained weights): drain, then swap.
@@ -378,107 +305,28 @@ class Engine:
         the swap will produce (counting earlier pending publishes of the card).
         """
         with self._lock:
-            resident = self._resident(model_id)
-            update = checked(resident, components)
-            if resident.base is not None:
-                outside = sorted(set(update.bumps) - resident.scoped(update.bumps))
-                if outside:
-                    raise EngineError(
-                        f"publish: {outside} are outside role {model_id!r}'s scope {list(resident.scope)}; "
-                        f"publish them to {resident.base!r} (its roles follow)"
-                    )
-            updates = [(model_id, update)] if update.bumps else []
-            for role_id in self._roles.get(model_id, {}).values():
-                role = self._cards[role_id]
-                mirrored = {n: m for n, m in components.items() if not role.scoped((n,))}
-                if mirrored:
-                    updates.append((role_id, checked(role, mirrored)))
-            busy = self._serving()
-            for target, part in updates:
-                if busy:
-                    self._swaps.append((target, part))
-                else:
-                    self._swap(target, part)
-            return self._projected(model_id) if busy else dict(self._cards[model_id].versions)
+            return self._registry.publish(model_id, components, busy=self._serving())
 
     def pending_publishes(self) -> dict[str, dict[str, int]]:
         """Publishes (and replacements) deferred until their card drains (only while work is in flight):
         card id -> the versions the card will have once they apply. Empty when none."""
         with self._lock:
-            return {m: self._projected(m) for m, u in dict(self._swaps).items() if not isinstance(u, _Remove)}
-
-    def _projected(self, model_id: str) -> dict[str, int]:
-        versions = dict(self._cards[model_id].versions)
-        for m, update in self._swaps:
-            if m == model_id and not isinstance(update, _Remove):
-                bumps = versions if isinstance(update, _Replace) else update.bumps
-                versions.update({n: versions[n] + 1 for n in bumps})
-        return versions
-
-    def _swap(self, model_id: str, update: Any) -> None:
-        if isinstance(update, _Replace):
-            self._install(update.card, update.program)
-            return
-        if isinstance(update, _Remove):
-            self._remove(model_id)
-            return
-        resident = self._cards[model_id]
-        card = update.apply(resident.card)
-        versions = {n: v + (n in update.bumps) for n, v in resident.versions.items()}
-        self.cache.invalidate(model_id, update.touched)
-        self._cards[model_id] = Resident.of(
-            card, resident.program, versions, resident.experts, resident.base, resident.scope
-        )
-
-    def _apply_swaps(self) -> None:
-        """Apply the deferred changes, in order, of every card no scheduler has a started request of."""
-        with self._lock:
-            keep = []
-            for model_id, update in self._swaps:
-                if any(s._in_flight(model_id) for s in self._active) or any(m == model_id for m, _ in keep):
-                    keep.append((model_id, update))
-                else:
-                    self._swap(model_id, update)
-            self._swaps = keep
-
-    def _deferred(self) -> set[str]:
-        """Cards with a deferred change: their requests must not start yet."""
-        with self._lock:
-            return {m for m, _ in self._swaps}
-
-    def _leaving(self) -> set[str]:
-        """Cards whose unregistering waits for them to drain."""
-        return {m for m, u in self._swaps if isinstance(u, _Remove)}
+            return self._registry.pending()
 
     def _serving(self) -> bool:
         """Whether any scheduler (the live one, a ``run_many`` call) holds unfinished work."""
         return any(not s.idle for s in self._active) or len(self._active) > 1
 
-    def _lookup(self, model_id: str) -> None:
-        if not self.serves(model_id):
-            raise EngineError(f"unknown model {model_id!r}; this engine serves {self.models()}")
-
-    def _resident(self, model_id: str) -> Resident:
-        self._lookup(model_id)
-        if model_id not in self._cards:
-            raise EngineError(f"{model_id!r} is a workflow, not a card")
-        return self._cards[model_id]
+    def _release(self) -> None:
+        """Apply the pending changes of every card no scheduler has a started request of."""
+        self._registry.apply(lambda model_id: not any(s.in_flight(model_id) for s in self._active))
 
     # ---- running ----------------------------------------------------------------------------
 
     def check(self, request: Request) -> Bound | None:
         """Validate ``request`` (raising a clear error) without running it: the card's ``Bound``,
         or ``None`` for a workflow request (checked by the workflow's own ``check``)."""
-        if not isinstance(request, Request):
-            raise TypeError(f"expected a jaxpipe Request (got {type(request).__name__})")
-        self._lookup(request.model)
-        if request.model in self._workflows:
-            workflow = self._workflows[request.model]
-            if workflow.check is not None:
-                workflow.check(request)
-            return None
-        resident = self._cards[request.model]
-        return resident.program.bind(resident.card, request)
+        return self._registry.bind(request)
 
     def _checked(self, index: int, request: Request, count: int) -> Bound | None:
         """``check(request)``; with several requests, the error names the bad one's index."""
@@ -490,6 +338,32 @@ class Engine:
             model = getattr(request, "model", None)
             message = err.args[0] if err.args and isinstance(err.args[0], str) else str(err)
             raise type(err)(f"request {index} of {count} ({model!r}): {message}") from err
+
+    def _scheduler(self, mode: str, on_step=None, *, fuse: bool = False, cohort_rows: int | None = None) -> Scheduler:
+        """A scheduler on this engine's registry and feature cache, stepping as ``mode`` says."""
+        strategy = strategies.make(
+            mode,
+            self._max_batch,
+            fuse=fuse,
+            cohort_rows=cohort_rows,
+            compiled=self._compiled.__contains__,
+            wanted=frozenset(self._wanted),
+        )
+        return Scheduler(self._registry, functools.partial(features.resolve, self.cache), strategy, on_step)
+
+    def _tick(self, scheduler: Scheduler) -> bool:
+        """One tick of ``scheduler``: requests join and leave, the pending changes that can apply do, every running
+        request steps, and the cards that drained take their changes (now, not a tick later). Under the lock."""
+        try:
+            scheduler.take()
+            self._release()
+            scheduler.advance()
+            self._release()
+        finally:
+            compiled, wanted = scheduler.strategy.learned()
+            self._compiled |= compiled
+            self._wanted |= wanted
+        return not scheduler.idle
 
     def run(
         self,
@@ -522,7 +396,7 @@ class Engine:
         bounds = [self._checked(i, request, len(requests)) for i, request in enumerate(requests)]
         if cancel is not None and not (callable(cancel) or hasattr(cancel, "is_set")):
             raise TypeError("cancel must be a threading.Event-like object (is_set()) or a callable returning bool")
-        scheduler = Scheduler(_Host(self), mode, on_step, fuse=on_step is None and cancel is None)
+        scheduler = self._scheduler(mode, on_step, fuse=on_step is None and cancel is None)
         handles = [Handle(request) for request in requests]
         for handle, bound in zip(handles, bounds):
             scheduler.submit(handle, bound)
@@ -535,11 +409,11 @@ class Engine:
                         scheduler.cancel_all()
                     break
                 with self._lock:
-                    scheduler.step()
+                    self._tick(scheduler)
         finally:
             with self._lock:
                 self._active.remove(scheduler)
-                self._apply_swaps()
+                self._release()
         for handle in handles:
             if handle.status == "failed":
                 raise handle.exception(0)
@@ -558,7 +432,7 @@ class Engine:
         # back would starve submitters (one admitted per tick). The inbox is a thread-safe deque; a card
         # unregistered between this check and the next tick fails the request alone, at that tick.
         bound = self.check(request)
-        if request.model in self._leaving():
+        if request.model in self._registry.leaving():
             raise EngineError(f"{request.model!r} is being unregistered; this engine serves {self.models()}")
         handle = Handle(request, previews=previews)
         self._live.submit(handle, bound)
@@ -573,7 +447,7 @@ class Engine:
           Whether work remains.
         """
         with self._lock:
-            return self._live.step()
+            return self._tick(self._live)
 
     @property
     def idle(self) -> bool:
@@ -584,78 +458,3 @@ class Engine:
         """The submitted requests queued and running, and the batch rows stepping."""
         with self._lock:
             return self._live.load()
-
-    # ---- feature cache ------------------------------------------------------------------------
-
-    def _resolve_cached(self, resident: Resident, bound: Bound) -> dict[str, Any]:
-        """The bound slots plus the outputs of the program's cached nodes, looked up per request."""
-        slots = dict(bound.slots)
-        model_id = resident.card.model_id
-        for node in resident.program.cached_nodes:
-            reads = {r: slots[r] for r in node.reads}
-            # a node that runs a loop depends on that loop's settings too: they key its entries
-            settings = ((node.loop, config_of(bound.settings, node.loop)),) if node.loop else ()
-            digest = content_hash(f"{node.name}|{settings!r}" if settings else node.name, reads)
-            key = CacheKey(model_id, node.component, resident.version(node.component), digest)
-            value = self.cache.get(key)
-            if value is None:
-                value = ops.node(resident.program, node.name, settings, resident.treedef, resident.leaves, reads)
-                self.cache.put(key, value)
-            slots.update(value)
-        return slots
-
-
-class _Host:
-    """The scheduler's narrow view of an engine (``scheduler.Host``)."""
-
-    def __init__(self, engine: Engine):
-        self._engine = engine
-        self.max_batch = engine.max_batch
-        self.compiled = engine._compiled
-        self.wanted = engine._wanted
-
-    def serves(self, model_id: str) -> bool:
-        return self._engine.serves(model_id)
-
-    def workflow(self, model_id: str) -> Workflow | None:
-        workflows = self._engine._workflows
-        return workflows[model_id] if model_id in workflows else None
-
-    def resident(self, model_id: str) -> Resident:
-        return self._engine._resident(model_id)
-
-    def bind(self, request: Request) -> Bound:
-        return self._engine.check(request)
-
-    def prepare(self, resident: Resident, bound: Bound) -> dict[str, Any]:
-        return self._engine._resolve_cached(resident, bound)
-
-    def held(self) -> set[str]:
-        return self._engine._deferred()
-
-    def release(self) -> None:
-        self._engine._apply_swaps()
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Replace:
-    """A deferred ``register(..., replace=True)``: the new card and program."""
-
-    card: Card
-    program: Program
-
-    def apply(self, card: Card) -> Card:
-        return self.card
-
-
-class _Remove:
-    """A deferred ``unregister``."""
-
-    def apply(self, card: Card) -> Card:
-        return card
-
-
-def _default_program(card: Card) -> Program:
-    from jaxpipe.cards.registry import default_program  # the engine sits above the cards
-
-    return default_program(card)

@@ -171,8 +171,16 @@ class Handle:
                 )
 
     # ---- what the engine writes ----------------------------------------------------------------
+    # Only the engine's scheduler calls ``record`` and ``finish`` (on its ticking thread); a reader never does.
 
-    def _emit(self, event: Event, *, status: str | None = None, progress: Progress | None = None) -> None:
+    def record(self, event: Event, *, status: str | None = None, progress: Progress | None = None) -> None:
+        """The engine's side: append ``event`` (and set ``status`` / ``progress``), waking every reader.
+
+        Args:
+          event: what happened.
+          status: the new status, if it changes.
+          progress: the new progress, if it changes.
+        """
         with self._cond:
             if self.done():
                 return
@@ -189,12 +197,20 @@ class Handle:
             except RuntimeError:  # that event loop has closed: nobody is listening
                 pass
 
-    def _finish(self, output: Output | None, error: BaseException | None, tick: int) -> None:
+    def finish(self, output: Output | None, error: BaseException | None, tick: int) -> None:
+        """The engine's side: the request ended with ``output`` (or failed with ``error``) at ``tick``; its final
+        event is recorded and its done callbacks run (nothing happens if it had already finished).
+
+        Args:
+          output: the request's ``Output`` (``None`` when it failed).
+          error: its error, or ``None``.
+          tick: the engine tick it ended on.
+        """
         if self.done():
             return
         self._output, self._error = output, error
         kind = "failed" if error is not None else "cancelled" if output.cancelled else "completed"
-        self._emit(Event(kind, self._progress.stage, tick=tick), status=kind)
+        self.record(Event(kind, self._progress.stage, tick=tick), status=kind)
         with self._cond:
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
