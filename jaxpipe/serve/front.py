@@ -20,12 +20,7 @@ in one batch instead of the first one starting alone.
   validation rejects (unknown words, bad steps or guidance, a missing image): 400 with the
   engine's message.
 
-Memory estimate (``estimate_bytes``): a card request holds, per loop with a latent shape, the
-latents in float32 plus the copies a step makes of them (the classifier-free-guidance pair of
-model inputs, the model's prediction, the updated state): ``STATE_COPIES * 4 * prod(latent_shape)``
-bytes summed over the card's loops, at least ``MIN_REQUEST_BYTES`` (text loops: a token buffer and
-its attention cache). A workflow request runs its stages one at a time: the largest stage's
-estimate. Weights are resident once per card and not counted per request.
+The budget, its load snapshot and the memory estimate live in ``budget.py`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -41,104 +36,23 @@ from collections.abc import Sequence
 
 from jaxpipe.engine import Engine, Handle
 from jaxpipe.request import Request
+from jaxpipe.serve.budget import MIN_REQUEST_BYTES, STATE_COPIES, Budget, FrontLoad, estimate_bytes
 from jaxpipe.serve.errors import APIError
 
-__all__ = ["Budget", "Front", "FrontLoad", "api_error", "STATE_COPIES", "MIN_REQUEST_BYTES", "estimate_bytes"]
+__all__ = [
+    "Budget",
+    "Front",
+    "FrontLoad",
+    "api_error",
+    "STATE_COPIES",
+    "MIN_REQUEST_BYTES",
+    "estimate_bytes",
+]  # budget's re-exported
 
 _log = logging.getLogger("jaxpipe.serve")
 
-STATE_COPIES = 4
-"""Copies of a loop's latents a request holds while stepping: the state, the CFG pair of model inputs, the prediction."""
-MIN_REQUEST_BYTES = 64 * 1024
-"""The floor of a request's estimate: loops without latents (text) still hold a token buffer and an attention cache."""
 _MAX_RETRY_S = 600
 _FIELD = re.compile(r"\bRequest\.(\w+)")
-
-
-@dataclasses.dataclass(frozen=True)
-class Budget:
-    """What a ``Front`` admits.
-
-    Attributes:
-      max_rows: rows (one per request; ``n`` for an ``n``-image call) stepping at once; a call of more rows is
-        refused at once.
-      max_queued: rows admitted beyond ``max_rows``, waiting to start; past it, requests are refused as busy (429).
-      max_memory_bytes: the sum of the admitted requests' memory estimates (``estimate_bytes``); ``None``: no limit.
-      max_wait_ms: how long work arriving at an idle engine waits for more to fill its first batch.
-
-    Raises:
-      ValueError: on a non-positive ``max_rows``, a negative ``max_queued`` or ``max_wait_ms``, or a
-        non-positive ``max_memory_bytes``.
-    """
-
-    max_rows: int = 64
-    max_queued: int = 256
-    max_memory_bytes: int | None = None
-    max_wait_ms: float = 5.0
-
-    def __post_init__(self):
-        if isinstance(self.max_rows, bool) or not isinstance(self.max_rows, int) or self.max_rows < 1:
-            raise ValueError(f"Budget.max_rows must be a positive int (got {self.max_rows!r})")
-        if isinstance(self.max_queued, bool) or not isinstance(self.max_queued, int) or self.max_queued < 0:
-            raise ValueError(f"Budget.max_queued must be an int >= 0 (got {self.max_queued!r})")
-        if self.max_memory_bytes is not None and not (
-            isinstance(self.max_memory_bytes, (int, float)) and self.max_memory_bytes > 0
-        ):
-            raise ValueError(
-                f"Budget.max_memory_bytes must be a positive number of bytes or None (got {self.max_memory_bytes!r})"
-            )
-        if (
-            not isinstance(self.max_wait_ms, (int, float))
-            or not math.isfinite(self.max_wait_ms)
-            or self.max_wait_ms < 0
-        ):
-            raise ValueError(f"Budget.max_wait_ms must be a finite number >= 0 (got {self.max_wait_ms!r})")
-
-
-@dataclasses.dataclass(frozen=True)
-class FrontLoad:
-    """A snapshot of a front's work.
-
-    Attributes:
-      queued: admitted requests not started yet.
-      running: admitted requests started and not finished.
-      rows: batch rows that stepped in the last tick.
-      in_flight_rows: rows admitted and not finished (what ``max_rows + max_queued`` bounds).
-      memory_bytes: the memory estimates of the admitted, unfinished requests.
-    """
-
-    queued: int = 0
-    running: int = 0
-    rows: int = 0
-    in_flight_rows: int = 0
-    memory_bytes: int = 0
-
-
-def estimate_bytes(engine: Engine, model_id: str) -> int:
-    """The memory one request for ``model_id`` holds while it runs (see the module docstring).
-
-    Args:
-      engine: the engine serving ``model_id``.
-      model_id: a served card or workflow id.
-
-    Returns:
-      The estimate in bytes.
-
-    Raises:
-      EngineError: if ``model_id`` is not served.
-    """
-    return _estimate(engine, model_id, ())
-
-
-def _estimate(engine: Engine, model_id: str, seen: tuple[str, ...]) -> int:
-    if model_id in engine.workflows():
-        if model_id in seen:  # a cycle: the engine refuses it at run time; count it once here
-            return MIN_REQUEST_BYTES
-        stages = engine.workflow(model_id).stages
-        return max([_estimate(engine, s.model, (*seen, model_id)) for s in stages] or [MIN_REQUEST_BYTES])
-    loops = engine.card(model_id).spec.loops
-    latents = sum(math.prod(loop.latent_shape) for loop in loops if loop.latent_shape is not None)
-    return max(MIN_REQUEST_BYTES, STATE_COPIES * 4 * latents)
 
 
 @dataclasses.dataclass
