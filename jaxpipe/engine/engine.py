@@ -1,7 +1,11 @@
 """The engine: resident cards and workflows by id, and the loop that serves requests.
 
-``Engine`` keeps each registered card resident with its program and per-component weight
-versions, keeps the registered workflows, and runs requests:
+``Engine`` is the public facade of two parts behind one lock: a resident ``Registry``
+(``registry.py``: each registered card with its program and per-component weight versions, its
+roles, the registered workflows; a publish, replacement or removal is a change value applied
+between ticks) and the ``Scheduler``s that run requests on it (``scheduler.py``: the requests in
+flight, reading the registry through a read-only protocol; a mode is a ``strategies`` object). It
+runs requests:
 
 * ``run(request)`` / ``run_many(requests, mode="serial")``: each request to completion, one at a
   time: its cached nodes are looked up in the feature cache, then the engine enters the program,
@@ -233,31 +237,12 @@ class Engine:
             return self._registry.card(model_id, pending=True)
 
     def program(self, model_id: str) -> Program:
-        """The program the resident card ``model_id`` is served with.
-
-        Args:
-          model_id: a served card's id.
-
-        Returns:
-          Its ``Program``.
-
-        Raises:
-          EngineError: if ``model_id`` is not served, or is a workflow.
-        """
+        """The ``Program`` the resident card ``model_id`` is served with (``EngineError`` if ``model_id`` is not
+        served, or is a workflow)."""
         return self._registry.resident(model_id).program
 
     def workflow(self, model_id: str) -> Workflow:
-        """The registered workflow ``model_id``.
-
-        Args:
-          model_id: a served workflow's id.
-
-        Returns:
-          Its ``Workflow``.
-
-        Raises:
-          EngineError: if ``model_id`` is not served, or is a card.
-        """
+        """The registered ``Workflow`` ``model_id`` (``EngineError`` if ``model_id`` is not served, or is a card)."""
         self._registry.lookup(model_id)
         workflow = self._registry.workflow(model_id)
         if workflow is None:

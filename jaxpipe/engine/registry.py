@@ -81,14 +81,7 @@ class Install:
         return self.card.model_id
 
     def apply(self, state: Cards) -> tuple[Cards, Drops]:
-        """The state with the card resident.
-
-        Args:
-          state: the registry state.
-
-        Returns:
-          The next state and the entries it retires (a replaced card's, its roles').
-        """
+        """The state with the card resident, and the entries it retires (a replaced card's, its roles')."""
         old = state.residents.get(self.model_id)
         names = [n for c in self.card.components for n in self.experts.get(c, (c,))]
         versions = {name: (old.versions.get(name, -1) + 1 if old else 0) for name in names}
@@ -99,19 +92,11 @@ class Install:
         return Cards(residents, roles), drops
 
     def card_after(self, card: Card) -> Card:
-        """The new card.
-
-        Args:
-          card: the resident card.
-        """
+        """The new card (whatever ``card`` was)."""
         return self.card
 
     def versions_after(self, versions: dict[str, int]) -> dict[str, int]:
-        """Every version one up.
-
-        Args:
-          versions: the resident versions.
-        """
+        """Every one of ``versions`` one up."""
         return {n: v + 1 for n, v in versions.items()}
 
 
@@ -124,14 +109,7 @@ class Update:
     removes = False
 
     def apply(self, state: Cards) -> tuple[Cards, Drops]:
-        """The state with the components swapped in and their versions raised.
-
-        Args:
-          state: the registry state.
-
-        Returns:
-          The next state and the entries it retires (the touched components').
-        """
+        """The state with the components swapped in (their versions up), and the entries it retires (theirs)."""
         resident = state.residents.get(self.model_id)
         if resident is None:  # gone with an earlier change (a role whose card was replaced)
             return state, ()
@@ -141,19 +119,11 @@ class Update:
         return Cards({**state.residents, self.model_id: new}, state.roles), ((self.model_id, self.publish.touched),)
 
     def card_after(self, card: Card) -> Card:
-        """``card`` with the publish applied.
-
-        Args:
-          card: the resident card.
-        """
+        """``card`` with the publish applied."""
         return self.publish.apply(card)
 
     def versions_after(self, versions: dict[str, int]) -> dict[str, int]:
-        """The published names' versions one up.
-
-        Args:
-          versions: the resident versions.
-        """
+        """``versions`` with the published names' one up."""
         return {n: v + (n in self.publish.bumps) for n, v in versions.items()}
 
 
@@ -165,14 +135,7 @@ class Remove:
     removes = True
 
     def apply(self, state: Cards) -> tuple[Cards, Drops]:
-        """The state without the card.
-
-        Args:
-          state: the registry state.
-
-        Returns:
-          The next state and the entries it retires (the card's, its roles').
-        """
+        """The state without the card, and the entries it retires (the card's, its roles')."""
         if self.model_id not in state.residents:
             return state, ()
         residents, roles = dict(state.residents), dict(state.roles)
@@ -182,19 +145,11 @@ class Remove:
         return Cards(residents, roles), ((self.model_id, None), *_without_roles(residents, roles, self.model_id))
 
     def card_after(self, card: Card) -> Card:
-        """``card``: it stays until it leaves.
-
-        Args:
-          card: the resident card.
-        """
+        """``card``: it stays until it leaves."""
         return card
 
     def versions_after(self, versions: dict[str, int]) -> dict[str, int]:
-        """``versions``, unchanged.
-
-        Args:
-          versions: the resident versions.
-        """
+        """``versions``, unchanged."""
         return versions
 
 

@@ -70,22 +70,25 @@ class Strategy(Protocol):
         """``(group layout, capacity)`` pairs compiled, and those a group wanted to shrink to, so far."""
 
 
+def _every(jobs: list[Job], running: bool) -> list[Job]:
+    """Every ready job starts (``ready`` of ``Interleaved`` and ``Batched``).
+
+    Args:
+      jobs: the ready jobs.
+      running: whether anything runs.
+
+    Returns:
+      ``jobs``.
+    """
+    return jobs
+
+
 class Interleaved:
     """Every started request advances one step per tick, through its own jitted step (C1 with ``Serial``)."""
 
     name = "interleaved"
 
-    def ready(self, jobs: list[Job], running: bool) -> list[Job]:
-        """Every ready job starts.
-
-        Args:
-          jobs: the ready jobs.
-          running: whether anything runs.
-
-        Returns:
-          ``jobs``.
-        """
-        return jobs
+    ready = staticmethod(_every)
 
     def cohorts(self, jobs: list[Job]) -> list[Cohort]:
         """One cohort per job.
@@ -201,17 +204,7 @@ class Batched:
         self._wanted: set = set()  # pairs its groups wanted to shrink to
         self._groups: dict[Any, Group] = {}
 
-    def ready(self, jobs: list[Job], running: bool) -> list[Job]:
-        """Every ready job starts.
-
-        Args:
-          jobs: the ready jobs.
-          running: whether anything runs.
-
-        Returns:
-          ``jobs``.
-        """
-        return jobs
+    ready = staticmethod(_every)
 
     def cohorts(self, jobs: list[Job]) -> list[Cohort]:
         """Jobs of one card, settings up to step counts, schedule width and slot shapes, in cohorts of at most
