@@ -52,3 +52,58 @@ def test_modes_are_strategies_not_strings():
 @pytest.mark.parametrize("path", sorted([*(ROOT / "engine").glob("*.py"), *(ROOT / "serve").glob("*.py")]), ids=str)
 def test_no_module_over_500_lines(path):
     assert len(path.read_text().splitlines()) <= 500, path.name
+
+
+_CHANGES = {"register", "register_workflow", "unregister", "publish", "add_role"}
+
+
+def _engine_changes(source: str) -> list[tuple[str, int]]:
+    """Where ``source`` assigns to an engine's attribute or calls an engine method that changes what it serves:
+    ``(enclosing function, line)``; an engine is a name or attribute called ``engine``."""
+
+    def is_engine(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "engine") or (
+            isinstance(node, ast.Attribute) and node.attr == "engine"
+        )
+
+    found = []
+
+    def visit(node, where):
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else where
+            targets = child.targets if isinstance(child, ast.Assign) else [getattr(child, "target", None)]
+            if isinstance(child, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                found.extend(
+                    (where, child.lineno) for t in targets if isinstance(t, ast.Attribute) and is_engine(t.value)
+                )
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
+                if child.func.attr in _CHANGES and is_engine(child.func.value):
+                    found.append((where, child.lineno))
+            visit(child, inner)
+
+    visit(ast.parse(source), "<module>")
+    return found
+
+
+def test_serve_never_changes_its_engine():
+    """The app, its front and routes only read the engine and submit to it; serving a card's image-reading text
+    programs next to it is the one change, made by whoever builds the engine (``register_text_programs``)."""
+    changes = {
+        path.name: [where for where, _ in _engine_changes(path.read_text())]
+        for path in sorted((ROOT / "serve").glob("*.py"))
+    }
+    assert {name: found for name, found in changes.items() if found} == {"chat_models.py": ["_register_variant"]}
+    assert _engine_changes("def f(front):\n    front.engine.mode = 'x'\n    engine.publish('a', {})\n") == [
+        ("f", 2),
+        ("f", 3),
+    ]
+
+
+def test_an_engine_s_settings_are_read_only():
+    import jaxpipe as jp
+
+    engine = jp.Engine(max_batch=4, mode="interleaved")
+    for name, value in (("mode", "batched"), ("max_batch", 8)):
+        with pytest.raises(AttributeError):
+            setattr(engine, name, value)
+    assert (engine.mode, engine.max_batch) == ("interleaved", 4)
