@@ -107,3 +107,38 @@ def test_an_engine_s_settings_are_read_only():
         with pytest.raises(AttributeError):
             setattr(engine, name, value)
     assert (engine.mode, engine.max_batch) == ("interleaved", 4)
+
+
+def test_a_registry_change_is_a_new_state_applied_when_its_card_drains(t2i_card):
+    from conftest import perturbed
+
+    from jaxpipe.cache import FeatureCache
+    from jaxpipe.engine.registry import Registry, Remove, Update
+
+    registry = Registry(FeatureCache())
+    registry.register(t2i_card, None, None, False, busy=False)
+    registry.add_role("flux-t2i", "old", "transformer")
+    first = registry.state
+    new = perturbed(t2i_card["transformer"], seed=3)
+    # while busy, a publish is a pending change value: the state is the same object, the card is held
+    assert registry.publish("flux-t2i", {"transformer": new}, busy=True)["transformer"] == 1
+    assert registry.state is first and registry.held() == {"flux-t2i"}
+    assert registry.pending() == {"flux-t2i": {**first.residents["flux-t2i"].versions, "transformer": 1}}
+    registry.apply(lambda model_id: False)  # not drained: nothing applies
+    assert registry.state is first
+    registry.apply(lambda model_id: True)
+    assert registry.state is not first and registry.held() == frozenset()
+    assert first.residents["flux-t2i"].versions["transformer"] == 0  # the old state is untouched
+    assert registry.state.residents["flux-t2i"].versions["transformer"] == 1
+    assert registry.state.residents["flux-t2i@old"].versions["transformer"] == 0  # in the role's scope: its own
+    # a change applied to a state by hand gives the same next state, without the registry
+    state, drops = Update("flux-t2i", _publish(registry, new)).apply(first)
+    assert state.residents["flux-t2i"].versions["transformer"] == 1 and drops == (("flux-t2i", {"transformer"}),)
+    state, drops = Remove("flux-t2i").apply(state)
+    assert set(state.residents) == set() and drops == (("flux-t2i", None), ("flux-t2i@old", None))
+
+
+def _publish(registry, transformer):
+    from jaxpipe.engine.publish import checked
+
+    return checked(registry.state.residents["flux-t2i"], {"transformer": transformer})
