@@ -165,9 +165,14 @@ class Registry:
 
     def __init__(self, cache: FeatureCache):
         self.cache = cache
-        self.state = Cards()
+        self._state = Cards()
         self.workflow_registry = WorkflowRegistry()
         self._pending: tuple[Change, ...] = ()
+
+    @property
+    def state(self) -> Cards:
+        """The current state (a value: a change makes a new one)."""
+        return self._state
 
     # ---- what the scheduler reads (``scheduler.Served``) ----------------------------------------
 
@@ -341,7 +346,7 @@ class Registry:
         versions = {n: 0 if n in owned else v for n, v in base.versions.items()}
         resident = Resident.of(base.card.with_id(role_id), base.program, versions, base.experts, model_id, scope)
         roles = {**self.state.roles, model_id: {**self.state.roles.get(model_id, {}), role: role_id}}
-        self.state = Cards({**self.state.residents, role_id: resident}, roles)
+        self._state = Cards({**self._state.residents, role_id: resident}, roles)
         return role_id
 
     def register_workflow(self, workflow: Workflow, replace: bool) -> None:
@@ -420,7 +425,7 @@ class Registry:
             self._commit(change)
 
     def _commit(self, change: Change) -> None:
-        self.state, drops = change.apply(self.state)
+        self._state, drops = change.apply(self._state)
         for model_id, components in drops:
             self.cache.invalidate(model_id, components)
 
