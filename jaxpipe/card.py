@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpipe import tracing  # noqa: F401  (cheap tracer probes before any network is built or traced)
+from jaxpipe import validate as checks  # this module's own validate() checks a spec against its components
 from jaxpipe.loops import registry as loop_kinds
 
 __all__ = ["Card", "CardSpec", "LoopSpec", "CardValidationError"]
@@ -23,6 +24,15 @@ __all__ = ["Card", "CardSpec", "LoopSpec", "CardValidationError"]
 
 class CardValidationError(ValueError):
     """A card's spec is inconsistent with its components (or with itself)."""
+
+
+def _check_error(driver, spec) -> str | None:
+    """What the loop kind's ``driver.check`` says is wrong with ``spec`` (its ``ValueError``), or ``None``."""
+    try:
+        driver.check(spec)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,29 +53,28 @@ class LoopSpec:
     latent_shape: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        if self.kind not in loop_kinds.KINDS:
-            raise CardValidationError(
-                f"loop {self.id!r}: kind must be one of {sorted(loop_kinds.KINDS)} (got {self.kind!r})"
-            )
+        checks.rule(
+            self.kind in loop_kinds.KINDS,
+            f"loop {self.id!r}: kind must be one of {sorted(loop_kinds.KINDS)} (got {self.kind!r})",
+            CardValidationError,
+        )
         if isinstance(self.binds, str):
             object.__setattr__(self, "binds", (self.binds,))
         object.__setattr__(self, "binds", tuple(self.binds))
-        if not self.binds:
-            raise CardValidationError(f"loop {self.id!r} binds no component")
+        checks.rule(bool(self.binds), f"loop {self.id!r} binds no component", CardValidationError)
         if self.latent_shape is not None:
             shape = tuple(int(n) for n in self.latent_shape)
-            if not shape or min(shape) <= 0:
-                raise CardValidationError(
-                    f"loop {self.id!r}: latent_shape must be positive sizes (got {self.latent_shape})"
-                )
+            checks.rule(
+                bool(shape) and min(shape) > 0,
+                f"loop {self.id!r}: latent_shape must be positive sizes (got {self.latent_shape})",
+                CardValidationError,
+            )
             object.__setattr__(self, "latent_shape", shape)
         hash(self.config)
         driver = loop_kinds.KINDS[self.kind]
         if driver is not None:
-            try:
-                driver.check(self)
-            except ValueError as err:
-                raise CardValidationError(f"loop {self.id!r} ({self.kind}): {err}") from None
+            err = _check_error(driver, self)
+            checks.rule(err is None, f"loop {self.id!r} ({self.kind}): {err}", CardValidationError)
 
 
 @dataclasses.dataclass(frozen=True)

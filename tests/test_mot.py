@@ -10,7 +10,9 @@ from conftest import perturbed
 from flax import nnx
 
 from jaxpipe.loops import ar
-from jaxpipe.nn.mot import IMAGE, TEXT, MoT, MoTConfig, Routing, _cat, _meta
+from jaxpipe.nn.mot import IMAGE, TEXT, MoT, MoTConfig, Routing
+from jaxpipe.nn.mot_layer import cat_tokens as _cat
+from jaxpipe.nn.mot_layer import token_meta as _meta
 
 CFG = MoTConfig(vocab_size=11, max_text=8, latent_size=4, dim=32, depth=2, heads=2, time_embed_dim=16)
 

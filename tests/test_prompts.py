@@ -200,8 +200,8 @@ def test_batches_visit_every_prompt_once_per_epoch_with_fixed_shapes(t2i_card, m
     texts = ["seven thick", "one", "two dim", "three left", "four", "five bright", "seven thick"]  # one duplicate
     s = PromptSet.from_list(texts, {"row": np.arange(7)})
     calls = []
-    tokenize = jpp.tokenize
-    monkeypatch.setattr(jpp, "tokenize", lambda card, t, **kw: calls.append(list(t)) or tokenize(card, t, **kw))
+    tokenize = jpp.tokenize  # patched where PromptSet looks it up (jaxpipe.prompts.sets)
+    monkeypatch.setattr(jpp.sets, "tokenize", lambda card, t, **kw: calls.append(list(t)) or tokenize(card, t, **kw))
     it = s.batches(t2i_card, 3, seed=5)
     batches = [next(it) for _ in range(7)]  # 21 rows = 3 epochs of 7
     assert calls == [list(dict.fromkeys(texts))]  # each distinct prompt tokenized once, up front

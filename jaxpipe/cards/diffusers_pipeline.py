@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from jaxpipe import validate
+
 __all__ = ["PipelineFolder", "FlowSchedule", "read_pipeline", "load_components"]
 
 
@@ -47,10 +49,11 @@ class FlowSchedule:
     max_seq_len: int = 4096
 
     def __post_init__(self):
-        if not self.shift > 0:
-            raise ValueError(f"shift must be > 0 (got {self.shift})")
-        if self.dynamic and self.max_seq_len == self.base_seq_len:
-            raise ValueError("a dynamic schedule needs max_seq_len != base_seq_len")
+        validate.positive(self, "shift")
+        validate.rule(
+            not (self.dynamic and self.max_seq_len == self.base_seq_len),
+            "a dynamic schedule needs max_seq_len != base_seq_len",
+        )
 
     def flow_shift(self, tokens: int) -> float:
         """The flow-shift for an image of ``tokens`` transformer tokens.

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import jax
 
+from jaxpipe import validate
 from jaxpipe.card import Card
 from jaxpipe.program import Program
 
@@ -88,12 +89,15 @@ class Family:
     program_for: Callable[[Card], str] | None = None
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"a family needs a non-empty name (got {self.name!r})")
-        if not dataclasses.is_dataclass(self.config):
-            raise TypeError(f"family {self.name!r}: config must be a dataclass type (got {self.config!r})")
-        if not self.programs:
-            raise ValueError(f"family {self.name!r} names no program")
+        validate.rule(
+            isinstance(self.name, str) and bool(self.name), f"a family needs a non-empty name (got {self.name!r})"
+        )
+        validate.rule(
+            dataclasses.is_dataclass(self.config),
+            f"family {self.name!r}: config must be a dataclass type (got {self.config!r})",
+            TypeError,
+        )
+        validate.rule(bool(self.programs), f"family {self.name!r} names no program")
         object.__setattr__(self, "programs", dict(self.programs))
         object.__setattr__(self, "pipelines", dict(self.pipelines))
 

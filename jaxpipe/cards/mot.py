@@ -23,6 +23,7 @@ from jaxpipe.cards import generator
 from jaxpipe.loops import ar, denoise
 from jaxpipe.nn import Autoencoder, AutoencoderConfig, Tokenizer
 from jaxpipe.nn.mot import MoT, MoTCond, MoTConfig
+from jaxpipe.program import ComponentNode, LoopNode
 from jaxpipe.request import Request
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "prefill_prompt",
     "start_ar",
     "final_state",
+    "prompt_then_decode",
     "start_denoise",
     "prompt_ids",
     "settings_with_temperature",
@@ -267,6 +269,35 @@ def final_state(state: Any) -> Any:
       ``state`` unchanged.
     """
     return state
+
+
+def prompt_then_decode(loop_id: str, writes: str) -> tuple[ComponentNode, LoopNode]:
+    """The nodes a MoT program starts with: prefill the prompt ``ids`` into the transformer's KV cache
+    (cached per prompt), then decode from that cache in the ``ar_decode`` loop ``loop_id``.
+
+    Args:
+      loop_id: the ``ar_decode`` loop's id (thinking, reasoning ...).
+      writes: the slot the loop's final state goes to.
+
+    Returns:
+      ``(prefill node, AR loop node)``: the prefill writes ``prompt_logits`` / ``prompt_cache``.
+    """
+    prefill = ComponentNode(
+        "prefill",
+        prefill_prompt,
+        ("ids",),
+        ("prompt_logits", "prompt_cache"),
+        component="transformer",
+        cached=True,
+    )
+    decode = LoopNode(
+        loop_id,
+        start_ar,
+        reads=("ids", "key", "prompt_logits", "prompt_cache"),
+        writes=(writes,),
+        result=final_state,
+    )
+    return prefill, decode
 
 
 def start_denoise(

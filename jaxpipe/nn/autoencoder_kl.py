@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.nn import hf
 from jaxpipe.nn.layers import compute_dtype
 
@@ -73,36 +74,31 @@ class AutoencoderKLConfig:
         if isinstance(self.sample_size, list):
             object.__setattr__(self, "sample_size", tuple(self.sample_size))
         n = len(self.block_out_channels)
-        if n == 0:
-            raise ValueError("AutoencoderKLConfig.block_out_channels must name at least one width")
-        if set(self.down_block_types) - {"DownEncoderBlock2D"} or len(self.down_block_types) != n:
-            raise ValueError(
-                f"down_block_types must be {n} x 'DownEncoderBlock2D' (one per block_out_channels entry); "
-                f"got {self.down_block_types}"
+        validate.rule(n > 0, "AutoencoderKLConfig.block_out_channels must name at least one width")
+        for field, block in (("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")):
+            types = getattr(self, field)
+            validate.rule(
+                set(types) <= {block} and len(types) == n,
+                f"{field} must be {n} x '{block}' (one per block_out_channels entry); got {types}",
             )
-        if set(self.up_block_types) - {"UpDecoderBlock2D"} or len(self.up_block_types) != n:
-            raise ValueError(
-                f"up_block_types must be {n} x 'UpDecoderBlock2D' (one per block_out_channels entry); "
-                f"got {self.up_block_types}"
-            )
-        if self.act_fn not in ("silu", "swish"):
-            raise ValueError(f"act_fn must be 'silu' (or its alias 'swish'); got {self.act_fn!r}")
-        bad = [c for c in self.block_out_channels if c <= 0 or c % self.norm_num_groups]
-        if self.norm_num_groups <= 0 or bad:
-            raise ValueError(
-                f"every block_out_channels entry must be a positive multiple of norm_num_groups "
-                f"({self.norm_num_groups}); got {self.block_out_channels}"
-            )
+        validate.rule(
+            self.act_fn in ("silu", "swish"), f"act_fn must be 'silu' (or its alias 'swish'); got {self.act_fn!r}"
+        )
+        groups = self.norm_num_groups
+        validate.rule(
+            groups > 0 and all(c > 0 and c % groups == 0 for c in self.block_out_channels),
+            f"every block_out_channels entry must be a positive multiple of norm_num_groups "
+            f"({groups}); got {self.block_out_channels}",
+        )
         for name in ("in_channels", "out_channels", "latent_channels", "layers_per_block"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"AutoencoderKLConfig.{name} must be positive; got {getattr(self, name)}")
-        if self.scaling_factor == 0:
-            raise ValueError("AutoencoderKLConfig.scaling_factor must be nonzero")
-        if self.latents_mean is not None or self.latents_std is not None:
-            raise ValueError(
-                "per-channel latents_mean / latents_std normalisation is not supported; this VAE "
-                "normalises latents by shift_factor and scaling_factor only"
-            )
+            value = getattr(self, name)
+            validate.rule(value > 0, f"AutoencoderKLConfig.{name} must be positive; got {value}")
+        validate.rule(self.scaling_factor != 0, "AutoencoderKLConfig.scaling_factor must be nonzero")
+        validate.rule(
+            self.latents_mean is None and self.latents_std is None,
+            "per-channel latents_mean / latents_std normalisation is not supported; this VAE "
+            "normalises latents by shift_factor and scaling_factor only",
+        )
         compute_dtype(self.dtype)
 
     @property

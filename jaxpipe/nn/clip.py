@@ -12,7 +12,7 @@ one ``lax.scan`` (``nn.stacked``) unless ``scan_layers=False``; checkpoints keep
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.nn import hf
-from jaxpipe.nn.layers import check_sizes, compute_dtype
-from jaxpipe.nn.stacked import apply, blocks, check_remat
+from jaxpipe.nn.layers import check_divisible, check_sizes, compute_dtype
+from jaxpipe.nn.stacked import apply, blocks, check_layout
 from jaxpipe.nn.t5 import ACTIVATIONS
 
-__all__ = ["LOGICAL_AXES", "CLIPTextEncoder", "CLIPTextEncoderConfig", "load", "param_count", "pool_eos"]
+__all__ = [
+    "LOGICAL_AXES",
+    "CLIPTextEncoder",
+    "CLIPTextEncoderConfig",
+    "builder",
+    "check_tower",
+    "load",
+    "param_count",
+    "pool_eos",
+]
 
 LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"embeddings/token_embedding/embedding", ("vocab", "embed")),
@@ -88,20 +98,8 @@ class CLIPTextEncoderConfig:
                 "max_position_embeddings",
             ),
         )
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})"
-            )
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)} (got {self.hidden_act!r})")
-        if not isinstance(self.eos_token_id, int):
-            raise TypeError(f"eos_token_id must be an int (got {self.eos_token_id!r})")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"layer_norm_eps must be positive (got {self.layer_norm_eps!r})")
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"scan_layers must be a bool (got {self.scan_layers!r})")
-        check_remat(self.remat)
-        compute_dtype(self.dtype)
+        check_tower(self)
+        validate.instances(self, int, "eos_token_id")
 
     @property
     def head_dim(self) -> int:
@@ -151,6 +149,47 @@ class CLIPTextEncoderConfig:
                 **overrides,
             }
         )
+
+
+def check_tower(config) -> None:
+    """Checks what CLIP's text and vision tower configs share: the heads divide the width, a known
+    ``hidden_act``, a positive ``layer_norm_eps``, the layer layout and the dtype (sizes checked before).
+
+    Args:
+      config: a ``CLIPTextEncoderConfig`` or ``clip_vision.CLIPVisionConfig``.
+
+    Raises:
+      ValueError: naming the first field that fails.
+    """
+    check_divisible(config, "hidden_size", "num_attention_heads")
+    validate.rule(
+        config.hidden_act in ACTIVATIONS, f"hidden_act must be one of {sorted(ACTIVATIONS)} (got {config.hidden_act!r})"
+    )
+    validate.positive(config, "layer_norm_eps")
+    check_layout(config)
+    compute_dtype(config.dtype)
+
+
+def builder(from_json: Callable, module: type, dtype: str, scan_layers: bool, remat: str) -> Callable:
+    """What ``hf.load_module`` builds a CLIP tower with: ``module`` of the sizes ``from_json`` reads from a
+    ``config.json``, in ``dtype`` and the given layer layout.
+
+    Args:
+      from_json: a config class's ``from_json``.
+      module: the network class built from that config.
+      dtype: the parameter and compute dtype's name.
+      scan_layers: store the layers stacked.
+      remat: the layers' rematerialisation policy.
+
+    Returns:
+      ``config.json`` dict -> the (randomly initialised) network.
+    """
+
+    def build(config: dict[str, Any]):
+        sizes = dataclasses.replace(from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat)
+        return module(sizes, rngs=nnx.Rngs(0))
+
+    return build
 
 
 def pool_eos(hidden: jax.Array, input_ids: jax.Array, eos_token_id: int) -> jax.Array:
@@ -313,13 +352,7 @@ def load(
       ValueError: if ``config.json`` is not a ``clip_text_model``.
       hf.KeyMappingError: naming missing, unexpected or mis-shaped keys.
     """
-
-    def build(config: dict[str, Any]) -> CLIPTextEncoder:
-        sizes = dataclasses.replace(
-            CLIPTextEncoderConfig.from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat
-        )
-        return CLIPTextEncoder(sizes, rngs=nnx.Rngs(0))
-
+    build = builder(CLIPTextEncoderConfig.from_json, CLIPTextEncoder, dtype, scan_layers, remat)
     return hf.load_module(folder, build, prepare=_text_tensors)
 
 

@@ -5,15 +5,14 @@ Patch embedding (a stride-``patch`` convolution without bias) + a class token + 
 embeddings -> ``pre_layrnorm`` -> pre-LayerNorm transformer layers (the text tower's, without a
 mask) -> the pooled output ``post_layernorm(h[:, 0])``. Attribute names mirror transformers
 (``embeddings.patch_embedding``, ``pre_layrnorm`` with its historical spelling), so checkpoints
-load key for key. Images are channels-last ``(B, H, W, C)``. ``preprocess`` is
-``CLIPImageProcessor`` as array maths (resize the shortest edge, centre crop, normalise), so
-generated images are scored in-graph and rewards stay differentiable.
+load key for key. Images are channels-last ``(B, H, W, C)``. ``preprocess`` (``ImageProcessing``,
+in ``clip_image``, re-exported here) is ``CLIPImageProcessor`` as array maths, so generated images are
+scored in-graph and rewards stay differentiable.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,10 @@ import numpy as np
 from flax import nnx
 
 from jaxpipe.nn import hf
-from jaxpipe.nn.clip import CLIPEncoder, _layer_norm
-from jaxpipe.nn.layers import check_sizes, compute_dtype
-from jaxpipe.nn.stacked import apply, check_remat, prefix
-from jaxpipe.nn.t5 import ACTIVATIONS
+from jaxpipe.nn.clip import CLIPEncoder, _layer_norm, builder, check_tower
+from jaxpipe.nn.clip_image import OPENAI_MEAN, OPENAI_STD, ImageProcessing, preprocess
+from jaxpipe.nn.layers import check_divisible, check_sizes, compute_dtype
+from jaxpipe.nn.stacked import apply, prefix
 
 __all__ = [
     "LOGICAL_AXES",
@@ -52,11 +51,6 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r".*/mlp/fc1/kernel", ("embed", "mlp")),
     (r".*/mlp/fc2/kernel", ("mlp", "embed")),
 )
-
-OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
-"""CLIP's per-channel image mean (``OPENAI_CLIP_MEAN``), in [0, 1] units."""
-OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
-"""CLIP's per-channel image standard deviation (``OPENAI_CLIP_STD``)."""
 
 # the transformers default CLIPVisionConfig, for keys a config.json leaves out
 _JSON_DEFAULTS = {
@@ -110,20 +104,8 @@ class CLIPVisionConfig:
                 "projection_dim",
             ),
         )
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})"
-            )
-        if self.image_size % self.patch_size:
-            raise ValueError(f"image_size ({self.image_size}) must be a multiple of patch_size ({self.patch_size})")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act must be one of {sorted(ACTIVATIONS)} (got {self.hidden_act!r})")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"layer_norm_eps must be positive (got {self.layer_norm_eps!r})")
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"scan_layers must be a bool (got {self.scan_layers!r})")
-        check_remat(self.remat)
-        compute_dtype(self.dtype)
+        check_divisible(self, "image_size", "patch_size")
+        check_tower(self)
 
     @property
     def head_dim(self) -> int:
@@ -317,16 +299,6 @@ def _vision_tensors(tensors: dict[str, np.ndarray], *, strip: bool) -> dict[str,
     return out
 
 
-def _loader(cls, dtype: str, scan_layers: bool, remat: str):
-    def build(config: dict[str, Any]):
-        sizes = dataclasses.replace(
-            CLIPVisionConfig.from_json(config, dtype=dtype), scan_layers=scan_layers, remat=remat
-        )
-        return cls(sizes, rngs=nnx.Rngs(0))
-
-    return build
-
-
 def load(
     folder: str | Path, *, dtype: str = "float32", scan_layers: bool = True, remat: str = "none"
 ) -> CLIPVisionEncoder:
@@ -347,7 +319,9 @@ def load(
         folder has a ``visual_projection``: use ``load_with_projection``).
     """
     return hf.load_module(
-        folder, _loader(CLIPVisionEncoder, dtype, scan_layers, remat), prepare=lambda t: _vision_tensors(t, strip=True)
+        folder,
+        builder(CLIPVisionConfig.from_json, CLIPVisionEncoder, dtype, scan_layers, remat),
+        prepare=lambda t: _vision_tensors(t, strip=True),
     )
 
 
@@ -370,7 +344,7 @@ def load_with_projection(
     """
     return hf.load_module(
         folder,
-        _loader(CLIPVisionWithProjection, dtype, scan_layers, remat),
+        builder(CLIPVisionConfig.from_json, CLIPVisionWithProjection, dtype, scan_layers, remat),
         prepare=lambda t: _vision_tensors(t, strip=False),
     )
 
@@ -387,130 +361,3 @@ def param_count(config: CLIPVisionConfig, *, projection: bool = False) -> int:
     """
     cls = CLIPVisionWithProjection if projection else CLIPVisionEncoder
     return hf.count_params(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
-
-
-# --------------------------------------------------------------------------------------------
-# CLIPImageProcessor as array maths
-# --------------------------------------------------------------------------------------------
-
-
-def _pair(value: Any, what: str) -> tuple[int, int]:
-    if isinstance(value, Mapping):
-        if "height" in value and "width" in value:
-            return int(value["height"]), int(value["width"])
-        if "shortest_edge" in value:
-            return int(value["shortest_edge"]), int(value["shortest_edge"])
-        raise ValueError(f"preprocessor {what} {dict(value)} has neither height/width nor shortest_edge")
-    return int(value), int(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageProcessing:
-    """``CLIPImageProcessor``'s settings: resize the shortest edge to ``size`` (``None``: no resize), centre
-    crop to ``crop`` ``(h, w)``, then ``(x - mean) / std`` per channel (images in [0, 1]).
-
-    Raises:
-      ValueError: on non-positive sizes, or a mean / std that is not three finite numbers (std > 0).
-    """
-
-    size: int | None = 224
-    crop: tuple[int, int] = (224, 224)
-    mean: tuple[float, float, float] = OPENAI_MEAN
-    std: tuple[float, float, float] = OPENAI_STD
-
-    def __post_init__(self):
-        if self.size is not None and not (isinstance(self.size, int) and self.size > 0):
-            raise ValueError(f"size must be a positive int or None (got {self.size!r})")
-        if len(self.crop) != 2 or min(self.crop) < 1:
-            raise ValueError(f"crop must be (height, width) > 0 (got {self.crop!r})")
-        for name in ("mean", "std"):
-            value = getattr(self, name)
-            if len(value) != 3 or not all(np.isfinite(value)):
-                raise ValueError(f"{name} must be three finite numbers (got {value!r})")
-        if min(self.std) <= 0:
-            raise ValueError(f"std must be positive (got {self.std!r})")
-
-    @classmethod
-    def openai(cls, size: int = 224) -> ImageProcessing:
-        """CLIP's own preprocessing at ``size`` (224 for ViT-B/16, ViT-L/14, ViT-H/14)."""
-        return cls(size=size, crop=(size, size))
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> ImageProcessing:
-        """From a ``preprocessor_config.json`` (``CLIPImageProcessor``'s keys).
-
-        Raises:
-          ValueError: for a processor that does not rescale to [0, 1] by 1/255, or one that skips the crop
-            or normalisation while resizing to a non-square size (not what CLIP models see).
-        """
-        factor = float(d.get("rescale_factor", 1 / 255))
-        if d.get("do_rescale", True) and abs(factor - 1 / 255) > 1e-9:
-            raise ValueError(f"rescale_factor {factor} is not 1/255; jaxpipe's images are in [0, 1]")
-        size = _pair(d.get("size", 224), "size")[0] if d.get("do_resize", True) else None
-        crop = _pair(d.get("crop_size", 224), "crop_size") if d.get("do_center_crop", True) else None
-        if crop is None:
-            if size is None:
-                raise ValueError("a preprocessor that neither resizes nor crops has no fixed image size")
-            crop = (size, size)
-        if d.get("do_normalize", True):
-            mean = tuple(float(x) for x in d.get("image_mean", OPENAI_MEAN))
-            std = tuple(float(x) for x in d.get("image_std", OPENAI_STD))
-        else:
-            mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
-        return cls(size=size, crop=crop, mean=mean, std=std)
-
-    @classmethod
-    def from_folder(cls, folder: str | Path) -> ImageProcessing:
-        """From ``folder/preprocessor_config.json``.
-
-        Raises:
-          FileNotFoundError: if the folder has none.
-          ValueError: as ``from_json``.
-        """
-        path = Path(folder) / "preprocessor_config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{folder}: no preprocessor_config.json (a CLIPImageProcessor's settings)")
-        return cls.from_json(json.loads(path.read_text()))
-
-
-def _resized_shape(h: int, w: int, size: int) -> tuple[int, int]:
-    """transformers' shortest-edge rule: the short side becomes ``size``, the long side ``int(size·long/short)``."""
-    if h <= w:
-        return size, int(size * w / h)
-    return int(size * h / w), size
-
-
-def preprocess(images: jax.Array, processing: ImageProcessing = ImageProcessing()) -> jax.Array:
-    """CLIP's preprocessing of ``images`` ``(B, H, W, 3)`` in [0, 1] -> ``pixel_values`` ``(B, crop_h, crop_w, 3)``.
-
-    Resizes the shortest edge (bicubic, antialiased when shrinking), centre crops as transformers does
-    (offset ``(H - crop_h) // 2``), normalises; differentiable. Crop-sized images are not resampled, so
-    they give exactly ``CLIPImageProcessor``'s values on the same uint8 images; otherwise the
-    interpolation differs from PIL's in detail (PIL resamples rounded uint8 pixels).
-
-    Args:
-      images: ``(B, H, W, 3)`` in [0, 1].
-      processing: the processor's settings.
-
-    Returns:
-      ``(B, crop_h, crop_w, 3)`` float32 pixel values.
-
-    Raises:
-      ValueError: if ``images`` is not ``(B, H, W, 3)``, or is smaller than the crop after resizing.
-    """
-    images = jnp.asarray(images, jnp.float32)
-    if images.ndim != 4 or images.shape[-1] != 3:
-        raise ValueError(f"images must be (B, H, W, 3) in [0, 1] (got shape {tuple(images.shape)})")
-    b, h, w, _ = images.shape
-    if processing.size is not None:
-        shape = _resized_shape(h, w, processing.size)
-        if shape != (h, w):
-            images = jax.image.resize(images, (b, *shape, 3), method="bicubic", antialias=True)
-            h, w = shape
-    ch, cw = processing.crop
-    if ch > h or cw > w:
-        raise ValueError(f"images of {h}×{w} (after resizing) are smaller than the {ch}×{cw} crop")
-    top, left = (h - ch) // 2, (w - cw) // 2
-    images = images[:, top : top + ch, left : left + cw]
-    mean, std = jnp.asarray(processing.mean, jnp.float32), jnp.asarray(processing.std, jnp.float32)
-    return (images - mean) / std

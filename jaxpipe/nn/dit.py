@@ -20,7 +20,7 @@ from einops import rearrange
 from flax import nnx
 
 from jaxpipe.nn.layers import MLP, Attention, compute_dtype, sincos_1d, sincos_grid
-from jaxpipe.nn.stacked import blocks, check_remat, scan
+from jaxpipe.nn.stacked import blocks, check_layout, scan
 
 __all__ = ["DiTConfig", "DiTCond", "DiTBlock", "DiT", "LOGICAL_AXES", "LORA_TARGETS"]
 
@@ -63,9 +63,7 @@ class DiTConfig:
     remat: str = "none"
 
     def __post_init__(self):
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"DiTConfig.scan_layers must be a bool (got {self.scan_layers!r})")
-        check_remat(self.remat)
+        check_layout(self)
 
     @classmethod
     def tiny(cls, **overrides) -> DiTConfig:

@@ -23,6 +23,7 @@ import numpy as np
 from einops import rearrange
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.nn import hf
 from jaxpipe.nn.attention import IMPLEMENTATIONS, check_implementation
 from jaxpipe.nn.flux_blocks import (
@@ -36,7 +37,7 @@ from jaxpipe.nn.flux_blocks import (
     rope,
 )
 from jaxpipe.nn.layers import check_sizes, compute_dtype
-from jaxpipe.nn.stacked import apply, blocks, check_remat
+from jaxpipe.nn.stacked import apply, blocks, check_layout
 
 __all__ = ["LOGICAL_AXES", "LORA_TARGETS", "RENAMES", "FluxCond", "FluxConfig", "FluxTransformer", "image_ids", "load"]
 
@@ -122,23 +123,25 @@ class FluxConfig:
         )
         check_sizes(self, ("num_layers", "num_single_layers"), minimum=0)
         check_sizes(self, ("out_channels",), optional=True)
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"FluxConfig.scan_layers must be a bool (got {self.scan_layers!r})")
-        check_remat(self.remat)
-        if self.attention not in IMPLEMENTATIONS:
-            raise ValueError(f"FluxConfig.attention must be one of {IMPLEMENTATIONS} (got {self.attention!r})")
-        if not isinstance(self.guidance_embeds, bool):
-            raise ValueError(f"FluxConfig.guidance_embeds must be a bool (got {self.guidance_embeds!r})")
+        check_layout(self)
+        validate.rule(
+            self.attention in IMPLEMENTATIONS,
+            f"FluxConfig.attention must be one of {IMPLEMENTATIONS} (got {self.attention!r})",
+        )
+        validate.rule(
+            isinstance(self.guidance_embeds, bool),
+            f"FluxConfig.guidance_embeds must be a bool (got {self.guidance_embeds!r})",
+        )
         axes = self.axes_dims_rope
-        if not axes or any(not isinstance(d, int) or d < 2 or d % 2 for d in axes):
-            raise ValueError(
-                f"FluxConfig.axes_dims_rope must be positive even ints, one per position axis (got {axes!r})"
-            )
-        if sum(axes) != self.attention_head_dim:
-            raise ValueError(
-                f"FluxConfig.axes_dims_rope {axes} sums to {sum(axes)}, but RoPE rotates a whole head: "
-                f"it must equal attention_head_dim={self.attention_head_dim}"
-            )
+        validate.rule(
+            bool(axes) and all(isinstance(d, int) and d >= 2 and d % 2 == 0 for d in axes),
+            f"FluxConfig.axes_dims_rope must be positive even ints, one per position axis (got {axes!r})",
+        )
+        validate.rule(
+            sum(axes) == self.attention_head_dim,
+            f"FluxConfig.axes_dims_rope {axes} sums to {sum(axes)}, but RoPE rotates a whole head: "
+            f"it must equal attention_head_dim={self.attention_head_dim}",
+        )
         compute_dtype(self.dtype)
 
     @classmethod

@@ -8,7 +8,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["Attention", "MLP", "sincos_1d", "sincos_grid", "attention_mask", "check_sizes", "compute_dtype"]
+from jaxpipe import validate
+
+__all__ = [
+    "Attention",
+    "MLP",
+    "sincos_1d",
+    "sincos_grid",
+    "attention_mask",
+    "check_divisible",
+    "check_sizes",
+    "compute_dtype",
+]
 
 
 def sincos_1d(positions: jax.Array, dim: int, max_period: float = 10_000.0) -> jax.Array:
@@ -142,15 +153,22 @@ def check_sizes(config, names, *, minimum: int = 1, optional: bool = False) -> N
     Raises:
       ValueError: naming ``Config.field`` and the value, for the first field that fails.
     """
-    what = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}") + (
-        " or None" if optional else ""
-    )
-    for name in names:
-        value = getattr(config, name)
-        if optional and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{type(config).__name__}.{name} must be {what} (got {value!r})")
+    validate.counts(config, *names, minimum=minimum, optional=optional, prefix=f"{type(config).__name__}.")
+
+
+def check_divisible(config, name: str, by: str) -> None:
+    """Checks that ``config``'s field ``name`` is divisible by its field ``by`` (a width by its heads).
+
+    Args:
+      config: a config dataclass instance (its sizes already checked).
+      name: the field divided.
+      by: the field dividing it.
+
+    Raises:
+      ValueError: naming both fields and their values.
+    """
+    value, divisor = getattr(config, name), getattr(config, by)
+    validate.rule(value % divisor == 0, f"{name} ({value}) must be divisible by {by} ({divisor})")
 
 
 def compute_dtype(name: str):
@@ -166,6 +184,5 @@ def compute_dtype(name: str):
       ValueError: on any other name.
     """
     allowed = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-    if name not in allowed:
-        raise ValueError(f"dtype must be one of {sorted(allowed)} (got {name!r})")
+    validate.rule(name in allowed, f"dtype must be one of {sorted(allowed)} (got {name!r})")
     return allowed[name]

@@ -27,8 +27,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpipe.nn.layers import MLP, check_sizes, compute_dtype
-from jaxpipe.nn.stacked import blocks, check_remat, scan
+from jaxpipe import validate
+from jaxpipe.nn.layers import MLP, check_divisible, check_sizes, compute_dtype
+from jaxpipe.nn.stacked import blocks, check_layout, scan
 
 __all__ = ["LMConfig", "KVCache", "RefinerLM", "MaskedLM"]
 
@@ -68,14 +69,10 @@ class LMConfig:
 
     def __post_init__(self):
         check_sizes(self, ("vocab_size", "dim", "depth", "heads", "max_len"))
-        if self.dim % self.heads:
-            raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
-        if not self.mlp_ratio > 0:
-            raise ValueError(f"mlp_ratio must be > 0 (got {self.mlp_ratio})")
+        check_divisible(self, "dim", "heads")
+        validate.positive(self, "mlp_ratio")
         compute_dtype(self.dtype)
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"LMConfig.scan_layers must be a bool (got {self.scan_layers!r})")
-        check_remat(self.remat)
+        check_layout(self)
 
     @classmethod
     def tiny(cls, vocab_size: int, **overrides) -> LMConfig:

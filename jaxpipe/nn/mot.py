@@ -39,15 +39,13 @@ import numpy as np
 from einops import rearrange
 from flax import nnx
 
-from jaxpipe.nn.layers import MLP, check_sizes, compute_dtype, sincos_1d, sincos_grid
-from jaxpipe.nn.stacked import Stacked, check_remat, scan
+from jaxpipe import validate
+from jaxpipe.nn.layers import check_divisible, check_sizes, compute_dtype, sincos_1d, sincos_grid
+from jaxpipe.nn.mot_layer import IMAGE, LAYOUTS, TEXT, MoTLayer, Tokens, attention_mask, cat_tokens, token_meta
+from jaxpipe.nn.stacked import Stacked, check_layout, scan
 
 __all__ = ["IMAGE", "LAYOUTS", "POLICIES", "TEXT", "MoT", "MoTCache", "MoTCond", "MoTConfig", "Routing"]
 
-TEXT, IMAGE = 0, 1
-"""Token types; under ``"modality"`` routing also the expert index (understanding, generation)."""
-
-LAYOUTS = ("generate", "understand")
 POLICIES = ("shared", "modality", "partial")
 
 
@@ -65,17 +63,21 @@ class Routing:
     ffn: tuple[bool, ...] = ()
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown routing policy {self.policy!r}; the policies are {', '.join(POLICIES)}")
+        validate.rule(
+            self.policy in POLICIES, f"unknown routing policy {self.policy!r}; the policies are {', '.join(POLICIES)}"
+        )
         object.__setattr__(self, "attention", tuple(bool(a) for a in self.attention))
         object.__setattr__(self, "ffn", tuple(bool(f) for f in self.ffn))
         if self.policy == "partial":
-            if len(self.attention) != len(self.ffn) or not self.attention:
-                raise ValueError(
-                    "partial routing needs per-layer attention and ffn flags of the same length (the depth)"
-                )
-        elif self.attention or self.ffn:
-            raise ValueError(f"{self.policy!r} routing takes no per-layer flags (use Routing.partial)")
+            validate.rule(
+                len(self.attention) == len(self.ffn) and bool(self.attention),
+                "partial routing needs per-layer attention and ffn flags of the same length (the depth)",
+            )
+        else:
+            validate.rule(
+                not (self.attention or self.ffn),
+                f"{self.policy!r} routing takes no per-layer flags (use Routing.partial)",
+            )
 
     @classmethod
     def partial(cls, attention, ffn) -> Routing:
@@ -150,8 +152,11 @@ class MoTConfig:
     def __post_init__(self):
         if isinstance(self.routing, str):
             object.__setattr__(self, "routing", Routing(self.routing))
-        if not isinstance(self.routing, Routing):
-            raise TypeError(f"routing must be a Routing or one of {', '.join(POLICIES)} (got {self.routing!r})")
+        validate.rule(
+            isinstance(self.routing, Routing),
+            f"routing must be a Routing or one of {', '.join(POLICIES)} (got {self.routing!r})",
+            TypeError,
+        )
         check_sizes(
             self,
             (
@@ -166,21 +171,19 @@ class MoTConfig:
                 "heads",
             ),
         )
-        if self.dim % self.heads:
-            raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
-        if self.latent_size % self.patch_size:
-            raise ValueError(f"latent_size ({self.latent_size}) must be divisible by patch_size ({self.patch_size})")
-        if self.routing.policy == "partial" and len(self.routing.attention) != self.depth:
-            raise ValueError(f"partial routing names {len(self.routing.attention)} layers; the depth is {self.depth}")
+        check_divisible(self, "dim", "heads")
+        check_divisible(self, "latent_size", "patch_size")
+        validate.rule(
+            self.routing.policy != "partial" or len(self.routing.attention) == self.depth,
+            f"partial routing names {len(self.routing.attention)} layers; the depth is {self.depth}",
+        )
         compute_dtype(self.dtype)
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"MoTConfig.scan_layers must be a bool (got {self.scan_layers!r})")
-        check_remat(self.remat)
-        if self.scan_layers and len({self.routing.routed(i) for i in range(self.depth)}) > 1:
-            raise ValueError(
-                "scan_layers stacks layers of one structure, but this partial routing routes layers differently "
-                f"(attention {self.routing.attention}, ffn {self.routing.ffn}); use scan_layers=False"
-            )
+        check_layout(self)
+        validate.rule(
+            not self.scan_layers or len({self.routing.routed(i) for i in range(self.depth)}) == 1,
+            "scan_layers stacks layers of one structure, but this partial routing routes layers differently "
+            f"(attention {self.routing.attention}, ffn {self.routing.ffn}); use scan_layers=False",
+        )
 
     @property
     def head_dim(self) -> int:
@@ -222,90 +225,6 @@ class MoTCond(NamedTuple):
     mask: jax.Array
 
 
-class _Attention(nnx.Module):
-    def __init__(self, cfg: MoTConfig, rngs: nnx.Rngs):
-        dtype = compute_dtype(cfg.dtype)
-        self.norm = nnx.LayerNorm(cfg.dim, dtype=dtype, rngs=rngs)
-        self.qkv = nnx.Linear(cfg.dim, 3 * cfg.dim, use_bias=False, dtype=dtype, rngs=rngs)
-        self.out = nnx.Linear(cfg.dim, cfg.dim, dtype=dtype, rngs=rngs)
-
-
-class _FFN(nnx.Module):
-    def __init__(self, cfg: MoTConfig, rngs: nnx.Rngs):
-        dtype = compute_dtype(cfg.dtype)
-        self.norm = nnx.LayerNorm(cfg.dim, dtype=dtype, rngs=rngs)
-        self.mlp = MLP(cfg.dim, int(cfg.dim * cfg.mlp_ratio), dtype=dtype, rngs=rngs)
-
-
-def _by_modality(groups, segments, fn) -> list[jax.Array]:
-    """``fn(group, x)`` on each ``(token type, x (B, L, ·))`` segment with its expert's group; a shared
-    group runs once on the segments concatenated (exactly a plain transformer's computation)."""
-    if len(groups) == 1:
-        lengths = [x.shape[1] for _, x in segments]
-        y = fn(groups[0], jnp.concatenate([x for _, x in segments], axis=1))
-        return jnp.split(y, np.cumsum(lengths)[:-1], axis=1)
-    return [fn(groups[kind], x) for kind, x in segments]
-
-
-class _Layer(nnx.Module):
-    """One MoT layer: a routed or shared attention group and FFN group (one or two experts each)."""
-
-    def __init__(self, cfg: MoTConfig, routed: tuple[bool, bool], rngs: nnx.Rngs):
-        self.heads, self.head_dim = cfg.heads, cfg.head_dim
-        self.attn = nnx.List([_Attention(cfg, rngs) for _ in range(2 if routed[0] else 1)])
-        self.ffn = nnx.List([_FFN(cfg, rngs) for _ in range(2 if routed[1] else 1)])
-
-    def __call__(self, segments, mask, past_k=None, past_v=None):
-        """``segments``: ``[(token type, h (B, L_s, dim))]`` in sequence order; keys are
-        ``[past (B, P, ·), these tokens]`` and ``mask`` ``(B, 1, ΣL_s, P + ΣL_s)``. Returns the new
-        hidden states (same segments) and these tokens' ``(k, v)`` ``(B, ΣL_s, heads, head_dim)``."""
-        kinds = [kind for kind, _ in segments]
-        qkv = jnp.concatenate(_by_modality(self.attn, segments, lambda g, x: g.qkv(g.norm(x))), axis=1)
-        b, length = qkv.shape[:2]
-        qkv = qkv.reshape(b, length, 3, self.heads, self.head_dim)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        keys = k if past_k is None else jnp.concatenate([past_k.astype(k.dtype), k], axis=1)
-        values = v if past_v is None else jnp.concatenate([past_v.astype(v.dtype), v], axis=1)
-        y = jax.nn.dot_product_attention(q, keys, values, mask=mask).reshape(b, length, self.heads * self.head_dim)
-        lengths = [h.shape[1] for _, h in segments]
-        ys = jnp.split(y, np.cumsum(lengths)[:-1], axis=1)
-        outs = _by_modality(self.attn, list(zip(kinds, ys)), lambda g, x: g.out(x))
-        hs = [(kind, h + o) for (kind, h), o in zip(segments, outs)]
-        ffs = _by_modality(self.ffn, hs, lambda g, x: g.mlp(g.norm(x)))
-        return [(kind, h + f) for (kind, h), f in zip(hs, ffs)], k, v
-
-
-class _Tokens(NamedTuple):
-    """Per-position metadata of queries or keys, each ``(B, L)``: type, position, valid."""
-
-    kind: jax.Array
-    pos: jax.Array
-    valid: jax.Array
-
-
-def _cat(*parts: _Tokens) -> _Tokens:
-    return _Tokens(*(jnp.concatenate(xs, axis=1) for xs in zip(*parts)))
-
-
-def _meta(kind: int, pos: jax.Array, valid: jax.Array) -> _Tokens:
-    return _Tokens(jnp.full(pos.shape, kind, jnp.int32), pos.astype(jnp.int32), jnp.asarray(valid, bool))
-
-
-def attention_mask(queries: _Tokens, keys: _Tokens, layout: str) -> jax.Array:
-    """``(B, 1, Lq, Lk)``: text -> text causal; image -> image; image -> text under ``"generate"``;
-    text -> image under ``"understand"``; only valid keys, and a token always sees itself (no empty row)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS} (got {layout!r})")
-    qk, kk = queries.kind[:, :, None], keys.kind[:, None, :]
-    qp, kp = queries.pos[:, :, None], keys.pos[:, None, :]
-    text_text = (qk == TEXT) & (kk == TEXT) & (kp <= qp)
-    image_image = (qk == IMAGE) & (kk == IMAGE)
-    across = (qk == IMAGE) & (kk == TEXT) if layout == "generate" else (qk == TEXT) & (kk == IMAGE)
-    allowed = (text_text | image_image | across) & keys.valid[:, None, :]
-    itself = (qk == kk) & (qp == kp)
-    return (allowed | itself)[:, None]
-
-
 class MoT(nnx.Module):
     """A Mixture-of-Transformers (see the module docstring): text logits and image velocities from one stack."""
 
@@ -317,7 +236,7 @@ class MoT(nnx.Module):
         self.patch_embed = nnx.Linear(cfg.patch_features, cfg.dim, dtype=dtype, rngs=rngs)
         self.time_in = nnx.Linear(cfg.time_embed_dim, cfg.dim, dtype=dtype, rngs=rngs)
         self.time_out = nnx.Linear(cfg.dim, cfg.dim, dtype=dtype, rngs=rngs)
-        layers = [_Layer(cfg, cfg.routing.routed(i), rngs) for i in range(cfg.depth)]
+        layers = [MoTLayer(cfg, cfg.routing.routed(i), rngs) for i in range(cfg.depth)]
         self.layers = Stacked(layers) if cfg.scan_layers else nnx.List(layers)
         self.text_norm = nnx.LayerNorm(cfg.dim, dtype=dtype, rngs=rngs)
         self.head = nnx.Linear(cfg.dim, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
@@ -373,11 +292,11 @@ class MoT(nnx.Module):
         return v.astype(jnp.float32)
 
     @staticmethod
-    def _image_meta(batch: int, tokens: int) -> _Tokens:
-        return _meta(IMAGE, jnp.broadcast_to(jnp.arange(tokens), (batch, tokens)), jnp.ones((batch, tokens), bool))
+    def _image_meta(batch: int, tokens: int) -> Tokens:
+        return token_meta(IMAGE, jnp.broadcast_to(jnp.arange(tokens), (batch, tokens)), jnp.ones((batch, tokens), bool))
 
     # ----------------------------------------------------------------- the stack
-    def transform(self, segments, queries: _Tokens, keys: _Tokens, layout: str, past=None):
+    def transform(self, segments, queries: Tokens, keys: Tokens, layout: str, past=None):
         """Run every layer on hidden ``segments`` ``[(token type, h (B, L, dim))]`` (queries' metadata
         ``queries``; ``keys`` = past slots then these tokens). ``past``: per-layer ``(k, v)`` of cached
         slots or ``None``. Returns the final segments and per-layer ``(k, v)`` of these tokens."""
@@ -403,7 +322,7 @@ class MoT(nnx.Module):
         t_emb = self._time(sigma, b)
         h_img = self._image_in(x, t_emb)
         pos = jnp.broadcast_to(jnp.arange(length), (b, length))
-        meta = _cat(_meta(TEXT, pos, text_mask), self._image_meta(b, h_img.shape[1]))
+        meta = cat_tokens(token_meta(TEXT, pos, text_mask), self._image_meta(b, h_img.shape[1]))
         segments, _ = self.transform([(TEXT, self._text_in(ids, pos)), (IMAGE, h_img)], meta, meta, "generate")
         return self._text_out(segments[0][1]), self._image_out(segments[1][1], t_emb, x.shape)
 
@@ -414,7 +333,7 @@ class MoT(nnx.Module):
         self._check_image(latents, b)
         h_img = self._image_in(latents, self._time(jnp.zeros((b,)), b))
         pos = jnp.broadcast_to(jnp.arange(length), (b, length))
-        meta = _cat(self._image_meta(b, h_img.shape[1]), _meta(TEXT, pos, text_mask))
+        meta = cat_tokens(self._image_meta(b, h_img.shape[1]), token_meta(TEXT, pos, text_mask))
         segments, _ = self.transform([(IMAGE, h_img), (TEXT, self._text_in(ids, pos))], meta, meta, "understand")
         return self._text_out(segments[1][1])
 
@@ -439,7 +358,7 @@ class MoT(nnx.Module):
         b, length = self._check_ids(ids)
         mask = jnp.ones((b, length), bool) if mask is None else jnp.asarray(mask, bool)
         pos = jnp.broadcast_to(jnp.arange(length), (b, length))
-        meta = _meta(TEXT, pos, mask)
+        meta = token_meta(TEXT, pos, mask)
         segments, _ = self.transform([(TEXT, self._text_in(ids, pos))], meta, meta, "generate")
         return self._text_out(segments[0][1])
 
@@ -485,10 +404,10 @@ class MoT(nnx.Module):
         self._check_cache(cache, b)
         pos = jnp.broadcast_to(jnp.arange(length), (b, length))
         valid = pos < lengths[:, None]
-        queries = _meta(TEXT, pos, valid)
+        queries = token_meta(TEXT, pos, valid)
         image = self.cfg.max_text
         past = [(k[:, image:], v[:, image:]) for k, v in zip(cache.k, cache.v)]
-        keys = _cat(self._image_slots(cache), queries)
+        keys = cat_tokens(self._image_slots(cache), queries)
         segments, kvs = self.transform([(TEXT, self._text_in(ids, pos))], queries, keys, "understand", past=past)
         last = jnp.clip(lengths - 1, 0, length - 1)
         logits = self._text_out(jnp.take_along_axis(segments[0][1], last[:, None, None], axis=1))[:, 0]
@@ -499,7 +418,7 @@ class MoT(nnx.Module):
         )
         return logits, cache
 
-    def _image_slots(self, cache: MoTCache) -> _Tokens:
+    def _image_slots(self, cache: MoTCache) -> Tokens:
         b = cache.image.shape[0]
         image = self._image_meta(b, self.cfg.frame_tokens)
         return image._replace(valid=jnp.broadcast_to(cache.image[:, None], image.valid.shape))
@@ -515,13 +434,13 @@ class MoT(nnx.Module):
         position = jnp.asarray(position, jnp.int32)
         rows = jnp.arange(b)
         h = self._text_in(token[:, None], position[:, None])
-        queries = _meta(TEXT, position[:, None], jnp.ones((b, 1), bool))
+        queries = token_meta(TEXT, position[:, None], jnp.ones((b, 1), bool))
         slots = jnp.broadcast_to(jnp.arange(self.cfg.max_text), (b, self.cfg.max_text))
         # Slot ``position`` may hold a stale key: the token's own key comes last, as "these tokens", and the
         # slots from ``position`` on get no token type, so not even the always-see-itself rule reaches them.
         earlier = slots < position[:, None]
-        past_text = _Tokens(jnp.where(earlier, TEXT, -1).astype(jnp.int32), slots.astype(jnp.int32), earlier)
-        keys = _cat(past_text, self._image_slots(cache), queries)
+        past_text = Tokens(jnp.where(earlier, TEXT, -1).astype(jnp.int32), slots.astype(jnp.int32), earlier)
+        keys = cat_tokens(past_text, self._image_slots(cache), queries)
         segments, kvs = self.transform([(TEXT, h)], queries, keys, "understand", past=list(zip(cache.k, cache.v)))
         write = lambda buf, new: buf.at[rows, position].set(new[:, 0].astype(buf.dtype))
         cache = cache._replace(
@@ -551,8 +470,8 @@ class MoT(nnx.Module):
         h_img = self._image_in(x, t_emb)
         queries = self._image_meta(b, h_img.shape[1])
         length = cond.mask.shape[1]
-        text = _meta(TEXT, jnp.broadcast_to(jnp.arange(length), (b, length)), cond.mask)
-        keys = _cat(text, queries)
+        text = token_meta(TEXT, jnp.broadcast_to(jnp.arange(length), (b, length)), cond.mask)
+        keys = cat_tokens(text, queries)
         segments, _ = self.transform([(IMAGE, h_img)], queries, keys, "generate", past=list(zip(cond.k, cond.v)))
         return self._image_out(segments[0][1], t_emb, x.shape)
 

@@ -21,7 +21,20 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["REMAT_POLICIES", "STACKED", "Stacked", "apply", "blocks", "check_remat", "prefix", "scan", "unstack"]
+from jaxpipe import validate
+
+__all__ = [
+    "REMAT_POLICIES",
+    "STACKED",
+    "Stacked",
+    "apply",
+    "blocks",
+    "check_layout",
+    "check_remat",
+    "prefix",
+    "scan",
+    "unstack",
+]
 
 STACKED = "stacked"  # the path part that marks a stacked block: hf and distributed map it to per-layer indices
 REMAT_POLICIES = ("none", "full", "dots", "offload")
@@ -121,16 +134,31 @@ def check_remat(policy: str) -> str:
     Raises:
       ValueError: on an unknown policy, or ``"offload"`` where the default device has no pinned host memory.
     """
-    if policy not in REMAT_POLICIES:
-        raise ValueError(f"remat must be one of {REMAT_POLICIES} (got {policy!r})")
+    validate.rule(policy in REMAT_POLICIES, f"remat must be one of {REMAT_POLICIES} (got {policy!r})")
     if policy == "offload":
         kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
-        if "pinned_host" not in kinds:
-            raise ValueError(
-                f"remat='offload' moves saved activations to pinned host memory, which the {jax.default_backend()} "
-                f"backend's device does not have (memories: {sorted(kinds)}); use 'dots' or 'full'"
-            )
+        validate.rule(
+            "pinned_host" in kinds,
+            f"remat='offload' moves saved activations to pinned host memory, which the {jax.default_backend()} "
+            f"backend's device does not have (memories: {sorted(kinds)}); use 'dots' or 'full'",
+        )
     return policy
+
+
+def check_layout(config) -> None:
+    """Checks a network config's layer layout: ``scan_layers`` a bool and ``remat`` a policy this backend runs.
+
+    Args:
+      config: a config dataclass with ``scan_layers`` and ``remat`` fields.
+
+    Raises:
+      ValueError: naming ``Config.scan_layers`` or the ``remat`` policy that fails.
+    """
+    name = type(config).__name__
+    validate.rule(
+        isinstance(config.scan_layers, bool), f"{name}.scan_layers must be a bool (got {config.scan_layers!r})"
+    )
+    check_remat(config.remat)
 
 
 def _policy(policy: str):

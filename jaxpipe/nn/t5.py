@@ -31,9 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.nn import hf
 from jaxpipe.nn.layers import check_sizes, compute_dtype
-from jaxpipe.nn.stacked import apply, blocks, check_remat
+from jaxpipe.nn.stacked import apply, blocks, check_layout
 
 __all__ = [
     "ACTIVATIONS",
@@ -132,25 +133,26 @@ class T5EncoderConfig:
     def __post_init__(self):
         check_sizes(self, ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"))
         buckets, distance = self.relative_attention_num_buckets, self.relative_attention_max_distance
-        if not isinstance(buckets, int) or buckets < 4:
-            raise ValueError(f"relative_attention_num_buckets must be an int >= 4 (got {buckets!r})")
-        if not isinstance(distance, int) or distance <= buckets // 4:
-            raise ValueError(
-                f"relative_attention_max_distance ({distance!r}) must be an int above the exact range "
-                f"relative_attention_num_buckets // 4 = {buckets // 4}"
-            )
+        validate.rule(
+            isinstance(buckets, int) and buckets >= 4,
+            f"relative_attention_num_buckets must be an int >= 4 (got {buckets!r})",
+        )
+        validate.rule(
+            isinstance(distance, int) and distance > buckets // 4,
+            f"relative_attention_max_distance ({distance!r}) must be an int above the exact range "
+            f"relative_attention_num_buckets // 4 = {buckets // 4}",
+        )
         parts = self.feed_forward_proj.split("-")
-        if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
-            raise ValueError(f"feed_forward_proj must be '<act>' or 'gated-<act>' (got {self.feed_forward_proj!r})")
-        if self.act not in ACTIVATIONS:
-            raise ValueError(
-                f"feed_forward_proj {self.feed_forward_proj!r}: activation {parts[-1]!r} is not one of {sorted(ACTIVATIONS)}"
-            )
-        if not self.layer_norm_epsilon > 0:
-            raise ValueError(f"layer_norm_epsilon must be positive (got {self.layer_norm_epsilon!r})")
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"scan_layers must be a bool (got {self.scan_layers!r})")
-        check_remat(self.remat)
+        validate.rule(
+            len(parts) <= 2 and (len(parts) == 1 or parts[0] == "gated"),
+            f"feed_forward_proj must be '<act>' or 'gated-<act>' (got {self.feed_forward_proj!r})",
+        )
+        validate.rule(
+            self.act in ACTIVATIONS,
+            f"feed_forward_proj {self.feed_forward_proj!r}: activation {parts[-1]!r} is not one of {sorted(ACTIVATIONS)}",
+        )
+        validate.positive(self, "layer_norm_epsilon")
+        check_layout(self)
         compute_dtype(self.dtype)
 
     @property

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.nn.layers import MLP, Attention, compute_dtype
 
 __all__ = ["PAD", "UNK", "Tokenizer", "TextEncoderConfig", "TextEncoder", "unknown_words"]
@@ -59,8 +60,7 @@ class Tokenizer:
         words = tuple(self.words)
         if words[:2] != (PAD, UNK):
             words = (PAD, UNK) + tuple(w for w in words if w not in (PAD, UNK))
-        if len(set(words)) != len(words):
-            raise ValueError("tokenizer vocabulary has duplicate words")
+        validate.rule(len(set(words)) == len(words), "tokenizer vocabulary has duplicate words")
         object.__setattr__(self, "words", words)
 
     @property

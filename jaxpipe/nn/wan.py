@@ -20,10 +20,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.nn import hf
 from jaxpipe.nn.attention import IMPLEMENTATIONS, check_implementation
 from jaxpipe.nn.layers import check_sizes, compute_dtype
-from jaxpipe.nn.stacked import Stacked, apply, blocks, check_remat
+from jaxpipe.nn.stacked import Stacked, apply, blocks, check_layout
 from jaxpipe.nn.wan_blocks import (
     F32,
     WanRotaryPosEmbed,
@@ -105,8 +106,10 @@ class WanConfig:
         object.__setattr__(self, "patch_size", patch)
         if self.out_channels is None:  # diffusers: out_channels or in_channels
             object.__setattr__(self, "out_channels", self.in_channels)
-        if len(patch) != 3 or not all(_positive(p) for p in patch):
-            raise ValueError(f"patch_size must be three positive ints (t, h, w) (got {self.patch_size!r})")
+        validate.rule(
+            len(patch) == 3 and all(_positive(p) for p in patch),
+            f"patch_size must be three positive ints (t, h, w) (got {self.patch_size!r})",
+        )
         check_sizes(
             self,
             (
@@ -122,29 +125,32 @@ class WanConfig:
             ),
         )
         check_sizes(self, ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len"), optional=True)
-        if self.attention_head_dim % 2:
-            raise ValueError(f"attention_head_dim must be even for the 3-D RoPE (got {self.attention_head_dim})")
-        if self.qk_norm != "rms_norm_across_heads":
-            raise ValueError(f"qk_norm must be 'rms_norm_across_heads', the norm Wan uses (got {self.qk_norm!r})")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be > 0 (got {self.eps})")
+        validate.rule(
+            self.attention_head_dim % 2 == 0,
+            f"attention_head_dim must be even for the 3-D RoPE (got {self.attention_head_dim})",
+        )
+        validate.rule(
+            self.qk_norm == "rms_norm_across_heads",
+            f"qk_norm must be 'rms_norm_across_heads', the norm Wan uses (got {self.qk_norm!r})",
+        )
+        validate.positive(self, "eps")
         if self.added_kv_proj_dim is not None:
-            if self.image_dim is None:
-                raise ValueError("added_kv_proj_dim (I2V image K/V) needs image_dim (the image embedder)")
-            if self.added_kv_proj_dim != self.inner_dim:
-                raise ValueError(
-                    f"added_kv_proj_dim must equal num_attention_heads * attention_head_dim = {self.inner_dim} "
-                    f"(it projects the embedded image tokens; got {self.added_kv_proj_dim})"
-                )
-        if self.pos_embed_seq_len is not None and (self.image_dim is None or self.pos_embed_seq_len % 2):
-            raise ValueError(
-                f"pos_embed_seq_len (two frames' image tokens) must be even and needs image_dim (got {self.pos_embed_seq_len})"
+            validate.rule(
+                self.image_dim is not None, "added_kv_proj_dim (I2V image K/V) needs image_dim (the image embedder)"
             )
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"scan_layers must be a bool (got {self.scan_layers!r})")
-        check_remat(self.remat)
-        if self.attention not in IMPLEMENTATIONS:
-            raise ValueError(f"attention must be one of {IMPLEMENTATIONS} (got {self.attention!r})")
+            validate.rule(
+                self.added_kv_proj_dim == self.inner_dim,
+                f"added_kv_proj_dim must equal num_attention_heads * attention_head_dim = {self.inner_dim} "
+                f"(it projects the embedded image tokens; got {self.added_kv_proj_dim})",
+            )
+        validate.rule(
+            self.pos_embed_seq_len is None or (self.image_dim is not None and self.pos_embed_seq_len % 2 == 0),
+            f"pos_embed_seq_len (two frames' image tokens) must be even and needs image_dim (got {self.pos_embed_seq_len})",
+        )
+        check_layout(self)
+        validate.rule(
+            self.attention in IMPLEMENTATIONS, f"attention must be one of {IMPLEMENTATIONS} (got {self.attention!r})"
+        )
         compute_dtype(self.dtype)
 
     @property

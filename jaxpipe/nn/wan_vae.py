@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.nn import hf
 from jaxpipe.nn.layers import compute_dtype
 from jaxpipe.nn.wan_vae_blocks import (
@@ -117,22 +118,30 @@ class WanVAEConfig:
     def __post_init__(self):
         for name in ("dim_mult", "attn_scales", "temperal_downsample", "latents_mean", "latents_std"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        if not self.dim_mult or min(self.dim_mult) < 1 or min(self.base_dim, self.z_dim, self.num_res_blocks) < 1:
-            raise ValueError(f"WanVAEConfig: base_dim, z_dim, num_res_blocks and dim_mult must be positive ({self})")
-        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
-            raise ValueError(
-                f"WanVAEConfig: temperal_downsample needs one entry per downsampling level "
-                f"(len(dim_mult) - 1 = {len(self.dim_mult) - 1}), got {self.temperal_downsample}"
-            )
-        if sum(map(bool, self.temperal_downsample)) > 2:
-            raise ValueError("WanVAEConfig: at most two temporal downsamplings (diffusers encodes chunks of 4 frames)")
-        if self.attn_scales:
-            raise ValueError(
-                "WanVAEConfig: attn_scales must be empty (diffusers' Wan encoder cannot run attention in its "
-                f"down blocks), got {self.attn_scales}"
-            )
-        if len(self.latents_mean) != self.z_dim or len(self.latents_std) != self.z_dim:
-            raise ValueError(f"WanVAEConfig: latents_mean and latents_std need z_dim = {self.z_dim} values each")
+        validate.rule(
+            bool(self.dim_mult)
+            and min(self.dim_mult) >= 1
+            and min(self.base_dim, self.z_dim, self.num_res_blocks) >= 1,
+            f"WanVAEConfig: base_dim, z_dim, num_res_blocks and dim_mult must be positive ({self})",
+        )
+        validate.rule(
+            len(self.temperal_downsample) == len(self.dim_mult) - 1,
+            f"WanVAEConfig: temperal_downsample needs one entry per downsampling level "
+            f"(len(dim_mult) - 1 = {len(self.dim_mult) - 1}), got {self.temperal_downsample}",
+        )
+        validate.rule(
+            sum(map(bool, self.temperal_downsample)) <= 2,
+            "WanVAEConfig: at most two temporal downsamplings (diffusers encodes chunks of 4 frames)",
+        )
+        validate.rule(
+            not self.attn_scales,
+            "WanVAEConfig: attn_scales must be empty (diffusers' Wan encoder cannot run attention in its "
+            f"down blocks), got {self.attn_scales}",
+        )
+        validate.rule(
+            len(self.latents_mean) == self.z_dim and len(self.latents_std) == self.z_dim,
+            f"WanVAEConfig: latents_mean and latents_std need z_dim = {self.z_dim} values each",
+        )
         compute_dtype(self.dtype)
 
     @classmethod

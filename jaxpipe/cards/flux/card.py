@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.cards.diffusers_pipeline import FlowSchedule, load_components, read_pipeline
 from jaxpipe.loops import denoise
@@ -124,29 +125,31 @@ class Config:
 
     def __post_init__(self):
         tf = self.transformer
-        if tf.joint_attention_dim != self.text_encoder_2.d_model:
-            raise ValueError(
-                f"transformer.joint_attention_dim ({tf.joint_attention_dim}) must equal text_encoder_2.d_model ({self.text_encoder_2.d_model})"
-            )
-        if tf.pooled_projection_dim != self.text_encoder.hidden_size:
-            raise ValueError(
-                f"transformer.pooled_projection_dim ({tf.pooled_projection_dim}) must equal text_encoder.hidden_size ({self.text_encoder.hidden_size})"
-            )
-        if tf.in_channels != 4 * self.vae.latent_channels:
-            raise ValueError(
-                f"transformer.in_channels ({tf.in_channels}) must be 4 × vae.latent_channels ({self.vae.latent_channels}): FLUX packs 2×2 latent patches"
-            )
+        validate.rule(
+            tf.joint_attention_dim == self.text_encoder_2.d_model,
+            f"transformer.joint_attention_dim ({tf.joint_attention_dim}) must equal text_encoder_2.d_model ({self.text_encoder_2.d_model})",
+        )
+        validate.rule(
+            tf.pooled_projection_dim == self.text_encoder.hidden_size,
+            f"transformer.pooled_projection_dim ({tf.pooled_projection_dim}) must equal text_encoder.hidden_size ({self.text_encoder.hidden_size})",
+        )
+        validate.rule(
+            tf.in_channels == 4 * self.vae.latent_channels,
+            f"transformer.in_channels ({tf.in_channels}) must be 4 × vae.latent_channels ({self.vae.latent_channels}): FLUX packs 2×2 latent patches",
+        )
         factor = 2 * self.vae_scale
-        if self.height < factor or self.width < factor:
-            raise ValueError(f"height and width must be at least {factor} (got {self.height}×{self.width})")
-        if self.clip_length > self.text_encoder.max_position_embeddings:
-            raise ValueError(
-                f"clip_length ({self.clip_length}) exceeds CLIP's max_position_embeddings ({self.text_encoder.max_position_embeddings})"
-            )
-        if (self.guidance is None) == tf.guidance_embeds:
-            raise ValueError(
-                "guidance must be a number exactly when the transformer embeds guidance (FLUX.1-dev), None otherwise (schnell)"
-            )
+        validate.rule(
+            self.height >= factor and self.width >= factor,
+            f"height and width must be at least {factor} (got {self.height}×{self.width})",
+        )
+        validate.rule(
+            self.clip_length <= self.text_encoder.max_position_embeddings,
+            f"clip_length ({self.clip_length}) exceeds CLIP's max_position_embeddings ({self.text_encoder.max_position_embeddings})",
+        )
+        validate.rule(
+            (self.guidance is None) != tf.guidance_embeds,
+            "guidance must be a number exactly when the transformer embeds guidance (FLUX.1-dev), None otherwise (schnell)",
+        )
 
     @property
     def vae_scale(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxpipe import validate
 from jaxpipe.card import Card
 from jaxpipe.cards import generator
 from jaxpipe.loops.chunk import ChunkConfig
@@ -40,13 +41,15 @@ class Config(generator.VideoGeneratorConfig):
     def __post_init__(self):
         super().__post_init__()
         f = self.sampling.chunk_frames
-        if self.frames % f:
-            raise ValueError(f"sampling.chunk_frames={f} does not divide frames={self.frames}: a video is whole chunks")
-        if self.sampling.chunks * f != self.frames:
-            raise ValueError(
-                f"sampling.chunks ({self.sampling.chunks}) · chunk_frames ({f}) must equal frames ({self.frames}); "
-                f"use chunks={self.frames // f}"
-            )
+        validate.rule(
+            self.frames % f == 0,
+            f"sampling.chunk_frames={f} does not divide frames={self.frames}: a video is whole chunks",
+        )
+        validate.rule(
+            self.sampling.chunks * f == self.frames,
+            f"sampling.chunks ({self.sampling.chunks}) · chunk_frames ({f}) must equal frames ({self.frames}); "
+            f"use chunks={self.frames // f}",
+        )
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:

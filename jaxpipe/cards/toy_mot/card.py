@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from jaxpipe import validate
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.cards.mot import MoTCardConfig, build_card, eos_id
 from jaxpipe.loops import ar
@@ -66,10 +67,10 @@ class Config(MoTCardConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if 1 + self.caption.max_new_tokens > self.mot.max_text:
-            raise ValueError(
-                f"<bos> + caption.max_new_tokens ({self.caption.max_new_tokens}) exceeds mot.max_text ({self.mot.max_text})"
-            )
+        validate.rule(
+            1 + self.caption.max_new_tokens <= self.mot.max_text,
+            f"<bos> + caption.max_new_tokens ({self.caption.max_new_tokens}) exceeds mot.max_text ({self.mot.max_text})",
+        )
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:

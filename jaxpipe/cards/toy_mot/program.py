@@ -78,21 +78,7 @@ def think_t2i() -> Program:
         name=MODEL_ID,
         inputs=("ids", "key", "think"),
         nodes=(
-            ComponentNode(
-                "prefill",
-                mot.prefill_prompt,
-                ("ids",),
-                ("prompt_logits", "prompt_cache"),
-                component="transformer",
-                cached=True,
-            ),
-            LoopNode(
-                THINK_LOOP,
-                mot.start_ar,
-                reads=("ids", "key", "prompt_logits", "prompt_cache"),
-                writes=("thinking",),
-                result=mot.final_state,
-            ),
+            *mot.prompt_then_decode(THINK_LOOP, "thinking"),
             ComponentNode(
                 "condition", _condition, reads=("ids", "prompt_cache", "thinking", "think"), writes=("cond", "thought")
             ),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from jaxpipe import validate
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.cards.mot import MoTCardConfig, build_card, eos_id
 from jaxpipe.loops import ar
@@ -50,8 +51,7 @@ class Config(MoTCardConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.mot.frames < 2:
-            raise ValueError(f"a video needs mot.frames >= 2 (got {self.mot.frames})")
+        validate.rule(self.mot.frames >= 2, f"a video needs mot.frames >= 2 (got {self.mot.frames})")
 
 
 def build(config: Config, *, seed: int = 0, model_id: str = MODEL_ID) -> Card:

@@ -70,21 +70,7 @@ def reason_t2v() -> Program:
         name=MODEL_ID,
         inputs=("ids", "key", "reason"),
         nodes=(
-            ComponentNode(
-                "prefill",
-                mot.prefill_prompt,
-                ("ids",),
-                ("prompt_logits", "prompt_cache"),
-                component="transformer",
-                cached=True,
-            ),
-            LoopNode(
-                REASON_LOOP,
-                mot.start_ar,
-                reads=("ids", "key", "prompt_logits", "prompt_cache"),
-                writes=("reasoning",),
-                result=mot.final_state,
-            ),
+            *mot.prompt_then_decode(REASON_LOOP, "reasoning"),
             ComponentNode(
                 "encode_reasoned",
                 _reasoned,

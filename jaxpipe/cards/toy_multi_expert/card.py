@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.cards import generator, toy_unified
 from jaxpipe.nn import MaskedLM, RefinerLM, Tokenizer
@@ -78,22 +79,23 @@ class Config(toy_unified.Config):
 
     def __post_init__(self):
         n = self.num_refiners
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"num_refiners must be an int >= 1 (got {n!r})")
+        validate.rule(
+            not isinstance(n, bool) and isinstance(n, int) and n >= 1, f"num_refiners must be an int >= 1 (got {n!r})"
+        )
         super().__post_init__()
         if self.slots is not None:
             slots = tuple((str(name), tuple(words)) for name, words in self.slots)
             object.__setattr__(self, "slots", slots)
             unknown = sorted({w for _, words in slots for w in words} - set(self.vocabulary))
-            if not slots or unknown or any(not words for _, words in slots):
-                raise ValueError(
-                    f"slots must be (name, words) pairs with words from the vocabulary (got {self.slots!r}; unknown: {unknown})"
-                )
-        if self.max_prompt_words < 1:
-            raise ValueError(
-                f"{n} refiners × {self.refine.max_new_tokens} tokens leave no room for a prompt in the text encoder's "
-                f"{self.text.max_len} tokens; raise text.max_len or lower num_refiners"
+            validate.rule(
+                bool(slots) and not unknown and all(words for _, words in slots),
+                f"slots must be (name, words) pairs with words from the vocabulary (got {self.slots!r}; unknown: {unknown})",
             )
+        validate.rule(
+            self.max_prompt_words >= 1,
+            f"{n} refiners × {self.refine.max_new_tokens} tokens leave no room for a prompt in the text encoder's "
+            f"{self.text.max_len} tokens; raise text.max_len or lower num_refiners",
+        )
 
     @property
     def max_prompt_words(self) -> int:

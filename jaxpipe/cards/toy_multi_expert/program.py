@@ -34,9 +34,9 @@ from jaxpipe.cards.toy_multi_expert.card import (
     slot_models,
 )
 from jaxpipe.cards.toy_unified import eos_id
-from jaxpipe.cards.toy_unified.program import bind_refined
+from jaxpipe.cards.toy_unified.program import bind_refined, render_nodes
 from jaxpipe.loops import ar
-from jaxpipe.program import Bound, ComponentNode, LoopNode, Program
+from jaxpipe.program import Bound, ComponentNode, Program
 from jaxpipe.request import Request
 
 __all__ = ["program", "expert_major"]
@@ -76,10 +76,6 @@ def _compose(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
     return {"composed": jnp.where(reads["refine"][:, None], composed, ids)}
 
 
-def _encode_composed(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
-    return generator.encode_text(card, {"ids": reads["composed"]})
-
-
 def _bind(card: Card, request: Request) -> Bound:
     cfg = card.spec.config
     who = f"each of the {cfg.num_refiners} refiners needs"
@@ -108,18 +104,7 @@ def program() -> Program:
             ComponentNode(
                 "compose", _compose, ("ids", "refinements", "refine"), ("composed",), component=COMPONENT, cached=True
             ),
-            ComponentNode(
-                "encode_composed",
-                _encode_composed,
-                ("composed",),
-                ("context", "context_mask"),
-                component="text_encoder",
-                cached=True,
-            ),
-            LoopNode(
-                DENOISE_LOOP, generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)
-            ),
-            ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae"),
+            *render_nodes("composed", DENOISE_LOOP),
         ),
         outputs=(("image", "image"), ("latents", "latents"), ("refined", "composed")),
         bind=_bind,

@@ -13,6 +13,7 @@ import dataclasses
 
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.cards import generator
 from jaxpipe.loops import denoise, policies
@@ -46,20 +47,18 @@ class Config(generator.VideoGeneratorConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if (
-            isinstance(self.boundary, bool)
-            or not isinstance(self.boundary, (int, float))
-            or not 0.0 < self.boundary < 1.0
-        ):
-            raise ValueError(
-                f"boundary (the noise level where transformer_high hands over to transformer_low) must be in (0, 1) "
-                f"(got {self.boundary!r})"
-            )
-        if self.sampling.router != policies.Single():
-            raise ValueError(
-                f"sampling.router must be left as policies.Single(): the loop routes by boundary={self.boundary} "
-                f"(got {self.sampling.router})"
-            )
+        validate.rule(
+            not isinstance(self.boundary, bool)
+            and isinstance(self.boundary, (int, float))
+            and 0.0 < self.boundary < 1.0,
+            f"boundary (the noise level where transformer_high hands over to transformer_low) must be in (0, 1) "
+            f"(got {self.boundary!r})",
+        )
+        validate.rule(
+            self.sampling.router == policies.Single(),
+            f"sampling.router must be left as policies.Single(): the loop routes by boundary={self.boundary} "
+            f"(got {self.sampling.router})",
+        )
 
     @property
     def loop_config(self) -> denoise.DenoiseConfig:

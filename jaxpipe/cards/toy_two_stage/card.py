@@ -20,6 +20,7 @@ import dataclasses
 import jax
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.cards import generator
 from jaxpipe.loops import denoise
@@ -59,38 +60,41 @@ class Config(generator.VideoGeneratorConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.upsampler.scale != RATIO:
-            raise ValueError(
-                f"upsampler of the wrong scale: upsampler.scale must be {RATIO}, the full/base latent resolution ratio "
-                f"(got {self.upsampler.scale})"
-            )
-        if self.upsampler.latent_channels != self.vae.latent_channels:
-            raise ValueError(
-                f"upsampler.latent_channels ({self.upsampler.latent_channels}) must equal vae.latent_channels "
-                f"({self.vae.latent_channels})"
-            )
+        validate.rule(
+            self.upsampler.scale == RATIO,
+            f"upsampler of the wrong scale: upsampler.scale must be {RATIO}, the full/base latent resolution ratio "
+            f"(got {self.upsampler.scale})",
+        )
+        validate.rule(
+            self.upsampler.latent_channels == self.vae.latent_channels,
+            f"upsampler.latent_channels ({self.upsampler.latent_channels}) must equal vae.latent_channels "
+            f"({self.vae.latent_channels})",
+        )
         side, factor = self.image_size // self.vae.downsample, RATIO * self.dit.patch_size
-        if side % factor:
-            raise ValueError(
-                f"latent sizes not divisible: the full latent side ({side} = image_size / vae.downsample) must be divisible "
-                f"by {RATIO}·dit.patch_size = {factor}, so the half-resolution base stage still patchifies"
-            )
+        validate.rule(
+            side % factor == 0,
+            f"latent sizes not divisible: the full latent side ({side} = image_size / vae.downsample) must be divisible "
+            f"by {RATIO}·dit.patch_size = {factor}, so the half-resolution base stage still patchifies",
+        )
         for name in ("base_sampling", "refine_sampling"):
             config = getattr(self, name)
-            if not isinstance(config, denoise.DenoiseConfig):
-                raise ValueError(f"{name} must be a DenoiseConfig (got {type(config).__name__})")
+            validate.rule(
+                isinstance(config, denoise.DenoiseConfig),
+                f"{name} must be a DenoiseConfig (got {type(config).__name__})",
+            )
             beyond = [i for i in config.stg_blocks if i >= self.dit.depth]
-            if beyond:
-                raise ValueError(f"{name}.stg_blocks {beyond} name blocks the DiT lacks (dit.depth={self.dit.depth})")
-        if self.base_sampling.start_sigma != 1.0:
-            raise ValueError(
-                f"the base stage starts from pure noise: base_sampling.start_sigma must be 1 (got {self.base_sampling.start_sigma})"
+            validate.rule(
+                not beyond, f"{name}.stg_blocks {beyond} name blocks the DiT lacks (dit.depth={self.dit.depth})"
             )
-        if not 0.0 < self.refine_sampling.start_sigma < 1.0:
-            raise ValueError(
-                f"refine_sampling.start_sigma (σ₀, the noise level the upsampled latents are re-noised to) must be in (0, 1) "
-                f"(got {self.refine_sampling.start_sigma})"
-            )
+        validate.rule(
+            self.base_sampling.start_sigma == 1.0,
+            f"the base stage starts from pure noise: base_sampling.start_sigma must be 1 (got {self.base_sampling.start_sigma})",
+        )
+        validate.rule(
+            0.0 < self.refine_sampling.start_sigma < 1.0,
+            f"refine_sampling.start_sigma (σ₀, the noise level the upsampled latents are re-noised to) must be in (0, 1) "
+            f"(got {self.refine_sampling.start_sigma})",
+        )
 
     @property
     def base_latent_shape(self) -> tuple[int, int, int, int]:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.cards import generator
 from jaxpipe.cards.toy_t2i import Config as T2IConfig
@@ -62,19 +63,22 @@ class Config(T2IConfig):
             lm=lambda: LMConfig(vocab_size=vocab + 1),
             refine=lambda: ar.ARConfig(max_new_tokens=self.REFINE_TOKENS, temperature=1.0, eos_id=vocab),
         )
-        if self.lm.vocab_size != vocab + 1:
-            raise ValueError(
-                f"lm.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.lm.vocab_size})"
-            )
-        if self.refine.eos_id != vocab:
-            raise ValueError(f"refine.eos_id must be the LM's <eos> id {vocab} (got {self.refine.eos_id})")
-        if self.refine.max_new_tokens >= self.text.max_len:
-            raise ValueError(
-                f"refine.max_new_tokens ({self.refine.max_new_tokens}) must leave room for a prompt in the text "
-                f"encoder's {self.text.max_len} tokens"
-            )
-        if self.text.max_len > self.lm.max_len:
-            raise ValueError(f"lm.max_len ({self.lm.max_len}) must be >= text.max_len ({self.text.max_len})")
+        validate.rule(
+            self.lm.vocab_size == vocab + 1,
+            f"lm.vocab_size must be the tokenizer's {vocab} words + <eos> = {vocab + 1} (got {self.lm.vocab_size})",
+        )
+        validate.rule(
+            self.refine.eos_id == vocab, f"refine.eos_id must be the LM's <eos> id {vocab} (got {self.refine.eos_id})"
+        )
+        validate.rule(
+            self.refine.max_new_tokens < self.text.max_len,
+            f"refine.max_new_tokens ({self.refine.max_new_tokens}) must leave room for a prompt in the text "
+            f"encoder's {self.text.max_len} tokens",
+        )
+        validate.rule(
+            self.text.max_len <= self.lm.max_len,
+            f"lm.max_len ({self.lm.max_len}) must be >= text.max_len ({self.text.max_len})",
+        )
 
     @property
     def max_prompt_words(self) -> int:

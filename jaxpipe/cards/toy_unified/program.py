@@ -23,13 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpipe.card import Card, LoopSpec
-from jaxpipe.cards import generator
+from jaxpipe.cards import generator, mot
 from jaxpipe.cards.toy_unified.card import DENOISE_LOOP, MODEL_ID, REFINE_LOOP, eos_id, refined_ids
 from jaxpipe.loops import ar
 from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, settings
 from jaxpipe.request import Request
 
-__all__ = ["program", "bind_refined"]
+__all__ = ["program", "bind_refined", "render_nodes"]
 
 
 def _start_refine(card: Card, loop: LoopSpec, reads: Mapping[str, Any], config: ar.ARConfig) -> ar.ARState:
@@ -51,8 +51,33 @@ def _refined(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
     return {"refined": jnp.where(reads["refine"][:, None], refined, ids)}
 
 
-def _encode_refined(card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
-    return generator.encode_text(card, {"ids": reads["refined"]})
+def _encode(slot: str, card: Card, reads: Mapping[str, Any]) -> dict[str, jax.Array]:
+    return generator.encode_text(card, {"ids": reads[slot]})
+
+
+def render_nodes(slot: str, denoise_loop: str) -> tuple[ComponentNode, LoopNode, ComponentNode]:
+    """The nodes that render a refined prompt: encode the ids in ``slot`` (cached; node ``encode_<slot>``),
+    denoise (the loop ``denoise_loop``, stream 1) and decode the image.
+
+    Args:
+      slot: the slot holding the refined prompt's ids ``(B, L)``.
+      denoise_loop: the denoise loop's id.
+
+    Returns:
+      ``(encode node, denoise node, decode node)``: they write ``context`` / ``context_mask``, ``latents``, ``image``.
+    """
+    return (
+        ComponentNode(
+            f"encode_{slot}",
+            functools.partial(_encode, slot),
+            (slot,),
+            ("context", "context_mask"),
+            component="text_encoder",
+            cached=True,
+        ),
+        LoopNode(denoise_loop, generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)),
+        ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae"),
+    )
 
 
 def bind_refined(
@@ -90,10 +115,7 @@ def bind_refined(
             f"{card.model_id!r}: prompt {request.prompt!r} has {words} words; {who} room to add words, "
             f"so prompts may have at most max_prompt_words = {max_words}"
         )
-    refine = card.spec.loop(refine_loop).config
-    temperature = request.inputs.get("temperature")
-    if temperature is not None:
-        refine = refine.replace(temperature=temperature)
+    refine = mot.settings_with_temperature(card, refine_loop, request)
     flag = np.asarray([bool(request.inputs.get("refine", True))])
     loops = {**dict(bound.settings), refine_loop: refine}
     return dataclasses.replace(bound, slots={**bound.slots, "refine": flag}, settings=settings(**loops))
@@ -122,18 +144,7 @@ def program() -> Program:
             generator.text_nodes()[1],
             LoopNode(REFINE_LOOP, _start_refine, reads=("ids", "key"), writes=("lm_tokens",), result=_lm_tokens),
             ComponentNode("refined", _refined, reads=("ids", "lm_tokens", "refine"), writes=("refined",)),
-            ComponentNode(
-                "encode_refined",
-                _encode_refined,
-                ("refined",),
-                ("context", "context_mask"),
-                component="text_encoder",
-                cached=True,
-            ),
-            LoopNode(
-                DENOISE_LOOP, generator.start_denoise(stream=1), reads=generator.DENOISE_READS, writes=("latents",)
-            ),
-            ComponentNode("decode", generator.decode_image, reads=("latents",), writes=("image",), component="vae"),
+            *render_nodes("refined", DENOISE_LOOP),
         ),
         outputs=(("image", "image"), ("latents", "latents"), ("refined", "refined")),
         bind=_bind,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.cards.diffusers_pipeline import load_components, read_pipeline
 from jaxpipe.loops import denoise, policies
@@ -88,26 +89,34 @@ class Config:
 
     def __post_init__(self):
         tf = self.transformer
-        if tf.text_dim != self.text_encoder.d_model:
-            raise ValueError(
-                f"transformer.text_dim ({tf.text_dim}) must equal text_encoder.d_model ({self.text_encoder.d_model})"
-            )
+        validate.rule(
+            tf.text_dim == self.text_encoder.d_model,
+            f"transformer.text_dim ({tf.text_dim}) must equal text_encoder.d_model ({self.text_encoder.d_model})",
+        )
         if self.i2v:
             self._check_i2v()
         else:
-            if tf.in_channels != self.vae.z_dim or tf.out_channels != self.vae.z_dim:
-                raise ValueError(
-                    f"a text-to-video transformer reads and writes vae.z_dim ({self.vae.z_dim}) channels (got {tf.in_channels} in, {tf.out_channels} out)"
-                )
-            if tf.image_dim is not None or self.image_encoder is not None or self.image_processing is not None:
-                raise ValueError("a text-to-video card has no image encoder, image processing or transformer.image_dim")
-        if self.frames < 1 or (self.frames - 1) % 4:
-            raise ValueError(f"frames must be 1 + 4k (the VAE compresses time 4×; got {self.frames})")
+            validate.rule(
+                tf.in_channels == self.vae.z_dim and tf.out_channels == self.vae.z_dim,
+                f"a text-to-video transformer reads and writes vae.z_dim ({self.vae.z_dim}) channels (got {tf.in_channels} in, {tf.out_channels} out)",
+            )
+            validate.rule(
+                tf.image_dim is None and self.image_encoder is None and self.image_processing is None,
+                "a text-to-video card has no image encoder, image processing or transformer.image_dim",
+            )
+        validate.rule(
+            self.frames >= 1 and (self.frames - 1) % 4 == 0,
+            f"frames must be 1 + 4k (the VAE compresses time 4×; got {self.frames})",
+        )
         space = 8 * tf.patch_size[1]
-        if self.height % space or self.width % space:
-            raise ValueError(f"height and width must be multiples of {space} (got {self.height}×{self.width})")
-        if self.boundary_ratio is not None and not 0.0 < self.boundary_ratio < 1.0:
-            raise ValueError(f"boundary_ratio must lie in (0, 1) (got {self.boundary_ratio})")
+        validate.rule(
+            self.height % space == 0 and self.width % space == 0,
+            f"height and width must be multiples of {space} (got {self.height}×{self.width})",
+        )
+        validate.rule(
+            self.boundary_ratio is None or 0.0 < self.boundary_ratio < 1.0,
+            f"boundary_ratio must lie in (0, 1) (got {self.boundary_ratio})",
+        )
 
     def _check_i2v(self) -> None:
         tf, z, encoder = self.transformer, self.vae.z_dim, self.image_encoder
