@@ -87,15 +87,16 @@ def _scorer(settings: RunSettings) -> Card:
     return cards.load(str(settings.option("scorer", SCORER)))
 
 
-def _generator(method: str, builder):
-    """The recipe build of a method whose run is ``builder(card, scorer, config, prompts, ...)``."""
+def _generator(method: str):
+    """The recipe build of ``method``'s row of ``runs.METHODS``."""
 
     def build(card: Card, config, settings: RunSettings):
         if method == "joint":  # each refiner owns an attribute slot of the digits prompts
             from jaxpipe.digits import cards as digit_cards
 
             card = digit_cards.multi_expert(card, int(settings.option("refiners", 3)))
-        return builder(
+        return runs.build(
+            method,
             card,
             _scorer(settings),
             config,
@@ -127,19 +128,11 @@ _PROMPT_OPTIONS = {
     "prefer": "ATTRIBUTE=WORD,...: the labels the reward asks for when a prompt leaves the attribute out",
     "scorer": f"the reward model card (default {SCORER})",
 }
-BUILDERS = {
-    "flow-grpo": runs.flow_grpo_run,
-    "nft": runs.nft_run,
-    "dmd2": runs.dmd2_run,
-    "unified": runs.unified_run,
-    "mot": runs.mot_run,
-    "joint": runs.joint_run,
-}
 
 
 def register() -> None:
     """Register a recipe for each method ``jaxpipe train`` has."""
-    for method, builder in BUILDERS.items():
+    for method in runs.METHODS:
         options = dict(_PROMPT_OPTIONS)
         if method == "joint":
             options["refiners"] = "refiner experts, each owning one attribute slot (default 3)"
@@ -147,7 +140,7 @@ def register() -> None:
             Recipe(
                 WORLD,
                 method,
-                build=_generator(method, builder),
+                build=_generator(method),
                 model=MODEL[method],
                 preset=PRESETS.get(method),
                 options=options,

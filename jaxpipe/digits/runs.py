@@ -4,18 +4,26 @@ its evaluation and curves.
 A ``Run`` (``jaxpipe.training.runs``) bundles a trainer (``init``, jitted ``step``, ``card(state)``), an
 endless stream of prompt batches, a before/after evaluation and the curves to draw;
 ``jaxpipe.training.runs.execute`` trains it (re-exported here as ``execute``).
-``flow_grpo_run``, ``nft_run``, ``unified_run``, ``joint_run`` and ``mot_run`` build the RL runs,
-``dmd2_run`` and ``self_forcing_run`` distillations; another method needs only its own builder.
+
+``build(method, card, scorer, config, prompts)`` builds the run of any method in ``METHODS`` — a table of
+``RunMethod`` rows (the trainer, the default prompts, the judge, the curves and the headline of each method);
+``flow_grpo_run``, ``nft_run``, ``dmd2_run``, ``unified_run``, ``joint_run`` and ``mot_run`` name its rows.
+``self_forcing_run`` builds the video distillation (a teacher, motion captions). Another method needs one row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from jaxpipe.card import Card
 from jaxpipe.cards import registry, toy_multi_expert
 from jaxpipe.cards.checkpoint import config_to_dict
+from jaxpipe.digits import headlines
 from jaxpipe.digits.evaluation import EvalSettings, generator_quality, refinement_quality, video_quality
+from jaxpipe.digits.headlines import HACKING_GAP
+from jaxpipe.digits.headlines import judged as _judged  # noqa: F401  (the name tests and older callers use)
 from jaxpipe.digits.prompts import PromptSpec, motion_batches, parse_preferences, parse_terms, prompt_batches
 from jaxpipe.digits.rewards import scorer_reward
 from jaxpipe.training.grpo import FlowGRPOConfig
@@ -31,6 +39,9 @@ __all__ = [
     "EvalSettings",
     "PromptSpec",
     "Run",
+    "RunMethod",
+    "METHODS",
+    "build",
     "execute",
     "parse_preferences",
     "parse_terms",
@@ -48,37 +59,34 @@ __all__ = [
 ]
 
 
-def _change(before: dict, after: dict, *path: str) -> dict:
-    b, a = before, after
-    for key in path:
-        b, a = b[key], a[key]
-    if b is None or a is None:
-        return {"before": b, "after": a}
-    return {"before": b, "after": a, "change": a - b}
+@dataclasses.dataclass(frozen=True)
+class RunMethod:
+    """How ``build`` makes one method's run on the digits world.
 
+    Attributes:
+      trainer: ``(card, scorer, config, prompts) -> method`` (``init``, ``step``, ``card``).
+      prompts: the default prompt distribution of the training batches and the evaluation.
+      quality: the before/after judge, ``(card, scorer, prompts, evaluation, *, num_steps, should_stop) -> dict``
+        (``generator_quality`` or ``refinement_quality``).
+      num_steps: ``config -> sampling steps`` the judge renders with.
+      name: ``(card, config) -> the run's name``.
+      curves: ``(card, prompts) -> {file: metrics}``.
+      headline: ``(before, after) -> dict`` (``jaxpipe.digits.headlines``).
+      check: ``(card, prompts) -> None``, raising ``ValueError`` when ``card`` cannot be trained so.
+      settings: ``card -> extra settings`` recorded in ``report.json`` (``None``: none).
+      summary_keys: the metrics the report compares (``None``: ``Run``'s default).
+    """
 
-HACKING_GAP = 0.05
-"""A scorer-judged gain that beats the independent evaluators' gain on the same images by more than this is
-flagged in the report as reward hacking (the reward model sees a gain its judge does not)."""
-
-
-def _judged(before: dict, after: dict, headline: dict[str, tuple[str, ...]]) -> dict:
-    """For each ``name -> path`` to a scorer-judged number: its change and, as ``name (independent)``, the
-    change of the same number judged by the independent evaluators (the path with ``"independent"`` before
-    its last key); then ``reward_vs_independent``, a line saying whether the two agree."""
-    out, gaps = {}, {}
-    for name, path in headline.items():
-        scorer = out[name] = _change(before, after, *path)
-        independent = out[f"{name} (independent)"] = _change(before, after, *path[:-1], "independent", path[-1])
-        gaps[name] = scorer["change"] - independent["change"]
-    hacked = {name: gap for name, gap in gaps.items() if gap > HACKING_GAP}
-    out["reward_vs_independent"] = (
-        "REWARD HACKING: the scorer's gain exceeds the independent evaluators' by "
-        + ", ".join(f"{gap:+.3f} ({name})" for name, gap in hacked.items())
-        if hacked
-        else f"reward and independent evaluators agree (every gap <= {HACKING_GAP})"
-    )
-    return out
+    trainer: Callable[[Card, Card, Any, PromptSpec], Any]
+    prompts: PromptSpec
+    quality: Callable[..., dict]
+    num_steps: Callable[[Any], int]
+    name: Callable[[Card, Any], str]
+    curves: Callable[[Card, PromptSpec], Mapping[str, tuple[str, ...]]]
+    headline: Callable[[dict, dict], dict]
+    check: Callable[[Card, PromptSpec], None]
+    settings: Callable[[Card], dict] | None = None
+    summary_keys: tuple[str, ...] | None = None
 
 
 def _settings(
@@ -95,151 +103,169 @@ def _settings(
     }
 
 
-def _check_room(card: Card, prompts: PromptSpec) -> None:
-    """A clear error when ``prompts`` can be too long for the card's refiner(s) to add their words."""
-    limit = card.spec.config.max_prompt_words
-    if prompts.max_words > limit:
-        raise ValueError(
-            f"prompts of up to {prompts.max_words} words do not leave the refiner(s) room ({limit} words at most)"
+def build(
+    method: str,
+    card: Card,
+    scorer: Card,
+    config,
+    prompts: PromptSpec | None = None,
+    *,
+    prompts_per_step: int = 4,
+    seed: int = 0,
+    evaluation: EvalSettings | None = EvalSettings(),
+) -> Run:
+    """The ``Run`` of ``method`` (a key of ``METHODS``) on ``card`` with the ``digit-scorer`` ``scorer``.
+
+    The scorer is the reward over ``prompts.terms`` (DMD2 has none) and, with the independent evaluators, the
+    judge; the headline compares the scorer's and the independent evaluators' gains (``HACKING_GAP``).
+
+    Args:
+        method: ``"flow-grpo"``, ``"nft"``, ``"dmd2"``, ``"unified"``, ``"joint"`` or ``"mot"``.
+        card: the card trained (its kind is the method's: a text-to-image card, a ``unified`` card, ...).
+        scorer: the ``digit-scorer`` card.
+        config: the method's settings (``FlowGRPOConfig``, ``DiffusionNFTConfig``, ...).
+        prompts: the prompt distribution; its ``terms`` are the reward's (``None``: the method's default).
+        prompts_per_step: prompts per training step.
+        seed: the seed of the prompt stream.
+        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+
+    Returns:
+        The ``Run``, ready for ``execute``.
+
+    Raises:
+        KeyError: if ``method`` is not in ``METHODS``.
+        ValueError: if ``card`` cannot be trained by ``method`` (e.g. a ``unified`` card under ``flow-grpo``),
+            or if ``prompts`` leave a refining card no room for its words.
+    """
+    row = METHODS[method]
+    prompts = row.prompts if prompts is None else prompts
+    row.check(card, prompts)
+    trainer = row.trainer(card, scorer, config, prompts)
+    evaluate = None
+    if evaluation is not None:
+        num_steps = row.num_steps(config)
+        evaluate = lambda c, stop=None: row.quality(
+            c, scorer, prompts, evaluation, num_steps=num_steps, should_stop=stop
         )
+    extra = {} if row.summary_keys is None else {"summary_keys": row.summary_keys}
+    recorded = {} if row.settings is None else row.settings(card)
+    return Run(
+        name=row.name(card, config),
+        method=trainer,
+        batches=prompt_batches(card, prompts, prompts_per_step, seed),
+        settings=_settings(card, config, prompts, prompts_per_step, evaluation, **recorded),
+        evaluate=evaluate,
+        curves=row.curves(card, prompts),
+        headline=row.headline,
+        **extra,
+    )
 
 
 def flow_grpo_run(
-    card: Card,
-    scorer: Card,
-    config: FlowGRPOConfig,
-    prompts: PromptSpec = PromptSpec(),
-    *,
-    prompts_per_step: int = 4,
-    seed: int = 0,
-    evaluation: EvalSettings | None = EvalSettings(),
+    card: Card, scorer: Card, config: FlowGRPOConfig, prompts: PromptSpec | None = None, **settings
 ) -> Run:
-    """FlowGRPO on a text-to-image card (e.g. ``flux-t2i``) with the ``digit-scorer`` reward over ``prompts.terms``.
-
-    Judged by ``generator_quality`` at the config's sampling steps; the headline compares the scorer's and the
-    independent evaluators' gains (``HACKING_GAP``).
+    """FlowGRPO on a text-to-image card (e.g. ``flux-t2i``): ``build("flow-grpo", ...)``, judged by
+    ``generator_quality`` at the config's sampling steps.
 
     Args:
         card: a text-to-image card (the policy).
-        scorer: the ``digit-scorer`` card: the reward and, with the independent evaluators, the judge.
+        scorer: the ``digit-scorer`` card.
         config: the FlowGRPO settings.
-        prompts: the prompt distribution; its ``terms`` are the reward's.
-        prompts_per_step: prompts per training step.
-        seed: the seed of the prompt stream.
-        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+        prompts: the prompt distribution (``None``: every rewarded attribute named).
+        **settings: ``prompts_per_step``, ``seed``, ``evaluation`` as ``build`` takes them.
 
     Returns:
-        The ``"flow-grpo"`` ``Run``, ready for ``execute``.
-
-    Raises:
-        ValueError: if ``card`` refines its prompts first (a ``unified`` card: use ``unified_run``).
+        The ``"flow-grpo"`` ``Run``.
     """
-    _check_text_to_image(card, "flow-grpo")
-    return _generator_run(
-        "flow-grpo",
-        FlowGRPO(card, scorer_reward(scorer, prompts.terms), config),
-        card,
-        scorer,
-        config,
-        prompts,
-        prompts_per_step,
-        seed,
-        evaluation,
-        config.sampling.num_steps,
-        {"reward.png": ("reward_mean",), "kl.png": ("kl",)},
-    )
+    return build("flow-grpo", card, scorer, config, prompts, **settings)
 
 
-def nft_run(
-    card: Card,
-    scorer: Card,
-    config: DiffusionNFTConfig,
-    prompts: PromptSpec = PromptSpec(),
-    *,
-    prompts_per_step: int = 4,
-    seed: int = 0,
-    evaluation: EvalSettings | None = EvalSettings(),
-) -> Run:
-    """DiffusionNFT on a text-to-image card with the ``digit-scorer`` reward; judged as ``flow_grpo_run``.
+def nft_run(card: Card, scorer: Card, config: DiffusionNFTConfig, prompts: PromptSpec | None = None, **settings) -> Run:
+    """DiffusionNFT on a text-to-image card: ``build("nft", ...)``, judged as ``flow_grpo_run``.
 
     Args:
         card: a text-to-image card (the policy).
-        scorer: the ``digit-scorer`` card: the reward and, with the independent evaluators, the judge.
+        scorer: the ``digit-scorer`` card.
         config: the DiffusionNFT settings.
-        prompts: the prompt distribution; its ``terms`` are the reward's.
-        prompts_per_step: prompts per training step.
-        seed: the seed of the prompt stream.
-        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+        prompts: the prompt distribution (``None``: every rewarded attribute named).
+        **settings: ``prompts_per_step``, ``seed``, ``evaluation`` as ``build`` takes them.
 
     Returns:
-        The ``"nft"`` ``Run``, ready for ``execute``.
-
-    Raises:
-        ValueError: if ``card`` refines its prompts first (a ``unified`` card: use ``unified_run``).
+        The ``"nft"`` ``Run``.
     """
-    _check_text_to_image(card, "nft")
-    return _generator_run(
-        "nft",
-        DiffusionNFT(card, scorer_reward(scorer, prompts.terms), config),
-        card,
-        scorer,
-        config,
-        prompts,
-        prompts_per_step,
-        seed,
-        evaluation,
-        config.sampling.num_steps,
-        {
-            "reward.png": ("reward_mean",),
-            "loss.png": ("loss_pos", "loss_neg"),
-            "old_policy.png": ("ema_decay", "r_mean"),
-        },
-    )
+    return build("nft", card, scorer, config, prompts, **settings)
 
 
-def dmd2_run(
-    card: Card,
-    scorer: Card,
-    config: DMD2Config,
-    prompts: PromptSpec = PromptSpec(mention=0.5),
-    *,
-    prompts_per_step: int = 4,
-    seed: int = 0,
-    evaluation: EvalSettings | None = EvalSettings(),
-) -> Run:
-    """DMD2: distil text-to-image ``card`` (the teacher) into a ``config.student_steps``-step student on
-    ``prompts``; the scorer only judges (the student before training is the teacher at the student's steps).
+def dmd2_run(card: Card, scorer: Card, config: DMD2Config, prompts: PromptSpec | None = None, **settings) -> Run:
+    """DMD2: distil text-to-image ``card`` (the teacher) into a ``config.student_steps``-step student:
+    ``build("dmd2", ...)``; the scorer only judges (the student before training is the teacher at its steps).
 
     Args:
         card: a text-to-image card, the teacher (the student starts as a copy).
-        scorer: the ``digit-scorer`` card (the judge only: DMD2 has no reward).
-        config: the DMD2 settings (``student_steps``: the student's sampling steps).
-        prompts: the prompt distribution of the training batches and the evaluation.
-        prompts_per_step: prompts per training step.
-        seed: the seed of the prompt stream.
-        evaluation: the before/after evaluation's settings (``None``: no evaluation).
+        scorer: the ``digit-scorer`` card (the judge only).
+        config: the DMD2 settings.
+        prompts: the prompt distribution (``None``: each attribute named half the time).
+        **settings: ``prompts_per_step``, ``seed``, ``evaluation`` as ``build`` takes them.
 
     Returns:
-        The DMD2 ``Run``, ready for ``execute``.
-
-    Raises:
-        ValueError: if ``card`` refines its prompts first (a ``unified`` card: use ``unified_run``).
+        The ``"dmd2 (N-step student)"`` ``Run``.
     """
-    _check_text_to_image(card, "dmd2")
-    return _generator_run(
-        f"dmd2 ({config.student_steps}-step student)",
-        DMD2(card, config),
-        card,
-        scorer,
-        config,
-        prompts,
-        prompts_per_step,
-        seed,
-        evaluation,
-        config.student_steps,
-        {"losses.png": ("dm_loss", "critic_loss"), "gaps.png": ("real_gap", "fake_real_gap")},
-        summary_keys=("dm_loss", "critic_loss", "real_gap", "fake_real_gap"),
-    )
+    return build("dmd2", card, scorer, config, prompts, **settings)
+
+
+def unified_run(
+    card: Card, scorer: Card, config: UnifiedRLConfig, prompts: PromptSpec | None = None, **settings
+) -> Run:
+    """UnifiedRL (joint, or prompt-only with ``config.joint=False``) on a ``unified`` card: ``build("unified", ...)``,
+    judged by ``refinement_quality``. ``prompts.prefer`` labels the attributes a prompt leaves out, which the
+    refiner can learn to ask for.
+
+    Args:
+        card: a card with a refiner LM (``unified``).
+        scorer: the ``digit-scorer`` card.
+        config: the UnifiedRL settings.
+        prompts: the prompt distribution (``None``: each attribute named half the time).
+        **settings: ``prompts_per_step``, ``seed``, ``evaluation`` as ``build`` takes them.
+
+    Returns:
+        The ``"unified"`` (or ``"unified (prompt-only)"``) ``Run``.
+    """
+    return build("unified", card, scorer, config, prompts, **settings)
+
+
+def joint_run(card: Card, scorer: Card, config: JointRLConfig, prompts: PromptSpec | None = None, **settings) -> Run:
+    """JointMultiExpertRL on a ``multi-expert`` card (``toy_multi_expert.from_unified``): ``build("joint", ...)``.
+    The reward's parts are the scorer's per-term probabilities, so under ``credit="per_expert"`` refiner i is
+    credited with the term of the attribute it owns; the curves include every part.
+
+    Args:
+        card: a ``multi-expert`` card (stacked refiners).
+        scorer: the ``digit-scorer`` card.
+        config: the JointMultiExpertRL settings.
+        prompts: the prompt distribution (``None``: bare digits, each attribute's preferred word rewarded).
+        **settings: ``prompts_per_step``, ``seed``, ``evaluation`` as ``build`` takes them.
+
+    Returns:
+        The ``"joint (...)"`` ``Run``.
+    """
+    return build("joint", card, scorer, config, prompts, **settings)
+
+
+def mot_run(card: Card, scorer: Card, config: MoTRLConfig, prompts: PromptSpec | None = None, **settings) -> Run:
+    """RL on shared weights (``SharedMoTRL``) on a MoT card, whose thinker and generator are one transformer:
+    ``build("mot", ...)``; prompts and evaluation as ``unified_run`` (thinking plays the refiner's part).
+
+    Args:
+        card: a Mixture-of-Transformers card (``bagel-mot``).
+        scorer: the ``digit-scorer`` card.
+        config: the SharedMoTRL settings.
+        prompts: the prompt distribution (``None``: each attribute named half the time).
+        **settings: ``prompts_per_step``, ``seed``, ``evaluation`` as ``build`` takes them.
+
+    Returns:
+        The ``"mot"`` ``Run``.
+    """
+    return build("mot", card, scorer, config, prompts, **settings)
 
 
 def self_forcing_run(
@@ -271,20 +297,6 @@ def self_forcing_run(
     evaluate = None
     if evaluation is not None:
         evaluate = lambda c, stop=None: video_quality(c, scorer, evaluation, should_stop=stop)
-
-    def headline(before: dict, after: dict) -> dict:
-        return {
-            "motion_accuracy": _change(before, after, "full", "motion_accuracy"),
-            **_judged(
-                before,
-                after,
-                {
-                    "first_frame_digit_accuracy": ("full", "first_frame_digit_accuracy"),
-                    "last_frame_digit_accuracy": ("full", "last_frame_digit_accuracy"),
-                },
-            ),
-        }
-
     return Run(
         name="self-forcing",
         method=method,
@@ -295,61 +307,60 @@ def self_forcing_run(
         },
         evaluate=evaluate,
         curves={"losses.png": ("loss", "critic_loss"), "grad_norm.png": ("grad_norm", "critic_grad_norm")},
-        headline=headline,
+        headline=headlines.video,
         summary_keys=("loss", "critic_loss"),
     )
 
 
-def _generator_run(
-    name: str,
-    method,
-    card: Card,
-    scorer: Card,
-    config,
-    prompts: PromptSpec,
-    prompts_per_step: int,
-    seed: int,
-    evaluation: EvalSettings | None,
-    num_steps: int,
-    curves: dict,
-    **extra,
-) -> Run:
-    """A text-to-image method's ``Run``: ``prompts`` batches, judged by ``generator_quality`` at ``num_steps``."""
-    return Run(
-        name=name,
-        method=method,
-        batches=prompt_batches(card, prompts, prompts_per_step, seed),
-        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
-        evaluate=_generator_evaluation(scorer, prompts, evaluation, num_steps),
-        curves=curves,
-        headline=_generator_headline,
-        **extra,
-    )
+def _rewarded(cls) -> Callable[[Card, Card, Any, PromptSpec], Any]:
+    """The trainer of an RL method ``cls(card, reward, config)`` rewarded by the scorer over ``prompts.terms``."""
+    return lambda card, scorer, config, prompts: cls(card, scorer_reward(scorer, prompts.terms), config)
 
 
-def _check_text_to_image(card: Card, command: str) -> None:
-    if "refine" in registry.default_program(card).inputs:
-        raise ValueError(
-            f"{command} trains a text-to-image card; {card.model_id!r} refines its prompts first (use `train unified`)"
-        )
+def _text_to_image(command: str) -> Callable[[Card, PromptSpec], None]:
+    def check(card: Card, prompts: PromptSpec) -> None:
+        if "refine" in registry.default_program(card).inputs:
+            raise ValueError(
+                f"{command} trains a text-to-image card; {card.model_id!r} refines its prompts first "
+                "(use `train unified`)"
+            )
+
+    return check
 
 
-def _generator_evaluation(scorer: Card, prompts: PromptSpec, evaluation: EvalSettings | None, num_steps: int):
-    if evaluation is None:
-        return None
-    return lambda c, stop=None: generator_quality(c, scorer, prompts, evaluation, num_steps=num_steps, should_stop=stop)
+def _refining(has_room: Callable[[Card], bool], missing: str) -> Callable[[Card, PromptSpec], None]:
+    """The check of a card that rewrites its prompts: ``has_room(card)`` (else ``missing``, formatted with the
+    card's id), and prompts short enough to leave the refiner(s) room for their words."""
+
+    def check(card: Card, prompts: PromptSpec) -> None:
+        if not has_room(card):
+            raise ValueError(missing.format(card.model_id))
+        limit = card.spec.config.max_prompt_words
+        if prompts.max_words > limit:
+            raise ValueError(
+                f"prompts of up to {prompts.max_words} words do not leave the refiner(s) room ({limit} words at most)"
+            )
+
+    return check
 
 
-def _generator_headline(before: dict, after: dict) -> dict:
-    return _judged(
-        before,
-        after,
-        {
-            "all_attributes_correct": ("all_attributes_correct",),
-            "digit_accuracy_plain_prompts": ("digit_accuracy",),
-            "run_prompts_all_right": ("run_prompts", "all_right"),
-        },
-    )
+def _joint_name(card: Card, config: JointRLConfig) -> str:
+    refiners = len(toy_multi_expert.expert_names(card))
+    return f"joint ({refiners} refiners, {config.credit} credit{'' if config.joint else ', prompt-only'})"
+
+
+def _joint_curves(card: Card, prompts: PromptSpec) -> dict:
+    return {
+        "reward.png": ("reward_mean",),
+        "reward_per_expert.png": tuple(f"reward_{t}" for t in prompts.terms if t != "digit"),
+        "refined_vs_original.png": ("reward_refined", "reward_original"),
+        "refiner_losses.png": tuple(f"{name}_loss" for name in toy_multi_expert.expert_names(card)),
+    }
+
+
+def _joint_settings(card: Card) -> dict:
+    refiners = len(toy_multi_expert.expert_names(card))
+    return {"refiners": refiners, "slots": [card.spec.config.slot(i) for i in range(refiners)]}
 
 
 REFINEMENT_CURVES = {
@@ -360,210 +371,85 @@ REFINEMENT_CURVES = {
 }
 """The curves of a run whose card rewrites its prompt first (a refiner LM, or a MoT that thinks)."""
 
+_generator = dict(quality=generator_quality, headline=headlines.generator)
+_refiner = dict(
+    quality=refinement_quality, headline=headlines.refinement, num_steps=lambda c: c.generator.sampling.num_steps
+)
 
-def _refinement_headline(before: dict, after: dict) -> dict:
-    return {
-        **_judged(
-            before,
-            after,
-            {
-                "refined_all_right": ("refined", "all_right"),
-                "original_all_right": ("original", "all_right"),
-                "refined_prompted_right": ("refined", "prompted_right"),
-            },
-        ),
-        "refined_minus_original_before": before["refined"]["all_right"] - before["original"]["all_right"],
-        "refined_minus_original_after": after["refined"]["all_right"] - after["original"]["all_right"],
-        "preferred_word_rate": _change(before, after, "preferred_word_rate"),
-        "preferred_word_rate_in_order": _change(before, after, "preferred_word_rate_in_order"),
-        "added_words": _change(before, after, "added_words"),
-    }
-
-
-def unified_run(
-    card: Card,
-    scorer: Card,
-    config: UnifiedRLConfig,
-    prompts: PromptSpec = PromptSpec(mention=0.5),
-    *,
-    prompts_per_step: int = 4,
-    seed: int = 0,
-    evaluation: EvalSettings | None = EvalSettings(),
-) -> Run:
-    """UnifiedRL (joint, or prompt-only with ``config.joint=False``) on a ``unified`` card.
-
-    Prompts name each rewarded attribute with probability ``prompts.mention``; ``prompts.prefer``
-    labels the attributes a prompt leaves out, which the refiner can learn to ask for.
-
-    Args:
-        card: a card with a refiner LM (``unified``).
-        scorer: the ``digit-scorer`` card: the reward and, with the independent evaluators, the judge.
-        config: the UnifiedRL settings.
-        prompts: the prompt distribution; its ``terms`` are the reward's.
-        prompts_per_step: prompts per training step.
-        seed: the seed of the prompt stream.
-        evaluation: the before/after evaluation's settings (``None``: no evaluation).
-
-    Returns:
-        The ``Run`` (``"unified"``, or ``"unified (prompt-only)"``), judged by ``refinement_quality``.
-
-    Raises:
-        ValueError: if ``card`` has no ``llm`` component,
-            or if ``prompts`` can be longer than the card's ``max_prompt_words`` (no room for the refiners' words).
-    """
-    if "llm" not in card.components:
-        raise ValueError(f"unified RL needs a card with a refiner LM (the 'unified' card); {card.model_id!r} has none")
-    _check_room(card, prompts)
-    method = UnifiedRL(card, scorer_reward(scorer, prompts.terms), config)
-    evaluate = None
-    if evaluation is not None:
-        evaluate = lambda c, stop=None: refinement_quality(
-            c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop
-        )
-
-    headline = _refinement_headline
-
-    return Run(
-        name="unified" if config.joint else "unified (prompt-only)",
-        method=method,
-        batches=prompt_batches(card, prompts, prompts_per_step, seed),
-        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
-        evaluate=evaluate,
-        curves=REFINEMENT_CURVES,
-        headline=headline,
-    )
-
-
-def joint_run(
-    card: Card,
-    scorer: Card,
-    config: JointRLConfig,
-    prompts: PromptSpec = PromptSpec(mention=0.0, prefer=(("stroke", 1), ("position", 2), ("brightness", 0))),
-    *,
-    prompts_per_step: int = 4,
-    seed: int = 0,
-    evaluation: EvalSettings | None = EvalSettings(),
-) -> Run:
-    """JointMultiExpertRL on a ``multi-expert`` card (build one with ``toy_multi_expert.from_unified``).
-
-    The reward's parts are the scorer's per-term probabilities, so under ``credit="per_expert"`` refiner
-    i is credited with the term of the attribute it owns; the curves include every part (one per expert).
-
-    Args:
-        card: a ``multi-expert`` card (stacked refiners).
-        scorer: the ``digit-scorer`` card: the reward and, with the independent evaluators, the judge.
-        config: the JointMultiExpertRL settings.
-        prompts: the prompt distribution (default: bare digits, each attribute's preferred word rewarded).
-        prompts_per_step: prompts per training step.
-        seed: the seed of the prompt stream.
-        evaluation: the before/after evaluation's settings (``None``: no evaluation).
-
-    Returns:
-        The ``"joint (...)"`` ``Run``, judged by ``refinement_quality``.
-
-    Raises:
-        ValueError: if ``card`` has no stacked refiners,
-            or if ``prompts`` can be longer than the card's ``max_prompt_words`` (no room for the refiners' words).
-    """
-    if toy_multi_expert.COMPONENT not in card.components:
-        raise ValueError(f"joint RL needs a multi-expert card (stacked refiners); {card.model_id!r} has none")
-    _check_room(card, prompts)
-    method = JointMultiExpertRL(card, scorer_reward(scorer, prompts.terms), config)
-    evaluate = None
-    if evaluation is not None:
-        evaluate = lambda c, stop=None: refinement_quality(
-            c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop
-        )
-    names = toy_multi_expert.expert_names(card)
-
-    def headline(before: dict, after: dict) -> dict:
-        rates = {
-            f"preferred_{name}_rate": _change(before, after, "preferred_word_rate_by_attribute", name)
-            for name in before["preferred_word_rate_by_attribute"]
-        }
-        return {
-            **_judged(
-                before,
-                after,
-                {"refined_all_right": ("refined", "all_right"), "original_all_right": ("original", "all_right")},
-            ),
-            **rates,
-        }
-
-    parts = tuple(f"reward_{t}" for t in prompts.terms if t != "digit")
-    return Run(
-        name=f"joint ({len(names)} refiners, {config.credit} credit{'' if config.joint else ', prompt-only'})",
-        method=method,
-        batches=prompt_batches(card, prompts, prompts_per_step, seed),
-        settings=_settings(
-            card,
-            config,
-            prompts,
-            prompts_per_step,
-            evaluation,
-            refiners=len(names),
-            slots=[card.spec.config.slot(i) for i in range(len(names))],
-        ),
-        evaluate=evaluate,
-        curves={
+METHODS: dict[str, RunMethod] = {
+    "flow-grpo": RunMethod(
+        trainer=_rewarded(FlowGRPO),
+        prompts=PromptSpec(),
+        num_steps=lambda config: config.sampling.num_steps,
+        name=lambda card, config: "flow-grpo",
+        curves=lambda card, prompts: {"reward.png": ("reward_mean",), "kl.png": ("kl",)},
+        check=_text_to_image("flow-grpo"),
+        **_generator,
+    ),
+    "nft": RunMethod(
+        trainer=_rewarded(DiffusionNFT),
+        prompts=PromptSpec(),
+        num_steps=lambda config: config.sampling.num_steps,
+        name=lambda card, config: "nft",
+        curves=lambda card, prompts: {
             "reward.png": ("reward_mean",),
-            "reward_per_expert.png": parts,
-            "refined_vs_original.png": ("reward_refined", "reward_original"),
-            "refiner_losses.png": tuple(f"{name}_loss" for name in names),
+            "loss.png": ("loss_pos", "loss_neg"),
+            "old_policy.png": ("ema_decay", "r_mean"),
         },
-        headline=headline,
-    )
-
-
-def mot_run(
-    card: Card,
-    scorer: Card,
-    config: MoTRLConfig,
-    prompts: PromptSpec = PromptSpec(mention=0.5),
-    *,
-    prompts_per_step: int = 4,
-    seed: int = 0,
-    evaluation: EvalSettings | None = EvalSettings(),
-) -> Run:
-    """RL on shared weights (``SharedMoTRL``) on a MoT card: the thinker and the generator are one
-    transformer. Prompts and evaluation as ``unified_run`` (thinking plays the refiner's part).
-
-    Args:
-        card: a Mixture-of-Transformers card (``bagel-mot``).
-        scorer: the ``digit-scorer`` card: the reward and, with the independent evaluators, the judge.
-        config: the SharedMoTRL settings.
-        prompts: the prompt distribution; its ``terms`` are the reward's.
-        prompts_per_step: prompts per training step.
-        seed: the seed of the prompt stream.
-        evaluation: the before/after evaluation's settings (``None``: no evaluation).
-
-    Returns:
-        The ``"mot"`` ``Run``, judged by ``refinement_quality``.
-
-    Raises:
-        ValueError: if ``card`` is not a ``toy_mot`` card,
-            or if ``prompts`` can be longer than the card's ``max_prompt_words`` (no room for the refiners' words).
-    """
-    if card.spec.family != "toy_mot":
-        raise ValueError(
-            f"train mot needs a Mixture-of-Transformers card (e.g. 'bagel-mot'); {card.model_id!r} is not one"
-        )
-    _check_room(card, prompts)
-    method = SharedMoTRL(card, scorer_reward(scorer, prompts.terms), config)
-    evaluate = None
-    if evaluation is not None:
-        evaluate = lambda c, stop=None: refinement_quality(
-            c, scorer, prompts, evaluation, num_steps=config.generator.sampling.num_steps, should_stop=stop
-        )
-    return Run(
-        name="mot",
-        method=method,
-        batches=prompt_batches(card, prompts, prompts_per_step, seed),
-        settings=_settings(card, config, prompts, prompts_per_step, evaluation),
-        evaluate=evaluate,
-        curves={
+        check=_text_to_image("nft"),
+        **_generator,
+    ),
+    "dmd2": RunMethod(
+        trainer=lambda card, scorer, config, prompts: DMD2(card, config),
+        prompts=PromptSpec(mention=0.5),
+        num_steps=lambda config: config.student_steps,
+        name=lambda card, config: f"dmd2 ({config.student_steps}-step student)",
+        curves=lambda card, prompts: {
+            "losses.png": ("dm_loss", "critic_loss"),
+            "gaps.png": ("real_gap", "fake_real_gap"),
+        },
+        check=_text_to_image("dmd2"),
+        summary_keys=("dm_loss", "critic_loss", "real_gap", "fake_real_gap"),
+        **_generator,
+    ),
+    "unified": RunMethod(
+        trainer=_rewarded(UnifiedRL),
+        prompts=PromptSpec(mention=0.5),
+        name=lambda card, config: "unified" if config.joint else "unified (prompt-only)",
+        curves=lambda card, prompts: REFINEMENT_CURVES,
+        check=_refining(
+            lambda card: "llm" in card.components,
+            "unified RL needs a card with a refiner LM (the 'unified' card); {!r} has none",
+        ),
+        **_refiner,
+    ),
+    "mot": RunMethod(
+        trainer=_rewarded(SharedMoTRL),
+        prompts=PromptSpec(mention=0.5),
+        name=lambda card, config: "mot",
+        curves=lambda card, prompts: {
             **REFINEMENT_CURVES,
             "interference.png": ("cos_all", "cos_shared", "cos_understanding", "cos_generation", "cos_io"),
         },
-        headline=_refinement_headline,
-    )
+        check=_refining(
+            lambda card: card.spec.family == "toy_mot",
+            "train mot needs a Mixture-of-Transformers card (e.g. 'bagel-mot'); {!r} is not one",
+        ),
+        **_refiner,
+    ),
+    "joint": RunMethod(
+        trainer=_rewarded(JointMultiExpertRL),
+        prompts=PromptSpec(mention=0.0, prefer=(("stroke", 1), ("position", 2), ("brightness", 0))),
+        quality=refinement_quality,
+        num_steps=lambda config: config.generator.sampling.num_steps,
+        name=_joint_name,
+        curves=_joint_curves,
+        headline=headlines.experts,
+        check=_refining(
+            lambda card: toy_multi_expert.COMPONENT in card.components,
+            "joint RL needs a multi-expert card (stacked refiners); {!r} has none",
+        ),
+        settings=_joint_settings,
+    ),
+}
+"""The methods ``build`` knows, by ``jaxpipe train`` command: a new method is one ``RunMethod`` row."""
