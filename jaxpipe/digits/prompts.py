@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxpipe import validate
 from jaxpipe.card import Card
 from jaxpipe.digits import data as digits
 from jaxpipe.digits.rewards import REWARD_TERMS
@@ -52,34 +53,33 @@ class PromptSpec:
 
     def __post_init__(self):
         unknown = [t for t in self.terms if t not in REWARD_TERMS]
-        if unknown or not self.terms:
-            raise ValueError(
-                f"unknown reward term(s) {unknown or list(self.terms)}; choose from {', '.join(REWARD_TERMS)}"
-            )
-        if len(set(self.terms)) != len(self.terms):
-            raise ValueError(f"reward terms are named twice: {list(self.terms)}")
-        if "digit" not in self.terms:
-            raise ValueError("the reward terms must include digit (every prompt names a digit)")
-        if not 0.0 <= self.mention <= 1.0:
-            raise ValueError(f"mention is a probability in [0, 1] (got {self.mention})")
+        validate.rule(
+            not unknown and bool(self.terms),
+            f"unknown reward term(s) {unknown or list(self.terms)}; choose from {', '.join(REWARD_TERMS)}",
+        )
+        validate.rule(len(set(self.terms)) == len(self.terms), f"reward terms are named twice: {list(self.terms)}")
+        validate.rule("digit" in self.terms, "the reward terms must include digit (every prompt names a digit)")
+        validate.rule(0.0 <= self.mention <= 1.0, f"mention is a probability in [0, 1] (got {self.mention})")
         seen = set()
         for name, label in self.prefer:
-            if name not in digits.ATTRIBUTES:
-                raise ValueError(f"cannot prefer {name!r}: preferences are over {', '.join(digits.ATTRIBUTES)}")
-            if name in seen:
-                raise ValueError(f"{name} is preferred twice")
+            validate.rule(
+                name in digits.ATTRIBUTES,
+                f"cannot prefer {name!r}: preferences are over {', '.join(digits.ATTRIBUTES)}",
+            )
+            validate.rule(name not in seen, f"{name} is preferred twice")
             seen.add(name)
             words = digits.ATTRIBUTE_WORDS[name]
-            if not 0 <= int(label) < len(words):
-                raise ValueError(f"preferred {name} must be one of {', '.join(words)} (got label {label})")
-            if name not in self.terms:
-                raise ValueError(
-                    f"preferring a {name} needs {name} among the reward terms (terms: {', '.join(self.terms)})"
-                )
-        if self.prefer and self.mention >= 1.0:
-            raise ValueError(
-                "a preference applies only to prompts that leave the attribute out; with mention 1 every prompt names it"
+            validate.rule(
+                0 <= int(label) < len(words), f"preferred {name} must be one of {', '.join(words)} (got label {label})"
             )
+            validate.rule(
+                name in self.terms,
+                f"preferring a {name} needs {name} among the reward terms (terms: {', '.join(self.terms)})",
+            )
+        validate.rule(
+            not (self.prefer and self.mention >= 1.0),
+            "a preference applies only to prompts that leave the attribute out; with mention 1 every prompt names it",
+        )
 
     @property
     def preferences(self) -> dict[str, int]:
