@@ -211,12 +211,12 @@ def prompt_batches(card: Card, spec: PromptSpec, prompts_per_step: int, seed: in
     Raises:
         ValueError: if ``prompts_per_step`` < 1 (on the first ``next``: this is a generator).
     """
-    if prompts_per_step < 1:
-        raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step})")
-    rng = np.random.default_rng(seed)
-    while True:
+
+    def draw(rng: np.random.Generator) -> tuple[list[str], dict]:
         p = sample_prompts(spec, prompts_per_step, rng)
-        yield Prompts.from_texts(card, p.captions, p.labels, width=TEXT_WIDTH)
+        return p.captions, p.labels
+
+    return _stream(card, prompts_per_step, seed, draw)
 
 
 def motion_batches(card: Card, prompts_per_step: int, seed: int) -> Iterator[Prompts]:
@@ -234,12 +234,22 @@ def motion_batches(card: Card, prompts_per_step: int, seed: int) -> Iterator[Pro
     Raises:
         ValueError: if ``prompts_per_step`` < 1 (on the first ``next``: this is a generator).
     """
+
+    def draw(rng: np.random.Generator) -> tuple[list[str], dict]:
+        digit = rng.integers(0, 10, prompts_per_step)
+        motion = rng.integers(0, len(digits.MOTION_NAMES), prompts_per_step)
+        captions = [digits.caption(int(d), motion=int(m)) for d, m in zip(digit, motion)]
+        return captions, {"digit": digit.astype(np.int32), "motion": motion.astype(np.int32)}
+
+    return _stream(card, prompts_per_step, seed, draw)
+
+
+def _stream(card: Card, prompts_per_step: int, seed: int, draw) -> Iterator[Prompts]:
+    """``Prompts`` of ``draw(rng) -> (captions, labels)`` for ``card``, forever, from one generator seeded ``seed``
+    (a generator: a bad ``prompts_per_step`` raises on the first ``next``)."""
     if prompts_per_step < 1:
         raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step})")
     rng = np.random.default_rng(seed)
     while True:
-        digit = rng.integers(0, 10, prompts_per_step)
-        motion = rng.integers(0, len(digits.MOTION_NAMES), prompts_per_step)
-        captions = [digits.caption(int(d), motion=int(m)) for d, m in zip(digit, motion)]
-        labels = {"digit": digit.astype(np.int32), "motion": motion.astype(np.int32)}
+        captions, labels = draw(rng)
         yield Prompts.from_texts(card, captions, labels, width=TEXT_WIDTH)
