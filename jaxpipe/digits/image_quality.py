@@ -18,7 +18,7 @@ from jaxpipe.cards import registry
 from jaxpipe.digits import data as digits
 from jaxpipe.digits import digit_scorer
 from jaxpipe.digits.evaluators import Evaluator, default_evaluator
-from jaxpipe.digits.sampling import check_samples, header, in_batches, item_seeds, parsed
+from jaxpipe.digits.sampling import check_samples, header, in_batches, item_seeds, parsed, rendering
 from jaxpipe.generate import generate
 from jaxpipe.progress import progress_bar
 from jaxpipe.stopping import Stopped
@@ -31,13 +31,8 @@ def t2i_quality(
     scorer: Card,
     *,
     samples: int = 200,
-    seed: int = 0,
-    num_steps: int | None = None,
-    guidance: float | None = None,
-    batch: int = 100,
-    progress: bool = False,
-    should_stop: Callable[[], bool] | None = None,
     evaluator: Evaluator | None = None,
+    **render,
 ) -> dict:
     """Accuracy of ``samples`` random prompts (digit and attributes drawn uniformly), each rendered twice
     (plain digit and full compositional prompt), judged by the scorer and, under ``"independent"``, by
@@ -49,13 +44,9 @@ def t2i_quality(
         t2i: a text-to-image card.
         scorer: a ``digit-scorer`` card.
         samples: random prompts (each rendered twice).
-        seed: the seed of the prompts (or picks) and of the generation seeds (``seed * 100_003 + i`` for item ``i``).
-        num_steps: sampling steps (``None``: the card's default).
-        guidance: guidance scale (``None``: the card's default).
-        batch: items generated per call.
-        progress: show a progress bar.
-        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
         evaluator: the independent judge (default: ``evaluators.default_evaluator()``).
+        **render: how the items are rendered (``sampling.Rendering``: ``seed``, ``num_steps``, ``guidance``,
+            ``batch`` (default 100), ``progress``, ``should_stop``).
 
     Returns:
         ``{"samples", "num_steps", "guidance", "digit_accuracy", "digit_accuracy_compositional",
@@ -66,6 +57,7 @@ def t2i_quality(
         ValueError: if ``samples`` <= 0.
         Stopped: once ``should_stop()`` is true.
     """
+    seed, num_steps, guidance, batch, progress, should_stop = rendering(render, batch=100)
     check_samples(samples)
     rng = np.random.default_rng(seed)
     labels = {
@@ -180,12 +172,7 @@ def thinking_quality(
     scorer: Card,
     *,
     samples: int = 200,
-    seed: int = 0,
-    num_steps: int | None = None,
-    guidance: float | None = None,
-    batch: int = 100,
-    progress: bool = False,
-    should_stop: Callable[[], bool] | None = None,
+    **render,
 ) -> dict:
     """Thinking vs not on partial prompts, judged by ``scorer``.
 
@@ -200,12 +187,8 @@ def thinking_quality(
         card: a card with a ``think`` input (a Mixture-of-Transformers card: ``bagel-mot``).
         scorer: a ``digit-scorer`` card.
         samples: partial prompts (each rendered with and without thinking).
-        seed: the seed of the prompts (or picks) and of the generation seeds (``seed * 100_003 + i`` for item ``i``).
-        num_steps: sampling steps (``None``: the card's default).
-        guidance: guidance scale (``None``: the card's default).
-        batch: items generated per call.
-        progress: show a progress bar.
-        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+        **render: how the items are rendered (``sampling.Rendering``: ``seed``, ``num_steps``, ``guidance``,
+            ``batch`` (default 100), ``progress``, ``should_stop``).
 
     Returns:
         ``{"samples", "num_steps", "guidance", "think": {"digit", "attributes", "prompt_right", "thought_complete",
@@ -215,6 +198,7 @@ def thinking_quality(
         ValueError: if ``samples`` <= 0.
         Stopped: once ``should_stop()`` is true.
     """
+    seed, num_steps, guidance, batch, progress, should_stop = rendering(render, batch=100)
     check_samples(samples)
     rng = np.random.default_rng(seed)
     attrs = digits.ATTRIBUTES

@@ -6,7 +6,8 @@ between them (``in_batches``), and reports the steps and guidance it sampled wit
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -14,7 +15,57 @@ from jaxpipe.card import Card
 from jaxpipe.digits import data as digits
 from jaxpipe.stopping import Stopped
 
-__all__ = ["check_samples", "denoise_defaults", "header", "in_batches", "parsed", "item_seeds"]
+__all__ = [
+    "Rendering",
+    "check_samples",
+    "denoise_defaults",
+    "header",
+    "in_batches",
+    "item_seeds",
+    "parsed",
+    "rendering",
+]
+
+
+class Rendering(NamedTuple):
+    """How a measure renders its items: the keywords ``t2i_quality``, ``thinking_quality``, ``i2v_quality`` and
+    ``t2v_quality`` take as ``**render``.
+
+    Attributes:
+      seed: the seed of the prompts (or picks) and of the generation seeds (``seed * 100_003 + i`` for item ``i``).
+      num_steps: sampling steps (``None``: the card's default).
+      guidance: guidance scale (``None``: the card's default).
+      batch: items generated per call (each measure has its default).
+      progress: show a progress bar.
+      should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
+    """
+
+    seed: int = 0
+    num_steps: int | None = None
+    guidance: float | None = None
+    batch: int = 100
+    progress: bool = False
+    should_stop: Callable[[], bool] | None = None
+
+
+def rendering(render: Mapping[str, object], *, batch: int) -> Rendering:
+    """The ``Rendering`` a measure's ``**render`` keywords ask for.
+
+    Args:
+      render: the keywords (fields of ``Rendering``).
+      batch: the measure's default batch.
+
+    Returns:
+      The ``Rendering``.
+
+    Raises:
+      TypeError: naming a keyword that is not a field of ``Rendering``.
+    """
+    unknown = sorted(set(render) - set(Rendering._fields))
+    if unknown:
+        fields = ", ".join(Rendering._fields)
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(unknown)} (a measure takes {fields})")
+    return Rendering(**{"batch": batch, **render})
 
 
 def check_samples(samples: int) -> None:

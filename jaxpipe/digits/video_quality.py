@@ -5,8 +5,6 @@ conditioning image.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from jaxpipe.card import Card
@@ -14,7 +12,7 @@ from jaxpipe.cards import registry
 from jaxpipe.digits import data as digits
 from jaxpipe.digits import digit_scorer
 from jaxpipe.digits.evaluators import Evaluator, default_evaluator
-from jaxpipe.digits.sampling import check_samples, header, in_batches, item_seeds
+from jaxpipe.digits.sampling import check_samples, header, in_batches, item_seeds, rendering
 from jaxpipe.generate import generate
 from jaxpipe.progress import progress_bar
 
@@ -84,13 +82,8 @@ def i2v_quality(
     scorer: Card | None = None,
     *,
     samples: int = 100,
-    seed: int = 0,
-    num_steps: int | None = None,
-    guidance: float | None = None,
-    batch: int = 50,
-    progress: bool = False,
-    should_stop: Callable[[], bool] | None = None,
     evaluator: Evaluator | None = None,
+    **render,
 ) -> dict:
     """Motion, first-frame fidelity and identity of ``samples`` videos conditioned on real held-out digits
     (``progress``, ``should_stop`` and ``evaluator`` as in ``t2i_quality``).
@@ -104,13 +97,9 @@ def i2v_quality(
         i2v: an image-to-video card.
         scorer: a ``digit-scorer`` card (``None``: no digit accuracies).
         samples: videos, each conditioned on a different held-out digit (at most the split's 359).
-        seed: the seed of the prompts (or picks) and of the generation seeds (``seed * 100_003 + i`` for item ``i``).
-        num_steps: sampling steps (``None``: the card's default).
-        guidance: guidance scale (``None``: the card's default).
-        batch: items generated per call.
-        progress: show a progress bar.
-        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
         evaluator: the independent judge, used with a ``scorer`` (default: ``evaluators.default_evaluator()``).
+        **render: how the items are rendered (``sampling.Rendering``: ``seed``, ``num_steps``, ``guidance``,
+            ``batch`` (default 50), ``progress``, ``should_stop``).
 
     Returns:
         ``{"samples", "num_steps", "guidance", "motion_accuracy", "motion_accuracy_by_direction": {motion: float},
@@ -121,6 +110,7 @@ def i2v_quality(
         ValueError: if ``samples`` <= 0.
         Stopped: once ``should_stop()`` is true.
     """
+    seed, num_steps, guidance, batch, progress, should_stop = rendering(render, batch=50)
     check_samples(samples)
     images, labels = digits.load_images("heldout")
     pick = np.random.default_rng(seed).permutation(len(images))[:samples]
@@ -174,13 +164,8 @@ def t2v_quality(
     scorer: Card,
     *,
     samples: int = 100,
-    seed: int = 0,
-    num_steps: int | None = None,
-    guidance: float | None = None,
-    batch: int = 50,
-    progress: bool = False,
-    should_stop: Callable[[], bool] | None = None,
     evaluator: Evaluator | None = None,
+    **render,
 ) -> dict:
     """Text-to-video (``wan-t2v``, ``ltx2-two-stage``, ``wan22-moe``, ``wan-causal``, ``cosmos3``), judged by
     motion, by ``scorer`` and, under ``"independent"``, by ``evaluator``'s digit classifier (``progress``,
@@ -196,13 +181,9 @@ def t2v_quality(
         card: a text-to-video card.
         scorer: a ``digit-scorer`` card.
         samples: random prompts per mode.
-        seed: the seed of the prompts (or picks) and of the generation seeds (``seed * 100_003 + i`` for item ``i``).
-        num_steps: sampling steps (``None``: the card's default).
-        guidance: guidance scale (``None``: the card's default).
-        batch: items generated per call.
-        progress: show a progress bar.
-        should_stop: polled between batches; once it returns True, ``Stopped`` is raised.
         evaluator: the independent judge (default: ``evaluators.default_evaluator()``).
+        **render: how the items are rendered (``sampling.Rendering``: ``seed``, ``num_steps``, ``guidance``,
+            ``batch`` (default 50), ``progress``, ``should_stop``).
 
     Returns:
         ``{"samples", "num_steps", "guidance", "full": {...}}`` and, for a reasoning card, ``"digit_only"``. Each mode
@@ -214,6 +195,7 @@ def t2v_quality(
         ValueError: if ``samples`` <= 0.
         Stopped: once ``should_stop()`` is true.
     """
+    seed, num_steps, guidance, batch, progress, should_stop = rendering(render, batch=50)
     check_samples(samples)
     rng = np.random.default_rng(seed)
     digit = rng.integers(0, 10, samples)
