@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxpipe import validate
 from jaxpipe.card import Card
 from jaxpipe.digits import data as digits
 from jaxpipe.digits.rewards import REWARD_TERMS
@@ -52,34 +53,33 @@ class PromptSpec:
 
     def __post_init__(self):
         unknown = [t for t in self.terms if t not in REWARD_TERMS]
-        if unknown or not self.terms:
-            raise ValueError(
-                f"unknown reward term(s) {unknown or list(self.terms)}; choose from {', '.join(REWARD_TERMS)}"
-            )
-        if len(set(self.terms)) != len(self.terms):
-            raise ValueError(f"reward terms are named twice: {list(self.terms)}")
-        if "digit" not in self.terms:
-            raise ValueError("the reward terms must include digit (every prompt names a digit)")
-        if not 0.0 <= self.mention <= 1.0:
-            raise ValueError(f"mention is a probability in [0, 1] (got {self.mention})")
+        validate.rule(
+            not unknown and bool(self.terms),
+            f"unknown reward term(s) {unknown or list(self.terms)}; choose from {', '.join(REWARD_TERMS)}",
+        )
+        validate.rule(len(set(self.terms)) == len(self.terms), f"reward terms are named twice: {list(self.terms)}")
+        validate.rule("digit" in self.terms, "the reward terms must include digit (every prompt names a digit)")
+        validate.rule(0.0 <= self.mention <= 1.0, f"mention is a probability in [0, 1] (got {self.mention})")
         seen = set()
         for name, label in self.prefer:
-            if name not in digits.ATTRIBUTES:
-                raise ValueError(f"cannot prefer {name!r}: preferences are over {', '.join(digits.ATTRIBUTES)}")
-            if name in seen:
-                raise ValueError(f"{name} is preferred twice")
+            validate.rule(
+                name in digits.ATTRIBUTES,
+                f"cannot prefer {name!r}: preferences are over {', '.join(digits.ATTRIBUTES)}",
+            )
+            validate.rule(name not in seen, f"{name} is preferred twice")
             seen.add(name)
             words = digits.ATTRIBUTE_WORDS[name]
-            if not 0 <= int(label) < len(words):
-                raise ValueError(f"preferred {name} must be one of {', '.join(words)} (got label {label})")
-            if name not in self.terms:
-                raise ValueError(
-                    f"preferring a {name} needs {name} among the reward terms (terms: {', '.join(self.terms)})"
-                )
-        if self.prefer and self.mention >= 1.0:
-            raise ValueError(
-                "a preference applies only to prompts that leave the attribute out; with mention 1 every prompt names it"
+            validate.rule(
+                0 <= int(label) < len(words), f"preferred {name} must be one of {', '.join(words)} (got label {label})"
             )
+            validate.rule(
+                name in self.terms,
+                f"preferring a {name} needs {name} among the reward terms (terms: {', '.join(self.terms)})",
+            )
+        validate.rule(
+            not (self.prefer and self.mention >= 1.0),
+            "a preference applies only to prompts that leave the attribute out; with mention 1 every prompt names it",
+        )
 
     @property
     def preferences(self) -> dict[str, int]:
@@ -211,12 +211,12 @@ def prompt_batches(card: Card, spec: PromptSpec, prompts_per_step: int, seed: in
     Raises:
         ValueError: if ``prompts_per_step`` < 1 (on the first ``next``: this is a generator).
     """
-    if prompts_per_step < 1:
-        raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step})")
-    rng = np.random.default_rng(seed)
-    while True:
+
+    def draw(rng: np.random.Generator) -> tuple[list[str], dict]:
         p = sample_prompts(spec, prompts_per_step, rng)
-        yield Prompts.from_texts(card, p.captions, p.labels, width=TEXT_WIDTH)
+        return p.captions, p.labels
+
+    return _stream(card, prompts_per_step, seed, draw)
 
 
 def motion_batches(card: Card, prompts_per_step: int, seed: int) -> Iterator[Prompts]:
@@ -234,12 +234,22 @@ def motion_batches(card: Card, prompts_per_step: int, seed: int) -> Iterator[Pro
     Raises:
         ValueError: if ``prompts_per_step`` < 1 (on the first ``next``: this is a generator).
     """
+
+    def draw(rng: np.random.Generator) -> tuple[list[str], dict]:
+        digit = rng.integers(0, 10, prompts_per_step)
+        motion = rng.integers(0, len(digits.MOTION_NAMES), prompts_per_step)
+        captions = [digits.caption(int(d), motion=int(m)) for d, m in zip(digit, motion)]
+        return captions, {"digit": digit.astype(np.int32), "motion": motion.astype(np.int32)}
+
+    return _stream(card, prompts_per_step, seed, draw)
+
+
+def _stream(card: Card, prompts_per_step: int, seed: int, draw) -> Iterator[Prompts]:
+    """``Prompts`` of ``draw(rng) -> (captions, labels)`` for ``card``, forever, from one generator seeded ``seed``
+    (a generator: a bad ``prompts_per_step`` raises on the first ``next``)."""
     if prompts_per_step < 1:
         raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step})")
     rng = np.random.default_rng(seed)
     while True:
-        digit = rng.integers(0, 10, prompts_per_step)
-        motion = rng.integers(0, len(digits.MOTION_NAMES), prompts_per_step)
-        captions = [digits.caption(int(d), motion=int(m)) for d, m in zip(digit, motion)]
-        labels = {"digit": digit.astype(np.int32), "motion": motion.astype(np.int32)}
+        captions, labels = draw(rng)
         yield Prompts.from_texts(card, captions, labels, width=TEXT_WIDTH)

@@ -6,7 +6,7 @@ stage needs it; ``register()`` ships them with ``Engine.default()``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxpipe.digits.captions import split_prompt
@@ -42,6 +42,11 @@ def _image_to_video(state: Mapping[str, Any]) -> Request:
     return Request("wan-i2v", prompt=_parts(state["prompt"])[1], image=state["t2i:image"], **_settings(state))
 
 
+def _on(model: str, default: str, stage: Callable[[Mapping[str, Any]], Request]):
+    """``stage`` (which requests ``default``) sending its request to ``model`` instead."""
+    return stage if model == default else (lambda s: stage(s).replace(model=model))
+
+
 def _t2i_i2v_outputs(state: Mapping[str, Any]) -> dict[str, Any]:
     return {"video": state["i2v:video"], "image": state["t2i:image"]}
 
@@ -63,8 +68,8 @@ def t2i_i2v(t2i: str = "flux-t2i", i2v: str = "wan-i2v", workflow_id: str = "ima
         The workflow; a request without a prompt, or with words outside the digits vocabulary, fails its check
         (ValueError).
     """
-    text_to_image = _text_to_image if t2i == "flux-t2i" else (lambda s: _text_to_image(s).replace(model=t2i))
-    image_to_video = _image_to_video if i2v == "wan-i2v" else (lambda s: _image_to_video(s).replace(model=i2v))
+    text_to_image = _on(t2i, "flux-t2i", _text_to_image)
+    image_to_video = _on(i2v, "wan-i2v", _image_to_video)
     return Workflow(
         id=workflow_id,
         stages=(Stage("t2i", t2i, text_to_image), Stage("i2v", i2v, image_to_video)),
@@ -156,7 +161,7 @@ def t2v_continue(t2v: str = "wan-t2v", causal: str = "wan-causal", workflow_id: 
         The workflow; a request without a prompt fails its check (ValueError).
     """
     first = lambda s: Request(t2v, prompt=s["prompt"], **_settings(s))
-    more = _continue if causal == "wan-causal" else (lambda s: _continue(s).replace(model=causal))
+    more = _on(causal, "wan-causal", _continue)
     return Workflow(
         id=workflow_id,
         stages=(Stage("t2v", t2v, first), Stage("more", causal, more)),

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxpipe import validate
 from jaxpipe.shapes.scenes import GAP, RADIUS, Obj, Scene, extent, inside, separated
 from jaxpipe.shapes.words import COLOURS, COUNTS, MOTIONS, PLURALS, RELATIONS, SHAPES, SIZES
 
@@ -87,8 +88,10 @@ class Prompt:
     relation: str | None = None
 
     def __post_init__(self):
-        if self.category not in (*CATEGORIES, "video"):
-            raise ValueError(f"unknown category {self.category!r}; choose from {', '.join((*CATEGORIES, 'video'))}")
+        validate.rule(
+            self.category in (*CATEGORIES, "video"),
+            f"unknown category {self.category!r}; choose from {', '.join((*CATEGORIES, 'video'))}",
+        )
         expected = {
             "single_object": (1,),
             "colors": (1,),
@@ -98,14 +101,18 @@ class Prompt:
             "counting": (2, 3, 4),
             "video": (1, 2),
         }[self.category]
-        if len(self.things) not in expected:
-            raise ValueError(f"a {self.category} prompt names {expected} things (got {len(self.things)})")
-        if (self.relation is not None) != (self.category == "position") or (
-            self.relation and self.relation not in RELATIONS
-        ):
-            raise ValueError(f"a position prompt and only it has a relation in {RELATIONS} (got {self.relation!r})")
-        if self.category == "counting" and len(set(self.things)) != 1:
-            raise ValueError("a counting prompt names one thing, several times")
+        validate.rule(
+            len(self.things) in expected, f"a {self.category} prompt names {expected} things (got {len(self.things)})"
+        )
+        validate.rule(
+            (self.relation is not None) == (self.category == "position")
+            and not (self.relation and self.relation not in RELATIONS),
+            f"a position prompt and only it has a relation in {RELATIONS} (got {self.relation!r})",
+        )
+        validate.rule(
+            self.category != "counting" or len(set(self.things)) == 1,
+            "a counting prompt names one thing, several times",
+        )
 
     @property
     def text(self) -> str:

@@ -14,6 +14,7 @@ import dataclasses
 
 import numpy as np
 
+from jaxpipe import validate
 from jaxpipe.shapes.words import BACKGROUND, COLOURS, MOTIONS, PALETTE, SHAPES, SIZES
 
 __all__ = [
@@ -60,8 +61,8 @@ class Obj:
 
     def __post_init__(self):
         for name, words in (("shape", SHAPES), ("colour", COLOURS), ("size", SIZES), ("motion", MOTIONS)):
-            if getattr(self, name) not in words:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose from {', '.join(words)}")
+            value = getattr(self, name)
+            validate.rule(value in words, f"unknown {name} {value!r}; choose from {', '.join(words)}")
 
     def at(self, frame: int) -> tuple[float, float]:
         """The centre ``(x, y)`` in frame ``frame`` (it moves ``SPEED`` per frame along its motion)."""

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.digits.words import DIGIT_WORDS
 
 __all__ = ["MIN_PEAK", "NUM_CLASSES", "ClassifierNet", "Config"]
@@ -51,12 +52,14 @@ class Config:
     expansion: int = 2
 
     def __post_init__(self):
-        if not self.widths or min(self.widths) <= 0 or self.expansion <= 0 or self.depth <= 0:
-            raise ValueError(
-                f"widths, depth and expansion must be positive (got {self.widths}, {self.depth}, {self.expansion})"
-            )
-        if self.image_size % 2 ** len(self.widths):
-            raise ValueError(f"image_size {self.image_size} must be divisible by 2**{len(self.widths)}")
+        validate.rule(
+            bool(self.widths) and min(self.widths) > 0 and self.expansion > 0 and self.depth > 0,
+            f"widths, depth and expansion must be positive (got {self.widths}, {self.depth}, {self.expansion})",
+        )
+        validate.rule(
+            not self.image_size % 2 ** len(self.widths),
+            f"image_size {self.image_size} must be divisible by 2**{len(self.widths)}",
+        )
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

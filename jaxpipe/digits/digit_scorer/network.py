@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.digits.data import ATTRIBUTE_WORDS
 from jaxpipe.digits.words import DIGIT_WORDS
 from jaxpipe.nn.layers import compute_dtype
@@ -53,13 +54,12 @@ class ScorerConfig:
     dtype: str = "float32"
 
     def __post_init__(self):
-        if not self.widths:
-            raise ValueError("ScorerConfig.widths must name at least one width")
-        if self.image_size <= 0 or self.image_size % self.downsample:
-            raise ValueError(
-                f"ScorerConfig.image_size ({self.image_size}) must be a positive multiple of the downsampling "
-                f"factor 2**(len(widths)-1) = {self.downsample}"
-            )
+        validate.rule(bool(self.widths), "ScorerConfig.widths must name at least one width")
+        validate.rule(
+            self.image_size > 0 and not self.image_size % self.downsample,
+            f"ScorerConfig.image_size ({self.image_size}) must be a positive multiple of the downsampling "
+            f"factor 2**(len(widths)-1) = {self.downsample}",
+        )
         compute_dtype(self.dtype)
 
     @classmethod

@@ -88,8 +88,9 @@ class MoTPretrainConfig(RenderedSettings, VideoBatch):
     def __post_init__(self):
         super().__post_init__()
         validate.fractions(self, "p_full", "p_empty")
-        if self.p_full + self.p_empty > 1:
-            raise ValueError(f"p_full + p_empty must be <= 1 (got {self.p_full} + {self.p_empty})")
+        validate.rule(
+            self.p_full + self.p_empty <= 1, f"p_full + p_empty must be <= 1 (got {self.p_full} + {self.p_empty})"
+        )
         validate.non_negative(self, "text_weight")
 
 
