@@ -4,7 +4,10 @@ of a batched loop state (continuous batching).
 A resident card travels as ``(treedef, leaves)``: flattening a ``Card`` of NNX modules walks the
 module graph in Python (~0.4 ms); a flat list of arrays is the C++ fast path. Every function is
 keyed on static program / loop / config arguments, so the serial, interleaved and batched modes
-share compiled code wherever their shapes agree (serial and interleaved always do: C1).
+share compiled code wherever their shapes agree (serial and interleaved always do: C1). A step compiles
+with its driver's ``step_config``: per-request scalars a loop reads from its state (a denoise
+loop's guidance scale) are not part of the compile key, so requests that differ only in them share one
+compiled step.
 """
 
 from __future__ import annotations
@@ -20,7 +23,22 @@ from jaxpipe import program as programs
 from jaxpipe.card import Card
 from jaxpipe.loops import registry as loop_kinds
 
-__all__ = ["enter", "node", "step", "steps", "empty", "admit", "retire", "resize", "bucket", "pow2", "padded"]
+__all__ = [
+    "enter",
+    "node",
+    "step",
+    "steps",
+    "step_config",
+    "stepped",
+    "stepped_many",
+    "empty",
+    "admit",
+    "retire",
+    "resize",
+    "bucket",
+    "pow2",
+    "padded",
+]
 
 
 def _card(treedef, leaves) -> Card:
@@ -46,16 +64,42 @@ def node(program: programs.Program, name: str, settings, treedef, leaves, reads)
     return found(_card(treedef, leaves), reads, settings)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def step_config(kind: str, config):
+    """The config a step of loop kind ``kind`` compiles with: its driver's ``step_config`` (a denoise
+    loop's guidance value neutralised, read per row from the state), else ``config`` itself.
+
+    Args:
+      kind: the loop kind.
+      config: the loop's config.
+
+    Returns:
+      A hashable config.
+    """
+    neutral = getattr(loop_kinds.driver(kind), "step_config", None)  # optional for drivers registered outside
+    return config if neutral is None else neutral(config)
+
+
 def step(kind: str, loop_id: str, config, treedef, leaves, state):
-    """One pure step of the loop (all rows)."""
+    """One pure step of the loop (all rows), compiled once per ``step_config``."""
+    return stepped(kind, loop_id, step_config(kind, config), treedef, leaves, state)
+
+
+def steps(kind: str, loop_id: str, config, treedef, leaves, state, count):
+    """``count`` (traced) pure steps of the loop on the whole batch: one dispatch between scheduling events,
+    compiled once per ``step_config`` (requests with different guidance share it)."""
+    return stepped_many(kind, loop_id, step_config(kind, config), treedef, leaves, state, count)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def stepped(kind: str, loop_id: str, config, treedef, leaves, state):
+    """The jitted ``step`` (``config`` as compiled: a ``step_config``)."""
     card = _card(treedef, leaves)
     return loop_kinds.driver(kind).step(card.bound(loop_id), state, config)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def steps(kind: str, loop_id: str, config, treedef, leaves, state, count):
-    """``count`` (traced) pure steps of the loop on the whole batch: one dispatch between scheduling events."""
+def stepped_many(kind: str, loop_id: str, config, treedef, leaves, state, count):
+    """The jitted ``steps`` (``config`` as compiled: a ``step_config``)."""
     card = _card(treedef, leaves)
     models, drive = card.bound(loop_id), loop_kinds.driver(kind)
     return jax.lax.fori_loop(0, count, lambda _, s: drive.step(models, s, config), state)

@@ -10,7 +10,9 @@ spirit of optax: the loop's ``step`` applies them in a fixed order and never bra
 * **guidance** turns a velocity function into the guided one: ``Unguided`` (one forward),
   ``CFG(scale)`` (conditional and unconditional halves as one doubled batch) or ``STG`` (CFG plus
   spatio-temporal guidance: a third, perturbed forward with self-attention skipped in chosen
-  blocks, all forwards as one batch).
+  blocks, all forwards as one batch). The policy's structure (which forwards run) is static; its
+  CFG scale may be overridden per call by a traced per-row ``scale`` ``(B,)`` (the loops pass
+  each request's own, so requests with different scales share one compiled step).
 * the **SDE window** says on which steps the FlowGRPO SDE replaces the Euler step
   (``SDEWindow(start, stop)``; ``SDEWindow()`` is every step).
 """
@@ -18,13 +20,14 @@ spirit of optax: the loop's ``step`` applies them in a fixed order and never bra
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 
-from jaxpipe import samplers
+from jaxpipe import samplers, validate
 
 __all__ = [
     "VelocityFn",
@@ -87,8 +90,9 @@ class Fixed:
     num_experts: int = 2
 
     def __post_init__(self):
-        if not 0 <= self.expert < self.num_experts:
-            raise ValueError(f"expert must be in 0..{self.num_experts - 1} (got {self.expert})")
+        validate.rule(
+            0 <= self.expert < self.num_experts, f"expert must be in 0..{self.num_experts - 1} (got {self.expert})"
+        )
 
     def __call__(self, sigma: jax.Array) -> jax.Array:
         return jnp.full(jnp.shape(sigma), self.expert, jnp.int32)
@@ -111,8 +115,7 @@ class SigmaBoundary:
     num_experts: int = dataclasses.field(default=2, init=False)
 
     def __post_init__(self):
-        if not 0.0 < self.boundary < 1.0:
-            raise ValueError(f"boundary must be a noise level in (0, 1) (got {self.boundary})")
+        validate.rule(0.0 < self.boundary < 1.0, f"boundary must be a noise level in (0, 1) (got {self.boundary})")
 
     def __call__(self, sigma: jax.Array) -> jax.Array:
         return jnp.where(jnp.asarray(sigma) >= self.boundary, 0, 1).astype(jnp.int32)
@@ -171,8 +174,9 @@ class Unguided:
     needs_uncond = False
 
     def __call__(
-        self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None
+        self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None, scale=None
     ) -> jax.Array:
+        del uncond, scale  # one forward: there is nothing to combine
         return velocity(x, sigma, cond)
 
 
@@ -181,20 +185,21 @@ class CFG:
     """Classifier-free guidance ``v_u + scale·(v_c - v_u)``; the conditional and unconditional
     halves run as one doubled batch (``cond`` and ``uncond`` are pytrees of the same structure).
 
-    Calling it without ``uncond`` raises ``ValueError``.
+    Calling it without ``uncond`` raises ``ValueError``; a call's ``scale`` (a scalar or per-row
+    ``(B,)``, e.g. traced) replaces the attribute.
 
     Attributes:
-      scale: the CFG scale.
+      scale: the CFG scale (``None``: every call passes its own).
       detach_uncond: stop the gradient through ``v_u`` (values unchanged; FlowGRPO's recompute option).
       needs_uncond: ``True``.
     """
 
-    scale: float
+    scale: float | None
     detach_uncond: bool = False
     needs_uncond = True
 
     def __call__(
-        self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None
+        self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None, scale=None
     ) -> jax.Array:
         if uncond is None:
             raise ValueError(f"guidance={self.scale} needs the unconditional input (uncond)")
@@ -203,7 +208,7 @@ class CFG:
         v_cond, v_uncond = jnp.split(v, 2, axis=0)
         if self.detach_uncond:
             v_uncond = jax.lax.stop_gradient(v_uncond)
-        return samplers.cfg_combine(v_cond, v_uncond, self.scale)
+        return samplers.cfg_combine(v_cond, v_uncond, _scale_of(self.scale, scale))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +224,7 @@ class STG:
     ``skipping`` or when ``uncond`` is needed and missing.
 
     Attributes:
-      cfg: the CFG scale (1: no unconditional forward).
+      cfg: the CFG scale (1: no unconditional forward; ``None``: every call passes its own).
       scale: the STG scale, > 0.
       blocks: the non-negative DiT block indices whose self-attention the perturbed forward skips.
 
@@ -227,19 +232,15 @@ class STG:
       ValueError: on construction, if ``scale <= 0`` or ``blocks`` is empty or holds a bad index.
     """
 
-    cfg: float
+    cfg: float | None
     scale: float
     blocks: tuple[int, ...]
 
     def __post_init__(self):
-        if (
-            not self.scale > 0
-            or not self.blocks
-            or any(isinstance(i, bool) or int(i) != i or i < 0 for i in self.blocks)
-        ):
-            raise ValueError(
-                f"STG needs scale > 0 and non-negative block indices (got scale={self.scale}, blocks={self.blocks})"
-            )
+        validate.rule(
+            self.scale > 0 and bool(self.blocks) and all(_block_index(i) for i in self.blocks),
+            f"STG needs scale > 0 and non-negative block indices (got scale={self.scale}, blocks={self.blocks})",
+        )
         object.__setattr__(self, "blocks", tuple(int(i) for i in self.blocks))
 
     @property
@@ -248,7 +249,7 @@ class STG:
         return self.cfg != 1.0
 
     def __call__(
-        self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None
+        self, velocity: VelocityFn, x: jax.Array, sigma: jax.Array, cond: Any, uncond: Any = None, scale=None
     ) -> jax.Array:
         if not callable(getattr(cond, "skipping", None)):
             raise ValueError(
@@ -267,15 +268,15 @@ class STG:
         v = velocity(cat(*[x] * n), cat(*[sigma] * n), jax.tree.map(cat, *parts))
         pieces = jnp.split(v, n, axis=0)
         v_cond, v_perturbed = pieces[0], pieces[-1]
-        guided = v_cond if n == 2 else samplers.cfg_combine(v_cond, pieces[1], self.cfg)
+        guided = v_cond if n == 2 else samplers.cfg_combine(v_cond, pieces[1], _scale_of(self.cfg, scale))
         return guided + self.scale * (v_cond - v_perturbed)
 
 
-def guidance(scale: float, stg: float = 0.0, stg_blocks: Sequence[int] = ()) -> Unguided | CFG | STG:
+def guidance(scale: float | None, stg: float = 0.0, stg_blocks: Sequence[int] = ()) -> Unguided | CFG | STG:
     """The guidance policy of a loop's scales.
 
     Args:
-      scale: the CFG scale.
+      scale: the CFG scale (``None``: CFG whose scale each call passes, e.g. per row).
       stg: the STG scale (0: no STG).
       stg_blocks: the DiT blocks the STG's perturbed forward skips (used when ``stg > 0``).
 
@@ -283,9 +284,22 @@ def guidance(scale: float, stg: float = 0.0, stg_blocks: Sequence[int] = ()) -> 
       ``STG(scale, stg, stg_blocks)`` when ``stg > 0``; otherwise ``Unguided()`` at ``scale == 1`` and
       ``CFG(scale)`` at any other scale.
     """
+    if scale is not None:
+        scale = float(scale)
     if stg > 0:
-        return STG(float(scale), float(stg), tuple(stg_blocks))
-    return Unguided() if scale == 1.0 else CFG(float(scale))
+        return STG(scale, float(stg), tuple(stg_blocks))
+    return Unguided() if scale == 1.0 else CFG(scale)
+
+
+def _scale_of(own: float | None, given):
+    """A call's CFG scale: the one it passes (scalar or per row), else the policy's own."""
+    if given is None and own is None:
+        raise ValueError("CFG with scale=None needs each call's scale (e.g. the state's per-row guidance)")
+    return own if given is None else given
+
+
+def _block_index(i) -> bool:
+    return not isinstance(i, bool) and isinstance(i, numbers.Real) and int(i) == i and i >= 0
 
 
 # ------------------------------------------------------------------------------------------ SDE window
