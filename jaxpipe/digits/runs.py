@@ -18,11 +18,10 @@ from jaxpipe.cards.checkpoint import config_to_dict
 from jaxpipe.digits.evaluation import EvalSettings, generator_quality, refinement_quality, video_quality
 from jaxpipe.digits.prompts import PromptSpec, motion_batches, parse_preferences, parse_terms, prompt_batches
 from jaxpipe.digits.rewards import scorer_reward
-from jaxpipe.training.grpo import FlowGRPOConfig
 from jaxpipe.training.methods.dmd2 import DMD2, DMD2Config
-from jaxpipe.training.methods.flow_grpo import FlowGRPO
-from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointRLConfig, UnifiedRL, UnifiedRLConfig
-from jaxpipe.training.methods.mot_rl import MoTRLConfig, SharedMoTRL
+from jaxpipe.training.methods.flow_grpo import FlowGRPO, FlowGRPOConfig
+from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointMultiExpertRLConfig, UnifiedRL, UnifiedRLConfig
+from jaxpipe.training.methods.mot_rl import SharedMoTRL, SharedMoTRLConfig
 from jaxpipe.training.methods.nft import DiffusionNFT, DiffusionNFTConfig
 from jaxpipe.training.methods.self_forcing import SelfForcing, SelfForcingConfig
 from jaxpipe.training.runs import Run, execute
@@ -437,7 +436,7 @@ def unified_run(
 def joint_run(
     card: Card,
     scorer: Card,
-    config: JointRLConfig,
+    config: JointMultiExpertRLConfig,
     prompts: PromptSpec = PromptSpec(mention=0.0, prefer=(("stroke", 1), ("position", 2), ("brightness", 0))),
     *,
     prompts_per_step: int = 4,
@@ -518,7 +517,7 @@ def joint_run(
 def mot_run(
     card: Card,
     scorer: Card,
-    config: MoTRLConfig,
+    config: SharedMoTRLConfig,
     prompts: PromptSpec = PromptSpec(mention=0.5),
     *,
     prompts_per_step: int = 4,
