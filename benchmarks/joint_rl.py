@@ -61,7 +61,7 @@ from jaxpipe.digits import data as digits
 from jaxpipe.digits.prompts import TEXT_WIDTH
 from jaxpipe.prompts import Prompts
 from jaxpipe.training.grpo import FlowGRPOConfig
-from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointRLConfig
+from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointMultiExpertRLConfig
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.refine import RefinerConfig
 from jaxpipe.training.rollout import Group, Sampling
@@ -114,7 +114,7 @@ def reward_parts(artifacts, prompts) -> dict[str, jax.Array]:
 
 
 def make_method(card: Card, group: int, steps: int, *, joint: bool = False) -> JointMultiExpertRL:
-    config = JointRLConfig(
+    config = JointMultiExpertRLConfig(
         generator=FlowGRPOConfig(group=Group(group), sampling=Sampling(num_steps=steps, sampler="sde"), beta=0.04),
         refiner=RefinerConfig(skip=1),
         refiner_optimizer=Optimizer(LEARNING_RATE),

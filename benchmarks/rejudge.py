@@ -27,8 +27,8 @@ from jaxpipe.compilation import enable_cache
 from jaxpipe.digits import cards as digit_cards
 from jaxpipe.digits import runs
 from jaxpipe.digits.evaluation import EvalSettings
-from jaxpipe.training import FlowGRPOConfig, JointRLConfig, Sampling
-from jaxpipe.training.methods.mot_rl import MoTRLConfig
+from jaxpipe.training import FlowGRPOConfig, JointMultiExpertRLConfig, Sampling
+from jaxpipe.training.methods.mot_rl import SharedMoTRLConfig
 from jaxpipe.training.methods.nft import DiffusionNFTConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling report module, however this runs
@@ -60,13 +60,13 @@ def rebuild(report: dict):
         return runs.nft_run(card, scorer, config, spec, evaluation=evaluation), card
     if method.startswith("unified"):
         card = jp.cards.load(settings["model"])
-        return runs.unified_run(card, scorer, JointRLConfig(), spec, evaluation=evaluation), card
+        return runs.unified_run(card, scorer, JointMultiExpertRLConfig(), spec, evaluation=evaluation), card
     if method.startswith("joint"):
         card = digit_cards.multi_expert(jp.cards.load("unified"), settings["refiners"])
-        return runs.joint_run(card, scorer, JointRLConfig(), spec, evaluation=evaluation), card
+        return runs.joint_run(card, scorer, JointMultiExpertRLConfig(), spec, evaluation=evaluation), card
     if method == "mot":
         card = jp.cards.load(settings["model"])
-        return runs.mot_run(card, scorer, MoTRLConfig(), spec, evaluation=evaluation), card
+        return runs.mot_run(card, scorer, SharedMoTRLConfig(), spec, evaluation=evaluation), card
     raise ValueError(f"no evaluation to rebuild for a {method!r} run")
 
 

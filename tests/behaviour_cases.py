@@ -131,11 +131,11 @@ def joint(ppo=None, **changes):
         from jaxpipe.digits import cards as digit_cards
         from jaxpipe.digits.prompts import PromptSpec, prompt_batches
         from jaxpipe.digits.rewards import scorer_reward
-        from jaxpipe.training import JointMultiExpertRL, JointRLConfig
+        from jaxpipe.training import JointMultiExpertRL, JointMultiExpertRLConfig
 
         card = digit_cards.multi_expert(jp.cards.load("unified"), 3)
         spec = PromptSpec(mention=0.0, prefer=(("stroke", 1), ("position", 2), ("brightness", 0)))
-        config = JointRLConfig(generator=_generator(ppo), **changes)
+        config = JointMultiExpertRLConfig(generator=_generator(ppo), **changes)
         method = JointMultiExpertRL(card, scorer_reward(_scorer(), spec.terms), config)
         return _fit(method, prompt_batches(card, spec, 2, 0))
 
@@ -152,11 +152,11 @@ def mot():
     import jaxpipe as jp
     from jaxpipe.digits.prompts import PromptSpec, prompt_batches
     from jaxpipe.digits.rewards import scorer_reward
-    from jaxpipe.training import MoTRLConfig, SharedMoTRL
+    from jaxpipe.training import SharedMoTRL, SharedMoTRLConfig
 
     card = jp.cards.load("bagel-mot")
     spec = PromptSpec(mention=0.5)
-    config = MoTRLConfig(generator=_generator())
+    config = SharedMoTRLConfig(generator=_generator())
     return _fit(SharedMoTRL(card, scorer_reward(_scorer(), spec.terms), config), prompt_batches(card, spec, 2, 0))
 
 

@@ -18,7 +18,7 @@ from jaxpipe.training import (
     FlowGRPOConfig,
     Group,
     JointMultiExpertRL,
-    JointRLConfig,
+    JointMultiExpertRLConfig,
     Optimizer,
     RefinerConfig,
     Sampling,
@@ -29,14 +29,16 @@ from jaxpipe.training import (
 
 def small(lr=1e-3, minibatches=1, **changes):
     """K = 3 (skip 1), 2 denoise steps with the SDE on the first, refiner lr ``lr``; ``changes``: other
-    ``JointRLConfig`` fields."""
+    ``JointMultiExpertRLConfig`` fields."""
     generator = FlowGRPOConfig(
         group=Group(3),
         sampling=Sampling(num_steps=2, sampler="sde", sde_window=(0, 1)),
         beta=0.04,
         ppo=ppo.Schedule(minibatches=minibatches),
     )
-    return JointRLConfig(generator=generator, refiner=RefinerConfig(skip=1), refiner_optimizer=Optimizer(lr), **changes)
+    return JointMultiExpertRLConfig(
+        generator=generator, refiner=RefinerConfig(skip=1), refiner_optimizer=Optimizer(lr), **changes
+    )
 
 
 def parts_reward(artifacts, prompts):
@@ -167,21 +169,21 @@ def test_one_expert_reproduces_unified_rl():
 
 def test_bad_configs():
     with pytest.raises(ValueError, match="credit"):
-        JointRLConfig(credit="blame")
+        JointMultiExpertRLConfig(credit="blame")
     with pytest.raises(ValueError, match="skip"):
-        JointRLConfig(generator=FlowGRPOConfig(group=Group(2), beta=0.04), refiner=RefinerConfig(skip=2))
+        JointMultiExpertRLConfig(generator=FlowGRPOConfig(group=Group(2), beta=0.04), refiner=RefinerConfig(skip=2))
     with pytest.raises(ValueError, match="expert_map"):
-        JointRLConfig(expert_map="loop")
-    assert JointRLConfig(joint=False).joint is False and JointRLConfig().joint is True
+        JointMultiExpertRLConfig(expert_map="loop")
+    assert JointMultiExpertRLConfig(joint=False).joint is False and JointMultiExpertRLConfig().joint is True
     with pytest.raises(ValueError, match="num_refiners"):
         digit_cards.config("multi-expert", num_refiners=0)
     with pytest.raises(ValueError, match="no room"):
         digit_cards.config("multi-expert", num_refiners=8)
     card = digit_cards.multi_expert(tiny_unified(), 2, slots=None)
     with pytest.raises(ValueError, match="per_expert"):
-        JointMultiExpertRL(card, parts_reward, JointRLConfig(credit="per_expert"))
+        JointMultiExpertRL(card, parts_reward, JointMultiExpertRLConfig(credit="per_expert"))
     with pytest.raises(ValueError, match="multi-expert"):
-        JointMultiExpertRL(tiny_unified(), parts_reward, JointRLConfig())
+        JointMultiExpertRL(tiny_unified(), parts_reward, JointMultiExpertRLConfig())
 
 
 PREFER = {"stroke": ("thick", 1), "position": ("right", 2), "brightness": ("dim", 0)}
@@ -219,7 +221,7 @@ def test_refiners_learn_their_preferred_words_prompt_only(bundled, credit):
     per_expert: every refiner learns its own word. shared: runs and learns too (the README reports how
     noisy). The generator stays bit-identical."""
     card, scorer = bundled
-    config = JointRLConfig(
+    config = JointMultiExpertRLConfig(
         generator=FlowGRPOConfig(group=Group(4), sampling=Sampling(num_steps=4, sampler="sde"), beta=0.04),
         refiner=RefinerConfig(skip=1),
         refiner_optimizer=Optimizer(3e-3),

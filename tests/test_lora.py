@@ -31,9 +31,9 @@ from jaxpipe.training import (
     FlowGRPOConfig,
     Group,
     LoRAConfig,
-    MoTRLConfig,
     Optimizer,
     Sampling,
+    SharedMoTRLConfig,
     UnifiedRL,
     UnifiedRLConfig,
 )
@@ -291,7 +291,7 @@ def test_nft_dmd2_and_unified_rl_train_adapters_only(t2i_card):
     with pytest.raises(ValueError, match="prompt-only RL"):
         UnifiedRLConfig(generator=FlowGRPOConfig(lora=adapters), joint=False)
     with pytest.raises(ValueError, match="SharedMoTRL trains its shared MoT weights whole"):
-        MoTRLConfig(generator=FlowGRPOConfig(beta=0.04, lora=adapters))
+        SharedMoTRLConfig(generator=FlowGRPOConfig(beta=0.04, lora=adapters))
     with pytest.raises(ValueError, match=r"card 'flux-t2i', component 'transformer': LoRA: target_modules \('to_q',\)"):
         FlowGRPO(t2i_card, brightness_reward, dataclasses.replace(CONFIG, lora=LoRAConfig(2, target_modules=("to_q",))))
 

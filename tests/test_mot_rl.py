@@ -15,10 +15,10 @@ from jaxpipe.prompts import Prompts
 from jaxpipe.training import (
     FlowGRPOConfig,
     Group,
-    MoTRLConfig,
     RefinerConfig,
     Sampling,
     SharedMoTRL,
+    SharedMoTRLConfig,
     ppo,
     rollout,
 )
@@ -32,7 +32,7 @@ def generator_config(**changes):
     )
 
 
-CONFIG = MoTRLConfig(generator=generator_config(), thinking=RefinerConfig(skip=1), token_weight=0.5)
+CONFIG = SharedMoTRLConfig(generator=generator_config(), thinking=RefinerConfig(skip=1), token_weight=0.5)
 
 
 def brightness(artifacts, prompts):
@@ -115,10 +115,10 @@ def test_shared_routing_puts_both_parts_on_the_same_parameters():
 
 def test_bad_settings():
     with pytest.raises(ValueError, match="at least one sample per group must rewrite its prompt"):
-        MoTRLConfig(generator=generator_config(), thinking=RefinerConfig(skip=2))
+        SharedMoTRLConfig(generator=generator_config(), thinking=RefinerConfig(skip=2))
     with pytest.raises(ValueError, match="token_weight"):
-        MoTRLConfig(token_weight=-1.0)
-    m, card = method(config=MoTRLConfig(generator=generator_config(ppo=ppo.Schedule(minibatches=3))))
+        SharedMoTRLConfig(token_weight=-1.0)
+    m, card = method(config=SharedMoTRLConfig(generator=generator_config(ppo=ppo.Schedule(minibatches=3))))
     with pytest.raises(ValueError, match="minibatches"):
         m.step(m.init(jax.random.key(0)), batch(card, ("two",)), jax.random.key(0))
     with pytest.raises(ValueError, match="MoT card"):

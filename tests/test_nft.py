@@ -10,7 +10,7 @@ from conftest import brightness_reward, leaves_equal, rl_batch
 
 from jaxpipe.training import EMA, DiffusionNFT, DiffusionNFTConfig, Group, NoiseLevels, Optimizer, Sampling
 from jaxpipe.training import rollout as rollouts
-from jaxpipe.training.eval_ema import EvalEMA
+from jaxpipe.training.ema import EvalEMA
 from jaxpipe.training.methods.nft import ema_decay, nft_adaptive_loss, nft_loss, optimality_weight
 from jaxpipe.training.runs.reports import served_card
 
@@ -124,7 +124,7 @@ def test_ema_schedule_and_bad_configs():
         DiffusionNFTConfig(group=Group(1))
     with pytest.raises(ValueError, match="noise level sampling"):
         DiffusionNFTConfig(noise=NoiseLevels("beta"))
-    with pytest.raises(ValueError, match="EMA's start and end"):
+    with pytest.raises(ValueError, match=r"EMA.s end must be in \[0.0, 1.0\]"):
         DiffusionNFTConfig(ema=EMA(end=1.2))
 
 

@@ -23,7 +23,7 @@ from jaxpipe.prompts import Prompts
 from jaxpipe.training import FlowGRPO, FlowGRPOConfig, Group, Optimizer, RefinerConfig, Sampling
 from jaxpipe.training.methods.joint_rl import (
     JointMultiExpertRL,
-    JointRLConfig,
+    JointMultiExpertRLConfig,
     map_experts,
     resolve_expert_map,
 )
@@ -97,8 +97,8 @@ def test_bad_names_error_clearly(flux):
         precision.with_dtype(flux, "bfloat16", params="int8")
     with pytest.raises(ValueError, match="dtype must be one of"):
         FlowGRPOConfig(dtype="bf16")
-    with pytest.raises(ValueError, match=r"expert_map must be one of \('auto', 'vmap', 'map'\)"):
-        JointRLConfig(expert_map="pmap")
+    with pytest.raises(ValueError, match=r"expert_map must be one of 'auto', 'vmap', 'map'"):
+        JointMultiExpertRLConfig(expert_map="pmap")
     with pytest.raises(ValueError, match="resolve 'auto' first"):
         map_experts(lambda x: x, "auto", jnp.zeros(3))
     assert resolve_expert_map("auto", "cpu", 1) == "map" and resolve_expert_map("auto", "gpu", 1) == "vmap"
@@ -109,7 +109,7 @@ def test_bad_names_error_clearly(flux):
 def test_lax_map_over_experts_equals_vmap():
     """One refiner update step at N = 3: the ``lax.map`` policy gives the vmap's params, Adam states, losses."""
     card = digit_cards.multi_expert(jp.cards.load("unified"), 3)
-    config = JointRLConfig(
+    config = JointMultiExpertRLConfig(
         joint=False, refiner_optimizer=Optimizer(1e-4), refiner=RefinerConfig(clip_eps=100.0, beta=0.0)
     )  # a wide clip: every row learns
     method = JointMultiExpertRL(card, lambda artifacts, prompts: jnp.mean(artifacts["image"], axis=(1, 2, 3)), config)

@@ -295,10 +295,10 @@ def train_mot(
     ),
 ) -> None:
     """RL on shared weights: one MoT transformer thinks and generates; one summed update, one optimiser."""
-    from jaxpipe.training import MoTRLConfig, RefinerConfig, SharedMoTRL
+    from jaxpipe.training import RefinerConfig, SharedMoTRL, SharedMoTRLConfig
 
     def config():
-        return MoTRLConfig(
+        return SharedMoTRLConfig(
             generator=policyflags.generator(runflags),
             thinking=RefinerConfig(skip=skip, beta=lm_beta),
             token_weight=token_weight,

@@ -305,10 +305,10 @@ class RefinerFlags:
     lm_beta: float = _flag(0.01, "--lm-beta", help="Refiner k3-KL weight to its frozen reference.")
 
     def joint(self, policy: PolicyFlags, run: RunFlags, lora=None, **changes):
-        """The ``JointRLConfig`` of the refiner and generator flags (``lora``: the generator's ``LoRAConfig``)."""
-        from jaxpipe.training import JointRLConfig, Optimizer, RefinerConfig
+        """The ``JointMultiExpertRLConfig`` of the refiner and generator flags (``lora``: the generator's ``LoRAConfig``)."""
+        from jaxpipe.training import JointMultiExpertRLConfig, Optimizer, RefinerConfig
 
-        return JointRLConfig(
+        return JointMultiExpertRLConfig(
             generator=policy.generator(run, lora),
             refiner=RefinerConfig(skip=self.skip, beta=self.lm_beta),
             refiner_optimizer=Optimizer(self.lm_lr),

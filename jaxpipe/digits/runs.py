@@ -26,11 +26,10 @@ from jaxpipe.digits.headlines import HACKING_GAP
 from jaxpipe.digits.headlines import judged as _judged  # noqa: F401  (the name tests and older callers use)
 from jaxpipe.digits.prompts import PromptSpec, motion_batches, parse_preferences, parse_terms, prompt_batches
 from jaxpipe.digits.rewards import scorer_reward
-from jaxpipe.training.grpo import FlowGRPOConfig
 from jaxpipe.training.methods.dmd2 import DMD2, DMD2Config
-from jaxpipe.training.methods.flow_grpo import FlowGRPO
-from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointRLConfig, UnifiedRL, UnifiedRLConfig
-from jaxpipe.training.methods.mot_rl import MoTRLConfig, SharedMoTRL
+from jaxpipe.training.methods.flow_grpo import FlowGRPO, FlowGRPOConfig
+from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointMultiExpertRLConfig, UnifiedRL, UnifiedRLConfig
+from jaxpipe.training.methods.mot_rl import SharedMoTRL, SharedMoTRLConfig
 from jaxpipe.training.methods.nft import DiffusionNFT, DiffusionNFTConfig
 from jaxpipe.training.methods.self_forcing import SelfForcing, SelfForcingConfig
 from jaxpipe.training.runs import Run, execute
@@ -233,7 +232,7 @@ def unified_run(
     return build("unified", card, scorer, config, prompts, **settings)
 
 
-def joint_run(card: Card, scorer: Card, config: JointRLConfig, prompts: PromptSpec | None = None, **settings) -> Run:
+def joint_run(card: Card, scorer: Card, config: JointMultiExpertRLConfig, prompts: PromptSpec | None = None, **settings) -> Run:
     """JointMultiExpertRL on a ``multi-expert`` card (``toy_multi_expert.from_unified``): ``build("joint", ...)``.
     The reward's parts are the scorer's per-term probabilities, so under ``credit="per_expert"`` refiner i is
     credited with the term of the attribute it owns; the curves include every part.
@@ -251,7 +250,7 @@ def joint_run(card: Card, scorer: Card, config: JointRLConfig, prompts: PromptSp
     return build("joint", card, scorer, config, prompts, **settings)
 
 
-def mot_run(card: Card, scorer: Card, config: MoTRLConfig, prompts: PromptSpec | None = None, **settings) -> Run:
+def mot_run(card: Card, scorer: Card, config: SharedMoTRLConfig, prompts: PromptSpec | None = None, **settings) -> Run:
     """RL on shared weights (``SharedMoTRL``) on a MoT card, whose thinker and generator are one transformer:
     ``build("mot", ...)``; prompts and evaluation as ``unified_run`` (thinking plays the refiner's part).
 
@@ -344,7 +343,7 @@ def _refining(has_room: Callable[[Card], bool], missing: str) -> Callable[[Card,
     return check
 
 
-def _joint_name(card: Card, config: JointRLConfig) -> str:
+def _joint_name(card: Card, config: JointMultiExpertRLConfig) -> str:
     refiners = len(toy_multi_expert.expert_names(card))
     return f"joint ({refiners} refiners, {config.credit} credit{'' if config.joint else ', prompt-only'})"
 

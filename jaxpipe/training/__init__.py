@@ -9,8 +9,8 @@ card split into trained parts), ``optim`` (``Optimizer``), ``update`` (the guard
 ``rollout`` (rendering a grouped batch through the card's own program, ``Group``, ``Sampling``,
 scoring it with a ``jaxpipe.rewards`` reward), ``grpo`` (the generator's FlowGRPO objective),
 ``refine`` (the refiner's token objective), ``distribution_matching`` (DMD2's scores and critic),
-``ppo`` (several updates per rollout), ``noise`` and ``losses``; ``supervised`` trains any module on
-any loss (the pretraining recipes), ``fit`` runs any trainer, ``runs`` executes a whole run.
+``ppo`` (several updates per rollout), ``noise`` and ``losses``, ``ema`` (the old policy's and the
+evaluation averages); ``loss_trainer`` (``LossTrainer``) trains any module on any loss (the pretraining recipes), ``fit`` runs any trainer, ``runs`` executes a whole run.
 
 Names are imported on first use (``from jaxpipe.training import FlowGRPO`` works), so importing
 this package stays cheap.
@@ -19,7 +19,7 @@ this package stays cheap.
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from jaxpipe._exports import typed_imports
+from jaxpipe._exports import deprecated, typed_imports
 
 # `fit` is imported now: a lazy name equal to a submodule's would be shadowed by the submodule once it is imported
 from jaxpipe.training.fit import fit
@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # the one list of the public names: for type checkers, the AP
     from jaxpipe.nn.lora import LoRAConfig
     from jaxpipe.training.autoencoder import AutoencoderTrainConfig, AutoencoderTrainer
     from jaxpipe.training.distribution_matching import DistributionMatching
-    from jaxpipe.training.grpo import FlowGRPOConfig
+    from jaxpipe.training.ema import EMA, EvalEMA
+    from jaxpipe.training.loss_trainer import LossTrainer
     from jaxpipe.training.losses import (
         flow_grpo_kl,
         flow_grpo_loss,
@@ -40,23 +41,38 @@ if TYPE_CHECKING:  # the one list of the public names: for type checkers, the AP
     )
     from jaxpipe.training.methods.dmd2 import DMD2, DMD2Config
     from jaxpipe.training.methods.finetune import Finetune, FinetuneConfig
-    from jaxpipe.training.methods.flow_grpo import FlowGRPO
-    from jaxpipe.training.methods.joint_rl import JointMultiExpertRL, JointRLConfig, UnifiedRL, UnifiedRLConfig
-    from jaxpipe.training.methods.mot_rl import MoTRLConfig, SharedMoTRL
-    from jaxpipe.training.methods.nft import EMA, DiffusionNFT, DiffusionNFTConfig
+    from jaxpipe.training.methods.flow_grpo import FlowGRPO, FlowGRPOConfig
+    from jaxpipe.training.methods.joint_rl import (
+        JointMultiExpertRL,
+        JointMultiExpertRLConfig,
+        UnifiedRL,
+        UnifiedRLConfig,
+    )
+    from jaxpipe.training.methods.mot_rl import SharedMoTRL, SharedMoTRLConfig
+    from jaxpipe.training.methods.nft import DiffusionNFT, DiffusionNFTConfig
     from jaxpipe.training.methods.self_forcing import SelfForcing, SelfForcingConfig
     from jaxpipe.training.noise import NoiseLevels
     from jaxpipe.training.optim import Optimizer
     from jaxpipe.training.refine import RefinerConfig
     from jaxpipe.training.rollout import Group, Sampling
-    from jaxpipe.training.supervised import Supervised
     from jaxpipe.training.trainer import Method, Trainer, TrainState
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'jaxpipe.training' has no attribute {name!r}")
+    return _renamed(name)
+
+
+_renamed = deprecated(
+    __name__,
+    {
+        "JointRLConfig": ("jaxpipe.training.methods.joint_rl", "JointMultiExpertRLConfig"),
+        "MoTRLConfig": ("jaxpipe.training.methods.mot_rl", "SharedMoTRLConfig"),
+        "Supervised": ("jaxpipe.training.loss_trainer", "LossTrainer"),
+    },
+)
+"""The names renamed in this release: they still answer, with a ``DeprecationWarning``, for one release."""
 
 
 _LAZY = typed_imports(__file__)
@@ -72,16 +88,17 @@ __all__ = [
     "DiffusionNFTConfig",
     "DistributionMatching",
     "EMA",
+    "EvalEMA",
     "Finetune",
     "FinetuneConfig",
     "FlowGRPO",
     "FlowGRPOConfig",
     "Group",
     "JointMultiExpertRL",
-    "JointRLConfig",
+    "JointMultiExpertRLConfig",
     "LoRAConfig",
+    "LossTrainer",
     "Method",
-    "MoTRLConfig",
     "NoiseLevels",
     "Optimizer",
     "RefinerConfig",
@@ -89,7 +106,7 @@ __all__ = [
     "SelfForcing",
     "SelfForcingConfig",
     "SharedMoTRL",
-    "Supervised",
+    "SharedMoTRLConfig",
     "TrainState",
     "Trainer",
     "UnifiedRL",

@@ -1,7 +1,7 @@
 """Reconstruction training of the convolutional autoencoder (the first stage of every toy generator).
 
 ``loss = mean((decode(encode(x)) - x)²) + latent_penalty · mean(z²)`` on image batches
-``{"image": (B, H, W, C)}`` in [-1, 1]; one guarded step per batch (``training.supervised``).
+``{"image": (B, H, W, C)}`` in [-1, 1]; one guarded step per batch (``training.loss_trainer``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxpipe.nn import Autoencoder
+from jaxpipe.training.loss_trainer import LossTrainer
 from jaxpipe.training.optim import Optimizer
-from jaxpipe.training.supervised import Supervised
 
 __all__ = ["AutoencoderTrainConfig", "AutoencoderTrainer", "reconstruction_loss"]
 
@@ -51,8 +51,8 @@ def reconstruction_loss(
     return loss, {"loss": loss, "recon": recon}
 
 
-class AutoencoderTrainer(Supervised):
-    """Reconstruction training of an autoencoder: a ``Supervised`` trainer of ``reconstruction_loss``.
+class AutoencoderTrainer(LossTrainer):
+    """Reconstruction training of an autoencoder: a ``LossTrainer`` of ``reconstruction_loss``.
 
     ``init(key)``, jitted ``step(state, {"image": (B, H, W, C)}, key)``, ``model(state)``.
 

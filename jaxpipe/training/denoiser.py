@@ -20,7 +20,8 @@ from jaxpipe.cards import registry
 from jaxpipe.nn import lora
 from jaxpipe.program import Program
 from jaxpipe.rewards import Reward
-from jaxpipe.training import eval_ema, rollout
+from jaxpipe.training import ema as eval_ema
+from jaxpipe.training import rollout
 from jaxpipe.training.parts import Parts, copy
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 

@@ -10,7 +10,7 @@ averaged over the captured steps (``losses.flow_grpo_loss``). The log-probs and 
 recomputed by teacher-forcing the captured ``(x_t, x_next)`` pairs through the loop's bound
 denoiser(s) (``rollout.generator_stats``), so at the rollout weights ``ρ == 1`` (C2).
 
-KL convention (``FlowGRPOConfig.kl``): ``"exact"`` (default) is the exact Gaussian KL of the SDE
+KL convention (``FlowGRPOConfig.kl``, in ``methods.flow_grpo``): ``"exact"`` (default) is the exact Gaussian KL of the SDE
 step, ``mean((μθ − μref)²) / (2σ_eff²)``; ``"flowgrpo"`` is the official FlowGRPO code's
 ``mean((μθ − μref)²) / (2·std_dev_t²)`` with ``std_dev_t = σ_eff / sqrt(|Δt|)``, i.e. exact · |Δt|.
 A β ported from an official config therefore pulls ``1/|Δt|`` times harder under ``"exact"``
@@ -19,87 +19,26 @@ A β ported from an official config therefore pulls ``1/|Δt|`` times harder und
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import optax
 from flax import nnx
 
+from jaxpipe._exports import deprecated
 from jaxpipe.loops import denoise
-from jaxpipe.nn.lora import LoRAConfig
-from jaxpipe.precision import check_dtype
 from jaxpipe.training import losses, ppo, rollout, update
-from jaxpipe.training.eval_ema import EvalEMA
-from jaxpipe.training.optim import Optimizer
-from jaxpipe.training.rollout import Group, Sampling
 
-__all__ = ["FlowGRPOConfig", "KL_CONVENTIONS", "generator_loss", "generator_update"]
+if TYPE_CHECKING:  # the settings live with the method (importing them here would be a cycle)
+    from jaxpipe.training.methods.flow_grpo import FlowGRPOConfig
+
+__all__ = ["KL_CONVENTIONS", "generator_loss", "generator_update"]
+
+__getattr__ = deprecated(__name__, {"FlowGRPOConfig": ("jaxpipe.training.methods.flow_grpo", "FlowGRPOConfig")})
 
 KL_CONVENTIONS = ("exact", "flowgrpo")
 """The accepted values of ``FlowGRPOConfig.kl`` (module docstring)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class FlowGRPOConfig:
-    """Settings of FlowGRPO on a generator (hashable: static under ``jit``).
-
-    Attributes:
-      group: K samples per prompt and the advantage clip (K >= 2).
-      sampling: the rollout's denoise policy: the SDE (``sampler="sde"``), its steps, noise level, window
-        and guidance. At guidance ``w != 1`` the policy is the CFG-combined velocity, both branches
-        recomputed through the trained weights (the official FlowGRPO's ``train.cfg``); at 1 it is the
-        plain velocity (FlowGRPO-Fast's no-CFG setting).
-      clip_eps: the PPO ratio clip ε, > 0.
-      beta: the KL weight β to the frozen reference denoiser, >= 0.
-      kl: the KL convention, ``"exact"`` or ``"flowgrpo"`` (module docstring).
-      ppo: updates per rollout (minibatches × inner epochs on a timestep fraction; ``training.ppo``).
-      optimizer: the generator's optimiser (clipped Adam, lr 1e-4 by default).
-      dtype: the networks' compute dtype (``"float32"`` | ``"bfloat16"``; ``None``: the card's own);
-        the trainable params and Adam stay float32 either way (``jaxpipe.precision``).
-      lora: train LoRA adapters on the trained denoiser(s) instead of all their weights (``None``: full
-        training); the adapters are added at the trainer's construction (``jaxpipe.nn.lora``).
-      detach_uncond: under CFG, no gradient through the unconditional branch (the official code's
-        ``noise_pred_uncond.detach()``); the log-probs and ratios are unchanged.
-      eval_ema: keep an evaluation average of the trained weights (``training.eval_ema``; ``None``: none).
-      filter_zero_advantages: average the loss (policy and KL) over the rows whose advantage is not 0
-        only, as the official code drops them from the batch (a group whose rewards are all equal
-        teaches nothing; without the filter its rows still pull toward the reference and dilute the mean).
-
-    Raises:
-      ValueError: on construction, if K < 2, ``sampling`` is not the SDE, or a field is out of range.
-    """
-
-    group: Group = Group()
-    sampling: Sampling = Sampling(sampler="sde")
-    clip_eps: float = 1e-3
-    beta: float = 0.004
-    kl: str = "exact"
-    ppo: ppo.Schedule = ppo.Schedule()
-    optimizer: Optimizer = Optimizer(1e-4)
-    dtype: str | None = None
-    lora: LoRAConfig | None = None
-    detach_uncond: bool = False
-    filter_zero_advantages: bool = False
-    eval_ema: EvalEMA | None = None
-
-    def __post_init__(self):
-        self.group.check_relative()
-        if self.sampling.sampler != "sde":
-            raise ValueError(
-                "FlowGRPO rolls out with the SDE (its steps need log-probs): "
-                f"sampling needs sampler='sde' (got {self.sampling.sampler!r})"
-            )
-        if not (math.isfinite(self.clip_eps) and self.clip_eps > 0):
-            raise ValueError(f"clip_eps must be > 0 (got {self.clip_eps})")
-        if not (math.isfinite(self.beta) and self.beta >= 0):
-            raise ValueError(f"beta (the KL weight) must be >= 0 (got {self.beta})")
-        if self.kl not in KL_CONVENTIONS:
-            raise ValueError(f"kl must be one of {KL_CONVENTIONS} (got {self.kl!r})")
-        if self.dtype is not None:
-            check_dtype(self.dtype, "dtype")
 
 
 def generator_loss(

@@ -18,8 +18,8 @@ import optax
 
 from jaxpipe.card import Card
 from jaxpipe.nn import RefinerLM, Tokenizer
+from jaxpipe.training.loss_trainer import LossTrainer
 from jaxpipe.training.optim import Optimizer
-from jaxpipe.training.supervised import Supervised
 
 __all__ = ["sequences", "text_batches", "next_token_loss", "NextTokenTrainer", "next_token_probs"]
 
@@ -92,7 +92,7 @@ def next_token_loss(model: RefinerLM, ids: jax.Array) -> tuple[jax.Array, dict[s
     return loss, {"loss": loss, "accuracy": accuracy}
 
 
-class NextTokenTrainer(Supervised):
+class NextTokenTrainer(LossTrainer):
     """``init(key)``, jitted ``step(state, {"ids": (B, L)}, key)``, ``model(state)``: ``next_token_loss`` training.
 
     Args:

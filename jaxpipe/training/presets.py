@@ -21,9 +21,9 @@ from typing import Any
 
 from jaxpipe.nn.lora import LoRAConfig
 from jaxpipe.training import ppo
-from jaxpipe.training.eval_ema import EvalEMA
-from jaxpipe.training.grpo import FlowGRPOConfig
-from jaxpipe.training.methods.nft import EMA, DiffusionNFTConfig
+from jaxpipe.training.ema import EMA, EvalEMA
+from jaxpipe.training.methods.flow_grpo import FlowGRPOConfig
+from jaxpipe.training.methods.nft import DiffusionNFTConfig
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.rollout import Group, Sampling
 

@@ -19,7 +19,7 @@ from jaxpipe.training import (
     FlowGRPOConfig,
     Group,
     JointMultiExpertRL,
-    JointRLConfig,
+    JointMultiExpertRLConfig,
     Optimizer,
     RefinerConfig,
     Sampling,
@@ -68,7 +68,7 @@ def joint():
         beta=0.04,
         optimizer=Optimizer(1e-5),
     )
-    config = JointRLConfig(
+    config = JointMultiExpertRLConfig(
         generator=generator,
         refiner=RefinerConfig(skip=0),
         refiner_optimizer=Optimizer(1e-5),

@@ -40,7 +40,7 @@ from jaxpipe.digits.pretrain.common import (
 )
 from jaxpipe.nn.causal_dit import CausalDiT
 from jaxpipe.training.fit import fit
-from jaxpipe.training.supervised import Supervised
+from jaxpipe.training.loss_trainer import LossTrainer
 
 __all__ = [
     "BASE",
@@ -157,7 +157,7 @@ def causal_loss(dit: CausalDiT, context, context_mask, x0, key, cfg: CausalPretr
     return err
 
 
-class Trainer(Supervised):
+class Trainer(LossTrainer):
     """The DiT of a ``wan-causal`` card trained with ``causal_loss`` (its text encoder frozen, the captions
     dropped with probability ``cond_dropout``): ``init()``, jitted ``step``, ``card(state)``."""
 

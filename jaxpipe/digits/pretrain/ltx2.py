@@ -46,9 +46,9 @@ from jaxpipe.digits.pretrain.common import (
 )
 from jaxpipe.nn import LatentUpsampler
 from jaxpipe.training.fit import fit
+from jaxpipe.training.loss_trainer import LossTrainer
 from jaxpipe.training.methods.finetune import Finetune
 from jaxpipe.training.optim import Optimizer
-from jaxpipe.training.supervised import Supervised
 
 __all__ = [
     "MODEL_ID",
@@ -155,7 +155,7 @@ def upsampler_loss(model: LatentUpsampler, batch, key: jax.Array, noise: float) 
     return loss, {"loss": loss}
 
 
-class UpsamplerTrainer(Supervised):
+class UpsamplerTrainer(LossTrainer):
     """Regression of a ``LatentUpsampler`` (``upsampler_loss`` with input noise up to ``noise``): ``init()``,
     jitted ``step(state, batch, key)``, ``model(state)``, by ``optimizer``."""
 

@@ -47,7 +47,7 @@ from jaxpipe.digits.pretrain.common import (
 )
 from jaxpipe.nn.mot import MoT
 from jaxpipe.training.fit import fit
-from jaxpipe.training.supervised import Supervised
+from jaxpipe.training.loss_trainer import LossTrainer
 
 __all__ = [
     "BASES",
@@ -192,7 +192,7 @@ def mot_loss(
     }
 
 
-class MoTTrainer(Supervised):
+class MoTTrainer(LossTrainer):
     """``init()``, jitted ``step(state, {"latents", "words"}, key)``, ``model(state)``: the summed MoT loss."""
 
     def __init__(self, model: MoT, eos: int, cfg: MoTPretrainConfig = MoTPretrainConfig(), *, understand: bool = True):

@@ -36,7 +36,7 @@ from jaxpipe.digits import data as digits
 from jaxpipe.digits import digit_scorer
 from jaxpipe.digits.digit_scorer.network import HEADS, DigitScorer, ScorerConfig
 from jaxpipe.digits.pretrain.common import PerturbedSettings, run_recipe, write_metrics
-from jaxpipe.training.supervised import PART, Supervised
+from jaxpipe.training.loss_trainer import PART, LossTrainer
 from jaxpipe.training.trainer import TrainState
 
 __all__ = [
@@ -228,7 +228,7 @@ def cross_entropy(logits: Mapping[str, jax.Array], batch: Mapping[str, jax.Array
 
 
 # ------------------------------------------------------------------------------------------------ trainer
-class ScorerTrainer(Supervised):
+class ScorerTrainer(LossTrainer):
     """Supervised training of a ``DigitScorer``: ``init(key) -> state``, jitted ``step(state, batch, key)``.
 
     A batch is ``{"image": (B, 16, 16, 1) in [-1, 1], "digit", "stroke", "position", "brightness": (B,) int}``

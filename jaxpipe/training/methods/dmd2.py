@@ -31,7 +31,7 @@ text encoder and autoencoder are the teacher's, frozen). The optional DMD2 GAN h
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +59,19 @@ from jaxpipe.training.parts import Parts
 from jaxpipe.training.rollout import Group
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 
-__all__ = ["DMD2Config", "StudentRollout", "DMD2", "student_spec", "STUDENT", "CRITIC"]
+if TYPE_CHECKING:  # the command line's flag groups, for the builders below (no import at run time)
+    from jaxpipe.training.methods.flags import DMD2Flags, LoRAFlags, RunSettings
+
+__all__ = [
+    "config_from_flags",
+    "from_flags",
+    "DMD2Config",
+    "StudentRollout",
+    "DMD2",
+    "student_spec",
+    "STUDENT",
+    "CRITIC",
+]
 
 STUDENT, CRITIC = "student", "critic"
 """The trained parts (keys of ``TrainState.params``): the student's denoiser and the critic (the fake
@@ -309,3 +321,46 @@ class DMD2(RolloutMethod):
             "critic_skipped": jnp.sum(critic_skipped),
             "skipped": update.skipped(out.finite),
         }
+
+
+def config_from_flags(run: RunSettings, lora: LoRAFlags, own: DMD2Flags) -> DMD2Config:
+    """``jaxpipe train dmd2``'s config from its flags.
+
+    Args:
+      run: the run's settings (group size, the student's learning rate).
+      lora: the adapters' flags.
+      own: the student's steps and the critic's steps, rate and the teacher's guidance.
+
+    Returns:
+      The ``DMD2Config``.
+    """
+    base = DMD2Config()
+    dm = DistributionMatching(
+        critic=dataclasses.replace(base.dm.critic, learning_rate=own.critic_lr),
+        critic_steps=own.critic_steps,
+        real_guidance=own.guidance,
+    )
+    return DMD2Config(
+        student_steps=own.student_steps,
+        group=run.group(),
+        student=run.optimizer(base.student),
+        dm=dm,
+        lora=lora.config(),
+    )
+
+
+def from_flags(card: Card, reward: Any, config: DMD2Config, *groups: Any, load: Any = None) -> DMD2:
+    """``jaxpipe train dmd2``'s trainer on the user's card (distillation needs no reward).
+
+    Args:
+      card: the teacher card, distilled into a student.
+      reward: unused (``None``).
+      config: the method's config.
+      *groups: the command's flag groups (unused).
+      load: the command's card loader (unused).
+
+    Returns:
+      The ``DMD2`` trainer.
+    """
+    del reward, groups, load
+    return DMD2(card, config)

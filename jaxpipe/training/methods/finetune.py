@@ -6,7 +6,7 @@ says what ``x0`` and ``cond`` are (its ``FlowData`` hooks: e.g. the autoencoder'
 batch's image and the text encoding of its caption); the velocity is the loop's own (its bound
 denoiser(s), routed by σ). The conditioning is dropped to unconditional with probability
 ``cond_dropout`` so the card supports classifier-free guidance. One guarded optimiser step per batch
-(``training.supervised``).
+(``training.loss_trainer``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from jaxpipe import samplers
 from jaxpipe.card import Card
 from jaxpipe.cards import registry
 from jaxpipe.loops import denoise
+from jaxpipe.training.loss_trainer import LossTrainer
 from jaxpipe.training.noise import NoiseLevels
 from jaxpipe.training.optim import Optimizer
-from jaxpipe.training.supervised import Supervised
 from jaxpipe.training.trainer import TrainState
 
 __all__ = ["FinetuneConfig", "Finetune"]
@@ -59,7 +59,7 @@ class FinetuneConfig:
             raise ValueError("trainable must name at least one component")
 
 
-class Finetune(Supervised):
+class Finetune(LossTrainer):
     """Flow-matching finetuning of a card's denoise loop: ``init(key)``, jitted ``step``, ``card(state)``.
 
     A batch is whatever the card's family reads (``Family.flow``); for the text-conditioned

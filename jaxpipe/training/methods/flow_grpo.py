@@ -24,23 +24,92 @@ forward, and the log-prob recompute runs the same bfloat16 network, so C2 still 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card
-from jaxpipe.precision import with_dtype
+from jaxpipe.nn.lora import LoRAConfig
+from jaxpipe.precision import check_dtype, with_dtype
 from jaxpipe.program import Program
 from jaxpipe.program import settings as loop_settings
 from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import ppo, rollout, update
 from jaxpipe.training.denoiser import GENERATOR, DenoiserMethod
-from jaxpipe.training.grpo import FlowGRPOConfig, generator_update
+from jaxpipe.training.ema import EvalEMA
+from jaxpipe.training.grpo import KL_CONVENTIONS, generator_update
+from jaxpipe.training.optim import Optimizer
+from jaxpipe.training.rollout import Group, Sampling
 from jaxpipe.training.trainer import TrainState
 
-__all__ = ["FlowGRPO", "FlowGRPOConfig", "Rollout", "GENERATOR"]
+if TYPE_CHECKING:  # the command line's flag groups, for the builders below (no import at run time)
+    from jaxpipe.training.methods.flags import LoRAFlags, PolicyFlags, RunSettings
+
+__all__ = ["config_from_flags", "FlowGRPO", "FlowGRPOConfig", "Rollout", "GENERATOR"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowGRPOConfig:
+    """Settings of FlowGRPO on a generator (hashable: static under ``jit``).
+
+    Attributes:
+      group: K samples per prompt and the advantage clip (K >= 2).
+      sampling: the rollout's denoise policy: the SDE (``sampler="sde"``), its steps, noise level, window
+        and guidance. At guidance ``w != 1`` the policy is the CFG-combined velocity, both branches
+        recomputed through the trained weights (the official FlowGRPO's ``train.cfg``); at 1 it is the
+        plain velocity (FlowGRPO-Fast's no-CFG setting).
+      clip_eps: the PPO ratio clip ε, > 0.
+      beta: the KL weight β to the frozen reference denoiser, >= 0.
+      kl: the KL convention, ``"exact"`` or ``"flowgrpo"`` (module docstring).
+      ppo: updates per rollout (minibatches × inner epochs on a timestep fraction; ``training.ppo``).
+      optimizer: the generator's optimiser (clipped Adam, lr 1e-4 by default).
+      dtype: the networks' compute dtype (``"float32"`` | ``"bfloat16"``; ``None``: the card's own);
+        the trainable params and Adam stay float32 either way (``jaxpipe.precision``).
+      lora: train LoRA adapters on the trained denoiser(s) instead of all their weights (``None``: full
+        training); the adapters are added at the trainer's construction (``jaxpipe.nn.lora``).
+      detach_uncond: under CFG, no gradient through the unconditional branch (the official code's
+        ``noise_pred_uncond.detach()``); the log-probs and ratios are unchanged.
+      eval_ema: keep an evaluation average of the trained weights (``training.eval_ema``; ``None``: none).
+      filter_zero_advantages: average the loss (policy and KL) over the rows whose advantage is not 0
+        only, as the official code drops them from the batch (a group whose rewards are all equal
+        teaches nothing; without the filter its rows still pull toward the reference and dilute the mean).
+
+    Raises:
+      ValueError: on construction, if K < 2, ``sampling`` is not the SDE, or a field is out of range.
+    """
+
+    group: Group = Group()
+    sampling: Sampling = Sampling(sampler="sde")
+    clip_eps: float = 1e-3
+    beta: float = 0.004
+    kl: str = "exact"
+    ppo: ppo.Schedule = ppo.Schedule()
+    optimizer: Optimizer = Optimizer(1e-4)
+    dtype: str | None = None
+    lora: LoRAConfig | None = None
+    detach_uncond: bool = False
+    filter_zero_advantages: bool = False
+    eval_ema: EvalEMA | None = None
+
+    def __post_init__(self):
+        self.group.check_relative()
+        validate.rule(
+            self.sampling.sampler == "sde",
+            "FlowGRPO rolls out with the SDE (its steps need log-probs): "
+            f"sampling needs sampler='sde' (got {self.sampling.sampler!r})",
+        )
+        validate.rule(math.isfinite(self.clip_eps) and self.clip_eps > 0, f"clip_eps must be > 0 (got {self.clip_eps})")
+        validate.rule(
+            math.isfinite(self.beta) and self.beta >= 0, f"beta (the KL weight) must be >= 0 (got {self.beta})"
+        )
+        validate.one_of(self, "kl", KL_CONVENTIONS)
+        if self.dtype is not None:
+            check_dtype(self.dtype, "dtype")
 
 
 class Rollout(NamedTuple):
@@ -163,3 +232,17 @@ class FlowGRPO(DenoiserMethod):
 
     def rollout_metrics(self, ro: Rollout) -> dict[str, jax.Array]:
         return rollout.reward_metrics(ro.rewards, ro.parts)
+
+
+def config_from_flags(run: RunSettings, policy: PolicyFlags, lora: LoRAFlags) -> FlowGRPOConfig:
+    """``jaxpipe train flow-grpo``'s config: the policy-gradient flags, with LoRA adapters when asked.
+
+    Args:
+      run: the run's settings (group size, learning rate, prompts per step).
+      policy: the SDE rollout, PPO and KL flags.
+      lora: the adapters' flags.
+
+    Returns:
+      The ``FlowGRPOConfig``.
+    """
+    return policy.generator(run, lora.config())

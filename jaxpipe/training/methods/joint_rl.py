@@ -36,12 +36,14 @@ and ~10.8 vs ~17.5 ms per expert in the linear fits; at 4 rows the vmap is ahead
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpipe import validate
+from jaxpipe._exports import deprecated
 from jaxpipe.card import Card
 from jaxpipe.cards import registry, toy_multi_expert, toy_unified
 from jaxpipe.loops import ar, denoise
@@ -50,7 +52,8 @@ from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import ppo, rollout, update
 from jaxpipe.training.denoiser import adapted
-from jaxpipe.training.grpo import FlowGRPOConfig, generator_update
+from jaxpipe.training.grpo import generator_update
+from jaxpipe.training.methods.flow_grpo import FlowGRPOConfig
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.parts import Parts
 from jaxpipe.training.refine import (
@@ -64,10 +67,16 @@ from jaxpipe.training.refine import (
 )
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 
+if TYPE_CHECKING:  # the command line's flag groups, for the builders below (no import at run time)
+    from jaxpipe.training.methods.flags import JointFlags, LoRAFlags, PolicyFlags, RefinerFlags, RunSettings
+
 __all__ = [
+    "unified_from_flags",
+    "joint_from_flags",
+    "joint_trainer_from_flags",
     "CREDITS",
     "EXPERT_MAPS",
-    "JointRLConfig",
+    "JointMultiExpertRLConfig",
     "UnifiedRLConfig",
     "JointRollout",
     "UnifiedRL",
@@ -79,15 +88,15 @@ __all__ = [
 ]
 
 CREDITS = ("shared", "per_expert")
-"""The accepted values of ``JointRLConfig.credit``."""
+"""The accepted values of ``JointMultiExpertRLConfig.credit``."""
 EXPERT_MAPS = ("auto", "vmap", "map")
-"""The accepted values of ``JointRLConfig.expert_map``."""
+"""The accepted values of ``JointMultiExpertRLConfig.expert_map``."""
 REFINER, GENERATOR = "refiner", "generator"
 """The trained parts (keys of ``TrainState.params``): the refiner(s) and, when joint, the generator."""
 
 
 @dataclasses.dataclass(frozen=True)
-class JointRLConfig:
+class JointMultiExpertRLConfig:
     """Settings of joint refiner + generator RL (hashable: static under ``jit``).
 
     Attributes:
@@ -116,14 +125,12 @@ class JointRLConfig:
 
     def __post_init__(self):
         self.refiner.check_group(self.generator.group.size)
-        if self.credit not in CREDITS:
-            raise ValueError(f"credit must be one of {CREDITS} (got {self.credit!r})")
-        if self.expert_map not in EXPERT_MAPS:
-            raise ValueError(f"expert_map must be one of {EXPERT_MAPS} (got {self.expert_map!r})")
-        if self.generator.lora is not None and not self.joint:
-            raise ValueError(
-                "generator.lora trains adapters on the generator, which prompt-only RL (joint=False) keeps frozen"
-            )
+        validate.one_of(self, "credit", CREDITS)
+        validate.one_of(self, "expert_map", EXPERT_MAPS)
+        validate.rule(
+            self.generator.lora is None or self.joint,
+            "generator.lora trains adapters on the generator, which prompt-only RL (joint=False) keeps frozen",
+        )
 
     def sampling_on(self, loop: denoise.DenoiseConfig) -> denoise.DenoiseConfig:
         """The generator's rollout policy on a card's denoise loop: the SDE when joint, the ODE when prompt-only.
@@ -141,8 +148,10 @@ class JointRLConfig:
         return sampling.on(loop)
 
 
-UnifiedRLConfig = JointRLConfig
-"""``UnifiedRL``'s settings: a ``JointRLConfig`` (its ``credit`` stays ``"shared"``)."""
+UnifiedRLConfig = JointMultiExpertRLConfig
+"""``UnifiedRL``'s settings: a ``JointMultiExpertRLConfig`` (its ``credit`` stays ``"shared"``)."""
+
+__getattr__ = deprecated(__name__, {"JointRLConfig": (__name__, "JointMultiExpertRLConfig")})
 
 
 def resolve_expert_map(expert_map: str, backend: str | None = None, devices: int | None = None) -> str:
@@ -225,7 +234,7 @@ class _RefinerRL(RolloutMethod):
     denoise_loop: str
     captured: tuple[str, ...]
 
-    def __init__(self, card: Card, reward: Reward, config: JointRLConfig):
+    def __init__(self, card: Card, reward: Reward, config: JointMultiExpertRLConfig):
         self.config = config
         self.spec = card.spec
         self.reward = reward
@@ -365,7 +374,7 @@ class UnifiedRL(_RefinerRL):
     denoise_loop = toy_unified.DENOISE_LOOP
     captured = (toy_unified.REFINE_LOOP,)
 
-    def __init__(self, card: Card, reward: Reward, config: JointRLConfig = JointRLConfig()):
+    def __init__(self, card: Card, reward: Reward, config: JointMultiExpertRLConfig = JointMultiExpertRLConfig()):
         for name in ("llm", "transformer", "text_encoder", "vae"):
             if name not in card.components:
                 raise ValueError(
@@ -422,7 +431,7 @@ class JointMultiExpertRL(_RefinerRL):
     captured = ()
     stacked = (REFINER,)
 
-    def __init__(self, card: Card, reward: Reward, config: JointRLConfig = JointRLConfig()):
+    def __init__(self, card: Card, reward: Reward, config: JointMultiExpertRLConfig = JointMultiExpertRLConfig()):
         if toy_multi_expert.COMPONENT not in card.components:
             raise ValueError(
                 f"JointMultiExpertRL needs a 'multi-expert' card (stacked 'refiners'); {card.model_id!r} has {sorted(card.components)}"
@@ -506,3 +515,66 @@ class JointMultiExpertRL(_RefinerRL):
         tokens = jnp.sum(ro.refinement.mask, axis=(0, 2))
         parts = {f"reward_{term}": jnp.mean(part) for term, part in ro.parts.items()}
         return {**reward_stats(ro.rewards, ro.refined, tokens), **parts}
+
+
+def unified_from_flags(
+    run: RunSettings, policy: PolicyFlags, refiner: RefinerFlags, lora: LoRAFlags
+) -> UnifiedRLConfig:
+    """``jaxpipe train unified``'s config from its flags.
+
+    Args:
+      run: the run's settings.
+      policy: the generator's policy-gradient flags.
+      refiner: the refiner's flags.
+      lora: the generator's adapters' flags.
+
+    Returns:
+      The ``UnifiedRLConfig``.
+    """
+    return refiner.joint(policy, run, lora.config())
+
+
+def joint_from_flags(
+    run: RunSettings, policy: PolicyFlags, refiner: RefinerFlags, own: JointFlags
+) -> JointMultiExpertRLConfig:
+    """``jaxpipe train joint``'s config from its flags.
+
+    Args:
+      run: the run's settings.
+      policy: the generator's policy-gradient flags.
+      refiner: the refiners' flags.
+      own: the credit and the expert map (and the refiners' count, which the trainer reads).
+
+    Returns:
+      The ``JointMultiExpertRLConfig``.
+    """
+    return refiner.joint(policy, run, credit=own.credit, expert_map=own.expert_map)
+
+
+def joint_trainer_from_flags(
+    card: Card,
+    reward: Reward,
+    config: JointMultiExpertRLConfig,
+    policy: PolicyFlags,
+    refiner: RefinerFlags,
+    own: JointFlags,
+    *,
+    load: Any = None,
+) -> JointMultiExpertRL:
+    """``jaxpipe train joint``'s trainer on the user's card: ``--refiners`` copies of its refiner LM, every
+    one free to say every word (no slots).
+
+    Args:
+      card: the user's card with a refiner LM.
+      reward: the user's reward.
+      config: the method's config.
+      policy: the generator's flags (unused here).
+      refiner: the refiners' flags (unused here).
+      own: the command's own flags (``refiners``).
+      load: the command's card loader (unused).
+
+    Returns:
+      The ``JointMultiExpertRL`` trainer.
+    """
+    del policy, refiner, load
+    return JointMultiExpertRL(toy_multi_expert.from_unified(card, own.refiners, model_id=card.model_id), reward, config)

@@ -20,12 +20,14 @@ layers): how much the two objectives interfere, and whether routing separates th
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from jaxpipe import validate
+from jaxpipe._exports import deprecated
 from jaxpipe.card import Card
 from jaxpipe.cards import registry, toy_mot
 from jaxpipe.loops import ar
@@ -33,7 +35,8 @@ from jaxpipe.nn.mot import TEXT, MoT, MoTCond
 from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import ppo, rollout, update
-from jaxpipe.training.grpo import FlowGRPOConfig, generator_loss
+from jaxpipe.training.grpo import generator_loss
+from jaxpipe.training.methods.flow_grpo import FlowGRPOConfig
 from jaxpipe.training.parts import Parts
 from jaxpipe.training.refine import (
     RefinerConfig,
@@ -46,7 +49,20 @@ from jaxpipe.training.refine import (
 )
 from jaxpipe.training.trainer import RolloutMethod, TrainState
 
-__all__ = ["ROLES", "MoTRLConfig", "MoTRollout", "SharedMoTRL", "gradient_roles", "role_cosines", "text_cond", "MODEL"]
+if TYPE_CHECKING:  # the command line's flag groups, for the builders below (no import at run time)
+    from jaxpipe.training.methods.flags import MoTFlags, PolicyFlags, RunSettings
+
+__all__ = [
+    "config_from_flags",
+    "ROLES",
+    "SharedMoTRLConfig",
+    "MoTRollout",
+    "SharedMoTRL",
+    "gradient_roles",
+    "role_cosines",
+    "text_cond",
+    "MODEL",
+]
 
 ROLES = ("shared", "understanding", "generation", "io")
 """The parameter roles the gradient cosines are reported on (``gradient_roles``)."""
@@ -55,7 +71,7 @@ MODEL = "model"
 
 
 @dataclasses.dataclass(frozen=True)
-class MoTRLConfig:
+class SharedMoTRLConfig:
     """Settings of a shared-weights run (hashable: static under ``jit``).
 
     Attributes:
@@ -76,10 +92,14 @@ class MoTRLConfig:
 
     def __post_init__(self):
         self.thinking.check_group(self.generator.group.size)
-        if not self.token_weight >= 0:
-            raise ValueError(f"token_weight must be >= 0 (got {self.token_weight})")
-        if self.generator.lora is not None:
-            raise ValueError("SharedMoTRL trains its shared MoT weights whole: generator.lora is not supported")
+        validate.rule(self.token_weight >= 0, f"token_weight must be >= 0 (got {self.token_weight})")
+        validate.rule(
+            self.generator.lora is None,
+            "SharedMoTRL trains its shared MoT weights whole: generator.lora is not supported",
+        )
+
+
+__getattr__ = deprecated(__name__, {"MoTRLConfig": (__name__, "SharedMoTRLConfig")})
 
 
 class MoTRollout(NamedTuple):
@@ -195,7 +215,7 @@ class SharedMoTRL(RolloutMethod):
       ValueError: if the card is not a MoT card.
     """
 
-    def __init__(self, card: Card, reward: Reward, config: MoTRLConfig = MoTRLConfig()):
+    def __init__(self, card: Card, reward: Reward, config: SharedMoTRLConfig = SharedMoTRLConfig()):
         if card.spec.family != toy_mot.FAMILY.name:
             raise ValueError(
                 f"SharedMoTRL trains a MoT card (family {toy_mot.FAMILY.name!r}); {card.model_id!r} is "
@@ -335,3 +355,21 @@ class SharedMoTRL(RolloutMethod):
     def rollout_metrics(self, ro: MoTRollout) -> dict[str, jax.Array]:
         stats = reward_stats(ro.rewards, ro.think, jnp.sum(ro.thought.mask, axis=-1))
         return {**stats, **{f"reward_{term}": jnp.mean(part) for term, part in ro.parts.items()}}
+
+
+def config_from_flags(run: RunSettings, policy: PolicyFlags, own: MoTFlags) -> SharedMoTRLConfig:
+    """``jaxpipe train mot``'s config from its flags.
+
+    Args:
+      run: the run's settings.
+      policy: the image part's policy-gradient flags.
+      own: the thinking part's skip, weight and KL.
+
+    Returns:
+      The ``SharedMoTRLConfig``.
+    """
+    return SharedMoTRLConfig(
+        generator=policy.generator(run),
+        thinking=RefinerConfig(skip=own.skip, beta=own.lm_beta),
+        token_weight=own.token_weight,
+    )

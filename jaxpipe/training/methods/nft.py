@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpipe import samplers
+from jaxpipe import samplers, validate
 from jaxpipe.card import Card
 from jaxpipe.loops import denoise
 from jaxpipe.nn.lora import LoRAConfig
@@ -53,14 +53,17 @@ from jaxpipe.prompts import Prompts
 from jaxpipe.rewards import Reward
 from jaxpipe.training import rollout, update
 from jaxpipe.training.denoiser import GENERATOR, DenoiserMethod
-from jaxpipe.training.eval_ema import EvalEMA
+from jaxpipe.training.ema import EMA, EvalEMA
 from jaxpipe.training.noise import NoiseLevels
 from jaxpipe.training.optim import Optimizer
 from jaxpipe.training.rollout import Group, Sampling
 from jaxpipe.training.trainer import TrainState
 
+if TYPE_CHECKING:  # the command line's flag groups, for the builders below (no import at run time)
+    from jaxpipe.training.methods.flags import LoRAFlags, NFTFlags, RunSettings
+
 __all__ = [
-    "EMA",
+    "config_from_flags",
     "DiffusionNFTConfig",
     "NFTRollout",
     "DiffusionNFT",
@@ -75,31 +78,6 @@ __all__ = [
 WEIGHTINGS = ("none", "adaptive")
 """The accepted values of ``DiffusionNFTConfig.weighting``: the plain velocity-space loss (``nft_loss``) or
 the official code's adaptively weighted x0-space loss (``nft_adaptive_loss``)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class EMA:
-    """The old policy's EMA decay: ``start`` at the first update, ramping linearly to ``end`` over ``ramp_steps``.
-
-    Attributes:
-      start: the decay at the first update, in [0, 1].
-      end: the decay after the ramp, in [0, 1].
-      ramp_steps: updates the ramp takes, >= 0 (0: ``end`` from the start).
-
-    Raises:
-      ValueError: on construction, if a field is out of range.
-    """
-
-    start: float = 0.0
-    end: float = 0.5
-    ramp_steps: int = 100
-
-    def __post_init__(self):
-        if not (0.0 <= self.start <= 1.0 and 0.0 <= self.end <= 1.0) or self.ramp_steps < 0:
-            raise ValueError(
-                f"the EMA's start and end must be in [0, 1] and ramp_steps >= 0 (got {self.start}, {self.end}, "
-                f"{self.ramp_steps})"
-            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,23 +118,18 @@ class DiffusionNFTConfig:
 
     def __post_init__(self):
         self.group.check_relative()
-        if not (math.isfinite(self.beta) and 0.0 < self.beta <= 1.0):
-            raise ValueError(f"beta must be in (0, 1] (got {self.beta}): it sets v± = v_old ± β·(v_θ − v_old)")
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting must be one of {WEIGHTINGS} (got {self.weighting!r})")
-        if not (math.isfinite(self.kl_beta) and self.kl_beta >= 0):
-            raise ValueError(
-                f"kl_beta (the KL weight to the reference) must be a finite number >= 0 (got {self.kl_beta})"
-            )
-        if (
-            isinstance(self.schedule_levels, bool)
-            or not isinstance(self.schedule_levels, int)
-            or self.schedule_levels < 0
-        ):
-            raise ValueError(f"schedule_levels must be an int >= 0 (got {self.schedule_levels!r})")
+        validate.rule(
+            math.isfinite(self.beta) and 0.0 < self.beta <= 1.0,
+            f"beta must be in (0, 1] (got {self.beta}): it sets v± = v_old ± β·(v_θ − v_old)",
+        )
+        validate.one_of(self, "weighting", WEIGHTINGS)
+        validate.non_negative(self, "kl_beta")
+        validate.counts(self, "schedule_levels", minimum=0)
         steps = self.sampling.num_steps
-        if steps is not None and self.schedule_levels > steps:
-            raise ValueError(f"schedule_levels={self.schedule_levels} exceeds the sampling schedule's {steps} levels")
+        validate.rule(
+            steps is None or self.schedule_levels <= steps,
+            f"schedule_levels={self.schedule_levels} exceeds the sampling schedule's {steps} levels",
+        )
 
 
 class NFTRollout(NamedTuple):
@@ -459,3 +432,25 @@ class DiffusionNFT(DenoiserMethod):
     def rollout_metrics(self, ro: NFTRollout) -> dict[str, jax.Array]:
         """The rollout's reward metrics (``rollout.reward_metrics``)."""
         return rollout.reward_metrics(ro.rewards, ro.parts)
+
+
+def config_from_flags(run: RunSettings, lora: LoRAFlags, own: NFTFlags) -> DiffusionNFTConfig:
+    """``jaxpipe train nft``'s config from its flags.
+
+    Args:
+      run: the run's settings (group size, learning rate).
+      lora: the adapters' flags.
+      own: the NFT flags (steps, β, advantage clip, the old policy's EMA, sampler, guidance, re-noising).
+
+    Returns:
+      The ``DiffusionNFTConfig``.
+    """
+    return DiffusionNFTConfig(
+        group=run.group(adv_clip=own.adv_clip),
+        sampling=Sampling(num_steps=own.num_steps, sampler=own.sampler, guidance=own.guidance),
+        beta=own.beta,
+        ema=EMA(own.ema_start, own.ema_end, own.ema_ramp),
+        noise=NoiseLevels(own.sigma_sampling),
+        optimizer=run.optimizer(DiffusionNFTConfig().optimizer),
+        lora=lora.config(),
+    )

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +57,12 @@ from jaxpipe.training.parts import Parts, copy
 from jaxpipe.training.rollout import Group, Sampling
 from jaxpipe.training.trainer import Method, TrainState
 
+if TYPE_CHECKING:  # the command line's flag groups, for the builders below (no import at run time)
+    from jaxpipe.training.methods.flags import RunSettings, SelfForcingFlags
+
 __all__ = [
+    "config_from_flags",
+    "from_flags",
     "SelfForcingConfig",
     "SelfForcing",
     "causal_loop",
@@ -418,3 +423,48 @@ class SelfForcing(Method):
             "critic_skipped": jnp.sum(c_skip),
             "video_abs": jnp.mean(jnp.abs(video)),
         }
+
+
+def config_from_flags(run: RunSettings, own: SelfForcingFlags) -> SelfForcingConfig:
+    """``jaxpipe train self-forcing``'s config: ``SelfForcingConfig``'s defaults but the flags given.
+
+    Args:
+      run: the run's settings (group size, the student's learning rate).
+      own: the critic's steps, rate and warm-up, and the steps per chunk (``None``: the default).
+
+    Returns:
+      The ``SelfForcingConfig``.
+    """
+    base = SelfForcingConfig()
+    dm = dataclasses.replace(
+        base.dm,
+        critic=base.dm.critic
+        if own.critic_lr is None
+        else dataclasses.replace(base.dm.critic, learning_rate=own.critic_lr),
+        critic_steps=base.dm.critic_steps if own.critic_steps is None else own.critic_steps,
+    )
+    return SelfForcingConfig(
+        student=run.optimizer(base.student),
+        dm=dm,
+        group=run.group(),
+        critic_warmup=base.critic_warmup if own.critic_warmup is None else own.critic_warmup,
+        sampling=Sampling(num_steps=own.num_steps, guidance=None),
+    )
+
+
+def from_flags(card: Card, reward: Any, config: SelfForcingConfig, own: SelfForcingFlags, *, load: Any) -> SelfForcing:
+    """``jaxpipe train self-forcing``'s trainer on the user's causal card, against ``--teacher`` (default wan-t2v).
+
+    Args:
+      card: the causal card to train.
+      reward: unused (``None``).
+      config: the method's config.
+      own: the command's own flags (``teacher``).
+      load: the command's card loader (``id or directory -> (card,)``).
+
+    Returns:
+      The ``SelfForcing`` trainer.
+    """
+    del reward
+    (real,) = load(own.teacher or "wan-t2v")
+    return SelfForcing(card, real, config)
