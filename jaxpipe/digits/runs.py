@@ -232,7 +232,9 @@ def unified_run(
     return build("unified", card, scorer, config, prompts, **settings)
 
 
-def joint_run(card: Card, scorer: Card, config: JointMultiExpertRLConfig, prompts: PromptSpec | None = None, **settings) -> Run:
+def joint_run(
+    card: Card, scorer: Card, config: JointMultiExpertRLConfig, prompts: PromptSpec | None = None, **settings
+) -> Run:
     """JointMultiExpertRL on a ``multi-expert`` card (``toy_multi_expert.from_unified``): ``build("joint", ...)``.
     The reward's parts are the scorer's per-term probabilities, so under ``credit="per_expert"`` refiner i is
     credited with the term of the attribute it owns; the curves include every part.
