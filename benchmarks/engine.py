@@ -32,8 +32,17 @@ Two cards: the bundled ``flux-t2i`` (guidance 2, so each step runs the DiT on a 
 random weights of the bundled size when the checkpoint is absent) and the tiny test-size card
 (guidance 1), whose batch-1 step is dispatch-bound.
 
-    python benchmarks/engine.py            # full run; refreshes the "engine" section of RESULTS.md
-    python benchmarks/engine.py --quick    # smoke test: fewer repeats and sizes, prints only
+Mixed guidance (``--stream guidance``, its own section ``engine_guidance``): N requests of one step count
+whose classifier-free guidance scales differ (cycling over ``GUIDANCES``). A request's guidance is a per-row
+value of the loop state, so the engine batches them all in one compiled step; the contenders are the engine's
+``batched`` mode, the same requests one at a time (``serial``), and ``batched`` per guidance value (one
+``run_many`` per distinct scale, one after another: what batching could do when each scale compiled its own
+step). It reports the compiled batched-step executables a mixed list adds after a list of one guidance has run
+(0: the scales share the compiled step) and C3 against the serial images.
+
+    python benchmarks/engine.py                      # full run; refreshes the "engine" section of RESULTS.md
+    python benchmarks/engine.py --quick              # smoke test: fewer repeats and sizes, prints only
+    python benchmarks/engine.py --stream guidance    # the mixed-guidance stream; refreshes "engine_guidance"
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ STEPS = (4, 8, 12, 16)
 TARGET = 1.5  # batched / serial throughput at 16 requests on the 2-core CPU
 MODES = ("serial", "batched", "fused")
 ENGINE_MODES = ("serial", "batched")
+GUIDANCES = (1.5, 2.0, 3.0, 4.5)  # every scale != 1: each request runs CFG (two DiT rows)
+GUIDANCE_STEPS = 8
 JITTED = ("enter", "node", "step", "steps", "empty", "admit", "retire", "resize")  # jaxpipe.engine.batch
 
 
@@ -333,13 +344,148 @@ def report(results: dict, info: dict, loads: tuple[float, float], elapsed: float
     return "\n".join(lines) + "\n"
 
 
+def guidance_requests(n: int, guidances=GUIDANCES, seed: int = 0) -> list[jp.Request]:
+    """``n`` requests of ``GUIDANCE_STEPS`` steps whose guidance cycles over ``guidances``."""
+    base = requests(n, seed)
+    return [
+        jp.Request(
+            r.model, prompt=r.prompt, seed=r.seed, num_steps=GUIDANCE_STEPS, guidance=guidances[i % len(guidances)]
+        )
+        for i, r in enumerate(base)
+    ]
+
+
+def _compiled_steps() -> int:
+    return engine_ops.stepped._cache_size() + engine_ops.stepped_many._cache_size()
+
+
+def _per_value(engine: jp.Engine, reqs) -> list:
+    """``batched`` once per distinct guidance value, one after another (outputs in request order)."""
+    groups: dict[float, list[int]] = {}
+    for i, r in enumerate(reqs):
+        groups.setdefault(r.guidance, []).append(i)
+    outs = [None] * len(reqs)
+    for rows in groups.values():
+        for i, out in zip(rows, engine.run_many([reqs[i] for i in rows], "batched")):
+            outs[i] = out
+    return outs
+
+
+GUIDANCE_MODES = ("serial", "batched", "per-value")
+
+
+def measure_guidance(engine: jp.Engine, n: int, repeats: int, budget_s: float) -> dict:
+    """Wall time of one mixed-guidance list of ``n`` requests in each contender, C3, compiled steps added."""
+    uniform = guidance_requests(n, guidances=(GUIDANCES[0],), seed=1)
+    engine.run_many(uniform, "batched")  # compiles the batched step at this width for one guidance
+    before = _compiled_steps()
+    reqs = guidance_requests(n)
+
+    def run(mode):
+        engine.cache.clear()
+        start = time.perf_counter()
+        outs = _per_value(engine, reqs) if mode == "per-value" else engine.run_many(reqs, mode)
+        jax.block_until_ready([o["image"] for o in outs])
+        return time.perf_counter() - start, outs
+
+    _, batched = run("batched")
+    added = _compiled_steps() - before
+    first, outs = {}, {"batched": batched}
+    for mode in ("serial", "per-value"):
+        first[mode], outs[mode] = run(mode)
+    images = {m: [{"image": o["image"]} for o in outs[m]] for m in GUIDANCE_MODES}
+    c3 = parity.compare(images["serial"], images["batched"], tolerance=parity.TOLERANCE, level="C3")
+    times = {m: [] for m in GUIDANCE_MODES}
+    start = time.perf_counter()
+    for r in range(repeats):
+        for mode in GUIDANCE_MODES[r % 3 :] + GUIDANCE_MODES[: r % 3]:
+            times[mode].append(run(mode)[0])
+        if r >= 2 and time.perf_counter() - start > budget_s:
+            break
+    med = {m: statistics.median(t) for m, t in times.items()}
+    return {
+        "n": n,
+        "median": med,
+        "ratio": med["serial"] / med["batched"],
+        "ratio_per_value": med["per-value"] / med["batched"],
+        "added": added,
+        "c3": c3.max_abs_diff,
+        "c3_passed": c3.passed,
+        "repeats": len(times["serial"]),
+    }
+
+
+def guidance_report(name: str, card: jp.Card, rows: list[dict], info: dict, loads, elapsed: float) -> str:
+    lines = [
+        "## engine_guidance",
+        "",
+        "`python benchmarks/engine.py --stream guidance`: N concurrent text-to-image requests of "
+        f"{GUIDANCE_STEPS} steps whose guidance scales differ (cycling over {', '.join(map(str, GUIDANCES))}), distinct",
+        "seeds and prompts, one engine, one process: the engine's `batched` mode (every scale in one batch: a request's",
+        "guidance is a per-row value of the loop state) vs the same requests one at a time (`serial`) vs `batched` once",
+        "per guidance value (what batching can do when each scale needs its own compiled step). Wall ms per whole list",
+        "(median of interleaved repeats); ratios > 1: the mixed batch is faster. Steps compiled = batched-step",
+        "executables the mixed list added after a one-guidance list of the same N had run (0: shared). C3 = max abs",
+        f"difference of the batched images from the serial ones (tolerance {parity.TOLERANCE:g}).",
+        "",
+        *[f"- {k}: {v}" for k, v in info.items()],
+        f"- load average (1 min) before / after: {loads[0]:.2f} / {loads[1]:.2f}"
+        + (" (other processes were using the CPU)" if loads[0] >= 0.5 else ""),
+        f"- whole run: {elapsed:.0f} s",
+        "",
+        f"### {name}: {describe(card)}",
+        "",
+        "| N | serial ms | batched ms | per-value ms | batched / serial | batched / per-value | steps compiled "
+        "| C3 max abs diff | repeats |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        med = row["median"]
+        lines.append(
+            f"| {row['n']} | {med['serial'] * 1e3:.1f} | {med['batched'] * 1e3:.1f} | {med['per-value'] * 1e3:.1f} | "
+            f"**{row['ratio']:.2f}×** | {row['ratio_per_value']:.2f}× | {row['added']} | "
+            f"{row['c3']:.1e}{'' if row['c3_passed'] else ' (FAILED)'} | {row['repeats']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def guidance_stream(args) -> int:
+    """The mixed-guidance stream on the bundled-size card."""
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    name, (card, source) = next(iter(bench_cards().items()))
+    engine = jp.Engine(max_batch=64)
+    engine.register(card)
+    rows = []
+    for n in (4,) if args.quick else (4, 16):
+        row = measure_guidance(engine, n, 2 if args.quick else 5, budget_s=30.0)
+        rows.append(row)
+        print(
+            f"{name} mixed guidance N={n:3d}: serial {row['median']['serial'] * 1e3:8.1f} ms  batched "
+            f"{row['median']['batched'] * 1e3:8.1f} ms  per-value {row['median']['per-value'] * 1e3:8.1f} ms  "
+            f"ratio {row['ratio']:.2f}x  vs per-value {row['ratio_per_value']:.2f}x  compiled +{row['added']}  "
+            f"C3 {row['c3']:.1e}",
+            flush=True,
+        )
+    body = guidance_report(
+        f"{name} ({source})", card, rows, machine_info(), (load_before, os.getloadavg()[0]), time.perf_counter() - start
+    )
+    print(body)
+    if not args.quick or args.results:
+        write_section(args.results or RESULTS, "engine_guidance", body)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="sizes 1 and 4, few repeats, print only")
     parser.add_argument(
         "--results", type=pathlib.Path, default=None, help=f"write the section here (default: {RESULTS.name})"
     )
+    parser.add_argument("--stream", choices=("steps", "guidance"), default="steps", help="which request stream")
     args = parser.parse_args(argv)
+    if args.stream == "guidance":
+        return guidance_stream(args)
     sizes = (1, 4) if args.quick else SIZES
     repeats = 2 if args.quick else 7
     load_before = os.getloadavg()[0]

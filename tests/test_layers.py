@@ -1,10 +1,11 @@
 """The dependency rule, checked on the source: imports point down the layers; the core never imports a world.
 
-A world (``jaxpipe.digits``, ``jaxpipe.shapes``) is a plug-in: only the world itself, the command line
-(whose defaults are the digits world's) and ``jaxpipe.worlds`` (the one place that registers the bundled
-worlds) may import it, and one world never imports another. The engine never imports training. Checked
+A world (``jaxpipe.digits``, ``jaxpipe.shapes``) is a plug-in: only the world itself and ``jaxpipe.worlds``
+(the one place that registers the bundled worlds) may import it — the command line and the server reach a
+world through the registries — and one world never imports another. The engine never imports training. Checked
 statically (every import statement of every module, including the ones inside functions) and by
-importing the whole core with both worlds blocked.
+importing the whole core with both worlds blocked. The house rules beside them: no module over 500 lines, and
+every ``__post_init__`` checks its fields through ``jaxpipe.validate``.
 """
 
 import ast
@@ -17,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "jaxpipe"
 WORLD = "jaxpipe.digits"
 WORLDS = ("jaxpipe.digits", "jaxpipe.shapes")
-ALLOWED_TO_IMPORT_THE_WORLD = ("jaxpipe/digits/", "jaxpipe/shapes/", "jaxpipe/cli/", "jaxpipe/worlds.py")
+ALLOWED_TO_IMPORT_THE_WORLD = ("jaxpipe/digits/", "jaxpipe/shapes/", "jaxpipe/worlds.py")
 
 
 def _module(path: Path) -> str:
@@ -142,3 +143,33 @@ def test_a_checkpoint_saved_under_an_old_family_name_loads_with_a_warning(tmp_pa
     assert loaded.spec.family == "toy_multi_expert" and loaded.spec.config == card.spec.config
     for a, b in zip(jax.tree.leaves(card.components), jax.tree.leaves(loaded.components)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+MAX_LINES = 500
+
+
+def test_no_module_is_over_500_lines():
+    """One concept per file: a module that outgrows 500 lines is split by responsibility."""
+    long = {
+        p.relative_to(ROOT.parent).as_posix(): n for p in SOURCES if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_every_post_init_checks_through_validate():
+    """A config's field rules are written once, in ``jaxpipe.validate``: no ``__post_init__`` raises by hand."""
+    seen, bare = 0, []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "__post_init__":
+                seen += 1
+                rel = path.relative_to(ROOT.parent).as_posix()
+                bare += [f"{rel}:{n.lineno}" for n in ast.walk(node) if isinstance(n, ast.Raise)]
+    assert seen > 60 and not bare, f"__post_init__ raising by hand (use jaxpipe.validate): {bare}"
+
+
+def test_the_cli_and_serve_import_no_world():
+    """Worlds plug into the product layer through ``jaxpipe.worlds`` and the registries, never by import."""
+    paths = sorted((ROOT / "cli").rglob("*.py")) + sorted((ROOT / "serve").rglob("*.py"))
+    offenders = {p.name: sorted(m for m in _imports(p) if _names_a_world(m)) for p in paths}
+    assert len(paths) > 15 and not {k: v for k, v in offenders.items() if v}, offenders
