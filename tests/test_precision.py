@@ -97,7 +97,7 @@ def test_bad_names_error_clearly(flux):
         precision.with_dtype(flux, "bfloat16", params="int8")
     with pytest.raises(ValueError, match="dtype must be one of"):
         FlowGRPOConfig(dtype="bf16")
-    with pytest.raises(ValueError, match=r"expert_map must be one of 'auto', 'vmap', 'map'"):
+    with pytest.raises(ValueError, match=r"expert_map must be one of \('auto', 'vmap', 'map'\)"):
         JointMultiExpertRLConfig(expert_map="pmap")
     with pytest.raises(ValueError, match="resolve 'auto' first"):
         map_experts(lambda x: x, "auto", jnp.zeros(3))

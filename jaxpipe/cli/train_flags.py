@@ -1,8 +1,8 @@
-"""The flags of ``jaxpipe train``, declared once: each group is a dataclass whose fields' metadata is the typer
-option (``RunFlags`` every command's, ``PolicyFlags`` the policy-gradient ones, ``RefinerFlags`` the refiner ones,
-``LoRAFlags`` the adapters'); ``with_flags(*groups)`` adds a group's flags to a command's signature and hands the
-command one object per group; ``typed_flags`` records them as the user typed them (a resume with other settings
-names each that differs).
+"""The flags of ``jaxpipe train``, declared once: each group is a dataclass whose fields' metadata names the option
+and its help (``RunFlags`` every command's, here; the methods' groups — ``PolicyFlags``, ``RefinerFlags``,
+``LoRAFlags`` and each method's own — in ``jaxpipe.training.methods.flags``); ``with_flags(*groups)`` adds the
+groups' flags to a command's signature as typer options and hands the command one object per group;
+``typed_flags`` records them as the user typed them (a resume with other settings names each that differs).
 """
 
 from __future__ import annotations
@@ -14,16 +14,19 @@ from pathlib import Path
 
 import typer
 
-from jaxpipe.cli.common import fail
+from jaxpipe.training.methods.flags import LoRAFlags, PolicyFlags, RefinerFlags, flag_fields
+from jaxpipe.training.methods.flags import flag as _flag
 
-__all__ = ["LoRAFlags", "PolicyFlags", "RefinerFlags", "RunFlags", "options_of", "typed_flags", "with_flags"]
-
-
-def _flag(default, *names: str, help: str):
-    metadata = {"option": typer.Option(default, *names, help=help)}
-    if isinstance(default, list):  # a repeatable flag
-        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+__all__ = [
+    "LoRAFlags",
+    "PolicyFlags",
+    "RefinerFlags",
+    "RunFlags",
+    "option",
+    "options_of",
+    "typed_flags",
+    "with_flags",
+]
 
 
 @dataclasses.dataclass
@@ -237,131 +240,6 @@ class RunFlags:
         )
 
 
-@dataclasses.dataclass
-class PolicyFlags:
-    """The policy-gradient commands (FlowGRPO and the methods built on it): SDE rollouts, PPO, KL."""
-
-    num_steps: int = _flag(8, "--num-steps", help="Denoising steps of the rollout and of the evaluation.")
-    sde_window: str = _flag(
-        "0,4",
-        "--sde-window",
-        help="START,STOP: denoise steps sampled with the SDE and trained (ODE elsewhere); 'all' = every step.",
-    )
-    noise_level: float = _flag(0.7, "--noise-level", help="SDE noise level (eta).")
-    beta: float = _flag(0.04, "--beta", help="Generator KL weight to the frozen reference DiT.")
-    kl: str = _flag(
-        "exact",
-        "--kl",
-        help="Generator KL convention: exact (Gaussian KL of the SDE step) or flowgrpo (the official code's: exact x |dt|).",
-    )
-    clip_eps: float = _flag(1e-3, "--clip-eps", help="Generator PPO ratio clip.")
-    minibatches: int = _flag(
-        1,
-        "--minibatches",
-        help="Updates per epoch over each rollout: its P·K rows split into this many shuffled minibatches.",
-    )
-    inner_epochs: int = _flag(
-        1,
-        "--inner-epochs",
-        help="Passes over each rollout's minibatches (updates per rollout = minibatches × inner epochs).",
-    )
-    timestep_fraction: float = _flag(
-        1.0,
-        "--timestep-fraction",
-        help="Fraction (0, 1] of the captured denoising steps each minibatch trains on, drawn per sample.",
-    )
-
-    def generator(self, run: RunFlags, lora=None):
-        """The generator's ``FlowGRPOConfig`` (``lora``: its ``LoRAConfig``, ``LoRAFlags.config``)."""
-        from jaxpipe.training import FlowGRPOConfig, Sampling
-        from jaxpipe.training.ppo import Schedule
-
-        config = FlowGRPOConfig(
-            group=run.group(),
-            sampling=Sampling(
-                num_steps=self.num_steps,
-                sampler="sde",
-                noise_level=self.noise_level,
-                sde_window=_window(self.sde_window),
-            ),
-            clip_eps=self.clip_eps,
-            beta=self.beta,
-            kl=self.kl,
-            ppo=Schedule(self.minibatches, self.inner_epochs, self.timestep_fraction),
-            optimizer=run.optimizer(FlowGRPOConfig().optimizer),
-            lora=lora,
-        )
-        config.ppo.check_rows(run.prompts_per_step * run.group_size)  # before any card loads
-        return config
-
-
-@dataclasses.dataclass
-class RefinerFlags:
-    """Commands that train refiner LMs next to the generator."""
-
-    skip: int = _flag(1, "--skip", help="Samples per group that keep the original prompt (0 <= skip < K).")
-    prompt_only: bool = _flag(False, "--prompt-only", help="Train only the refiner(s); the generator stays frozen.")
-    lm_lr: float = _flag(1e-3, "--lm-lr", help="Refiner learning rate.")
-    lm_beta: float = _flag(0.01, "--lm-beta", help="Refiner k3-KL weight to its frozen reference.")
-
-    def joint(self, policy: PolicyFlags, run: RunFlags, lora=None, **changes):
-        """The ``JointMultiExpertRLConfig`` of the refiner and generator flags (``lora``: the generator's ``LoRAConfig``)."""
-        from jaxpipe.training import JointMultiExpertRLConfig, Optimizer, RefinerConfig
-
-        return JointMultiExpertRLConfig(
-            generator=policy.generator(run, lora),
-            refiner=RefinerConfig(skip=self.skip, beta=self.lm_beta),
-            refiner_optimizer=Optimizer(self.lm_lr),
-            joint=not self.prompt_only,
-            **changes,
-        )
-
-
-@dataclasses.dataclass
-class LoRAFlags:
-    """The denoiser-training commands: train LoRA adapters on the denoiser instead of all its weights."""
-
-    lora_rank: int = _flag(
-        0,
-        "--lora-rank",
-        help="Train rank-N LoRA adapters on the denoiser, its base weights frozen; the trained card has them merged (0: off, train every weight).",
-    )
-    lora_alpha: float | None = _flag(
-        None, "--lora-alpha", help="LoRA alpha: the adapters are scaled by alpha/rank (default: the rank, scale 1)."
-    )
-    lora_targets: str | None = _flag(
-        None,
-        "--lora-targets",
-        help="Comma-separated layer names the adapters wrap, matched against the end of each layer's name like peft's target_modules, e.g. to_q,to_k,to_v,to_out.0 (default: the network's own: FLUX's attention and feed-forward projections, the DiT's attention and MLP).",
-    )
-
-    def config(self):
-        """The ``LoRAConfig`` of the flags (``None`` without ``--lora-rank``).
-
-        Returns:
-          The adapters' settings, or ``None``.
-
-        Raises:
-          ValueError: on a negative rank, ``--lora-alpha`` / ``--lora-targets`` without a rank, or bad values.
-        """
-        from jaxpipe.nn.lora import LoRAConfig
-
-        if self.lora_rank < 0:
-            raise ValueError(f"--lora-rank must be >= 0 (0: no adapters; got {self.lora_rank})")
-        if self.lora_rank == 0:
-            if self.lora_alpha is not None or self.lora_targets is not None:
-                raise ValueError(
-                    "--lora-alpha and --lora-targets set up LoRA adapters: they need --lora-rank N (N >= 1)"
-                )
-            return None
-        targets = None
-        if self.lora_targets is not None:
-            targets = tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
-            if not targets:
-                raise ValueError(f"--lora-targets must name layers, comma-separated (got {self.lora_targets!r})")
-        return LoRAConfig(self.lora_rank, alpha=self.lora_alpha, target_modules=targets)
-
-
 def options_of(group: type) -> list[dataclasses.Field]:
     """The fields of flag group ``group`` that are command-line options.
 
@@ -369,9 +247,25 @@ def options_of(group: type) -> list[dataclasses.Field]:
       group: a flag group dataclass (``RunFlags`` ...).
 
     Returns:
-      Its fields whose metadata holds a typer option.
+      Its fields declared with ``flag`` (``jaxpipe.training.methods.flags``).
     """
-    return [f for f in dataclasses.fields(group) if "option" in f.metadata]
+    return flag_fields(group)
+
+
+def option(field: dataclasses.Field):
+    """The typer option of a flag group's field.
+
+    Args:
+      field: a field declared with ``flag``.
+
+    Returns:
+      ``typer.Option(default, *names, help=...)``.
+    """
+    if field.default_factory is not dataclasses.MISSING:
+        default = field.default_factory()
+    else:
+        default = field.default
+    return typer.Option(default, *field.metadata["names"], help=field.metadata["help"])
 
 
 def with_flags(*groups: type):
@@ -390,9 +284,7 @@ def with_flags(*groups: type):
         for group in groups:
             types = typing.get_type_hints(group)
             shared += [
-                inspect.Parameter(
-                    f.name, inspect.Parameter.KEYWORD_ONLY, default=f.metadata["option"], annotation=types[f.name]
-                )
+                inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option(f), annotation=types[f.name])
                 for f in options_of(group)
             ]
         decls = {p.name: p.default.param_decls for p in [*shared, *own]}
@@ -410,17 +302,6 @@ def with_flags(*groups: type):
         return run
 
     return wrap
-
-
-def _window(text: str) -> tuple[int, int] | None:
-    if text.strip().lower() in ("all", "none", ""):
-        return None
-    parts = text.split(",")
-    try:
-        start, stop = (int(p) for p in parts)
-    except ValueError:
-        fail(f"--sde-window must be START,STOP (e.g. 0,4) or 'all' (got {text!r})")
-    return start, stop
 
 
 _NOT_SETTINGS = ("out", "steps", "save_every", "resume", "overwrite", "snr_rollouts", "eval_every")

@@ -12,6 +12,7 @@ import typer
 
 from jaxpipe.cli.common import discard_if_empty, fail, load, parse_options, writable_folder
 from jaxpipe.cli.train_flags import RunFlags, options_of
+from jaxpipe.training.methods import registry
 
 __all__ = ["FAILED_EXIT", "OPTION_FLAGS", "SNR_BY_DEFAULT", "preset_config", "run_training"]
 
@@ -25,8 +26,9 @@ def _resume_command() -> str:
     return " ".join(shlex.quote(a) for a in args + ([] if "--resume" in args else ["--resume"]))
 
 
-SNR_BY_DEFAULT = ("flow-grpo", "nft")
-"""The commands that measure the gradient signal-to-noise unless told not to (``--snr-rollouts 0``)."""
+SNR_BY_DEFAULT = tuple(name for name, info in registry.methods().items() if info.gradient_snr)
+"""The commands that measure the gradient signal-to-noise unless told not to (``--snr-rollouts 0``):
+the registered methods with ``gradient_snr`` (``jaxpipe.training.methods.registry``)."""
 
 
 OPTION_FLAGS = {
@@ -94,7 +96,8 @@ def run_training(
         fail(f"--steps must be a positive integer (got {flags.steps})")
     if flags.save_every <= 0:
         fail(f"--save-every must be a positive integer (got {flags.save_every})")
-    snr_rollouts = flags.snr_rollouts if flags.snr_rollouts is not None else (4 if command in SNR_BY_DEFAULT else 0)
+    snr_default = 4 if command in registry.methods() and registry.method(command).gradient_snr else 0
+    snr_rollouts = flags.snr_rollouts if flags.snr_rollouts is not None else snr_default
     if snr_rollouts < 0 or snr_rollouts == 1:
         fail(f"--snr-rollouts must be 0 (off) or >= 2 (got {snr_rollouts})")
     if flags.eval_every is not None and (flags.eval_every <= 0 or not flags.run_eval):
@@ -224,7 +227,7 @@ def preset_config(method: str, name: str, runflags: RunFlags, *groups: object, *
 
     preset = presets.get(method, name)
     changed = [
-        f.metadata["option"].param_decls[0]
+        f.metadata["names"][0]
         for group in groups
         for f in options_of(type(group))
         if getattr(group, f.name) != f.default

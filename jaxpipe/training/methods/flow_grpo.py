@@ -107,7 +107,7 @@ class FlowGRPOConfig:
         validate.rule(
             math.isfinite(self.beta) and self.beta >= 0, f"beta (the KL weight) must be >= 0 (got {self.beta})"
         )
-        validate.one_of(self, "kl", KL_CONVENTIONS)
+        validate.rule(self.kl in KL_CONVENTIONS, f"kl must be one of {KL_CONVENTIONS} (got {self.kl!r})")
         if self.dtype is not None:
             check_dtype(self.dtype, "dtype")
 

@@ -125,8 +125,10 @@ class JointMultiExpertRLConfig:
 
     def __post_init__(self):
         self.refiner.check_group(self.generator.group.size)
-        validate.one_of(self, "credit", CREDITS)
-        validate.one_of(self, "expert_map", EXPERT_MAPS)
+        validate.rule(self.credit in CREDITS, f"credit must be one of {CREDITS} (got {self.credit!r})")
+        validate.rule(
+            self.expert_map in EXPERT_MAPS, f"expert_map must be one of {EXPERT_MAPS} (got {self.expert_map!r})"
+        )
         validate.rule(
             self.generator.lora is None or self.joint,
             "generator.lora trains adapters on the generator, which prompt-only RL (joint=False) keeps frozen",

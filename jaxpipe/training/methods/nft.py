@@ -122,7 +122,7 @@ class DiffusionNFTConfig:
             math.isfinite(self.beta) and 0.0 < self.beta <= 1.0,
             f"beta must be in (0, 1] (got {self.beta}): it sets v± = v_old ± β·(v_θ − v_old)",
         )
-        validate.one_of(self, "weighting", WEIGHTINGS)
+        validate.rule(self.weighting in WEIGHTINGS, f"weighting must be one of {WEIGHTINGS} (got {self.weighting!r})")
         validate.non_negative(self, "kl_beta")
         validate.counts(self, "schedule_levels", minimum=0)
         steps = self.sampling.num_steps
