@@ -80,13 +80,38 @@ def step_config(kind: str, config):
 
 
 def step(kind: str, loop_id: str, config, treedef, leaves, state):
-    """One pure step of the loop (all rows), compiled once per ``step_config``."""
+    """One pure step of the loop (all rows), compiled once per ``step_config``.
+
+    Args:
+      kind: the loop kind.
+      loop_id: the card's loop id.
+      config: the loop's config (compiled as its ``step_config``).
+      treedef: the resident card's tree structure.
+      leaves: the resident card's arrays.
+      state: the batched loop state.
+
+    Returns:
+      The next loop state.
+    """
     return stepped(kind, loop_id, step_config(kind, config), treedef, leaves, state)
 
 
 def steps(kind: str, loop_id: str, config, treedef, leaves, state, count):
     """``count`` (traced) pure steps of the loop on the whole batch: one dispatch between scheduling events,
-    compiled once per ``step_config`` (requests with different guidance share it)."""
+    compiled once per ``step_config`` (requests with different guidance share it).
+
+    Args:
+      kind: the loop kind.
+      loop_id: the card's loop id.
+      config: the loop's config (compiled as its ``step_config``).
+      treedef: the resident card's tree structure.
+      leaves: the resident card's arrays.
+      state: the batched loop state.
+      count: how many steps (traced).
+
+    Returns:
+      The next loop state.
+    """
     return stepped_many(kind, loop_id, step_config(kind, config), treedef, leaves, state, count)
 
 
