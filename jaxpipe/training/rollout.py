@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpipe import precision, rewards
+from jaxpipe import precision, rewards, validate
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.loops import ar, denoise
 from jaxpipe.program import Execution, Program, Settings, execute
@@ -76,10 +76,14 @@ class Group:
     global_std: bool = False
 
     def __post_init__(self):
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise ValueError(f"group size (samples per prompt, K) must be an int >= 1 (got {self.size!r})")
-        if not (isinstance(self.adv_clip, (int, float)) and math.isfinite(self.adv_clip) and self.adv_clip > 0):
-            raise ValueError(f"adv_clip must be a finite number > 0 (got {self.adv_clip!r})")
+        validate.rule(
+            not (isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1),
+            f"group size (samples per prompt, K) must be an int >= 1 (got {self.size!r})",
+        )
+        validate.rule(
+            isinstance(self.adv_clip, (int, float)) and math.isfinite(self.adv_clip) and self.adv_clip > 0,
+            f"adv_clip must be a finite number > 0 (got {self.adv_clip!r})",
+        )
 
     def check_relative(self) -> None:
         """A clear error unless the group can give group-relative advantages.
