@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpipe import samplers
+from jaxpipe import samplers, validate
 from jaxpipe.loops import denoise
 from jaxpipe.training.noise import NoiseLevels
 from jaxpipe.training.optim import Optimizer
@@ -49,14 +49,20 @@ class DistributionMatching:
     noise: NoiseLevels = NoiseLevels()
 
     def __post_init__(self):
-        if isinstance(self.critic_steps, bool) or not isinstance(self.critic_steps, int) or self.critic_steps < 1:
-            raise ValueError(f"critic_steps must be an int >= 1 (got {self.critic_steps!r})")
-        if self.real_guidance is not None and not (jnp.isfinite(self.real_guidance) and self.real_guidance >= 0):
-            raise ValueError(
-                f"real_guidance (the teacher's CFG scale) must be None or a finite number >= 0 (got {self.real_guidance})"
-            )
-        if self.noise.min <= 0.0:
-            raise ValueError(f"distribution matching re-noises at t > 0: noise.min must be > 0 (got {self.noise.min})")
+        validate.rule(
+            not (
+                isinstance(self.critic_steps, bool) or not isinstance(self.critic_steps, int) or self.critic_steps < 1
+            ),
+            f"critic_steps must be an int >= 1 (got {self.critic_steps!r})",
+        )
+        validate.rule(
+            self.real_guidance is None or bool(jnp.isfinite(self.real_guidance) and self.real_guidance >= 0),
+            f"real_guidance (the teacher's CFG scale) must be None or a finite number >= 0 (got {self.real_guidance})",
+        )
+        validate.rule(
+            not self.noise.min <= 0.0,
+            f"distribution matching re-noises at t > 0: noise.min must be > 0 (got {self.noise.min})",
+        )
 
 
 def per_row(a: jax.Array, like: jax.Array) -> jax.Array:

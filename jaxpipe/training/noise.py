@@ -12,6 +12,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxpipe import validate
+
 __all__ = ["NoiseLevels", "SAMPLINGS"]
 
 SAMPLINGS = ("uniform", "logit_normal")
@@ -36,10 +38,13 @@ class NoiseLevels:
     max: float = 0.98
 
     def __post_init__(self):
-        if self.sampling not in SAMPLINGS:
-            raise ValueError(f"noise level sampling must be one of {SAMPLINGS} (got {self.sampling!r})")
-        if not 0.0 <= self.min < self.max <= 1.0:
-            raise ValueError(f"noise levels need 0 <= min < max <= 1 (got min={self.min}, max={self.max})")
+        validate.rule(
+            self.sampling in SAMPLINGS, f"noise level sampling must be one of {SAMPLINGS} (got {self.sampling!r})"
+        )
+        validate.rule(
+            0.0 <= self.min < self.max <= 1.0,
+            f"noise levels need 0 <= min < max <= 1 (got min={self.min}, max={self.max})",
+        )
 
     def draw(self, key: jax.Array, rows: int) -> jax.Array:
         """Draw one noise level per row.

@@ -14,6 +14,8 @@ import math
 
 import optax
 
+from jaxpipe import validate
+
 __all__ = ["Optimizer", "SCHEDULES"]
 
 SCHEDULES = ("constant", "warmup_cosine")
@@ -52,25 +54,38 @@ class Optimizer:
     def __post_init__(self):
         for name in ("learning_rate", "grad_clip"):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not (math.isfinite(value) and value > 0)
-            ):
-                raise ValueError(f"{name} must be a finite number > 0 (got {value!r})")
-        if not (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0):
-            raise ValueError(f"b1 and b2 must be in [0, 1) (got {self.b1}, {self.b2})")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay must be >= 0 (got {self.weight_decay})")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES} (got {self.schedule!r})")
+            validate.rule(
+                not (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not (math.isfinite(value) and value > 0)
+                ),
+                f"{name} must be a finite number > 0 (got {value!r})",
+            )
+        validate.rule(
+            0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, f"b1 and b2 must be in [0, 1) (got {self.b1}, {self.b2})"
+        )
+        validate.rule(
+            math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+            f"weight_decay must be >= 0 (got {self.weight_decay})",
+        )
+        validate.rule(self.schedule in SCHEDULES, f"schedule must be one of {SCHEDULES} (got {self.schedule!r})")
         if self.schedule == "warmup_cosine":
-            if isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps <= 0:
-                raise ValueError(f"a warmup_cosine schedule needs total_steps > 0 (got {self.total_steps!r})")
-            if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-                raise ValueError(f"warmup_steps must be an int >= 0 (got {self.warmup_steps!r})")
-        if not 0.0 <= self.end_fraction <= 1.0:
-            raise ValueError(f"end_fraction must be in [0, 1] (got {self.end_fraction})")
+            validate.rule(
+                not (
+                    isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps <= 0
+                ),
+                f"a warmup_cosine schedule needs total_steps > 0 (got {self.total_steps!r})",
+            )
+            validate.rule(
+                not (
+                    isinstance(self.warmup_steps, bool)
+                    or not isinstance(self.warmup_steps, int)
+                    or self.warmup_steps < 0
+                ),
+                f"warmup_steps must be an int >= 0 (got {self.warmup_steps!r})",
+            )
+        validate.rule(0.0 <= self.end_fraction <= 1.0, f"end_fraction must be in [0, 1] (got {self.end_fraction})")
 
     def rate(self) -> float | optax.Schedule:
         """The learning rate: a constant, or the warm-up + cosine-decay schedule over the step count."""

@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxpipe import validate
 from jaxpipe.loops import denoise
 from jaxpipe.training import rollout
 
@@ -64,10 +65,14 @@ class Schedule:
     def __post_init__(self):
         for name in ("minibatches", "inner_epochs"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int (got {value!r})")
-        if not (isinstance(self.timestep_fraction, (int, float)) and 0.0 < self.timestep_fraction <= 1.0):
-            raise ValueError(f"timestep_fraction must be in (0, 1] (got {self.timestep_fraction!r})")
+            validate.rule(
+                not (isinstance(value, bool) or not isinstance(value, int) or value < 1),
+                f"{name} must be a positive int (got {value!r})",
+            )
+        validate.rule(
+            isinstance(self.timestep_fraction, (int, float)) and 0.0 < self.timestep_fraction <= 1.0,
+            f"timestep_fraction must be in (0, 1] (got {self.timestep_fraction!r})",
+        )
 
     @property
     def updates(self) -> int:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card
 from jaxpipe.loops import ar
 from jaxpipe.program import Program, settings
@@ -64,12 +65,14 @@ class RefinerConfig:
     beta: float = 0.01
 
     def __post_init__(self):
-        if isinstance(self.skip, bool) or not isinstance(self.skip, int) or self.skip < 0:
-            raise ValueError(f"skip must be an int >= 0 (got {self.skip!r})")
-        if not (math.isfinite(self.clip_eps) and self.clip_eps > 0) or not (
-            math.isfinite(self.beta) and self.beta >= 0
-        ):
-            raise ValueError(f"the refiner's clip_eps must be > 0 and beta >= 0 (got {self.clip_eps}, {self.beta})")
+        validate.rule(
+            not (isinstance(self.skip, bool) or not isinstance(self.skip, int) or self.skip < 0),
+            f"skip must be an int >= 0 (got {self.skip!r})",
+        )
+        validate.rule(
+            math.isfinite(self.clip_eps) and self.clip_eps > 0 and math.isfinite(self.beta) and self.beta >= 0,
+            f"the refiner's clip_eps must be > 0 and beta >= 0 (got {self.clip_eps}, {self.beta})",
+        )
 
     def check_group(self, group_size: int) -> None:
         """A clear error unless ``skip`` leaves at least one rewritten sample in a group of ``group_size``.

@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpipe import precision, rewards
+from jaxpipe import precision, validate
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.loops import ar, denoise
 from jaxpipe.program import Execution, Program, Settings, execute
 from jaxpipe.prompts import Prompts
-from jaxpipe.training import losses
+from jaxpipe.training.scoring import Scored, advantages, artifacts_of, reward_metrics, score_rollout
 
 __all__ = [
     "Group",
@@ -76,10 +76,14 @@ class Group:
     global_std: bool = False
 
     def __post_init__(self):
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise ValueError(f"group size (samples per prompt, K) must be an int >= 1 (got {self.size!r})")
-        if not (isinstance(self.adv_clip, (int, float)) and math.isfinite(self.adv_clip) and self.adv_clip > 0):
-            raise ValueError(f"adv_clip must be a finite number > 0 (got {self.adv_clip!r})")
+        validate.rule(
+            not (isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1),
+            f"group size (samples per prompt, K) must be an int >= 1 (got {self.size!r})",
+        )
+        validate.rule(
+            isinstance(self.adv_clip, (int, float)) and math.isfinite(self.adv_clip) and self.adv_clip > 0,
+            f"adv_clip must be a finite number > 0 (got {self.adv_clip!r})",
+        )
 
     def check_relative(self) -> None:
         """A clear error unless the group can give group-relative advantages.
@@ -186,83 +190,6 @@ def render(
     keys = jax.random.split(key, rows.ids.shape[0])
     slots = text_slots(program, rows.ids, keys, rewrite)
     return Render(execute(program, settings, card, slots, capture=capture), rows)
-
-
-class Scored(NamedTuple):
-    """A rendered batch's rewards and their group advantages.
-
-    Attributes:
-      rewards: ``(B,)`` float32 (the sum of ``parts`` when the reward names them).
-      parts: ``{name: (B,)}`` the reward's parts (empty when it has none).
-      advantages: ``(B,)`` group advantages.
-    """
-
-    rewards: jax.Array
-    parts: dict[str, jax.Array]
-    advantages: jax.Array
-
-
-def artifacts_of(execution: Execution, program: Program) -> dict[str, jax.Array]:
-    """The rendered artifacts a reward scores: the program's outputs (``"image"`` or ``"video"``, ``"latents"``).
-
-    Args:
-      execution: the program's execution.
-      program: the program.
-
-    Returns:
-      ``{output name: array}`` for the outputs the execution holds.
-    """
-    return {name: execution.artifacts[name] for name, _ in program.outputs if name in execution.artifacts}
-
-
-def score_rollout(reward: rewards.Reward, artifacts: Mapping[str, jax.Array], prompts: Prompts, group: Group) -> Scored:
-    """Score a rendered batch and compute its group advantages (``group.size`` rows per prompt).
-
-    Args:
-      reward: the reward (a JAX function or a ``@host`` one; ``jaxpipe.rewards``).
-      artifacts: the rendered artifacts (``artifacts_of``).
-      prompts: the rows' prompts.
-      group: the group (its size and advantage clip).
-
-    Returns:
-      The ``Scored`` batch.
-    """
-    total, parts = rewards.score(reward, artifacts, prompts)
-    return Scored(total, parts, advantages(total, group))
-
-
-def reward_metrics(rewards: jax.Array, parts: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """A rollout's reward metrics.
-
-    Args:
-      rewards: ``(B,)`` rewards.
-      parts: ``{name: (B,)}`` reward parts.
-
-    Returns:
-      ``reward_mean`` and ``reward_std`` over the rewards and ``reward_<part>``, each part's mean, scalars.
-    """
-    return {
-        "reward_mean": jnp.mean(rewards),
-        "reward_std": jnp.std(rewards),
-        **{f"reward_{name}": jnp.mean(part) for name, part in parts.items()},
-    }
-
-
-def advantages(values: jax.Array, group: Group) -> jax.Array:
-    """Group-relative advantages of ``values`` in groups of ``group.size`` consecutive rows.
-
-    Args:
-      values: ``(B,)`` rewards (or one reward part), ``B`` a multiple of ``group.size``.
-      group: the group (its size and advantage clip).
-
-    Returns:
-      ``(B,)`` float32 advantages (``losses.group_advantages``).
-
-    Raises:
-      ValueError: if ``group.size < 2``.
-    """
-    grouped = values.reshape(-1, group.size)
-    return losses.group_advantages(grouped, adv_clip=group.adv_clip, global_std=group.global_std).reshape(-1)
 
 
 REWRITE_INPUTS = ("refine", "think")

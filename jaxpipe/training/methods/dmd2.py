@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card, CardSpec
 from jaxpipe.cards import generator, registry
 from jaxpipe.loops import denoise
@@ -104,10 +105,15 @@ class DMD2Config:
     lora: LoRAConfig | None = None
 
     def __post_init__(self):
-        if isinstance(self.student_steps, bool) or not isinstance(self.student_steps, int) or self.student_steps < 1:
-            raise ValueError(f"student_steps must be an int >= 1 (got {self.student_steps!r})")
-        if self.model_id is not None and not self.model_id:
-            raise ValueError("model_id must be None or a non-empty string")
+        validate.rule(
+            not (
+                isinstance(self.student_steps, bool)
+                or not isinstance(self.student_steps, int)
+                or self.student_steps < 1
+            ),
+            f"student_steps must be an int >= 1 (got {self.student_steps!r})",
+        )
+        validate.rule(self.model_id is None or bool(self.model_id), "model_id must be None or a non-empty string")
 
 
 class StudentRollout(NamedTuple):

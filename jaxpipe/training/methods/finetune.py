@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpipe import samplers
+from jaxpipe import samplers, validate
 from jaxpipe.card import Card
 from jaxpipe.cards import registry
 from jaxpipe.loops import denoise
@@ -53,10 +53,8 @@ class FinetuneConfig:
     noise: NoiseLevels = NoiseLevels("logit_normal", 0.0, 1.0)
 
     def __post_init__(self):
-        if not 0.0 <= self.cond_dropout < 1.0:
-            raise ValueError(f"cond_dropout must be in [0, 1) (got {self.cond_dropout})")
-        if not self.trainable:
-            raise ValueError("trainable must name at least one component")
+        validate.rule(0.0 <= self.cond_dropout < 1.0, f"cond_dropout must be in [0, 1) (got {self.cond_dropout})")
+        validate.rule(bool(self.trainable), "trainable must name at least one component")
 
 
 class Finetune(LossTrainer):

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.cards import generator, registry
 from jaxpipe.loops import chunk
@@ -107,10 +108,18 @@ class SelfForcingConfig:
     sampling: Sampling = Sampling(num_steps=None, guidance=None)
 
     def __post_init__(self):
-        if isinstance(self.critic_warmup, bool) or not isinstance(self.critic_warmup, int) or self.critic_warmup < 0:
-            raise ValueError(f"critic_warmup must be an int >= 0 (got {self.critic_warmup!r})")
-        if self.sampling.sampler != "ode":
-            raise ValueError(f"a chunk rollout samples with the ODE only (got sampler={self.sampling.sampler!r})")
+        validate.rule(
+            not (
+                isinstance(self.critic_warmup, bool)
+                or not isinstance(self.critic_warmup, int)
+                or self.critic_warmup < 0
+            ),
+            f"critic_warmup must be an int >= 0 (got {self.critic_warmup!r})",
+        )
+        validate.rule(
+            self.sampling.sampler == "ode",
+            f"a chunk rollout samples with the ODE only (got sampler={self.sampling.sampler!r})",
+        )
 
 
 def causal_loop(card: Card, program: Program) -> LoopSpec:

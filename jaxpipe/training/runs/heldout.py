@@ -43,8 +43,9 @@ class Judging:
 
     def __post_init__(self):
         validate.counts(self, "samples", "diversity_prompts", "batch")
-        if self.diversity_seeds < 2:
-            raise ValueError(f"diversity needs >= 2 seeds per prompt (got {self.diversity_seeds})")
+        validate.rule(
+            not self.diversity_seeds < 2, f"diversity needs >= 2 seeds per prompt (got {self.diversity_seeds})"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,8 +52,9 @@ class RunSettings:
 
     def __post_init__(self):
         validate.counts(self, "prompts_per_step", "diversity_prompts")
-        if self.diversity_seeds < 2:
-            raise ValueError(f"diversity needs >= 2 seeds per prompt (got {self.diversity_seeds})")
+        validate.rule(
+            not self.diversity_seeds < 2, f"diversity needs >= 2 seeds per prompt (got {self.diversity_seeds})"
+        )
         if self.eval_samples is not None:
             validate.counts(self, "eval_samples")
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import jax
@@ -25,6 +24,7 @@ from jaxpipe.io import plot_curves
 from jaxpipe.stopping import Stopped
 from jaxpipe.training import gradient_noise
 from jaxpipe.training.fit import fit, read_metrics
+from jaxpipe.training.runs.resume import OUTPUTS, finished, leaves, prepare
 from jaxpipe.training.runs.run import Run
 
 __all__ = ["DIVERSITY_COLLAPSE", "OUTPUTS", "TIMING", "execute", "finished", "summary_lines"]
@@ -42,19 +42,6 @@ def _reward_summary(history: list[dict], keys: tuple[str, ...]) -> dict:
 
 DIVERSITY_COLLAPSE = 0.30
 """A relative drop in sample diversity larger than this is collapse (reward hacking): the run failed."""
-
-OUTPUTS = (
-    "metrics.jsonl",
-    "report.json",
-    "before.json",
-    "progress.json",
-    "gradient_snr.json",
-    "evaluations.jsonl",
-    "config.json",
-    "weights.safetensors",
-    "checkpoints",
-)
-"""What a run writes into its folder (plus its curve PNGs)."""
 
 TIMING = ("train_seconds", "seconds_per_step", "eval_seconds", "wall_seconds", "sitting")
 """Report fields that measure time: the only ones a resumed run may not reproduce."""
@@ -79,14 +66,6 @@ def _signal_to_noise(out: Path, run: Run, batch, *, seed: int, rollouts: int, re
     return record
 
 
-def _leaves(tree, prefix: str = "") -> Iterator[tuple[str, object]]:
-    if isinstance(tree, dict) and tree:
-        for key, value in tree.items():
-            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
-    else:
-        yield prefix, tree
-
-
 _NOT_CURVES = {"samples", "num_steps", "guidance", "seed", "prompts", *TIMING}
 
 
@@ -95,99 +74,12 @@ def _numbers(evaluation: Mapping) -> dict[str, float]:
     (its settings and timings left out)."""
     return {
         name: float(value)
-        for name, value in _leaves(dict(evaluation))
+        for name, value in leaves(dict(evaluation))
         if name.count(".") <= 1
         and name.split(".")[-1] not in _NOT_CURVES
         and isinstance(value, (int, float))
         and not isinstance(value, bool)
     }
-
-
-def _differences(saved: Mapping, ours: Mapping) -> list[str]:
-    """``"NAME: OLD (saved) vs NEW (now)"`` for each setting that differs: the recorded flags when both runs
-    have them (as the user typed them), else the settings' own fields (``config.sampling.sde_window``)."""
-
-    def side(then: Mapping, now: Mapping, shown=str) -> list[str]:
-        names = [*now, *(k for k in then if k not in now)]
-        return [
-            f"{k}: {shown(then[k]) if k in then else '(not set)'} (saved) vs {shown(now[k]) if k in now else '(not set)'} (now)"
-            for k in names
-            if then.get(k, object) != now.get(k, object)
-        ]
-
-    lines = side({"method": saved.get("method")}, {"method": ours["method"]})
-    typed = side(saved.get("flags") or {}, ours.get("flags") or {}) if saved.get("flags") and ours.get("flags") else []
-    if typed:
-        return lines + typed
-    fields = lambda record: dict(_leaves({"seed": record.get("seed"), **(record.get("settings") or {})}))
-    return lines + side(fields(saved), fields(ours), shown=json.dumps)
-
-
-def _same_run(out: Path, run: Run, *, seed: int, flags: Mapping[str, str] | None) -> dict:
-    """The saved progress of the run in ``out`` (``{}``: none there). Raises ValueError, naming each setting
-    that differs with its saved and its current value, when it is a run of another method, settings or seed."""
-    progress_path = out / "progress.json"
-    saved = json.loads(progress_path.read_text()) if progress_path.is_file() else {}
-    if saved:
-        ours = {"method": run.name, "seed": seed, "settings": json.loads(json.dumps(run.settings))}
-        if {k: saved.get(k) for k in ours} != ours:
-            differ = "; ".join(_differences(saved, {**ours, "flags": dict(flags or {})}))
-            raise ValueError(
-                f"{out} holds a run with other settings: {differ}. Resume it with the saved ones, "
-                "or pass --overwrite to start it again"
-            )
-    return saved
-
-
-def finished(
-    out: str | os.PathLike, run: Run, *, steps: int, seed: int = 0, flags: Mapping[str, str] | None = None
-) -> dict | None:
-    """The report of the run in ``out`` when it already finished ``steps`` steps of ``run`` (its card saved),
-    else ``None``.
-
-    Args:
-        out: the run's folder.
-        run: the run it should hold (its method and settings).
-        steps: the steps asked for; a finished run of fewer steps is not finished (a resume extends it).
-        seed: the run's seed.
-        flags: the command-line flags of this run (``execute``'s), to name the settings that differ.
-
-    Returns:
-        The saved report (``status == "done"``), or ``None``.
-
-    Raises:
-        ValueError: ``out`` holds a run of another method, settings or seed (each difference named).
-    """
-    out = Path(out)
-    _same_run(out, run, seed=seed, flags=flags)
-    report_path = out / "report.json"
-    report = json.loads(report_path.read_text()) if report_path.is_file() else {}
-    done = report.get("status") == "done" and report.get("steps") == steps and report.get("completed_steps") == steps
-    done = done and all((out / name).is_file() for name in ("config.json", "weights.safetensors"))
-    return report if done else None
-
-
-def _prepare(
-    out: Path, run: Run, *, steps: int, seed: int, resume: bool, overwrite: bool, flags: Mapping[str, str] | None = None
-) -> dict:
-    """Make ``out`` ready: refuse a non-empty folder unless resuming or overwriting; on resume, check
-    that it holds a run of the same method, settings and seed. Returns the saved progress (or ``{}``)."""
-    if resume:
-        return _same_run(out, run, seed=seed, flags=flags)
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise ValueError(
-                f"{out} is not empty: pass --resume to continue the run in it, or --overwrite to replace it"
-            )
-        for name in OUTPUTS:
-            path = out / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        for png in out.glob("*.png"):
-            png.unlink()
-    return {}
 
 
 def trained_id(out: Path) -> str:
@@ -324,7 +216,7 @@ def execute(
     first = next(run.batches)
     run.method.check_batch(first)  # a batch the method cannot train on fails now, before anything is written
     batches = itertools.chain([first], run.batches)
-    saved = _prepare(out, run, steps=steps, seed=seed, resume=resume, overwrite=overwrite, flags=flags)
+    saved = prepare(out, run, steps=steps, seed=seed, resume=resume, overwrite=overwrite, flags=flags)
     out.mkdir(parents=True, exist_ok=True)
     (out / "progress.json").write_text(
         json.dumps(
