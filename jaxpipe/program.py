@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpipe import validate
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.loops import registry as loop_kinds
 from jaxpipe.request import Request
@@ -151,12 +152,12 @@ class ComponentNode:
     def __post_init__(self):
         object.__setattr__(self, "reads", _names(self.reads, f"node {self.name!r} reads"))
         object.__setattr__(self, "writes", _names(self.writes, f"node {self.name!r} writes"))
-        if not self.writes:
-            raise ProgramError(f"node {self.name!r} writes no slot")
-        if self.cached and self.component is None:
-            raise ProgramError(
-                f"node {self.name!r} is cached but names no component (its weight version keys the cache)"
-            )
+        validate.rule(bool(self.writes), f"node {self.name!r} writes no slot", error=ProgramError)
+        validate.rule(
+            not (self.cached and self.component is None),
+            f"node {self.name!r} is cached but names no component (its weight version keys the cache)",
+            error=ProgramError,
+        )
 
     def __call__(self, card: Card, slots: Mapping[str, Any], settings_: Settings = ()) -> Slots:
         reads = {r: slots[r] for r in self.reads}
@@ -207,8 +208,11 @@ class LoopNode:
     def __post_init__(self):
         object.__setattr__(self, "reads", _names(self.reads, f"loop node {self.loop!r} reads"))
         object.__setattr__(self, "writes", _names(self.writes, f"loop node {self.loop!r} writes"))
-        if len(self.writes) != 1:
-            raise ProgramError(f"loop node {self.loop!r} must write exactly one slot (got {list(self.writes)})")
+        validate.rule(
+            len(self.writes) == 1,
+            f"loop node {self.loop!r} must write exactly one slot (got {list(self.writes)})",
+            error=ProgramError,
+        )
 
     @property
     def name(self) -> str:
@@ -276,36 +280,45 @@ class Program:
         available = {slot: "a request input" for slot in self.inputs}
         names = set()
         for node in self.nodes:
-            if not isinstance(node, (ComponentNode, LoopNode)):
-                raise ProgramError(f"program {self.name!r}: {node!r} is not a ComponentNode or LoopNode")
-            if node.name in names:
-                raise ProgramError(f"program {self.name!r}: two nodes are named {node.name!r}")
+            validate.rule(
+                isinstance(node, (ComponentNode, LoopNode)),
+                f"program {self.name!r}: {node!r} is not a ComponentNode or LoopNode",
+                error=ProgramError,
+            )
+            validate.rule(
+                node.name not in names, f"program {self.name!r}: two nodes are named {node.name!r}", error=ProgramError
+            )
             names.add(node.name)
             for slot in node.reads:
-                if slot not in available:
-                    raise ProgramError(
-                        f"program {self.name!r}: node {node.name!r} reads slot {slot!r}, which no earlier node writes "
-                        f"and which is not a request input (inputs: {list(self.inputs)}; "
-                        f"written before it: {[s for s in available if s not in self.inputs]})"
-                    )
+                validate.rule(
+                    slot in available,
+                    f"program {self.name!r}: node {node.name!r} reads slot {slot!r}, which no earlier node writes "
+                    f"and which is not a request input (inputs: {list(self.inputs)}; "
+                    f"written before it: {[s for s in available if s not in self.inputs]})",
+                    error=ProgramError,
+                )
             for slot in node.writes:
-                if slot in available:
-                    raise ProgramError(
-                        f"program {self.name!r}: node {node.name!r} writes slot {slot!r}, already {available[slot]}"
-                    )
+                validate.rule(
+                    slot not in available,
+                    f"program {self.name!r}: node {node.name!r} writes slot {slot!r}, already {available.get(slot)}",
+                    error=ProgramError,
+                )
                 available[slot] = f"written by {node.name!r}"
         for artifact, slot in self.outputs:
-            if slot not in available:
-                raise ProgramError(
-                    f"program {self.name!r}: output {artifact!r} reads slot {slot!r}, which nothing writes; "
-                    f"slots are {sorted(available)}"
-                )
-        if not self.outputs:
-            raise ProgramError(f"program {self.name!r} has no outputs")
+            validate.rule(
+                slot in available,
+                f"program {self.name!r}: output {artifact!r} reads slot {slot!r}, which nothing writes; "
+                f"slots are {sorted(available)}",
+                error=ProgramError,
+            )
+        validate.rule(bool(self.outputs), f"program {self.name!r} has no outputs", error=ProgramError)
         object.__setattr__(self, "texts", tuple((str(t), str(a)) for t, a in dict(self.texts).items()))
         unknown = [a for _, a in self.texts if a not in dict(self.outputs)]
-        if unknown:
-            raise ProgramError(f"program {self.name!r}: texts decode artifacts {unknown} it does not output")
+        validate.rule(
+            not unknown,
+            f"program {self.name!r}: texts decode artifacts {unknown} it does not output",
+            error=ProgramError,
+        )
 
     def texts_of(self, card: Card, artifacts: Mapping[str, Any]) -> dict[str, Any]:
         """The text artifacts of ``artifacts``, decoded with the card's tokenizer.

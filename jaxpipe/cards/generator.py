@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card, CardSpec, LoopSpec
 from jaxpipe.loops import denoise
 from jaxpipe.nn import AutoencoderConfig, DiTCond, DiTConfig, TextEncoderConfig
@@ -105,24 +106,25 @@ class TextGeneratorConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
-        if not self.vocabulary:
-            raise ValueError("a text-conditioned card needs a vocabulary (its world's words)")
+        validate.rule(bool(self.vocabulary), "a text-conditioned card needs a vocabulary (its world's words)")
         fill(self, text=lambda: TextEncoderConfig(vocab_size=vocab_size(self.vocabulary)))
-        if self.dit.text_dim != self.text.dim:
-            raise ValueError(f"dit.text_dim ({self.dit.text_dim}) must equal text.dim ({self.text.dim})")
-        if self.dit.latent_channels != self.vae.latent_channels:
-            raise ValueError(
-                f"dit.latent_channels ({self.dit.latent_channels}) must equal vae.latent_channels ({self.vae.latent_channels})"
-            )
-        if self.text.vocab_size != vocab_size(self.vocabulary):
-            raise ValueError(
-                f"text.vocab_size must be {vocab_size(self.vocabulary)} for this vocabulary (got {self.text.vocab_size})"
-            )
+        validate.rule(
+            self.dit.text_dim == self.text.dim,
+            f"dit.text_dim ({self.dit.text_dim}) must equal text.dim ({self.text.dim})",
+        )
+        validate.rule(
+            self.dit.latent_channels == self.vae.latent_channels,
+            f"dit.latent_channels ({self.dit.latent_channels}) must equal vae.latent_channels ({self.vae.latent_channels})",
+        )
+        validate.rule(
+            self.text.vocab_size == vocab_size(self.vocabulary),
+            f"text.vocab_size must be {vocab_size(self.vocabulary)} for this vocabulary (got {self.text.vocab_size})",
+        )
         factor = self.vae.downsample * self.dit.patch_size
-        if self.image_size % factor:
-            raise ValueError(
-                f"image_size ({self.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})"
-            )
+        validate.rule(
+            not self.image_size % factor,
+            f"image_size ({self.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,16 +149,16 @@ class VideoGeneratorConfig(TextGeneratorConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.frames, bool) or not isinstance(self.frames, int) or self.frames < self.MIN_FRAMES:
-            raise ValueError(f"frames must be an int >= {self.MIN_FRAMES} (got {self.frames!r})")
-        if self.dit.frame_cond != self.FRAME_COND:
-            if self.FRAME_COND:
-                raise ValueError(
-                    "an image-to-video card needs a DiT with first-frame conditioning (dit.frame_cond=True)"
-                )
-            raise ValueError(
-                "this card generates every frame from text: its DiT takes no first frame (dit.frame_cond=False)"
-            )
+        validate.rule(
+            not (isinstance(self.frames, bool) or not isinstance(self.frames, int) or self.frames < self.MIN_FRAMES),
+            f"frames must be an int >= {self.MIN_FRAMES} (got {self.frames!r})",
+        )
+        validate.rule(
+            self.dit.frame_cond == self.FRAME_COND,
+            "an image-to-video card needs a DiT with first-frame conditioning (dit.frame_cond=True)"
+            if self.FRAME_COND
+            else "this card generates every frame from text: its DiT takes no first frame (dit.frame_cond=False)",
+        )
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpipe import validate
 from jaxpipe.loops.unpadded import SameConfigBatching
 
 __all__ = [
@@ -132,16 +133,22 @@ class ARConfig:
 
     def __post_init__(self):
         n = self.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-            raise ValueError(f"max_new_tokens must be a positive int (got {n!r})")
+        validate.rule(
+            not (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0),
+            f"max_new_tokens must be a positive int (got {n!r})",
+        )
         object.__setattr__(self, "max_new_tokens", int(n))
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float, np.floating)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy) (got {t!r})")
+        validate.rule(
+            not (isinstance(t, bool) or not isinstance(t, (int, float, np.floating)) or not math.isfinite(t) or t < 0),
+            f"temperature must be a finite number >= 0 (0 = greedy) (got {t!r})",
+        )
         object.__setattr__(self, "temperature", float(t))
         e = self.eos_id
-        if e is not None and (isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 0):
-            raise ValueError(f"eos_id must be None or a token id >= 0 (got {e!r})")
+        validate.rule(
+            not (e is not None and (isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 0)),
+            f"eos_id must be None or a token id >= 0 (got {e!r})",
+        )
         if e is not None:
             object.__setattr__(self, "eos_id", int(e))
 
