@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from jaxpipe import validate
 from jaxpipe.card import Card, LoopSpec
 from jaxpipe.loops import registry as loop_kinds
 from jaxpipe.request import Request
@@ -48,20 +48,20 @@ from jaxpipe.request import Request
 __all__ = [
     "Bound",
     "ComponentNode",
-    "Execution",
+    "Execution",  # noqa: F822 (jaxpipe.execution, re-exported by __getattr__ below)
     "LoopNode",
     "Program",
     "ProgramError",
     "Settings",
-    "artifacts",
-    "concat_rows",
+    "artifacts",  # noqa: F822 (jaxpipe.execution, re-exported by __getattr__ below)
+    "concat_rows",  # noqa: F822 (jaxpipe.execution, re-exported by __getattr__ below)
     "config_of",
     "driver",
-    "enter",
-    "execute",
+    "enter",  # noqa: F822 (jaxpipe.execution, re-exported by __getattr__ below)
+    "execute",  # noqa: F822 (jaxpipe.execution, re-exported by __getattr__ below)
     "final_latents",
     "settings",
-    "split_rows",
+    "split_rows",  # noqa: F822 (jaxpipe.execution, re-exported by __getattr__ below)
 ]
 
 Slots = dict[str, Any]
@@ -151,12 +151,12 @@ class ComponentNode:
     def __post_init__(self):
         object.__setattr__(self, "reads", _names(self.reads, f"node {self.name!r} reads"))
         object.__setattr__(self, "writes", _names(self.writes, f"node {self.name!r} writes"))
-        if not self.writes:
-            raise ProgramError(f"node {self.name!r} writes no slot")
-        if self.cached and self.component is None:
-            raise ProgramError(
-                f"node {self.name!r} is cached but names no component (its weight version keys the cache)"
-            )
+        validate.rule(bool(self.writes), f"node {self.name!r} writes no slot", error=ProgramError)
+        validate.rule(
+            not (self.cached and self.component is None),
+            f"node {self.name!r} is cached but names no component (its weight version keys the cache)",
+            error=ProgramError,
+        )
 
     def __call__(self, card: Card, slots: Mapping[str, Any], settings_: Settings = ()) -> Slots:
         reads = {r: slots[r] for r in self.reads}
@@ -207,8 +207,11 @@ class LoopNode:
     def __post_init__(self):
         object.__setattr__(self, "reads", _names(self.reads, f"loop node {self.loop!r} reads"))
         object.__setattr__(self, "writes", _names(self.writes, f"loop node {self.loop!r} writes"))
-        if len(self.writes) != 1:
-            raise ProgramError(f"loop node {self.loop!r} must write exactly one slot (got {list(self.writes)})")
+        validate.rule(
+            len(self.writes) == 1,
+            f"loop node {self.loop!r} must write exactly one slot (got {list(self.writes)})",
+            error=ProgramError,
+        )
 
     @property
     def name(self) -> str:
@@ -276,36 +279,45 @@ class Program:
         available = {slot: "a request input" for slot in self.inputs}
         names = set()
         for node in self.nodes:
-            if not isinstance(node, (ComponentNode, LoopNode)):
-                raise ProgramError(f"program {self.name!r}: {node!r} is not a ComponentNode or LoopNode")
-            if node.name in names:
-                raise ProgramError(f"program {self.name!r}: two nodes are named {node.name!r}")
+            validate.rule(
+                isinstance(node, (ComponentNode, LoopNode)),
+                f"program {self.name!r}: {node!r} is not a ComponentNode or LoopNode",
+                error=ProgramError,
+            )
+            validate.rule(
+                node.name not in names, f"program {self.name!r}: two nodes are named {node.name!r}", error=ProgramError
+            )
             names.add(node.name)
             for slot in node.reads:
-                if slot not in available:
-                    raise ProgramError(
-                        f"program {self.name!r}: node {node.name!r} reads slot {slot!r}, which no earlier node writes "
-                        f"and which is not a request input (inputs: {list(self.inputs)}; "
-                        f"written before it: {[s for s in available if s not in self.inputs]})"
-                    )
+                validate.rule(
+                    slot in available,
+                    f"program {self.name!r}: node {node.name!r} reads slot {slot!r}, which no earlier node writes "
+                    f"and which is not a request input (inputs: {list(self.inputs)}; "
+                    f"written before it: {[s for s in available if s not in self.inputs]})",
+                    error=ProgramError,
+                )
             for slot in node.writes:
-                if slot in available:
-                    raise ProgramError(
-                        f"program {self.name!r}: node {node.name!r} writes slot {slot!r}, already {available[slot]}"
-                    )
+                validate.rule(
+                    slot not in available,
+                    f"program {self.name!r}: node {node.name!r} writes slot {slot!r}, already {available.get(slot)}",
+                    error=ProgramError,
+                )
                 available[slot] = f"written by {node.name!r}"
         for artifact, slot in self.outputs:
-            if slot not in available:
-                raise ProgramError(
-                    f"program {self.name!r}: output {artifact!r} reads slot {slot!r}, which nothing writes; "
-                    f"slots are {sorted(available)}"
-                )
-        if not self.outputs:
-            raise ProgramError(f"program {self.name!r} has no outputs")
+            validate.rule(
+                slot in available,
+                f"program {self.name!r}: output {artifact!r} reads slot {slot!r}, which nothing writes; "
+                f"slots are {sorted(available)}",
+                error=ProgramError,
+            )
+        validate.rule(bool(self.outputs), f"program {self.name!r} has no outputs", error=ProgramError)
         object.__setattr__(self, "texts", tuple((str(t), str(a)) for t, a in dict(self.texts).items()))
         unknown = [a for _, a in self.texts if a not in dict(self.outputs)]
-        if unknown:
-            raise ProgramError(f"program {self.name!r}: texts decode artifacts {unknown} it does not output")
+        validate.rule(
+            not unknown,
+            f"program {self.name!r}: texts decode artifacts {unknown} it does not output",
+            error=ProgramError,
+        )
 
     def texts_of(self, card: Card, artifacts: Mapping[str, Any]) -> dict[str, Any]:
         """The text artifacts of ``artifacts``, decoded with the card's tokenizer.
@@ -397,14 +409,16 @@ class Program:
         settings_ = bounds[0].settings
         if any(b.settings != settings_ for b in bounds):
             raise ValueError("bound requests run together must have equal settings (num_steps, guidance, ...)")
-        return _execute_jit(self, settings_, card, concat_rows([b.slots for b in bounds]))
+        from jaxpipe import execution  # it builds on this module
+
+        return execution._execute_jit(self, settings_, card, execution.concat_rows([b.slots for b in bounds]))
 
     def __repr__(self) -> str:
         return f"Program({self.name!r}, nodes={[n.name for n in self.nodes]}, outputs={dict(self.outputs)})"
 
 
 # --------------------------------------------------------------------------------------------
-# Executing a program: pure functions (static: program, settings)
+# Executing a program: jaxpipe.execution (re-exported here)
 # --------------------------------------------------------------------------------------------
 
 
@@ -426,155 +440,13 @@ def driver(kind: str) -> loop_kinds.LoopDriver:
         raise ProgramError(str(err)) from None
 
 
-def concat_rows(rows: Sequence[Mapping[str, Any]]) -> Slots:
-    """Slots of several requests concatenated along the batch axis.
-
-    Args:
-      rows: each request's slots (pytrees of arrays, leading batch axis), all with the same keys.
-
-    Returns:
-      ``{slot: (sum of B, ...)}`` as device arrays.
-    """
-    rows = list(rows)
-    if len(rows) == 1:
-        return {k: jax.tree.map(jnp.asarray, v) for k, v in rows[0].items()}
-    return {
-        k: jax.tree.map(lambda *xs: jnp.concatenate([jnp.asarray(x) for x in xs], axis=0), *[r[k] for r in rows])
-        for k in rows[0]
-    }
+_EXECUTION = ("Execution", "artifacts", "concat_rows", "enter", "execute", "split_rows")
 
 
-def _apply(card: Card, slots: Slots, nodes: Sequence[ComponentNode], settings_: Settings) -> Slots:
-    slots = dict(slots)
-    for node in nodes:
-        if all(w in slots for w in node.writes):  # resolved ahead (e.g. from the feature cache)
-            continue
-        slots.update(node(card, slots, settings_))
-    return slots
+def __getattr__(name: str):
+    # jaxpipe.execution imports this module, so its names are re-exported lazily (no import cycle).
+    if name in _EXECUTION:
+        from jaxpipe import execution
 
-
-def enter(
-    program: Program, index: int, settings_: Settings, card: Card, slots: Slots, state=None, *, schedule=None
-) -> tuple[Slots, Any]:
-    """Move a batch of requests to loop ``index`` of ``program``: ``(slots, loop state or None)``.
-
-    For ``index > 0`` first binds ``result(state)`` of loop ``index - 1`` to its slot; then runs
-    the component nodes before loop ``index`` (skipping nodes whose writes are already present)
-    and starts loop ``index``; ``schedule`` (per-row schedules, e.g. padded sigmas ``(B, W+1)``)
-    replaces the one ``settings_`` implies, so requests with different step counts can start
-    together (the driver's ``with_schedule``). For ``index == len(program.loops)`` it runs the
-    trailing nodes and returns ``(slots, None)``. Pure; jit it with ``program``, ``index`` and
-    ``settings_`` static.
-
-    Args:
-      program: the program.
-      index: the loop to enter, in ``[0, len(program.loops)]``.
-      settings_: static per-loop settings.
-      card: the card.
-      slots: the batch's slots so far.
-      state: the final state of loop ``index - 1`` (unused for ``index == 0``).
-      schedule: per-row schedules replacing the settings' one, or ``None``.
-
-    Returns:
-      ``(slots, state)``: the slots with this segment's writes, and loop ``index``'s first state (``None``
-      past the last loop).
-    """
-    loops = program.loops
-    slots = dict(slots)
-    if index > 0:
-        done = loops[index - 1]
-        slots[done.writes[0]] = done.result(state)
-    slots = _apply(card, slots, program.segment(index), settings_)
-    if index == len(loops):
-        return slots, None
-    node = loops[index]
-    spec = card.spec.loop(node.loop)
-    state = node.start(card, spec, {r: slots[r] for r in node.reads}, config_of(settings_, node.loop))
-    if schedule is not None:
-        state = driver(spec.kind).with_schedule(state, schedule)
-    return slots, state
-
-
-def artifacts(program: Program, slots: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """The program's output artifacts from its final slots.
-
-    Args:
-      program: the program.
-      slots: its final slots.
-
-    Returns:
-      ``{artifact name: (B, ...)}``.
-    """
-    return {name: slots[slot] for name, slot in program.outputs}
-
-
-def split_rows(batched: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
-    """Batched artifacts -> one dict per row, for the first ``count`` rows (inside jit: no extra dispatch).
-
-    Args:
-      batched: ``{name: (B, ...)}``; an artifact may be a pytree of arrays (e.g. scores per head).
-      count: how many rows to take (at most B).
-
-    Returns:
-      ``[{name: (...)}, ...]``, ``count`` dicts.
-    """
-    return [{k: jax.tree.map(lambda a, i=i: a[i], v) for k, v in batched.items()} for i in range(count)]
-
-
-class Execution(NamedTuple):
-    """A fused run with capture.
-
-    Attributes:
-      artifacts: ``{name: (B, ...)}``.
-      slots: every final slot.
-      captures: ``{loop id: (final loop state, records)}``, records stacked on a leading step axis (a
-        denoise loop's captured ``Transition``s, an AR loop's ``TokenRecord``s; ``None`` for a loop
-        that did not record).
-    """
-
-    artifacts: dict[str, Any]
-    slots: dict[str, Any]
-    captures: dict[str, tuple[Any, Any]]
-
-
-def execute(
-    program: Program,
-    settings_: Settings,
-    card: Card,
-    slots: Mapping[str, Any],
-    *,
-    capture: bool | tuple[str, ...] = False,
-) -> dict[str, jax.Array] | Execution:
-    """The whole program on batched input ``slots``: artifacts ``{name: (B, ...)}``, or, unless
-    ``capture`` is ``False``, an ``Execution`` (``capture=True``: every loop records its trajectory;
-    a tuple of loop ids: those loops do, the others run as when serving).
-
-    Loops run as their fused runner (``lax.scan``). Pure; jit with ``program``, ``settings_`` and
-    ``capture`` static. RL rollouts are this call with capture: the same nodes, keys and loops the
-    card serves with.
-
-    Args:
-      program: the program.
-      settings_: static per-loop settings.
-      card: the card.
-      slots: the batched input slots.
-      capture: ``False``, ``True`` (every loop records), or the ids of the loops that record.
-
-    Returns:
-      ``{name: (B, ...)}`` artifacts when ``capture`` is ``False``, else an ``Execution``.
-    """
-    slots, state = enter(program, 0, settings_, card, slots)
-    captures = {}
-    for i, node in enumerate(program.loops):
-        spec = card.spec.loop(node.loop)
-        record = capture is True or (bool(capture) and node.loop in capture)
-        state, records = driver(spec.kind).run(
-            card.bound(node.loop), state, config_of(settings_, node.loop), capture=record
-        )
-        captures[node.loop] = (state, records)
-        slots, state = enter(program, i + 1, settings_, card, slots, state)
-    out = artifacts(program, slots)
-    return out if capture is False else Execution(out, slots, captures)
-
-
-_execute_jit = jax.jit(execute, static_argnums=(0, 1))
+        return getattr(execution, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,6 +18,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxpipe import validate
+
 __all__ = ["Request", "Output", "MAX_SEED"]
 
 MAX_SEED = 2**32 - 1
@@ -51,36 +53,50 @@ class Request:
     inputs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"Request.model must be a non-empty model id string (got {self.model!r})")
-        if self.prompt is not None and not isinstance(self.prompt, str):
-            raise TypeError(f"Request.prompt must be a str or None (got {type(self.prompt).__name__})")
-        if (
-            isinstance(self.seed, bool)
-            or not isinstance(self.seed, (int, np.integer))
-            or not 0 <= self.seed <= MAX_SEED
-        ):
-            raise ValueError(f"Request.seed must be an int in [0, {MAX_SEED}] (got {self.seed!r})")
+        validate.rule(
+            isinstance(self.model, str) and bool(self.model),
+            f"Request.model must be a non-empty model id string (got {self.model!r})",
+        )
+        validate.rule(
+            self.prompt is None or isinstance(self.prompt, str),
+            f"Request.prompt must be a str or None (got {type(self.prompt).__name__})",
+            error=TypeError,
+        )
+        validate.rule(
+            not (
+                isinstance(self.seed, bool)
+                or not isinstance(self.seed, (int, np.integer))
+                or not 0 <= self.seed <= MAX_SEED
+            ),
+            f"Request.seed must be an int in [0, {MAX_SEED}] (got {self.seed!r})",
+        )
         object.__setattr__(self, "seed", int(self.seed))
         if self.num_steps is not None:
-            if (
-                isinstance(self.num_steps, bool)
-                or not isinstance(self.num_steps, (int, np.integer))
-                or self.num_steps <= 0
-            ):
-                raise ValueError(f"Request.num_steps must be a positive int or None (got {self.num_steps!r})")
+            validate.rule(
+                not (
+                    isinstance(self.num_steps, bool)
+                    or not isinstance(self.num_steps, (int, np.integer))
+                    or self.num_steps <= 0
+                ),
+                f"Request.num_steps must be a positive int or None (got {self.num_steps!r})",
+            )
             object.__setattr__(self, "num_steps", int(self.num_steps))
         if self.guidance is not None:
-            if (
-                isinstance(self.guidance, bool)
-                or not isinstance(self.guidance, (int, float, np.floating, np.integer))
-                or not math.isfinite(self.guidance)
-                or self.guidance < 0
-            ):
-                raise ValueError(f"Request.guidance must be a finite number >= 0 or None (got {self.guidance!r})")
+            validate.rule(
+                not (
+                    isinstance(self.guidance, bool)
+                    or not isinstance(self.guidance, (int, float, np.floating, np.integer))
+                    or not math.isfinite(self.guidance)
+                    or self.guidance < 0
+                ),
+                f"Request.guidance must be a finite number >= 0 or None (got {self.guidance!r})",
+            )
             object.__setattr__(self, "guidance", float(self.guidance))
-        if self.image is not None and not hasattr(self.image, "shape"):
-            raise TypeError(f"Request.image must be an array (H, W, C) in [0, 1] (got {type(self.image).__name__})")
+        validate.rule(
+            self.image is None or hasattr(self.image, "shape"),
+            f"Request.image must be an array (H, W, C) in [0, 1] (got {type(self.image).__name__})",
+            error=TypeError,
+        )
         object.__setattr__(self, "inputs", MappingProxyType(dict(self.inputs)))
 
     def replace(self, **changes) -> Request:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from jaxpipe import validate
 from jaxpipe.request import Output, Request
 
 __all__ = [
@@ -67,10 +68,16 @@ class Stage:
     build: Callable[[Mapping[str, Any]], Request]
 
     def __post_init__(self):
-        if not isinstance(self.label, str) or not _LABEL.match(self.label):
-            raise WorkflowError(f"stage label must be letters, digits, '_' or '-' (got {self.label!r})")
-        if not isinstance(self.model, str) or not self.model:
-            raise WorkflowError(f"stage {self.label!r}: model must be a model id (got {self.model!r})")
+        validate.rule(
+            isinstance(self.label, str) and bool(_LABEL.match(self.label)),
+            f"stage label must be letters, digits, '_' or '-' (got {self.label!r})",
+            error=WorkflowError,
+        )
+        validate.rule(
+            isinstance(self.model, str) and bool(self.model),
+            f"stage {self.label!r}: model must be a model id (got {self.model!r})",
+            error=WorkflowError,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,17 +103,16 @@ class Workflow:
     description: str = ""
 
     def __post_init__(self):
-        if not isinstance(self.id, str) or not _ID.match(self.id):
-            raise WorkflowError(
-                f"workflow id must be dotted and namespaced, lowercase, like 'image_video.t2i_i2v' (got {self.id!r})"
-            )
+        validate.rule(
+            isinstance(self.id, str) and bool(_ID.match(self.id)),
+            f"workflow id must be dotted and namespaced, lowercase, like 'image_video.t2i_i2v' (got {self.id!r})",
+            error=WorkflowError,
+        )
         object.__setattr__(self, "stages", tuple(self.stages))
-        if not self.stages:
-            raise WorkflowError(f"workflow {self.id!r} has no stages")
+        validate.rule(bool(self.stages), f"workflow {self.id!r} has no stages", error=WorkflowError)
         labels = [s.label for s in self.stages]
         dupes = sorted({label for label in labels if labels.count(label) > 1})
-        if dupes:
-            raise WorkflowError(f"workflow {self.id!r}: duplicate stage labels {dupes}")
+        validate.rule(not dupes, f"workflow {self.id!r}: duplicate stage labels {dupes}", error=WorkflowError)
 
     @property
     def requires(self) -> tuple[str, ...]:

@@ -3,8 +3,8 @@
 
 Config checks and the card builder; the program pieces (cached text-encoding nodes, the denoise
 loop's start, decode nodes, request binding); and the ``FlowData`` hooks ``Finetune`` trains
-them with. A family folder composes these into its card and program; nothing here runs a whole
-pipeline (that is the program's job).
+them with (``jaxpipe.cards.text_flow``, re-exported here). A family folder composes these into
+its card and program; nothing here runs a whole pipeline (that is the program's job).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpipe import validate
 from jaxpipe.card import Card, CardSpec, LoopSpec
+from jaxpipe.cards.text_flow import TEXT_FLOW, TextFlow
 from jaxpipe.loops import denoise
 from jaxpipe.nn import AutoencoderConfig, DiTCond, DiTConfig, TextEncoderConfig
 from jaxpipe.program import Bound, ComponentNode, LoopNode, Program, settings
@@ -105,24 +107,25 @@ class TextGeneratorConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
-        if not self.vocabulary:
-            raise ValueError("a text-conditioned card needs a vocabulary (its world's words)")
+        validate.rule(bool(self.vocabulary), "a text-conditioned card needs a vocabulary (its world's words)")
         fill(self, text=lambda: TextEncoderConfig(vocab_size=vocab_size(self.vocabulary)))
-        if self.dit.text_dim != self.text.dim:
-            raise ValueError(f"dit.text_dim ({self.dit.text_dim}) must equal text.dim ({self.text.dim})")
-        if self.dit.latent_channels != self.vae.latent_channels:
-            raise ValueError(
-                f"dit.latent_channels ({self.dit.latent_channels}) must equal vae.latent_channels ({self.vae.latent_channels})"
-            )
-        if self.text.vocab_size != vocab_size(self.vocabulary):
-            raise ValueError(
-                f"text.vocab_size must be {vocab_size(self.vocabulary)} for this vocabulary (got {self.text.vocab_size})"
-            )
+        validate.rule(
+            self.dit.text_dim == self.text.dim,
+            f"dit.text_dim ({self.dit.text_dim}) must equal text.dim ({self.text.dim})",
+        )
+        validate.rule(
+            self.dit.latent_channels == self.vae.latent_channels,
+            f"dit.latent_channels ({self.dit.latent_channels}) must equal vae.latent_channels ({self.vae.latent_channels})",
+        )
+        validate.rule(
+            self.text.vocab_size == vocab_size(self.vocabulary),
+            f"text.vocab_size must be {vocab_size(self.vocabulary)} for this vocabulary (got {self.text.vocab_size})",
+        )
         factor = self.vae.downsample * self.dit.patch_size
-        if self.image_size % factor:
-            raise ValueError(
-                f"image_size ({self.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})"
-            )
+        validate.rule(
+            not self.image_size % factor,
+            f"image_size ({self.image_size}) must be divisible by vae.downsample·dit.patch_size ({factor})",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,16 +150,16 @@ class VideoGeneratorConfig(TextGeneratorConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.frames, bool) or not isinstance(self.frames, int) or self.frames < self.MIN_FRAMES:
-            raise ValueError(f"frames must be an int >= {self.MIN_FRAMES} (got {self.frames!r})")
-        if self.dit.frame_cond != self.FRAME_COND:
-            if self.FRAME_COND:
-                raise ValueError(
-                    "an image-to-video card needs a DiT with first-frame conditioning (dit.frame_cond=True)"
-                )
-            raise ValueError(
-                "this card generates every frame from text: its DiT takes no first frame (dit.frame_cond=False)"
-            )
+        validate.rule(
+            not (isinstance(self.frames, bool) or not isinstance(self.frames, int) or self.frames < self.MIN_FRAMES),
+            f"frames must be an int >= {self.MIN_FRAMES} (got {self.frames!r})",
+        )
+        validate.rule(
+            self.dit.frame_cond == self.FRAME_COND,
+            "an image-to-video card needs a DiT with first-frame conditioning (dit.frame_cond=True)"
+            if self.FRAME_COND
+            else "this card generates every frame from text: its DiT takes no first frame (dit.frame_cond=False)",
+        )
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -442,60 +445,3 @@ def text_to_video_program(model_id: str, loop_id: str) -> Program:
         outputs=(("video", "video"), ("latents", "latents")),
         bind=bind,
     )
-
-
-# ------------------------------------------------------------------------------------------ fine-tuning
-@dataclasses.dataclass(frozen=True)
-class TextFlow:
-    """``FlowData`` of a generator family.
-
-    A batch is ``{"ids": (B, L), "image": (B, H, W, C)}`` or ``{"ids", "video": (B, T, H, W, C)}`` in
-    [-1, 1], or ``{"ids", "latents": (B, T, h, w, C)}`` already encoded; a DiT with first-frame input
-    conditions on the clean first frame.
-
-    Attributes:
-      denoiser: the name of the denoiser component.
-    """
-
-    denoiser: str = "transformer"
-
-    def latents(self, components: Mapping[str, Any], batch: Mapping[str, Any]) -> jax.Array:
-        """The batch's clean latents: given, or encoded by ``components["vae"]``.
-
-        Args:
-          components: component name -> module.
-          batch: ``{"ids", "latents" | "video" | "image"}`` (first found in that order).
-
-        Returns:
-          ``x0``, ``(B, T, h, w, C)`` (``T`` = 1 for images).
-
-        Raises:
-          KeyError: if the batch has none of ``latents``, ``video``, ``image``.
-        """
-        vae = components["vae"]
-        if "latents" in batch:
-            return batch["latents"]
-        if "video" in batch:
-            return vae.encode_video(batch["video"])
-        if "image" in batch:
-            return vae.encode(batch["image"])[:, None]
-        raise KeyError(f"a batch needs 'latents', 'video' or 'image' (got {sorted(batch)})")
-
-    def cond(self, components: Mapping[str, Any], batch: Mapping[str, Any], keep: jax.Array, x0: jax.Array) -> DiTCond:
-        """The DiT's conditioning: the encoded ``ids`` (the empty prompt on dropped rows) and the first frame.
-
-        Args:
-          components: component name -> module (``text_encoder`` and the denoiser).
-          batch: ``{"ids": (B, L) int, ...}``.
-          keep: ``(B,)`` bool; false rows get the empty prompt (caption dropout).
-          x0: the clean latents ``(B, T, h, w, C)``; frame 0 conditions a DiT with ``frame_cond``.
-
-        Returns:
-          A ``DiTCond``.
-        """
-        ids = jnp.where(keep[:, None], batch["ids"], 0)
-        first_frame = x0[:, 0] if components[self.denoiser].cfg.frame_cond else None
-        return DiTCond(components["text_encoder"](ids), ids != 0, first_frame)
-
-
-TEXT_FLOW = TextFlow()

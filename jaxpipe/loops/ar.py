@@ -1,5 +1,5 @@
 """The autoregressive decode loop: KV-cached sampling as a pure ``step``, a fused ``lax.scan``
-runner and its engine driver.
+runner (its engine driver is ``jaxpipe.loops.ar_driver``, also reachable as ``ar.DRIVER``).
 
 The loop drives any model satisfying the ``Decoder`` protocol (``init_cache`` / ``prefill`` /
 ``decode_step`` plus a teacher-forced ``__call__``; e.g. ``jaxpipe.nn.RefinerLM``).
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpipe.loops.unpadded import SameConfigBatching
+from jaxpipe import validate
 
 __all__ = [
     "Decoder",
@@ -48,8 +48,8 @@ __all__ = [
     "scatter_steps",
     "Continuation",
     "continuation",
-    "Driver",
-    "DRIVER",
+    "Driver",  # noqa: F822 (jaxpipe.loops.ar_driver, reached by __getattr__ below)
+    "DRIVER",  # noqa: F822 (jaxpipe.loops.ar_driver, reached by __getattr__ below)
     "PAD_ID",
 ]
 
@@ -132,16 +132,22 @@ class ARConfig:
 
     def __post_init__(self):
         n = self.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-            raise ValueError(f"max_new_tokens must be a positive int (got {n!r})")
+        validate.rule(
+            not (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0),
+            f"max_new_tokens must be a positive int (got {n!r})",
+        )
         object.__setattr__(self, "max_new_tokens", int(n))
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float, np.floating)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy) (got {t!r})")
+        validate.rule(
+            not (isinstance(t, bool) or not isinstance(t, (int, float, np.floating)) or not math.isfinite(t) or t < 0),
+            f"temperature must be a finite number >= 0 (0 = greedy) (got {t!r})",
+        )
         object.__setattr__(self, "temperature", float(t))
         e = self.eos_id
-        if e is not None and (isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 0):
-            raise ValueError(f"eos_id must be None or a token id >= 0 (got {e!r})")
+        validate.rule(
+            not (e is not None and (isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 0)),
+            f"eos_id must be None or a token id >= 0 (got {e!r})",
+        )
         if e is not None:
             object.__setattr__(self, "eos_id", int(e))
 
@@ -452,97 +458,11 @@ def sequence_log_probs(model: Decoder, tokens: jax.Array, prompt_lengths: jax.Ar
     return jnp.where(gen_mask, scored, 0.0)
 
 
-# --------------------------------------------------------------------------------------------
-# The driver: how the engine steps and batches AR loops
-# --------------------------------------------------------------------------------------------
+def __getattr__(name: str):
+    # The engine's driver builds on this module's loop, so it lives in its own module and is
+    # reached here lazily (``ar.DRIVER`` / ``ar.Driver`` keep working).
+    if name in ("Driver", "DRIVER"):
+        from jaxpipe.loops import ar_driver
 
-
-def _one(models) -> Decoder:
-    models = tuple(models) if isinstance(models, (tuple, list)) else (models,)
-    if len(models) != 1:
-        raise ValueError(f"an ar_decode loop drives one decoder (got {len(models)})")
-    return models[0]
-
-
-class Driver(SameConfigBatching):
-    """Drives ``ar_decode`` loops over the one decoder the loop binds.
-
-    A request takes ``max_new_tokens`` steps (a request that emits ``<eos>`` earlier is done and
-    its remaining steps leave its tokens unchanged), so the engine retires it after exactly the
-    steps ``run`` scans. Every row draws its tokens from its own key (``fold_in(key, i)``), so
-    rows at different steps share a batch; configs batch together only when equal (``batch_key``
-    is the whole ``ARConfig``: ``step`` reads ``max_new_tokens``, temperature and ``eos_id``).
-    There is no per-row schedule (``schedule`` is an empty row); ``latents`` is the token
-    buffer ``(B, max_len)`` (what a preview of this loop shows).
-    """
-
-    kind = "ar_decode"
-
-    def check(self, loop) -> None:
-        """Raise ``ValueError`` unless ``loop`` (a ``LoopSpec``) has an ``ARConfig`` and binds one decoder.
-
-        Args:
-          loop: the loop's ``LoopSpec``.
-        """
-        if not isinstance(loop.config, ARConfig):
-            raise ValueError(f"an ar_decode loop's config must be an ARConfig (got {type(loop.config).__name__})")
-        if len(loop.binds) != 1:
-            raise ValueError(f"an ar_decode loop drives one decoder; it binds {list(loop.binds)}")
-
-    def step(self, models, state: ARState, config: ARConfig) -> ARState:
-        """One ``step`` of the one bound decoder, without its record.
-
-        Args:
-          models: the bound decoder, alone or in a one-element tuple.
-          state: the batch's state.
-          config: the batch's config.
-
-        Returns:
-          The new ``ARState``.
-        """
-        return step(_one(models), state, config)[0]
-
-    def run(self, models, state: ARState, config: ARConfig, *, capture: bool = False):
-        """``run`` of the one bound decoder: ``(final state, stacked TokenRecord or None)``.
-
-        Args:
-          models: the bound decoder, alone or in a one-element tuple.
-          state: the batch's state.
-          config: the batch's config.
-          capture: return the stacked records.
-        """
-        return run(_one(models), state, config, capture=capture)
-
-    def num_steps(self, config: ARConfig) -> int:
-        """The steps a request takes: ``config.max_new_tokens``.
-
-        Args:
-          config: the request's config.
-        """
-        return config.max_new_tokens
-
-    def deactivate(self, state: ARState, rows: jax.Array) -> ARState:
-        """``state`` with ``rows`` ``(B,)`` bool marked done, so a step leaves them alone.
-
-        Args:
-          state: the batch's state.
-          rows: ``(B,)`` bool, the rows to retire.
-        """
-        return state._replace(done=state.done | rows)
-
-    def empty(self, state: ARState, capacity: int) -> ARState:
-        """``capacity`` inert rows shaped like one row of ``state`` (``done``: a step leaves their tokens alone)."""
-        rows = jax.tree.map(lambda a: jnp.zeros((capacity,) + a.shape[1:], a.dtype), state._replace(key=None))
-        keys = jax.random.split(jax.random.key(0), capacity)  # never read: the rows are done
-        return rows._replace(key=keys, done=jnp.ones((capacity,), bool))
-
-    def latents(self, state: ARState) -> jax.Array:
-        """What a preview shows of the batch: the token buffer ``(B, max_len)`` int32.
-
-        Args:
-          state: the batch's state.
-        """
-        return state.tokens
-
-
-DRIVER = Driver()
+        return getattr(ar_driver, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpipe import samplers
+from jaxpipe import samplers, validate
 from jaxpipe.loops import policies
 from jaxpipe.loops.unpadded import SameConfigBatching
 from jaxpipe.nn.causal_dit import ChunkCache, ChunkCond, init_cache
@@ -84,21 +84,30 @@ class ChunkConfig:
     def __post_init__(self):
         for name in ("num_steps", "chunks", "chunk_frames"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"ChunkConfig.{name} must be a positive int (got {value!r})")
+            validate.rule(
+                not (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1),
+                f"ChunkConfig.{name} must be a positive int (got {value!r})",
+            )
             object.__setattr__(self, name, int(value))
         if self.window is not None:
-            if isinstance(self.window, bool) or not isinstance(self.window, (int, np.integer)) or self.window < 1:
-                raise ValueError(
-                    f"ChunkConfig.window must be None (keep every chunk) or an int >= 1 (got {self.window!r})"
-                )
+            validate.rule(
+                not (
+                    isinstance(self.window, bool) or not isinstance(self.window, (int, np.integer)) or self.window < 1
+                ),
+                f"ChunkConfig.window must be None (keep every chunk) or an int >= 1 (got {self.window!r})",
+            )
             object.__setattr__(self, "window", int(self.window))
-        if not math.isfinite(self.shift) or not self.shift > 0:
-            raise ValueError(f"ChunkConfig.shift must be a finite number > 0 (got {self.shift})")
-        if not math.isfinite(self.guidance) or self.guidance < 0:
-            raise ValueError(f"ChunkConfig.guidance must be a finite number >= 0 (got {self.guidance})")
-        if self.sampler != "ode":
-            raise ValueError(f"a chunk rollout samples with the ODE only (sampler='ode'); got {self.sampler!r}")
+        validate.rule(
+            math.isfinite(self.shift) and self.shift > 0,
+            f"ChunkConfig.shift must be a finite number > 0 (got {self.shift})",
+        )
+        validate.rule(
+            math.isfinite(self.guidance) and self.guidance >= 0,
+            f"ChunkConfig.guidance must be a finite number >= 0 (got {self.guidance})",
+        )
+        validate.rule(
+            self.sampler == "ode", f"a chunk rollout samples with the ODE only (sampler='ode'); got {self.sampler!r}"
+        )
 
     @property
     def guide(self) -> policies.Unguided | policies.CFG:

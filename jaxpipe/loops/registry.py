@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from jaxpipe.loops import ar, chunk, denoise_driver
+from jaxpipe.loops import ar_driver, chunk, denoise_driver
 
 __all__ = ["LoopDriver", "KINDS", "driver", "register", "unregister"]
 
@@ -130,7 +130,7 @@ class LoopDriver(Protocol):
 
 KINDS: dict[str, LoopDriver | None] = {
     "denoise": denoise_driver.DRIVER,
-    "ar_decode": ar.DRIVER,
+    "ar_decode": ar_driver.DRIVER,
     "chunk_rollout": chunk.DRIVER,
     # a reward model's single forward pass: programs run it as a component node, nothing steps it
     "score": None,
