@@ -20,10 +20,47 @@ import numpy as np
 
 from jaxpipe import validate
 
-__all__ = ["Request", "Output", "MAX_SEED"]
+__all__ = ["Request", "Output", "MAX_SEED", "check_settings"]
 
 MAX_SEED = 2**32 - 1
 """Seeds are ints in ``[0, MAX_SEED]``: a request's PRNG key is ``jax.random.key(seed)`` (uint32 seed)."""
+
+
+_NAMES = {"seed": "Request.seed", "num_steps": "Request.num_steps", "guidance": "Request.guidance"}
+
+
+def _int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_settings(seed, num_steps=None, guidance=None, *, names: Mapping[str, str] | None = None) -> None:
+    """The rules of a request's ``seed``, ``num_steps`` and ``guidance``, written once: ``Request`` checks its
+    fields with them, the command line its flags (``names``: what to call each in the message).
+
+    Args:
+      seed: an int in ``[0, MAX_SEED]``.
+      num_steps: a positive int, or ``None`` (the card's).
+      guidance: a finite number ``>= 0``, or ``None`` (the card's).
+      names: ``{"seed" | "num_steps" | "guidance": name}`` for the messages (default ``Request.<field>``).
+
+    Raises:
+      ValueError: naming the first setting that fails and its value.
+    """
+    names = {**_NAMES, **(names or {})}
+    validate.rule(
+        _int(seed) and 0 <= seed <= MAX_SEED, f"{names['seed']} must be an int in [0, {MAX_SEED}] (got {seed!r})"
+    )
+    validate.rule(
+        num_steps is None or (_int(num_steps) and num_steps > 0),
+        f"{names['num_steps']} must be a positive int (got {num_steps!r})",
+    )
+    ok = guidance is None or (
+        isinstance(guidance, (int, float, np.floating, np.integer))
+        and not isinstance(guidance, bool)
+        and math.isfinite(guidance)
+        and guidance >= 0
+    )
+    validate.rule(ok, f"{names['guidance']} must be a finite number >= 0 (got {guidance!r})")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -62,35 +99,11 @@ class Request:
             f"Request.prompt must be a str or None (got {type(self.prompt).__name__})",
             error=TypeError,
         )
-        validate.rule(
-            not (
-                isinstance(self.seed, bool)
-                or not isinstance(self.seed, (int, np.integer))
-                or not 0 <= self.seed <= MAX_SEED
-            ),
-            f"Request.seed must be an int in [0, {MAX_SEED}] (got {self.seed!r})",
-        )
+        check_settings(self.seed, self.num_steps, self.guidance)
         object.__setattr__(self, "seed", int(self.seed))
         if self.num_steps is not None:
-            validate.rule(
-                not (
-                    isinstance(self.num_steps, bool)
-                    or not isinstance(self.num_steps, (int, np.integer))
-                    or self.num_steps <= 0
-                ),
-                f"Request.num_steps must be a positive int or None (got {self.num_steps!r})",
-            )
             object.__setattr__(self, "num_steps", int(self.num_steps))
         if self.guidance is not None:
-            validate.rule(
-                not (
-                    isinstance(self.guidance, bool)
-                    or not isinstance(self.guidance, (int, float, np.floating, np.integer))
-                    or not math.isfinite(self.guidance)
-                    or self.guidance < 0
-                ),
-                f"Request.guidance must be a finite number >= 0 or None (got {self.guidance!r})",
-            )
             object.__setattr__(self, "guidance", float(self.guidance))
         validate.rule(
             self.image is None or hasattr(self.image, "shape"),

@@ -63,7 +63,7 @@ def test_generate_png_only(tmp_path):
         (["generate", "seven purple"], "vocabulary is"),
         (["generate", "thick left"], "no digit word"),
         (["generate", "seven", "-o", "x.mp4"], "must end in .gif or .png"),
-        (["generate", "seven", "--steps", "0"], "--steps must be a positive integer"),
+        (["generate", "seven", "--steps", "0"], "--steps must be a positive int"),
         (["generate", "seven", "--model", "no-such-card"], "not a bundled card"),
     ],
 )

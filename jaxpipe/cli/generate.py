@@ -8,7 +8,6 @@ through the bundled ``image_video.t2i_i2v`` workflow (``DEFAULT_ROUTE``).
 from __future__ import annotations
 
 import dataclasses
-import math
 import signal
 import time
 from pathlib import Path
@@ -62,14 +61,12 @@ def check_settings(seed: int, steps: int | None, guidance: float | None) -> None
     Raises:
       typer.Exit: via ``fail``, naming the first bad flag.
     """
-    from jaxpipe.request import MAX_SEED
+    from jaxpipe.request import check_settings as check
 
-    if steps is not None and steps <= 0:
-        fail(f"--steps must be a positive integer (got {steps})")
-    if not 0 <= seed <= MAX_SEED:
-        fail(f"--seed must be an int in [0, {MAX_SEED}] (got {seed})")
-    if guidance is not None and not (math.isfinite(guidance) and guidance >= 0):
-        fail(f"--guidance must be a finite number >= 0 (got {guidance})")
+    try:
+        check(seed, steps, guidance, names={"seed": "--seed", "num_steps": "--steps", "guidance": "--guidance"})
+    except ValueError as err:
+        fail(str(err))
 
 
 def _in_flag_terms(message: str) -> str:
