@@ -101,7 +101,12 @@ def steps(kind: str, loop_id: str, config, treedef, leaves, state, count):
     compiled once per ``step_config`` (requests with different guidance share it).
 
     Args:
-      kind, loop_id, config, treedef, leaves, state: as :func:`step`.
+      kind: the loop kind.
+      loop_id: the card's loop id.
+      config: the loop's config (compiled as its ``step_config``).
+      treedef: the resident card's tree structure.
+      leaves: the resident card's arrays.
+      state: the batched loop state.
       count: how many steps (traced).
 
     Returns:
